@@ -1,0 +1,113 @@
+// The communicator: the ranks of one NVLink domain (one process or thread per GPU), a symmetric
+// heap reserved with CUDA VMM, and the synchronisation state of its collectives.
+//
+// Collective calls (create, allocate, free, close and every collective) must be made by every
+// rank in the same order. Collectives on one communicator must be ordered on the host as well
+// (one stream, or streams the caller orders), as with NCCL.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "symmem/bootstrap.hpp"
+#include "symmem/error.hpp"
+#include "symmem/types.hpp"
+
+namespace symmem {
+
+constexpr int kMaxWorld = 8;
+
+class Communicator;
+
+// A symmetric buffer: the same size at the same heap offset on every rank, mapped by all of them.
+class Buffer {
+ public:
+  // Trivially copyable view for kernels written by users: pass it by value.
+  struct DeviceHandle {
+    void* local;
+    void* peers[kMaxWorld];            // every rank's copy, as mapped in this process
+    uint32_t* signal_pad;              // this rank's flags (zeroed at allocation)
+    uint32_t* peer_signal_pads[kMaxWorld];
+    size_t bytes;
+    size_t signal_pad_words;
+    int rank;
+    int world;
+  };
+
+  void* ptr() const { return local_; }
+  size_t size() const { return bytes_; }
+  void* peer_ptr(int rank) const;
+  // A device array of world pointers (peer_ptrs()[r] == peer_ptr(r)), for kernels that index it.
+  void* const* peer_ptrs_device() const { return peer_table_; }
+  uint32_t* signal_pad() const { return pad_; }
+  size_t signal_pad_words() const;
+  DeviceHandle device_handle() const;
+  // True when [p, p + bytes) lies inside this buffer on this rank.
+  bool contains(const void* p, size_t bytes) const;
+
+ private:
+  friend class Communicator;
+  Buffer() = default;
+  Communicator* comm_ = nullptr;
+  size_t offset_ = 0;
+  size_t bytes_ = 0;
+  void* local_ = nullptr;
+  uint32_t* pad_ = nullptr;
+  void* const* peer_table_ = nullptr;
+};
+
+struct CommConfig {
+  int64_t timeout_ms = -1;  // device and host wait deadline; -1: SYMMEM_TIMEOUT_MS (30 s)
+  size_t heap_reserve_bytes = 0;  // virtual address space per rank; 0: SYMMEM_HEAP_RESERVE_GB
+};
+
+class Communicator {
+ public:
+  // Collective. `device` is this rank's CUDA device; -1 uses the current device.
+  static std::unique_ptr<Communicator> create(std::shared_ptr<Bootstrap> bootstrap, int device = -1,
+                                              const CommConfig& config = {});
+  // Local release only: unmaps and releases this rank's mappings. Call close() first to tear
+  // down collectively; destroying without close() is safe but peers may still hold mappings.
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int world() const;
+  int device() const;
+  Bootstrap& bootstrap();
+
+  // Collective: every rank asks for the same size in the same order (else kInvalidArgument
+  // naming both sizes). The communicator owns the buffer until free() or close().
+  Buffer* allocate(size_t bytes);
+  // Collective: waits for this device to be idle, then unmaps the buffer everywhere.
+  void free(Buffer* buffer);
+  // The heap buffer containing [p, p + bytes), or nullptr.
+  Buffer* find(const void* p, size_t bytes) const;
+
+  // Device barrier among all ranks on `stream` (with the usual deadline).
+  void barrier(cudaStream_t stream);
+  // Throws symmem::Error (kTimeout) if a device wait of an earlier call passed its deadline, and
+  // kAborted on every later call; the message names the rank, peer and collective.
+  void check() const;
+  // cudaStreamSynchronize + check().
+  void synchronize(cudaStream_t stream) const;
+  bool aborted() const;
+  int64_t timeout_ms() const;
+
+  // Collective teardown: synchronises the device, waits for every rank, releases every buffer,
+  // mapping and descriptor. The communicator is unusable afterwards.
+  void close();
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  Communicator();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace symmem

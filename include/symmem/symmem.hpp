@@ -1,0 +1,8 @@
+// symmem: GPU collectives on symmetric memory. Include this one header.
+#pragma once
+
+#include "symmem/bootstrap.hpp"
+#include "symmem/collectives.hpp"
+#include "symmem/communicator.hpp"
+#include "symmem/error.hpp"
+#include "symmem/types.hpp"

@@ -1,0 +1,44 @@
+// Element types, reductions, algorithms and per-call options shared by every collective.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace symmem {
+
+enum class DataType { kFloat32, kFloat16, kBFloat16, kInt32, kUInt8 };
+enum class ReduceOp { kSum, kMax, kMin };
+
+// What a collective runs. kAuto asks the planner (tuning table, then built-in rules);
+// SYMMEM_ALGO=<name> overrides kAuto for every call. Each collective accepts a subset and
+// rejects the others with kInvalidArgument.
+enum class Algo {
+  kAuto,
+  kPull,        // all-gather: every rank reads its peers' inputs with SM loads
+  kPush,        // all-gather: every rank stores its input into its peers' outputs
+  kCopyEngine,  // all-gather: the copy engines move the data; zero SMs
+  kOneShot,     // all-reduce: every rank reads every input and reduces all of it
+  kTwoShot,     // all-reduce / reduce-scatter: each rank reduces 1/world, then all-gathers
+  kTwoShotPush, // all-reduce: two-shot whose NVLink traffic is stores only (output in the heap)
+  kLowLatency,  // all-reduce: data and flag travel in one store; no barrier round trips
+};
+
+size_t dtype_size(DataType type);
+const char* dtype_name(DataType type);       // "float32", "float16", "bfloat16", "int32", "uint8"
+bool parse_dtype(const std::string& name, DataType* type);  // also "fp32", "half", "bf16", ...
+const char* reduce_op_name(ReduceOp op);
+bool parse_reduce_op(const std::string& name, ReduceOp* op);
+const char* algo_name(Algo algo);           // "auto", "pull", "push", "copy_engine", ...
+bool parse_algo(const std::string& name, Algo* algo);
+
+struct CollectiveOptions {
+  Algo algo = Algo::kAuto;
+  // Thread blocks (SMs) for SM algorithms; 0 lets the planner choose.
+  int blocks = 0;
+  // Upper bound on SMs the planner may use; 0 means "no SMs": all-gather takes the copy engine.
+  // Negative means no bound.
+  int max_blocks = -1;
+};
+
+}  // namespace symmem

@@ -1,0 +1,21 @@
+// reduce_scatter: the same preparation as all_reduce (reduction_launch.hpp), then the kernel.
+#include "collectives/reduction_launch.hpp"
+#include "collectives/validate.hpp"
+#include "common/device_guard.hpp"
+#include "heap/communicator_impl.hpp"
+#include "symmem/collectives.hpp"
+
+namespace symmem {
+
+void reduce_scatter(void* out, const void* in, size_t count, DataType type, ReduceOp op, Communicator& comm,
+                    cudaStream_t stream, const CollectiveOptions& options) {
+  Communicator::Impl& impl = comm.impl();
+  impl.ensure_usable("reduce_scatter");
+  detail::check_args_across_ranks(comm, "reduce_scatter", count, type, options.algo);
+  if (count == 0) return;
+  detail::DeviceGuard guard(impl.device);
+  const auto p = detail::prepare_reduction(true, out, in, count, type, op, comm, stream, options, true);
+  detail::launch_reduce_scatter(type, op, p.plan.vector, p.args, p.plan.blocks, stream);
+}
+
+}  // namespace symmem

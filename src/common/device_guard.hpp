@@ -1,0 +1,24 @@
+// Makes `device` current for a scope and restores the previous device after it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "common/check.hpp"
+
+namespace symmem::detail {
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    SYMMEM_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) SYMMEM_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() { SYMMEM_CUDA_CHECK_NOTHROW(cudaSetDevice(previous_)); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace symmem::detail

@@ -1,0 +1,42 @@
+#include "common/env.hpp"
+
+#include <cstdlib>
+#include <string>
+
+#include "common/check.hpp"
+
+namespace symmem::env {
+
+std::string get_string(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return (value && *value) ? std::string(value) : fallback;
+}
+
+int64_t get_int(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return fallback;
+  char* end = nullptr;
+  long long parsed = std::strtoll(value, &end, 10);
+  if (*end != '\0')
+    SYMMEM_THROW(ErrorCode::kInvalidArgument,
+                 std::string(name) + "='" + value + "' is not an integer");
+  return parsed;
+}
+
+int64_t timeout_ms() { return get_int("SYMMEM_TIMEOUT_MS", 30000); }
+std::string forced_algo() { return get_string("SYMMEM_ALGO", ""); }
+int forced_blocks() { return static_cast<int>(get_int("SYMMEM_BLOCKS", 0)); }
+bool debug() {
+  const char* value = std::getenv("SYMMEM_DEBUG");
+  return value && *value && std::string(value) != "0";
+}
+size_t heap_reserve_bytes() { return static_cast<size_t>(get_int("SYMMEM_HEAP_RESERVE_GB", 64)) << 30; }
+std::string tuning_file() { return get_string("SYMMEM_TUNING_FILE", ""); }
+bool check_args() { return get_int("SYMMEM_CHECK_ARGS", 0) != 0; }
+bool push_bulk() { return get_int("SYMMEM_PUSH_BULK", 1) != 0; }
+int copy_engine_streams() { return static_cast<int>(get_int("SYMMEM_CE_STREAMS", 4)); }
+std::string copy_engine_direction() { return get_string("SYMMEM_CE_DIRECTION", "push"); }
+bool copy_engine_batch() { return get_int("SYMMEM_CE_BATCH", 1) != 0; }
+size_t copy_engine_piece_bytes() { return static_cast<size_t>(get_int("SYMMEM_CE_PIECE_KB", 1 << 20)) << 10; }
+
+}  // namespace symmem::env

@@ -1,0 +1,44 @@
+// Every environment variable symmem reads, declared once with its default. docs/environment.md
+// lists the same table for users.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace symmem::env {
+
+// SYMMEM_TIMEOUT_MS (default 30000): deadline of every device spin-wait and host wait.
+int64_t timeout_ms();
+// SYMMEM_ALGO (default unset): force an algorithm by name for calls that ask for Algo::kAuto.
+std::string forced_algo();
+// SYMMEM_BLOCKS (default 0 = planner): force the SM block count of SM algorithms.
+int forced_blocks();
+// SYMMEM_DEBUG (default 0): warnings and each call's chosen algorithm go to stderr.
+bool debug();
+// SYMMEM_HEAP_RESERVE_GB (default 64): virtual address space reserved per rank for the heap.
+size_t heap_reserve_bytes();
+// SYMMEM_TUNING_FILE (default: the table shipped for the GPU): tuning table JSON.
+std::string tuning_file();
+// SYMMEM_CHECK_ARGS (default 0): exchange every call's arguments across ranks through the
+// bootstrap and reject mismatches (slow; not allowed under CUDA graph capture).
+bool check_args();
+
+// SYMMEM_PUSH_BULK (default 1): push all-gathers use Hopper bulk copies when 16-byte aligned.
+bool push_bulk();
+// SYMMEM_CE_STREAMS (default 4): side streams the copy-engine all-gather spreads its copies over.
+int copy_engine_streams();
+// SYMMEM_CE_DIRECTION (default push): "push" writes this rank's input into its peers' outputs
+// (needs a heap output, else pull is used); "pull" reads the peers' inputs.
+std::string copy_engine_direction();
+// SYMMEM_CE_BATCH (default 1): issue the copies as one cudaMemcpyBatchAsync (outside graphs).
+bool copy_engine_batch();
+// SYMMEM_CE_PIECE_KB (default 1048576, i.e. 1 GiB: no cutting): copies larger than this are cut
+// (measured on H200: one large copy per peer is fastest).
+size_t copy_engine_piece_bytes();
+
+// Read a variable with a default; exposed for tests and the tools.
+std::string get_string(const char* name, const std::string& fallback);
+int64_t get_int(const char* name, int64_t fallback);
+
+}  // namespace symmem::env

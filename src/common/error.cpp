@@ -1,0 +1,46 @@
+#include "common/check.hpp"
+
+#include <cstdio>
+
+#include "common/env.hpp"
+
+namespace symmem {
+
+const char* error_code_name(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument: return "invalid argument";
+    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kCudaError: return "CUDA error";
+    case ErrorCode::kSystemError: return "system error";
+    case ErrorCode::kBootstrap: return "bootstrap error";
+    case ErrorCode::kTimeout: return "timeout";
+    case ErrorCode::kAborted: return "communicator aborted";
+    case ErrorCode::kInternal: return "internal error";
+  }
+  return "unknown error";
+}
+
+namespace detail {
+
+std::string where(const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  return std::string(base ? base + 1 : file) + ":" + std::to_string(line);
+}
+
+void throw_cuda(cudaError_t err, const char* expr, const char* file, int line) {
+  throw Error(ErrorCode::kCudaError, std::string(expr) + " returned " + cudaGetErrorName(err) +
+                                         " (" + cudaGetErrorString(err) + ") at " +
+                                         where(file, line));
+}
+
+void throw_errno(int err, const char* expr, const char* file, int line) {
+  throw Error(ErrorCode::kSystemError,
+              std::string(expr) + ": " + std::strerror(err) + " at " + where(file, line));
+}
+
+void log_warning(const std::string& message) {
+  if (env::debug()) std::fprintf(stderr, "symmem warning: %s\n", message.c_str());
+}
+
+}  // namespace detail
+}  // namespace symmem

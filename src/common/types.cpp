@@ -1,0 +1,90 @@
+#include "symmem/types.hpp"
+
+#include <algorithm>
+#include <cctype>
+
+namespace symmem {
+
+size_t dtype_size(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return 4;
+    case DataType::kFloat16: return 2;
+    case DataType::kBFloat16: return 2;
+    case DataType::kInt32: return 4;
+    case DataType::kUInt8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+    case DataType::kInt32: return "int32";
+    case DataType::kUInt8: return "uint8";
+  }
+  return "?";
+}
+
+static std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+bool parse_dtype(const std::string& name, DataType* type) {
+  const std::string n = lower(name);
+  if (n == "float32" || n == "fp32" || n == "float" || n == "f32") *type = DataType::kFloat32;
+  else if (n == "float16" || n == "fp16" || n == "half" || n == "f16") *type = DataType::kFloat16;
+  else if (n == "bfloat16" || n == "bf16") *type = DataType::kBFloat16;
+  else if (n == "int32" || n == "int" || n == "i32") *type = DataType::kInt32;
+  else if (n == "uint8" || n == "u8" || n == "byte") *type = DataType::kUInt8;
+  else return false;
+  return true;
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+bool parse_reduce_op(const std::string& name, ReduceOp* op) {
+  const std::string n = lower(name);
+  if (n == "sum") *op = ReduceOp::kSum;
+  else if (n == "max") *op = ReduceOp::kMax;
+  else if (n == "min") *op = ReduceOp::kMin;
+  else return false;
+  return true;
+}
+
+const char* algo_name(Algo algo) {
+  switch (algo) {
+    case Algo::kAuto: return "auto";
+    case Algo::kPull: return "pull";
+    case Algo::kPush: return "push";
+    case Algo::kCopyEngine: return "copy_engine";
+    case Algo::kOneShot: return "one_shot";
+    case Algo::kTwoShot: return "two_shot";
+    case Algo::kTwoShotPush: return "two_shot_push";
+    case Algo::kLowLatency: return "low_latency";
+  }
+  return "?";
+}
+
+bool parse_algo(const std::string& name, Algo* algo) {
+  const std::string n = lower(name);
+  for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot,
+                 Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}) {
+    if (n == algo_name(a)) {
+      *algo = a;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace symmem

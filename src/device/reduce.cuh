@@ -1,0 +1,108 @@
+// Element reduction for all-reduce and reduce-scatter. 16-bit types accumulate in fp32; sources
+// are always combined in rank order 0..world-1, so every rank computes bit-identical results
+// whatever order the ranks arrived in.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "device/copy.cuh"
+#include "device/device_types.hpp"
+
+namespace symmem::device {
+
+enum ReduceKind : int { kSum = 0, kMax = 1, kMin = 2 };
+
+template <typename T> struct Accum { using type = float; };
+template <> struct Accum<int32_t> { using type = int32_t; };
+
+__device__ __forceinline__ float to_accum(float x) { return x; }
+__device__ __forceinline__ float to_accum(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_accum(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ int32_t to_accum(int32_t x) { return x; }
+
+template <typename T> __device__ __forceinline__ T from_accum(typename Accum<T>::type x);
+template <> __device__ __forceinline__ float from_accum<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_accum<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_accum<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ int32_t from_accum<int32_t>(int32_t x) { return x; }
+
+template <int kOp, typename A>
+__device__ __forceinline__ A combine(A a, A b) {
+  if constexpr (kOp == kSum) return a + b;
+  else if constexpr (kOp == kMax) return a > b ? a : b;
+  else return a < b ? a : b;
+}
+
+// Reduces n elements starting at vector-aligned offsets: out = op(src[0][i], ..., src[w-1][i]).
+template <typename T, int kOp>
+__device__ __forceinline__ T reduce_element(const T* const (&src)[detail::kMaxWorld], int world, size_t i) {
+  using A = typename Accum<T>::type;
+  A acc = to_accum(src[0][i]);
+#pragma unroll
+  for (int r = 1; r < detail::kMaxWorld; ++r)
+    if (r < world) acc = combine<kOp>(acc, to_accum(src[r][i]));
+  return from_accum<T>(acc);
+}
+
+// For count elements: dst[d][i] = reduce over ranks of src[r][i], for every destination d.
+// The body moves 16-byte vectors (when kVector) with every source's load in flight at once;
+// a scalar loop covers what is left.
+template <typename T, int kOp, bool kVector>
+__device__ __forceinline__ void reduce_range(const T* const (&src)[detail::kMaxWorld], int world,
+                                             T* const (&dst)[detail::kMaxWorld], int ndst, size_t count) {
+  using A = typename Accum<T>::type;
+  constexpr int kElems = 16 / sizeof(T);
+  size_t done = 0;
+  if constexpr (kVector) {
+    constexpr int kUnroll = 2;  // two vectors per source in flight per thread
+    const size_t nvec = count / kElems;
+    const size_t stride = global_threads();
+    for (size_t base = global_thread(); base < nvec; base += stride * kUnroll) {
+      uint4 in[kUnroll][detail::kMaxWorld];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const size_t v = base + u * stride;
+#pragma unroll
+        for (int r = 0; r < detail::kMaxWorld; ++r)
+          if (r < world && v < nvec) in[u][r] = reinterpret_cast<const uint4*>(src[r])[v];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const size_t v = base + u * stride;
+        if (v >= nvec) break;
+        A acc[kElems];
+        const T* first = reinterpret_cast<const T*>(&in[u][0]);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) acc[e] = to_accum(first[e]);
+#pragma unroll
+        for (int r = 1; r < detail::kMaxWorld; ++r) {
+          if (r < world) {
+            const T* x = reinterpret_cast<const T*>(&in[u][r]);
+#pragma unroll
+            for (int e = 0; e < kElems; ++e) acc[e] = combine<kOp>(acc[e], to_accum(x[e]));
+          }
+        }
+        uint4 out;
+        T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) o[e] = from_accum<T>(acc[e]);
+#pragma unroll
+        for (int d = 0; d < detail::kMaxWorld; ++d)
+          if (d < ndst) reinterpret_cast<uint4*>(dst[d])[v] = out;
+      }
+    }
+    done = nvec * kElems;
+  }
+  for (size_t i = done + global_thread(); i < count; i += global_threads()) {
+    const T value = reduce_element<T, kOp>(src, world, i);
+#pragma unroll
+    for (int d = 0; d < detail::kMaxWorld; ++d)
+      if (d < ndst) dst[d][i] = value;
+  }
+}
+
+}  // namespace symmem::device

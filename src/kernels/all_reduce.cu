@@ -1,0 +1,144 @@
+// All-reduce kernels on SMs.
+//   one-shot: barrier -> every rank reads every input and reduces all elements -> barrier.
+//   two-shot: barrier -> rank r reduces slice r of every input and writes it to every rank's
+//             output (push), or to its scratch which every rank then reads (gather) -> barrier.
+//   two-shot push: see all_reduce_two_shot_push below (stores only over NVLink).
+// All read sources in rank order, so every rank's result is bit-identical.
+#include "device/reduce.cuh"
+#include "device/wait.cuh"
+#include "kernels/dispatch.cuh"
+#include "kernels/kernel_args.hpp"
+
+namespace symmem::detail {
+namespace {
+
+template <typename T, int kOp, bool kVector>
+__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_one_shot(ReduceKernelArgs a) {
+  const SyncArgs& s = a.sync;
+  const uint32_t epoch = device::epoch_begin(s);
+  if (!device::barrier(s, epoch, 0)) return;
+  // Invariant: every rank's input holds this call's data.
+  const T* src[kMaxWorld];
+  T* dst[kMaxWorld];
+#pragma unroll
+  for (int r = 0; r < kMaxWorld; ++r) {
+    src[r] = static_cast<const T*>(a.in_peers[r < s.world ? r : 0]);
+    dst[r] = static_cast<T*>(a.out);
+  }
+  device::reduce_range<T, kOp, kVector>(src, s.world, dst, 1, a.count);
+  if (!device::barrier(s, epoch, 1)) return;
+  // Invariant: no rank reads this rank's input any more.
+  device::epoch_commit(s, epoch);
+}
+
+template <typename T, int kOp, bool kVector>
+__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKernelArgs a) {
+  const SyncArgs& s = a.sync;
+  const uint32_t epoch = device::epoch_begin(s);
+  if (!device::barrier(s, epoch, 0)) return;
+  const size_t slice = two_shot_slice(a.count, s.world, sizeof(T));
+  const bool push = a.out_peers[0] != nullptr;
+  auto slice_begin = [&](int r) { return min(a.count, size_t(r) * slice); };
+  auto slice_count = [&](int r) { return min(a.count, size_t(r + 1) * slice) - slice_begin(r); };
+
+  const size_t mine = slice_begin(s.rank);
+  const T* src[kMaxWorld];
+  T* dst[kMaxWorld];
+#pragma unroll
+  for (int r = 0; r < kMaxWorld; ++r) {
+    src[r] = static_cast<const T*>(a.in_peers[r < s.world ? r : 0]) + mine;
+    // Push writes the reduced slice into every rank's output, starting with the next rank.
+    const int to = (s.rank + 1 + r) % s.world;
+    dst[r] = push ? static_cast<T*>(a.out_peers[to]) + mine : static_cast<T*>(a.scratch_peers[s.rank]) + mine;
+  }
+  device::reduce_range<T, kOp, kVector>(src, s.world, dst, push ? s.world : 1, slice_count(s.rank));
+  if (!push) {
+    if (!device::barrier(s, epoch, 1)) return;
+    // Invariant: every rank's scratch holds its reduced slice; gather them, next rank first.
+    constexpr size_t kElems = 16 / sizeof(T);
+    for (int k = 0; k < s.world; ++k) {
+      const int r = (s.rank + k) % s.world;
+      const T* from = static_cast<const T*>(a.scratch_peers[r]) + slice_begin(r);
+      T* to = static_cast<T*>(a.out) + slice_begin(r);
+      const size_t n = slice_count(r);
+      size_t done = 0;
+      if constexpr (kVector) {
+        const size_t nvec = n / kElems;
+        for (size_t v = device::global_thread(); v < nvec; v += device::global_threads())
+          reinterpret_cast<uint4*>(to)[v] = reinterpret_cast<const uint4*>(from)[v];
+        done = nvec * kElems;
+      }
+      for (size_t i = done + device::global_thread(); i < n; i += device::global_threads())
+        to[i] = from[i];
+    }
+  }
+  if (!device::barrier(s, epoch, 2)) return;
+  // Invariant: every rank's output is complete and no rank reads this rank's buffers any more.
+  device::epoch_commit(s, epoch);
+}
+
+// Write-only two-shot: every NVLink transfer is a store, every read is local.
+//   phase 1: send slice p of this rank's input to rank p's receive area (slot = this rank)
+//   barrier: every slice arrived; every rank is inside the call, so outputs may be written
+//   phase 2: reduce slice `rank` from the local input and the receive area (rank order), store
+//            the result into every rank's output
+//   barrier: every output is complete
+template <typename T, int kOp, bool kVector>
+__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(ReduceKernelArgs a) {
+  const SyncArgs& s = a.sync;
+  const uint32_t epoch = device::epoch_begin(s);
+  const size_t slice = two_shot_slice(a.count, s.world, sizeof(T));
+  auto slice_begin = [&](int r) { return min(a.count, size_t(r) * slice); };
+  auto slice_count = [&](int r) { return min(a.count, size_t(r + 1) * slice) - slice_begin(r); };
+  const T* in = static_cast<const T*>(a.in_peers[s.rank]);
+  {
+    const T* src[kMaxWorld];
+    T* dst[kMaxWorld];
+    size_t n[kMaxWorld];
+#pragma unroll
+    for (int k = 0; k < kMaxWorld; ++k) {
+      const int p = (s.rank + 1 + k) % s.world;
+      src[k] = in + slice_begin(p);
+      dst[k] = static_cast<T*>(a.scratch_peers[p]) + size_t(s.rank) * slice;
+      n[k] = k < s.world - 1 ? slice_count(p) : 0;
+    }
+    device::scatter<T, kVector>(src, dst, n, s.world - 1);
+  }
+  if (!device::barrier(s, epoch, 0)) return;
+  // Invariant: this rank's receive area holds slice `rank` of every peer's input.
+  const T* src[kMaxWorld];
+  T* dst[kMaxWorld];
+#pragma unroll
+  for (int r = 0; r < kMaxWorld; ++r) {
+    src[r] = r == s.rank ? in + slice_begin(s.rank) : static_cast<const T*>(a.scratch_peers[s.rank]) + size_t(r) * slice;
+    const int to = (s.rank + 1 + r) % s.world;
+    dst[r] = static_cast<T*>(a.out_peers[to]) + slice_begin(s.rank);
+  }
+  device::reduce_range<T, kOp, kVector>(src, s.world, dst, s.world, slice_count(s.rank));
+  if (!device::barrier(s, epoch, 1)) return;
+  // Invariant: every rank's output is complete; receive areas may be reused.
+  device::epoch_commit(s, epoch);
+}
+
+}  // namespace
+
+void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector,
+                       const ReduceKernelArgs& args, int blocks, cudaStream_t stream) {
+  dispatch_reduce(type, op, [&](auto t, auto o) {
+    using T = decltype(t);
+    constexpr int kOp = decltype(o)::value;
+    if (kernel == AllReduceKernel::kOneShot) {
+      if (vector) all_reduce_one_shot<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      else all_reduce_one_shot<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    } else if (kernel == AllReduceKernel::kTwoShotPush) {
+      if (vector) all_reduce_two_shot_push<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      else all_reduce_two_shot_push<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    } else {
+      if (vector) all_reduce_two_shot<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      else all_reduce_two_shot<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    }
+    SYMMEM_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace symmem::detail

@@ -1,0 +1,21 @@
+// A standalone device barrier among all ranks: one block, the same flags as the collectives.
+#include "common/check.hpp"
+#include "device/wait.cuh"
+#include "kernels/kernel_args.hpp"
+
+namespace symmem::detail {
+namespace {
+
+__global__ void __launch_bounds__(kThreadsPerBlock) barrier_kernel(SyncArgs s) {
+  const uint32_t epoch = device::epoch_begin(s);
+  if (device::barrier(s, epoch, 0)) device::epoch_commit(s, epoch);
+}
+
+}  // namespace
+
+void launch_barrier(const SyncArgs& sync, cudaStream_t stream) {
+  barrier_kernel<<<1, 32, 0, stream>>>(sync);
+  SYMMEM_LAUNCH_CHECK();
+}
+
+}  // namespace symmem::detail

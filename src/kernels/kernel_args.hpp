@@ -1,0 +1,68 @@
+// The by-value argument structs of every SM kernel, and the host functions that launch them.
+// Plain C++: collectives fill these; the .cu files hold the kernels and nothing else.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "device/device_types.hpp"
+#include "symmem/types.hpp"
+
+namespace symmem::detail {
+
+constexpr int kThreadsPerBlock = 512;
+
+struct AllGatherKernelArgs {
+  const void* in_peers[kMaxWorld];  // pull: every rank's input as mapped here
+  void* out_peers[kMaxWorld];       // push: every rank's output base as mapped here
+  const void* in;                   // this rank's input
+  void* out;                        // this rank's output base (world * bytes)
+  size_t bytes;                     // per rank
+  bool copy_own;                    // out-of-place: this rank's own slot is written too
+  SyncArgs sync;
+};
+
+enum class AllGatherKernel { kPull, kPush };
+
+// vector_bytes: 16, 8, 4, 2 or 1; it divides bytes and every pointer's address.
+void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGatherKernelArgs& args,
+                       int blocks, cudaStream_t stream);
+// Push with Hopper bulk copies (sm_90): 16-byte aligned pointers and bytes.
+void launch_all_gather_push_bulk(const AllGatherKernelArgs& args, int blocks, cudaStream_t stream);
+
+struct ReduceKernelArgs {
+  const void* in_peers[kMaxWorld];  // every rank's input as mapped here (index = rank)
+  void* out;                        // this rank's output
+  void* out_peers[kMaxWorld];       // two-shot push: every rank's output (nullptr: use scratch)
+  void* scratch_peers[kMaxWorld];   // two-shot gather: every rank's result area
+  uint64_t* ll_peers[kMaxWorld];    // low latency: every rank's receive area
+  size_t count;                     // all-reduce: elements; reduce-scatter: elements per rank
+  size_t ll_slot_words;             // low latency: capacity of one sender's slot, in 4-byte words
+  SyncArgs sync;
+};
+
+enum class AllReduceKernel { kOneShot, kTwoShot, kTwoShotPush };
+
+// vector: every input/output address (and every reduce-scatter slice) is 16-byte aligned.
+void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector,
+                       const ReduceKernelArgs& args, int blocks, cudaStream_t stream);
+// Needs 4-byte aligned input and count * size <= 4 * ll_slot_words.
+void launch_all_reduce_low_latency(DataType type, ReduceOp op, const ReduceKernelArgs& args,
+                                   int blocks, cudaStream_t stream);
+void launch_reduce_scatter(DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,
+                           int blocks, cudaStream_t stream);
+
+// A device barrier among all ranks (one block); used by Communicator::barrier.
+void launch_barrier(const SyncArgs& sync, cudaStream_t stream);
+
+// Two-shot slicing: rank r reduces elements [r * slice, min((r + 1) * slice, count)); slices are
+// whole 16-byte vectors so that every slice start stays aligned.
+SYMMEM_HOST_DEVICE inline size_t two_shot_slice(size_t count, int world, size_t elem_bytes) {
+  const size_t elems_per_vector = 16 / elem_bytes;
+  const size_t vectors = (count + elems_per_vector - 1) / elems_per_vector;
+  return (vectors + world - 1) / world * elems_per_vector;
+}
+
+}  // namespace symmem::detail

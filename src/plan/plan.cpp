@@ -1,0 +1,190 @@
+#include "plan/plan.hpp"
+
+#include <algorithm>
+
+#include "common/check.hpp"
+#include "device/device_types.hpp"
+
+namespace symmem::detail {
+namespace {
+
+bool is_all_gather_algo(Algo a) { return a == Algo::kPull || a == Algo::kPush || a == Algo::kCopyEngine; }
+bool is_all_reduce_algo(Algo a) {
+  return a == Algo::kOneShot || a == Algo::kTwoShot || a == Algo::kTwoShotPush || a == Algo::kLowLatency;
+}
+
+int clamp_blocks(int blocks, int sm_count, int max_blocks) {
+  int limit = std::min(kMaxBlocks, sm_count);
+  if (max_blocks > 0) limit = std::min(limit, max_blocks);
+  return std::max(1, std::min(blocks, limit));
+}
+
+// Blocks that keep each one busy with at least `bytes_per_block` of traffic, within [lo, hi].
+int blocks_for(size_t traffic_bytes, size_t bytes_per_block, int lo, int hi) {
+  const size_t want = (traffic_bytes + bytes_per_block - 1) / bytes_per_block;
+  return static_cast<int>(std::clamp<size_t>(want, lo, hi));
+}
+
+}  // namespace
+
+int common_vector_bytes(std::initializer_list<uint64_t> values) {
+  int width = 16;
+  for (uint64_t v : values)
+    while (width > 1 && v % width != 0) width /= 2;
+  return width;
+}
+
+AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& table) {
+  AllGatherPlan plan;
+  Algo algo = r.options.algo;
+  if (algo != Algo::kAuto && !is_all_gather_algo(algo))
+    throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +
+                                                 " is not an all-gather algorithm (pull, push, copy_engine)");
+  if (algo == Algo::kAuto && is_all_gather_algo(r.forced)) algo = r.forced;
+  if (r.options.max_blocks == 0) {
+    if (algo != Algo::kAuto && algo != Algo::kCopyEngine)
+      throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: ") + algo_name(algo) +
+                                                   " needs SMs but max_blocks is 0");
+    algo = Algo::kCopyEngine;
+  }
+  int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
+  if (algo == Algo::kAuto) {
+    if (auto e = table.lookup("all_gather", r.world, r.bytes_per_rank)) {
+      algo = e->algo;
+      if (blocks <= 0) blocks = e->blocks;
+    } else {
+      // Built-in rule, for GPUs without a table: push (one-way stores, lower latency) while the
+      // message is small, pull beyond, with blocks growing with the traffic.
+      algo = r.bytes_per_rank <= (size_t(1) << 20) ? Algo::kPush : Algo::kPull;
+    }
+    // The table may pick an SM algorithm beyond a caller's SM budget: honour the budget.
+  }
+  if (algo == Algo::kCopyEngine) {
+    plan.algo = algo;
+    plan.blocks = 0;
+    plan.copy_engine_push = r.copy_engine_push && r.out_symmetric;
+    plan.stage_input = !plan.copy_engine_push && !r.in_symmetric;
+    plan.vector_bytes = 1;
+    return plan;
+  }
+  // Use what the buffers allow without staging when the caller did not insist.
+  const bool chosen_by_caller = r.options.algo != Algo::kAuto;
+  if (!chosen_by_caller) {
+    if (algo == Algo::kPush && !r.out_symmetric && r.in_symmetric) algo = Algo::kPull;
+    if (algo == Algo::kPull && !r.in_symmetric && r.out_symmetric) algo = Algo::kPush;
+  }
+  plan.algo = algo;
+  plan.stage_input = algo == Algo::kPull && !r.in_symmetric;
+  plan.stage_output = algo == Algo::kPush && !r.out_symmetric;
+  if (blocks <= 0) {
+    const size_t traffic = r.bytes_per_rank * static_cast<size_t>(std::max(1, r.world - 1));
+    blocks = blocks_for(traffic, size_t(128) << 10, 4, 64);
+  }
+  plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
+  // Staged buffers are heap-aligned; the caller's pointers decide otherwise.
+  const uint64_t in = plan.stage_input ? 0 : r.in_address;
+  const uint64_t out = plan.stage_output ? 0 : r.out_address;
+  plan.vector_bytes = common_vector_bytes({r.bytes_per_rank, in, out});
+  plan.bulk = r.push_bulk && plan.algo == Algo::kPush && plan.vector_bytes == 16;
+  return plan;
+}
+
+ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
+  ReducePlan plan;
+  const char* op = r.reduce_scatter ? "reduce_scatter" : "all_reduce";
+  const size_t bytes = r.count * r.elem_bytes;
+  Algo algo = r.options.algo;
+  if (r.reduce_scatter) {
+    if (algo != Algo::kAuto && algo != Algo::kTwoShot)
+      throw Error(ErrorCode::kInvalidArgument, std::string("reduce_scatter: algorithm ") + algo_name(algo) +
+                                                   " is not available (reduce_scatter runs two_shot's first half)");
+    algo = Algo::kTwoShot;
+  } else {
+    if (algo != Algo::kAuto && !is_all_reduce_algo(algo))
+      throw Error(ErrorCode::kInvalidArgument, std::string("all_reduce: algorithm ") + algo_name(algo) +
+                                                   " is not an all-reduce algorithm (one_shot, two_shot, two_shot_push, low_latency)");
+    if (algo == Algo::kAuto && is_all_reduce_algo(r.forced)) algo = r.forced;
+  }
+  if (r.options.max_blocks == 0)
+    throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": needs SMs but max_blocks is 0");
+  int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
+  const bool ll_fits = bytes <= r.low_latency_capacity && r.in_address % 4 == 0;
+  if (algo == Algo::kAuto) {
+    std::optional<TuningEntry> e = table.lookup(op, r.world, r.reduce_scatter ? bytes : bytes);
+    if (e && is_all_reduce_algo(e->algo)) {
+      algo = e->algo;
+      if (blocks <= 0) blocks = e->blocks;
+    } else {
+      algo = bytes <= (size_t(64) << 10) ? Algo::kLowLatency : Algo::kTwoShot;
+    }
+    if (algo == Algo::kLowLatency && !ll_fits) algo = Algo::kTwoShot;
+    if (algo == Algo::kTwoShotPush && !r.out_symmetric) algo = Algo::kTwoShot;
+  }
+  if (algo == Algo::kTwoShotPush && !r.out_symmetric)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": two_shot_push stores into every rank's output, which must be in the heap");
+  if (algo == Algo::kLowLatency && !ll_fits)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": low_latency takes messages up to " + std::to_string(r.low_latency_capacity) +
+                    " bytes with a 4-byte aligned input; this one has " + std::to_string(bytes) + " bytes at address " +
+                    std::to_string(r.in_address));
+  plan.algo = algo;
+  // Low latency and two-shot push read only this rank's own input.
+  const bool reads_peer_inputs = algo != Algo::kLowLatency && algo != Algo::kTwoShotPush;
+  plan.stage_input = (reads_peer_inputs && !r.in_symmetric) ||
+                    (algo == Algo::kOneShot && r.in_place && !r.reduce_scatter);
+  plan.gather_via_scratch = !r.reduce_scatter && algo == Algo::kTwoShot && !r.out_symmetric;
+  const uint64_t in = plan.stage_input ? 0 : r.in_address;
+  const uint64_t slice = r.reduce_scatter ? bytes : 0;  // reduce-scatter slices start at r * bytes
+  plan.vector = common_vector_bytes({in, r.out_address, slice}) == 16;
+  if (blocks <= 0) {
+    // Reads per rank: the whole message for one-shot / low latency, 1/world of it for two-shot.
+    const bool reads_everything = (algo != Algo::kTwoShot && algo != Algo::kTwoShotPush) || r.reduce_scatter;
+    const size_t traffic = reads_everything ? bytes * static_cast<size_t>(r.world) : bytes;
+    blocks = blocks_for(traffic, size_t(64) << 10, 4, 64);
+  }
+  plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
+  return plan;
+}
+
+std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes, int streams, size_t piece_bytes) {
+  std::vector<CopyPiece> pieces;
+  if (world <= 1 || bytes == 0 || streams <= 0) return pieces;
+  const int peers = world - 1;
+  // Each peer's copy is cut into pieces of at most piece_bytes, and into enough pieces that every
+  // stream has work; pieces go out in waves (every peer's first piece, then every second piece),
+  // next peer first, handed to the streams round-robin.
+  constexpr size_t kSmallestPiece = size_t(64) << 10;
+  const size_t by_size = (bytes + piece_bytes - 1) / std::max<size_t>(1, piece_bytes);
+  const size_t by_streams = static_cast<size_t>((streams + peers - 1) / peers);
+  const size_t most = std::max<size_t>(1, bytes / kSmallestPiece);
+  const size_t cuts = std::max<size_t>(1, std::min(std::max(by_size, by_streams), most));
+  const size_t piece = (bytes + cuts - 1) / cuts;
+  int next_stream = 0;
+  for (size_t c = 0; c < cuts; ++c) {
+    for (int k = 1; k <= peers; ++k) {
+      const int peer = (rank + k) % world;
+      const size_t offset = c * piece;
+      if (offset >= bytes) continue;
+      pieces.push_back({peer, offset, std::min(piece, bytes - offset), next_stream});
+      next_stream = (next_stream + 1) % streams;
+    }
+  }
+  return pieces;
+}
+
+std::string describe(const AllGatherPlan& p) {
+  return std::string("all_gather ") + algo_name(p.algo) +
+         (p.algo == Algo::kCopyEngine ? (p.copy_engine_push ? " push" : " pull") : "") +
+         (p.bulk ? " bulk" : "") + " blocks=" + std::to_string(p.blocks) +
+         " vector=" + std::to_string(p.vector_bytes) + (p.stage_input ? " staged-input" : "") +
+         (p.stage_output ? " staged-output" : "");
+}
+
+std::string describe(const ReducePlan& p) {
+  return std::string(algo_name(p.algo)) + " blocks=" + std::to_string(p.blocks) +
+         (p.vector ? " vector=16" : " scalar") + (p.stage_input ? " staged-input" : "") +
+         (p.gather_via_scratch ? " gather-via-scratch" : "");
+}
+
+}  // namespace symmem::detail

@@ -1,0 +1,92 @@
+// Planning: which algorithm, how many blocks, which vector width, what must be staged. Pure C++
+// with no CUDA, so CPU tests check it; every rank computes the same plan from the same inputs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/tuning_table.hpp"
+#include "symmem/types.hpp"
+
+namespace symmem::detail {
+
+// Largest power of two <= 16 dividing every value (sizes and addresses): the widest vector that
+// keeps every access aligned.
+int common_vector_bytes(std::initializer_list<uint64_t> values);
+
+struct AllGatherRequest {
+  size_t bytes_per_rank = 0;
+  int world = 1;
+  int sm_count = 132;
+  CollectiveOptions options;
+  Algo forced = Algo::kAuto;  // SYMMEM_ALGO, applied only when options.algo is kAuto
+  int forced_blocks = 0;      // SYMMEM_BLOCKS
+  bool in_symmetric = false;
+  bool out_symmetric = false;
+  uint64_t in_address = 0;
+  uint64_t out_address = 0;
+  bool copy_engine_push = true;  // SYMMEM_CE_DIRECTION=push (used when the output is in the heap)
+  bool push_bulk = true;         // SYMMEM_PUSH_BULK: push with Hopper bulk copies where aligned
+};
+
+struct AllGatherPlan {
+  Algo algo = Algo::kPull;  // kPull, kPush or kCopyEngine
+  int blocks = 0;           // 0 for the copy engine
+  int vector_bytes = 16;
+  bool stage_input = false;   // copy the input into the heap first (pull, copy engine)
+  bool stage_output = false;  // push into the heap, then copy out (push)
+  bool copy_engine_push = false;  // copy engine writes into the peers' outputs (else reads inputs)
+  bool bulk = false;              // push through the TMA engine (cp.async.bulk)
+};
+
+// Throws kInvalidArgument for a request no algorithm can serve (e.g. an SM algorithm with
+// max_blocks = 0).
+AllGatherPlan plan_all_gather(const AllGatherRequest& request, const TuningTable& table);
+
+struct ReduceRequest {
+  bool reduce_scatter = false;  // else all-reduce
+  size_t count = 0;             // all-reduce: elements; reduce-scatter: elements per rank
+  size_t elem_bytes = 2;
+  int world = 1;
+  int sm_count = 132;
+  CollectiveOptions options;
+  Algo forced = Algo::kAuto;
+  int forced_blocks = 0;
+  bool in_symmetric = false;
+  bool out_symmetric = false;
+  uint64_t in_address = 0;
+  uint64_t out_address = 0;
+  size_t low_latency_capacity = 0;  // largest message the low-latency areas hold, bytes
+  bool in_place = false;
+};
+
+struct ReducePlan {
+  Algo algo = Algo::kTwoShot;  // kOneShot, kTwoShot, kLowLatency (reduce-scatter: kTwoShot)
+  int blocks = 0;
+  bool vector = true;           // 16-byte vectors (all addresses aligned)
+  bool stage_input = false;     // input must be copied into the heap first (also one-shot in
+                                // place: ranks would overwrite inputs their peers still read)
+  bool gather_via_scratch = false;  // two-shot with an output outside the heap
+};
+
+ReducePlan plan_reduce(const ReduceRequest& request, const TuningTable& table);
+
+// Copy-engine all-gather: the peer copies of one call, spread over `streams` streams. Pieces
+// cover every peer's bytes exactly once, are at most piece_bytes (but not under 64 KiB), and
+// are numerous enough that each stream gets a share.
+struct CopyPiece {
+  int peer;
+  size_t offset;  // within the peer's bytes
+  size_t bytes;
+  int stream;
+};
+std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes_per_rank, int streams,
+                                        size_t piece_bytes);
+
+// A string like "all_gather pull blocks=16 vector=16" for SYMMEM_DEBUG logs.
+std::string describe(const AllGatherPlan& plan);
+std::string describe(const ReducePlan& plan);
+
+}  // namespace symmem::detail

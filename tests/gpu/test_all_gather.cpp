@@ -1,0 +1,187 @@
+// All-gather: bit-exact against NCCL for every type, odd counts, every algorithm, in and out of
+// place, heap and plain device buffers; thousands of back-to-back calls; graph replay.
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "fixture.hpp"
+#include "test.hpp"
+#include "test_kernels.hpp"
+
+using namespace symmem;
+using namespace symmem::test;
+
+namespace {
+
+const Algo kGatherAlgos[] = {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine};
+
+enum class Placement { kHeap, kHeapInPlace, kDevice, kDeviceInPlace };
+
+}  // namespace
+
+TEST(all_gather_is_bit_exact_against_nccl) {
+  Fixture& fx = Fixture::get();
+  const int world = fx.world();
+  const size_t counts[] = {1, 3, 4097, 1000003};
+  const size_t max_bytes = 1000003 * 4;
+  Buffer* heap_in = fx.comm->allocate(max_bytes);
+  Buffer* heap_out = fx.comm->allocate(max_bytes * world);
+  DeviceBuffer dev_in(max_bytes), dev_out(max_bytes * world), nccl_in(max_bytes), nccl_out(max_bytes * world);
+  long wrong = 0, calls = 0;
+  for (DataType type : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16, DataType::kInt32, DataType::kUInt8}) {
+    const size_t elem = dtype_size(type);
+    for (size_t count : counts) {
+      const size_t bytes = count * elem;
+      // NCCL on its own buffers gives the oracle for this (type, count).
+      const uint64_t seed = mix_seed(fx.rank(), count, static_cast<uint64_t>(type));
+      fill_pattern(nccl_in.ptr, bytes, seed, fx.stream);
+      TEST_CUDA(cudaMemsetAsync(nccl_out.ptr, 0xEE, bytes * world, fx.stream));
+      static const ncclDataType_t nccl_types[] = {ncclFloat32, ncclFloat16, ncclBfloat16, ncclInt32, ncclUint8};
+      TEST_NCCL(ncclAllGather(nccl_in.ptr, nccl_out.ptr, count, nccl_types[static_cast<int>(type)], fx.nccl, fx.stream));
+      fx.sync();
+      const std::vector<uint8_t> expected = download(nccl_out.ptr, bytes * world);
+      for (Algo algo : kGatherAlgos) {
+        for (Placement where : {Placement::kHeap, Placement::kHeapInPlace, Placement::kDevice, Placement::kDeviceInPlace}) {
+          const bool heap = where == Placement::kHeap || where == Placement::kHeapInPlace;
+          const bool in_place = where == Placement::kHeapInPlace || where == Placement::kDeviceInPlace;
+          char* out = static_cast<char*>(heap ? heap_out->ptr() : dev_out.ptr);
+          char* in = in_place ? out + fx.rank() * bytes : static_cast<char*>(heap ? heap_in->ptr() : dev_in.ptr);
+          TEST_CUDA(cudaMemsetAsync(out, 0xA5, bytes * world, fx.stream));  // poison
+          fill_pattern(in, bytes, seed, fx.stream);
+          CollectiveOptions o;
+          o.algo = algo;
+          all_gather(out, in, count, type, *fx.comm, fx.stream, o);
+          fx.comm->synchronize(fx.stream);
+          const std::vector<uint8_t> got = download(out, bytes * world);
+          if (got != expected) {
+            ++wrong;
+            if (wrong < 5)
+              std::printf("rank %d: all_gather %s count %zu %s placement %d differs from NCCL\n", fx.rank(),
+                          dtype_name(type), count, algo_name(algo), static_cast<int>(where));
+          }
+          ++calls;
+        }
+      }
+    }
+  }
+  fx.comm->free(heap_out);
+  fx.comm->free(heap_in);
+  EXPECT_EQ(fx.sum(wrong), 0L);
+  EXPECT_EQ(calls, long(5 * 4 * 4 * 4));
+}
+
+TEST(all_gather_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
+  Fixture& fx = Fixture::get();
+  const int world = fx.world();
+  constexpr int kCalls = 10000;
+  constexpr size_t kMaxBytes = 65536;
+  Buffer* in = fx.comm->allocate(kMaxBytes);
+  Buffer* out = fx.comm->allocate(kMaxBytes * world);
+  DeviceBuffer plain_out(kMaxBytes * world);
+  unsigned long long* mismatches = nullptr;
+  TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
+  TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
+  const Algo algos[] = {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kAuto, Algo::kPush};
+  for (int i = 0; i < kCalls; ++i) {
+    const size_t bytes = 1 + (size_t(i) * 7919) % kMaxBytes;
+    // Every fifth call gathers into plain device memory (the staging path).
+    char* dst = static_cast<char*>(i % 5 == 3 ? plain_out.ptr : out->ptr());
+    fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), i), fx.stream);
+    CollectiveOptions o;
+    o.algo = algos[i % 5];
+    all_gather(dst, in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
+    count_gather_mismatches(dst, bytes, world, i, mismatches, fx.stream);
+  }
+  fx.comm->synchronize(fx.stream);
+  unsigned long long host = 0;
+  TEST_CUDA(cudaMemcpy(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost));
+  TEST_CUDA(cudaFree(mismatches));
+  fx.comm->free(out);
+  fx.comm->free(in);
+  EXPECT_EQ(fx.sum(static_cast<long>(host)), 0L);
+}
+
+TEST(all_gather_graph_replays_follow_inputs_changed_in_place) {
+  Fixture& fx = Fixture::get();
+  const int world = fx.world();
+  const size_t bytes = 100003;
+  Buffer* in = fx.comm->allocate(bytes);
+  Buffer* out = fx.comm->allocate(bytes * world);
+  long wrong = 0;
+  for (Algo algo : {Algo::kPull, Algo::kPush, Algo::kCopyEngine}) {
+    CollectiveOptions o;
+    o.algo = algo;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    TEST_CUDA(cudaStreamBeginCapture(fx.stream, cudaStreamCaptureModeThreadLocal));
+    all_gather(out->ptr(), in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
+    TEST_CUDA(cudaStreamEndCapture(fx.stream, &graph));
+    TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    unsigned long long* mismatches = nullptr;
+    TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
+    for (int replay = 0; replay < 20; ++replay) {
+      const uint64_t iteration = 1000000 + replay;
+      TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
+      fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), iteration), fx.stream);
+      TEST_CUDA(cudaMemsetAsync(out->ptr(), 0x5A, bytes * world, fx.stream));
+      TEST_CUDA(cudaGraphLaunch(exec, fx.stream));
+      count_gather_mismatches(out->ptr(), bytes, world, iteration, mismatches, fx.stream);
+      fx.comm->synchronize(fx.stream);
+      unsigned long long host = 0;
+      TEST_CUDA(cudaMemcpy(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost));
+      if (host) {
+        ++wrong;
+        std::printf("rank %d: %s replay %d: %llu wrong bytes\n", fx.rank(), algo_name(algo), replay, host);
+      }
+    }
+    TEST_CUDA(cudaFree(mismatches));
+    TEST_CUDA(cudaGraphExecDestroy(exec));
+    TEST_CUDA(cudaGraphDestroy(graph));
+  }
+  fx.comm->free(out);
+  fx.comm->free(in);
+  EXPECT_EQ(fx.sum(wrong), 0L);
+}
+
+TEST(in_process_threads_share_one_job) {
+  // One process drives two GPUs on threads (run with one rank on a machine with two GPUs).
+  Fixture& fx = Fixture::get();
+  int gpus = 0;
+  TEST_CUDA(cudaGetDeviceCount(&gpus));
+  if (fx.world() != 1 || gpus < 2) SKIP("needs a one-rank job on a machine with two GPUs");
+  auto group = make_thread_group(2, 20000);
+  long wrong[2] = {0, 0};
+  std::thread threads[2];
+  for (int t = 0; t < 2; ++t) {
+    threads[t] = std::thread([&, t] {
+      try {
+        TEST_CUDA(cudaSetDevice(t));
+        auto comm = Communicator::create(make_thread_bootstrap(group, t), t);
+        Buffer* in = comm->allocate(4096);
+        Buffer* out = comm->allocate(8192);
+        cudaStream_t s;
+        TEST_CUDA(cudaStreamCreate(&s));
+        fill_pattern(in->ptr(), 4096, pattern_seed(t, 7), s);
+        all_gather(out->ptr(), in->ptr(), 4096, DataType::kUInt8, *comm, s);
+        unsigned long long* bad = nullptr;
+        TEST_CUDA(cudaMalloc(&bad, sizeof(*bad)));
+        TEST_CUDA(cudaMemsetAsync(bad, 0, sizeof(*bad), s));
+        count_gather_mismatches(out->ptr(), 4096, 2, 7, bad, s);
+        comm->synchronize(s);
+        unsigned long long host = 0;
+        TEST_CUDA(cudaMemcpy(&host, bad, sizeof(host), cudaMemcpyDeviceToHost));
+        wrong[t] = static_cast<long>(host);
+        cudaFree(bad);
+        cudaStreamDestroy(s);
+        comm->close();
+      } catch (const std::exception& e) {
+        std::printf("thread %d: %s\n", t, e.what());
+        wrong[t] = -1;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  TEST_CUDA(cudaSetDevice(fx.job.local_rank));
+  EXPECT_EQ(wrong[0], 0L);
+  EXPECT_EQ(wrong[1], 0L);
+}

@@ -1,0 +1,136 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "test_kernels.hpp"
+
+namespace symmem::test {
+namespace {
+
+__host__ __device__ inline uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+__device__ inline uint8_t pattern(uint64_t seed, size_t i) { return static_cast<uint8_t>(mix(seed + i * 0x9E3779B97F4A7C15ull) >> 24); }
+__device__ inline int small_integer(uint64_t seed, size_t i) { return static_cast<int>(mix(seed ^ (i * 0x9E3779B97F4A7C15ull)) % 17) - 8; }
+
+void check(cudaError_t e) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("test kernel: ") + cudaGetErrorName(e));
+}
+
+__global__ void fill_pattern_kernel(uint8_t* p, size_t bytes, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = pattern(seed, i);
+}
+
+__global__ void gather_check_kernel(const uint8_t* out, size_t bytes, int world, uint64_t iteration,
+                                    unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (int r = 0; r < world; ++r) {
+    const uint64_t seed = mix(uint64_t(r + 1) * 0x100000001b3ull ^ iteration);
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
+      bad += out[r * bytes + i] != pattern(seed, i);
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+template <typename T>
+__device__ T from_int(int v);
+template <> __device__ float from_int<float>(int v) { return static_cast<float>(v); }
+template <> __device__ __half from_int<__half>(int v) { return __int2half_rn(v); }
+template <> __device__ __nv_bfloat16 from_int<__nv_bfloat16>(int v) { return __int2bfloat16_rn(v); }
+template <> __device__ int32_t from_int<int32_t>(int v) { return v; }
+
+template <typename T>
+__device__ bool same_bits(T a, T b) {
+  return *reinterpret_cast<const unsigned short*>(&a) == *reinterpret_cast<const unsigned short*>(&b);
+}
+template <> __device__ bool same_bits<float>(float a, float b) { return a == b; }
+template <> __device__ bool same_bits<int32_t>(int32_t a, int32_t b) { return a == b; }
+
+template <typename T>
+__global__ void fill_small_kernel(T* p, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = from_int<T>(small_integer(seed, i));
+}
+
+template <typename T>
+__global__ void sum_check_kernel(const T* out, size_t count, size_t first, int world, uint64_t iteration,
+                                 unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    int expected = 0;
+    for (int r = 0; r < world; ++r) expected += small_integer(mix(uint64_t(r + 1) * 0x100000001b3ull ^ iteration), first + i);
+    bad += !same_bits(out[i], from_int<T>(expected));
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+__global__ void hog_kernel(const volatile int* release, uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (*release == 0 && now - start < ns);
+}
+
+template <typename F>
+void dispatch(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kFloat32: return f(float{});
+    case DataType::kFloat16: return f(__half{});
+    case DataType::kBFloat16: return f(__nv_bfloat16{});
+    case DataType::kInt32: return f(int32_t{});
+    default: throw std::runtime_error("test kernels: no small integers of this type");
+  }
+}
+
+constexpr int kBlocks = 264, kThreads = 256;
+
+}  // namespace
+
+uint64_t pattern_seed(int rank, uint64_t iteration) { return mix(uint64_t(rank + 1) * 0x100000001b3ull ^ iteration); }
+
+void fill_pattern(void* p, size_t bytes, uint64_t seed, cudaStream_t stream) {
+  fill_pattern_kernel<<<kBlocks, kThreads, 0, stream>>>(static_cast<uint8_t*>(p), bytes, seed);
+  check(cudaGetLastError());
+}
+
+void count_gather_mismatches(const void* out, size_t bytes, int world, uint64_t iteration,
+                             unsigned long long* mismatches, cudaStream_t stream) {
+  gather_check_kernel<<<kBlocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(out), bytes, world, iteration,
+                                                         mismatches);
+  check(cudaGetLastError());
+}
+
+void fill_small_integers(void* p, size_t count, DataType type, uint64_t seed, cudaStream_t stream) {
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    fill_small_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<T*>(p), count, seed);
+  });
+  check(cudaGetLastError());
+}
+
+void count_sum_mismatches(const void* out, size_t count, size_t first, DataType type, int world, uint64_t iteration,
+                          unsigned long long* mismatches, cudaStream_t stream) {
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    sum_check_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<const T*>(out), count, first, world, iteration,
+                                                          mismatches);
+  });
+  check(cudaGetLastError());
+}
+
+void launch_sm_hog(int sm_count, const volatile int* release, int ms, cudaStream_t stream) {
+  hog_kernel<<<sm_count * 2, 1024, 0, stream>>>(release, uint64_t(ms) * 1000000ull);
+  check(cudaGetLastError());
+}
+
+}  // namespace symmem::test

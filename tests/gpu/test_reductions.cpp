@@ -1,0 +1,251 @@
+// All-reduce and reduce-scatter: against a float64 host reference on random data for every type,
+// odd counts, every algorithm, in and out of place; identical bits on every rank; thousands of
+// back-to-back calls of changing size and algorithm; graph replay with inputs changed in place.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "fixture.hpp"
+#include "test.hpp"
+#include "test_kernels.hpp"
+
+using namespace symmem;
+using namespace symmem::test;
+
+namespace {
+
+const DataType kTypes[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16, DataType::kInt32};
+
+// Rank r's input: uniform in [-1, 1) (integers in [-1000, 1000] for int32), as the stored type.
+std::vector<uint8_t> random_input(int rank, size_t count, DataType type, uint64_t salt) {
+  std::mt19937_64 rng(mix_seed(rank, count, salt));
+  std::uniform_real_distribution<float> real(-1.f, 1.f);
+  std::uniform_int_distribution<int> integer(-1000, 1000);
+  const size_t elem = dtype_size(type);
+  std::vector<uint8_t> out(count * elem);
+  for (size_t i = 0; i < count; ++i) {
+    uint8_t* p = out.data() + i * elem;
+    switch (type) {
+      case DataType::kFloat32: { float f = real(rng); std::memcpy(p, &f, 4); break; }
+      case DataType::kFloat16: { __half h = __float2half(real(rng)); std::memcpy(p, &h, 2); break; }
+      case DataType::kBFloat16: { __nv_bfloat16 h = __float2bfloat16(real(rng)); std::memcpy(p, &h, 2); break; }
+      case DataType::kInt32: { int32_t v = integer(rng); std::memcpy(p, &v, 4); break; }
+      default: break;
+    }
+  }
+  return out;
+}
+
+double value_at(const uint8_t* data, DataType type, size_t i) {
+  const uint8_t* p = data + i * dtype_size(type);
+  switch (type) {
+    case DataType::kFloat32: { float f; std::memcpy(&f, p, 4); return f; }
+    case DataType::kFloat16: { __half h; std::memcpy(&h, p, 2); return __half2float(h); }
+    case DataType::kBFloat16: { __nv_bfloat16 h; std::memcpy(&h, p, 2); return __bfloat162float(h); }
+    case DataType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    default: return 0;
+  }
+}
+
+// Accumulation in fp32, one rounding to the output type: half an ulp of the output plus slack.
+double tolerance(DataType type, double reference, double magnitude) {
+  switch (type) {
+    case DataType::kFloat32: return 1e-6 * magnitude + 1e-7;
+    case DataType::kFloat16: return std::fabs(reference) * (1.0 / 1024) + 1e-4;
+    case DataType::kBFloat16: return std::fabs(reference) * (1.0 / 128) + 1e-3;
+    default: return 0;
+  }
+}
+
+// Elements of `got` farther from the float64 reduction of every rank's input than the tolerance.
+long count_wrong(const std::vector<uint8_t>& got, const std::vector<std::vector<uint8_t>>& inputs, size_t first,
+                 size_t count, DataType type, ReduceOp op) {
+  long wrong = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double ref = value_at(inputs[0].data(), type, first + i), magnitude = std::fabs(ref);
+    for (size_t r = 1; r < inputs.size(); ++r) {
+      const double v = value_at(inputs[r].data(), type, first + i);
+      magnitude += std::fabs(v);
+      ref = op == ReduceOp::kSum ? ref + v : op == ReduceOp::kMax ? std::max(ref, v) : std::min(ref, v);
+    }
+    const double g = value_at(got.data(), type, i);
+    if (!(std::fabs(g - ref) <= tolerance(type, ref, magnitude))) ++wrong;  // NaN counts as wrong
+  }
+  return wrong;
+}
+
+}  // namespace
+
+TEST(all_reduce_matches_a_float64_reference_on_every_rank) {
+  Fixture& fx = Fixture::get();
+  const size_t max_count = 1000003;
+  Buffer* heap_in = fx.comm->allocate(max_count * 4);
+  Buffer* heap_out = fx.comm->allocate(max_count * 4);
+  DeviceBuffer dev_in(max_count * 4), dev_out(max_count * 4);
+  long wrong = 0, skipped = 0, differing = 0;
+  for (DataType type : kTypes) {
+    for (size_t count : {size_t(1), size_t(3), size_t(4097), max_count}) {
+      const size_t bytes = count * dtype_size(type);
+      std::vector<std::vector<uint8_t>> inputs;
+      for (int r = 0; r < fx.world(); ++r) inputs.push_back(random_input(r, count, type, 1));
+      for (Algo algo : {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}) {
+        for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
+          char* out = static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
+          char* in = where == 1 ? out : static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
+          CollectiveOptions o;
+          o.algo = algo;
+          try {
+            describe_all_reduce(out, in, count, type, *fx.comm, o);
+          } catch (const Error&) {
+            ++skipped;  // e.g. low latency past its capacity: the same on every rank
+            continue;
+          }
+          // Stream-ordered: a pageable cudaMemcpy may return before its DMA lands.
+          TEST_CUDA(cudaMemcpyAsync(in, inputs[fx.rank()].data(), bytes, cudaMemcpyHostToDevice, fx.stream));
+          if (out != in) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, fx.stream));  // poison: NaN / -1
+          all_reduce(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
+          fx.comm->synchronize(fx.stream);
+          const std::vector<uint8_t> got = download(out, bytes);
+          const long bad = count_wrong(got, inputs, 0, count, type, ReduceOp::kSum);
+          if (bad && wrong < 5)
+            std::printf("rank %d: all_reduce %s count %zu %s placement %d: %ld wrong\n", fx.rank(), dtype_name(type),
+                        count, algo_name(algo), where, bad);
+          wrong += bad;
+          if (!fx.same_everywhere(hash_bytes(got))) ++differing;
+        }
+      }
+    }
+  }
+  // max and min on one shape.
+  for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
+    const size_t count = 4097;
+    std::vector<std::vector<uint8_t>> inputs;
+    for (int r = 0; r < fx.world(); ++r) inputs.push_back(random_input(r, count, DataType::kFloat32, 2));
+    TEST_CUDA(cudaMemcpyAsync(heap_in->ptr(), inputs[fx.rank()].data(), count * 4, cudaMemcpyHostToDevice, fx.stream));
+    all_reduce(heap_out->ptr(), heap_in->ptr(), count, DataType::kFloat32, op, *fx.comm, fx.stream);
+    fx.comm->synchronize(fx.stream);
+    wrong += count_wrong(download(heap_out->ptr(), count * 4), inputs, 0, count, DataType::kFloat32, op);
+  }
+  fx.comm->free(heap_out);
+  fx.comm->free(heap_in);
+  EXPECT_EQ(fx.sum(wrong), 0L);
+  EXPECT_EQ(differing, 0L);
+  EXPECT(skipped < 4 * 4 * 5 * 3);
+}
+
+TEST(reduce_scatter_matches_a_float64_reference) {
+  Fixture& fx = Fixture::get();
+  const int world = fx.world();
+  const size_t max_count = 250007;
+  Buffer* heap_in = fx.comm->allocate(max_count * 4 * world);
+  Buffer* heap_out = fx.comm->allocate(max_count * 4);
+  DeviceBuffer dev_in(max_count * 4 * world), dev_out(max_count * 4);
+  long wrong = 0;
+  for (DataType type : kTypes) {
+    for (size_t count : {size_t(1), size_t(3), size_t(4097), max_count}) {
+      const size_t bytes = count * dtype_size(type);
+      std::vector<std::vector<uint8_t>> inputs;
+      for (int r = 0; r < world; ++r) inputs.push_back(random_input(r, count * world, type, 3));
+      for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
+        char* in = static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
+        char* out = where == 1 ? in + fx.rank() * bytes : static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
+        TEST_CUDA(cudaMemcpyAsync(in, inputs[fx.rank()].data(), bytes * world, cudaMemcpyHostToDevice, fx.stream));
+        if (where != 1) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, fx.stream));
+        reduce_scatter(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream);
+        fx.comm->synchronize(fx.stream);
+        const long bad = count_wrong(download(out, bytes), inputs, fx.rank() * count, count, type, ReduceOp::kSum);
+        if (bad && wrong < 5)
+          std::printf("rank %d: reduce_scatter %s count %zu placement %d: %ld wrong\n", fx.rank(), dtype_name(type),
+                      count, where, bad);
+        wrong += bad;
+      }
+    }
+  }
+  fx.comm->free(heap_out);
+  fx.comm->free(heap_in);
+  EXPECT_EQ(fx.sum(wrong), 0L);
+}
+
+TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
+  Fixture& fx = Fixture::get();
+  const int world = fx.world();
+  constexpr int kCalls = 10000;
+  constexpr size_t kMaxCount = 40000;
+  Buffer* in = fx.comm->allocate(kMaxCount * 4 * world);
+  Buffer* out = fx.comm->allocate(kMaxCount * 4);
+  unsigned long long* mismatches = nullptr;
+  TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
+  TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
+  const Algo algos[] = {Algo::kOneShot, Algo::kTwoShot, Algo::kLowLatency, Algo::kTwoShotPush, Algo::kAuto};
+  for (int i = 0; i < kCalls; ++i) {
+    const size_t count = 1 + (size_t(i) * 7919) % kMaxCount;
+    const DataType type = i % 3 == 0 ? DataType::kFloat32 : DataType::kBFloat16;
+    const uint64_t seed = pattern_seed(fx.rank(), i);
+    if (i % 5 == 4) {  // a reduce-scatter between the all-reduces
+      fill_small_integers(in->ptr(), count * world, type, seed, fx.stream);
+      reduce_scatter(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream);
+      count_sum_mismatches(out->ptr(), count, fx.rank() * count, type, world, i, mismatches, fx.stream);
+    } else {
+      fill_small_integers(in->ptr(), count, type, seed, fx.stream);
+      CollectiveOptions o;
+      o.algo = algos[i % 5];
+      all_reduce(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
+      count_sum_mismatches(out->ptr(), count, 0, type, world, i, mismatches, fx.stream);
+    }
+  }
+  fx.comm->synchronize(fx.stream);
+  unsigned long long host = 0;
+  TEST_CUDA(cudaMemcpy(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost));
+  TEST_CUDA(cudaFree(mismatches));
+  fx.comm->free(out);
+  fx.comm->free(in);
+  EXPECT_EQ(fx.sum(static_cast<long>(host)), 0L);
+}
+
+TEST(all_reduce_graph_replays_follow_inputs_changed_in_place) {
+  Fixture& fx = Fixture::get();
+  const size_t count = 70001;
+  Buffer* in = fx.comm->allocate(count * 2);
+  Buffer* out = fx.comm->allocate(count * 2);
+  long wrong = 0;
+  for (Algo algo : {Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}) {
+    CollectiveOptions o;
+    o.algo = algo;
+    // Run once eagerly so that any staging or receive area exists before capture.
+    all_reduce(out->ptr(), in->ptr(), count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
+    fx.comm->synchronize(fx.stream);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    TEST_CUDA(cudaStreamBeginCapture(fx.stream, cudaStreamCaptureModeThreadLocal));
+    all_reduce(out->ptr(), in->ptr(), count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
+    TEST_CUDA(cudaStreamEndCapture(fx.stream, &graph));
+    TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    unsigned long long* mismatches = nullptr;
+    TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
+    for (int replay = 0; replay < 20; ++replay) {
+      const uint64_t iteration = 2000000 + replay;
+      TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
+      fill_small_integers(in->ptr(), count, DataType::kBFloat16, pattern_seed(fx.rank(), iteration), fx.stream);
+      TEST_CUDA(cudaMemsetAsync(out->ptr(), 0xFF, count * 2, fx.stream));
+      TEST_CUDA(cudaGraphLaunch(exec, fx.stream));
+      count_sum_mismatches(out->ptr(), count, 0, DataType::kBFloat16, fx.world(), iteration, mismatches, fx.stream);
+      fx.comm->synchronize(fx.stream);
+      unsigned long long host = 0;
+      TEST_CUDA(cudaMemcpy(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost));
+      if (host) {
+        ++wrong;
+        std::printf("rank %d: %s replay %d: %llu wrong\n", fx.rank(), algo_name(algo), replay, host);
+      }
+    }
+    TEST_CUDA(cudaFree(mismatches));
+    TEST_CUDA(cudaGraphExecDestroy(exec));
+    TEST_CUDA(cudaGraphDestroy(graph));
+  }
+  fx.comm->free(out);
+  fx.comm->free(in);
+  EXPECT_EQ(fx.sum(wrong), 0L);
+}

@@ -1,0 +1,48 @@
+#include <cstdio>
+#include <cstring>
+
+#include "symmem/error.hpp"
+#include "test.hpp"
+
+namespace symmem::test {
+
+std::vector<Case>& registry() {
+  static std::vector<Case> cases;
+  return cases;
+}
+
+void fail(const char* file, int line, const std::string& what) {
+  const char* base = std::strrchr(file, '/');
+  throw Failure(std::string(base ? base + 1 : file) + ":" + std::to_string(line) + ": " + what);
+}
+
+int run_all(int argc, char** argv, bool quiet) {
+  const char* filter = argc > 1 ? argv[1] : nullptr;
+  int passed = 0, failed = 0, skipped = 0;
+  for (const auto& c : registry()) {
+    if (filter && !std::strstr(c.name, filter)) continue;
+    if (!quiet) std::printf("[ RUN  ] %s\n", c.name);
+    std::fflush(stdout);
+    try {
+      c.body();
+      ++passed;
+      if (!quiet) std::printf("[   OK ] %s\n", c.name);
+    } catch (const Skipped& s) {
+      ++skipped;
+      if (!quiet) std::printf("[ SKIP ] %s: %s\n", c.name, s.reason.c_str());
+    } catch (const Failure& f) {
+      ++failed;
+      std::printf("[ FAIL ] %s: %s\n", c.name, f.message.c_str());
+    } catch (const std::exception& e) {
+      ++failed;
+      std::printf("[ FAIL ] %s: unexpected exception: %s\n", c.name, e.what());
+    }
+    std::fflush(stdout);
+  }
+  if (!quiet || failed) std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  if (failed) return 1;
+  if (passed == 0 && skipped > 0) return 77;
+  return 0;
+}
+
+}  // namespace symmem::test

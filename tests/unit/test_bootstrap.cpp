@@ -1,0 +1,225 @@
+// The TCP store, the store and thread bootstraps, and descriptor passing: all on loopback threads.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <dirent.h>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/fd_exchange.hpp"
+#include "bootstrap/socket.hpp"
+#include "bootstrap/tcp_store.hpp"
+#include "symmem/bootstrap.hpp"
+#include "symmem/error.hpp"
+#include "test.hpp"
+
+using namespace symmem;
+using namespace symmem::detail;
+
+namespace {
+
+int open_fds() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (readdir(d)) ++n;
+  closedir(d);
+  return n;
+}
+
+Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+}  // namespace
+
+TEST(store_set_get_add_erase) {
+  TcpStoreServer server("127.0.0.1", 0, "secret");
+  TcpStoreClient a("127.0.0.1", server.port(), "secret", 2000);
+  TcpStoreClient b("127.0.0.1", server.port(), "secret", 2000);
+  a.set("k", bytes_of("value"));
+  EXPECT(b.get("k", 1000) == bytes_of("value"));
+  EXPECT(b.check("k"));
+  EXPECT(!b.check("missing"));
+  EXPECT_EQ(a.add("n", 5), int64_t(5));
+  EXPECT_EQ(b.add("n", -2), int64_t(3));
+  b.erase("k");
+  EXPECT(!a.check("k"));
+}
+
+TEST(store_get_waits_for_a_later_set) {
+  TcpStoreServer server("127.0.0.1", 0, "secret");
+  TcpStoreClient a("127.0.0.1", server.port(), "secret", 2000);
+  std::thread writer([&] {
+    TcpStoreClient b("127.0.0.1", server.port(), "secret", 2000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    b.set("late", bytes_of("x"));
+  });
+  EXPECT(a.get("late", 5000) == bytes_of("x"));
+  writer.join();
+}
+
+TEST(store_get_times_out_naming_the_key) {
+  TcpStoreServer server("127.0.0.1", 0, "secret");
+  TcpStoreClient a("127.0.0.1", server.port(), "secret", 2000);
+  const auto start = Clock::now();
+  EXPECT_ERROR(a.get("never", 200), ErrorCode::kTimeout, "'never'");
+  EXPECT(Clock::now() - start < std::chrono::seconds(3));
+}
+
+TEST(store_refuses_a_wrong_token) {
+  TcpStoreServer server("127.0.0.1", 0, "right");
+  EXPECT_ERROR(TcpStoreClient("127.0.0.1", server.port(), "wrong", 2000), ErrorCode::kBootstrap, "wrong job token");
+  EXPECT_EQ(server.refused_connections(), 1);
+  // A raw client that sends garbage is dropped, and the store keeps serving others.
+  Socket raw = tcp_connect("127.0.0.1", server.port(), deadline_after_ms(1000));
+  const char junk[16] = "GET / HTTP/1.1\n";
+  send_all(raw, junk, sizeof(junk), deadline_after_ms(1000));
+  TcpStoreClient ok("127.0.0.1", server.port(), "right", 2000);
+  ok.set("a", bytes_of("b"));
+  EXPECT(ok.get("a", 100) == bytes_of("b"));
+}
+
+TEST(store_binds_only_the_asked_address) {
+  int port = 0;
+  Socket s = tcp_listen("127.0.0.1", 0, &port);
+  EXPECT(port > 0);
+  // Connecting through another loopback address fails: the socket is not on every interface.
+  bool refused = false;
+  try {
+    tcp_connect("127.0.0.2", port, deadline_after_ms(100));
+  } catch (const Error&) {
+    refused = true;
+  }
+  EXPECT(refused);
+}
+
+TEST(store_bootstrap_all_gather_and_barrier_across_ranks) {
+  int port = 0;
+  { Socket probe = tcp_listen("127.0.0.1", 0, &port); }
+  constexpr int kWorld = 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      JobInfo job;
+      job.rank = rank;
+      job.world = kWorld;
+      job.master_port = port;
+      job.token = "tok";
+      job.timeout_ms = 5000;
+      auto b = make_store_bootstrap(job);
+      for (int round = 0; round < 20; ++round) {
+        uint64_t mine = rank * 1000 + round;
+        std::vector<uint64_t> all(kWorld);
+        b->all_gather(&mine, all.data(), sizeof(mine));
+        bool ok = true;
+        for (int r = 0; r < kWorld; ++r) ok &= all[r] == uint64_t(r * 1000 + round);
+        if (!ok) return;
+        b->barrier();
+      }
+      ++good;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), kWorld);
+}
+
+TEST(store_bootstrap_reports_a_missing_rank) {
+  int port = 0;
+  { Socket probe = tcp_listen("127.0.0.1", 0, &port); }
+  JobInfo job;
+  job.rank = 0;
+  job.world = 2;
+  job.master_port = port;
+  job.token = "tok";
+  job.timeout_ms = 300;
+  auto b = make_store_bootstrap(job);
+  uint32_t mine = 1, all[2];
+  EXPECT_ERROR(b->all_gather(&mine, all, sizeof(mine)), ErrorCode::kTimeout, "waited for rank 1");
+}
+
+TEST(thread_bootstrap_gathers_and_times_out) {
+  auto group = make_thread_group(3, 2000);
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (int rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto b = make_thread_bootstrap(group, rank);
+      for (int round = 0; round < 50; ++round) {
+        int mine = rank + round, all[3];
+        b->all_gather(&mine, all, sizeof(int));
+        if (all[0] != round || all[1] != round + 1 || all[2] != round + 2) return;
+      }
+      ++good;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), 3);
+  auto lonely = make_thread_bootstrap(make_thread_group(2, 100), 0);
+  EXPECT_ERROR(lonely->barrier(), ErrorCode::kTimeout, "only 1 of 2 threads arrived");
+  EXPECT_ERROR(make_thread_bootstrap(group, 3), ErrorCode::kInvalidArgument, "outside world");
+}
+
+TEST(fd_exchange_passes_descriptors_and_leaks_none) {
+  const int before = open_fds();
+  constexpr int kWorld = 3;
+  auto group = make_thread_group(kWorld, 5000);
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto b = make_thread_bootstrap(group, rank);
+      FdExchange exchange(*b, 5000);
+      bool ok = true;
+      for (int round = 0; round < 10; ++round) {
+        // A memfd holding "rank:round" stands in for an exported CUDA allocation.
+        int fd = memfd_create("symmem-test", MFD_CLOEXEC);
+        const std::string text = std::to_string(rank) + ":" + std::to_string(round);
+        ok &= write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+        std::vector<int> peers = exchange.exchange(fd);
+        close(fd);
+        for (int r = 0; r < kWorld; ++r) {
+          if (r == rank) {
+            ok &= peers[r] == -1;
+            continue;
+          }
+          char buf[32] = {};
+          ok &= pread(peers[r], buf, sizeof(buf) - 1, 0) > 0;
+          ok &= std::string(buf) == std::to_string(r) + ":" + std::to_string(round);
+          close(peers[r]);
+        }
+      }
+      ok &= exchange.refused() == 0;
+      if (ok) ++good;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), kWorld);
+  EXPECT_EQ(open_fds(), before);
+}
+
+TEST(job_info_reads_torchrun_variables) {
+  setenv("RANK", "2", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("LOCAL_RANK", "2", 1);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29511", 1);
+  setenv("SYMMEM_TOKEN", "abc", 1);
+  JobInfo job = JobInfo::from_env();
+  EXPECT_EQ(job.rank, 2);
+  EXPECT_EQ(job.world, 4);
+  EXPECT_EQ(job.master_port, 29511);
+  EXPECT_EQ(job.token, std::string("abc"));
+  setenv("RANK", "4", 1);
+  EXPECT_ERROR(JobInfo::from_env(), ErrorCode::kInvalidArgument, "RANK=4 is outside WORLD_SIZE=4");
+  setenv("RANK", "x", 1);
+  EXPECT_ERROR(JobInfo::from_env(), ErrorCode::kInvalidArgument, "RANK='x' is not an integer");
+  unsetenv("SYMMEM_TOKEN");
+  setenv("RANK", "1", 1);
+  EXPECT(JobInfo::from_env().token.rfind("derived:", 0) == 0);
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
+  job = JobInfo::from_env();
+  EXPECT_EQ(job.world, 1);
+}

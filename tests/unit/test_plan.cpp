@@ -1,0 +1,251 @@
+// Planning: algorithm choice, block counts, staging, vector widths and copy-engine pieces.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/kernel_args.hpp"
+#include "plan/plan.hpp"
+#include "symmem/error.hpp"
+#include "test.hpp"
+
+using namespace symmem;
+using namespace symmem::detail;
+
+TEST(vector_width_is_the_largest_common_power_of_two) {
+  EXPECT_EQ(common_vector_bytes({1024, 4096, 0}), 16);
+  EXPECT_EQ(common_vector_bytes({12, 4096, 0}), 4);
+  EXPECT_EQ(common_vector_bytes({1024, 4098, 0}), 2);
+  EXPECT_EQ(common_vector_bytes({3, 0, 0}), 1);
+  EXPECT_EQ(common_vector_bytes({8, 8, 24}), 8);
+}
+
+TEST(all_gather_max_blocks_zero_means_copy_engine) {
+  AllGatherRequest r;
+  r.bytes_per_rank = 1 << 20;
+  r.world = 4;
+  r.in_symmetric = r.out_symmetric = true;
+  r.options.max_blocks = 0;
+  const AllGatherPlan p = plan_all_gather(r, TuningTable{});
+  EXPECT(p.algo == Algo::kCopyEngine);
+  EXPECT_EQ(p.blocks, 0);
+  r.options.algo = Algo::kPull;
+  EXPECT_ERROR(plan_all_gather(r, TuningTable{}), ErrorCode::kInvalidArgument, "max_blocks is 0");
+}
+
+TEST(all_gather_blocks_respect_budget_and_sm_count) {
+  AllGatherRequest r;
+  r.world = 4;
+  r.in_symmetric = r.out_symmetric = true;
+  r.sm_count = 132;
+  for (size_t bytes : {size_t(1), size_t(4096), size_t(1) << 20, size_t(256) << 20}) {
+    r.bytes_per_rank = bytes;
+    r.options = {};
+    AllGatherPlan p = plan_all_gather(r, TuningTable{});
+    EXPECT(p.blocks >= 1 && p.blocks <= 132);
+    r.options.max_blocks = 8;
+    p = plan_all_gather(r, TuningTable{});
+    EXPECT(p.blocks >= 1 && p.blocks <= 8);
+    r.options.blocks = 500;
+    r.options.max_blocks = -1;
+    p = plan_all_gather(r, TuningTable{});
+    EXPECT(p.blocks <= kMaxBlocks && p.blocks <= 132);
+  }
+}
+
+TEST(all_gather_stages_only_what_the_algorithm_needs) {
+  AllGatherRequest r;
+  r.world = 2;
+  r.bytes_per_rank = 1 << 20;
+  r.options.algo = Algo::kPull;
+  r.in_symmetric = false;
+  r.out_symmetric = true;
+  AllGatherPlan p = plan_all_gather(r, TuningTable{});
+  EXPECT(p.algo == Algo::kPull && p.stage_input && !p.stage_output);
+  r.options.algo = Algo::kPush;
+  r.in_symmetric = true;
+  r.out_symmetric = false;
+  p = plan_all_gather(r, TuningTable{});
+  EXPECT(p.algo == Algo::kPush && p.stage_output && !p.stage_input);
+  // Auto avoids staging when one side is in the heap.
+  r.options.algo = Algo::kAuto;
+  p = plan_all_gather(r, TuningTable{});
+  EXPECT(p.algo == Algo::kPull && !p.stage_input && !p.stage_output);
+  r.in_symmetric = false;
+  r.out_symmetric = true;
+  p = plan_all_gather(r, TuningTable{});
+  EXPECT(p.algo == Algo::kPush && !p.stage_input && !p.stage_output);
+}
+
+TEST(all_gather_rejects_reduction_algorithms) {
+  AllGatherRequest r;
+  r.world = 2;
+  r.bytes_per_rank = 64;
+  r.options.algo = Algo::kTwoShot;
+  EXPECT_ERROR(plan_all_gather(r, TuningTable{}), ErrorCode::kInvalidArgument, "not an all-gather algorithm");
+}
+
+TEST(all_gather_forced_algorithm_applies_to_auto_only) {
+  AllGatherRequest r;
+  r.world = 4;
+  r.bytes_per_rank = 1 << 20;
+  r.in_symmetric = r.out_symmetric = true;
+  r.forced = Algo::kCopyEngine;
+  EXPECT(plan_all_gather(r, TuningTable{}).algo == Algo::kCopyEngine);
+  r.options.algo = Algo::kPull;
+  EXPECT(plan_all_gather(r, TuningTable{}).algo == Algo::kPull);
+  r.options.algo = Algo::kAuto;
+  r.forced = Algo::kOneShot;  // an all-reduce name does not bind all-gather
+  EXPECT(plan_all_gather(r, TuningTable{}).algo != Algo::kOneShot);
+}
+
+TEST(all_gather_follows_the_tuning_table) {
+  TuningTable t;
+  t.entries.push_back({"all_gather", 4, 65536, Algo::kPush, 6});
+  t.entries.push_back({"all_gather", 4, size_t(1) << 40, Algo::kPull, 40});
+  AllGatherRequest r;
+  r.world = 4;
+  r.in_symmetric = r.out_symmetric = true;
+  r.bytes_per_rank = 1000;
+  AllGatherPlan p = plan_all_gather(r, t);
+  EXPECT(p.algo == Algo::kPush && p.blocks == 6);
+  r.bytes_per_rank = 1 << 20;
+  p = plan_all_gather(r, t);
+  EXPECT(p.algo == Algo::kPull && p.blocks == 40);
+  r.options.max_blocks = 16;  // the caller's SM budget wins over the table
+  EXPECT(plan_all_gather(r, t).blocks == 16);
+  r.world = 2;  // no row for two ranks: built-in rule
+  EXPECT(plan_all_gather(r, t).blocks >= 1);
+}
+
+TEST(bulk_push_needs_sixteen_byte_alignment) {
+  AllGatherRequest r;
+  r.world = 4;
+  r.in_symmetric = r.out_symmetric = true;
+  r.options.algo = Algo::kPush;
+  r.bytes_per_rank = 4096;
+  EXPECT(plan_all_gather(r, TuningTable{}).bulk);
+  r.bytes_per_rank = 4098;
+  EXPECT(!plan_all_gather(r, TuningTable{}).bulk);
+  r.push_bulk = false;
+  r.bytes_per_rank = 4096;
+  EXPECT(!plan_all_gather(r, TuningTable{}).bulk);
+}
+
+TEST(reduce_plan_falls_back_from_low_latency_when_it_cannot_hold_the_message) {
+  ReduceRequest r;
+  r.world = 4;
+  r.elem_bytes = 2;
+  r.in_symmetric = r.out_symmetric = true;
+  r.low_latency_capacity = 1 << 20;
+  r.count = 16;
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kLowLatency);
+  r.count = (2 << 20) / 2;
+  EXPECT(plan_reduce(r, TuningTable{}).algo != Algo::kLowLatency);
+  r.options.algo = Algo::kLowLatency;
+  EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "low_latency takes messages up to");
+}
+
+TEST(reduce_plan_vector_path_needs_alignment) {
+  ReduceRequest r;
+  r.world = 4;
+  r.elem_bytes = 4;
+  r.in_symmetric = r.out_symmetric = true;
+  r.count = 4097;
+  r.in_address = 4096;
+  r.out_address = 8192;
+  r.options.algo = Algo::kTwoShot;
+  EXPECT(plan_reduce(r, TuningTable{}).vector);
+  r.out_address = 8196;
+  EXPECT(!plan_reduce(r, TuningTable{}).vector);
+  // Reduce-scatter slices start at rank * count elements: 4097 floats break alignment.
+  r.reduce_scatter = true;
+  r.out_address = 8192;
+  EXPECT(!plan_reduce(r, TuningTable{}).vector);
+  r.count = 4096;
+  EXPECT(plan_reduce(r, TuningTable{}).vector);
+}
+
+TEST(reduce_plan_staging_and_gather_path) {
+  ReduceRequest r;
+  r.world = 4;
+  r.elem_bytes = 2;
+  r.count = 1 << 20;
+  r.options.algo = Algo::kTwoShot;
+  r.in_symmetric = false;
+  r.out_symmetric = false;
+  ReducePlan p = plan_reduce(r, TuningTable{});
+  EXPECT(p.stage_input && p.gather_via_scratch);
+  r.in_symmetric = r.out_symmetric = true;
+  p = plan_reduce(r, TuningTable{});
+  EXPECT(!p.stage_input && !p.gather_via_scratch);
+  r.options.algo = Algo::kLowLatency;
+  r.count = 100;
+  r.low_latency_capacity = 1 << 20;
+  r.in_symmetric = false;
+  EXPECT(!plan_reduce(r, TuningTable{}).stage_input);  // low latency reads only its own input
+}
+
+TEST(reduce_scatter_accepts_only_two_shot) {
+  ReduceRequest r;
+  r.reduce_scatter = true;
+  r.world = 2;
+  r.count = 100;
+  r.options.algo = Algo::kOneShot;
+  EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "reduce_scatter");
+  r.options.algo = Algo::kAuto;
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShot);
+}
+
+TEST(two_shot_slices_cover_the_message_once_with_aligned_starts) {
+  for (size_t elem : {size_t(2), size_t(4)}) {
+    for (int world = 1; world <= 8; ++world) {
+      for (size_t count : {size_t(1), size_t(3), size_t(7), size_t(8), size_t(4097), size_t(1000003)}) {
+        const size_t slice = two_shot_slice(count, world, elem);
+        EXPECT(slice * elem % 16 == 0);
+        size_t covered = 0;
+        for (int r = 0; r < world; ++r) {
+          const size_t begin = std::min(count, r * slice);
+          const size_t end = std::min(count, (r + 1) * slice);
+          EXPECT_EQ(begin, covered);
+          covered = end;
+        }
+        EXPECT_EQ(covered, count);
+      }
+    }
+  }
+}
+
+TEST(copy_engine_pieces_cover_every_peer_exactly_once) {
+  for (int world = 1; world <= 8; ++world) {
+    for (int rank = 0; rank < world; ++rank) {
+      for (size_t bytes : {size_t(1), size_t(1000), size_t(1) << 20, size_t(37) << 20, size_t(256) << 20}) {
+        for (int streams : {1, 3, 4, 8}) {
+          for (size_t piece : {size_t(64) << 10, size_t(4) << 20}) {
+            const auto pieces = plan_copy_engine(rank, world, bytes, streams, piece);
+            std::vector<size_t> covered(world, 0);
+            for (const auto& p : pieces) {
+              EXPECT(p.peer != rank && p.peer >= 0 && p.peer < world);
+              EXPECT(p.stream >= 0 && p.stream < streams);
+              EXPECT_EQ(p.offset, covered[p.peer]);  // pieces of a peer are contiguous, in order
+              covered[p.peer] += p.bytes;
+              EXPECT(p.bytes > 0);
+            }
+            for (int peer = 0; peer < world; ++peer) EXPECT_EQ(covered[peer], peer == rank ? 0 : bytes);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(plans_are_the_same_on_every_rank) {
+  // Nothing rank-specific enters a plan, so ranks that see the same call agree.
+  AllGatherRequest r;
+  r.world = 8;
+  r.bytes_per_rank = 12345 * 16;
+  r.in_symmetric = r.out_symmetric = true;
+  const AllGatherPlan first = plan_all_gather(r, TuningTable{});
+  for (int i = 0; i < 8; ++i) {
+    const AllGatherPlan p = plan_all_gather(r, TuningTable{});
+    EXPECT(p.algo == first.algo && p.blocks == first.blocks && p.vector_bytes == first.vector_bytes);
+  }
+}

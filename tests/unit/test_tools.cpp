@@ -1,0 +1,153 @@
+// symmem-bench argument parsing and reports, and the symmem-run launcher.
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "launcher.hpp"
+#include "report.hpp"
+#include "test.hpp"
+
+using namespace symmem;
+using namespace symmem::bench;
+
+TEST(bench_args_follow_nccl_tests) {
+  Args a;
+  std::string error;
+  EXPECT(parse_args({"all_gather", "-b", "1K", "-e", "64M", "-f", "4", "-n", "7", "-w", "2", "-c", "0", "-d", "bf16",
+                     "--blocks", "4,8,16"},
+                    &a, &error));
+  EXPECT_EQ(a.op, std::string("all_gather"));
+  EXPECT_EQ(a.min_bytes, size_t(1024));
+  EXPECT_EQ(a.max_bytes, size_t(64) << 20);
+  EXPECT_EQ(a.iters, 7);
+  EXPECT(!a.check);
+  EXPECT(a.dtype == DataType::kBFloat16);
+  EXPECT_EQ(a.blocks.size(), size_t(3));
+  const auto sizes = sweep_sizes(a);
+  EXPECT_EQ(sizes.front(), size_t(1024));
+  EXPECT_EQ(sizes.back(), size_t(64) << 20);
+  EXPECT_EQ(sizes.size(), size_t(9));
+}
+
+TEST(bench_args_defaults_sweep_1k_to_256m) {
+  Args a;
+  std::string error;
+  EXPECT(parse_args({}, &a, &error));
+  const auto sizes = sweep_sizes(a);
+  EXPECT_EQ(sizes.front(), size_t(1024));
+  EXPECT_EQ(sizes.back(), size_t(256) << 20);
+}
+
+TEST(bench_args_shapes_and_errors) {
+  Args a;
+  std::string error;
+  EXPECT(parse_args({"all_gather", "-d", "fp16", "--shapes", "2048x4096,8192x8192"}, &a, &error));
+  EXPECT_EQ(sweep_sizes(a).size(), size_t(2));
+  EXPECT_EQ(sweep_sizes(a)[0], size_t(2048) * 4096 * 2);
+  Args b;
+  EXPECT(!parse_args({"all_gather", "-b", "1Q"}, &b, &error));
+  EXPECT(error.find("unknown unit") != std::string::npos);
+  Args c;
+  EXPECT(!parse_args({"broadcast"}, &c, &error));
+  EXPECT(error.find("unknown operation") != std::string::npos);
+  Args d;
+  EXPECT(!parse_args({"-b", "8M", "-e", "1M"}, &d, &error));
+  Args e;
+  EXPECT(!parse_args({"--algos", "teleport"}, &e, &error));
+  EXPECT(error.find("teleport") != std::string::npos);
+  EXPECT_EQ(parse_bytes("3000"), size_t(3000));
+  EXPECT_EQ(parse_bytes("1G"), size_t(1) << 30);
+}
+
+TEST(sweep_sizes_round_to_whole_elements) {
+  Args a;
+  std::string error;
+  EXPECT(parse_args({"all_gather", "-b", "3", "-e", "100", "-f", "3", "-d", "float32"}, &a, &error));
+  for (size_t s : sweep_sizes(a)) EXPECT(s % 4 == 0 && s > 0);
+}
+
+TEST(bus_bandwidth_factors_match_nccl_tests) {
+  Row ag;
+  ag.op = "all_gather";
+  ag.world = 4;
+  ag.bytes_per_rank = 1000000;
+  ag.time_us = 10;
+  compute_bandwidth(&ag);
+  EXPECT(std::fabs(ag.algbw_gbs - 400.0) < 1e-9);  // 4 * 1e6 B / 10 us
+  EXPECT(std::fabs(ag.busbw_gbs - 300.0) < 1e-9);  // (world - 1) / world of algbw
+  Row ar = ag;
+  ar.op = "all_reduce";
+  compute_bandwidth(&ar);
+  EXPECT(std::fabs(ar.algbw_gbs - 100.0) < 1e-9);
+  EXPECT(std::fabs(ar.busbw_gbs - 150.0) < 1e-9);  // 2 (world - 1) / world
+}
+
+TEST(reports_carry_the_required_columns) {
+  const std::string header = csv_header();
+  for (const char* column : {"op", "impl", "world", "dtype", "bytes_per_rank", "blocks", "time_us", "algbw_gbs",
+                             "busbw_gbs", "wrong", "gpu", "commit", "date"})
+    EXPECT(header.find(column) != std::string::npos);
+  std::vector<Row> rows(2);
+  rows[0].op = rows[1].op = "all_gather";
+  rows[0].impl = "nccl";
+  rows[1].impl = "symmem_pull";
+  rows[0].busbw_gbs = 100;
+  rows[1].busbw_gbs = 150;
+  compare_with_nccl(&rows);
+  EXPECT(std::fabs(rows[1].vs_best_nccl - 1.5) < 1e-9);
+  Meta m;
+  m.gpu = "NVIDIA H200";
+  m.commit = "abc1234";
+  const std::string line = csv_row(rows[1], m);
+  EXPECT(line.rfind("all_gather,symmem_pull,", 0) == 0);
+  EXPECT(line.find("NVIDIA H200,abc1234") != std::string::npos);
+  const std::string json = to_json(rows, m);
+  EXPECT(json.find("\"impl\": \"symmem_pull\"") != std::string::npos);
+  EXPECT(table_row(rows[1]).find("1.50x") != std::string::npos);
+}
+
+TEST(launcher_runs_every_rank_with_the_job_variables) {
+  launch::LaunchOptions o;
+  o.processes = 3;
+  o.prefix_output = false;
+  const int rc = launch::run(o, {"/bin/sh", "-c",
+                                 "test \"$WORLD_SIZE\" = 3 && test -n \"$SYMMEM_TOKEN\" && test \"$RANK\" = \"$LOCAL_RANK\" "
+                                 "&& test \"$NCCL_NVLS_ENABLE\" = 0 && test -n \"$MASTER_PORT\""});
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(launcher_stops_the_job_when_one_rank_fails) {
+  launch::LaunchOptions o;
+  o.processes = 3;
+  o.grace_s = 1;
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = launch::run(o, {"/bin/sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 7; fi; sleep 60"});
+  EXPECT_EQ(rc, 7);
+  EXPECT(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
+TEST(launcher_kills_ranks_that_ignore_sigterm) {
+  launch::LaunchOptions o;
+  o.processes = 2;
+  o.grace_s = 0.5;
+  o.timeout_s = 1;
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = launch::run(o, {"/bin/sh", "-c", "trap '' TERM; sleep 60"});
+  EXPECT_EQ(rc, 124);
+  EXPECT(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
+TEST(launcher_arguments) {
+  launch::LaunchOptions o;
+  std::vector<std::string> command;
+  std::string error;
+  EXPECT(launch::parse_args({"-n", "4", "--timeout", "30", "prog", "-n", "x"}, &o, &command, &error));
+  EXPECT_EQ(o.processes, 4);
+  EXPECT_EQ(command.size(), size_t(3));  // the program's own -n is its own
+  EXPECT(!launch::parse_args({"-n", "0", "prog"}, &o, &command, &error));
+  EXPECT(!launch::parse_args({"-n", "2"}, &o, &command, &error));
+  EXPECT(error.find("no program") != std::string::npos);
+}

@@ -1,0 +1,18 @@
+// Sweeps of one collective over sizes: NCCL rows and symmem rows on the same buffers, checked
+// and timed in the same run. One function per collective family.
+#pragma once
+
+#include <vector>
+
+#include "bench_context.hpp"
+#include "plan/tuning_table.hpp"
+
+namespace symmem::bench {
+
+std::vector<Row> run_all_gather(BenchContext& ctx);
+std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter);
+
+// The tuning entries this run's symmem rows support: per size, the fastest (algo, blocks).
+std::vector<detail::TuningEntry> tuning_entries(const std::vector<Row>& rows);
+
+}  // namespace symmem::bench

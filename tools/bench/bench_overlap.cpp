@@ -1,0 +1,171 @@
+#include "bench_overlap.hpp"
+
+#include <cublasLt.h>
+
+#include <cstdio>
+
+namespace symmem::bench {
+namespace {
+
+#define BENCH_CUBLAS_CHECK(expr)                                                                   \
+  do {                                                                                             \
+    cublasStatus_t st_ = (expr);                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
+      throw std::runtime_error(std::string(#expr) + ": cuBLAS status " + std::to_string(int(st_))); \
+  } while (0)
+
+// C (m x n) = A (m x k) * B (k x n), fp16 in and out, fp32 accumulation, column major.
+class Gemm {
+ public:
+  Gemm(int m, int n, int k, cudaStream_t stream) : m_(m), n_(n), k_(k) {
+    BENCH_CUBLAS_CHECK(cublasLtCreate(&handle_));
+    BENCH_CUDA_CHECK(cudaMalloc(&a_, size_t(m) * k * 2));
+    BENCH_CUDA_CHECK(cudaMalloc(&b_, size_t(k) * n * 2));
+    BENCH_CUDA_CHECK(cudaMalloc(&c_, size_t(m) * n * 2));
+    BENCH_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
+    upload(a_, host_data(size_t(m) * k, DataType::kFloat16, 11, Fill::kIntegers), stream);
+    upload(b_, host_data(size_t(k) * n, DataType::kFloat16, 12, Fill::kIntegers), stream);
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, CUDA_R_16F, m, k, m));
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb_, CUDA_R_16F, k, n, k));
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc_, CUDA_R_16F, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspace;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    int found = 0;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, la_, lb_, lc_, lc_, pref, 1, &heuristic_, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm for the GEMM");
+  }
+  ~Gemm() {
+    cublasLtMatrixLayoutDestroy(la_);
+    cublasLtMatrixLayoutDestroy(lb_);
+    cublasLtMatrixLayoutDestroy(lc_);
+    cublasLtMatmulDescDestroy(desc_);
+    cublasLtDestroy(handle_);
+    cudaFree(a_);
+    cudaFree(b_);
+    cudaFree(c_);
+    cudaFree(workspace_);
+  }
+  void run(cudaStream_t s) {
+    const float alpha = 1.f, beta = 0.f;
+    BENCH_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, a_, la_, b_, lb_, &beta, c_, lc_, c_, lc_,
+                                      &heuristic_.algo, workspace_, kWorkspace, s));
+  }
+
+ private:
+  static constexpr size_t kWorkspace = size_t(64) << 20;
+  int m_, n_, k_;
+  cublasLtHandle_t handle_ = nullptr;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, lc_ = nullptr;
+  cublasLtMatmulHeuristicResult_t heuristic_{};
+  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr, *workspace_ = nullptr;
+};
+
+}  // namespace
+
+std::vector<Row> run_overlap(BenchContext& ctx) {
+  const Args& a = ctx.args();
+  const int world = ctx.world();
+  Communicator& comm = ctx.comm();
+  const DataType type = a.dtype;
+  const size_t elem = dtype_size(type);
+  const size_t per_rank = a.overlap_bytes / world / elem * elem;
+  const size_t count = per_rank / elem;
+  Buffer* in = comm.allocate(per_rank);
+  Buffer* out = comm.allocate(per_rank * world);
+  upload(in->ptr(), host_data(count, type, seed_for(ctx.rank(), per_rank, 2), Fill::kBits), ctx.stream());
+  Gemm gemm(a.gemm_m, a.gemm_n, a.gemm_k, ctx.stream());
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  ctx.register_window(ctx.nccl_copy_engine(), in->ptr(), in->size());
+  ctx.register_window(ctx.nccl_copy_engine(), out->ptr(), out->size());
+  const ncclDataType_t nt = type == DataType::kFloat16 ? ncclFloat16 : type == DataType::kBFloat16 ? ncclBfloat16
+                                                                        : type == DataType::kFloat32 ? ncclFloat32
+                                                                                                     : ncclUint8;
+
+  using Gather = std::function<void(cudaStream_t)>;
+  std::vector<std::pair<std::string, Gather>> gathers;
+  ncclComm_t plain = ctx.nccl(), ce = ctx.nccl_copy_engine();
+  gathers.push_back({"nccl", [=](cudaStream_t s) { BENCH_NCCL_CHECK(ncclAllGather(in->ptr(), out->ptr(), count, nt, plain, s)); }});
+  gathers.push_back({"nccl_ce", [=](cudaStream_t s) { BENCH_NCCL_CHECK(ncclAllGather(in->ptr(), out->ptr(), count, nt, ce, s)); }});
+  const std::vector<int> blocks = a.blocks.empty() ? std::vector<int>{4, 8, 16, 32} : a.blocks;
+  for (int b : blocks) {
+    CollectiveOptions o;
+    o.algo = Algo::kPull;
+    o.blocks = b;
+    gathers.push_back({"symmem_sm" + std::to_string(b),
+                       [=, &comm](cudaStream_t s) { all_gather(out->ptr(), in->ptr(), count, type, comm, s, o); }});
+  }
+  {
+    CollectiveOptions o;
+    o.algo = Algo::kCopyEngine;
+    gathers.push_back({"symmem_copy_engine",
+                       [=, &comm](cudaStream_t s) { all_gather(out->ptr(), in->ptr(), count, type, comm, s, o); }});
+  }
+
+  std::vector<Row> rows;
+  auto add = [&](const std::string& impl, int blocks_used, const Launch& launch) {
+    Row r;
+    r.op = "overlap";
+    r.impl = impl;
+    r.world = world;
+    r.dtype = dtype_name(type);
+    r.bytes_per_rank = per_rank;
+    r.count = count;
+    r.blocks = blocks_used;
+    r.wrong = -1;
+    r.time_us = ctx.time_us(launch, false);
+    rows.push_back(r);
+    if (ctx.rank() == 0) std::printf("%-34s %10.1f us\n", impl.c_str(), r.time_us);
+    std::fflush(stdout);
+  };
+  if (ctx.rank() == 0)
+    std::printf("# overlap: GEMM %dx%dx%d fp16 with all-gather of %zu bytes (%zu per rank), %d ranks\n", a.gemm_m,
+                a.gemm_n, a.gemm_k, per_rank * world, per_rank, world);
+  add("gemm_alone", -1, [&](cudaStream_t s) { gemm.run(s); });
+  for (auto& [name, g] : gathers) {
+    const int b = name.rfind("symmem_sm", 0) == 0 ? std::atoi(name.c_str() + 9) : 0;
+    add("allgather_alone_" + name, b, [&, g](cudaStream_t s) { g(s); });
+  }
+  add("sequential_nccl", -1, [&](cudaStream_t s) {
+    gemm.run(s);
+    gathers[0].second(s);
+  });
+  for (auto& [name, g] : gathers) {
+    const std::string impl = name == "nccl" ? "overlap_nccl" : name == "nccl_ce" ? "overlap_nccl_ce" : "overlap_" + name;
+    const int b = name.rfind("symmem_sm", 0) == 0 ? std::atoi(name.c_str() + 9) : 0;
+    add(impl, b, [&, g](cudaStream_t s) {
+      BENCH_CUDA_CHECK(cudaEventRecord(fork, s));
+      BENCH_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+      g(side);
+      gemm.run(s);
+      BENCH_CUDA_CHECK(cudaEventRecord(join, side));
+      BENCH_CUDA_CHECK(cudaStreamWaitEvent(s, join, 0));
+    });
+  }
+  // Ratios to the GEMM alone, the figure of merit of overlap.
+  if (ctx.rank() == 0) {
+    const double gemm_us = rows[0].time_us;
+    std::printf("# ratio to gemm_alone (%.1f us):\n", gemm_us);
+    for (const auto& r : rows)
+      if (r.impl.rfind("overlap_", 0) == 0 || r.impl == "sequential_nccl")
+        std::printf("#   %-32s %.3fx\n", r.impl.c_str(), r.time_us / gemm_us);
+  }
+  BENCH_CUDA_CHECK(cudaStreamSynchronize(side));
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(side);
+  ctx.release_windows();
+  comm.free(out);
+  comm.free(in);
+  return rows;
+}
+
+}  // namespace symmem::bench

@@ -1,0 +1,14 @@
+// symmem-bench overlap: an fp16 GEMM on the caller's stream while an all-gather runs on a second
+// stream with no data dependency (FSDP prefetch). Rows: gemm_alone, allgather_alone_<impl>,
+// sequential_nccl, overlap_nccl, overlap_nccl_ce, overlap_symmem_sm<blocks>, overlap_symmem_copy_engine.
+#pragma once
+
+#include <vector>
+
+#include "bench_context.hpp"
+
+namespace symmem::bench {
+
+std::vector<Row> run_overlap(BenchContext& ctx);
+
+}  // namespace symmem::bench
