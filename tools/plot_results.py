@@ -77,7 +77,7 @@ def busbw_vs_sms(rows, out):
         for impl, value in sorted(flat.items()):
             style = "-" if impl.startswith("symmem") else "--"
             label = f"{impl} (0 SMs)" if impl in ("symmem_copy_engine", "nccl_ce") else f"{impl} (own choice)"
-            ax.hlines(value, 0, xmax, linestyles=style, colors=None, label=label)
+            ax.plot([0, xmax], [value, value], style, label=label)  # next colour of the cycle
         ax.set_xlabel("SMs (thread blocks) used by the all-gather")
         ax.set_ylabel("bus bandwidth (GB/s)")
         ax.set_title(title_of(rs, f"all_gather {size_label(size)} per rank"))

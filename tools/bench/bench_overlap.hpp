@@ -1,5 +1,6 @@
 // symmem-bench overlap: an fp16 GEMM on the caller's stream while an all-gather runs on a second
-// stream with no data dependency (FSDP prefetch). Rows: gemm_alone, allgather_alone_<impl>,
+// stream with no data dependency (FSDP prefetch). The all-gather is in place, as FSDP2's is (each
+// rank's shard is its slot of the output), for every implementation. Rows: gemm_alone, allgather_alone_<impl>,
 // sequential_nccl, overlap_nccl, overlap_nccl_ce, overlap_symmem_sm<blocks>, overlap_symmem_copy_engine.
 #pragma once
 
