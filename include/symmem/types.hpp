@@ -22,6 +22,7 @@ enum class Algo {
   kTwoShot,     // all-reduce / reduce-scatter: each rank reduces 1/world, then all-gathers
   kTwoShotPush, // all-reduce: two-shot whose NVLink traffic is stores only (output in the heap)
   kLowLatency,  // all-reduce: data and flag travel in one store; no barrier round trips
+  kLowLatencyTwoShot,  // all-reduce: low latency, each rank reducing 1/world (mid sizes)
 };
 
 size_t dtype_size(DataType type);

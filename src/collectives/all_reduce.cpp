@@ -71,7 +71,8 @@ PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* 
     in_local = scratch->ptr();
     in_buffer = scratch;
   }
-  if (p.plan.algo == Algo::kLowLatency || push_slots) {
+  const bool low_latency = p.plan.algo == Algo::kLowLatency || p.plan.algo == Algo::kLowLatencyTwoShot;
+  if (low_latency || push_slots) {
     for (int r = 0; r < kMaxWorld; ++r) a.in_peers[r] = r == impl.rank ? in_local : nullptr;
     peer_views(*impl.low_latency, impl.low_latency->ptr(), impl.world, a.ll_peers);
   } else {
@@ -114,7 +115,9 @@ void all_reduce(void* out, const void* in, size_t count, DataType type, ReduceOp
       return detail::launch_all_reduce(detail::AllReduceKernel::kTwoShotPush, type, op, p.plan.vector, p.args,
                                        p.plan.blocks, stream);
     case Algo::kLowLatency:
-      return detail::launch_all_reduce_low_latency(type, op, p.args, p.plan.blocks, stream);
+      return detail::launch_all_reduce_low_latency(false, type, op, p.args, p.plan.blocks, stream);
+    case Algo::kLowLatencyTwoShot:
+      return detail::launch_all_reduce_low_latency(true, type, op, p.args, p.plan.blocks, stream);
     default:
       SYMMEM_THROW(ErrorCode::kInternal, std::string("all_reduce: planner chose ") + algo_name(p.plan.algo));
   }

@@ -71,6 +71,7 @@ const char* algo_name(Algo algo) {
     case Algo::kTwoShot: return "two_shot";
     case Algo::kTwoShotPush: return "two_shot_push";
     case Algo::kLowLatency: return "low_latency";
+    case Algo::kLowLatencyTwoShot: return "low_latency_two_shot";
   }
   return "?";
 }
@@ -78,7 +79,7 @@ const char* algo_name(Algo algo) {
 bool parse_algo(const std::string& name, Algo* algo) {
   const std::string n = lower(name);
   for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot,
-                 Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}) {
+                 Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
     if (n == algo_name(a)) {
       *algo = a;
       return true;

@@ -171,8 +171,9 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   SYMMEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl.status_host), sizeof(detail::DeviceStatus), cudaHostAllocMapped));
   std::memset(impl.status_host, 0, sizeof(detail::DeviceStatus));
   SYMMEM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl.status_device), impl.status_host, 0));
-  SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl.epochs), kMaxBlocks * sizeof(uint32_t)));
-  SYMMEM_CUDA_CHECK(cudaMemset(impl.epochs, 0, kMaxBlocks * sizeof(uint32_t)));
+  // Per-block epochs, then the low-latency call counter and its finished-block count.
+  SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl.epochs), (kMaxBlocks + 2) * sizeof(uint32_t)));
+  SYMMEM_CUDA_CHECK(cudaMemset(impl.epochs, 0, (kMaxBlocks + 2) * sizeof(uint32_t)));
 
   impl.exchange = std::make_unique<detail::FdExchange>(*impl.bootstrap, impl.timeout_ms);
   const size_t reserve = config.heap_reserve_bytes ? config.heap_reserve_bytes : env::heap_reserve_bytes();
@@ -186,6 +187,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   s.pad = h.signal_pad;
   for (int r = 0; r < world; ++r) s.peer_pads[r] = h.peer_signal_pads[r];
   s.epochs = impl.epochs;
+  s.call_counter = impl.epochs + kMaxBlocks;
   s.status = impl.status_device;
   s.timeout_ns = static_cast<uint64_t>(impl.timeout_ms) * 1000000ull;
   s.rank = impl.rank;

@@ -1,9 +1,18 @@
 // Low-latency all-reduce for small messages: no barrier round trip. Every rank stores each 4-byte
-// word of its input, packed with the call's epoch as {epoch << 32 | word} in one 8-byte store,
-// into its slot of every peer's receive area; the receiver polls each word until the epoch shows,
-// so the flag and the data arrive together. Receive areas alternate by epoch parity: a peer can
+// word of its input, packed with the call's number as {call << 32 | word} in one 8-byte store,
+// into its slot of every peer's receive area; the receiver polls each word until the number shows,
+// so the flag and the data arrive together. Receive areas alternate by call parity: a peer can
 // only be one call ahead (it needs this rank's next words to finish its next call), so it never
 // overwrites words this rank is still reading, and no area ever needs resetting.
+//
+// The call number is one counter per communicator (not the per-block epochs of the barrier
+// kernels): which block handles a word depends on the grid, which changes with the message size,
+// so only a number unique to the call can tell a fresh line from a stale one. The last block to
+// finish advances it, on the device, so CUDA graph replays count too.
+//
+//   one-shot:  every rank sends its whole input to every peer; each rank reduces everything.
+//   two-shot:  rank p receives slice p of every input, reduces it, and sends the result to every
+//              rank (second half of the receive areas); each rank collects the other slices.
 #include "device/reduce.cuh"
 #include "device/wait.cuh"
 #include "kernels/dispatch.cuh"
@@ -40,13 +49,54 @@ __device__ __forceinline__ bool wait_line(const uint64_t* line, uint32_t epoch, 
   }
 }
 
+// The call's number (all blocks), and its commit by the last block to finish.
+__device__ __forceinline__ uint32_t call_begin(const SyncArgs& s) {
+  __shared__ uint32_t call;
+  if (threadIdx.x == 0) call = s.call_counter[0] + 1;
+  __syncthreads();
+  return call;
+}
+
+__device__ __forceinline__ void call_end(const SyncArgs& s, uint32_t call) {
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(&s.call_counter[1], 1u) == gridDim.x - 1) {
+    s.call_counter[1] = 0;  // every block has read the number: the next kernel sees the new one
+    s.call_counter[0] = call;
+  }
+}
+
+template <typename T, int kOp>
+__device__ __forceinline__ uint32_t reduce_word(const uint32_t (&word)[kMaxWorld], int world) {
+  constexpr int kPerWord = 4 / sizeof(T);
+  using A = typename device::Accum<T>::type;
+  uint32_t result = 0;
+#pragma unroll
+  for (int e = 0; e < kPerWord; ++e) {
+    A acc = device::to_accum(reinterpret_cast<const T*>(&word[0])[e]);
+#pragma unroll
+    for (int r = 1; r < kMaxWorld; ++r)
+      if (r < world) acc = device::combine<kOp>(acc, device::to_accum(reinterpret_cast<const T*>(&word[r])[e]));
+    reinterpret_cast<T*>(&result)[e] = device::from_accum<T>(acc);
+  }
+  return result;
+}
+
+// Stores the elements of `word` (word index w of a range of `count` elements) that exist.
+template <typename T>
+__device__ __forceinline__ void store_word(T* out, size_t w, size_t count, uint32_t word) {
+  constexpr int kPerWord = 4 / sizeof(T);
+#pragma unroll
+  for (int e = 0; e < kPerWord; ++e)
+    if (w * kPerWord + e < count) out[w * kPerWord + e] = reinterpret_cast<const T*>(&word)[e];
+}
+
 template <typename T, int kOp>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(ReduceKernelArgs a) {
   const SyncArgs& s = a.sync;
-  const uint32_t epoch = device::epoch_begin(s);
+  const uint32_t call = call_begin(s);
   const size_t bytes = a.count * sizeof(T);
   const size_t words = (bytes + 3) / 4;
-  const size_t parity = epoch & 1u;
+  const size_t parity = call & 1u;
   const void* in = a.in_peers[s.rank];
   auto slot = [&](uint64_t* area, int sender) {
     return area + (parity * kMaxWorld + sender) * a.ll_slot_words;
@@ -54,19 +104,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(Reduc
 
   // Send: this rank's words into its slot of every peer's receive area.
   for (size_t w = device::global_thread(); w < words; w += device::global_threads()) {
-    const uint64_t line = (uint64_t(epoch) << 32) | load_word(in, w, bytes);
+    const uint64_t line = (uint64_t(call) << 32) | load_word(in, w, bytes);
     for (int k = 1; k < s.world; ++k) {
       const int peer = (s.rank + k) % s.world;
       device::st_relaxed_sys_u64(slot(a.ll_peers[peer], s.rank) + w, line);
     }
   }
 
-  // Receive and reduce the same words (same thread mapping, so the same block's epoch).
+  // Receive every peer's words and reduce them in rank order.
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
-  constexpr int kPerWord = 4 / sizeof(T);
-  using A = typename device::Accum<T>::type;
   for (size_t w = device::global_thread(); w < words && !failed; w += device::global_threads()) {
     uint32_t word[kMaxWorld];
     bool ok = true;
@@ -74,35 +122,90 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(Reduc
     for (int r = 0; r < kMaxWorld; ++r) {
       if (r >= s.world) break;
       if (r == s.rank) word[r] = load_word(in, w, bytes);
-      else ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + w, epoch, s, r, &word[r]);
+      else ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + w, call, s, r, &word[r]);
     }
     if (!ok) {
       failed = 1;
       break;
     }
-    T* out = static_cast<T*>(a.out);
-#pragma unroll
-    for (int e = 0; e < kPerWord; ++e) {
-      const size_t i = w * kPerWord + e;
-      if (i >= a.count) break;
-      A acc = device::to_accum(reinterpret_cast<const T*>(&word[0])[e]);
-#pragma unroll
-      for (int r = 1; r < kMaxWorld; ++r)
-        if (r < s.world) acc = device::combine<kOp>(acc, device::to_accum(reinterpret_cast<const T*>(&word[r])[e]));
-      out[i] = device::from_accum<T>(acc);
+    store_word(static_cast<T*>(a.out), w, a.count, reduce_word<T, kOp>(word, s.world));
+  }
+  call_end(s, call);
+}
+
+template <typename T, int kOp>
+__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency_two_shot(ReduceKernelArgs a) {
+  const SyncArgs& s = a.sync;
+  const uint32_t call = call_begin(s);
+  const size_t parity = call & 1u;
+  const size_t slice = two_shot_slice(a.count, s.world, sizeof(T));  // whole 16-byte vectors
+  auto begin = [&](int r) { return min(a.count, size_t(r) * slice); };
+  auto elems = [&](int r) { return min(a.count, size_t(r + 1) * slice) - begin(r); };
+  auto words_of = [&](int r) { return (elems(r) * sizeof(T) + 3) / 4; };
+  const size_t half = a.ll_slot_words / 2;  // results travel in the second half of each slot
+  auto slot = [&](uint64_t* area, int sender) { return area + (parity * kMaxWorld + sender) * a.ll_slot_words; };
+  const T* in = static_cast<const T*>(a.in_peers[s.rank]);
+  T* out = static_cast<T*>(a.out);
+  const uint64_t tag = uint64_t(call) << 32;
+
+  // Phase 1: word j of slice p goes to rank p.
+  const size_t slice_words = slice * sizeof(T) / 4;
+  for (size_t j = device::global_thread(); j < slice_words; j += device::global_threads()) {
+    for (int k = 1; k < s.world; ++k) {
+      const int p = (s.rank + k) % s.world;
+      const size_t bytes = elems(p) * sizeof(T);
+      if (j * 4 < bytes) device::st_relaxed_sys_u64(slot(a.ll_peers[p], s.rank) + j, tag | load_word(in + begin(p), j, bytes));
     }
   }
+  // Phase 2: reduce this rank's slice (rank order), keep it, send it to every peer.
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
   __syncthreads();
-  if (!failed) device::epoch_commit(s, epoch);
+  const size_t mine = words_of(s.rank);
+  for (size_t j = device::global_thread(); j < mine && !failed; j += device::global_threads()) {
+    uint32_t word[kMaxWorld];
+    bool ok = true;
+#pragma unroll
+    for (int r = 0; r < kMaxWorld; ++r) {
+      if (r >= s.world) break;
+      if (r == s.rank) word[r] = load_word(in + begin(s.rank), j, elems(s.rank) * sizeof(T));
+      else ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + j, call, s, r, &word[r]);
+    }
+    if (!ok) {
+      failed = 1;
+      break;
+    }
+    const uint32_t result = reduce_word<T, kOp>(word, s.world);
+    store_word(out + begin(s.rank), j, elems(s.rank), result);
+    for (int k = 1; k < s.world; ++k) {
+      const int p = (s.rank + k) % s.world;
+      device::st_relaxed_sys_u64(slot(a.ll_peers[p], s.rank) + half + j, tag | result);
+    }
+  }
+  // Phase 3: every other rank's reduced slice.
+  for (int k = 1; k < s.world && !failed; ++k) {
+    const int r = (s.rank + k) % s.world;
+    for (size_t j = device::global_thread(); j < words_of(r) && !failed; j += device::global_threads()) {
+      uint32_t word;
+      if (!wait_line(slot(a.ll_peers[s.rank], r) + half + j, call, s, r, &word)) {
+        failed = 1;
+        break;
+      }
+      store_word(out + begin(r), j, elems(r), word);
+    }
+  }
+  call_end(s, call);
 }
 
 }  // namespace
 
-void launch_all_reduce_low_latency(DataType type, ReduceOp op, const ReduceKernelArgs& args,
+void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args,
                                    int blocks, cudaStream_t stream) {
   dispatch_reduce(type, op, [&](auto t, auto o) {
     using T = decltype(t);
-    all_reduce_low_latency<T, decltype(o)::value><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    constexpr int kOp = decltype(o)::value;
+    if (two_shot) all_reduce_low_latency_two_shot<T, kOp><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    else all_reduce_low_latency<T, kOp><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     SYMMEM_LAUNCH_CHECK();
   });
 }

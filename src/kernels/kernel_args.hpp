@@ -48,8 +48,9 @@ enum class AllReduceKernel { kOneShot, kTwoShot, kTwoShotPush };
 // vector: every input/output address (and every reduce-scatter slice) is 16-byte aligned.
 void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector,
                        const ReduceKernelArgs& args, int blocks, cudaStream_t stream);
-// Needs 4-byte aligned input and count * size <= 4 * ll_slot_words.
-void launch_all_reduce_low_latency(DataType type, ReduceOp op, const ReduceKernelArgs& args,
+// Needs a 4-byte aligned input; one-shot: count * size <= 4 * ll_slot_words; two-shot: each
+// slice's bytes <= 2 * ll_slot_words (half a slot).
+void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args,
                                    int blocks, cudaStream_t stream);
 void launch_reduce_scatter(DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,
                            int blocks, cudaStream_t stream);

@@ -4,13 +4,15 @@
 
 #include "common/check.hpp"
 #include "device/device_types.hpp"
+#include "kernels/kernel_args.hpp"
 
 namespace symmem::detail {
 namespace {
 
 bool is_all_gather_algo(Algo a) { return a == Algo::kPull || a == Algo::kPush || a == Algo::kCopyEngine; }
 bool is_all_reduce_algo(Algo a) {
-  return a == Algo::kOneShot || a == Algo::kTwoShot || a == Algo::kTwoShotPush || a == Algo::kLowLatency;
+  return a == Algo::kOneShot || a == Algo::kTwoShot || a == Algo::kTwoShotPush || a == Algo::kLowLatency ||
+         a == Algo::kLowLatencyTwoShot;
 }
 
 int clamp_blocks(int blocks, int sm_count, int max_blocks) {
@@ -102,13 +104,17 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   } else {
     if (algo != Algo::kAuto && !is_all_reduce_algo(algo))
       throw Error(ErrorCode::kInvalidArgument, std::string("all_reduce: algorithm ") + algo_name(algo) +
-                                                   " is not an all-reduce algorithm (one_shot, two_shot, two_shot_push, low_latency)");
+                                                   " is not an all-reduce algorithm (one_shot, two_shot, two_shot_push, low_latency, low_latency_two_shot)");
     if (algo == Algo::kAuto && is_all_reduce_algo(r.forced)) algo = r.forced;
   }
   if (r.options.max_blocks == 0)
     throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": needs SMs but max_blocks is 0");
   int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
-  const bool ll_fits = bytes <= r.low_latency_capacity && r.in_address % 4 == 0;
+  const bool aligned4 = r.in_address % 4 == 0;
+  const bool ll_fits = bytes <= r.low_latency_capacity && aligned4;
+  // Two-shot low latency: each slice travels in half a slot, twice.
+  const bool ll2_fits = aligned4 && r.world > 1 &&
+                        two_shot_slice(r.count, r.world, r.elem_bytes) * r.elem_bytes <= r.low_latency_capacity / 2;
   if (algo == Algo::kAuto) {
     std::optional<TuningEntry> e = table.lookup(op, r.world, r.reduce_scatter ? bytes : bytes);
     if (e && is_all_reduce_algo(e->algo)) {
@@ -118,8 +124,14 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
       algo = bytes <= (size_t(64) << 10) ? Algo::kLowLatency : Algo::kTwoShot;
     }
     if (algo == Algo::kLowLatency && !ll_fits) algo = Algo::kTwoShot;
+    if (algo == Algo::kLowLatencyTwoShot && !ll2_fits) algo = Algo::kTwoShot;
     if (algo == Algo::kTwoShotPush && !r.out_symmetric) algo = Algo::kTwoShot;
   }
+  if (algo == Algo::kLowLatencyTwoShot && !ll2_fits)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": low_latency_two_shot takes slices up to " +
+                    std::to_string(r.low_latency_capacity / 2) + " bytes with a 4-byte aligned input and two ranks or more; this message has " +
+                    std::to_string(bytes) + " bytes over " + std::to_string(r.world) + " ranks");
   if (algo == Algo::kTwoShotPush && !r.out_symmetric)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(op) + ": two_shot_push stores into every rank's output, which must be in the heap");
@@ -130,7 +142,8 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
                     std::to_string(r.in_address));
   plan.algo = algo;
   // Low latency and two-shot push read only this rank's own input.
-  const bool reads_peer_inputs = algo != Algo::kLowLatency && algo != Algo::kTwoShotPush;
+  const bool reads_peer_inputs =
+      algo != Algo::kLowLatency && algo != Algo::kLowLatencyTwoShot && algo != Algo::kTwoShotPush;
   plan.stage_input = (reads_peer_inputs && !r.in_symmetric) ||
                     (algo == Algo::kOneShot && r.in_place && !r.reduce_scatter);
   plan.gather_via_scratch = !r.reduce_scatter && algo == Algo::kTwoShot && !r.out_symmetric;
@@ -139,7 +152,8 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   plan.vector = common_vector_bytes({in, r.out_address, slice}) == 16;
   if (blocks <= 0) {
     // Reads per rank: the whole message for one-shot / low latency, 1/world of it for two-shot.
-    const bool reads_everything = (algo != Algo::kTwoShot && algo != Algo::kTwoShotPush) || r.reduce_scatter;
+    const bool reads_everything =
+        (algo != Algo::kTwoShot && algo != Algo::kTwoShotPush && algo != Algo::kLowLatencyTwoShot) || r.reduce_scatter;
     const size_t traffic = reads_everything ? bytes * static_cast<size_t>(r.world) : bytes;
     blocks = blocks_for(traffic, size_t(64) << 10, 4, 64);
   }

@@ -92,7 +92,8 @@ TEST(all_reduce_matches_a_float64_reference_on_every_rank) {
       const size_t bytes = count * dtype_size(type);
       std::vector<std::vector<uint8_t>> inputs;
       for (int r = 0; r < fx.world(); ++r) inputs.push_back(random_input(r, count, type, 1));
-      for (Algo algo : {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}) {
+      for (Algo algo : {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency,
+                        Algo::kLowLatencyTwoShot}) {
         for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
           char* out = static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
           char* in = where == 1 ? out : static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
@@ -134,7 +135,7 @@ TEST(all_reduce_matches_a_float64_reference_on_every_rank) {
   fx.comm->free(heap_in);
   EXPECT_EQ(fx.sum(wrong), 0L);
   EXPECT_EQ(differing, 0L);
-  EXPECT(skipped < 4 * 4 * 5 * 3);
+  EXPECT(skipped < 4 * 4 * 6 * 3);
 }
 
 TEST(reduce_scatter_matches_a_float64_reference) {
@@ -180,7 +181,8 @@ TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
   unsigned long long* mismatches = nullptr;
   TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
   TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
-  const Algo algos[] = {Algo::kOneShot, Algo::kTwoShot, Algo::kLowLatency, Algo::kTwoShotPush, Algo::kAuto};
+  const Algo algos[] = {Algo::kOneShot, Algo::kLowLatencyTwoShot, Algo::kTwoShot, Algo::kLowLatency,
+                        Algo::kTwoShotPush, Algo::kAuto};
   for (int i = 0; i < kCalls; ++i) {
     const size_t count = 1 + (size_t(i) * 7919) % kMaxCount;
     const DataType type = i % 3 == 0 ? DataType::kFloat32 : DataType::kBFloat16;
@@ -192,7 +194,7 @@ TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
     } else {
       fill_small_integers(in->ptr(), count, type, seed, fx.stream);
       CollectiveOptions o;
-      o.algo = algos[i % 5];
+      o.algo = algos[i % 6];
       all_reduce(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
       count_sum_mismatches(out->ptr(), count, 0, type, world, i, mismatches, fx.stream);
     }
@@ -212,7 +214,7 @@ TEST(all_reduce_graph_replays_follow_inputs_changed_in_place) {
   Buffer* in = fx.comm->allocate(count * 2);
   Buffer* out = fx.comm->allocate(count * 2);
   long wrong = 0;
-  for (Algo algo : {Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}) {
+  for (Algo algo : {Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
     CollectiveOptions o;
     o.algo = algo;
     // Run once eagerly so that any staging or receive area exists before capture.

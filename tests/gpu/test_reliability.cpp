@@ -94,6 +94,14 @@ TEST(dead_peer_low_latency_all_reduce_times_out_naming_the_rank) {
   });
 }
 
+TEST(dead_peer_low_latency_two_shot_all_reduce_times_out_naming_the_rank) {
+  expect_dead_peer_timeout("all_reduce(low_latency_two_shot)", [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+    CollectiveOptions o;
+    o.algo = Algo::kLowLatencyTwoShot;
+    all_reduce(out->ptr(), in->ptr(), 1 << 16, DataType::kFloat32, ReduceOp::kSum, c, s, o);
+  });
+}
+
 TEST(dead_peer_two_shot_all_reduce_times_out_naming_the_rank) {
   expect_dead_peer_timeout("all_reduce(two_shot)", [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
     CollectiveOptions o;

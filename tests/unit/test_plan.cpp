@@ -249,3 +249,21 @@ TEST(plans_are_the_same_on_every_rank) {
     EXPECT(p.algo == first.algo && p.blocks == first.blocks && p.vector_bytes == first.vector_bytes);
   }
 }
+
+TEST(low_latency_two_shot_holds_slices_up_to_half_a_slot) {
+  ReduceRequest r;
+  r.world = 4;
+  r.elem_bytes = 2;
+  r.in_symmetric = r.out_symmetric = true;
+  r.low_latency_capacity = 1 << 20;
+  r.options.algo = Algo::kLowLatencyTwoShot;
+  r.count = (2 << 20) / 2;  // 2 MiB over 4 ranks: 512 KiB slices, exactly half a slot
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kLowLatencyTwoShot);
+  EXPECT(!plan_reduce(r, TuningTable{}).stage_input);  // reads only its own input
+  r.count += 64;
+  EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "low_latency_two_shot takes slices");
+  r.options.algo = Algo::kAuto;
+  TuningTable t;
+  t.entries.push_back({"all_reduce", 4, size_t(1) << 40, Algo::kLowLatencyTwoShot, 32});
+  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShot);  // the table's choice does not fit: fall back
+}

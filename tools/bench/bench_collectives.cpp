@@ -292,7 +292,7 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
     symmem_case("symmem_auto", CollectiveOptions{});
     const std::vector<Algo> algos = reduce_scatter ? std::vector<Algo>{Algo::kTwoShot}
                                                    : std::vector<Algo>{Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush,
-                                                                       Algo::kLowLatency};
+                                                                       Algo::kLowLatency, Algo::kLowLatencyTwoShot};
     for (auto [algo, blocks] : variants(a, algos)) {
       CollectiveOptions o;
       o.algo = algo;

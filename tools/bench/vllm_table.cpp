@@ -13,20 +13,21 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
   Buffer* in = comm.allocate(max_count * 2);
   Buffer* out = comm.allocate(max_count * 2);
   const char* names[] = {"nccl", "symmem_one_shot", "symmem_two_shot", "symmem_two_shot_push", "symmem_low_latency",
-                         "symmem_auto"};
-  const Algo algos[] = {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kAuto};
+                         "symmem_low_latency_two_shot", "symmem_auto"};
+  const Algo algos[] = {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency,
+                        Algo::kLowLatencyTwoShot, Algo::kAuto};
   std::vector<Row> rows;
   if (ctx.rank() == 0) {
     std::printf("# vLLM-style all-reduce table: T x %d bf16, %d ranks, %s, median us per call\n", kVllmHidden,
                 ctx.world(), a.graph ? "CUDA graph replay" : "eager");
-    std::printf("%6s %10s %10s %10s %10s %10s %12s %10s %14s %20s %9s\n", "T", "bytes", "nccl", "one_shot", "two_shot",
-                "2shot_push", "low_latency", "auto", "auto_plan", "best", "speedup");
+    std::printf("%6s %10s %10s %10s %10s %10s %10s %10s %10s %21s %28s %9s\n", "T", "bytes", "nccl", "one_shot",
+                "two_shot", "2shot_push", "ll", "ll_2shot", "auto", "auto_plan", "best", "speedup");
   }
   for (int tokens : kVllmTokens) {
     const size_t count = size_t(tokens) * kVllmHidden;
     upload(in->ptr(), host_data(count, type, seed_for(ctx.rank(), count, 3), Fill::kIntegers), ctx.stream());
     std::map<std::string, double> t;
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < 7; ++i) {
       const std::string name = names[i];
       Launch launch;
       if (name == "nccl") {
@@ -62,18 +63,18 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
       for (const auto& [name, us] : t)
         if (us < t[best]) best = name;
       auto cell = [&](const char* n) {
-        static char buf[8][32];
+        static char buf[10][32];
         static int k = 0;
-        char* b = buf[k++ % 8];
+        char* b = buf[k++ % 10];
         if (t.count(n)) std::snprintf(b, 32, "%.1f", t[n]);
         else std::snprintf(b, 32, "-");
         return b;
       };
       const std::string plan = describe_all_reduce(out->ptr(), in->ptr(), count, type, comm);
-      std::printf("%6d %10zu %10s %10s %10s %10s %12s %10s %14s %20s %8.2fx\n", tokens, count * 2, cell("nccl"),
+      std::printf("%6d %10zu %10s %10s %10s %10s %10s %10s %10s %21s %28s %8.2fx\n", tokens, count * 2, cell("nccl"),
                   cell("symmem_one_shot"), cell("symmem_two_shot"), cell("symmem_two_shot_push"),
-                  cell("symmem_low_latency"), cell("symmem_auto"), plan.substr(0, plan.find(' ')).c_str(), best.c_str(),
-                  t["nccl"] / t["symmem_auto"]);
+                  cell("symmem_low_latency"), cell("symmem_low_latency_two_shot"), cell("symmem_auto"),
+                  plan.substr(0, plan.find(' ')).c_str(), best.c_str(), t["nccl"] / t["symmem_auto"]);
       std::fflush(stdout);
     }
   }
