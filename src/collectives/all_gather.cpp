@@ -57,9 +57,8 @@ Prepared prepare(const void* out, const void* in, size_t count, DataType type, C
 
 // Where every rank's input lies, as mapped here. In place, rank r's input is its own slot
 // out + r * bytes, not this rank's slot.
-void input_views(const Prepared& p, Buffer* in_buffer, const void* in_local, const void* out_local,
+void input_views(const Prepared& p, int world, Buffer* in_buffer, const void* in_local, const void* out_local,
                  const void* (&views)[detail::kMaxWorld]) {
-  const int world = in_buffer->device_handle().world;
   if (p.in_place && !p.plan.stage_input) {
     detail::peer_views(*p.out_buffer, out_local, world, views);
     for (int r = 0; r < world; ++r) views[r] = static_cast<const char*>(views[r]) + r * p.bytes;
@@ -110,7 +109,7 @@ void all_gather(void* out, const void* in, size_t count, DataType type, Communic
     const void* in_peers[detail::kMaxWorld];
     void* out_peers[detail::kMaxWorld];
     if (p.plan.copy_engine_push) detail::peer_views(*out_buffer, out_local, world, out_peers);
-    else input_views(p, in_buffer, in_local, out_local, in_peers);
+    else input_views(p, world, in_buffer, in_local, out_local, in_peers);
     detail::all_gather_copy_engine(impl, out_local, in_local, bytes, in_peers,
                                    p.plan.copy_engine_push ? out_peers : nullptr, !p.in_place, stream);
   } else {
@@ -120,7 +119,7 @@ void all_gather(void* out, const void* in, size_t count, DataType type, Communic
     args.bytes = bytes;
     args.copy_own = copy_own;
     args.sync = impl.sync_args(detail::kOpAllGather);
-    if (in_buffer) input_views(p, in_buffer, in_local, out_local, args.in_peers);
+    if (in_buffer) input_views(p, world, in_buffer, in_local, out_local, args.in_peers);
     if (out_buffer) detail::peer_views(*out_buffer, out_local, world, args.out_peers);
     if (p.plan.bulk) {
       detail::launch_all_gather_push_bulk(args, p.plan.blocks, stream);

@@ -57,6 +57,7 @@ PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* 
   ReduceKernelArgs& a = p.args;
   a.out = out;
   a.count = count;
+  a.first = reduce_scatter ? impl.rank * count : 0;
   a.sync = impl.sync_args(reduce_scatter ? kOpReduceScatter : kOpAllReduce);
   a.ll_slot_words = Communicator::Impl::kLowLatencySlotBytes / 4;
   // Scratch layout: [staged input | two-shot results, or two-shot push receive slots].
@@ -72,9 +73,9 @@ PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* 
     in_buffer = scratch;
   }
   const bool low_latency = p.plan.algo == Algo::kLowLatency || p.plan.algo == Algo::kLowLatencyTwoShot;
-  if (low_latency || push_slots) {
+  if (low_latency || push_slots) {  // these read only this rank's own input
     for (int r = 0; r < kMaxWorld; ++r) a.in_peers[r] = r == impl.rank ? in_local : nullptr;
-    peer_views(*impl.low_latency, impl.low_latency->ptr(), impl.world, a.ll_peers);
+    if (low_latency) peer_views(*impl.low_latency, impl.low_latency->ptr(), impl.world, a.ll_peers);
   } else {
     peer_views(*in_buffer, in_local, impl.world, a.in_peers);
   }

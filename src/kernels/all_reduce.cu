@@ -1,5 +1,6 @@
-// All-reduce kernels on SMs.
+// All-reduce and reduce-scatter kernels on SMs.
 //   one-shot: barrier -> every rank reads every input and reduces all elements -> barrier.
+//   reduce-scatter: the same kernel over this rank's slice of every input.
 //   two-shot: barrier -> rank r reduces slice r of every input and writes it to every rank's
 //             output (push), or to its scratch which every rank then reads (gather) -> barrier.
 //   two-shot push: see all_reduce_two_shot_push below (stores only over NVLink).
@@ -12,8 +13,10 @@
 namespace symmem::detail {
 namespace {
 
+// One-shot all-reduce (first = 0) and reduce-scatter (first = rank * count): this rank reads
+// `count` elements from `first` of every rank's input and reduces them into its output.
 template <typename T, int kOp, bool kVector>
-__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_one_shot(ReduceKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) reduce_from_every_rank(ReduceKernelArgs a) {
   const SyncArgs& s = a.sync;
   const uint32_t epoch = device::epoch_begin(s);
   if (!device::barrier(s, epoch, 0)) return;
@@ -22,7 +25,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_one_shot(ReduceKe
   T* dst[kMaxWorld];
 #pragma unroll
   for (int r = 0; r < kMaxWorld; ++r) {
-    src[r] = static_cast<const T*>(a.in_peers[r < s.world ? r : 0]);
+    src[r] = static_cast<const T*>(a.in_peers[r < s.world ? r : 0]) + a.first;
     dst[r] = static_cast<T*>(a.out);
   }
   device::reduce_range<T, kOp, kVector>(src, s.world, dst, 1, a.count);
@@ -128,8 +131,8 @@ void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool 
     using T = decltype(t);
     constexpr int kOp = decltype(o)::value;
     if (kernel == AllReduceKernel::kOneShot) {
-      if (vector) all_reduce_one_shot<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-      else all_reduce_one_shot<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      if (vector) reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      else reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     } else if (kernel == AllReduceKernel::kTwoShotPush) {
       if (vector) all_reduce_two_shot_push<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
       else all_reduce_two_shot_push<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
@@ -137,6 +140,17 @@ void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool 
       if (vector) all_reduce_two_shot<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
       else all_reduce_two_shot<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     }
+    SYMMEM_LAUNCH_CHECK();
+  });
+}
+
+void launch_reduce_scatter(DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args, int blocks,
+                           cudaStream_t stream) {
+  dispatch_reduce(type, op, [&](auto t, auto o) {
+    using T = decltype(t);
+    constexpr int kOp = decltype(o)::value;
+    if (vector) reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    else reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     SYMMEM_LAUNCH_CHECK();
   });
 }

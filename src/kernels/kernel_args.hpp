@@ -39,6 +39,7 @@ struct ReduceKernelArgs {
   void* scratch_peers[kMaxWorld];   // two-shot gather: every rank's result area
   uint64_t* ll_peers[kMaxWorld];    // low latency: every rank's receive area
   size_t count;                     // all-reduce: elements; reduce-scatter: elements per rank
+  size_t first;                     // element of every input where this rank's reduction starts
   size_t ll_slot_words;             // low latency: capacity of one sender's slot, in 4-byte words
   SyncArgs sync;
 };

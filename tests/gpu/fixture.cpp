@@ -47,6 +47,22 @@ void Fixture::sync() const { TEST_CUDA(cudaStreamSynchronize(stream)); }
 DeviceBuffer::DeviceBuffer(size_t n) : bytes(n) { TEST_CUDA(cudaMalloc(&ptr, std::max<size_t>(n, 1))); }
 DeviceBuffer::~DeviceBuffer() { cudaFree(ptr); }
 
+MismatchCounter::MismatchCounter() {
+  TEST_CUDA(cudaMalloc(&count_, sizeof(*count_)));
+  TEST_CUDA(cudaMemset(count_, 0, sizeof(*count_)));
+  TEST_CUDA(cudaDeviceSynchronize());
+}
+MismatchCounter::~MismatchCounter() { cudaFree(count_); }
+
+void MismatchCounter::reset(cudaStream_t stream) { TEST_CUDA(cudaMemsetAsync(count_, 0, sizeof(*count_), stream)); }
+
+long MismatchCounter::read(cudaStream_t stream) {
+  unsigned long long host = 0;
+  TEST_CUDA(cudaMemcpyAsync(&host, count_, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  TEST_CUDA(cudaStreamSynchronize(stream));
+  return static_cast<long>(host);
+}
+
 uint64_t mix_seed(int rank, uint64_t a, uint64_t b) {
   uint64_t x = (uint64_t(rank) + 1) * 0x9E3779B97F4A7C15ull ^ (a * 0xBF58476D1CE4E5B9ull) ^ (b << 32);
   x ^= x >> 31;

@@ -54,6 +54,22 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
+// A device counter that the check kernels add mismatches to without synchronising, so that
+// thousands of calls can be checked back to back.
+class MismatchCounter {
+ public:
+  MismatchCounter();
+  ~MismatchCounter();
+  MismatchCounter(const MismatchCounter&) = delete;
+  MismatchCounter& operator=(const MismatchCounter&) = delete;
+  unsigned long long* get() const { return count_; }
+  void reset(cudaStream_t stream);
+  long read(cudaStream_t stream);  // synchronises the stream
+
+ private:
+  unsigned long long* count_ = nullptr;
+};
+
 uint64_t mix_seed(int rank, uint64_t a, uint64_t b = 0);
 std::vector<uint8_t> download(const void* device, size_t bytes);
 uint64_t hash_bytes(const std::vector<uint8_t>& bytes);

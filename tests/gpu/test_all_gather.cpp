@@ -78,9 +78,7 @@ TEST(all_gather_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
   Buffer* in = fx.comm->allocate(kMaxBytes);
   Buffer* out = fx.comm->allocate(kMaxBytes * world);
   DeviceBuffer plain_out(kMaxBytes * world);
-  unsigned long long* mismatches = nullptr;
-  TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
-  TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
+  MismatchCounter mismatches;
   const Algo algos[] = {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kAuto, Algo::kPush};
   for (int i = 0; i < kCalls; ++i) {
     const size_t bytes = 1 + (size_t(i) * 7919) % kMaxBytes;
@@ -90,15 +88,13 @@ TEST(all_gather_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
     CollectiveOptions o;
     o.algo = algos[i % 5];
     all_gather(dst, in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
-    count_gather_mismatches(dst, bytes, world, i, mismatches, fx.stream);
+    count_gather_mismatches(dst, bytes, world, i, mismatches.get(), fx.stream);
   }
   fx.comm->synchronize(fx.stream);
-  unsigned long long host = 0;
-  TEST_CUDA(cudaMemcpy(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost));
-  TEST_CUDA(cudaFree(mismatches));
+  const long wrong = mismatches.read(fx.stream);
   fx.comm->free(out);
   fx.comm->free(in);
-  EXPECT_EQ(fx.sum(static_cast<long>(host)), 0L);
+  EXPECT_EQ(fx.sum(wrong), 0L);
 }
 
 TEST(all_gather_graph_replays_follow_inputs_changed_in_place) {
@@ -117,24 +113,20 @@ TEST(all_gather_graph_replays_follow_inputs_changed_in_place) {
     all_gather(out->ptr(), in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
     TEST_CUDA(cudaStreamEndCapture(fx.stream, &graph));
     TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    unsigned long long* mismatches = nullptr;
-    TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
+    MismatchCounter mismatches;
     for (int replay = 0; replay < 20; ++replay) {
       const uint64_t iteration = 1000000 + replay;
-      TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
+      mismatches.reset(fx.stream);
       fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), iteration), fx.stream);
       TEST_CUDA(cudaMemsetAsync(out->ptr(), 0x5A, bytes * world, fx.stream));
       TEST_CUDA(cudaGraphLaunch(exec, fx.stream));
-      count_gather_mismatches(out->ptr(), bytes, world, iteration, mismatches, fx.stream);
+      count_gather_mismatches(out->ptr(), bytes, world, iteration, mismatches.get(), fx.stream);
       fx.comm->synchronize(fx.stream);
-      unsigned long long host = 0;
-      TEST_CUDA(cudaMemcpy(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost));
-      if (host) {
+      if (const long bad = mismatches.read(fx.stream)) {
         ++wrong;
-        std::printf("rank %d: %s replay %d: %llu wrong bytes\n", fx.rank(), algo_name(algo), replay, host);
+        std::printf("rank %d: %s replay %d: %ld wrong bytes\n", fx.rank(), algo_name(algo), replay, bad);
       }
     }
-    TEST_CUDA(cudaFree(mismatches));
     TEST_CUDA(cudaGraphExecDestroy(exec));
     TEST_CUDA(cudaGraphDestroy(graph));
   }
@@ -163,15 +155,10 @@ TEST(in_process_threads_share_one_job) {
         TEST_CUDA(cudaStreamCreate(&s));
         fill_pattern(in->ptr(), 4096, pattern_seed(t, 7), s);
         all_gather(out->ptr(), in->ptr(), 4096, DataType::kUInt8, *comm, s);
-        unsigned long long* bad = nullptr;
-        TEST_CUDA(cudaMalloc(&bad, sizeof(*bad)));
-        TEST_CUDA(cudaMemsetAsync(bad, 0, sizeof(*bad), s));
-        count_gather_mismatches(out->ptr(), 4096, 2, 7, bad, s);
+        MismatchCounter bad;
+        count_gather_mismatches(out->ptr(), 4096, 2, 7, bad.get(), s);
         comm->synchronize(s);
-        unsigned long long host = 0;
-        TEST_CUDA(cudaMemcpy(&host, bad, sizeof(host), cudaMemcpyDeviceToHost));
-        wrong[t] = static_cast<long>(host);
-        cudaFree(bad);
+        wrong[t] = bad.read(s);
         cudaStreamDestroy(s);
         comm->close();
       } catch (const std::exception& e) {

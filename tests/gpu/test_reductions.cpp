@@ -178,9 +178,7 @@ TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
   constexpr size_t kMaxCount = 40000;
   Buffer* in = fx.comm->allocate(kMaxCount * 4 * world);
   Buffer* out = fx.comm->allocate(kMaxCount * 4);
-  unsigned long long* mismatches = nullptr;
-  TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
-  TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
+  MismatchCounter mismatches;
   const Algo algos[] = {Algo::kOneShot, Algo::kLowLatencyTwoShot, Algo::kTwoShot, Algo::kLowLatency,
                         Algo::kTwoShotPush, Algo::kAuto};
   for (int i = 0; i < kCalls; ++i) {
@@ -190,22 +188,20 @@ TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
     if (i % 5 == 4) {  // a reduce-scatter between the all-reduces
       fill_small_integers(in->ptr(), count * world, type, seed, fx.stream);
       reduce_scatter(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream);
-      count_sum_mismatches(out->ptr(), count, fx.rank() * count, type, world, i, mismatches, fx.stream);
+      count_sum_mismatches(out->ptr(), count, fx.rank() * count, type, world, i, mismatches.get(), fx.stream);
     } else {
       fill_small_integers(in->ptr(), count, type, seed, fx.stream);
       CollectiveOptions o;
       o.algo = algos[i % 6];
       all_reduce(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
-      count_sum_mismatches(out->ptr(), count, 0, type, world, i, mismatches, fx.stream);
+      count_sum_mismatches(out->ptr(), count, 0, type, world, i, mismatches.get(), fx.stream);
     }
   }
   fx.comm->synchronize(fx.stream);
-  unsigned long long host = 0;
-  TEST_CUDA(cudaMemcpy(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost));
-  TEST_CUDA(cudaFree(mismatches));
+  const long wrong = mismatches.read(fx.stream);
   fx.comm->free(out);
   fx.comm->free(in);
-  EXPECT_EQ(fx.sum(static_cast<long>(host)), 0L);
+  EXPECT_EQ(fx.sum(wrong), 0L);
 }
 
 TEST(all_reduce_graph_replays_follow_inputs_changed_in_place) {
@@ -226,24 +222,21 @@ TEST(all_reduce_graph_replays_follow_inputs_changed_in_place) {
     all_reduce(out->ptr(), in->ptr(), count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
     TEST_CUDA(cudaStreamEndCapture(fx.stream, &graph));
     TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    unsigned long long* mismatches = nullptr;
-    TEST_CUDA(cudaMalloc(&mismatches, sizeof(*mismatches)));
+    MismatchCounter mismatches;
     for (int replay = 0; replay < 20; ++replay) {
       const uint64_t iteration = 2000000 + replay;
-      TEST_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), fx.stream));
+      mismatches.reset(fx.stream);
       fill_small_integers(in->ptr(), count, DataType::kBFloat16, pattern_seed(fx.rank(), iteration), fx.stream);
       TEST_CUDA(cudaMemsetAsync(out->ptr(), 0xFF, count * 2, fx.stream));
       TEST_CUDA(cudaGraphLaunch(exec, fx.stream));
-      count_sum_mismatches(out->ptr(), count, 0, DataType::kBFloat16, fx.world(), iteration, mismatches, fx.stream);
+      count_sum_mismatches(out->ptr(), count, 0, DataType::kBFloat16, fx.world(), iteration, mismatches.get(),
+                           fx.stream);
       fx.comm->synchronize(fx.stream);
-      unsigned long long host = 0;
-      TEST_CUDA(cudaMemcpy(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost));
-      if (host) {
+      if (const long bad = mismatches.read(fx.stream)) {
         ++wrong;
-        std::printf("rank %d: %s replay %d: %llu wrong\n", fx.rank(), algo_name(algo), replay, host);
+        std::printf("rank %d: %s replay %d: %ld wrong\n", fx.rank(), algo_name(algo), replay, bad);
       }
     }
-    TEST_CUDA(cudaFree(mismatches));
     TEST_CUDA(cudaGraphExecDestroy(exec));
     TEST_CUDA(cudaGraphDestroy(graph));
   }

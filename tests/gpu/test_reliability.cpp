@@ -1,7 +1,6 @@
 // Failure behaviour: a rank that never joins makes the others fail with a timeout naming it (SM,
 // low-latency and copy-engine paths), bad input is refused with clear errors, teardown leaks
 // nothing, and the copy-engine all-gather runs while every SM is busy (it uses none).
-#include <dirent.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -15,14 +14,6 @@ using namespace symmem;
 using namespace symmem::test;
 
 namespace {
-
-int open_fds() {
-  int n = 0;
-  DIR* d = opendir("/proc/self/fd");
-  while (readdir(d)) ++n;
-  closedir(d);
-  return n;
-}
 
 // Every rank but the last calls `op` on a fresh communicator with a short deadline; the last
 // rank never joins. The others must fail with kTimeout naming the last rank, well within the
@@ -180,7 +171,7 @@ TEST(create_and_close_cycles_leak_no_descriptors_or_memory) {
   // A peer releases this rank's memory only when it has closed too.
   fx.bootstrap->barrier();
   TEST_CUDA(cudaDeviceSynchronize());
-  const int fds_before = open_fds();
+  const int fds_before = open_descriptors();
   size_t free_before = 0, total = 0;
   TEST_CUDA(cudaMemGetInfo(&free_before, &total));
   for (int i = 0; i < 10; ++i) cycle();
@@ -188,7 +179,7 @@ TEST(create_and_close_cycles_leak_no_descriptors_or_memory) {
   TEST_CUDA(cudaDeviceSynchronize());
   size_t free_after = 0;
   TEST_CUDA(cudaMemGetInfo(&free_after, &total));
-  const int fds_after = open_fds();
+  const int fds_after = open_descriptors();
   const long leaked_mib = (static_cast<long>(free_before) - static_cast<long>(free_after)) >> 20;
   if (fds_after != fds_before || leaked_mib > 8)
     std::printf("rank %d: fds %d -> %d, device memory %ld MiB lower\n", fx.rank(), fds_before, fds_after, leaked_mib);
@@ -233,15 +224,9 @@ bool gathers_while_every_sm_is_busy(bool in_place, long* wrong) {
   const bool finished_first = state == cudaSuccess && busy;
   TEST_CUDA(cudaStreamSynchronize(hog_stream));
   fx.comm->synchronize(fx.stream);
-  unsigned long long* bad = nullptr;
-  TEST_CUDA(cudaMalloc(&bad, sizeof(*bad)));
-  TEST_CUDA(cudaMemsetAsync(bad, 0, sizeof(*bad), fx.stream));
-  count_gather_mismatches(out->ptr(), bytes, fx.world(), 77, bad, fx.stream);
-  unsigned long long host = 0;
-  TEST_CUDA(cudaMemcpyAsync(&host, bad, sizeof(host), cudaMemcpyDeviceToHost, fx.stream));
-  fx.sync();
-  *wrong += static_cast<long>(host);
-  cudaFree(bad);
+  MismatchCounter bad;
+  count_gather_mismatches(out->ptr(), bytes, fx.world(), 77, bad.get(), fx.stream);
+  *wrong += bad.read(fx.stream);
   cudaFree(never_device);
   cudaEventDestroy(hog_done);
   cudaEventDestroy(gather_done);

@@ -37,6 +37,9 @@ int run_all(int argc, char** argv, bool quiet = false);
 
 [[noreturn]] void fail(const char* file, int line, const std::string& what);
 
+// Descriptors this process holds open (entries of /proc/self/fd), for leak checks.
+int open_descriptors();
+
 template <typename A, typename B>
 std::string describe_pair(const A& a, const B& b) {
   std::ostringstream o;

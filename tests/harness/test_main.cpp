@@ -1,3 +1,5 @@
+#include <dirent.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -14,6 +16,15 @@ std::vector<Case>& registry() {
 void fail(const char* file, int line, const std::string& what) {
   const char* base = std::strrchr(file, '/');
   throw Failure(std::string(base ? base + 1 : file) + ":" + std::to_string(line) + ": " + what);
+}
+
+int open_descriptors() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (readdir(d)) ++n;
+  closedir(d);
+  return n;
 }
 
 int run_all(int argc, char** argv, bool quiet) {

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <dirent.h>
 #include <thread>
 #include <vector>
 
@@ -20,14 +19,6 @@ using namespace symmem;
 using namespace symmem::detail;
 
 namespace {
-
-int open_fds() {
-  int n = 0;
-  DIR* d = opendir("/proc/self/fd");
-  while (readdir(d)) ++n;
-  closedir(d);
-  return n;
-}
 
 Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
@@ -162,7 +153,7 @@ TEST(thread_bootstrap_gathers_and_times_out) {
 }
 
 TEST(fd_exchange_passes_descriptors_and_leaks_none) {
-  const int before = open_fds();
+  const int before = symmem::test::open_descriptors();
   constexpr int kWorld = 3;
   auto group = make_thread_group(kWorld, 5000);
   std::atomic<int> good{0};
@@ -196,7 +187,7 @@ TEST(fd_exchange_passes_descriptors_and_leaks_none) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(good.load(), kWorld);
-  EXPECT_EQ(open_fds(), before);
+  EXPECT_EQ(symmem::test::open_descriptors(), before);
 }
 
 TEST(job_info_reads_torchrun_variables) {

@@ -89,10 +89,24 @@ Row run_case(BenchContext& ctx, const std::string& op, const Case& c, size_t byt
   return r;
 }
 
-void print_rows(BenchContext& ctx, const std::vector<Row>& rows) {
-  if (ctx.rank() != 0) return;
-  for (const auto& r : rows) std::printf("%s\n", table_row(r).c_str());
-  std::fflush(stdout);
+// Checks and times every case of one size, compares with NCCL, prints (rank 0) and keeps the rows.
+void run_size(BenchContext& ctx, const std::string& op, const std::vector<Case>& cases, size_t bytes, size_t count,
+              void* out, size_t out_bytes, const void* expected, std::vector<Row>* rows) {
+  std::vector<Row> size_rows;
+  for (const auto& c : cases) size_rows.push_back(run_case(ctx, op, c, bytes, count, out, out_bytes, expected));
+  compare_with_nccl(&size_rows);
+  if (ctx.rank() == 0) {
+    for (const auto& r : size_rows) std::printf("%s\n", table_row(r).c_str());
+    std::fflush(stdout);
+  }
+  rows->insert(rows->end(), size_rows.begin(), size_rows.end());
+}
+
+// Frees what a sweep allocated; NCCL lets go of its windows on the buffers first.
+void release(BenchContext& ctx, void* expected, std::initializer_list<Buffer*> buffers) {
+  BENCH_CUDA_CHECK(cudaFree(expected));
+  ctx.release_windows();
+  for (Buffer* b : buffers) ctx.comm().free(b);
 }
 
 // Symmetric windows for the NCCL rows that use them, on the same heap buffers symmem uses.
@@ -180,17 +194,9 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
                          all_gather(out->ptr(), in->ptr(), count, type, comm, s, o);
                        }});
     }
-    std::vector<Row> size_rows;
-    for (const auto& c : cases)
-      size_rows.push_back(run_case(ctx, "all_gather", c, bytes, count, out->ptr(), bytes * world, expected));
-    compare_with_nccl(&size_rows);
-    print_rows(ctx, size_rows);
-    rows.insert(rows.end(), size_rows.begin(), size_rows.end());
+    run_size(ctx, "all_gather", cases, bytes, count, out->ptr(), bytes * world, expected, &rows);
   }
-  BENCH_CUDA_CHECK(cudaFree(expected));
-  ctx.release_windows();
-  comm.free(out);
-  comm.free(in);
+  release(ctx, expected, {out, in});
   return rows;
 }
 
@@ -299,16 +305,9 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
       o.blocks = blocks;
       symmem_case(std::string("symmem_") + (reduce_scatter ? "reduce_scatter" : algo_name(algo)), o);
     }
-    std::vector<Row> size_rows;
-    for (const auto& c : cases) size_rows.push_back(run_case(ctx, op, c, bytes, count, out->ptr(), bytes, expected));
-    compare_with_nccl(&size_rows);
-    print_rows(ctx, size_rows);
-    rows.insert(rows.end(), size_rows.begin(), size_rows.end());
+    run_size(ctx, op, cases, bytes, count, out->ptr(), bytes, expected, &rows);
   }
-  BENCH_CUDA_CHECK(cudaFree(expected));
-  ctx.release_windows();
-  comm.free(out);
-  comm.free(in);
+  release(ctx, expected, {out, in});
   return rows;
 }
 
