@@ -20,23 +20,23 @@ namespace symmem {
 
 // out[r * count .. (r + 1) * count) = rank r's in[0 .. count). In place when
 // in == out + rank * count elements. Algorithms: kPull, kPush, kCopyEngine (zero SMs).
-void all_gather(void* out, const void* in, size_t count, DataType type, Communicator& comm,
-                cudaStream_t stream, const CollectiveOptions& options = {});
+void all_gather(void* out, const void* in, size_t count, DataType type, Communicator& comm, cudaStream_t stream,
+                const CollectiveOptions& options = {});
 
 // out[i] = op over ranks of in[i], for i < count; identical bits on every rank. In place when
 // in == out. Algorithms: kOneShot, kTwoShot, kLowLatency. uint8 is not reducible.
-void all_reduce(void* out, const void* in, size_t count, DataType type, ReduceOp op,
-                Communicator& comm, cudaStream_t stream, const CollectiveOptions& options = {});
+void all_reduce(void* out, const void* in, size_t count, DataType type, ReduceOp op, Communicator& comm,
+                cudaStream_t stream, const CollectiveOptions& options = {});
 
 // out[i] = op over ranks of in[rank * count + i], for i < count (count per rank).
-void reduce_scatter(void* out, const void* in, size_t count, DataType type, ReduceOp op,
-                    Communicator& comm, cudaStream_t stream, const CollectiveOptions& options = {});
+void reduce_scatter(void* out, const void* in, size_t count, DataType type, ReduceOp op, Communicator& comm,
+                    cudaStream_t stream, const CollectiveOptions& options = {});
 
 // The plan the call would run, e.g. "all_gather pull blocks=16 vector=16", or throws the error
 // the call would raise. No work is launched.
-std::string describe_all_gather(const void* out, const void* in, size_t count, DataType type,
-                                Communicator& comm, const CollectiveOptions& options = {});
-std::string describe_all_reduce(const void* out, const void* in, size_t count, DataType type,
-                                Communicator& comm, const CollectiveOptions& options = {});
+std::string describe_all_gather(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
+                                const CollectiveOptions& options = {});
+std::string describe_all_reduce(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
+                                const CollectiveOptions& options = {});
 
 }  // namespace symmem

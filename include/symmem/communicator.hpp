@@ -28,8 +28,8 @@ class Buffer {
   // Trivially copyable view for kernels written by users: pass it by value.
   struct DeviceHandle {
     void* local;
-    void* peers[kMaxWorld];            // every rank's copy, as mapped in this process
-    uint32_t* signal_pad;              // this rank's flags (zeroed at allocation)
+    void* peers[kMaxWorld];  // every rank's copy, as mapped in this process
+    uint32_t* signal_pad;    // this rank's flags (zeroed at allocation)
     uint32_t* peer_signal_pads[kMaxWorld];
     size_t bytes;
     size_t signal_pad_words;
@@ -60,7 +60,7 @@ class Buffer {
 };
 
 struct CommConfig {
-  int64_t timeout_ms = -1;  // device and host wait deadline; -1: SYMMEM_TIMEOUT_MS (30 s)
+  int64_t timeout_ms = -1;        // device and host wait deadline; -1: SYMMEM_TIMEOUT_MS (30 s)
   size_t heap_reserve_bytes = 0;  // virtual address space per rank; 0: SYMMEM_HEAP_RESERVE_GB
 };
 

@@ -24,8 +24,7 @@ const char* error_code_name(ErrorCode code);
 class Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(std::string("symmem ") + error_code_name(code) + ": " + message),
-        code_(code) {}
+      : std::runtime_error(std::string("symmem ") + error_code_name(code) + ": " + message), code_(code) {}
   ErrorCode code() const { return code_; }
 
  private:

@@ -15,22 +15,22 @@ enum class ReduceOp { kSum, kMax, kMin };
 // rejects the others with kInvalidArgument.
 enum class Algo {
   kAuto,
-  kPull,        // all-gather: every rank reads its peers' inputs with SM loads
-  kPush,        // all-gather: every rank stores its input into its peers' outputs
-  kCopyEngine,  // all-gather: the copy engines move the data; zero SMs
-  kOneShot,     // all-reduce: every rank reads every input and reduces all of it
-  kTwoShot,     // all-reduce / reduce-scatter: each rank reduces 1/world, then all-gathers
-  kTwoShotPush, // all-reduce: two-shot whose NVLink traffic is stores only (output in the heap)
-  kLowLatency,  // all-reduce: data and flag travel in one store; no barrier round trips
+  kPull,               // all-gather: every rank reads its peers' inputs with SM loads
+  kPush,               // all-gather: every rank stores its input into its peers' outputs
+  kCopyEngine,         // all-gather: the copy engines move the data; zero SMs
+  kOneShot,            // all-reduce: every rank reads every input and reduces all of it
+  kTwoShot,            // all-reduce / reduce-scatter: each rank reduces 1/world, then all-gathers
+  kTwoShotPush,        // all-reduce: two-shot whose NVLink traffic is stores only (output in the heap)
+  kLowLatency,         // all-reduce: data and flag travel in one store; no barrier round trips
   kLowLatencyTwoShot,  // all-reduce: low latency, each rank reducing 1/world (mid sizes)
 };
 
 size_t dtype_size(DataType type);
-const char* dtype_name(DataType type);       // "float32", "float16", "bfloat16", "int32", "uint8"
+const char* dtype_name(DataType type);                      // "float32", "float16", "bfloat16", "int32", "uint8"
 bool parse_dtype(const std::string& name, DataType* type);  // also "fp32", "half", "bf16", ...
 const char* reduce_op_name(ReduceOp op);
 bool parse_reduce_op(const std::string& name, ReduceOp* op);
-const char* algo_name(Algo algo);           // "auto", "pull", "push", "copy_engine", ...
+const char* algo_name(Algo algo);  // "auto", "pull", "push", "copy_engine", ...
 bool parse_algo(const std::string& name, Algo* algo);
 
 struct CollectiveOptions {

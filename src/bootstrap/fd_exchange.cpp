@@ -21,8 +21,7 @@ std::string gather_strings(Bootstrap& bootstrap, const std::string& mine, std::v
 
 }  // namespace
 
-FdExchange::FdExchange(Bootstrap& bootstrap, int64_t timeout_ms)
-    : bootstrap_(bootstrap), timeout_ms_(timeout_ms) {
+FdExchange::FdExchange(Bootstrap& bootstrap, int64_t timeout_ms) : bootstrap_(bootstrap), timeout_ms_(timeout_ms) {
   const std::string nonce = random_hex(kNameChars / 2);
   listener_ = unix_listen("@symmem-" + nonce);
   std::vector<std::string> secrets;
@@ -45,8 +44,8 @@ std::vector<int> FdExchange::exchange(int my_fd) {
       if (peer == rank) continue;
       Socket s = unix_connect("@symmem-" + names_[peer], deadline);
       if (peer_uid(s) != ::getuid())
-        throw Error(ErrorCode::kBootstrap, "fd exchange: the socket of rank " + std::to_string(peer) +
-                                               " belongs to another user");
+        throw Error(ErrorCode::kBootstrap,
+                    "fd exchange: the socket of rank " + std::to_string(peer) + " belongs to another user");
       send_with_fd(s, &message, sizeof(message), my_fd, deadline);
     }
     auto& round = early_[seq];
@@ -54,8 +53,8 @@ std::vector<int> FdExchange::exchange(int my_fd) {
       Socket s = accept_until(listener_, deadline);
       if (!s.valid())
         throw Error(ErrorCode::kTimeout, "fd exchange: rank " + std::to_string(rank) + " received " +
-                                             std::to_string(round.size()) + " of " +
-                                             std::to_string(world - 1) + " descriptors in time");
+                                             std::to_string(round.size()) + " of " + std::to_string(world - 1) +
+                                             " descriptors in time");
       if (peer_uid(s) != ::getuid()) {
         ++refused_;
         continue;
@@ -68,8 +67,8 @@ std::vector<int> FdExchange::exchange(int my_fd) {
         ++refused_;
         continue;
       }
-      if (std::memcmp(in.secret, secret_.data(), sizeof(in.secret)) != 0 || in.rank < 0 ||
-          in.rank >= world || in.rank == rank || in.seq < seq || early_[in.seq].count(in.rank)) {
+      if (std::memcmp(in.secret, secret_.data(), sizeof(in.secret)) != 0 || in.rank < 0 || in.rank >= world ||
+          in.rank == rank || in.seq < seq || early_[in.seq].count(in.rank)) {
         ::close(fd);
         ++refused_;
         continue;

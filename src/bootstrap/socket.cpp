@@ -48,9 +48,7 @@ addrinfo* resolve(const std::string& address, int port, bool passive) {
   addrinfo* result = nullptr;
   const std::string service = std::to_string(port);
   int rc = ::getaddrinfo(address.c_str(), service.c_str(), &hints, &result);
-  if (rc != 0)
-    throw Error(ErrorCode::kBootstrap,
-                "cannot resolve address '" + address + "': " + ::gai_strerror(rc));
+  if (rc != 0) throw Error(ErrorCode::kBootstrap, "cannot resolve address '" + address + "': " + ::gai_strerror(rc));
   return result;
 }
 
@@ -93,17 +91,15 @@ Socket tcp_listen(const std::string& address, int port, int* bound_port) {
       socklen_t len = sizeof(local);
       ::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&local), &len);
       if (bound_port)
-        *bound_port = ntohs(local.ss_family == AF_INET6
-                                ? reinterpret_cast<sockaddr_in6*>(&local)->sin6_port
-                                : reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+        *bound_port = ntohs(local.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&local)->sin6_port
+                                                        : reinterpret_cast<sockaddr_in*>(&local)->sin_port);
       ::freeaddrinfo(list);
       return s;
     }
     last_error = std::strerror(errno);
   }
   ::freeaddrinfo(list);
-  throw Error(ErrorCode::kBootstrap, "cannot listen on " + address + ":" + std::to_string(port) +
-                                         ": " + last_error);
+  throw Error(ErrorCode::kBootstrap, "cannot listen on " + address + ":" + std::to_string(port) + ": " + last_error);
 }
 
 Socket tcp_connect(const std::string& address, int port, Deadline deadline) {
@@ -125,8 +121,8 @@ Socket tcp_connect(const std::string& address, int port, Deadline deadline) {
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the server may not be up yet
   }
-  throw Error(ErrorCode::kTimeout, "cannot connect to store at " + address + ":" +
-                                       std::to_string(port) + " before the deadline: " + last_error);
+  throw Error(ErrorCode::kTimeout, "cannot connect to store at " + address + ":" + std::to_string(port) +
+                                       " before the deadline: " + last_error);
 }
 
 Socket unix_listen(const std::string& path) {
@@ -163,8 +159,7 @@ Socket accept_until(const Socket& listener, Deadline deadline, const bool* stop)
     if (rc > 0) {
       int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
       if (fd >= 0) return Socket(fd);
-      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED)
-        throw_errno(errno, "accept4", __FILE__, __LINE__);
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) throw_errno(errno, "accept4", __FILE__, __LINE__);
     }
   }
   return Socket();
@@ -173,8 +168,7 @@ Socket accept_until(const Socket& listener, Deadline deadline, const bool* stop)
 void send_all(const Socket& s, const void* data, size_t bytes, Deadline deadline) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    if (!wait_ready(s.fd(), POLLOUT, deadline))
-      throw Error(ErrorCode::kTimeout, "socket send timed out");
+    if (!wait_ready(s.fd(), POLLOUT, deadline)) throw Error(ErrorCode::kTimeout, "socket send timed out");
     ssize_t n = ::send(s.fd(), p, bytes, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
@@ -188,8 +182,7 @@ void send_all(const Socket& s, const void* data, size_t bytes, Deadline deadline
 void recv_all(const Socket& s, void* data, size_t bytes, Deadline deadline) {
   char* p = static_cast<char*>(data);
   while (bytes > 0) {
-    if (!wait_ready(s.fd(), POLLIN, deadline))
-      throw Error(ErrorCode::kTimeout, "socket receive timed out");
+    if (!wait_ready(s.fd(), POLLIN, deadline)) throw Error(ErrorCode::kTimeout, "socket receive timed out");
     ssize_t n = ::recv(s.fd(), p, bytes, 0);
     if (n == 0) throw Error(ErrorCode::kBootstrap, "peer closed the connection");
     if (n < 0) {
@@ -220,8 +213,8 @@ void send_with_fd(const Socket& s, const void* data, size_t bytes, int fd, Deadl
     n = ::sendmsg(s.fd(), &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(bytes))
-    throw Error(ErrorCode::kBootstrap, std::string("sendmsg(SCM_RIGHTS) failed: ") +
-                                           (n < 0 ? std::strerror(errno) : "short write"));
+    throw Error(ErrorCode::kBootstrap,
+                std::string("sendmsg(SCM_RIGHTS) failed: ") + (n < 0 ? std::strerror(errno) : "short write"));
 }
 
 int recv_with_fd(const Socket& s, void* data, size_t bytes, Deadline deadline) {

@@ -14,10 +14,8 @@ namespace {
 class StoreBootstrap final : public Bootstrap {
  public:
   explicit StoreBootstrap(const JobInfo& job) : job_(job) {
-    if (job.rank == 0)
-      server_ = std::make_unique<detail::TcpStoreServer>(job.master_addr, job.master_port, job.token);
-    client_ = std::make_unique<detail::TcpStoreClient>(job.master_addr, job.master_port, job.token,
-                                                       job.timeout_ms);
+    if (job.rank == 0) server_ = std::make_unique<detail::TcpStoreServer>(job.master_addr, job.master_port, job.token);
+    client_ = std::make_unique<detail::TcpStoreClient>(job.master_addr, job.master_port, job.token, job.timeout_ms);
   }
 
   ~StoreBootstrap() override {
@@ -50,14 +48,13 @@ class StoreBootstrap final : public Bootstrap {
       try {
         value = client_->get(round + std::to_string(r), job_.timeout_ms);
       } catch (const Error& e) {
-        throw Error(e.code(), "bootstrap all_gather: rank " + std::to_string(job_.rank) +
-                                  " waited for rank " + std::to_string(r) + ": " + e.what());
+        throw Error(e.code(), "bootstrap all_gather: rank " + std::to_string(job_.rank) + " waited for rank " +
+                                  std::to_string(r) + ": " + e.what());
       }
       if (value.size() != bytes)
-        throw Error(ErrorCode::kInvalidArgument,
-                    "bootstrap all_gather: rank " + std::to_string(r) + " sent " +
-                        std::to_string(value.size()) + " bytes, rank " + std::to_string(job_.rank) +
-                        " expected " + std::to_string(bytes));
+        throw Error(ErrorCode::kInvalidArgument, "bootstrap all_gather: rank " + std::to_string(r) + " sent " +
+                                                     std::to_string(value.size()) + " bytes, rank " +
+                                                     std::to_string(job_.rank) + " expected " + std::to_string(bytes));
       std::memcpy(static_cast<uint8_t*>(all) + r * bytes, value.data(), bytes);
     }
     if (client_->add(round + "read", 1) == job_.world) {
@@ -81,8 +78,6 @@ class StoreBootstrap final : public Bootstrap {
 
 }  // namespace
 
-std::shared_ptr<Bootstrap> make_store_bootstrap(const JobInfo& job) {
-  return std::make_shared<StoreBootstrap>(job);
-}
+std::shared_ptr<Bootstrap> make_store_bootstrap(const JobInfo& job) { return std::make_shared<StoreBootstrap>(job); }
 
 }  // namespace symmem

@@ -46,8 +46,7 @@ bool TcpStoreServer::wait_for_request(const Socket& client) const {
   return false;
 }
 
-TcpStoreServer::TcpStoreServer(const std::string& address, int port, std::string token)
-    : token_(std::move(token)) {
+TcpStoreServer::TcpStoreServer(const std::string& address, int port, std::string token) : token_(std::move(token)) {
   listener_ = tcp_listen(address, port, &port_);
   acceptor_ = std::thread([this] { accept_loop(); });
 }
@@ -127,17 +126,16 @@ void TcpStoreServer::serve(Socket client) {
             break;
           case kGet: {
             const Deadline deadline = deadline_after_ms(timeout_ms);
-            while (!data_.count(key) && Clock::now() < deadline &&
-                   !__atomic_load_n(&stop_, __ATOMIC_ACQUIRE))
+            while (!data_.count(key) && Clock::now() < deadline && !__atomic_load_n(&stop_, __ATOMIC_ACQUIRE))
               changed_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
             auto it = data_.find(key);
-            if (it == data_.end()) status = kMissing;
-            else reply = it->second;
+            if (it == data_.end())
+              status = kMissing;
+            else
+              reply = it->second;
             break;
           }
-          case kCheck:
-            status = data_.count(key) ? kOk : kMissing;
-            break;
+          case kCheck: status = data_.count(key) ? kOk : kMissing; break;
           case kAdd: {
             int64_t delta = 0, current = 0;
             if (value.size() != sizeof(int64_t)) {
@@ -156,11 +154,8 @@ void TcpStoreServer::serve(Socket client) {
             changed_.notify_all();
             break;
           }
-          case kErase:
-            data_.erase(key);
-            break;
-          default:
-            status = kBadRequest;
+          case kErase: data_.erase(key); break;
+          default: status = kBadRequest;
         }
       }
       Bytes header;
@@ -175,8 +170,7 @@ void TcpStoreServer::serve(Socket client) {
   }
 }
 
-TcpStoreClient::TcpStoreClient(const std::string& address, int port, const std::string& token,
-                               int64_t timeout_ms)
+TcpStoreClient::TcpStoreClient(const std::string& address, int port, const std::string& token, int64_t timeout_ms)
     : timeout_ms_(timeout_ms) {
   const Deadline deadline = deadline_after_ms(timeout_ms);
   socket_ = tcp_connect(address, port, deadline);
@@ -196,8 +190,7 @@ TcpStoreClient::TcpStoreClient(const std::string& address, int port, const std::
                                            " refused this process: wrong job token (SYMMEM_TOKEN)");
 }
 
-Bytes TcpStoreClient::request(uint8_t op, const std::string& key, const Bytes& value,
-                              int64_t timeout_ms) {
+Bytes TcpStoreClient::request(uint8_t op, const std::string& key, const Bytes& value, int64_t timeout_ms) {
   std::lock_guard<std::mutex> lock(mutex_);
   Bytes message;
   put(&message, op);
@@ -215,17 +208,15 @@ Bytes TcpStoreClient::request(uint8_t op, const std::string& key, const Bytes& v
   Bytes reply(len);
   recv_all(socket_, reply.data(), len, deadline);
   if (status == kMissing)
-    throw Error(ErrorCode::kTimeout, "store key '" + key + "' did not appear within " +
-                                         std::to_string(timeout_ms) + " ms");
+    throw Error(ErrorCode::kTimeout,
+                "store key '" + key + "' did not appear within " + std::to_string(timeout_ms) + " ms");
   if (status != kOk) throw Error(ErrorCode::kBootstrap, "store rejected a request for '" + key + "'");
   return reply;
 }
 
 void TcpStoreClient::set(const std::string& key, const Bytes& value) { request(kSet, key, value, 0); }
 
-Bytes TcpStoreClient::get(const std::string& key, int64_t timeout_ms) {
-  return request(kGet, key, {}, timeout_ms);
-}
+Bytes TcpStoreClient::get(const std::string& key, int64_t timeout_ms) { return request(kGet, key, {}, timeout_ms); }
 
 bool TcpStoreClient::check(const std::string& key) {
   try {

@@ -23,9 +23,9 @@ class ThreadGroup {
     arrive_and_wait(lock, rank, "all_gather");
     for (int r = 0; r < world_; ++r) {
       if (slots_[r].size() != bytes)
-        throw Error(ErrorCode::kInvalidArgument, "bootstrap all_gather: rank " + std::to_string(r) +
-                                                     " sent " + std::to_string(slots_[r].size()) +
-                                                     " bytes, expected " + std::to_string(bytes));
+        throw Error(ErrorCode::kInvalidArgument, "bootstrap all_gather: rank " + std::to_string(r) + " sent " +
+                                                     std::to_string(slots_[r].size()) + " bytes, expected " +
+                                                     std::to_string(bytes));
       std::memcpy(static_cast<uint8_t*>(all) + r * bytes, slots_[r].data(), bytes);
     }
     // Second rendezvous: nobody overwrites a slot before everyone has read this round.
@@ -43,11 +43,10 @@ class ThreadGroup {
     }
     const auto deadline = detail::deadline_after_ms(timeout_ms_);
     if (!cv_.wait_until(lock, deadline, [&] { return generation_ != generation; })) {
-      throw Error(ErrorCode::kTimeout, std::string("thread bootstrap ") + what + ": rank " +
-                                           std::to_string(rank) + " waited " +
-                                           std::to_string(timeout_ms_) + " ms; only " +
-                                           std::to_string(arrived_) + " of " +
-                                           std::to_string(world_) + " threads arrived");
+      throw Error(ErrorCode::kTimeout, std::string("thread bootstrap ") + what + ": rank " + std::to_string(rank) +
+                                           " waited " + std::to_string(timeout_ms_) + " ms; only " +
+                                           std::to_string(arrived_) + " of " + std::to_string(world_) +
+                                           " threads arrived");
     }
   }
 
@@ -68,9 +67,7 @@ class ThreadBootstrap final : public Bootstrap {
       : group_(std::move(group)), rank_(rank), world_(world) {}
   int rank() const override { return rank_; }
   int world() const override { return world_; }
-  void all_gather(const void* mine, void* all, size_t bytes) override {
-    group_->all_gather(rank_, mine, all, bytes);
-  }
+  void all_gather(const void* mine, void* all, size_t bytes) override { group_->all_gather(rank_, mine, all, bytes); }
   void barrier() override {
     std::vector<uint8_t> all(world_);
     uint8_t one = 1;
@@ -94,8 +91,8 @@ std::shared_ptr<Bootstrap> make_thread_bootstrap(std::shared_ptr<ThreadGroup> gr
   if (!group) throw Error(ErrorCode::kInvalidArgument, "thread bootstrap needs a group");
   const int world = group->world();
   if (rank < 0 || rank >= world)
-    throw Error(ErrorCode::kInvalidArgument, "thread bootstrap rank " + std::to_string(rank) +
-                                                 " is outside world " + std::to_string(world));
+    throw Error(ErrorCode::kInvalidArgument,
+                "thread bootstrap rank " + std::to_string(rank) + " is outside world " + std::to_string(world));
   return std::make_shared<ThreadBootstrap>(std::move(group), rank, world);
 }
 

@@ -69,14 +69,14 @@ void input_views(const Prepared& p, int world, Buffer* in_buffer, const void* in
 
 }  // namespace
 
-std::string describe_all_gather(const void* out, const void* in, size_t count, DataType type,
-                                Communicator& comm, const CollectiveOptions& options) {
+std::string describe_all_gather(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
+                                const CollectiveOptions& options) {
   detail::DeviceGuard guard(comm.device());
   return detail::describe(prepare(out, in, count, type, comm, options).plan);
 }
 
-void all_gather(void* out, const void* in, size_t count, DataType type, Communicator& comm,
-                cudaStream_t stream, const CollectiveOptions& options) {
+void all_gather(void* out, const void* in, size_t count, DataType type, Communicator& comm, cudaStream_t stream,
+                const CollectiveOptions& options) {
   Communicator::Impl& impl = comm.impl();
   impl.ensure_usable("all_gather");
   detail::check_args_across_ranks(comm, "all_gather", count, type, options.algo);
@@ -108,8 +108,10 @@ void all_gather(void* out, const void* in, size_t count, DataType type, Communic
   if (p.plan.algo == Algo::kCopyEngine) {
     const void* in_peers[detail::kMaxWorld];
     void* out_peers[detail::kMaxWorld];
-    if (p.plan.copy_engine_push) detail::peer_views(*out_buffer, out_local, world, out_peers);
-    else input_views(p, world, in_buffer, in_local, out_local, in_peers);
+    if (p.plan.copy_engine_push)
+      detail::peer_views(*out_buffer, out_local, world, out_peers);
+    else
+      input_views(p, world, in_buffer, in_local, out_local, in_peers);
     detail::all_gather_copy_engine(impl, out_local, in_local, bytes, in_peers,
                                    p.plan.copy_engine_push ? out_peers : nullptr, !p.in_place, stream);
   } else {

@@ -37,9 +37,11 @@ CopyEngineState::CopyEngineState(Communicator::Impl& impl, Buffer* flags) : impl
   for (int i = 0; i < streams_count_; ++i)
     SYMMEM_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[i], cudaStreamNonBlocking, greatest));
   SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-  for (int i = 0; i < streams_count_; ++i) SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
+  for (int i = 0; i < streams_count_; ++i)
+    SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
   SYMMEM_CUDA_CHECK(cudaStreamCreateWithFlags(&rescue_stream_, cudaStreamNonBlocking));
-  SYMMEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_words_), 2 * kMaxWorld * sizeof(uint32_t), cudaHostAllocDefault));
+  SYMMEM_CUDA_CHECK(
+      cudaHostAlloc(reinterpret_cast<void**>(&host_words_), 2 * kMaxWorld * sizeof(uint32_t), cudaHostAllocDefault));
   thread_ = std::thread([this] { watchdog_loop(); });
 }
 
@@ -112,8 +114,8 @@ void CopyEngineState::expire(cudaEvent_t) {
   const int world = impl_.world;
   const int rank = impl_.rank;
   uint32_t* pad = flags_->signal_pad();
-  if (cudaMemcpyAsync(host_words_, pad, 2 * kMaxWorld * sizeof(uint32_t), cudaMemcpyDeviceToHost,
-                      rescue_stream_) != cudaSuccess ||
+  if (cudaMemcpyAsync(host_words_, pad, 2 * kMaxWorld * sizeof(uint32_t), cudaMemcpyDeviceToHost, rescue_stream_) !=
+          cudaSuccess ||
       cudaStreamSynchronize(rescue_stream_) != cudaSuccess)
     return;
   bool any_ready = false, any_done = false;
@@ -146,8 +148,7 @@ void CopyEngineState::expire(cudaEvent_t) {
 }
 
 void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in, size_t bytes,
-                            const void* const* in_peers, void* const* out_peers, bool copy_own,
-                            cudaStream_t stream) {
+                            const void* const* in_peers, void* const* out_peers, bool copy_own, cudaStream_t stream) {
   if (!impl.copy_engine) {
     throw Error(ErrorCode::kInternal, "copy-engine state missing");
   }
@@ -219,8 +220,8 @@ void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in,
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_index = 0;
-    SYMMEM_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr,
-                                           &attr_index, 1, stream));
+    SYMMEM_CUDA_CHECK(
+        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1, stream));
   } else {
     // Graph capture: fork the copies over the side streams and join them back.
     int used = 0;
@@ -228,8 +229,8 @@ void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in,
     SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
     for (int s = 0; s < used; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
     for (size_t i = 0; i < pieces.size(); ++i)
-      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice,
-                                        ce.side_stream(pieces[i].stream)));
+      SYMMEM_CUDA_CHECK(
+          cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice, ce.side_stream(pieces[i].stream)));
     if (copy_own)
       SYMMEM_CUDA_CHECK(cudaMemcpyAsync(out_bytes + rank * bytes, in, bytes, cudaMemcpyDeviceToDevice, stream));
     for (int s = 0; s < used; ++s) {

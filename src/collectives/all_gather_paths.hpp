@@ -14,7 +14,6 @@ namespace symmem::detail {
 // output, mapped here; nullptr when the output is outside the heap). This rank's own slot is
 // copied from `in` when copy_own.
 void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in, size_t bytes,
-                            const void* const* in_peers, void* const* out_peers, bool copy_own,
-                            cudaStream_t stream);
+                            const void* const* in_peers, void* const* out_peers, bool copy_own, cudaStream_t stream);
 
 }  // namespace symmem::detail

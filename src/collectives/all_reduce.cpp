@@ -82,18 +82,19 @@ PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* 
   if (p.plan.gather_via_scratch || push_slots)
     peer_views(*scratch, static_cast<char*>(scratch->ptr()) + staged, impl.world, a.scratch_peers);
   // Two-shot stores its results into every rank's output when the output is in the heap.
-  if (out_buffer && !reduce_scatter && !p.plan.gather_via_scratch) peer_views(*out_buffer, out, impl.world, a.out_peers);
+  if (out_buffer && !reduce_scatter && !p.plan.gather_via_scratch)
+    peer_views(*out_buffer, out, impl.world, a.out_peers);
   if (impl.debug) std::fprintf(stderr, "symmem rank %d: %s %s\n", impl.rank, name, describe(p.plan).c_str());
   return p;
 }
 
 }  // namespace detail
 
-std::string describe_all_reduce(const void* out, const void* in, size_t count, DataType type,
-                                Communicator& comm, const CollectiveOptions& options) {
+std::string describe_all_reduce(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
+                                const CollectiveOptions& options) {
   detail::DeviceGuard guard(comm.device());
-  return detail::describe(detail::prepare_reduction(false, const_cast<void*>(out), in, count, type,
-                                                    ReduceOp::kSum, comm, nullptr, options, false)
+  return detail::describe(detail::prepare_reduction(false, const_cast<void*>(out), in, count, type, ReduceOp::kSum,
+                                                    comm, nullptr, options, false)
                               .plan);
 }
 
@@ -119,8 +120,7 @@ void all_reduce(void* out, const void* in, size_t count, DataType type, ReduceOp
       return detail::launch_all_reduce_low_latency(false, type, op, p.args, p.plan.blocks, stream);
     case Algo::kLowLatencyTwoShot:
       return detail::launch_all_reduce_low_latency(true, type, op, p.args, p.plan.blocks, stream);
-    default:
-      SYMMEM_THROW(ErrorCode::kInternal, std::string("all_reduce: planner chose ") + algo_name(p.plan.algo));
+    default: SYMMEM_THROW(ErrorCode::kInternal, std::string("all_reduce: planner chose ") + algo_name(p.plan.algo));
   }
 }
 

@@ -19,8 +19,8 @@ void require_device_pointer(const void* p, size_t bytes, const char* what, const
   cudaError_t err = cudaPointerGetAttributes(&attr, p);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error state of this query
-    throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what + " is not a CUDA pointer (" +
-                                                 cudaGetErrorName(err) + ")");
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": " + what + " is not a CUDA pointer (" + cudaGetErrorName(err) + ")");
   }
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
     throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what + " is host memory; pass device memory");
@@ -30,8 +30,8 @@ void require_device_pointer(const void* p, size_t bytes, const char* what, const
                                                  std::to_string(comm.device()));
 }
 
-void require_no_partial_overlap(const void* out, size_t out_bytes, const void* in, size_t in_bytes,
-                                bool in_place, const char* op) {
+void require_no_partial_overlap(const void* out, size_t out_bytes, const void* in, size_t in_bytes, bool in_place,
+                                const char* op) {
   if (in_place) return;
   const auto o = reinterpret_cast<uintptr_t>(out);
   const auto i = reinterpret_cast<uintptr_t>(in);
@@ -60,20 +60,19 @@ void check_args_across_ranks(Communicator& comm, const char* op, size_t count, D
     const Args& a = all[r];
     const std::string them = std::to_string(r);
     if (std::strncmp(a.op, mine.op, sizeof(a.op)) != 0)
-      throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": rank " + them + " called " + a.op +
-                                                   " while rank " + me + " called " + op);
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(op) + ": rank " + them + " called " + a.op + " while rank " + me + " called " + op);
     if (a.count != mine.count)
-      throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": rank " + them + " has " +
-                                                   std::to_string(a.count) + " elements, rank " + me + " has " +
-                                                   std::to_string(count));
+      throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": rank " + them + " has " + std::to_string(a.count) +
+                                                   " elements, rank " + me + " has " + std::to_string(count));
     if (a.type != mine.type)
       throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": rank " + them + " uses " +
                                                    dtype_name(static_cast<DataType>(a.type)) + ", rank " + me +
                                                    " uses " + dtype_name(type));
     if (a.algo != mine.algo)
       throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": rank " + them + " asked for " +
-                                                   algo_name(static_cast<Algo>(a.algo)) + ", rank " + me +
-                                                   " for " + algo_name(algo));
+                                                   algo_name(static_cast<Algo>(a.algo)) + ", rank " + me + " for " +
+                                                   algo_name(algo));
   }
 }
 

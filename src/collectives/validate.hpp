@@ -14,8 +14,8 @@ namespace symmem::detail {
 void require_device_pointer(const void* p, size_t bytes, const char* what, const char* op, Communicator& comm);
 
 // Overlapping input and output that are not the supported in-place layout corrupt data.
-void require_no_partial_overlap(const void* out, size_t out_bytes, const void* in, size_t in_bytes,
-                                bool in_place, const char* op);
+void require_no_partial_overlap(const void* out, size_t out_bytes, const void* in, size_t in_bytes, bool in_place,
+                                const char* op);
 
 // With SYMMEM_CHECK_ARGS=1: exchanges {op, count, type, algo} through the bootstrap and throws
 // naming the first rank that differs, e.g. "all_gather: rank 2 has 4096 elements, rank 0 has 4098".

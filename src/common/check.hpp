@@ -19,34 +19,31 @@ void log_warning(const std::string& message);  // stderr, only when SYMMEM_DEBUG
 
 }  // namespace symmem::detail
 
-#define SYMMEM_CUDA_CHECK(expr)                                                 \
-  do {                                                                          \
-    cudaError_t symmem_err_ = (expr);                                           \
-    if (symmem_err_ != cudaSuccess)                                             \
-      ::symmem::detail::throw_cuda(symmem_err_, #expr, __FILE__, __LINE__);     \
+#define SYMMEM_CUDA_CHECK(expr)                                                                           \
+  do {                                                                                                    \
+    cudaError_t symmem_err_ = (expr);                                                                     \
+    if (symmem_err_ != cudaSuccess) ::symmem::detail::throw_cuda(symmem_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // Checks the launch configuration of the kernel just launched.
 #define SYMMEM_LAUNCH_CHECK() SYMMEM_CUDA_CHECK(cudaGetLastError())
 
-#define SYMMEM_CUDA_CHECK_NOTHROW(expr)                                         \
-  do {                                                                          \
-    cudaError_t symmem_err_ = (expr);                                           \
-    if (symmem_err_ != cudaSuccess)                                             \
-      ::symmem::detail::log_warning(std::string(#expr) + " failed: " +          \
-                                    cudaGetErrorName(symmem_err_));             \
+#define SYMMEM_CUDA_CHECK_NOTHROW(expr)                                                                \
+  do {                                                                                                 \
+    cudaError_t symmem_err_ = (expr);                                                                  \
+    if (symmem_err_ != cudaSuccess)                                                                    \
+      ::symmem::detail::log_warning(std::string(#expr) + " failed: " + cudaGetErrorName(symmem_err_)); \
   } while (0)
 
-#define SYMMEM_SYS_CHECK(expr)                                                  \
-  do {                                                                          \
+#define SYMMEM_SYS_CHECK(expr)                                                       \
+  do {                                                                               \
     if ((expr) < 0) ::symmem::detail::throw_errno(errno, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define SYMMEM_THROW(code, msg)                                                 \
-  throw ::symmem::Error((code), std::string(msg) + " (" +                       \
-                                    ::symmem::detail::where(__FILE__, __LINE__) + ")")
+#define SYMMEM_THROW(code, msg) \
+  throw ::symmem::Error((code), std::string(msg) + " (" + ::symmem::detail::where(__FILE__, __LINE__) + ")")
 
-#define SYMMEM_REQUIRE(cond, msg)                                               \
-  do {                                                                          \
-    if (!(cond)) SYMMEM_THROW(::symmem::ErrorCode::kInvalidArgument, msg);      \
+#define SYMMEM_REQUIRE(cond, msg)                                          \
+  do {                                                                     \
+    if (!(cond)) SYMMEM_THROW(::symmem::ErrorCode::kInvalidArgument, msg); \
   } while (0)

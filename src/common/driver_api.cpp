@@ -16,13 +16,11 @@ template <typename Fn>
 void resolve(const char* symbol, Fn* fn) {
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
   void* ptr = nullptr;
-  cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &ptr, kDriverApiVersion,
-                                                     cudaEnableDefault, &status);
+  cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &ptr, kDriverApiVersion, cudaEnableDefault, &status);
   if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || ptr == nullptr) {
-    throw Error(ErrorCode::kCudaError,
-                std::string("cannot resolve CUDA driver entry point ") + symbol + ": " +
-                    (err != cudaSuccess ? cudaGetErrorName(err) : "symbol not found") +
-                    " (is an NVIDIA driver for CUDA 12 or newer installed?)");
+    throw Error(ErrorCode::kCudaError, std::string("cannot resolve CUDA driver entry point ") + symbol + ": " +
+                                           (err != cudaSuccess ? cudaGetErrorName(err) : "symbol not found") +
+                                           " (is an NVIDIA driver for CUDA 12 or newer installed?)");
   }
   *fn = reinterpret_cast<Fn>(ptr);
 }

@@ -36,17 +36,15 @@ std::string cu_error_name(CUresult result);
 
 }  // namespace symmem::detail
 
-#define SYMMEM_CU_CHECK(expr)                                                  \
-  do {                                                                         \
-    CUresult symmem_res_ = (expr);                                             \
-    if (symmem_res_ != CUDA_SUCCESS)                                           \
-      ::symmem::detail::throw_cu(symmem_res_, #expr, __FILE__, __LINE__);      \
+#define SYMMEM_CU_CHECK(expr)                                                                            \
+  do {                                                                                                   \
+    CUresult symmem_res_ = (expr);                                                                       \
+    if (symmem_res_ != CUDA_SUCCESS) ::symmem::detail::throw_cu(symmem_res_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define SYMMEM_CU_CHECK_NOTHROW(expr)                                          \
-  do {                                                                         \
-    CUresult symmem_res_ = (expr);                                             \
-    if (symmem_res_ != CUDA_SUCCESS)                                           \
-      ::symmem::detail::log_warning(std::string(#expr) + " failed: " +         \
-                                    ::symmem::detail::cu_error_name(symmem_res_)); \
+#define SYMMEM_CU_CHECK_NOTHROW(expr)                                                                                 \
+  do {                                                                                                                \
+    CUresult symmem_res_ = (expr);                                                                                    \
+    if (symmem_res_ != CUDA_SUCCESS)                                                                                  \
+      ::symmem::detail::log_warning(std::string(#expr) + " failed: " + ::symmem::detail::cu_error_name(symmem_res_)); \
   } while (0)

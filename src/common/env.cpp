@@ -17,9 +17,7 @@ int64_t get_int(const char* name, int64_t fallback) {
   if (!value || !*value) return fallback;
   char* end = nullptr;
   long long parsed = std::strtoll(value, &end, 10);
-  if (*end != '\0')
-    SYMMEM_THROW(ErrorCode::kInvalidArgument,
-                 std::string(name) + "='" + value + "' is not an integer");
+  if (*end != '\0') SYMMEM_THROW(ErrorCode::kInvalidArgument, std::string(name) + "='" + value + "' is not an integer");
   return parsed;
 }
 

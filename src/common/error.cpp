@@ -28,14 +28,12 @@ std::string where(const char* file, int line) {
 }
 
 void throw_cuda(cudaError_t err, const char* expr, const char* file, int line) {
-  throw Error(ErrorCode::kCudaError, std::string(expr) + " returned " + cudaGetErrorName(err) +
-                                         " (" + cudaGetErrorString(err) + ") at " +
-                                         where(file, line));
+  throw Error(ErrorCode::kCudaError, std::string(expr) + " returned " + cudaGetErrorName(err) + " (" +
+                                         cudaGetErrorString(err) + ") at " + where(file, line));
 }
 
 void throw_errno(int err, const char* expr, const char* file, int line) {
-  throw Error(ErrorCode::kSystemError,
-              std::string(expr) + ": " + std::strerror(err) + " at " + where(file, line));
+  throw Error(ErrorCode::kSystemError, std::string(expr) + ": " + std::strerror(err) + " at " + where(file, line));
 }
 
 void log_warning(const std::string& message) {

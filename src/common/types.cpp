@@ -34,12 +34,18 @@ static std::string lower(std::string s) {
 
 bool parse_dtype(const std::string& name, DataType* type) {
   const std::string n = lower(name);
-  if (n == "float32" || n == "fp32" || n == "float" || n == "f32") *type = DataType::kFloat32;
-  else if (n == "float16" || n == "fp16" || n == "half" || n == "f16") *type = DataType::kFloat16;
-  else if (n == "bfloat16" || n == "bf16") *type = DataType::kBFloat16;
-  else if (n == "int32" || n == "int" || n == "i32") *type = DataType::kInt32;
-  else if (n == "uint8" || n == "u8" || n == "byte") *type = DataType::kUInt8;
-  else return false;
+  if (n == "float32" || n == "fp32" || n == "float" || n == "f32")
+    *type = DataType::kFloat32;
+  else if (n == "float16" || n == "fp16" || n == "half" || n == "f16")
+    *type = DataType::kFloat16;
+  else if (n == "bfloat16" || n == "bf16")
+    *type = DataType::kBFloat16;
+  else if (n == "int32" || n == "int" || n == "i32")
+    *type = DataType::kInt32;
+  else if (n == "uint8" || n == "u8" || n == "byte")
+    *type = DataType::kUInt8;
+  else
+    return false;
   return true;
 }
 
@@ -54,10 +60,14 @@ const char* reduce_op_name(ReduceOp op) {
 
 bool parse_reduce_op(const std::string& name, ReduceOp* op) {
   const std::string n = lower(name);
-  if (n == "sum") *op = ReduceOp::kSum;
-  else if (n == "max") *op = ReduceOp::kMax;
-  else if (n == "min") *op = ReduceOp::kMin;
-  else return false;
+  if (n == "sum")
+    *op = ReduceOp::kSum;
+  else if (n == "max")
+    *op = ReduceOp::kMax;
+  else if (n == "min")
+    *op = ReduceOp::kMin;
+  else
+    return false;
   return true;
 }
 
@@ -78,8 +88,8 @@ const char* algo_name(Algo algo) {
 
 bool parse_algo(const std::string& name, Algo* algo) {
   const std::string n = lower(name);
-  for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot,
-                 Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
+  for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kTwoShot,
+                 Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
     if (n == algo_name(a)) {
       *algo = a;
       return true;

@@ -14,8 +14,8 @@ __device__ __forceinline__ size_t global_threads() { return size_t(gridDim.x) * 
 
 // dst[s][i] = src[s][i] for s < nsrc, i < n (n counts vectors of type V).
 template <typename V, int kUnroll>
-__device__ __forceinline__ void copy_many(const V* const (&src)[detail::kMaxWorld],
-                                          V* const (&dst)[detail::kMaxWorld], int nsrc, size_t n) {
+__device__ __forceinline__ void copy_many(const V* const (&src)[detail::kMaxWorld], V* const (&dst)[detail::kMaxWorld],
+                                          int nsrc, size_t n) {
   const size_t stride = global_threads();
   for (size_t base = global_thread(); base < n; base += stride * kUnroll) {
     V v[kUnroll][detail::kMaxWorld];

@@ -13,19 +13,19 @@
 
 namespace symmem::detail {
 
-constexpr int kMaxWorld = 8;      // ranks of one NVLink domain
-constexpr int kMaxBlocks = 160;   // SM collectives launch at most this many blocks
-constexpr int kBarrierPhases = 4; // distinct barriers one kernel may use (start, middle, end, ...)
+constexpr int kMaxWorld = 8;       // ranks of one NVLink domain
+constexpr int kMaxBlocks = 160;    // SM collectives launch at most this many blocks
+constexpr int kBarrierPhases = 4;  // distinct barriers one kernel may use (start, middle, end, ...)
 
 // Written by the first device wait that passes its deadline; read by the host, which raises
 // symmem::Error and marks the communicator unusable. Lives in mapped pinned host memory.
 struct DeviceStatus {
-  uint32_t code;   // 0: fine; 1: timeout
-  uint32_t op;     // OpCode of the kernel that timed out
-  int32_t rank;    // who waited
-  int32_t peer;    // for whom
+  uint32_t code;  // 0: fine; 1: timeout
+  uint32_t op;    // OpCode of the kernel that timed out
+  int32_t rank;   // who waited
+  int32_t peer;   // for whom
   int32_t block;
-  int32_t phase;   // which barrier or flag
+  int32_t phase;  // which barrier or flag
 };
 
 enum OpCode : uint32_t {
@@ -56,11 +56,11 @@ SYMMEM_HOST_DEVICE constexpr size_t signal_slot(int phase, int block, int peer) 
 }
 
 struct SyncArgs {
-  uint32_t* pad;                    // this rank's signal pad (flags written by peers)
-  uint32_t* peer_pads[kMaxWorld];   // every rank's pad, mapped here
-  uint32_t* epochs;                 // this rank's per-block epoch counters (local device memory)
-  uint32_t* call_counter;           // {calls of low-latency kernels so far, blocks finished}
-  DeviceStatus* status;             // device pointer to the mapped status word
+  uint32_t* pad;                   // this rank's signal pad (flags written by peers)
+  uint32_t* peer_pads[kMaxWorld];  // every rank's pad, mapped here
+  uint32_t* epochs;                // this rank's per-block epoch counters (local device memory)
+  uint32_t* call_counter;          // {calls of low-latency kernels so far, blocks finished}
+  DeviceStatus* status;            // device pointer to the mapped status word
   uint64_t timeout_ns;
   int rank;
   int world;

@@ -16,25 +16,47 @@ namespace symmem::device {
 
 enum ReduceKind : int { kSum = 0, kMax = 1, kMin = 2 };
 
-template <typename T> struct Accum { using type = float; };
-template <> struct Accum<int32_t> { using type = int32_t; };
+template <typename T>
+struct Accum {
+  using type = float;
+};
+template <>
+struct Accum<int32_t> {
+  using type = int32_t;
+};
 
 __device__ __forceinline__ float to_accum(float x) { return x; }
 __device__ __forceinline__ float to_accum(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_accum(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ int32_t to_accum(int32_t x) { return x; }
 
-template <typename T> __device__ __forceinline__ T from_accum(typename Accum<T>::type x);
-template <> __device__ __forceinline__ float from_accum<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_accum<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_accum<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __forceinline__ int32_t from_accum<int32_t>(int32_t x) { return x; }
+template <typename T>
+__device__ __forceinline__ T from_accum(typename Accum<T>::type x);
+template <>
+__device__ __forceinline__ float from_accum<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_accum<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_accum<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ int32_t from_accum<int32_t>(int32_t x) {
+  return x;
+}
 
 template <int kOp, typename A>
 __device__ __forceinline__ A combine(A a, A b) {
-  if constexpr (kOp == kSum) return a + b;
-  else if constexpr (kOp == kMax) return a > b ? a : b;
-  else return a < b ? a : b;
+  if constexpr (kOp == kSum)
+    return a + b;
+  else if constexpr (kOp == kMax)
+    return a > b ? a : b;
+  else
+    return a < b ? a : b;
 }
 
 // Reduces n elements starting at vector-aligned offsets: out = op(src[0][i], ..., src[w-1][i]).

@@ -26,8 +26,8 @@ __device__ __forceinline__ void record_timeout(const SyncArgs& s, int peer, int 
 }
 
 // Waits until *flag >= target (modulo 2^32 wrap). False on timeout or an earlier failure.
-__device__ __forceinline__ bool wait_flag_at_least(const uint32_t* flag, uint32_t target,
-                                                   const SyncArgs& s, int peer, int phase) {
+__device__ __forceinline__ bool wait_flag_at_least(const uint32_t* flag, uint32_t target, const SyncArgs& s, int peer,
+                                                   int phase) {
   const uint64_t start = global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
     if (static_cast<int32_t>(ld_acquire_sys(flag) - target) >= 0) return true;
@@ -65,8 +65,7 @@ __device__ __forceinline__ bool barrier(const SyncArgs& s, uint32_t epoch, int p
   const int peer = threadIdx.x;
   if (peer < s.world && peer != s.rank) {
     st_release_sys(s.peer_pads[peer] + detail::signal_slot(phase, blockIdx.x, s.rank), epoch);
-    if (!wait_flag_at_least(s.pad + detail::signal_slot(phase, blockIdx.x, peer), epoch, s, peer, phase))
-      ok = 0;
+    if (!wait_flag_at_least(s.pad + detail::signal_slot(phase, blockIdx.x, peer), epoch, s, peer, phase)) ok = 0;
   }
   __syncthreads();
   return ok != 0;

@@ -36,8 +36,8 @@ struct DeviceIdentity {
 void* Buffer::peer_ptr(int rank) const {
   const auto& impl = comm_->impl();
   if (rank < 0 || rank >= impl.world)
-    throw Error(ErrorCode::kInvalidArgument, "peer_ptr: rank " + std::to_string(rank) +
-                                                 " is outside world " + std::to_string(impl.world));
+    throw Error(ErrorCode::kInvalidArgument,
+                "peer_ptr: rank " + std::to_string(rank) + " is outside world " + std::to_string(impl.world));
   return impl.heap->base(rank) + offset_;
 }
 
@@ -84,14 +84,14 @@ detail::SyncArgs Communicator::Impl::sync_args(uint32_t op) const {
 void Communicator::Impl::ensure_usable(const char* op) {
   if (closed) throw Error(ErrorCode::kAborted, std::string(op) + ": the communicator was closed");
   if (!abort_reason.empty())
-    throw Error(ErrorCode::kAborted, std::string(op) + ": communicator unusable after an earlier failure: " + abort_reason);
+    throw Error(ErrorCode::kAborted,
+                std::string(op) + ": communicator unusable after an earlier failure: " + abort_reason);
   if (__atomic_load_n(&status_host->code, __ATOMIC_ACQUIRE) != 0) {
     const detail::DeviceStatus& s = *status_host;
-    abort_reason = std::string(detail::op_code_name(s.op)) + ": rank " + std::to_string(s.rank) +
-                   " timed out after " + std::to_string(timeout_ms) + " ms waiting for rank " +
-                   std::to_string(s.peer) + " (block " + std::to_string(s.block) + ", phase " +
-                   std::to_string(s.phase) + "); rank " + std::to_string(s.peer) +
-                   " is dead, stalled, or called a different collective";
+    abort_reason = std::string(detail::op_code_name(s.op)) + ": rank " + std::to_string(s.rank) + " timed out after " +
+                   std::to_string(timeout_ms) + " ms waiting for rank " + std::to_string(s.peer) + " (block " +
+                   std::to_string(s.block) + ", phase " + std::to_string(s.phase) + "); rank " +
+                   std::to_string(s.peer) + " is dead, stalled, or called a different collective";
     throw Error(ErrorCode::kTimeout, abort_reason);
   }
 }
@@ -130,14 +130,14 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   if (!bootstrap) throw Error(ErrorCode::kInvalidArgument, "Communicator::create: no bootstrap");
   const int world = bootstrap->world();
   if (world > kMaxWorld)
-    throw Error(ErrorCode::kUnsupported, "Communicator::create: world " + std::to_string(world) +
-                                             " exceeds the " + std::to_string(kMaxWorld) +
+    throw Error(ErrorCode::kUnsupported, "Communicator::create: world " + std::to_string(world) + " exceeds the " +
+                                             std::to_string(kMaxWorld) +
                                              " GPUs of one NVLink domain that symmem supports");
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0)
-    throw Error(ErrorCode::kUnsupported, std::string("Communicator::create: no CUDA GPU is available (") +
-                                             cudaGetErrorName(err) + ")");
+    throw Error(ErrorCode::kUnsupported,
+                std::string("Communicator::create: no CUDA GPU is available (") + cudaGetErrorName(err) + ")");
   if (device < 0) SYMMEM_CUDA_CHECK(cudaGetDevice(&device));
   if (device >= count)
     throw Error(ErrorCode::kInvalidArgument, "Communicator::create: device " + std::to_string(device) +
@@ -168,7 +168,8 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
       throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(r) + " and " +
                                                    std::to_string(impl.rank) + " use the same GPU");
 
-  SYMMEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl.status_host), sizeof(detail::DeviceStatus), cudaHostAllocMapped));
+  SYMMEM_CUDA_CHECK(
+      cudaHostAlloc(reinterpret_cast<void**>(&impl.status_host), sizeof(detail::DeviceStatus), cudaHostAllocMapped));
   std::memset(impl.status_host, 0, sizeof(detail::DeviceStatus));
   SYMMEM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl.status_device), impl.status_host, 0));
   // Per-block epochs, then the low-latency call counter and its finished-block count.

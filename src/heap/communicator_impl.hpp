@@ -30,23 +30,23 @@ struct Communicator::Impl {
   std::unique_ptr<detail::Heap> heap;
   std::vector<std::unique_ptr<Buffer>> buffers;
 
-  Buffer* control = nullptr;   // its signal pad carries every SM collective's barrier flags
-  Buffer* low_latency = nullptr;  // receive areas of the low-latency protocol
-  Buffer* scratch = nullptr;   // staging for inputs/outputs outside the heap; grows on demand
-  uint32_t* epochs = nullptr;  // per-block epoch counters (local device memory)
+  Buffer* control = nullptr;                      // its signal pad carries every SM collective's barrier flags
+  Buffer* low_latency = nullptr;                  // receive areas of the low-latency protocol
+  Buffer* scratch = nullptr;                      // staging for inputs/outputs outside the heap; grows on demand
+  uint32_t* epochs = nullptr;                     // per-block epoch counters (local device memory)
   detail::DeviceStatus* status_host = nullptr;    // mapped pinned memory
   detail::DeviceStatus* status_device = nullptr;  // the same, as the device sees it
   std::unique_ptr<detail::CopyEngineState> copy_engine;
 
   // Knobs read once at creation, so that no call pays for the environment on its hot path.
-  Algo forced_algo = Algo::kAuto;            // SYMMEM_ALGO
-  int forced_blocks = 0;                     // SYMMEM_BLOCKS
-  bool debug = false;                        // SYMMEM_DEBUG
-  bool check_args = false;                   // SYMMEM_CHECK_ARGS
-  bool push_bulk = true;                     // SYMMEM_PUSH_BULK
+  Algo forced_algo = Algo::kAuto;               // SYMMEM_ALGO
+  int forced_blocks = 0;                        // SYMMEM_BLOCKS
+  bool debug = false;                           // SYMMEM_DEBUG
+  bool check_args = false;                      // SYMMEM_CHECK_ARGS
+  bool push_bulk = true;                        // SYMMEM_PUSH_BULK
   const detail::TuningTable* tuning = nullptr;  // for this GPU
-  detail::SyncArgs sync_template{};          // sync_args() without the op
-  std::string abort_reason;  // set once a wait timed out; every later call fails with it
+  detail::SyncArgs sync_template{};             // sync_args() without the op
+  std::string abort_reason;                     // set once a wait timed out; every later call fails with it
   bool closed = false;
 
   Impl();

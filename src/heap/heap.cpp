@@ -23,8 +23,8 @@ CUmemAllocationProp device_allocation(int device) {
 size_t query_granularity(int device) {
   CUmemAllocationProp prop = device_allocation(device);
   size_t granularity = 0;
-  SYMMEM_CU_CHECK(DriverApi::get().mem_get_allocation_granularity(
-      &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  SYMMEM_CU_CHECK(
+      DriverApi::get().mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   return granularity;
 }
 
@@ -59,8 +59,7 @@ size_t Heap::mapped_bytes() const {
 void Heap::unmap(size_t offset, Mapping& m) noexcept {
   const DriverApi& api = DriverApi::get();
   for (int r = 0; r < world_; ++r) {
-    if (m.mapped[r])
-      SYMMEM_CU_CHECK_NOTHROW(api.mem_unmap(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size));
+    if (m.mapped[r]) SYMMEM_CU_CHECK_NOTHROW(api.mem_unmap(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size));
     if (m.handles[r]) SYMMEM_CU_CHECK_NOTHROW(api.mem_release(m.handles[r]));
     m.mapped[r] = false;
     m.handles[r] = 0;
@@ -80,9 +79,9 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
   const auto offset_or = ranges_.allocate(bytes);
   // Every rank has the same free list, so either all find room or none does.
   if (!offset_or)
-    throw Error(ErrorCode::kInvalidArgument,
-                "heap exhausted: cannot place " + std::to_string(bytes) + " bytes in the " +
-                    std::to_string(reserve_ >> 20) + " MiB reservation (raise SYMMEM_HEAP_RESERVE_GB)");
+    throw Error(ErrorCode::kInvalidArgument, "heap exhausted: cannot place " + std::to_string(bytes) +
+                                                 " bytes in the " + std::to_string(reserve_ >> 20) +
+                                                 " MiB reservation (raise SYMMEM_HEAP_RESERVE_GB)");
   const size_t offset = *offset_or;
   Mapping m;
   m.size = ranges_.round_up(bytes);
@@ -94,8 +93,8 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
   CUresult created = api.mem_create(&m.handles[rank_], m.size, &prop, 0);
   if (created != CUDA_SUCCESS) {
     m.handles[rank_] = 0;
-    failure = "cuMemCreate(" + std::to_string(m.size) + " bytes) on rank " + std::to_string(rank_) +
-              ": " + cu_error_name(created);
+    failure = "cuMemCreate(" + std::to_string(m.size) + " bytes) on rank " + std::to_string(rank_) + ": " +
+              cu_error_name(created);
   }
   std::vector<uint8_t> ok(world_);
   uint8_t mine = failure.empty() ? 1 : 0;
@@ -125,16 +124,16 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
     SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
 
     // Step 3: pass descriptors; import and map every peer's chunk.
-    SYMMEM_CU_CHECK(api.mem_export_to_shareable_handle(&my_fd, m.handles[rank_],
-                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    SYMMEM_CU_CHECK(
+        api.mem_export_to_shareable_handle(&my_fd, m.handles[rank_], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     peer_fds = exchange.exchange(my_fd);
     ::close(my_fd);
     my_fd = -1;
     for (int r = 0; r < world_; ++r) {
       if (r == rank_) continue;
-      SYMMEM_CU_CHECK(api.mem_import_from_shareable_handle(
-          &m.handles[r], reinterpret_cast<void*>(static_cast<uintptr_t>(peer_fds[r])),
-          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+      SYMMEM_CU_CHECK(api.mem_import_from_shareable_handle(&m.handles[r],
+                                                           reinterpret_cast<void*>(static_cast<uintptr_t>(peer_fds[r])),
+                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
       ::close(peer_fds[r]);
       peer_fds[r] = -1;
       SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, 0, m.handles[r], 0));

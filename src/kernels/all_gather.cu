@@ -74,8 +74,8 @@ void launch(AllGatherKernel kernel, const AllGatherKernelArgs& args, int blocks,
 
 }  // namespace
 
-void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGatherKernelArgs& args,
-                       int blocks, cudaStream_t stream) {
+void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGatherKernelArgs& args, int blocks,
+                       cudaStream_t stream) {
   switch (vector_bytes) {
     case 16: return launch<uint4>(kernel, args, blocks, stream);
     case 8: return launch<uint2>(kernel, args, blocks, stream);
@@ -83,8 +83,7 @@ void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGather
     case 2: return launch<uint16_t>(kernel, args, blocks, stream);
     case 1: return launch<uint8_t>(kernel, args, blocks, stream);
     default:
-      SYMMEM_THROW(ErrorCode::kInternal, "all_gather: no kernel for " + std::to_string(vector_bytes) +
-                                             "-byte vectors");
+      SYMMEM_THROW(ErrorCode::kInternal, "all_gather: no kernel for " + std::to_string(vector_bytes) + "-byte vectors");
   }
 }
 

@@ -26,7 +26,9 @@ __global__ void __launch_bounds__(kBulkThreads) all_gather_push_bulk(AllGatherKe
   const char* src = static_cast<const char*>(a.in);
   const size_t chunks = (a.bytes + kChunkBytes - 1) / kChunkBytes;
   // Chunk j of this block is global chunk blockIdx.x + j * gridDim.x.
-  auto chunk_bytes = [&](size_t c) { return static_cast<uint32_t>(min(size_t(kChunkBytes), a.bytes - c * kChunkBytes)); };
+  auto chunk_bytes = [&](size_t c) {
+    return static_cast<uint32_t>(min(size_t(kChunkBytes), a.bytes - c * kChunkBytes));
+  };
   auto load = [&](uint32_t j) {
     const size_t c = blockIdx.x + size_t(j) * gridDim.x;
     const int stage = j % kStages;

@@ -71,8 +71,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKe
           reinterpret_cast<uint4*>(to)[v] = reinterpret_cast<const uint4*>(from)[v];
         done = nvec * kElems;
       }
-      for (size_t i = done + device::global_thread(); i < n; i += device::global_threads())
-        to[i] = from[i];
+      for (size_t i = done + device::global_thread(); i < n; i += device::global_threads()) to[i] = from[i];
     }
   }
   if (!device::barrier(s, epoch, 2)) return;
@@ -113,7 +112,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(Red
   T* dst[kMaxWorld];
 #pragma unroll
   for (int r = 0; r < kMaxWorld; ++r) {
-    src[r] = r == s.rank ? in + slice_begin(s.rank) : static_cast<const T*>(a.scratch_peers[s.rank]) + size_t(r) * slice;
+    src[r] =
+        r == s.rank ? in + slice_begin(s.rank) : static_cast<const T*>(a.scratch_peers[s.rank]) + size_t(r) * slice;
     const int to = (s.rank + 1 + r) % s.world;
     dst[r] = static_cast<T*>(a.out_peers[to]) + slice_begin(s.rank);
   }
@@ -125,20 +125,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(Red
 
 }  // namespace
 
-void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector,
-                       const ReduceKernelArgs& args, int blocks, cudaStream_t stream) {
+void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,
+                       int blocks, cudaStream_t stream) {
   dispatch_reduce(type, op, [&](auto t, auto o) {
     using T = decltype(t);
     constexpr int kOp = decltype(o)::value;
     if (kernel == AllReduceKernel::kOneShot) {
-      if (vector) reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-      else reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      if (vector)
+        reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      else
+        reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     } else if (kernel == AllReduceKernel::kTwoShotPush) {
-      if (vector) all_reduce_two_shot_push<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-      else all_reduce_two_shot_push<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      if (vector)
+        all_reduce_two_shot_push<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      else
+        all_reduce_two_shot_push<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     } else {
-      if (vector) all_reduce_two_shot<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-      else all_reduce_two_shot<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      if (vector)
+        all_reduce_two_shot<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      else
+        all_reduce_two_shot<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     }
     SYMMEM_LAUNCH_CHECK();
   });
@@ -149,8 +155,10 @@ void launch_reduce_scatter(DataType type, ReduceOp op, bool vector, const Reduce
   dispatch_reduce(type, op, [&](auto t, auto o) {
     using T = decltype(t);
     constexpr int kOp = decltype(o)::value;
-    if (vector) reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-    else reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    if (vector)
+      reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    else
+      reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     SYMMEM_LAUNCH_CHECK();
   });
 }

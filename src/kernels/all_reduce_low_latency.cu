@@ -30,8 +30,8 @@ __device__ __forceinline__ uint32_t load_word(const void* p, size_t w, size_t by
   return word;
 }
 
-__device__ __forceinline__ bool wait_line(const uint64_t* line, uint32_t epoch, const SyncArgs& s,
-                                          int peer, uint32_t* word) {
+__device__ __forceinline__ bool wait_line(const uint64_t* line, uint32_t epoch, const SyncArgs& s, int peer,
+                                          uint32_t* word) {
   const uint64_t start = device::global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
     const uint64_t v = device::ld_relaxed_sys_u64(line);
@@ -98,9 +98,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(Reduc
   const size_t words = (bytes + 3) / 4;
   const size_t parity = call & 1u;
   const void* in = a.in_peers[s.rank];
-  auto slot = [&](uint64_t* area, int sender) {
-    return area + (parity * kMaxWorld + sender) * a.ll_slot_words;
-  };
+  auto slot = [&](uint64_t* area, int sender) { return area + (parity * kMaxWorld + sender) * a.ll_slot_words; };
 
   // Send: this rank's words into its slot of every peer's receive area.
   for (size_t w = device::global_thread(); w < words; w += device::global_threads()) {
@@ -121,8 +119,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(Reduc
 #pragma unroll
     for (int r = 0; r < kMaxWorld; ++r) {
       if (r >= s.world) break;
-      if (r == s.rank) word[r] = load_word(in, w, bytes);
-      else ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + w, call, s, r, &word[r]);
+      if (r == s.rank)
+        word[r] = load_word(in, w, bytes);
+      else
+        ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + w, call, s, r, &word[r]);
     }
     if (!ok) {
       failed = 1;
@@ -154,7 +154,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency_two_s
     for (int k = 1; k < s.world; ++k) {
       const int p = (s.rank + k) % s.world;
       const size_t bytes = elems(p) * sizeof(T);
-      if (j * 4 < bytes) device::st_relaxed_sys_u64(slot(a.ll_peers[p], s.rank) + j, tag | load_word(in + begin(p), j, bytes));
+      if (j * 4 < bytes)
+        device::st_relaxed_sys_u64(slot(a.ll_peers[p], s.rank) + j, tag | load_word(in + begin(p), j, bytes));
     }
   }
   // Phase 2: reduce this rank's slice (rank order), keep it, send it to every peer.
@@ -168,8 +169,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency_two_s
 #pragma unroll
     for (int r = 0; r < kMaxWorld; ++r) {
       if (r >= s.world) break;
-      if (r == s.rank) word[r] = load_word(in + begin(s.rank), j, elems(s.rank) * sizeof(T));
-      else ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + j, call, s, r, &word[r]);
+      if (r == s.rank)
+        word[r] = load_word(in + begin(s.rank), j, elems(s.rank) * sizeof(T));
+      else
+        ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + j, call, s, r, &word[r]);
     }
     if (!ok) {
       failed = 1;
@@ -199,13 +202,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency_two_s
 
 }  // namespace
 
-void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args,
-                                   int blocks, cudaStream_t stream) {
+void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
+                                   cudaStream_t stream) {
   dispatch_reduce(type, op, [&](auto t, auto o) {
     using T = decltype(t);
     constexpr int kOp = decltype(o)::value;
-    if (two_shot) all_reduce_low_latency_two_shot<T, kOp><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-    else all_reduce_low_latency<T, kOp><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    if (two_shot)
+      all_reduce_low_latency_two_shot<T, kOp><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    else
+      all_reduce_low_latency<T, kOp><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     SYMMEM_LAUNCH_CHECK();
   });
 }

@@ -30,9 +30,7 @@ void dispatch_reduce(DataType type, ReduceOp op, F&& f) {
     case DataType::kFloat16: return dispatch_op<__half>(op, f);
     case DataType::kBFloat16: return dispatch_op<__nv_bfloat16>(op, f);
     case DataType::kInt32: return dispatch_op<int32_t>(op, f);
-    default:
-      SYMMEM_THROW(ErrorCode::kInvalidArgument,
-                   std::string("reductions do not support ") + dtype_name(type));
+    default: SYMMEM_THROW(ErrorCode::kInvalidArgument, std::string("reductions do not support ") + dtype_name(type));
   }
 }
 

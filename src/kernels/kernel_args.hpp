@@ -27,8 +27,8 @@ struct AllGatherKernelArgs {
 enum class AllGatherKernel { kPull, kPush };
 
 // vector_bytes: 16, 8, 4, 2 or 1; it divides bytes and every pointer's address.
-void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGatherKernelArgs& args,
-                       int blocks, cudaStream_t stream);
+void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGatherKernelArgs& args, int blocks,
+                       cudaStream_t stream);
 // Push with Hopper bulk copies (sm_90): 16-byte aligned pointers and bytes.
 void launch_all_gather_push_bulk(const AllGatherKernelArgs& args, int blocks, cudaStream_t stream);
 
@@ -47,14 +47,14 @@ struct ReduceKernelArgs {
 enum class AllReduceKernel { kOneShot, kTwoShot, kTwoShotPush };
 
 // vector: every input/output address (and every reduce-scatter slice) is 16-byte aligned.
-void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector,
-                       const ReduceKernelArgs& args, int blocks, cudaStream_t stream);
+void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,
+                       int blocks, cudaStream_t stream);
 // Needs a 4-byte aligned input; one-shot: count * size <= 4 * ll_slot_words; two-shot: each
 // slice's bytes <= 2 * ll_slot_words (half a slot).
-void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args,
-                                   int blocks, cudaStream_t stream);
-void launch_reduce_scatter(DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,
-                           int blocks, cudaStream_t stream);
+void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
+                                   cudaStream_t stream);
+void launch_reduce_scatter(DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args, int blocks,
+                           cudaStream_t stream);
 
 // A device barrier among all ranks (one block); used by Communicator::barrier.
 void launch_barrier(const SyncArgs& sync, cudaStream_t stream);

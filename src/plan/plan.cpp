@@ -45,8 +45,8 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
   if (algo == Algo::kAuto && is_all_gather_algo(r.forced)) algo = r.forced;
   if (r.options.max_blocks == 0) {
     if (algo != Algo::kAuto && algo != Algo::kCopyEngine)
-      throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: ") + algo_name(algo) +
-                                                   " needs SMs but max_blocks is 0");
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("all_gather: ") + algo_name(algo) + " needs SMs but max_blocks is 0");
     algo = Algo::kCopyEngine;
   }
   int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
@@ -103,8 +103,10 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
     algo = Algo::kTwoShot;
   } else {
     if (algo != Algo::kAuto && !is_all_reduce_algo(algo))
-      throw Error(ErrorCode::kInvalidArgument, std::string("all_reduce: algorithm ") + algo_name(algo) +
-                                                   " is not an all-reduce algorithm (one_shot, two_shot, two_shot_push, low_latency, low_latency_two_shot)");
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          std::string("all_reduce: algorithm ") + algo_name(algo) +
+              " is not an all-reduce algorithm (one_shot, two_shot, two_shot_push, low_latency, low_latency_two_shot)");
     if (algo == Algo::kAuto && is_all_reduce_algo(r.forced)) algo = r.forced;
   }
   if (r.options.max_blocks == 0)
@@ -130,7 +132,8 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   if (algo == Algo::kLowLatencyTwoShot && !ll2_fits)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(op) + ": low_latency_two_shot takes slices up to " +
-                    std::to_string(r.low_latency_capacity / 2) + " bytes with a 4-byte aligned input and two ranks or more; this message has " +
+                    std::to_string(r.low_latency_capacity / 2) +
+                    " bytes with a 4-byte aligned input and two ranks or more; this message has " +
                     std::to_string(bytes) + " bytes over " + std::to_string(r.world) + " ranks");
   if (algo == Algo::kTwoShotPush && !r.out_symmetric)
     throw Error(ErrorCode::kInvalidArgument,
@@ -144,8 +147,8 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   // Low latency and two-shot push read only this rank's own input.
   const bool reads_peer_inputs =
       algo != Algo::kLowLatency && algo != Algo::kLowLatencyTwoShot && algo != Algo::kTwoShotPush;
-  plan.stage_input = (reads_peer_inputs && !r.in_symmetric) ||
-                    (algo == Algo::kOneShot && r.in_place && !r.reduce_scatter);
+  plan.stage_input =
+      (reads_peer_inputs && !r.in_symmetric) || (algo == Algo::kOneShot && r.in_place && !r.reduce_scatter);
   plan.gather_via_scratch = !r.reduce_scatter && algo == Algo::kTwoShot && !r.out_symmetric;
   const uint64_t in = plan.stage_input ? 0 : r.in_address;
   const uint64_t slice = r.reduce_scatter ? bytes : 0;  // reduce-scatter slices start at r * bytes
@@ -189,10 +192,9 @@ std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes, int s
 
 std::string describe(const AllGatherPlan& p) {
   return std::string("all_gather ") + algo_name(p.algo) +
-         (p.algo == Algo::kCopyEngine ? (p.copy_engine_push ? " push" : " pull") : "") +
-         (p.bulk ? " bulk" : "") + " blocks=" + std::to_string(p.blocks) +
-         " vector=" + std::to_string(p.vector_bytes) + (p.stage_input ? " staged-input" : "") +
-         (p.stage_output ? " staged-output" : "");
+         (p.algo == Algo::kCopyEngine ? (p.copy_engine_push ? " push" : " pull") : "") + (p.bulk ? " bulk" : "") +
+         " blocks=" + std::to_string(p.blocks) + " vector=" + std::to_string(p.vector_bytes) +
+         (p.stage_input ? " staged-input" : "") + (p.stage_output ? " staged-output" : "");
 }
 
 std::string describe(const ReducePlan& p) {

@@ -35,8 +35,8 @@ struct AllGatherPlan {
   Algo algo = Algo::kPull;  // kPull, kPush or kCopyEngine
   int blocks = 0;           // 0 for the copy engine
   int vector_bytes = 16;
-  bool stage_input = false;   // copy the input into the heap first (pull, copy engine)
-  bool stage_output = false;  // push into the heap, then copy out (push)
+  bool stage_input = false;       // copy the input into the heap first (pull, copy engine)
+  bool stage_output = false;      // push into the heap, then copy out (push)
   bool copy_engine_push = false;  // copy engine writes into the peers' outputs (else reads inputs)
   bool bulk = false;              // push through the TMA engine (cp.async.bulk)
 };
@@ -65,9 +65,9 @@ struct ReduceRequest {
 struct ReducePlan {
   Algo algo = Algo::kTwoShot;  // kOneShot, kTwoShot, kLowLatency (reduce-scatter: kTwoShot)
   int blocks = 0;
-  bool vector = true;           // 16-byte vectors (all addresses aligned)
-  bool stage_input = false;     // input must be copied into the heap first (also one-shot in
-                                // place: ranks would overwrite inputs their peers still read)
+  bool vector = true;               // 16-byte vectors (all addresses aligned)
+  bool stage_input = false;         // input must be copied into the heap first (also one-shot in
+                                    // place: ranks would overwrite inputs their peers still read)
   bool gather_via_scratch = false;  // two-shot with an output outside the heap
 };
 
@@ -82,8 +82,7 @@ struct CopyPiece {
   size_t bytes;
   int stream;
 };
-std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes_per_rank, int streams,
-                                        size_t piece_bytes);
+std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes_per_rank, int streams, size_t piece_bytes);
 
 // A string like "all_gather pull blocks=16 vector=16" for SYMMEM_DEBUG logs.
 std::string describe(const AllGatherPlan& plan);

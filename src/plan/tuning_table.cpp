@@ -62,8 +62,7 @@ class Reader {
     if (pos_ != s_.size()) fail("trailing characters");
   }
   [[noreturn]] void fail(const std::string& what) const {
-    throw Error(ErrorCode::kInvalidArgument,
-                "tuning table: " + what + " at character " + std::to_string(pos_));
+    throw Error(ErrorCode::kInvalidArgument, "tuning table: " + what + " at character " + std::to_string(pos_));
   }
 
  private:
@@ -83,15 +82,21 @@ TuningEntry parse_entry(Reader& r) {
     first = false;
     const std::string key = r.string();
     r.expect(':');
-    if (key == "op") e.op = r.string();
+    if (key == "op")
+      e.op = r.string();
     else if (key == "algo") {
       const std::string name = r.string();
       if (!parse_algo(name, &e.algo)) r.fail("unknown algorithm '" + name + "'");
-    } else if (key == "world") e.world = static_cast<int>(r.number());
-    else if (key == "max_bytes") e.max_bytes = static_cast<size_t>(r.number());
-    else if (key == "blocks") e.blocks = static_cast<int>(r.number());
-    else if (r.peek('"')) r.string();  // unknown keys are ignored (e.g. measured times)
-    else r.number();
+    } else if (key == "world")
+      e.world = static_cast<int>(r.number());
+    else if (key == "max_bytes")
+      e.max_bytes = static_cast<size_t>(r.number());
+    else if (key == "blocks")
+      e.blocks = static_cast<int>(r.number());
+    else if (r.peek('"'))
+      r.string();  // unknown keys are ignored (e.g. measured times)
+    else
+      r.number();
   }
   if (e.op.empty() || e.world <= 0) r.fail("entry without op or world");
   return e;
@@ -126,11 +131,16 @@ TuningTable parse_tuning_table(const std::string& json) {
         first_entry = false;
         t.entries.push_back(parse_entry(r));
       }
-    } else if (key == "gpu") t.gpu = r.string();
-    else if (key == "command") t.command = r.string();
-    else if (key == "date") t.date = r.string();
-    else if (r.peek('"')) r.string();
-    else r.number();
+    } else if (key == "gpu")
+      t.gpu = r.string();
+    else if (key == "command")
+      t.command = r.string();
+    else if (key == "date")
+      t.date = r.string();
+    else if (r.peek('"'))
+      r.string();
+    else
+      r.number();
   }
   r.done();
   return t;

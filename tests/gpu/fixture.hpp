@@ -14,16 +14,17 @@
 
 namespace symmem::test {
 
-#define TEST_CUDA(expr)                                                                      \
-  do {                                                                                       \
-    cudaError_t e_ = (expr);                                                                 \
+#define TEST_CUDA(expr)                                                                                                \
+  do {                                                                                                                 \
+    cudaError_t e_ = (expr);                                                                                           \
     if (e_ != cudaSuccess) ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + cudaGetErrorName(e_)); \
   } while (0)
 
-#define TEST_NCCL(expr)                                                                      \
-  do {                                                                                       \
-    ncclResult_t r_ = (expr);                                                                \
-    if (r_ != ncclSuccess) ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + ncclGetErrorString(r_)); \
+#define TEST_NCCL(expr)                                                                             \
+  do {                                                                                              \
+    ncclResult_t r_ = (expr);                                                                       \
+    if (r_ != ncclSuccess)                                                                          \
+      ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + ncclGetErrorString(r_)); \
   } while (0)
 
 struct Fixture {
@@ -38,10 +39,10 @@ struct Fixture {
   int rank() const { return job.rank; }
   int world() const { return job.world; }
 
-  long sum(long mine);                  // over ranks
-  bool all(bool mine);                  // AND over ranks
-  bool same_everywhere(uint64_t value); // identical on every rank
-  void sync() const;                    // stream synchronize (throws on CUDA errors)
+  long sum(long mine);                   // over ranks
+  bool all(bool mine);                   // AND over ranks
+  bool same_everywhere(uint64_t value);  // identical on every rank
+  void sync() const;                     // stream synchronize (throws on CUDA errors)
 };
 
 // Device memory that frees itself.

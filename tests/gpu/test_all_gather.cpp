@@ -28,7 +28,8 @@ TEST(all_gather_is_bit_exact_against_nccl) {
   Buffer* heap_out = fx.comm->allocate(max_bytes * world);
   DeviceBuffer dev_in(max_bytes), dev_out(max_bytes * world), nccl_in(max_bytes), nccl_out(max_bytes * world);
   long wrong = 0, calls = 0;
-  for (DataType type : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16, DataType::kInt32, DataType::kUInt8}) {
+  for (DataType type :
+       {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16, DataType::kInt32, DataType::kUInt8}) {
     const size_t elem = dtype_size(type);
     for (size_t count : counts) {
       const size_t bytes = count * elem;
@@ -37,11 +38,13 @@ TEST(all_gather_is_bit_exact_against_nccl) {
       fill_pattern(nccl_in.ptr, bytes, seed, fx.stream);
       TEST_CUDA(cudaMemsetAsync(nccl_out.ptr, 0xEE, bytes * world, fx.stream));
       static const ncclDataType_t nccl_types[] = {ncclFloat32, ncclFloat16, ncclBfloat16, ncclInt32, ncclUint8};
-      TEST_NCCL(ncclAllGather(nccl_in.ptr, nccl_out.ptr, count, nccl_types[static_cast<int>(type)], fx.nccl, fx.stream));
+      TEST_NCCL(
+          ncclAllGather(nccl_in.ptr, nccl_out.ptr, count, nccl_types[static_cast<int>(type)], fx.nccl, fx.stream));
       fx.sync();
       const std::vector<uint8_t> expected = download(nccl_out.ptr, bytes * world);
       for (Algo algo : kGatherAlgos) {
-        for (Placement where : {Placement::kHeap, Placement::kHeapInPlace, Placement::kDevice, Placement::kDeviceInPlace}) {
+        for (Placement where :
+             {Placement::kHeap, Placement::kHeapInPlace, Placement::kDevice, Placement::kDeviceInPlace}) {
           const bool heap = where == Placement::kHeap || where == Placement::kHeapInPlace;
           const bool in_place = where == Placement::kHeapInPlace || where == Placement::kDeviceInPlace;
           char* out = static_cast<char*>(heap ? heap_out->ptr() : dev_out.ptr);

@@ -18,8 +18,12 @@ __host__ __device__ inline uint64_t mix(uint64_t x) {
   return x;
 }
 
-__device__ inline uint8_t pattern(uint64_t seed, size_t i) { return static_cast<uint8_t>(mix(seed + i * 0x9E3779B97F4A7C15ull) >> 24); }
-__device__ inline int small_integer(uint64_t seed, size_t i) { return static_cast<int>(mix(seed ^ (i * 0x9E3779B97F4A7C15ull)) % 17) - 8; }
+__device__ inline uint8_t pattern(uint64_t seed, size_t i) {
+  return static_cast<uint8_t>(mix(seed + i * 0x9E3779B97F4A7C15ull) >> 24);
+}
+__device__ inline int small_integer(uint64_t seed, size_t i) {
+  return static_cast<int>(mix(seed ^ (i * 0x9E3779B97F4A7C15ull)) % 17) - 8;
+}
 
 void check(cudaError_t e) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("test kernel: ") + cudaGetErrorName(e));
@@ -43,17 +47,35 @@ __global__ void gather_check_kernel(const uint8_t* out, size_t bytes, int world,
 
 template <typename T>
 __device__ T from_int(int v);
-template <> __device__ float from_int<float>(int v) { return static_cast<float>(v); }
-template <> __device__ __half from_int<__half>(int v) { return __int2half_rn(v); }
-template <> __device__ __nv_bfloat16 from_int<__nv_bfloat16>(int v) { return __int2bfloat16_rn(v); }
-template <> __device__ int32_t from_int<int32_t>(int v) { return v; }
+template <>
+__device__ float from_int<float>(int v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __half from_int<__half>(int v) {
+  return __int2half_rn(v);
+}
+template <>
+__device__ __nv_bfloat16 from_int<__nv_bfloat16>(int v) {
+  return __int2bfloat16_rn(v);
+}
+template <>
+__device__ int32_t from_int<int32_t>(int v) {
+  return v;
+}
 
 template <typename T>
 __device__ bool same_bits(T a, T b) {
   return *reinterpret_cast<const unsigned short*>(&a) == *reinterpret_cast<const unsigned short*>(&b);
 }
-template <> __device__ bool same_bits<float>(float a, float b) { return a == b; }
-template <> __device__ bool same_bits<int32_t>(int32_t a, int32_t b) { return a == b; }
+template <>
+__device__ bool same_bits<float>(float a, float b) {
+  return a == b;
+}
+template <>
+__device__ bool same_bits<int32_t>(int32_t a, int32_t b) {
+  return a == b;
+}
 
 template <typename T>
 __global__ void fill_small_kernel(T* p, size_t count, uint64_t seed) {
@@ -67,7 +89,8 @@ __global__ void sum_check_kernel(const T* out, size_t count, size_t first, int w
   unsigned long long bad = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
     int expected = 0;
-    for (int r = 0; r < world; ++r) expected += small_integer(mix(uint64_t(r + 1) * 0x100000001b3ull ^ iteration), first + i);
+    for (int r = 0; r < world; ++r)
+      expected += small_integer(mix(uint64_t(r + 1) * 0x100000001b3ull ^ iteration), first + i);
     bad += !same_bits(out[i], from_int<T>(expected));
   }
   if (bad) atomicAdd(mismatches, bad);
@@ -106,7 +129,7 @@ void fill_pattern(void* p, size_t bytes, uint64_t seed, cudaStream_t stream) {
 void count_gather_mismatches(const void* out, size_t bytes, int world, uint64_t iteration,
                              unsigned long long* mismatches, cudaStream_t stream) {
   gather_check_kernel<<<kBlocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(out), bytes, world, iteration,
-                                                         mismatches);
+                                                        mismatches);
   check(cudaGetLastError());
 }
 
@@ -122,8 +145,8 @@ void count_sum_mismatches(const void* out, size_t count, size_t first, DataType 
                           unsigned long long* mismatches, cudaStream_t stream) {
   dispatch(type, [&](auto t) {
     using T = decltype(t);
-    sum_check_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<const T*>(out), count, first, world, iteration,
-                                                          mismatches);
+    sum_check_kernel<T>
+        <<<kBlocks, kThreads, 0, stream>>>(static_cast<const T*>(out), count, first, world, iteration, mismatches);
   });
   check(cudaGetLastError());
 }

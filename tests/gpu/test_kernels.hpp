@@ -22,8 +22,8 @@ void count_gather_mismatches(const void* out, size_t bytes, int world, uint64_t 
 void fill_small_integers(void* p, size_t count, DataType type, uint64_t seed, cudaStream_t stream);
 // *mismatches += elements i of out (count, `type`) != sum over r < world of the small integer of
 // (mix(r, iteration), first + i).
-void count_sum_mismatches(const void* out, size_t count, size_t first, DataType type, int world,
-                          uint64_t iteration, unsigned long long* mismatches, cudaStream_t stream);
+void count_sum_mismatches(const void* out, size_t count, size_t first, DataType type, int world, uint64_t iteration,
+                          unsigned long long* mismatches, cudaStream_t stream);
 // Seed of rank r for iteration `iteration` as the checks above compute it.
 uint64_t pattern_seed(int rank, uint64_t iteration);
 

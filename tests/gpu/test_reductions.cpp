@@ -30,10 +30,26 @@ std::vector<uint8_t> random_input(int rank, size_t count, DataType type, uint64_
   for (size_t i = 0; i < count; ++i) {
     uint8_t* p = out.data() + i * elem;
     switch (type) {
-      case DataType::kFloat32: { float f = real(rng); std::memcpy(p, &f, 4); break; }
-      case DataType::kFloat16: { __half h = __float2half(real(rng)); std::memcpy(p, &h, 2); break; }
-      case DataType::kBFloat16: { __nv_bfloat16 h = __float2bfloat16(real(rng)); std::memcpy(p, &h, 2); break; }
-      case DataType::kInt32: { int32_t v = integer(rng); std::memcpy(p, &v, 4); break; }
+      case DataType::kFloat32: {
+        float f = real(rng);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DataType::kFloat16: {
+        __half h = __float2half(real(rng));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kBFloat16: {
+        __nv_bfloat16 h = __float2bfloat16(real(rng));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kInt32: {
+        int32_t v = integer(rng);
+        std::memcpy(p, &v, 4);
+        break;
+      }
       default: break;
     }
   }
@@ -43,10 +59,26 @@ std::vector<uint8_t> random_input(int rank, size_t count, DataType type, uint64_
 double value_at(const uint8_t* data, DataType type, size_t i) {
   const uint8_t* p = data + i * dtype_size(type);
   switch (type) {
-    case DataType::kFloat32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DataType::kFloat16: { __half h; std::memcpy(&h, p, 2); return __half2float(h); }
-    case DataType::kBFloat16: { __nv_bfloat16 h; std::memcpy(&h, p, 2); return __bfloat162float(h); }
-    case DataType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case DataType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DataType::kFloat16: {
+      __half h;
+      std::memcpy(&h, p, 2);
+      return __half2float(h);
+    }
+    case DataType::kBFloat16: {
+      __nv_bfloat16 h;
+      std::memcpy(&h, p, 2);
+      return __bfloat162float(h);
+    }
+    case DataType::kInt32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
     default: return 0;
   }
 }
@@ -153,7 +185,8 @@ TEST(reduce_scatter_matches_a_float64_reference) {
       for (int r = 0; r < world; ++r) inputs.push_back(random_input(r, count * world, type, 3));
       for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
         char* in = static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
-        char* out = where == 1 ? in + fx.rank() * bytes : static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
+        char* out =
+            where == 1 ? in + fx.rank() * bytes : static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
         TEST_CUDA(cudaMemcpyAsync(in, inputs[fx.rank()].data(), bytes * world, cudaMemcpyHostToDevice, fx.stream));
         if (where != 1) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, fx.stream));
         reduce_scatter(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream);
@@ -179,8 +212,8 @@ TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
   Buffer* in = fx.comm->allocate(kMaxCount * 4 * world);
   Buffer* out = fx.comm->allocate(kMaxCount * 4);
   MismatchCounter mismatches;
-  const Algo algos[] = {Algo::kOneShot, Algo::kLowLatencyTwoShot, Algo::kTwoShot, Algo::kLowLatency,
-                        Algo::kTwoShotPush, Algo::kAuto};
+  const Algo algos[] = {Algo::kOneShot,    Algo::kLowLatencyTwoShot, Algo::kTwoShot,
+                        Algo::kLowLatency, Algo::kTwoShotPush,       Algo::kAuto};
   for (int i = 0; i < kCalls; ++i) {
     const size_t count = 1 + (size_t(i) * 7919) % kMaxCount;
     const DataType type = i % 3 == 0 ? DataType::kFloat32 : DataType::kBFloat16;

@@ -86,11 +86,12 @@ TEST(dead_peer_low_latency_all_reduce_times_out_naming_the_rank) {
 }
 
 TEST(dead_peer_low_latency_two_shot_all_reduce_times_out_naming_the_rank) {
-  expect_dead_peer_timeout("all_reduce(low_latency_two_shot)", [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
-    CollectiveOptions o;
-    o.algo = Algo::kLowLatencyTwoShot;
-    all_reduce(out->ptr(), in->ptr(), 1 << 16, DataType::kFloat32, ReduceOp::kSum, c, s, o);
-  });
+  expect_dead_peer_timeout("all_reduce(low_latency_two_shot)",
+                           [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+                             CollectiveOptions o;
+                             o.algo = Algo::kLowLatencyTwoShot;
+                             all_reduce(out->ptr(), in->ptr(), 1 << 16, DataType::kFloat32, ReduceOp::kSum, c, s, o);
+                           });
 }
 
 TEST(dead_peer_two_shot_all_reduce_times_out_naming_the_rank) {
@@ -120,19 +121,18 @@ TEST(bad_input_is_refused_with_the_values_in_the_message) {
   CollectiveOptions o;
   o.algo = Algo::kOneShot;
   char* mine = static_cast<char*>(buf->ptr()) + fx.rank();  // in place: this rank's slot
-  EXPECT_ERROR(all_gather(buf->ptr(), mine, 1, DataType::kUInt8, *fx.comm, fx.stream, o),
-               ErrorCode::kInvalidArgument, "not an all-gather algorithm");
+  EXPECT_ERROR(all_gather(buf->ptr(), mine, 1, DataType::kUInt8, *fx.comm, fx.stream, o), ErrorCode::kInvalidArgument,
+               "not an all-gather algorithm");
   o.algo = Algo::kPull;
   o.max_blocks = 0;
-  EXPECT_ERROR(all_gather(buf->ptr(), mine, 1, DataType::kUInt8, *fx.comm, fx.stream, o),
-               ErrorCode::kInvalidArgument, "max_blocks is 0");
+  EXPECT_ERROR(all_gather(buf->ptr(), mine, 1, DataType::kUInt8, *fx.comm, fx.stream, o), ErrorCode::kInvalidArgument,
+               "max_blocks is 0");
   // An input inside the output that is not this rank's slot would be overwritten mid-call.
   EXPECT_ERROR(all_gather(buf->ptr(), static_cast<char*>(buf->ptr()) + 1, 16, DataType::kUInt8, *fx.comm, fx.stream),
                ErrorCode::kInvalidArgument, "overlap");
   // Sizes that differ across ranks are named on every rank, and nothing is allocated.
   const size_t size = fx.rank() == 0 ? 4096 : 8192;
-  if (fx.world() > 1)
-    EXPECT_ERROR(fx.comm->allocate(size), ErrorCode::kInvalidArgument, "bytes, rank");
+  if (fx.world() > 1) EXPECT_ERROR(fx.comm->allocate(size), ErrorCode::kInvalidArgument, "bytes, rank");
   fx.comm->free(buf);
   EXPECT(fx.all(true));
 }

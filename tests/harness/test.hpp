@@ -49,40 +49,39 @@ std::string describe_pair(const A& a, const B& b) {
 
 }  // namespace symmem::test
 
-#define TEST(name)                                                             \
-  static void name();                                                          \
-  static ::symmem::test::Registrar name##_registrar(#name, name);              \
+#define TEST(name)                                                \
+  static void name();                                             \
+  static ::symmem::test::Registrar name##_registrar(#name, name); \
   static void name()
 
-#define EXPECT(cond)                                                           \
-  do {                                                                         \
-    if (!(cond)) ::symmem::test::fail(__FILE__, __LINE__, #cond);              \
+#define EXPECT(cond)                                              \
+  do {                                                            \
+    if (!(cond)) ::symmem::test::fail(__FILE__, __LINE__, #cond); \
   } while (0)
 
-#define EXPECT_EQ(a, b)                                                        \
-  do {                                                                         \
-    const auto va_ = (a);                                                     \
-    const auto vb_ = (b);                                                     \
-    if (!(va_ == vb_))                                                         \
-      ::symmem::test::fail(__FILE__, __LINE__,                                 \
+#define EXPECT_EQ(a, b)                                                                               \
+  do {                                                                                                \
+    const auto va_ = (a);                                                                             \
+    const auto vb_ = (b);                                                                             \
+    if (!(va_ == vb_))                                                                                \
+      ::symmem::test::fail(__FILE__, __LINE__,                                                        \
                            std::string(#a " == " #b ": ") + ::symmem::test::describe_pair(va_, vb_)); \
   } while (0)
 
 // Expects `expr` to throw symmem::Error with `expected_code` whose message contains `text`.
-#define EXPECT_ERROR(expr, expected_code, text)                                         \
-  do {                                                                         \
-    bool thrown_ = false;                                                      \
-    try {                                                                      \
-      expr;                                                                    \
-    } catch (const ::symmem::Error& e_) {                                      \
-      thrown_ = true;                                                          \
-      if (e_.code() != (expected_code))                                                 \
-        ::symmem::test::fail(__FILE__, __LINE__, std::string("wrong code: ") + e_.what()); \
-      if (std::string(e_.what()).find(text) == std::string::npos)              \
-        ::symmem::test::fail(__FILE__, __LINE__,                               \
-                             std::string("message lacks '") + (text) + "': " + e_.what()); \
-    }                                                                          \
-    if (!thrown_) ::symmem::test::fail(__FILE__, __LINE__, #expr " did not throw"); \
+#define EXPECT_ERROR(expr, expected_code, text)                                                                \
+  do {                                                                                                         \
+    bool thrown_ = false;                                                                                      \
+    try {                                                                                                      \
+      expr;                                                                                                    \
+    } catch (const ::symmem::Error& e_) {                                                                      \
+      thrown_ = true;                                                                                          \
+      if (e_.code() != (expected_code))                                                                        \
+        ::symmem::test::fail(__FILE__, __LINE__, std::string("wrong code: ") + e_.what());                     \
+      if (std::string(e_.what()).find(text) == std::string::npos)                                              \
+        ::symmem::test::fail(__FILE__, __LINE__, std::string("message lacks '") + (text) + "': " + e_.what()); \
+    }                                                                                                          \
+    if (!thrown_) ::symmem::test::fail(__FILE__, __LINE__, #expr " did not throw");                            \
   } while (0)
 
 #define SKIP(reason) throw ::symmem::test::Skipped(reason)

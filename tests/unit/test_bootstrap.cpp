@@ -210,7 +210,8 @@ TEST(job_info_reads_torchrun_variables) {
   unsetenv("SYMMEM_TOKEN");
   setenv("RANK", "1", 1);
   EXPECT(JobInfo::from_env().token.rfind("derived:", 0) == 0);
-  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+    unsetenv(v);
   job = JobInfo::from_env();
   EXPECT_EQ(job.world, 1);
 }

@@ -18,8 +18,8 @@ TEST(names_round_trip) {
     DataType back;
     EXPECT(parse_dtype(dtype_name(t), &back) && back == t);
   }
-  for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kTwoShot,
-                 Algo::kLowLatency}) {
+  for (Algo a :
+       {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kTwoShot, Algo::kLowLatency}) {
     Algo back;
     EXPECT(parse_algo(algo_name(a), &back) && back == a);
   }

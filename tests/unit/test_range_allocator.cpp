@@ -25,7 +25,7 @@ TEST(range_allocator_reuses_and_merges_freed_ranges) {
   EXPECT_EQ(a.free_ranges(), size_t(1));  // everything merged back
   EXPECT_EQ(a.allocated_ranges(), size_t(0));
   EXPECT(a.allocate(16 << 20).has_value());
-  EXPECT(!a.allocate(1).has_value());     // full
+  EXPECT(!a.allocate(1).has_value());  // full
 }
 
 TEST(range_allocator_finds_the_range_of_an_offset) {

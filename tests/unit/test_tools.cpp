@@ -113,9 +113,10 @@ TEST(launcher_runs_every_rank_with_the_job_variables) {
   launch::LaunchOptions o;
   o.processes = 3;
   o.prefix_output = false;
-  const int rc = launch::run(o, {"/bin/sh", "-c",
-                                 "test \"$WORLD_SIZE\" = 3 && test -n \"$SYMMEM_TOKEN\" && test \"$RANK\" = \"$LOCAL_RANK\" "
-                                 "&& test \"$NCCL_NVLS_ENABLE\" = 0 && test -n \"$MASTER_PORT\""});
+  const int rc =
+      launch::run(o, {"/bin/sh", "-c",
+                      "test \"$WORLD_SIZE\" = 3 && test -n \"$SYMMEM_TOKEN\" && test \"$RANK\" = \"$LOCAL_RANK\" "
+                      "&& test \"$NCCL_NVLS_ENABLE\" = 0 && test -n \"$MASTER_PORT\""});
   EXPECT_EQ(rc, 0);
 }
 

@@ -35,11 +35,16 @@ size_t parse_bytes(const std::string& text) {
   const double value = std::stod(text, &used);
   size_t scale = 1;
   const std::string unit = text.substr(used);
-  if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KiB") scale = size_t(1) << 10;
-  else if (unit == "M" || unit == "MB" || unit == "MiB") scale = size_t(1) << 20;
-  else if (unit == "G" || unit == "GB" || unit == "GiB") scale = size_t(1) << 30;
-  else throw std::invalid_argument("'" + text + "' has an unknown unit");
+  if (unit.empty() || unit == "B")
+    scale = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KiB")
+    scale = size_t(1) << 10;
+  else if (unit == "M" || unit == "MB" || unit == "MiB")
+    scale = size_t(1) << 20;
+  else if (unit == "G" || unit == "GB" || unit == "GiB")
+    scale = size_t(1) << 30;
+  else
+    throw std::invalid_argument("'" + text + "' has an unknown unit");
   if (value < 0) throw std::invalid_argument("'" + text + "' is negative");
   return static_cast<size_t>(value * static_cast<double>(scale));
 }
@@ -97,19 +102,26 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
         if (i + 1 >= argv.size()) throw std::invalid_argument(f + " needs a value");
         return argv[++i];
       };
-      if (f == "-b") a->min_bytes = parse_bytes(value());
-      else if (f == "-e") a->max_bytes = parse_bytes(value());
-      else if (f == "-f") a->factor = std::stod(value());
-      else if (f == "-n") a->iters = std::stoi(value());
-      else if (f == "-w") a->warmup = std::stoi(value());
-      else if (f == "-c") a->check = std::stoi(value()) != 0;
+      if (f == "-b")
+        a->min_bytes = parse_bytes(value());
+      else if (f == "-e")
+        a->max_bytes = parse_bytes(value());
+      else if (f == "-f")
+        a->factor = std::stod(value());
+      else if (f == "-n")
+        a->iters = std::stoi(value());
+      else if (f == "-w")
+        a->warmup = std::stoi(value());
+      else if (f == "-c")
+        a->check = std::stoi(value()) != 0;
       else if (f == "-d") {
         const std::string t = value();
         if (!parse_dtype(t, &a->dtype)) throw std::invalid_argument("unknown type '" + t + "'");
       } else if (f == "-o") {
         const std::string o = value();
         if (!parse_reduce_op(o, &a->reduce_op)) throw std::invalid_argument("unknown reduction '" + o + "'");
-      } else if (f == "--blocks") a->blocks = parse_int_list(value());
+      } else if (f == "--blocks")
+        a->blocks = parse_int_list(value());
       else if (f == "--algos") {
         a->algos = split(value(), ',');
         for (const auto& name : a->algos) {
@@ -118,25 +130,35 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
         }
       } else if (f == "--shapes") {
         for (const auto& s : split(value(), ',')) a->sizes.push_back(parse_shape(s) * dtype_size(a->dtype));
-      } else if (f == "--nccl") a->nccl = std::stoi(value()) != 0;
-      else if (f == "--nccl-ctas") a->nccl_ctas = parse_int_list(value());
-      else if (f == "--graph") a->graph = true;
-      else if (f == "--gpus") a->gpus = std::stoi(value());
-      else if (f == "--csv") a->csv = value();
-      else if (f == "--json") a->json = value();
-      else if (f == "--tune") a->tune = value();
-      else if (f == "--vllm-table") a->vllm_table = true;
+      } else if (f == "--nccl")
+        a->nccl = std::stoi(value()) != 0;
+      else if (f == "--nccl-ctas")
+        a->nccl_ctas = parse_int_list(value());
+      else if (f == "--graph")
+        a->graph = true;
+      else if (f == "--gpus")
+        a->gpus = std::stoi(value());
+      else if (f == "--csv")
+        a->csv = value();
+      else if (f == "--json")
+        a->json = value();
+      else if (f == "--tune")
+        a->tune = value();
+      else if (f == "--vllm-table")
+        a->vllm_table = true;
       else if (f == "--gemm") {
         const auto dims = split(value(), 'x');
         if (dims.size() != 3) throw std::invalid_argument("--gemm takes MxNxK");
         a->gemm_m = std::stoi(dims[0]);
         a->gemm_n = std::stoi(dims[1]);
         a->gemm_k = std::stoi(dims[2]);
-      } else if (f == "--ag-bytes") a->overlap_bytes = parse_bytes(value());
+      } else if (f == "--ag-bytes")
+        a->overlap_bytes = parse_bytes(value());
       else if (f == "-h" || f == "--help") {
         *error = "";
         return false;
-      } else throw std::invalid_argument("unknown option '" + f + "'");
+      } else
+        throw std::invalid_argument("unknown option '" + f + "'");
     }
   } catch (const std::exception& e) {
     *error = e.what();

@@ -10,30 +10,30 @@
 namespace symmem::bench {
 
 struct Args {
-  std::string op = "all_gather";  // all_gather | all_reduce | reduce_scatter | overlap
-  size_t min_bytes = 1 << 10;     // -b; per rank for all_gather / reduce_scatter, whole tensor for all_reduce
-  size_t max_bytes = 256u << 20;  // -e
-  double factor = 2;              // -f
-  int iters = 20;                 // -n
-  int warmup = 5;                 // -w
-  bool check = true;              // -c 0|1
-  DataType dtype = DataType::kFloat16;  // -d
-  ReduceOp reduce_op = ReduceOp::kSum;  // -o
-  std::vector<int> blocks;        // --blocks 4,8,16: SM budgets to sweep (empty: planner's choice)
-  std::vector<std::string> algos; // --algos pull,push,copy_engine (empty: every algorithm of the op)
-  std::vector<size_t> sizes;      // --shapes MxN,...  (elements of dtype per rank) or --sizes
-  bool nccl = true;               // --nccl 0|1
-  std::vector<int> nccl_ctas;     // --nccl-ctas 4,8,16: extra NCCL comms with min=max CTAs
-  bool graph = false;             // --graph: time CUDA-graph replays of n calls
-  int gpus = 0;                   // --gpus N: ranks to start when not launched (0: every GPU)
+  std::string op = "all_gather";           // all_gather | all_reduce | reduce_scatter | overlap
+  size_t min_bytes = 1 << 10;              // -b; per rank for all_gather / reduce_scatter, whole tensor for all_reduce
+  size_t max_bytes = 256u << 20;           // -e
+  double factor = 2;                       // -f
+  int iters = 20;                          // -n
+  int warmup = 5;                          // -w
+  bool check = true;                       // -c 0|1
+  DataType dtype = DataType::kFloat16;     // -d
+  ReduceOp reduce_op = ReduceOp::kSum;     // -o
+  std::vector<int> blocks;                 // --blocks 4,8,16: SM budgets to sweep (empty: planner's choice)
+  std::vector<std::string> algos;          // --algos pull,push,copy_engine (empty: every algorithm of the op)
+  std::vector<size_t> sizes;               // --shapes MxN,...  (elements of dtype per rank) or --sizes
+  bool nccl = true;                        // --nccl 0|1
+  std::vector<int> nccl_ctas;              // --nccl-ctas 4,8,16: extra NCCL comms with min=max CTAs
+  bool graph = false;                      // --graph: time CUDA-graph replays of n calls
+  int gpus = 0;                            // --gpus N: ranks to start when not launched (0: every GPU)
   std::string csv = "symmem_bench.csv";    // --csv
   std::string json = "symmem_bench.json";  // --json
-  std::string tune;               // --tune FILE: write the tuning table from this run
-  bool vllm_table = false;        // --vllm-table (all_reduce)
+  std::string tune;                        // --tune FILE: write the tuning table from this run
+  bool vllm_table = false;                 // --vllm-table (all_reduce)
   // overlap
   int gemm_m = 8192, gemm_n = 8192, gemm_k = 8192;  // --gemm MxNxK
   size_t overlap_bytes = 64u << 20;                 // --ag-bytes: all-gather output bytes
-  std::string command_line;       // as typed, for the report
+  std::string command_line;                         // as typed, for the report
 };
 
 // Returns false with a message in *error (and usage text) for bad arguments.

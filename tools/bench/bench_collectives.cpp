@@ -56,7 +56,8 @@ std::vector<std::pair<Algo, int>> variants(const Args& a, const std::vector<Algo
   if (a.algos.empty()) algos = defaults;
   std::vector<std::pair<Algo, int>> out;
   for (Algo algo : algos) {
-    if (algo == Algo::kCopyEngine || a.blocks.empty()) out.push_back({algo, 0});
+    if (algo == Algo::kCopyEngine || a.blocks.empty())
+      out.push_back({algo, 0});
     else
       for (int b : a.blocks) out.push_back({algo, b});
   }
@@ -64,8 +65,8 @@ std::vector<std::pair<Algo, int>> variants(const Args& a, const std::vector<Algo
 }
 
 // Checks (when -c) then times one case; rank 0 prints its row.
-Row run_case(BenchContext& ctx, const std::string& op, const Case& c, size_t bytes_per_rank, size_t count,
-             void* out, size_t out_bytes, const void* expected) {
+Row run_case(BenchContext& ctx, const std::string& op, const Case& c, size_t bytes_per_rank, size_t count, void* out,
+             size_t out_bytes, const void* expected) {
   const Args& a = ctx.args();
   Row r;
   r.op = op;
@@ -181,18 +182,16 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
     const DataType type = a.dtype;
     {
       const std::string plan = describe_all_gather(out->ptr(), in->ptr(), count, type, comm);
-      cases.push_back({"symmem_auto", blocks_of(plan), [=, &comm](cudaStream_t s) {
-                         all_gather(out->ptr(), in->ptr(), count, type, comm, s);
-                       }});
+      cases.push_back({"symmem_auto", blocks_of(plan),
+                       [=, &comm](cudaStream_t s) { all_gather(out->ptr(), in->ptr(), count, type, comm, s); }});
     }
     for (auto [algo, blocks] : variants(a, {Algo::kPull, Algo::kPush, Algo::kCopyEngine})) {
       CollectiveOptions o;
       o.algo = algo;
       o.blocks = blocks;
       const std::string plan = describe_all_gather(out->ptr(), in->ptr(), count, type, comm, o);
-      cases.push_back({std::string("symmem_") + algo_name(algo), blocks_of(plan), [=, &comm](cudaStream_t s) {
-                         all_gather(out->ptr(), in->ptr(), count, type, comm, s, o);
-                       }});
+      cases.push_back({std::string("symmem_") + algo_name(algo), blocks_of(plan),
+                       [=, &comm](cudaStream_t s) { all_gather(out->ptr(), in->ptr(), count, type, comm, s, o); }});
     }
     run_size(ctx, "all_gather", cases, bytes, count, out->ptr(), bytes * world, expected, &rows);
   }
@@ -229,10 +228,14 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
       const size_t first = reduce_scatter ? ctx.rank() * count : 0;
       for (size_t i = 0; i < count; ++i) {
         const double v = element_as_double(data.data(), a.dtype, first + i);
-        if (r == 0) acc[i] = v;
-        else if (a.reduce_op == ReduceOp::kSum) acc[i] += v;
-        else if (a.reduce_op == ReduceOp::kMax) acc[i] = std::max(acc[i], v);
-        else acc[i] = std::min(acc[i], v);
+        if (r == 0)
+          acc[i] = v;
+        else if (a.reduce_op == ReduceOp::kSum)
+          acc[i] += v;
+        else if (a.reduce_op == ReduceOp::kMax)
+          acc[i] = std::max(acc[i], v);
+        else
+          acc[i] = std::min(acc[i], v);
       }
     }
     // The expected values, written by the device in the output type (exact for integers).
@@ -243,10 +246,26 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
           std::vector<uint8_t> v(elem);
           const int x = static_cast<int>(acc[i]);
           switch (a.dtype) {
-            case DataType::kFloat32: { float f = static_cast<float>(x); std::memcpy(v.data(), &f, 4); break; }
-            case DataType::kFloat16: { __half h = __float2half(static_cast<float>(x)); std::memcpy(v.data(), &h, 2); break; }
-            case DataType::kBFloat16: { __nv_bfloat16 h = __float2bfloat16(static_cast<float>(x)); std::memcpy(v.data(), &h, 2); break; }
-            case DataType::kInt32: { int32_t y = x; std::memcpy(v.data(), &y, 4); break; }
+            case DataType::kFloat32: {
+              float f = static_cast<float>(x);
+              std::memcpy(v.data(), &f, 4);
+              break;
+            }
+            case DataType::kFloat16: {
+              __half h = __float2half(static_cast<float>(x));
+              std::memcpy(v.data(), &h, 2);
+              break;
+            }
+            case DataType::kBFloat16: {
+              __nv_bfloat16 h = __float2bfloat16(static_cast<float>(x));
+              std::memcpy(v.data(), &h, 2);
+              break;
+            }
+            case DataType::kInt32: {
+              int32_t y = x;
+              std::memcpy(v.data(), &y, 4);
+              break;
+            }
             case DataType::kUInt8: v[0] = static_cast<uint8_t>(x); break;
           }
           return v;
@@ -262,21 +281,27 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
     if (a.nccl) {
       ncclComm_t plain = ctx.nccl();
       cases.push_back({"nccl", -1, [=](cudaStream_t s) {
-                         if (reduce_scatter) BENCH_NCCL_CHECK(ncclReduceScatter(in->ptr(), out->ptr(), count, t, nop, plain, s));
-                         else BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, t, nop, plain, s));
+                         if (reduce_scatter)
+                           BENCH_NCCL_CHECK(ncclReduceScatter(in->ptr(), out->ptr(), count, t, nop, plain, s));
+                         else
+                           BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, t, nop, plain, s));
                        }});
       if (windows) {
         ncclComm_t sym = ctx.nccl_symmetric();
         cases.push_back({"nccl_symmetric", -1, [=](cudaStream_t s) {
-                           if (reduce_scatter) BENCH_NCCL_CHECK(ncclReduceScatter(in->ptr(), out->ptr(), count, t, nop, sym, s));
-                           else BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, t, nop, sym, s));
+                           if (reduce_scatter)
+                             BENCH_NCCL_CHECK(ncclReduceScatter(in->ptr(), out->ptr(), count, t, nop, sym, s));
+                           else
+                             BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, t, nop, sym, s));
                          }});
       }
       for (int ctas : a.nccl_ctas) {
         ncclComm_t c = ctx.nccl_with_ctas(ctas);
         cases.push_back({"nccl_ctas", ctas, [=](cudaStream_t s) {
-                           if (reduce_scatter) BENCH_NCCL_CHECK(ncclReduceScatter(in->ptr(), out->ptr(), count, t, nop, c, s));
-                           else BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, t, nop, c, s));
+                           if (reduce_scatter)
+                             BENCH_NCCL_CHECK(ncclReduceScatter(in->ptr(), out->ptr(), count, t, nop, c, s));
+                           else
+                             BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, t, nop, c, s));
                          }});
       }
     }
@@ -285,20 +310,24 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
     auto symmem_case = [&](const std::string& name, const CollectiveOptions& o) {
       std::string plan;
       try {
-        plan = reduce_scatter ? "blocks=" + std::to_string(o.blocks) : describe_all_reduce(out->ptr(), in->ptr(), count, type, comm, o);
+        plan = reduce_scatter ? "blocks=" + std::to_string(o.blocks)
+                              : describe_all_reduce(out->ptr(), in->ptr(), count, type, comm, o);
       } catch (const Error& e) {
         if (ctx.rank() == 0) std::printf("# %s skipped at %zu bytes: %s\n", name.c_str(), bytes, e.what());
         return;
       }
       cases.push_back({name, blocks_of(plan), [=, &comm](cudaStream_t s) {
-                         if (reduce_scatter) symmem::reduce_scatter(out->ptr(), in->ptr(), count, type, rop, comm, s, o);
-                         else symmem::all_reduce(out->ptr(), in->ptr(), count, type, rop, comm, s, o);
+                         if (reduce_scatter)
+                           symmem::reduce_scatter(out->ptr(), in->ptr(), count, type, rop, comm, s, o);
+                         else
+                           symmem::all_reduce(out->ptr(), in->ptr(), count, type, rop, comm, s, o);
                        }});
     };
     symmem_case("symmem_auto", CollectiveOptions{});
-    const std::vector<Algo> algos = reduce_scatter ? std::vector<Algo>{Algo::kTwoShot}
-                                                   : std::vector<Algo>{Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush,
-                                                                       Algo::kLowLatency, Algo::kLowLatencyTwoShot};
+    const std::vector<Algo> algos = reduce_scatter
+                                        ? std::vector<Algo>{Algo::kTwoShot}
+                                        : std::vector<Algo>{Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush,
+                                                            Algo::kLowLatency, Algo::kLowLatencyTwoShot};
     for (auto [algo, blocks] : variants(a, algos)) {
       CollectiveOptions o;
       o.algo = algo;

@@ -153,7 +153,8 @@ double BenchContext::time_us(const Launch& launch, bool graph) {
     host_barrier();
     comm_->barrier(stream_);  // line the ranks up on the device
     BENCH_CUDA_CHECK(cudaEventRecord(start_, stream_));
-    if (graph) BENCH_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    if (graph)
+      BENCH_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     else
       for (int i = 0; i < args_.iters; ++i) launch(stream_);
     BENCH_CUDA_CHECK(cudaEventRecord(stop_, stream_));
@@ -218,9 +219,7 @@ std::vector<uint8_t> host_data(size_t count, DataType type, uint64_t seed, Fill 
         std::memcpy(p, &x, 4);
         break;
       }
-      case DataType::kUInt8:
-        *p = static_cast<uint8_t>(v + 16);
-        break;
+      case DataType::kUInt8: *p = static_cast<uint8_t>(v + 16); break;
     }
   }
   return out;
@@ -249,8 +248,7 @@ double element_as_double(const uint8_t* data, DataType type, size_t i) {
       std::memcpy(&x, p, 4);
       return x;
     }
-    case DataType::kUInt8:
-      return *p;
+    case DataType::kUInt8: return *p;
   }
   return 0;
 }

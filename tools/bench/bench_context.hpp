@@ -18,18 +18,16 @@
 
 namespace symmem::bench {
 
-#define BENCH_NCCL_CHECK(expr)                                                          \
-  do {                                                                                  \
-    ncclResult_t r_ = (expr);                                                           \
-    if (r_ != ncclSuccess)                                                              \
-      throw std::runtime_error(std::string(#expr) + ": " + ncclGetErrorString(r_));     \
+#define BENCH_NCCL_CHECK(expr)                                                                           \
+  do {                                                                                                   \
+    ncclResult_t r_ = (expr);                                                                            \
+    if (r_ != ncclSuccess) throw std::runtime_error(std::string(#expr) + ": " + ncclGetErrorString(r_)); \
   } while (0)
 
-#define BENCH_CUDA_CHECK(expr)                                                          \
-  do {                                                                                  \
-    cudaError_t e_ = (expr);                                                            \
-    if (e_ != cudaSuccess)                                                              \
-      throw std::runtime_error(std::string(#expr) + ": " + cudaGetErrorName(e_));      \
+#define BENCH_CUDA_CHECK(expr)                                                                         \
+  do {                                                                                                 \
+    cudaError_t e_ = (expr);                                                                           \
+    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#expr) + ": " + cudaGetErrorName(e_)); \
   } while (0)
 
 using Launch = std::function<void(cudaStream_t)>;
@@ -46,10 +44,10 @@ class BenchContext {
   const Args& args() const { return args_; }
   Meta meta() const;
 
-  ncclComm_t nccl() const { return nccl_; }                    // plain: buffers never registered
-  ncclComm_t nccl_symmetric() const { return nccl_sym_; }      // symmetric windows
-  ncclComm_t nccl_copy_engine() const { return nccl_ce_; }     // symmetric windows + zero-CTA policy
-  ncclComm_t nccl_with_ctas(int ctas);                         // created on first use
+  ncclComm_t nccl() const { return nccl_; }                 // plain: buffers never registered
+  ncclComm_t nccl_symmetric() const { return nccl_sym_; }   // symmetric windows
+  ncclComm_t nccl_copy_engine() const { return nccl_ce_; }  // symmetric windows + zero-CTA policy
+  ncclComm_t nccl_with_ctas(int ctas);                      // created on first use
   // Registers [p, p + bytes) as a symmetric window on `comm` (once per comm and pointer).
   bool register_window(ncclComm_t comm, void* p, size_t bytes);
   void release_windows();  // before the registered buffers are freed

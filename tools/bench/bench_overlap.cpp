@@ -7,10 +7,10 @@
 namespace symmem::bench {
 namespace {
 
-#define BENCH_CUBLAS_CHECK(expr)                                                                   \
-  do {                                                                                             \
-    cublasStatus_t st_ = (expr);                                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
+#define BENCH_CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                              \
+    cublasStatus_t st_ = (expr);                                                                    \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                               \
       throw std::runtime_error(std::string(#expr) + ": cuBLAS status " + std::to_string(int(st_))); \
   } while (0)
 
@@ -32,9 +32,11 @@ class Gemm {
     cublasLtMatmulPreference_t pref;
     BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = kWorkspace;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    BENCH_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     int found = 0;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, la_, lb_, lc_, lc_, pref, 1, &heuristic_, &found));
+    BENCH_CUBLAS_CHECK(
+        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, la_, lb_, lc_, lc_, pref, 1, &heuristic_, &found));
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm for the GEMM");
   }
@@ -86,15 +88,18 @@ std::vector<Row> run_overlap(BenchContext& ctx) {
   BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   ctx.register_window(ctx.nccl_copy_engine(), out->ptr(), out->size());
-  const ncclDataType_t nt = type == DataType::kFloat16 ? ncclFloat16 : type == DataType::kBFloat16 ? ncclBfloat16
-                                                                        : type == DataType::kFloat32 ? ncclFloat32
-                                                                                                     : ncclUint8;
+  const ncclDataType_t nt = type == DataType::kFloat16    ? ncclFloat16
+                            : type == DataType::kBFloat16 ? ncclBfloat16
+                            : type == DataType::kFloat32  ? ncclFloat32
+                                                          : ncclUint8;
 
   using Gather = std::function<void(cudaStream_t)>;
   std::vector<std::pair<std::string, Gather>> gathers;
   ncclComm_t plain = ctx.nccl(), ce = ctx.nccl_copy_engine();
-  gathers.push_back({"nccl", [=](cudaStream_t s) { BENCH_NCCL_CHECK(ncclAllGather(in, out->ptr(), count, nt, plain, s)); }});
-  gathers.push_back({"nccl_ce", [=](cudaStream_t s) { BENCH_NCCL_CHECK(ncclAllGather(in, out->ptr(), count, nt, ce, s)); }});
+  gathers.push_back(
+      {"nccl", [=](cudaStream_t s) { BENCH_NCCL_CHECK(ncclAllGather(in, out->ptr(), count, nt, plain, s)); }});
+  gathers.push_back(
+      {"nccl_ce", [=](cudaStream_t s) { BENCH_NCCL_CHECK(ncclAllGather(in, out->ptr(), count, nt, ce, s)); }});
   const std::vector<int> blocks = a.blocks.empty() ? std::vector<int>{4, 8, 16, 32} : a.blocks;
   for (int b : blocks) {
     CollectiveOptions o;
@@ -106,8 +111,8 @@ std::vector<Row> run_overlap(BenchContext& ctx) {
   {
     CollectiveOptions o;
     o.algo = Algo::kCopyEngine;
-    gathers.push_back({"symmem_copy_engine",
-                       [=, &comm](cudaStream_t s) { all_gather(out->ptr(), in, count, type, comm, s, o); }});
+    gathers.push_back(
+        {"symmem_copy_engine", [=, &comm](cudaStream_t s) { all_gather(out->ptr(), in, count, type, comm, s, o); }});
   }
 
   std::vector<Row> rows;
@@ -127,8 +132,8 @@ std::vector<Row> run_overlap(BenchContext& ctx) {
     std::fflush(stdout);
   };
   if (ctx.rank() == 0)
-    std::printf("# overlap: GEMM %dx%dx%d fp16 with in-place all-gather of %zu bytes (%zu per rank), %d ranks\n", a.gemm_m,
-                a.gemm_n, a.gemm_k, per_rank * world, per_rank, world);
+    std::printf("# overlap: GEMM %dx%dx%d fp16 with in-place all-gather of %zu bytes (%zu per rank), %d ranks\n",
+                a.gemm_m, a.gemm_n, a.gemm_k, per_rank * world, per_rank, world);
   add("gemm_alone", -1, [&](cudaStream_t s) { gemm.run(s); });
   for (auto& [name, g] : gathers) {
     const int b = name.rfind("symmem_sm", 0) == 0 ? std::atoi(name.c_str() + 9) : 0;
@@ -139,7 +144,9 @@ std::vector<Row> run_overlap(BenchContext& ctx) {
     gathers[0].second(s);
   });
   for (auto& [name, g] : gathers) {
-    const std::string impl = name == "nccl" ? "overlap_nccl" : name == "nccl_ce" ? "overlap_nccl_ce" : "overlap_" + name;
+    const std::string impl = name == "nccl"      ? "overlap_nccl"
+                             : name == "nccl_ce" ? "overlap_nccl_ce"
+                                                 : "overlap_" + name;
     const int b = name.rfind("symmem_sm", 0) == 0 ? std::atoi(name.c_str() + 9) : 0;
     add(impl, b, [&, g](cudaStream_t s) {
       BENCH_CUDA_CHECK(cudaEventRecord(fork, s));

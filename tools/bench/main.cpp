@@ -53,10 +53,14 @@ int main(int argc, char** argv) {
   try {
     BenchContext ctx(args);
     std::vector<Row> rows;
-    if (args.op == "all_gather") rows = run_all_gather(ctx);
-    else if (args.op == "overlap") rows = run_overlap(ctx);
-    else if (args.vllm_table) rows = run_vllm_table(ctx);
-    else rows = run_reduction(ctx, args.op == "reduce_scatter");
+    if (args.op == "all_gather")
+      rows = run_all_gather(ctx);
+    else if (args.op == "overlap")
+      rows = run_overlap(ctx);
+    else if (args.vllm_table)
+      rows = run_vllm_table(ctx);
+    else
+      rows = run_reduction(ctx, args.op == "reduce_scatter");
     if (ctx.rank() == 0) {
       const Meta meta = ctx.meta();
       write_files(rows, meta, args.csv, args.json);

@@ -42,10 +42,14 @@ void compare_with_nccl(std::vector<Row>* rows) {
 
 std::string format_bytes(size_t b) {
   char buf[32];
-  if (b >= (size_t(1) << 30) && b % (size_t(1) << 30) == 0) std::snprintf(buf, sizeof(buf), "%zuG", b >> 30);
-  else if (b >= (size_t(1) << 20) && b % (size_t(1) << 20) == 0) std::snprintf(buf, sizeof(buf), "%zuM", b >> 20);
-  else if (b >= (size_t(1) << 10) && b % (size_t(1) << 10) == 0) std::snprintf(buf, sizeof(buf), "%zuK", b >> 10);
-  else std::snprintf(buf, sizeof(buf), "%zu", b);
+  if (b >= (size_t(1) << 30) && b % (size_t(1) << 30) == 0)
+    std::snprintf(buf, sizeof(buf), "%zuG", b >> 30);
+  else if (b >= (size_t(1) << 20) && b % (size_t(1) << 20) == 0)
+    std::snprintf(buf, sizeof(buf), "%zuM", b >> 20);
+  else if (b >= (size_t(1) << 10) && b % (size_t(1) << 10) == 0)
+    std::snprintf(buf, sizeof(buf), "%zuK", b >> 10);
+  else
+    std::snprintf(buf, sizeof(buf), "%zu", b);
   return buf;
 }
 
@@ -58,12 +62,18 @@ std::string table_header() {
 
 std::string table_row(const Row& r) {
   char wrong[16], ratio[16], blocks[16];
-  if (r.wrong < 0) std::snprintf(wrong, sizeof(wrong), "N/A");
-  else std::snprintf(wrong, sizeof(wrong), "%ld", r.wrong);
-  if (r.vs_best_nccl > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", r.vs_best_nccl);
-  else std::snprintf(ratio, sizeof(ratio), "-");
-  if (r.blocks < 0) std::snprintf(blocks, sizeof(blocks), "auto");
-  else std::snprintf(blocks, sizeof(blocks), "%d", r.blocks);
+  if (r.wrong < 0)
+    std::snprintf(wrong, sizeof(wrong), "N/A");
+  else
+    std::snprintf(wrong, sizeof(wrong), "%ld", r.wrong);
+  if (r.vs_best_nccl > 0)
+    std::snprintf(ratio, sizeof(ratio), "%.2fx", r.vs_best_nccl);
+  else
+    std::snprintf(ratio, sizeof(ratio), "-");
+  if (r.blocks < 0)
+    std::snprintf(blocks, sizeof(blocks), "auto");
+  else
+    std::snprintf(blocks, sizeof(blocks), "%d", r.blocks);
   char buf[256];
   std::snprintf(buf, sizeof(buf), "%12zu %12zu %9s %-26s %6s %11.2f %9.2f %9.2f %7s %8s", r.bytes_per_rank, r.count,
                 r.dtype.c_str(), r.impl.c_str(), blocks, r.time_us, r.algbw_gbs, r.busbw_gbs, wrong, ratio);

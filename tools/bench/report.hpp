@@ -12,8 +12,8 @@
 namespace symmem::bench {
 
 struct Row {
-  std::string op;     // all_gather, all_reduce, reduce_scatter, overlap
-  std::string impl;   // nccl, nccl_symmetric, nccl_ce, symmem_pull, symmem_copy_engine, ...
+  std::string op;              // all_gather, all_reduce, reduce_scatter, overlap
+  std::string impl;            // nccl, nccl_symmetric, nccl_ce, symmem_pull, symmem_copy_engine, ...
   std::string mode = "eager";  // eager | graph
   int world = 1;
   std::string dtype;
@@ -23,8 +23,8 @@ struct Row {
   double time_us = 0;
   double algbw_gbs = 0;
   double busbw_gbs = 0;
-  long wrong = 0;             // -1: not checked
-  double vs_best_nccl = 0;    // busbw / best NCCL busbw at this size (0: no NCCL row)
+  long wrong = 0;           // -1: not checked
+  double vs_best_nccl = 0;  // busbw / best NCCL busbw at this size (0: no NCCL row)
 };
 
 struct Meta {

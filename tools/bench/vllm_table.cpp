@@ -12,10 +12,15 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
   const size_t max_count = size_t(kVllmTokens[std::size(kVllmTokens) - 1]) * kVllmHidden;
   Buffer* in = comm.allocate(max_count * 2);
   Buffer* out = comm.allocate(max_count * 2);
-  const char* names[] = {"nccl", "symmem_one_shot", "symmem_two_shot", "symmem_two_shot_push", "symmem_low_latency",
-                         "symmem_low_latency_two_shot", "symmem_auto"};
-  const Algo algos[] = {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency,
-                        Algo::kLowLatencyTwoShot, Algo::kAuto};
+  const char* names[] = {"nccl",
+                         "symmem_one_shot",
+                         "symmem_two_shot",
+                         "symmem_two_shot_push",
+                         "symmem_low_latency",
+                         "symmem_low_latency_two_shot",
+                         "symmem_auto"};
+  const Algo algos[] = {Algo::kAuto,       Algo::kOneShot,           Algo::kTwoShot, Algo::kTwoShotPush,
+                        Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kAuto};
   std::vector<Row> rows;
   if (ctx.rank() == 0) {
     std::printf("# vLLM-style all-reduce table: T x %d bf16, %d ranks, %s, median us per call\n", kVllmHidden,
@@ -32,7 +37,9 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
       Launch launch;
       if (name == "nccl") {
         ncclComm_t n = ctx.nccl();
-        launch = [=](cudaStream_t s) { BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, ncclBfloat16, ncclSum, n, s)); };
+        launch = [=](cudaStream_t s) {
+          BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, ncclBfloat16, ncclSum, n, s));
+        };
       } else {
         CollectiveOptions o;
         o.algo = algos[i];
@@ -41,7 +48,9 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
         } catch (const Error&) {
           continue;  // e.g. low_latency beyond its capacity
         }
-        launch = [=, &comm](cudaStream_t s) { all_reduce(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, comm, s, o); };
+        launch = [=, &comm](cudaStream_t s) {
+          all_reduce(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, comm, s, o);
+        };
       }
       Row r;
       r.op = "all_reduce";
@@ -66,8 +75,10 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
         static char buf[10][32];
         static int k = 0;
         char* b = buf[k++ % 10];
-        if (t.count(n)) std::snprintf(b, 32, "%.1f", t[n]);
-        else std::snprintf(b, 32, "-");
+        if (t.count(n))
+          std::snprintf(b, 32, "%.1f", t[n]);
+        else
+          std::snprintf(b, 32, "-");
         return b;
       };
       const std::string plan = describe_all_reduce(out->ptr(), in->ptr(), count, type, comm);

@@ -143,8 +143,8 @@ bool parse_args(const std::vector<std::string>& args, LaunchOptions* o, std::vec
 int run(const LaunchOptions& options, const std::vector<std::string>& command) {
   const int n = options.processes;
   const std::string addr = !options.master_addr.empty() ? options.master_addr
-                           : std::getenv("MASTER_ADDR")  ? std::getenv("MASTER_ADDR")
-                                                         : "127.0.0.1";
+                           : std::getenv("MASTER_ADDR") ? std::getenv("MASTER_ADDR")
+                                                        : "127.0.0.1";
   const std::string port = std::to_string(free_port());
   const std::string token = random_token();
   disable_multicast_in_environment();

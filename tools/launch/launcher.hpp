@@ -11,10 +11,10 @@ namespace symmem::launch {
 
 struct LaunchOptions {
   int processes = 1;
-  double timeout_s = 0;        // whole-job limit; 0: none. On expiry every rank is killed (rc 124).
-  double grace_s = 5;          // between SIGTERM and SIGKILL
+  double timeout_s = 0;  // whole-job limit; 0: none. On expiry every rank is killed (rc 124).
+  double grace_s = 5;    // between SIGTERM and SIGKILL
   bool prefix_output = true;
-  std::string master_addr;     // default: MASTER_ADDR or 127.0.0.1
+  std::string master_addr;  // default: MASTER_ADDR or 127.0.0.1
 };
 
 // Returns the job's exit code: 0 when every rank exited 0; else the first failure's exit code
@@ -23,8 +23,8 @@ int run(const LaunchOptions& options, const std::vector<std::string>& command);
 
 // Parses "symmem-run" arguments: [-n N] [--timeout S] [--no-prefix] [--] program [args...].
 // Returns false with a message in *error for bad arguments.
-bool parse_args(const std::vector<std::string>& args, LaunchOptions* options,
-                std::vector<std::string>* command, std::string* error);
+bool parse_args(const std::vector<std::string>& args, LaunchOptions* options, std::vector<std::string>* command,
+                std::string* error);
 
 // The environment variables that keep NVLink multicast off everywhere (set when unset).
 void disable_multicast_in_environment();
