@@ -28,6 +28,8 @@ enum class Algo {
 size_t dtype_size(DataType type);
 const char* dtype_name(DataType type);                      // "float32", "float16", "bfloat16", "int32", "uint8"
 bool parse_dtype(const std::string& name, DataType* type);  // also "fp32", "half", "bf16", ...
+// Element i of host memory holding `type` values, as a double (for references and checks).
+double element_to_double(const void* data, DataType type, size_t i);
 const char* reduce_op_name(ReduceOp op);
 bool parse_reduce_op(const std::string& name, ReduceOp* op);
 const char* algo_name(Algo algo);  // "auto", "pull", "push", "copy_engine", ...

@@ -1,7 +1,11 @@
 #include "symmem/types.hpp"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 
 namespace symmem {
 
@@ -25,6 +29,34 @@ const char* dtype_name(DataType type) {
     case DataType::kUInt8: return "uint8";
   }
   return "?";
+}
+
+double element_to_double(const void* data, DataType type, size_t i) {
+  const auto* p = static_cast<const uint8_t*>(data) + i * dtype_size(type);
+  switch (type) {
+    case DataType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DataType::kFloat16: {
+      __half h;
+      std::memcpy(&h, p, 2);
+      return __half2float(h);
+    }
+    case DataType::kBFloat16: {
+      __nv_bfloat16 h;
+      std::memcpy(&h, p, 2);
+      return __bfloat162float(h);
+    }
+    case DataType::kInt32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DataType::kUInt8: return *p;
+  }
+  return 0;
 }
 
 static std::string lower(std::string s) {

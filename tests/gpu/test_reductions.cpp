@@ -56,33 +56,6 @@ std::vector<uint8_t> random_input(int rank, size_t count, DataType type, uint64_
   return out;
 }
 
-double value_at(const uint8_t* data, DataType type, size_t i) {
-  const uint8_t* p = data + i * dtype_size(type);
-  switch (type) {
-    case DataType::kFloat32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DataType::kFloat16: {
-      __half h;
-      std::memcpy(&h, p, 2);
-      return __half2float(h);
-    }
-    case DataType::kBFloat16: {
-      __nv_bfloat16 h;
-      std::memcpy(&h, p, 2);
-      return __bfloat162float(h);
-    }
-    case DataType::kInt32: {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    default: return 0;
-  }
-}
-
 // Accumulation in fp32, one rounding to the output type: half an ulp of the output plus slack.
 double tolerance(DataType type, double reference, double magnitude) {
   switch (type) {
@@ -98,13 +71,13 @@ long count_wrong(const std::vector<uint8_t>& got, const std::vector<std::vector<
                  size_t count, DataType type, ReduceOp op) {
   long wrong = 0;
   for (size_t i = 0; i < count; ++i) {
-    double ref = value_at(inputs[0].data(), type, first + i), magnitude = std::fabs(ref);
+    double ref = element_to_double(inputs[0].data(), type, first + i), magnitude = std::fabs(ref);
     for (size_t r = 1; r < inputs.size(); ++r) {
-      const double v = value_at(inputs[r].data(), type, first + i);
+      const double v = element_to_double(inputs[r].data(), type, first + i);
       magnitude += std::fabs(v);
       ref = op == ReduceOp::kSum ? ref + v : op == ReduceOp::kMax ? std::max(ref, v) : std::min(ref, v);
     }
-    const double g = value_at(got.data(), type, i);
+    const double g = element_to_double(got.data(), type, i);
     if (!(std::fabs(g - ref) <= tolerance(type, ref, magnitude))) ++wrong;  // NaN counts as wrong
   }
   return wrong;

@@ -38,3 +38,15 @@ TEST(environment_knobs_validate_their_values) {
   unsetenv("SYMMEM_TIMEOUT_MS");
   EXPECT_EQ(env::timeout_ms(), int64_t(30000));
 }
+
+TEST(elements_convert_to_double) {
+  const float f[2] = {1.5f, -3.25f};
+  EXPECT_EQ(element_to_double(f, DataType::kFloat32, 1), -3.25);
+  const uint16_t half_two = 0x4000, bf16_minus_one = 0xBF80;  // 2.0 in fp16, -1.0 in bf16
+  EXPECT_EQ(element_to_double(&half_two, DataType::kFloat16, 0), 2.0);
+  EXPECT_EQ(element_to_double(&bf16_minus_one, DataType::kBFloat16, 0), -1.0);
+  const int32_t i[3] = {7, -8, 9};
+  EXPECT_EQ(element_to_double(i, DataType::kInt32, 1), -8.0);
+  const uint8_t b[2] = {0, 255};
+  EXPECT_EQ(element_to_double(b, DataType::kUInt8, 1), 255.0);
+}

@@ -227,7 +227,7 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
       if (r == ctx.rank()) upload(in->ptr(), data, ctx.stream());
       const size_t first = reduce_scatter ? ctx.rank() * count : 0;
       for (size_t i = 0; i < count; ++i) {
-        const double v = element_as_double(data.data(), a.dtype, first + i);
+        const double v = element_to_double(data.data(), a.dtype, first + i);
         if (r == 0)
           acc[i] = v;
         else if (a.reduce_op == ReduceOp::kSum)

@@ -225,34 +225,6 @@ std::vector<uint8_t> host_data(size_t count, DataType type, uint64_t seed, Fill 
   return out;
 }
 
-double element_as_double(const uint8_t* data, DataType type, size_t i) {
-  const uint8_t* p = data + i * dtype_size(type);
-  switch (type) {
-    case DataType::kFloat32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DataType::kFloat16: {
-      __half h;
-      std::memcpy(&h, p, 2);
-      return __half2float(h);
-    }
-    case DataType::kBFloat16: {
-      __nv_bfloat16 h;
-      std::memcpy(&h, p, 2);
-      return __bfloat162float(h);
-    }
-    case DataType::kInt32: {
-      int32_t x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-    case DataType::kUInt8: return *p;
-  }
-  return 0;
-}
-
 void upload(void* device, const std::vector<uint8_t>& host, cudaStream_t stream) {
   BENCH_CUDA_CHECK(cudaMemcpyAsync(device, host.data(), host.size(), cudaMemcpyHostToDevice, stream));
   BENCH_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -86,7 +86,6 @@ std::vector<uint8_t> host_data(size_t count, DataType type, uint64_t seed, Fill 
 void upload(void* device, const std::vector<uint8_t>& host, cudaStream_t stream);
 std::vector<uint8_t> download(const void* device, size_t bytes);
 void poison(void* device, size_t bytes, cudaStream_t stream);  // 0xFF bytes: NaN / -1 / 255
-double element_as_double(const uint8_t* data, DataType type, size_t i);
 uint64_t hash_bytes(const std::vector<uint8_t>& bytes);
 
 }  // namespace symmem::bench
