@@ -15,7 +15,8 @@ void reduce_scatter(void* out, const void* in, size_t count, DataType type, Redu
   if (count == 0) return;
   detail::DeviceGuard guard(impl.device);
   const auto p = detail::prepare_reduction(true, out, in, count, type, op, comm, stream, options, true);
-  detail::launch_reduce_scatter(type, op, p.plan.vector, p.args, p.plan.blocks, stream);
+  // Reduce-scatter is the one-shot kernel over this rank's slice (args.first = rank * count).
+  detail::launch_all_reduce(detail::AllReduceKernel::kOneShot, type, op, p.plan.vector, p.args, p.plan.blocks, stream);
 }
 
 }  // namespace symmem

@@ -150,17 +150,4 @@ void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool 
   });
 }
 
-void launch_reduce_scatter(DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args, int blocks,
-                           cudaStream_t stream) {
-  dispatch_reduce(type, op, [&](auto t, auto o) {
-    using T = decltype(t);
-    constexpr int kOp = decltype(o)::value;
-    if (vector)
-      reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-    else
-      reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-    SYMMEM_LAUNCH_CHECK();
-  });
-}
-
 }  // namespace symmem::detail

@@ -53,8 +53,6 @@ void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool 
 // slice's bytes <= 2 * ll_slot_words (half a slot).
 void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
                                    cudaStream_t stream);
-void launch_reduce_scatter(DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args, int blocks,
-                           cudaStream_t stream);
 
 // A device barrier among all ranks (one block); used by Communicator::barrier.
 void launch_barrier(const SyncArgs& sync, cudaStream_t stream);
