@@ -38,5 +38,7 @@ std::string describe_all_gather(const void* out, const void* in, size_t count, D
                                 const CollectiveOptions& options = {});
 std::string describe_all_reduce(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
                                 const CollectiveOptions& options = {});
+std::string describe_reduce_scatter(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
+                                    const CollectiveOptions& options = {});
 
 }  // namespace symmem

@@ -19,8 +19,9 @@ enum class Algo {
   kPush,               // all-gather: every rank stores its input into its peers' outputs
   kCopyEngine,         // all-gather: the copy engines move the data; zero SMs
   kOneShot,            // all-reduce: every rank reads every input and reduces all of it
+  kOneShotPush,        // all-reduce: every rank stores its input into every peer; one barrier
   kTwoShot,            // all-reduce / reduce-scatter: each rank reduces 1/world, then all-gathers
-  kTwoShotPush,        // all-reduce: two-shot whose NVLink traffic is stores only (output in the heap)
+  kTwoShotPush,        // all-reduce / reduce-scatter: two-shot whose NVLink traffic is stores only
   kLowLatency,         // all-reduce: data and flag travel in one store; no barrier round trips
   kLowLatencyTwoShot,  // all-reduce: low latency, each rank reducing 1/world (mid sizes)
 };

@@ -58,11 +58,12 @@ PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* 
   a.out = out;
   a.count = count;
   a.first = reduce_scatter ? impl.rank * count : 0;
+  a.peer_stride = reduce_scatter ? count : 0;
   a.sync = impl.sync_args(reduce_scatter ? kOpReduceScatter : kOpAllReduce);
   a.ll_slot_words = Communicator::Impl::kLowLatencySlotBytes / 4;
   // Scratch layout: [staged input | two-shot results, or two-shot push receive slots].
   const size_t staged = p.plan.stage_input ? (in_bytes + 255) / 256 * 256 : 0;
-  const bool push_slots = p.plan.algo == Algo::kTwoShotPush;
+  const bool push_slots = p.plan.algo == Algo::kTwoShotPush && !p.plan.receive_area;
   const size_t results = push_slots ? two_shot_slice(count, impl.world, elem) * elem * impl.world : out_bytes;
   Buffer* scratch = nullptr;
   if (staged || p.plan.gather_via_scratch || push_slots) scratch = impl.scratch_of(staged + results, stream, name);
@@ -73,11 +74,19 @@ PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* 
     in_buffer = scratch;
   }
   const bool low_latency = p.plan.algo == Algo::kLowLatency || p.plan.algo == Algo::kLowLatencyTwoShot;
-  if (low_latency || push_slots) {  // these read only this rank's own input
+  if (low_latency || push_slots || p.plan.receive_area) {  // these read only this rank's own input
     for (int r = 0; r < kMaxWorld; ++r) a.in_peers[r] = r == impl.rank ? in_local : nullptr;
     if (low_latency) peer_views(*impl.low_latency, impl.low_latency->ptr(), impl.world, a.ll_peers);
   } else {
     peer_views(*in_buffer, in_local, impl.world, a.in_peers);
+  }
+  if (p.plan.receive_area) {
+    // Two halves at fixed places (calls alternate between them); a slot per sender in each.
+    const size_t slot_bytes = (out_bytes + 255) / 256 * 256;
+    Buffer* area = impl.receive_area_of(2 * slot_bytes * impl.world, stream, name);
+    peer_views(*area, area->ptr(), impl.world, a.receive_peers);
+    a.receive_half = area->size() / 2 / elem;
+    a.receive_slot = slot_bytes / elem;
   }
   if (p.plan.gather_via_scratch || push_slots)
     peer_views(*scratch, static_cast<char*>(scratch->ptr()) + staged, impl.world, a.scratch_peers);
@@ -112,6 +121,9 @@ void all_reduce(void* out, const void* in, size_t count, DataType type, ReduceOp
                                        p.plan.blocks, stream);
     case Algo::kTwoShot:
       return detail::launch_all_reduce(detail::AllReduceKernel::kTwoShot, type, op, p.plan.vector, p.args,
+                                       p.plan.blocks, stream);
+    case Algo::kOneShotPush:
+      return detail::launch_all_reduce(detail::AllReduceKernel::kOneShotPush, type, op, p.plan.vector, p.args,
                                        p.plan.blocks, stream);
     case Algo::kTwoShotPush:
       return detail::launch_all_reduce(detail::AllReduceKernel::kTwoShotPush, type, op, p.plan.vector, p.args,

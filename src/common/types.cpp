@@ -110,6 +110,7 @@ const char* algo_name(Algo algo) {
     case Algo::kPush: return "push";
     case Algo::kCopyEngine: return "copy_engine";
     case Algo::kOneShot: return "one_shot";
+    case Algo::kOneShotPush: return "one_shot_push";
     case Algo::kTwoShot: return "two_shot";
     case Algo::kTwoShotPush: return "two_shot_push";
     case Algo::kLowLatency: return "low_latency";
@@ -120,8 +121,8 @@ const char* algo_name(Algo algo) {
 
 bool parse_algo(const std::string& name, Algo* algo) {
   const std::string n = lower(name);
-  for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kTwoShot,
-                 Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
+  for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kOneShotPush,
+                 Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
     if (n == algo_name(a)) {
       *algo = a;
       return true;

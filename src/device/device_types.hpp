@@ -59,7 +59,7 @@ struct SyncArgs {
   uint32_t* pad;                   // this rank's signal pad (flags written by peers)
   uint32_t* peer_pads[kMaxWorld];  // every rank's pad, mapped here
   uint32_t* epochs;                // this rank's per-block epoch counters (local device memory)
-  uint32_t* call_counter;          // {calls of low-latency kernels so far, blocks finished}
+  uint32_t* call_counter;          // {calls of parity-alternating kernels so far, blocks finished}
   DeviceStatus* status;            // device pointer to the mapped status word
   uint64_t timeout_ns;
   int rank;

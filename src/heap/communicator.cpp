@@ -97,22 +97,32 @@ void Communicator::Impl::ensure_usable(const char* op) {
 }
 
 Buffer* Communicator::Impl::scratch_of(size_t bytes, cudaStream_t stream, const char* op) {
-  if (scratch && scratch->size() >= bytes) return scratch;
+  return grown(scratch, bytes, stream, op, "staging buffer",
+               ", or place the buffers in the symmetric heap (Communicator::allocate)");
+}
+
+Buffer* Communicator::Impl::receive_area_of(size_t bytes, cudaStream_t stream, const char* op) {
+  return grown(receive_area, bytes, stream, op, "receive area", "");
+}
+
+Buffer* Communicator::Impl::grown(Buffer*& buffer, size_t bytes, cudaStream_t stream, const char* op, const char* what,
+                                  const char* advice) {
+  if (buffer && buffer->size() >= bytes) return buffer;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone)
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string(op) + ": needs a " + std::to_string(bytes) +
-                    "-byte staging buffer while the stream is being captured; run the same call once "
-                    "before capture, or place the buffers in the symmetric heap (Communicator::allocate)");
+    throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": needs a " + std::to_string(bytes) + "-byte " + what +
+                                                 " while the stream is being captured; run the same call once "
+                                                 "before capture" +
+                                                 advice);
   // Growth is collective: every rank makes the same call with the same sizes, so all grow here.
   SYMMEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (scratch) owner->free(scratch);
-  scratch = nullptr;
+  if (buffer) owner->free(buffer);
+  buffer = nullptr;
   size_t size = size_t(1) << 20;
   while (size < bytes) size <<= 1;
-  scratch = owner->allocate(size);
-  return scratch;
+  buffer = owner->allocate(size);
+  return buffer;
 }
 
 Communicator::Communicator() : impl_(std::make_unique<Impl>()) {}
@@ -245,6 +255,7 @@ void Communicator::free(Buffer* buffer) {
   impl.bootstrap->barrier();
   impl.heap->release(buffer->offset_);
   if (impl.scratch == buffer) impl.scratch = nullptr;
+  if (impl.receive_area == buffer) impl.receive_area = nullptr;
   impl.buffers.erase(it);
 }
 

@@ -33,6 +33,7 @@ struct Communicator::Impl {
   Buffer* control = nullptr;                      // its signal pad carries every SM collective's barrier flags
   Buffer* low_latency = nullptr;                  // receive areas of the low-latency protocol
   Buffer* scratch = nullptr;                      // staging for inputs/outputs outside the heap; grows on demand
+  Buffer* receive_area = nullptr;                 // one-shot push: peers store their chunks here; grows on demand
   uint32_t* epochs = nullptr;                     // per-block epoch counters (local device memory)
   detail::DeviceStatus* status_host = nullptr;    // mapped pinned memory
   detail::DeviceStatus* status_device = nullptr;  // the same, as the device sees it
@@ -59,8 +60,14 @@ struct Communicator::Impl {
   // Collective when it grows: a symmetric buffer of at least `bytes`. Not allowed during
   // CUDA graph capture of `stream` (the error says how to avoid it).
   Buffer* scratch_of(size_t bytes, cudaStream_t stream, const char* op);
+  // The same for the receive area of one-shot push (two parity halves).
+  Buffer* receive_area_of(size_t bytes, cudaStream_t stream, const char* op);
   // Bytes of each sender's low-latency slot.
   static constexpr size_t kLowLatencySlotBytes = size_t(1) << 20;
+
+ private:
+  Buffer* grown(Buffer*& buffer, size_t bytes, cudaStream_t stream, const char* op, const char* what,
+                const char* advice);
 };
 
 }  // namespace symmem

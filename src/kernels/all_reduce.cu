@@ -4,7 +4,9 @@
 //   two-shot: barrier -> rank r reduces slice r of every input and writes it to every rank's
 //             output (push), or to its scratch which every rank then reads (gather) -> barrier.
 //   two-shot push: see all_reduce_two_shot_push below (stores only over NVLink).
+//   one-shot push: see reduce_pushed below (stores only, one barrier).
 // All read sources in rank order, so every rank's result is bit-identical.
+#include "device/call_counter.cuh"
 #include "device/reduce.cuh"
 #include "device/wait.cuh"
 #include "kernels/dispatch.cuh"
@@ -123,6 +125,49 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(Red
   device::epoch_commit(s, epoch);
 }
 
+// One-shot push (all-reduce) and reduce-scatter push: one barrier, every NVLink transfer a store.
+//   send: chunk p of this rank's input (all of it for all-reduce, slice p for reduce-scatter)
+//         into slot `rank` of rank p's receive area, in the half of this call's parity
+//   barrier: every chunk of this call arrived
+//   reduce: the own chunk and the received ones, in rank order, into the local output
+// No closing barrier: a peer's next store into the same half comes a whole call later, after this
+// rank entered that call (docs/algorithms.md, "Why one barrier is enough").
+template <typename T, int kOp, bool kVector>
+__global__ void __launch_bounds__(kThreadsPerBlock) reduce_pushed(ReduceKernelArgs a) {
+  const SyncArgs& s = a.sync;
+  const uint32_t call = device::call_begin(s);
+  const uint32_t epoch = device::epoch_begin(s);
+  const size_t half = (call & 1u) * a.receive_half;
+  const T* in = static_cast<const T*>(a.in_peers[s.rank]);
+  {
+    const T* src[kMaxWorld];
+    T* dst[kMaxWorld];
+    size_t n[kMaxWorld];
+#pragma unroll
+    for (int k = 0; k < kMaxWorld; ++k) {
+      const int p = (s.rank + 1 + k) % s.world;
+      src[k] = in + size_t(p) * a.peer_stride;
+      dst[k] = static_cast<T*>(a.receive_peers[p]) + half + size_t(s.rank) * a.receive_slot;
+      n[k] = k < s.world - 1 ? a.count : 0;
+    }
+    device::scatter<T, kVector>(src, dst, n, s.world - 1);
+  }
+  if (device::barrier(s, epoch, 0)) {
+    // Invariant: slot r of this half holds rank r's chunk of this call, for every peer r.
+    const T* src[kMaxWorld];
+    T* dst[kMaxWorld];
+    const T* received = static_cast<const T*>(a.receive_peers[s.rank]) + half;
+#pragma unroll
+    for (int r = 0; r < kMaxWorld; ++r) {
+      src[r] = r == s.rank ? in + a.first : received + size_t(r) * a.receive_slot;
+      dst[r] = static_cast<T*>(a.out);
+    }
+    device::reduce_range<T, kOp, kVector>(src, s.world, dst, 1, a.count);
+    device::epoch_commit(s, epoch);
+  }
+  device::call_end(s, call);
+}
+
 }  // namespace
 
 void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,
@@ -135,6 +180,11 @@ void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool 
         reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
       else
         reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    } else if (kernel == AllReduceKernel::kOneShotPush) {
+      if (vector)
+        reduce_pushed<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      else
+        reduce_pushed<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
     } else if (kernel == AllReduceKernel::kTwoShotPush) {
       if (vector)
         all_reduce_two_shot_push<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);

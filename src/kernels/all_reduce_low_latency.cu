@@ -5,14 +5,13 @@
 // only be one call ahead (it needs this rank's next words to finish its next call), so it never
 // overwrites words this rank is still reading, and no area ever needs resetting.
 //
-// The call number is one counter per communicator (not the per-block epochs of the barrier
-// kernels): which block handles a word depends on the grid, which changes with the message size,
-// so only a number unique to the call can tell a fresh line from a stale one. The last block to
-// finish advances it, on the device, so CUDA graph replays count too.
+// The call number is the communicator's call counter (device/call_counter.cuh), which tells a
+// fresh line from a stale one whatever the grid.
 //
 //   one-shot:  every rank sends its whole input to every peer; each rank reduces everything.
 //   two-shot:  rank p receives slice p of every input, reduces it, and sends the result to every
 //              rank (second half of the receive areas); each rank collects the other slices.
+#include "device/call_counter.cuh"
 #include "device/reduce.cuh"
 #include "device/wait.cuh"
 #include "kernels/dispatch.cuh"
@@ -28,41 +27,6 @@ __device__ __forceinline__ uint32_t load_word(const void* p, size_t w, size_t by
   const uint8_t* b = static_cast<const uint8_t*>(p);
   for (size_t i = w * 4; i < bytes; ++i) word |= uint32_t(b[i]) << (8 * (i - w * 4));
   return word;
-}
-
-__device__ __forceinline__ bool wait_line(const uint64_t* line, uint32_t epoch, const SyncArgs& s, int peer,
-                                          uint32_t* word) {
-  const uint64_t start = device::global_timer_ns();
-  for (uint32_t spins = 1;; ++spins) {
-    const uint64_t v = device::ld_relaxed_sys_u64(line);
-    if (static_cast<uint32_t>(v >> 32) == epoch) {
-      *word = static_cast<uint32_t>(v);
-      return true;
-    }
-    if ((spins & 255u) == 0u) {
-      if (device::ld_volatile_u32(&s.status->code) != 0u) return false;
-      if (device::global_timer_ns() - start > s.timeout_ns) {
-        device::record_timeout(s, peer, 3);
-        return false;
-      }
-    }
-  }
-}
-
-// The call's number (all blocks), and its commit by the last block to finish.
-__device__ __forceinline__ uint32_t call_begin(const SyncArgs& s) {
-  __shared__ uint32_t call;
-  if (threadIdx.x == 0) call = s.call_counter[0] + 1;
-  __syncthreads();
-  return call;
-}
-
-__device__ __forceinline__ void call_end(const SyncArgs& s, uint32_t call) {
-  __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(&s.call_counter[1], 1u) == gridDim.x - 1) {
-    s.call_counter[1] = 0;  // every block has read the number: the next kernel sees the new one
-    s.call_counter[0] = call;
-  }
 }
 
 template <typename T, int kOp>
@@ -90,10 +54,42 @@ __device__ __forceinline__ void store_word(T* out, size_t w, size_t count, uint3
     if (w * kPerWord + e < count) out[w * kPerWord + e] = reinterpret_cast<const T*>(&word)[e];
 }
 
+// Word w of the ranks in `senders` (a bit per rank): this rank's is `own`; sender r's comes from
+// its slot at slots + r * slot_words. Each round loads the line of every peer still missing at
+// once, so the waits for different peers overlap. False on timeout or an earlier failure.
+__device__ __forceinline__ bool collect_words(const SyncArgs& s, const uint64_t* slots, size_t slot_words, size_t w,
+                                              uint32_t call, uint32_t senders, uint32_t own,
+                                              uint32_t (&word)[kMaxWorld]) {
+  if (senders >> s.rank & 1u) word[s.rank] = own;
+  uint32_t missing = senders & ~(1u << s.rank);
+  const uint64_t start = device::global_timer_ns();
+  for (uint32_t spins = 1; missing != 0; ++spins) {
+    uint64_t line[kMaxWorld];
+#pragma unroll
+    for (int r = 0; r < kMaxWorld; ++r)
+      if (missing >> r & 1u) line[r] = device::ld_relaxed_sys_u64(slots + r * slot_words + w);
+#pragma unroll
+    for (int r = 0; r < kMaxWorld; ++r) {
+      if ((missing >> r & 1u) && static_cast<uint32_t>(line[r] >> 32) == call) {
+        word[r] = static_cast<uint32_t>(line[r]);
+        missing &= ~(1u << r);
+      }
+    }
+    if (missing != 0 && (spins & 255u) == 0u) {
+      if (device::ld_volatile_u32(&s.status->code) != 0u) return false;
+      if (device::global_timer_ns() - start > s.timeout_ns) {
+        device::record_timeout(s, __ffs(missing) - 1, 3);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 template <typename T, int kOp>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(ReduceKernelArgs a) {
   const SyncArgs& s = a.sync;
-  const uint32_t call = call_begin(s);
+  const uint32_t call = device::call_begin(s);
   const size_t bytes = a.count * sizeof(T);
   const size_t words = (bytes + 3) / 4;
   const size_t parity = call & 1u;
@@ -113,30 +109,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(Reduc
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
+  const uint64_t* slots = slot(a.ll_peers[s.rank], 0);
+  const uint32_t every = (1u << s.world) - 1;
   for (size_t w = device::global_thread(); w < words && !failed; w += device::global_threads()) {
     uint32_t word[kMaxWorld];
-    bool ok = true;
-#pragma unroll
-    for (int r = 0; r < kMaxWorld; ++r) {
-      if (r >= s.world) break;
-      if (r == s.rank)
-        word[r] = load_word(in, w, bytes);
-      else
-        ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + w, call, s, r, &word[r]);
-    }
-    if (!ok) {
+    if (!collect_words(s, slots, a.ll_slot_words, w, call, every, load_word(in, w, bytes), word)) {
       failed = 1;
       break;
     }
     store_word(static_cast<T*>(a.out), w, a.count, reduce_word<T, kOp>(word, s.world));
   }
-  call_end(s, call);
+  device::call_end(s, call);
 }
 
 template <typename T, int kOp>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency_two_shot(ReduceKernelArgs a) {
   const SyncArgs& s = a.sync;
-  const uint32_t call = call_begin(s);
+  const uint32_t call = device::call_begin(s);
   const size_t parity = call & 1u;
   const size_t slice = two_shot_slice(a.count, s.world, sizeof(T));  // whole 16-byte vectors
   auto begin = [&](int r) { return min(a.count, size_t(r) * slice); };
@@ -163,18 +152,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency_two_s
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
   const size_t mine = words_of(s.rank);
+  const uint64_t* slots = slot(a.ll_peers[s.rank], 0);
+  const uint32_t every = (1u << s.world) - 1;
   for (size_t j = device::global_thread(); j < mine && !failed; j += device::global_threads()) {
     uint32_t word[kMaxWorld];
-    bool ok = true;
-#pragma unroll
-    for (int r = 0; r < kMaxWorld; ++r) {
-      if (r >= s.world) break;
-      if (r == s.rank)
-        word[r] = load_word(in + begin(s.rank), j, elems(s.rank) * sizeof(T));
-      else
-        ok = ok && wait_line(slot(a.ll_peers[s.rank], r) + j, call, s, r, &word[r]);
-    }
-    if (!ok) {
+    const uint32_t own = load_word(in + begin(s.rank), j, elems(s.rank) * sizeof(T));
+    if (!collect_words(s, slots, a.ll_slot_words, j, call, every, own, word)) {
       failed = 1;
       break;
     }
@@ -185,19 +168,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency_two_s
       device::st_relaxed_sys_u64(slot(a.ll_peers[p], s.rank) + half + j, tag | result);
     }
   }
-  // Phase 3: every other rank's reduced slice.
-  for (int k = 1; k < s.world && !failed; ++k) {
-    const int r = (s.rank + k) % s.world;
-    for (size_t j = device::global_thread(); j < words_of(r) && !failed; j += device::global_threads()) {
-      uint32_t word;
-      if (!wait_line(slot(a.ll_peers[s.rank], r) + half + j, call, s, r, &word)) {
-        failed = 1;
-        break;
-      }
-      store_word(out + begin(r), j, elems(r), word);
+  // Phase 3: every other rank's reduced slice (word j of each that has one).
+  for (size_t j = device::global_thread(); j < slice_words && !failed; j += device::global_threads()) {
+    uint32_t senders = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxWorld; ++r)
+      if (r < s.world && r != s.rank && j < words_of(r)) senders |= 1u << r;
+    uint32_t word[kMaxWorld];
+    if (!collect_words(s, slots + half, a.ll_slot_words, j, call, senders, 0, word)) {
+      failed = 1;
+      break;
     }
+#pragma unroll
+    for (int r = 0; r < kMaxWorld; ++r)
+      if (senders >> r & 1u) store_word(out + begin(r), j, elems(r), word[r]);
   }
-  call_end(s, call);
+  device::call_end(s, call);
 }
 
 }  // namespace

@@ -38,13 +38,18 @@ struct ReduceKernelArgs {
   void* out_peers[kMaxWorld];       // two-shot push: every rank's output (nullptr: use scratch)
   void* scratch_peers[kMaxWorld];   // two-shot gather: every rank's result area
   uint64_t* ll_peers[kMaxWorld];    // low latency: every rank's receive area
+  void* receive_peers[kMaxWorld];   // one-shot push: every rank's receive area (two parity halves)
   size_t count;                     // all-reduce: elements; reduce-scatter: elements per rank
   size_t first;                     // element of every input where this rank's reduction starts
+  size_t peer_stride;               // elements between ranks' chunks of an input (reduce-scatter: count)
   size_t ll_slot_words;             // low latency: capacity of one sender's slot, in 4-byte words
+  size_t receive_half;              // one-shot push: elements in each parity half of a receive area
+  size_t receive_slot;              // one-shot push: elements of one sender's slot (16-byte multiple)
   SyncArgs sync;
 };
 
-enum class AllReduceKernel { kOneShot, kTwoShot, kTwoShotPush };
+// kOneShotPush serves all-reduce one_shot_push and reduce-scatter two_shot_push (its first half).
+enum class AllReduceKernel { kOneShot, kOneShotPush, kTwoShot, kTwoShotPush };
 
 // vector: every input/output address (and every reduce-scatter slice) is 16-byte aligned.
 void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,

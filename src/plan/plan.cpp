@@ -11,9 +11,10 @@ namespace {
 
 bool is_all_gather_algo(Algo a) { return a == Algo::kPull || a == Algo::kPush || a == Algo::kCopyEngine; }
 bool is_all_reduce_algo(Algo a) {
-  return a == Algo::kOneShot || a == Algo::kTwoShot || a == Algo::kTwoShotPush || a == Algo::kLowLatency ||
-         a == Algo::kLowLatencyTwoShot;
+  return a == Algo::kOneShot || a == Algo::kOneShotPush || a == Algo::kTwoShot || a == Algo::kTwoShotPush ||
+         a == Algo::kLowLatency || a == Algo::kLowLatencyTwoShot;
 }
+bool is_reduce_scatter_algo(Algo a) { return a == Algo::kTwoShot || a == Algo::kTwoShotPush; }
 
 int clamp_blocks(int blocks, int sm_count, int max_blocks) {
   int limit = std::min(kMaxBlocks, sm_count);
@@ -97,16 +98,18 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   const size_t bytes = r.count * r.elem_bytes;
   Algo algo = r.options.algo;
   if (r.reduce_scatter) {
-    if (algo != Algo::kAuto && algo != Algo::kTwoShot)
+    // Reduce-scatter is the first half of two_shot (read the peers' slices) or of two_shot_push
+    // (the peers store their slices here).
+    if (algo != Algo::kAuto && !is_reduce_scatter_algo(algo))
       throw Error(ErrorCode::kInvalidArgument, std::string("reduce_scatter: algorithm ") + algo_name(algo) +
-                                                   " is not available (reduce_scatter runs two_shot's first half)");
-    algo = Algo::kTwoShot;
+                                                   " is not a reduce-scatter algorithm (two_shot, two_shot_push)");
+    if (algo == Algo::kAuto && is_reduce_scatter_algo(r.forced)) algo = r.forced;
   } else {
     if (algo != Algo::kAuto && !is_all_reduce_algo(algo))
-      throw Error(
-          ErrorCode::kInvalidArgument,
-          std::string("all_reduce: algorithm ") + algo_name(algo) +
-              " is not an all-reduce algorithm (one_shot, two_shot, two_shot_push, low_latency, low_latency_two_shot)");
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("all_reduce: algorithm ") + algo_name(algo) +
+                      " is not an all-reduce algorithm (one_shot, one_shot_push, two_shot, two_shot_push, low_latency, "
+                      "low_latency_two_shot)");
     if (algo == Algo::kAuto && is_all_reduce_algo(r.forced)) algo = r.forced;
   }
   if (r.options.max_blocks == 0)
@@ -118,16 +121,18 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   const bool ll2_fits = aligned4 && r.world > 1 &&
                         two_shot_slice(r.count, r.world, r.elem_bytes) * r.elem_bytes <= r.low_latency_capacity / 2;
   if (algo == Algo::kAuto) {
-    std::optional<TuningEntry> e = table.lookup(op, r.world, r.reduce_scatter ? bytes : bytes);
-    if (e && is_all_reduce_algo(e->algo)) {
+    std::optional<TuningEntry> e = table.lookup(op, r.world, bytes);
+    if (e && (r.reduce_scatter ? is_reduce_scatter_algo(e->algo) : is_all_reduce_algo(e->algo))) {
       algo = e->algo;
       if (blocks <= 0) blocks = e->blocks;
+    } else if (r.reduce_scatter) {
+      algo = Algo::kTwoShot;
     } else {
       algo = bytes <= (size_t(64) << 10) ? Algo::kLowLatency : Algo::kTwoShot;
     }
     if (algo == Algo::kLowLatency && !ll_fits) algo = Algo::kTwoShot;
     if (algo == Algo::kLowLatencyTwoShot && !ll2_fits) algo = Algo::kTwoShot;
-    if (algo == Algo::kTwoShotPush && !r.out_symmetric) algo = Algo::kTwoShot;
+    if (algo == Algo::kTwoShotPush && !r.out_symmetric && !r.reduce_scatter) algo = Algo::kTwoShot;
   }
   if (algo == Algo::kLowLatencyTwoShot && !ll2_fits)
     throw Error(ErrorCode::kInvalidArgument,
@@ -135,7 +140,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
                     std::to_string(r.low_latency_capacity / 2) +
                     " bytes with a 4-byte aligned input and two ranks or more; this message has " +
                     std::to_string(bytes) + " bytes over " + std::to_string(r.world) + " ranks");
-  if (algo == Algo::kTwoShotPush && !r.out_symmetric)
+  if (algo == Algo::kTwoShotPush && !r.out_symmetric && !r.reduce_scatter)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(op) + ": two_shot_push stores into every rank's output, which must be in the heap");
   if (algo == Algo::kLowLatency && !ll_fits)
@@ -144,15 +149,23 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
                     " bytes with a 4-byte aligned input; this one has " + std::to_string(bytes) + " bytes at address " +
                     std::to_string(r.in_address));
   plan.algo = algo;
-  // Low latency and two-shot push read only this rank's own input.
-  const bool reads_peer_inputs =
-      algo != Algo::kLowLatency && algo != Algo::kLowLatencyTwoShot && algo != Algo::kTwoShotPush;
+  plan.receive_area = algo == Algo::kOneShotPush || (r.reduce_scatter && algo == Algo::kTwoShotPush);
+  // Low latency and the push algorithms read only this rank's own input.
+  const bool reads_peer_inputs = algo != Algo::kLowLatency && algo != Algo::kLowLatencyTwoShot &&
+                                 algo != Algo::kTwoShotPush && algo != Algo::kOneShotPush;
   plan.stage_input =
       (reads_peer_inputs && !r.in_symmetric) || (algo == Algo::kOneShot && r.in_place && !r.reduce_scatter);
   plan.gather_via_scratch = !r.reduce_scatter && algo == Algo::kTwoShot && !r.out_symmetric;
   const uint64_t in = plan.stage_input ? 0 : r.in_address;
   const uint64_t slice = r.reduce_scatter ? bytes : 0;  // reduce-scatter slices start at r * bytes
   plan.vector = common_vector_bytes({in, r.out_address, slice}) == 16;
+  if (blocks <= 0 && (algo == Algo::kLowLatency || algo == Algo::kLowLatencyTwoShot)) {
+    // Latency-bound: each thread waits for its words in turn, so give every 4-byte word its own
+    // thread (one-shot: the message; two-shot: one slice), as the H200 sweeps favour.
+    const size_t words =
+        (algo == Algo::kLowLatency ? bytes : two_shot_slice(r.count, r.world, r.elem_bytes) * r.elem_bytes) / 4;
+    blocks = blocks_for(words, kThreadsPerBlock, 4, 128);
+  }
   if (blocks <= 0) {
     // Reads per rank: the whole message for one-shot / low latency, 1/world of it for two-shot.
     const bool reads_everything =
@@ -200,7 +213,7 @@ std::string describe(const AllGatherPlan& p) {
 std::string describe(const ReducePlan& p) {
   return std::string(algo_name(p.algo)) + " blocks=" + std::to_string(p.blocks) +
          (p.vector ? " vector=16" : " scalar") + (p.stage_input ? " staged-input" : "") +
-         (p.gather_via_scratch ? " gather-via-scratch" : "");
+         (p.gather_via_scratch ? " gather-via-scratch" : "") + (p.receive_area ? " receive-area" : "");
 }
 
 }  // namespace symmem::detail

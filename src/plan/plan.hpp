@@ -63,12 +63,14 @@ struct ReduceRequest {
 };
 
 struct ReducePlan {
-  Algo algo = Algo::kTwoShot;  // kOneShot, kTwoShot, kLowLatency (reduce-scatter: kTwoShot)
+  Algo algo = Algo::kTwoShot;  // an all-reduce algorithm (reduce-scatter: kTwoShot or kTwoShotPush)
   int blocks = 0;
   bool vector = true;               // 16-byte vectors (all addresses aligned)
   bool stage_input = false;         // input must be copied into the heap first (also one-shot in
                                     // place: ranks would overwrite inputs their peers still read)
   bool gather_via_scratch = false;  // two-shot with an output outside the heap
+  bool receive_area = false;        // peers store their inputs into this rank's parity-alternating
+                                    // receive area (one-shot push, reduce-scatter push)
 };
 
 ReducePlan plan_reduce(const ReduceRequest& request, const TuningTable& table);

@@ -27,6 +27,16 @@ int main(int argc, char** argv) {
     std::printf("[ FAIL ] fixture: %s\n", e.what());
     return 1;
   }
-  const bool quiet = symmem::test::Fixture::get().rank() != 0;
-  return symmem::test::run_all(argc, argv, quiet);
+  symmem::test::Fixture& fx = symmem::test::Fixture::get();
+  const int rc = symmem::test::run_all(argc, argv, fx.rank() != 0);
+  // Leave together: rank 0 hosts the store, and its bootstrap's destructor keeps serving until
+  // every rank has left the last exchange (exiting with the fixture alive would not wait).
+  try {
+    fx.comm->close();
+  } catch (const std::exception& e) {
+    std::printf("close: %s\n", e.what());
+  }
+  fx.comm.reset();
+  fx.bootstrap.reset();
+  return rc;
 }

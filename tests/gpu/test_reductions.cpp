@@ -97,8 +97,8 @@ TEST(all_reduce_matches_a_float64_reference_on_every_rank) {
       const size_t bytes = count * dtype_size(type);
       std::vector<std::vector<uint8_t>> inputs;
       for (int r = 0; r < fx.world(); ++r) inputs.push_back(random_input(r, count, type, 1));
-      for (Algo algo : {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency,
-                        Algo::kLowLatencyTwoShot}) {
+      for (Algo algo : {Algo::kAuto, Algo::kOneShot, Algo::kOneShotPush, Algo::kTwoShot, Algo::kTwoShotPush,
+                        Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
         for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
           char* out = static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
           char* in = where == 1 ? out : static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
@@ -140,7 +140,7 @@ TEST(all_reduce_matches_a_float64_reference_on_every_rank) {
   fx.comm->free(heap_in);
   EXPECT_EQ(fx.sum(wrong), 0L);
   EXPECT_EQ(differing, 0L);
-  EXPECT(skipped < 4 * 4 * 6 * 3);
+  EXPECT(skipped < 4 * 4 * 7 * 3);
 }
 
 TEST(reduce_scatter_matches_a_float64_reference) {
@@ -156,19 +156,24 @@ TEST(reduce_scatter_matches_a_float64_reference) {
       const size_t bytes = count * dtype_size(type);
       std::vector<std::vector<uint8_t>> inputs;
       for (int r = 0; r < world; ++r) inputs.push_back(random_input(r, count * world, type, 3));
-      for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
-        char* in = static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
-        char* out =
-            where == 1 ? in + fx.rank() * bytes : static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
-        TEST_CUDA(cudaMemcpyAsync(in, inputs[fx.rank()].data(), bytes * world, cudaMemcpyHostToDevice, fx.stream));
-        if (where != 1) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, fx.stream));
-        reduce_scatter(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream);
-        fx.comm->synchronize(fx.stream);
-        const long bad = count_wrong(download(out, bytes), inputs, fx.rank() * count, count, type, ReduceOp::kSum);
-        if (bad && wrong < 5)
-          std::printf("rank %d: reduce_scatter %s count %zu placement %d: %ld wrong\n", fx.rank(), dtype_name(type),
-                      count, where, bad);
-        wrong += bad;
+      for (Algo algo : {Algo::kAuto, Algo::kTwoShot, Algo::kTwoShotPush}) {
+        for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
+          char* in = static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
+          char* out =
+              where == 1 ? in + fx.rank() * bytes : static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
+          TEST_CUDA(cudaMemcpyAsync(in, inputs[fx.rank()].data(), bytes * world, cudaMemcpyHostToDevice, fx.stream));
+          if (where != 1) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, fx.stream));
+          CollectiveOptions o;
+          o.algo = algo;
+          reduce_scatter(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
+          fx.comm->synchronize(fx.stream);
+          const std::vector<uint8_t> got = download(out, bytes);
+          const long bad = count_wrong(got, inputs, fx.rank() * count, count, type, ReduceOp::kSum);
+          if (bad && wrong < 5)
+            std::printf("rank %d: reduce_scatter %s count %zu %s placement %d: %ld wrong\n", fx.rank(),
+                        dtype_name(type), count, algo_name(algo), where, bad);
+          wrong += bad;
+        }
       }
     }
   }
@@ -185,20 +190,25 @@ TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
   Buffer* in = fx.comm->allocate(kMaxCount * 4 * world);
   Buffer* out = fx.comm->allocate(kMaxCount * 4);
   MismatchCounter mismatches;
-  const Algo algos[] = {Algo::kOneShot,    Algo::kLowLatencyTwoShot, Algo::kTwoShot,
-                        Algo::kLowLatency, Algo::kTwoShotPush,       Algo::kAuto};
+  // Parity-alternating kernels (low latency, one-shot push, reduce-scatter push) interleave with
+  // the barrier kernels, so that every order of the two kinds occurs at changing grid sizes.
+  const Algo algos[] = {Algo::kOneShot,    Algo::kLowLatencyTwoShot, Algo::kOneShotPush, Algo::kTwoShot,
+                        Algo::kLowLatency, Algo::kTwoShotPush,       Algo::kOneShotPush, Algo::kAuto};
+  constexpr int kAlgos = sizeof(algos) / sizeof(algos[0]);
   for (int i = 0; i < kCalls; ++i) {
     const size_t count = 1 + (size_t(i) * 7919) % kMaxCount;
     const DataType type = i % 3 == 0 ? DataType::kFloat32 : DataType::kBFloat16;
     const uint64_t seed = pattern_seed(fx.rank(), i);
     if (i % 5 == 4) {  // a reduce-scatter between the all-reduces
       fill_small_integers(in->ptr(), count * world, type, seed, fx.stream);
-      reduce_scatter(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream);
+      CollectiveOptions o;
+      o.algo = (i / 5) % 2 ? Algo::kTwoShotPush : Algo::kTwoShot;
+      reduce_scatter(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
       count_sum_mismatches(out->ptr(), count, fx.rank() * count, type, world, i, mismatches.get(), fx.stream);
     } else {
       fill_small_integers(in->ptr(), count, type, seed, fx.stream);
       CollectiveOptions o;
-      o.algo = algos[i % 6];
+      o.algo = algos[i % kAlgos];
       all_reduce(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
       count_sum_mismatches(out->ptr(), count, 0, type, world, i, mismatches.get(), fx.stream);
     }
@@ -216,7 +226,8 @@ TEST(all_reduce_graph_replays_follow_inputs_changed_in_place) {
   Buffer* in = fx.comm->allocate(count * 2);
   Buffer* out = fx.comm->allocate(count * 2);
   long wrong = 0;
-  for (Algo algo : {Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
+  for (Algo algo : {Algo::kOneShot, Algo::kOneShotPush, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency,
+                    Algo::kLowLatencyTwoShot}) {
     CollectiveOptions o;
     o.algo = algo;
     // Run once eagerly so that any staging or receive area exists before capture.

@@ -110,6 +110,23 @@ TEST(dead_peer_two_shot_push_all_reduce_times_out_naming_the_rank) {
   });
 }
 
+TEST(dead_peer_one_shot_push_all_reduce_times_out_naming_the_rank) {
+  expect_dead_peer_timeout("all_reduce(one_shot_push)", [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+    CollectiveOptions o;
+    o.algo = Algo::kOneShotPush;
+    all_reduce(out->ptr(), in->ptr(), 1 << 16, DataType::kFloat32, ReduceOp::kSum, c, s, o);
+  });
+}
+
+TEST(dead_peer_reduce_scatter_push_times_out_naming_the_rank) {
+  expect_dead_peer_timeout(
+      "reduce_scatter(two_shot_push)", [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+        CollectiveOptions o;
+        o.algo = Algo::kTwoShotPush;
+        reduce_scatter(out->ptr(), in->ptr(), (1 << 18) / c.world(), DataType::kFloat32, ReduceOp::kSum, c, s, o);
+      });
+}
+
 TEST(bad_input_is_refused_with_the_values_in_the_message) {
   Fixture& fx = Fixture::get();
   Buffer* buf = fx.comm->allocate(4096);

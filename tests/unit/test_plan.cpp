@@ -184,15 +184,64 @@ TEST(reduce_plan_staging_and_gather_path) {
   EXPECT(!plan_reduce(r, TuningTable{}).stage_input);  // low latency reads only its own input
 }
 
-TEST(reduce_scatter_accepts_only_two_shot) {
+TEST(reduce_scatter_accepts_two_shot_and_two_shot_push) {
   ReduceRequest r;
   r.reduce_scatter = true;
   r.world = 2;
   r.count = 100;
-  r.options.algo = Algo::kOneShot;
-  EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "reduce_scatter");
+  for (Algo refused : {Algo::kOneShot, Algo::kOneShotPush, Algo::kLowLatency, Algo::kPull}) {
+    r.options.algo = refused;
+    EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "not a reduce-scatter algorithm");
+  }
   r.options.algo = Algo::kAuto;
   EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShot);
+  EXPECT(!plan_reduce(r, TuningTable{}).receive_area);
+  // Push receives the peers' slices: it needs neither a heap input nor a heap output.
+  r.options.algo = Algo::kTwoShotPush;
+  const ReducePlan push = plan_reduce(r, TuningTable{});
+  EXPECT(push.algo == Algo::kTwoShotPush);
+  EXPECT(push.receive_area);
+  EXPECT(!push.stage_input);
+  // SYMMEM_ALGO=two_shot_push reaches reduce-scatter too; all-reduce-only names do not.
+  r.options.algo = Algo::kAuto;
+  r.forced = Algo::kTwoShotPush;
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShotPush);
+  r.forced = Algo::kLowLatency;
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShot);
+}
+
+TEST(low_latency_gives_every_word_a_thread_within_bounds) {
+  ReduceRequest r;
+  r.world = 4;
+  r.elem_bytes = 2;
+  r.low_latency_capacity = 1 << 20;
+  r.options.algo = Algo::kLowLatency;
+  r.count = 512;  // 1 KiB: 256 words, fewer than one block's threads
+  EXPECT_EQ(plan_reduce(r, TuningTable{}).blocks, 4);
+  r.count = 64 << 10;  // 128 KiB: 32768 words
+  EXPECT_EQ(plan_reduce(r, TuningTable{}).blocks, 64);
+  r.options.algo = Algo::kLowLatencyTwoShot;
+  r.count = 256 << 10;  // 512 KiB over 4 ranks: 32768 words per slice
+  EXPECT_EQ(plan_reduce(r, TuningTable{}).blocks, 64);
+  r.options.blocks = 7;  // the caller's count wins
+  EXPECT_EQ(plan_reduce(r, TuningTable{}).blocks, 7);
+}
+
+TEST(one_shot_push_reads_only_its_own_input_and_uses_the_receive_area) {
+  ReduceRequest r;
+  r.world = 4;
+  r.count = 4096;
+  r.options.algo = Algo::kOneShotPush;
+  r.in_symmetric = false;
+  r.out_symmetric = false;
+  r.in_place = true;
+  const ReducePlan p = plan_reduce(r, TuningTable{});
+  EXPECT(p.algo == Algo::kOneShotPush);
+  EXPECT(p.receive_area);
+  EXPECT(!p.stage_input);
+  EXPECT(!p.gather_via_scratch);
+  Algo parsed;
+  EXPECT(parse_algo("one_shot_push", &parsed) && parsed == Algo::kOneShotPush);
 }
 
 TEST(two_shot_slices_cover_the_message_once_with_aligned_starts) {

@@ -310,7 +310,7 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
     auto symmem_case = [&](const std::string& name, const CollectiveOptions& o) {
       std::string plan;
       try {
-        plan = reduce_scatter ? "blocks=" + std::to_string(o.blocks)
+        plan = reduce_scatter ? describe_reduce_scatter(out->ptr(), in->ptr(), count, type, comm, o)
                               : describe_all_reduce(out->ptr(), in->ptr(), count, type, comm, o);
       } catch (const Error& e) {
         if (ctx.rank() == 0) std::printf("# %s skipped at %zu bytes: %s\n", name.c_str(), bytes, e.what());
@@ -324,15 +324,15 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
                        }});
     };
     symmem_case("symmem_auto", CollectiveOptions{});
-    const std::vector<Algo> algos = reduce_scatter
-                                        ? std::vector<Algo>{Algo::kTwoShot}
-                                        : std::vector<Algo>{Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush,
-                                                            Algo::kLowLatency, Algo::kLowLatencyTwoShot};
+    const std::vector<Algo> algos =
+        reduce_scatter ? std::vector<Algo>{Algo::kTwoShot, Algo::kTwoShotPush}
+                       : std::vector<Algo>{Algo::kOneShot,     Algo::kOneShotPush, Algo::kTwoShot,
+                                           Algo::kTwoShotPush, Algo::kLowLatency,  Algo::kLowLatencyTwoShot};
     for (auto [algo, blocks] : variants(a, algos)) {
       CollectiveOptions o;
       o.algo = algo;
       o.blocks = blocks;
-      symmem_case(std::string("symmem_") + (reduce_scatter ? "reduce_scatter" : algo_name(algo)), o);
+      symmem_case(std::string("symmem_") + algo_name(algo), o);
     }
     run_size(ctx, op, cases, bytes, count, out->ptr(), bytes, expected, &rows);
   }
@@ -353,9 +353,7 @@ std::vector<detail::TuningEntry> tuning_entries(const std::vector<Row>& rows) {
     e.op = r->op;
     e.world = r->world;
     e.max_bytes = r->bytes_per_rank;
-    std::string algo = r->impl.substr(7);
-    if (algo == "reduce_scatter") algo = "two_shot";
-    parse_algo(algo, &e.algo);
+    parse_algo(r->impl.substr(7), &e.algo);
     e.blocks = r->blocks;
     entries.push_back(e);
   }

@@ -1,6 +1,7 @@
 #include "vllm_table.hpp"
 
 #include <cstdio>
+#include <iterator>
 #include <map>
 
 namespace symmem::bench {
@@ -14,25 +15,27 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
   Buffer* out = comm.allocate(max_count * 2);
   const char* names[] = {"nccl",
                          "symmem_one_shot",
+                         "symmem_one_shot_push",
                          "symmem_two_shot",
                          "symmem_two_shot_push",
                          "symmem_low_latency",
                          "symmem_low_latency_two_shot",
                          "symmem_auto"};
-  const Algo algos[] = {Algo::kAuto,       Algo::kOneShot,           Algo::kTwoShot, Algo::kTwoShotPush,
-                        Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kAuto};
+  const Algo algos[] = {Algo::kAuto,        Algo::kOneShot,    Algo::kOneShotPush,       Algo::kTwoShot,
+                        Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kAuto};
+  static_assert(std::size(names) == std::size(algos));
   std::vector<Row> rows;
   if (ctx.rank() == 0) {
     std::printf("# vLLM-style all-reduce table: T x %d bf16, %d ranks, %s, median us per call\n", kVllmHidden,
                 ctx.world(), a.graph ? "CUDA graph replay" : "eager");
-    std::printf("%6s %10s %10s %10s %10s %10s %10s %10s %10s %21s %28s %9s\n", "T", "bytes", "nccl", "one_shot",
-                "two_shot", "2shot_push", "ll", "ll_2shot", "auto", "auto_plan", "best", "speedup");
+    std::printf("%6s %10s %10s %10s %10s %10s %10s %10s %10s %10s %21s %28s %9s\n", "T", "bytes", "nccl", "one_shot",
+                "1shot_push", "two_shot", "2shot_push", "ll", "ll_2shot", "auto", "auto_plan", "best", "speedup");
   }
   for (int tokens : kVllmTokens) {
     const size_t count = size_t(tokens) * kVllmHidden;
     upload(in->ptr(), host_data(count, type, seed_for(ctx.rank(), count, 3), Fill::kIntegers), ctx.stream());
     std::map<std::string, double> t;
-    for (int i = 0; i < 7; ++i) {
+    for (size_t i = 0; i < std::size(names); ++i) {
       const std::string name = names[i];
       Launch launch;
       if (name == "nccl") {
@@ -82,10 +85,11 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
         return b;
       };
       const std::string plan = describe_all_reduce(out->ptr(), in->ptr(), count, type, comm);
-      std::printf("%6d %10zu %10s %10s %10s %10s %10s %10s %10s %21s %28s %8.2fx\n", tokens, count * 2, cell("nccl"),
-                  cell("symmem_one_shot"), cell("symmem_two_shot"), cell("symmem_two_shot_push"),
-                  cell("symmem_low_latency"), cell("symmem_low_latency_two_shot"), cell("symmem_auto"),
-                  plan.substr(0, plan.find(' ')).c_str(), best.c_str(), t["nccl"] / t["symmem_auto"]);
+      std::printf("%6d %10zu %10s %10s %10s %10s %10s %10s %10s %10s %21s %28s %8.2fx\n", tokens, count * 2,
+                  cell("nccl"), cell("symmem_one_shot"), cell("symmem_one_shot_push"), cell("symmem_two_shot"),
+                  cell("symmem_two_shot_push"), cell("symmem_low_latency"), cell("symmem_low_latency_two_shot"),
+                  cell("symmem_auto"), plan.substr(0, plan.find(' ')).c_str(), best.c_str(),
+                  t["nccl"] / t["symmem_auto"]);
       std::fflush(stdout);
     }
   }
