@@ -15,6 +15,30 @@
 namespace symmem::detail {
 namespace {
 
+// What this rank stores into one peer: `count` elements from `from` to `to`.
+template <typename T>
+struct Chunk {
+  const T* from;
+  T* to;
+  size_t count;
+};
+
+// Stores chunk_for(p) into every peer p, next rank first, every source's loads in flight together.
+template <typename T, bool kVector, typename ChunkFor>
+__device__ __forceinline__ void send_to_peers(const SyncArgs& s, ChunkFor chunk_for) {
+  const T* src[kMaxWorld];
+  T* dst[kMaxWorld];
+  size_t n[kMaxWorld];
+#pragma unroll
+  for (int k = 0; k < kMaxWorld; ++k) {
+    const Chunk<T> c = chunk_for((s.rank + 1 + k) % s.world);
+    src[k] = c.from;
+    dst[k] = c.to;
+    n[k] = k < s.world - 1 ? c.count : 0;
+  }
+  device::scatter<T, kVector>(src, dst, n, s.world - 1);
+}
+
 // One-shot all-reduce (first = 0) and reduce-scatter (first = rank * count): this rank reads
 // `count` elements from `first` of every rank's input and reduces them into its output.
 template <typename T, int kOp, bool kVector>
@@ -95,19 +119,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(Red
   auto slice_begin = [&](int r) { return min(a.count, size_t(r) * slice); };
   auto slice_count = [&](int r) { return min(a.count, size_t(r + 1) * slice) - slice_begin(r); };
   const T* in = static_cast<const T*>(a.in_peers[s.rank]);
-  {
-    const T* src[kMaxWorld];
-    T* dst[kMaxWorld];
-    size_t n[kMaxWorld];
-#pragma unroll
-    for (int k = 0; k < kMaxWorld; ++k) {
-      const int p = (s.rank + 1 + k) % s.world;
-      src[k] = in + slice_begin(p);
-      dst[k] = static_cast<T*>(a.scratch_peers[p]) + size_t(s.rank) * slice;
-      n[k] = k < s.world - 1 ? slice_count(p) : 0;
-    }
-    device::scatter<T, kVector>(src, dst, n, s.world - 1);
-  }
+  send_to_peers<T, kVector>(s, [&](int p) {
+    return Chunk<T>{in + slice_begin(p), static_cast<T*>(a.scratch_peers[p]) + size_t(s.rank) * slice, slice_count(p)};
+  });
   if (!device::barrier(s, epoch, 0)) return;
   // Invariant: this rank's receive area holds slice `rank` of every peer's input.
   const T* src[kMaxWorld];
@@ -139,19 +153,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) reduce_pushed(ReduceKernelAr
   const uint32_t epoch = device::epoch_begin(s);
   const size_t half = (call & 1u) * a.receive_half;
   const T* in = static_cast<const T*>(a.in_peers[s.rank]);
-  {
-    const T* src[kMaxWorld];
-    T* dst[kMaxWorld];
-    size_t n[kMaxWorld];
-#pragma unroll
-    for (int k = 0; k < kMaxWorld; ++k) {
-      const int p = (s.rank + 1 + k) % s.world;
-      src[k] = in + size_t(p) * a.peer_stride;
-      dst[k] = static_cast<T*>(a.receive_peers[p]) + half + size_t(s.rank) * a.receive_slot;
-      n[k] = k < s.world - 1 ? a.count : 0;
-    }
-    device::scatter<T, kVector>(src, dst, n, s.world - 1);
-  }
+  send_to_peers<T, kVector>(s, [&](int p) {
+    return Chunk<T>{in + size_t(p) * a.peer_stride,
+                    static_cast<T*>(a.receive_peers[p]) + half + size_t(s.rank) * a.receive_slot, a.count};
+  });
   if (device::barrier(s, epoch, 0)) {
     // Invariant: slot r of this half holds rank r's chunk of this call, for every peer r.
     const T* src[kMaxWorld];
