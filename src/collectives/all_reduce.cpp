@@ -57,7 +57,6 @@ PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* 
   ReduceKernelArgs& a = p.args;
   a.out = out;
   a.count = count;
-  a.first = reduce_scatter ? impl.rank * count : 0;
   a.peer_stride = reduce_scatter ? count : 0;
   a.sync = impl.sync_args(reduce_scatter ? kOpReduceScatter : kOpAllReduce);
   a.ll_slot_words = Communicator::Impl::kLowLatencySlotBytes / 4;
@@ -73,13 +72,13 @@ PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* 
     in_local = scratch->ptr();
     in_buffer = scratch;
   }
-  const bool low_latency = p.plan.algo == Algo::kLowLatency || p.plan.algo == Algo::kLowLatencyTwoShot;
-  if (low_latency || push_slots || p.plan.receive_area) {  // these read only this rank's own input
-    for (int r = 0; r < kMaxWorld; ++r) a.in_peers[r] = r == impl.rank ? in_local : nullptr;
-    if (low_latency) peer_views(*impl.low_latency, impl.low_latency->ptr(), impl.world, a.ll_peers);
-  } else {
+  if (p.plan.reads_peer_inputs) {
     peer_views(*in_buffer, in_local, impl.world, a.in_peers);
+  } else {
+    for (int r = 0; r < kMaxWorld; ++r) a.in_peers[r] = r == impl.rank ? in_local : nullptr;
   }
+  if (p.plan.algo == Algo::kLowLatency || p.plan.algo == Algo::kLowLatencyTwoShot)
+    peer_views(*impl.low_latency, impl.low_latency->ptr(), impl.world, a.ll_peers);
   if (p.plan.receive_area) {
     // Two halves at fixed places (calls alternate between them); a slot per sender in each.
     const size_t slot_bytes = (out_bytes + 255) / 256 * 256;

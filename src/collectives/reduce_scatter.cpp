@@ -23,7 +23,7 @@ void reduce_scatter(void* out, const void* in, size_t count, DataType type, Redu
   if (count == 0) return;
   detail::DeviceGuard guard(impl.device);
   const auto p = detail::prepare_reduction(true, out, in, count, type, op, comm, stream, options, true);
-  // Reduce-scatter is a one-shot kernel over this rank's slice (args.first = rank * count): reading
+  // Reduce-scatter is a one-shot kernel over this rank's slice (from element rank * count): reading
   // the peers' slices (two_shot), or receiving them in the receive area (two_shot_push).
   const auto kernel = p.plan.receive_area ? detail::AllReduceKernel::kOneShotPush : detail::AllReduceKernel::kOneShot;
   detail::launch_all_reduce(kernel, type, op, p.plan.vector, p.args, p.plan.blocks, stream);

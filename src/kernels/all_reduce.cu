@@ -39,8 +39,8 @@ __device__ __forceinline__ void send_to_peers(const SyncArgs& s, ChunkFor chunk_
   device::scatter<T, kVector>(src, dst, n, s.world - 1);
 }
 
-// One-shot all-reduce (first = 0) and reduce-scatter (first = rank * count): this rank reads
-// `count` elements from `first` of every rank's input and reduces them into its output.
+// One-shot all-reduce (peer_stride = 0) and reduce-scatter (peer_stride = count): this rank reads
+// `count` elements from rank * peer_stride of every rank's input and reduces them into its output.
 template <typename T, int kOp, bool kVector>
 __global__ void __launch_bounds__(kThreadsPerBlock) reduce_from_every_rank(ReduceKernelArgs a) {
   const SyncArgs& s = a.sync;
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) reduce_from_every_rank(Reduc
   T* dst[kMaxWorld];
 #pragma unroll
   for (int r = 0; r < kMaxWorld; ++r) {
-    src[r] = static_cast<const T*>(a.in_peers[r < s.world ? r : 0]) + a.first;
+    src[r] = static_cast<const T*>(a.in_peers[r < s.world ? r : 0]) + size_t(s.rank) * a.peer_stride;
     dst[r] = static_cast<T*>(a.out);
   }
   device::reduce_range<T, kOp, kVector>(src, s.world, dst, 1, a.count);
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) reduce_pushed(ReduceKernelAr
     const T* received = static_cast<const T*>(a.receive_peers[s.rank]) + half;
 #pragma unroll
     for (int r = 0; r < kMaxWorld; ++r) {
-      src[r] = r == s.rank ? in + a.first : received + size_t(r) * a.receive_slot;
+      src[r] = r == s.rank ? in + size_t(s.rank) * a.peer_stride : received + size_t(r) * a.receive_slot;
       dst[r] = static_cast<T*>(a.out);
     }
     device::reduce_range<T, kOp, kVector>(src, s.world, dst, 1, a.count);

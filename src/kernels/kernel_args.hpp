@@ -40,8 +40,8 @@ struct ReduceKernelArgs {
   uint64_t* ll_peers[kMaxWorld];    // low latency: every rank's receive area
   void* receive_peers[kMaxWorld];   // one-shot push: every rank's receive area (two parity halves)
   size_t count;                     // all-reduce: elements; reduce-scatter: elements per rank
-  size_t first;                     // element of every input where this rank's reduction starts
-  size_t peer_stride;               // elements between ranks' chunks of an input (reduce-scatter: count)
+  size_t peer_stride;               // elements between ranks' chunks of an input (all-reduce: 0,
+                                    // reduce-scatter: count); rank r reduces from r * peer_stride
   size_t ll_slot_words;             // low latency: capacity of one sender's slot, in 4-byte words
   size_t receive_half;              // one-shot push: elements in each parity half of a receive area
   size_t receive_slot;              // one-shot push: elements of one sender's slot (16-byte multiple)

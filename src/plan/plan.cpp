@@ -15,6 +15,9 @@ bool is_all_reduce_algo(Algo a) {
          a == Algo::kLowLatency || a == Algo::kLowLatencyTwoShot;
 }
 bool is_reduce_scatter_algo(Algo a) { return a == Algo::kTwoShot || a == Algo::kTwoShotPush; }
+// All-reduce two-shot push stores its results into every rank's output, which must be in the heap
+// (reduce-scatter's two_shot_push writes only its local output).
+bool needs_heap_output(Algo a, bool reduce_scatter) { return a == Algo::kTwoShotPush && !reduce_scatter; }
 
 int clamp_blocks(int blocks, int sm_count, int max_blocks) {
   int limit = std::min(kMaxBlocks, sm_count);
@@ -132,7 +135,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
     }
     if (algo == Algo::kLowLatency && !ll_fits) algo = Algo::kTwoShot;
     if (algo == Algo::kLowLatencyTwoShot && !ll2_fits) algo = Algo::kTwoShot;
-    if (algo == Algo::kTwoShotPush && !r.out_symmetric && !r.reduce_scatter) algo = Algo::kTwoShot;
+    if (needs_heap_output(algo, r.reduce_scatter) && !r.out_symmetric) algo = Algo::kTwoShot;
   }
   if (algo == Algo::kLowLatencyTwoShot && !ll2_fits)
     throw Error(ErrorCode::kInvalidArgument,
@@ -140,7 +143,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
                     std::to_string(r.low_latency_capacity / 2) +
                     " bytes with a 4-byte aligned input and two ranks or more; this message has " +
                     std::to_string(bytes) + " bytes over " + std::to_string(r.world) + " ranks");
-  if (algo == Algo::kTwoShotPush && !r.out_symmetric && !r.reduce_scatter)
+  if (needs_heap_output(algo, r.reduce_scatter) && !r.out_symmetric)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(op) + ": two_shot_push stores into every rank's output, which must be in the heap");
   if (algo == Algo::kLowLatency && !ll_fits)
@@ -151,10 +154,10 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   plan.algo = algo;
   plan.receive_area = algo == Algo::kOneShotPush || (r.reduce_scatter && algo == Algo::kTwoShotPush);
   // Low latency and the push algorithms read only this rank's own input.
-  const bool reads_peer_inputs = algo != Algo::kLowLatency && algo != Algo::kLowLatencyTwoShot &&
-                                 algo != Algo::kTwoShotPush && algo != Algo::kOneShotPush;
+  plan.reads_peer_inputs = algo != Algo::kLowLatency && algo != Algo::kLowLatencyTwoShot &&
+                           algo != Algo::kTwoShotPush && algo != Algo::kOneShotPush;
   plan.stage_input =
-      (reads_peer_inputs && !r.in_symmetric) || (algo == Algo::kOneShot && r.in_place && !r.reduce_scatter);
+      (plan.reads_peer_inputs && !r.in_symmetric) || (algo == Algo::kOneShot && r.in_place && !r.reduce_scatter);
   plan.gather_via_scratch = !r.reduce_scatter && algo == Algo::kTwoShot && !r.out_symmetric;
   const uint64_t in = plan.stage_input ? 0 : r.in_address;
   const uint64_t slice = r.reduce_scatter ? bytes : 0;  // reduce-scatter slices start at r * bytes

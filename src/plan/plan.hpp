@@ -69,6 +69,7 @@ struct ReducePlan {
   bool stage_input = false;         // input must be copied into the heap first (also one-shot in
                                     // place: ranks would overwrite inputs their peers still read)
   bool gather_via_scratch = false;  // two-shot with an output outside the heap
+  bool reads_peer_inputs = true;    // false: reads only this rank's input (low latency, push)
   bool receive_area = false;        // peers store their inputs into this rank's parity-alternating
                                     // receive area (one-shot push, reduce-scatter push)
 };

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iterator>
 #include <map>
+#include <optional>
 
 namespace symmem::bench {
 
@@ -13,17 +14,11 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
   const size_t max_count = size_t(kVllmTokens[std::size(kVllmTokens) - 1]) * kVllmHidden;
   Buffer* in = comm.allocate(max_count * 2);
   Buffer* out = comm.allocate(max_count * 2);
-  const char* names[] = {"nccl",
-                         "symmem_one_shot",
-                         "symmem_one_shot_push",
-                         "symmem_two_shot",
-                         "symmem_two_shot_push",
-                         "symmem_low_latency",
-                         "symmem_low_latency_two_shot",
-                         "symmem_auto"};
-  const Algo algos[] = {Algo::kAuto,        Algo::kOneShot,    Algo::kOneShotPush,       Algo::kTwoShot,
-                        Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kAuto};
-  static_assert(std::size(names) == std::size(algos));
+  // What each column runs: NCCL (no algorithm), then symmem with each algorithm; the row names
+  // (`symmem_<algo>`) follow from it.
+  const std::optional<Algo> columns[] = {
+      std::nullopt,       Algo::kOneShot,    Algo::kOneShotPush,       Algo::kTwoShot,
+      Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kAuto};
   std::vector<Row> rows;
   if (ctx.rank() == 0) {
     std::printf("# vLLM-style all-reduce table: T x %d bf16, %d ranks, %s, median us per call\n", kVllmHidden,
@@ -35,17 +30,17 @@ std::vector<Row> run_vllm_table(BenchContext& ctx) {
     const size_t count = size_t(tokens) * kVllmHidden;
     upload(in->ptr(), host_data(count, type, seed_for(ctx.rank(), count, 3), Fill::kIntegers), ctx.stream());
     std::map<std::string, double> t;
-    for (size_t i = 0; i < std::size(names); ++i) {
-      const std::string name = names[i];
+    for (const std::optional<Algo>& column : columns) {
+      const std::string name = column ? std::string("symmem_") + algo_name(*column) : "nccl";
       Launch launch;
-      if (name == "nccl") {
+      if (!column) {
         ncclComm_t n = ctx.nccl();
         launch = [=](cudaStream_t s) {
           BENCH_NCCL_CHECK(ncclAllReduce(in->ptr(), out->ptr(), count, ncclBfloat16, ncclSum, n, s));
         };
       } else {
         CollectiveOptions o;
-        o.algo = algos[i];
+        o.algo = *column;
         try {
           describe_all_reduce(out->ptr(), in->ptr(), count, type, comm, o);
         } catch (const Error&) {
