@@ -120,6 +120,7 @@ void all_gather(void* out, const void* in, size_t count, DataType type, Communic
     args.out = out_local;
     args.bytes = bytes;
     args.copy_own = copy_own;
+    args.local_warps = p.plan.local_warps;
     args.sync = impl.sync_args(detail::kOpAllGather);
     if (in_buffer) input_views(p, world, in_buffer, in_local, out_local, args.in_peers);
     if (out_buffer) detail::peer_views(*out_buffer, out_local, world, args.out_peers);

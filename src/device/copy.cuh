@@ -1,5 +1,5 @@
-// Vectorised grid-wide copies. Every thread keeps kUnroll vectors from each source in flight
-// before storing, so the NVLink reads of all peers overlap (memory-level parallelism).
+// Vectorised grid-wide copies. Every thread keeps several vectors in flight before storing, so
+// NVLink reads overlap (memory-level parallelism).
 #pragma once
 
 #include <cstddef>
@@ -12,26 +12,51 @@ namespace symmem::device {
 __device__ __forceinline__ size_t global_thread() { return size_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ size_t global_threads() { return size_t(gridDim.x) * blockDim.x; }
 
-// dst[s][i] = src[s][i] for s < nsrc, i < n (n counts vectors of type V).
+// One piece of a grid-wide copy: n vectors from src to dst.
+template <typename V>
+struct CopyTask {
+  const V* src;
+  V* dst;
+  size_t n;
+};
+
+// tasks[k].dst[i] = tasks[k].src[i] for every task k < ntasks and i < tasks[k].n <= longest, by
+// the threads first, first + stride, ... The index space is flattened element-major
+// (i * ntasks + k): neighbouring threads work on different tasks at the same offset, so all tasks
+// (peers) advance together, and each thread keeps kUnroll loads in flight however many tasks there
+// are. Bytes in flight per block (kUnroll * sizeof(V) * threads) are what lets a few blocks cover
+// NVLink's latency. `tasks` lives in shared memory: it is indexed at run time.
 template <typename V, int kUnroll>
-__device__ __forceinline__ void copy_many(const V* const (&src)[detail::kMaxWorld], V* const (&dst)[detail::kMaxWorld],
-                                          int nsrc, size_t n) {
-  const size_t stride = global_threads();
-  for (size_t base = global_thread(); base < n; base += stride * kUnroll) {
-    V v[kUnroll][detail::kMaxWorld];
+__device__ __forceinline__ void copy_tasks(const CopyTask<V>* tasks, int ntasks, size_t longest, size_t first,
+                                           size_t stride) {
+  // One grid-stride step moves (i, k) by (q, r) with a carry; the store loop replays the steps
+  // instead of keeping every index in registers, which leaves the registers to the data.
+  if (ntasks == 0) return;
+  const size_t q = stride / ntasks;
+  const int r = static_cast<int>(stride % ntasks);
+  auto step = [&](size_t& i, int& k) {
+    i += q;
+    k += r;
+    if (k >= ntasks) {
+      k -= ntasks;
+      ++i;
+    }
+  };
+  size_t i = first / ntasks;
+  int k = static_cast<int>(first % ntasks);
+  while (i < longest) {
+    V v[kUnroll];
+    size_t li = i;
+    int lk = k;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const size_t i = base + u * stride;
-#pragma unroll
-      for (int s = 0; s < detail::kMaxWorld; ++s)
-        if (s < nsrc && i < n) v[u][s] = src[s][i];
+      if (li < tasks[lk].n) v[u] = tasks[lk].src[li];  // n <= longest: in range
+      step(li, lk);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const size_t i = base + u * stride;
-#pragma unroll
-      for (int s = 0; s < detail::kMaxWorld; ++s)
-        if (s < nsrc && i < n) dst[s][i] = v[u][s];
+      if (i < tasks[k].n) tasks[k].dst[i] = v[u];
+      step(i, k);
     }
   }
 }

@@ -21,6 +21,7 @@ struct AllGatherKernelArgs {
   void* out;                        // this rank's output base (world * bytes)
   size_t bytes;                     // per rank
   bool copy_own;                    // out-of-place: this rank's own slot is written too
+  int local_warps;                  // pull with copy_own: warps of each block that copy the own slot
   SyncArgs sync;
 };
 

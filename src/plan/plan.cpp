@@ -92,8 +92,11 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
   const uint64_t out = plan.stage_output ? 0 : r.out_address;
   plan.vector_bytes = common_vector_bytes({r.bytes_per_rank, in, out});
   plan.bulk = r.push_bulk && plan.algo == Algo::kPush && plan.vector_bytes == 16;
+  if (plan.algo == Algo::kPull) plan.local_warps = pull_local_warps(r.world);
   return plan;
 }
+
+int pull_local_warps(int world) { return world <= 1 ? 0 : std::max(2, 6 / (world - 1)); }
 
 ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   ReducePlan plan;
@@ -210,6 +213,7 @@ std::string describe(const AllGatherPlan& p) {
   return std::string("all_gather ") + algo_name(p.algo) +
          (p.algo == Algo::kCopyEngine ? (p.copy_engine_push ? " push" : " pull") : "") + (p.bulk ? " bulk" : "") +
          " blocks=" + std::to_string(p.blocks) + " vector=" + std::to_string(p.vector_bytes) +
+         (p.local_warps > 0 ? " local-warps=" + std::to_string(p.local_warps) : "") +
          (p.stage_input ? " staged-input" : "") + (p.stage_output ? " staged-output" : "");
 }
 

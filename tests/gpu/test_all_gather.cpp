@@ -22,7 +22,8 @@ enum class Placement { kHeap, kHeapInPlace, kDevice, kDeviceInPlace };
 TEST(all_gather_is_bit_exact_against_nccl) {
   Fixture& fx = Fixture::get();
   const int world = fx.world();
-  const size_t counts[] = {1, 3, 4097, 1000003};
+  // Odd counts take the narrow-vector paths; 65536 is 16-byte aligned for every type (bulk paths).
+  const size_t counts[] = {1, 3, 4097, 65536, 1000003};
   const size_t max_bytes = 1000003 * 4;
   Buffer* heap_in = fx.comm->allocate(max_bytes);
   Buffer* heap_out = fx.comm->allocate(max_bytes * world);
@@ -70,7 +71,7 @@ TEST(all_gather_is_bit_exact_against_nccl) {
   fx.comm->free(heap_out);
   fx.comm->free(heap_in);
   EXPECT_EQ(fx.sum(wrong), 0L);
-  EXPECT_EQ(calls, long(5 * 4 * 4 * 4));
+  EXPECT_EQ(calls, long(5 * 5 * 4 * 4));
 }
 
 TEST(all_gather_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
@@ -90,6 +91,7 @@ TEST(all_gather_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
     fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), i), fx.stream);
     CollectiveOptions o;
     o.algo = algos[i % 5];
+    if (i % 3 == 0) o.blocks = 1 + (i / 3) % 24;  // grids smaller and larger than the message
     all_gather(dst, in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
     count_gather_mismatches(dst, bytes, world, i, mismatches.get(), fx.stream);
   }
@@ -103,36 +105,39 @@ TEST(all_gather_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
 TEST(all_gather_graph_replays_follow_inputs_changed_in_place) {
   Fixture& fx = Fixture::get();
   const int world = fx.world();
-  const size_t bytes = 100003;
-  Buffer* in = fx.comm->allocate(bytes);
-  Buffer* out = fx.comm->allocate(bytes * world);
+  const size_t max_bytes = 131072;
+  Buffer* in = fx.comm->allocate(max_bytes);
+  Buffer* out = fx.comm->allocate(max_bytes * world);
   long wrong = 0;
-  for (Algo algo : {Algo::kPull, Algo::kPush, Algo::kCopyEngine}) {
-    CollectiveOptions o;
-    o.algo = algo;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    TEST_CUDA(cudaStreamBeginCapture(fx.stream, cudaStreamCaptureModeThreadLocal));
-    all_gather(out->ptr(), in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
-    TEST_CUDA(cudaStreamEndCapture(fx.stream, &graph));
-    TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    MismatchCounter mismatches;
-    for (int replay = 0; replay < 20; ++replay) {
-      const uint64_t iteration = 1000000 + replay;
-      mismatches.reset(fx.stream);
-      fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), iteration), fx.stream);
-      TEST_CUDA(cudaMemsetAsync(out->ptr(), 0x5A, bytes * world, fx.stream));
-      TEST_CUDA(cudaGraphLaunch(exec, fx.stream));
-      count_gather_mismatches(out->ptr(), bytes, world, iteration, mismatches.get(), fx.stream);
-      fx.comm->synchronize(fx.stream);
-      if (const long bad = mismatches.read(fx.stream)) {
-        ++wrong;
-        std::printf("rank %d: %s replay %d: %ld wrong bytes\n", fx.rank(), algo_name(algo), replay, bad);
+  // An odd size (narrow vectors) and an aligned one (16-byte and bulk paths).
+  for (size_t bytes : {size_t(100003), max_bytes})
+    for (Algo algo : {Algo::kPull, Algo::kPush, Algo::kCopyEngine}) {
+      CollectiveOptions o;
+      o.algo = algo;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      TEST_CUDA(cudaStreamBeginCapture(fx.stream, cudaStreamCaptureModeThreadLocal));
+      all_gather(out->ptr(), in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
+      TEST_CUDA(cudaStreamEndCapture(fx.stream, &graph));
+      TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      MismatchCounter mismatches;
+      for (int replay = 0; replay < 20; ++replay) {
+        const uint64_t iteration = 1000000 + replay;
+        mismatches.reset(fx.stream);
+        fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), iteration), fx.stream);
+        TEST_CUDA(cudaMemsetAsync(out->ptr(), 0x5A, bytes * world, fx.stream));
+        TEST_CUDA(cudaGraphLaunch(exec, fx.stream));
+        count_gather_mismatches(out->ptr(), bytes, world, iteration, mismatches.get(), fx.stream);
+        fx.comm->synchronize(fx.stream);
+        if (const long bad = mismatches.read(fx.stream)) {
+          ++wrong;
+          std::printf("rank %d: %s %zu bytes replay %d: %ld wrong bytes\n", fx.rank(), algo_name(algo), bytes, replay,
+                      bad);
+        }
       }
+      TEST_CUDA(cudaGraphExecDestroy(exec));
+      TEST_CUDA(cudaGraphDestroy(graph));
     }
-    TEST_CUDA(cudaGraphExecDestroy(exec));
-    TEST_CUDA(cudaGraphDestroy(graph));
-  }
   fx.comm->free(out);
   fx.comm->free(in);
   EXPECT_EQ(fx.sum(wrong), 0L);

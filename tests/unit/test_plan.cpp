@@ -116,6 +116,24 @@ TEST(all_gather_follows_the_tuning_table) {
   EXPECT(plan_all_gather(r, t).blocks >= 1);
 }
 
+TEST(pull_leaves_most_warps_to_nvlink_and_a_few_to_the_own_slot) {
+  EXPECT_EQ(pull_local_warps(1), 0);
+  EXPECT_EQ(pull_local_warps(2), 6);  // measured on 2 x H200
+  for (int world = 2; world <= 8; ++world) {
+    const int w = pull_local_warps(world);
+    EXPECT(w >= 2 && w <= 6);                                // the local copy keeps pace, NVLink keeps >= 10 warps
+    EXPECT(world == 2 || w <= pull_local_warps(world - 1));  // a smaller share with more peers
+  }
+  AllGatherRequest r;
+  r.world = 4;
+  r.in_symmetric = r.out_symmetric = true;
+  r.bytes_per_rank = 1 << 20;
+  r.options.algo = Algo::kPull;
+  EXPECT_EQ(plan_all_gather(r, TuningTable{}).local_warps, pull_local_warps(4));
+  r.options.algo = Algo::kPush;
+  EXPECT_EQ(plan_all_gather(r, TuningTable{}).local_warps, 0);
+}
+
 TEST(bulk_push_needs_sixteen_byte_alignment) {
   AllGatherRequest r;
   r.world = 4;
