@@ -19,6 +19,9 @@ bool is_reduce_scatter_algo(Algo a) { return a == Algo::kTwoShot || a == Algo::k
 // (reduce-scatter's two_shot_push writes only its local output).
 bool needs_heap_output(Algo a, bool reduce_scatter) { return a == Algo::kTwoShotPush && !reduce_scatter; }
 
+// From this size per rank, pull beats push when the caller's SM budget caps the block count.
+constexpr size_t kPullUnderBudgetBytes = size_t(16) << 20;
+
 int clamp_blocks(int blocks, int sm_count, int max_blocks) {
   int limit = std::min(kMaxBlocks, sm_count);
   if (max_blocks > 0) limit = std::min(limit, max_blocks);
@@ -63,7 +66,12 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
       // message is small, pull beyond, with blocks growing with the traffic.
       algo = r.bytes_per_rank <= (size_t(1) << 20) ? Algo::kPush : Algo::kPull;
     }
-    // The table may pick an SM algorithm beyond a caller's SM budget: honour the budget.
+    // The table may pick an SM algorithm beyond a caller's SM budget: honour the budget. When
+    // the budget binds on a large message, pull moves more per block than push (2 x H200, 16
+    // blocks, 16-256 MiB per rank: 275-330 GB/s against 246-254; bench/results/h200).
+    if (algo == Algo::kPush && r.options.max_blocks > 0 && r.options.max_blocks < blocks &&
+        r.bytes_per_rank >= kPullUnderBudgetBytes)
+      algo = Algo::kPull;
   }
   if (algo == Algo::kCopyEngine) {
     plan.algo = algo;

@@ -134,6 +134,30 @@ TEST(pull_leaves_most_warps_to_nvlink_and_a_few_to_the_own_slot) {
   EXPECT_EQ(plan_all_gather(r, TuningTable{}).local_warps, 0);
 }
 
+TEST(a_binding_sm_budget_turns_a_large_push_into_pull) {
+  TuningTable t;
+  t.entries.push_back({"all_gather", 2, size_t(1) << 40, Algo::kPush, 128});
+  AllGatherRequest r;
+  r.world = 2;
+  r.in_symmetric = r.out_symmetric = true;
+  r.bytes_per_rank = 64 << 20;
+  EXPECT(plan_all_gather(r, t).algo == Algo::kPush);  // no budget: the table
+  r.options.max_blocks = 16;
+  AllGatherPlan p = plan_all_gather(r, t);
+  EXPECT(p.algo == Algo::kPull && p.blocks == 16);
+  r.options.max_blocks = 200;  // a budget that does not bind changes nothing
+  EXPECT(plan_all_gather(r, t).algo == Algo::kPush);
+  r.options.max_blocks = 16;
+  r.bytes_per_rank = 1 << 20;  // small messages: push keeps its lower latency
+  EXPECT(plan_all_gather(r, t).algo == Algo::kPush);
+  r.bytes_per_rank = 64 << 20;
+  r.in_symmetric = false;  // pull would need a staging copy of the input: stay with push
+  EXPECT(plan_all_gather(r, t).algo == Algo::kPush);
+  r.in_symmetric = true;
+  r.options.algo = Algo::kPush;  // the caller's choice stands
+  EXPECT(plan_all_gather(r, t).algo == Algo::kPush);
+}
+
 TEST(bulk_push_needs_sixteen_byte_alignment) {
   AllGatherRequest r;
   r.world = 4;
