@@ -47,6 +47,20 @@ void Fixture::sync() const { TEST_CUDA(cudaStreamSynchronize(stream)); }
 DeviceBuffer::DeviceBuffer(size_t n) : bytes(n) { TEST_CUDA(cudaMalloc(&ptr, std::max<size_t>(n, 1))); }
 DeviceBuffer::~DeviceBuffer() { cudaFree(ptr); }
 
+CapturedGraph::CapturedGraph(cudaStream_t stream, const std::function<void()>& record) {
+  TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  record();
+  TEST_CUDA(cudaStreamEndCapture(stream, &graph_));
+  TEST_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+}
+
+CapturedGraph::~CapturedGraph() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+}
+
+void CapturedGraph::launch(cudaStream_t stream) { TEST_CUDA(cudaGraphLaunch(exec_, stream)); }
+
 MismatchCounter::MismatchCounter() {
   TEST_CUDA(cudaMalloc(&count_, sizeof(*count_)));
   TEST_CUDA(cudaMemset(count_, 0, sizeof(*count_)));

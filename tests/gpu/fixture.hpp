@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,21 @@ class MismatchCounter {
 
  private:
   unsigned long long* count_ = nullptr;
+};
+
+// A CUDA graph of what `record` enqueues on `stream` (captured thread-locally), instantiated and
+// destroyed with its owner.
+class CapturedGraph {
+ public:
+  CapturedGraph(cudaStream_t stream, const std::function<void()>& record);
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(cudaStream_t stream);
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 uint64_t mix_seed(int rank, uint64_t a, uint64_t b = 0);

@@ -114,19 +114,15 @@ TEST(all_gather_graph_replays_follow_inputs_changed_in_place) {
     for (Algo algo : {Algo::kPull, Algo::kPush, Algo::kCopyEngine}) {
       CollectiveOptions o;
       o.algo = algo;
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      TEST_CUDA(cudaStreamBeginCapture(fx.stream, cudaStreamCaptureModeThreadLocal));
-      all_gather(out->ptr(), in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
-      TEST_CUDA(cudaStreamEndCapture(fx.stream, &graph));
-      TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      CapturedGraph graph(fx.stream,
+                          [&] { all_gather(out->ptr(), in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o); });
       MismatchCounter mismatches;
       for (int replay = 0; replay < 20; ++replay) {
         const uint64_t iteration = 1000000 + replay;
         mismatches.reset(fx.stream);
         fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), iteration), fx.stream);
         TEST_CUDA(cudaMemsetAsync(out->ptr(), 0x5A, bytes * world, fx.stream));
-        TEST_CUDA(cudaGraphLaunch(exec, fx.stream));
+        graph.launch(fx.stream);
         count_gather_mismatches(out->ptr(), bytes, world, iteration, mismatches.get(), fx.stream);
         fx.comm->synchronize(fx.stream);
         if (const long bad = mismatches.read(fx.stream)) {
@@ -135,8 +131,6 @@ TEST(all_gather_graph_replays_follow_inputs_changed_in_place) {
                       bad);
         }
       }
-      TEST_CUDA(cudaGraphExecDestroy(exec));
-      TEST_CUDA(cudaGraphDestroy(graph));
     }
   fx.comm->free(out);
   fx.comm->free(in);

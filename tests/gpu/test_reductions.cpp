@@ -233,19 +233,16 @@ TEST(all_reduce_graph_replays_follow_inputs_changed_in_place) {
     // Run once eagerly so that any staging or receive area exists before capture.
     all_reduce(out->ptr(), in->ptr(), count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
     fx.comm->synchronize(fx.stream);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    TEST_CUDA(cudaStreamBeginCapture(fx.stream, cudaStreamCaptureModeThreadLocal));
-    all_reduce(out->ptr(), in->ptr(), count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
-    TEST_CUDA(cudaStreamEndCapture(fx.stream, &graph));
-    TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    CapturedGraph graph(fx.stream, [&] {
+      all_reduce(out->ptr(), in->ptr(), count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
+    });
     MismatchCounter mismatches;
     for (int replay = 0; replay < 20; ++replay) {
       const uint64_t iteration = 2000000 + replay;
       mismatches.reset(fx.stream);
       fill_small_integers(in->ptr(), count, DataType::kBFloat16, pattern_seed(fx.rank(), iteration), fx.stream);
       TEST_CUDA(cudaMemsetAsync(out->ptr(), 0xFF, count * 2, fx.stream));
-      TEST_CUDA(cudaGraphLaunch(exec, fx.stream));
+      graph.launch(fx.stream);
       count_sum_mismatches(out->ptr(), count, 0, DataType::kBFloat16, fx.world(), iteration, mismatches.get(),
                            fx.stream);
       fx.comm->synchronize(fx.stream);
@@ -254,8 +251,6 @@ TEST(all_reduce_graph_replays_follow_inputs_changed_in_place) {
         std::printf("rank %d: %s replay %d: %ld wrong\n", fx.rank(), algo_name(algo), replay, bad);
       }
     }
-    TEST_CUDA(cudaGraphExecDestroy(exec));
-    TEST_CUDA(cudaGraphDestroy(graph));
   }
   fx.comm->free(out);
   fx.comm->free(in);
