@@ -194,19 +194,17 @@ void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in,
 
   handshake(&CopyEngineState::ready_slot);
   // Invariant: every peer's input holds this call's data and its output may be overwritten.
-  const bool batch = ce.batch() && !capturing;  // batched copies cannot be captured
-  const auto pieces = plan_copy_engine(rank, world, bytes, batch ? 1 : ce.streams(), ce.piece_bytes());
+  // Batched copies cannot be captured; a batch of one copy (two ranks) only adds the batch call's
+  // cost (2 x H200, 1 MiB per rank: 27.3 us batched, 25.8 plain).
+  const bool batchable = ce.batch() && !capturing;
+  const auto pieces = plan_copy_engine(rank, world, bytes, batchable ? 1 : ce.streams(), ce.piece_bytes());
+  const bool batch = batchable && pieces.size() > 1;
   // Push (local read, NVLink write) when every output is in the heap, else pull.
   const bool push = out_peers != nullptr;
   char* out_bytes = static_cast<char*>(out);
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
-  if (copy_own && batch) {  // the local copy first, as its own engine can start at once
-    dsts.push_back(out_bytes + rank * bytes);
-    srcs.push_back(in);
-    sizes.push_back(bytes);
-  }
   for (const auto& piece : pieces) {
     dsts.push_back(push ? static_cast<char*>(out_peers[piece.peer]) + rank * bytes + piece.offset
                         : out_bytes + piece.peer * bytes + piece.offset);
@@ -214,29 +212,32 @@ void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in,
                         : static_cast<const char*>(in_peers[piece.peer]) + piece.offset);
     sizes.push_back(piece.bytes);
   }
+  // The peer copies fork onto side streams (one batch on the first, or one stream per piece)
+  // and join back; the own slot's local copy runs meanwhile on the caller's stream. Inside one
+  // batch the local copy delayed the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched
+  // with it, 335 beside it; bench/results/h200/README.md).
+  int used = 0;
+  for (const auto& piece : pieces) used = std::max(used, batch ? 1 : piece.stream + 1);
+  SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
+  for (int s = 0; s < used; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
   if (batch) {
-    // One batch on the caller's stream: the driver spreads the copies over the copy engines.
+    // The driver spreads the copies of one batch over the copy engines.
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_index = 0;
-    SYMMEM_CUDA_CHECK(
-        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1, stream));
+    SYMMEM_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1,
+                                           ce.side_stream(0)));
   } else {
-    // Graph capture: fork the copies over the side streams and join them back.
-    int used = 0;
-    for (const auto& piece : pieces) used = std::max(used, piece.stream + 1);
-    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
-    for (int s = 0; s < used; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
     for (size_t i = 0; i < pieces.size(); ++i)
       SYMMEM_CUDA_CHECK(
           cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice, ce.side_stream(pieces[i].stream)));
-    if (copy_own)
-      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(out_bytes + rank * bytes, in, bytes, cudaMemcpyDeviceToDevice, stream));
-    for (int s = 0; s < used; ++s) {
-      SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), ce.side_stream(s)));
-      SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(s), 0));
-    }
+  }
+  if (copy_own)
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(out_bytes + rank * bytes, in, bytes, cudaMemcpyDeviceToDevice, stream));
+  for (int s = 0; s < used; ++s) {
+    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), ce.side_stream(s)));
+    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(s), 0));
   }
   handshake(&CopyEngineState::done_slot);
   // Invariant: no peer reads this rank's input any more, every peer's slot of my output arrived.

@@ -31,7 +31,7 @@ int copy_engine_streams();
 // SYMMEM_CE_DIRECTION (default push): "push" writes this rank's input into its peers' outputs
 // (needs a heap output, else pull is used); "pull" reads the peers' inputs.
 std::string copy_engine_direction();
-// SYMMEM_CE_BATCH (default 1): issue the copies as one cudaMemcpyBatchAsync (outside graphs).
+// SYMMEM_CE_BATCH (default 1): issue several peer copies as one cudaMemcpyBatchAsync (outside graphs).
 bool copy_engine_batch();
 // SYMMEM_CE_PIECE_KB (default 1048576, i.e. 1 GiB: no cutting): copies larger than this are cut
 // (measured on H200: one large copy per peer is fastest).
