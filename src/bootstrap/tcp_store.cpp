@@ -94,13 +94,13 @@ void TcpStoreServer::serve(Socket client) {
       recv_all(client, token.data(), token_len, hello_deadline);
     }
     const bool accepted = magic == kMagic && equal_secret(token, token_);
-    uint8_t verdict = accepted ? kOk : kRefused;
-    send_all(client, &verdict, 1, hello_deadline);
-    if (!accepted) {
+    if (!accepted) {  // counted before the client hears the verdict, so that it can observe the count
       std::lock_guard<std::mutex> lock(mutex_);
       ++refused_;
-      return;
     }
+    uint8_t verdict = accepted ? kOk : kRefused;
+    send_all(client, &verdict, 1, hello_deadline);
+    if (!accepted) return;
 
     while (wait_for_request(client)) {
       const Deadline io = deadline_after_ms(kServerIoMs);
