@@ -215,7 +215,7 @@ void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in,
   // The peer copies fork onto side streams (one batch on the first, or one stream per piece)
   // and join back; the own slot's local copy runs meanwhile on the caller's stream. Inside one
   // batch the local copy delayed the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched
-  // with it, 335 beside it; bench/results/h200/README.md).
+  // with it, 333 beside it; bench/results/h200/README.md).
   int used = 0;
   for (const auto& piece : pieces) used = std::max(used, batch ? 1 : piece.stream + 1);
   SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
