@@ -7,7 +7,9 @@ Figures (each made when the CSVs hold the rows it needs):
   all_gather_busbw_vs_sms_<size>.png   busbw against the SM (block) budget at one per-rank size:
                                        one line per implementation; the copy engine and NCCL's
                                        own choice are flat lines (NCCL at fixed CTA counts is a line)
-  all_gather_latency_vs_size.png       time per call against size, best block count per algorithm
+  all_gather_latency_vs_size.png       time per call against size, best block count per algorithm; the
+                                       bars span the fastest to the slowest batch (time_min_us ..
+                                       time_max_us) where the CSV has them
   all_gather_busbw_vs_size.png         busbw against size, same rows
   all_reduce_latency_vs_size.png       likewise for all_reduce / reduce_scatter
   reduce_scatter_busbw_vs_size.png
@@ -41,6 +43,8 @@ def read_rows(paths):
                     row[key] = int(row[key])
                 for key in ("time_us", "busbw_gbs", "algbw_gbs"):
                     row[key] = float(row[key])
+                for key in ("time_min_us", "time_max_us"):  # the spread; older CSVs lack it
+                    row[key] = float(row[key]) if row.get(key) not in (None, "") else None
                 rows.append(row)
     return rows
 
@@ -92,21 +96,28 @@ def busbw_vs_sms(rows, out):
 
 
 def by_size_plot(rows, op, metric, out):
-    best = collections.defaultdict(dict)  # impl -> size -> best value
+    best = collections.defaultdict(dict)  # impl -> size -> best row
     for r in rows:
         impl = r["impl"] if r["mode"] == "eager" else f"{r['impl']} (graph)"
         cur = best[impl].get(r["bytes_per_rank"])
         value = r[metric]
-        better = cur is None or (value < cur if metric == "time_us" else value > cur)
+        better = cur is None or (value < cur[metric] if metric == "time_us" else value > cur[metric])
         if better:
-            best[impl][r["bytes_per_rank"]] = value
+            best[impl][r["bytes_per_rank"]] = r
     if not best:
         return []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for impl, points in sorted(best.items()):
         xs = sorted(points)
+        ys = [points[x][metric] for x in xs]
         style = "--" if impl.startswith("nccl") else "-"
-        ax.plot(xs, [points[x] for x in xs], style, marker=".", label=impl)
+        spread = metric == "time_us" and all(points[x]["time_min_us"] is not None for x in xs)
+        if spread:
+            yerr = [[y - points[x]["time_min_us"] for x, y in zip(xs, ys)],
+                    [points[x]["time_max_us"] - y for x, y in zip(xs, ys)]]
+            ax.errorbar(xs, ys, yerr=yerr, fmt=style, marker=".", capsize=2, label=impl)
+        else:
+            ax.plot(xs, ys, style, marker=".", label=impl)
     ax.set_xscale("log", base=2)
     if metric == "time_us":
         ax.set_yscale("log")

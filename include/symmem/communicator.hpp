@@ -21,6 +21,10 @@ namespace symmem {
 constexpr int kMaxWorld = 8;
 
 class Communicator;
+namespace detail {
+struct CommunicatorState;
+CommunicatorState& state_of(const Communicator& comm);
+}  // namespace detail
 
 // A symmetric buffer: the same size at the same heap offset on every rank, mapped by all of them.
 class Buffer {
@@ -62,6 +66,12 @@ class Buffer {
 struct CommConfig {
   int64_t timeout_ms = -1;        // device and host wait deadline; -1: SYMMEM_TIMEOUT_MS (30 s)
   size_t heap_reserve_bytes = 0;  // virtual address space per rank; 0: SYMMEM_HEAP_RESERVE_GB
+  // Device memory per rank for the collectives' own workspaces (staging of local operands,
+  // receive areas), allocated once at creation and never resized, so that a captured CUDA graph
+  // never references freed memory and no call hides a collective allocation. Staged calls larger
+  // than their workspace run in chunks; algorithms whose receive area is too small are not chosen
+  // (or, when forced, fail with an error naming this budget). 0: SYMMEM_WORKSPACE_MB (256 MiB).
+  size_t workspace_bytes = 0;
 };
 
 class Communicator {
@@ -81,17 +91,22 @@ class Communicator {
   Bootstrap& bootstrap();
 
   // Collective: every rank asks for the same size in the same order (else kInvalidArgument
-  // naming both sizes). The communicator owns the buffer until free() or close().
+  // naming both sizes). The communicator owns the buffer until free() or close(). Pass it to
+  // collectives as a symmetric operand (the Buffer itself, or {buffer, offset}).
   Buffer* allocate(size_t bytes);
-  // Collective: waits for this device to be idle, then unmaps the buffer everywhere.
+  // Collective: waits for this device to be idle, then unmaps the buffer everywhere. A CUDA graph
+  // that references the buffer must not be replayed afterwards (as with any freed memory).
   void free(Buffer* buffer);
-  // The heap buffer containing [p, p + bytes), or nullptr.
+  // The heap buffer containing [p, p + bytes), or nullptr. Informational only: collectives never
+  // infer symmetry from an address (a raw pointer is always a local operand).
   Buffer* find(const void* p, size_t bytes) const;
 
   // Device barrier among all ranks on `stream` (with the usual deadline).
   void barrier(cudaStream_t stream);
-  // Throws symmem::Error (kTimeout) if a device wait of an earlier call passed its deadline, and
-  // kAborted on every later call; the message names the rank, peer and collective.
+  // Throws symmem::Error if a device wait of an earlier call failed on any rank: kTimeout (a peer
+  // never came: dead or stalled), kMismatch (a peer called something else; the message names both
+  // calls), kAborted (another rank failed first, or every call after a failure). The message names
+  // the ranks and the collectives.
   void check() const;
   // cudaStreamSynchronize + check().
   void synchronize(cudaStream_t stream) const;
@@ -102,12 +117,10 @@ class Communicator {
   // mapping and descriptor. The communicator is unusable afterwards.
   void close();
 
-  struct Impl;
-  Impl& impl() const { return *impl_; }
-
  private:
+  friend detail::CommunicatorState& detail::state_of(const Communicator& comm);
   Communicator();
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<detail::CommunicatorState> state_;
 };
 
 }  // namespace symmem

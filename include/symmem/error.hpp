@@ -14,7 +14,8 @@ enum class ErrorCode {
   kCudaError,        // a CUDA runtime or driver call failed
   kSystemError,      // an OS call failed (socket, fd, file)
   kBootstrap,        // rendezvous failed: refused token, peer gone, store timeout
-  kTimeout,          // a device or host wait passed its deadline (dead or mismatched peer)
+  kTimeout,          // a device or host wait passed its deadline (dead or stalled peer)
+  kMismatch,         // ranks called different collectives (or the same with different arguments)
   kAborted,          // the communicator failed earlier and can no longer be used
   kInternal,         // a broken invariant of the library itself
 };

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "common/check.hpp"
@@ -40,7 +41,9 @@ bool wait_ready(int fd, short events, Deadline deadline) {
   }
 }
 
-addrinfo* resolve(const std::string& address, int port, bool passive) {
+using AddressList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
+
+AddressList resolve(const std::string& address, int port, bool passive) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -49,7 +52,7 @@ addrinfo* resolve(const std::string& address, int port, bool passive) {
   const std::string service = std::to_string(port);
   int rc = ::getaddrinfo(address.c_str(), service.c_str(), &hints, &result);
   if (rc != 0) throw Error(ErrorCode::kBootstrap, "cannot resolve address '" + address + "': " + ::gai_strerror(rc));
-  return result;
+  return AddressList(result, &::freeaddrinfo);
 }
 
 // A path starting with '@' names a socket in the abstract namespace (no file to clean up).
@@ -78,46 +81,52 @@ void Socket::reset() {
   fd_ = -1;
 }
 
-Socket tcp_listen(const std::string& address, int port, int* bound_port) {
-  addrinfo* list = resolve(address, port, false);
+Socket tcp_listen(const std::string& address, int port, int* bound_port, int backlog) {
+  AddressList list = resolve(address, port, false);
   std::string last_error = "no address";
-  for (addrinfo* ai = list; ai; ai = ai->ai_next) {
-    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+  for (addrinfo* ai = list.get(); ai; ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
     if (!s.valid()) continue;
     int one = 1;
     ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(s.fd(), 128) == 0) {
+    if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(s.fd(), backlog) == 0) {
       sockaddr_storage local{};
       socklen_t len = sizeof(local);
       ::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&local), &len);
       if (bound_port)
         *bound_port = ntohs(local.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&local)->sin6_port
                                                         : reinterpret_cast<sockaddr_in*>(&local)->sin_port);
-      ::freeaddrinfo(list);
       return s;
     }
     last_error = std::strerror(errno);
   }
-  ::freeaddrinfo(list);
   throw Error(ErrorCode::kBootstrap, "cannot listen on " + address + ":" + std::to_string(port) + ": " + last_error);
 }
 
 Socket tcp_connect(const std::string& address, int port, Deadline deadline) {
   std::string last_error;
   while (true) {
-    addrinfo* list = resolve(address, port, false);
-    for (addrinfo* ai = list; ai; ai = ai->ai_next) {
-      Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    AddressList list = resolve(address, port, false);
+    for (addrinfo* ai = list.get(); ai; ai = ai->ai_next) {
+      // Non-blocking, so that a flooded listener (SYNs dropped, retried for minutes by the
+      // kernel) costs this caller its deadline at most.
+      Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
       if (!s.valid()) continue;
-      if (::connect(s.fd(), ai->ai_addr, ai->ai_addrlen) == 0) {
+      int err = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+      if (err == EINPROGRESS) {
+        err = ETIMEDOUT;
+        if (wait_ready(s.fd(), POLLOUT, deadline)) {
+          socklen_t len = sizeof(err);
+          if (::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
+        }
+      }
+      if (err == 0) {
         int one = 1;
         ::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        ::freeaddrinfo(list);
         return s;
       }
-      last_error = std::strerror(errno);
+      last_error = std::strerror(err);
     }
-    ::freeaddrinfo(list);
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the server may not be up yet
   }
@@ -128,7 +137,7 @@ Socket tcp_connect(const std::string& address, int port, Deadline deadline) {
 Socket unix_listen(const std::string& path) {
   sockaddr_un addr;
   const socklen_t len = unix_address(path, &addr);
-  Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   SYMMEM_SYS_CHECK(s.fd());
   if (path[0] != '@') ::unlink(path.c_str());
   SYMMEM_SYS_CHECK(::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), len));
@@ -141,7 +150,8 @@ Socket unix_connect(const std::string& path, Deadline deadline) {
   const socklen_t len = unix_address(path, &addr);
   std::string last_error;
   do {
-    Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    // Non-blocking: a Unix-domain connect to a full backlog fails with EAGAIN instead of waiting.
+    Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     SYMMEM_SYS_CHECK(s.fd());
     if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), len) == 0) return s;
     last_error = std::strerror(errno);
@@ -150,19 +160,16 @@ Socket unix_connect(const std::string& path, Deadline deadline) {
   throw Error(ErrorCode::kTimeout, "cannot connect to " + path + ": " + last_error);
 }
 
-Socket accept_until(const Socket& listener, Deadline deadline, const bool* stop) {
-  while (Clock::now() < deadline) {
-    if (stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) return Socket();
-    pollfd p{listener.fd(), POLLIN, 0};
-    int rc = ::poll(&p, 1, remaining_ms(deadline));
-    if (rc < 0 && errno != EINTR) throw_errno(errno, "poll", __FILE__, __LINE__);
-    if (rc > 0) {
-      int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) return Socket(fd);
-      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) throw_errno(errno, "accept4", __FILE__, __LINE__);
-    }
+Socket accept_nonblocking(const Socket& listener, int* error) {
+  *error = 0;
+  for (;;) {
+    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) return Socket(fd);
+    // A connection that was reset while queued is simply gone; look at the next one.
+    if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) *error = errno;
+    return Socket();
   }
-  return Socket();
 }
 
 void send_all(const Socket& s, const void* data, size_t bytes, Deadline deadline) {
@@ -209,36 +216,48 @@ void send_with_fd(const Socket& s, const void* data, size_t bytes, int fd, Deadl
   cmsg->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
   ssize_t n;
-  do {
+  for (;;) {
     n = ::sendmsg(s.fd(), &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
+    if (n >= 0) break;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN && wait_ready(s.fd(), POLLOUT, deadline)) continue;
+    break;
+  }
   if (n != static_cast<ssize_t>(bytes))
     throw Error(ErrorCode::kBootstrap,
                 std::string("sendmsg(SCM_RIGHTS) failed: ") + (n < 0 ? std::strerror(errno) : "short write"));
 }
 
-int recv_with_fd(const Socket& s, void* data, size_t bytes, Deadline deadline) {
-  if (!wait_ready(s.fd(), POLLIN, deadline)) throw Error(ErrorCode::kTimeout, "fd receive timed out");
+ssize_t recv_some_with_fds(const Socket& s, void* data, size_t bytes, std::vector<int>* fds) {
+  // Room for a few descriptors: a peer that attaches more than one is dropped by the caller, and
+  // the kernel releases whatever does not fit (MSG_CTRUNC) instead of installing it.
+  constexpr int kMaxDescriptors = 4;
   iovec iov{data, bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxDescriptors * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
+  fds->reserve(fds->size() + kMaxDescriptors);  // so that recording a received descriptor cannot throw
   ssize_t n;
   do {
-    n = ::recvmsg(s.fd(), &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    n = ::recvmsg(s.fd(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   } while (n < 0 && errno == EINTR);
-  int fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+  if (n > 0) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds->push_back(fd);
+      }
+    }
+    return n;
   }
-  if (n != static_cast<ssize_t>(bytes) || fd < 0) {
-    if (fd >= 0) ::close(fd);
-    throw Error(ErrorCode::kBootstrap, "malformed descriptor message on Unix socket");
-  }
-  return fd;
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return -1;
+  return 0;
 }
 
 uint32_t peer_uid(const Socket& s) {

@@ -1,6 +1,9 @@
 // RAII sockets with deadlines: every blocking call polls in short slices until its deadline, so a
-// dead peer becomes a kBootstrap/kTimeout error instead of a hang. No CUDA here.
+// dead peer becomes a kBootstrap/kTimeout error instead of a hang. Listeners are non-blocking, so
+// that an event loop never waits in accept() for a connection that vanished. No CUDA here.
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstddef>
@@ -39,25 +42,31 @@ class Socket {
 };
 
 // TCP. `address` is a numeric address or host name; port 0 binds an ephemeral port.
-Socket tcp_listen(const std::string& address, int port, int* bound_port);
+Socket tcp_listen(const std::string& address, int port, int* bound_port, int backlog = 128);
 Socket tcp_connect(const std::string& address, int port, Deadline deadline);  // retries until deadline
 
 // Unix-domain stream sockets at a filesystem path, or in the abstract namespace when the name
-// starts with '@'.
+// starts with '@'. The connected socket is non-blocking: a listener whose backlog is full makes
+// the connect retry until the deadline instead of blocking without one.
 Socket unix_listen(const std::string& path);
 Socket unix_connect(const std::string& path, Deadline deadline);
 
-// Waits for a connection; returns an invalid Socket at the deadline, or early when *stop turns true.
-Socket accept_until(const Socket& listener, Deadline deadline, const bool* stop = nullptr);
+// Accepts one waiting connection as a non-blocking socket, or returns an invalid Socket when none
+// is waiting. A failure other than "none waiting" (EMFILE, ENFILE, ENOMEM, ENOBUFS...) also
+// returns an invalid Socket and leaves its errno in *error, so that a server can shed load
+// instead of dying; *error is 0 otherwise.
+Socket accept_nonblocking(const Socket& listener, int* error);
 
 // Whole-buffer I/O. Throws kBootstrap on EOF/error, kTimeout at the deadline.
 void send_all(const Socket& s, const void* data, size_t bytes, Deadline deadline);
 void recv_all(const Socket& s, void* data, size_t bytes, Deadline deadline);
 
-// Sends `bytes` of payload with one file descriptor attached (SCM_RIGHTS); receive returns the
-// new descriptor (caller owns it) after reading exactly `bytes` of payload.
+// Sends `bytes` of payload with one file descriptor attached (SCM_RIGHTS).
 void send_with_fd(const Socket& s, const void* data, size_t bytes, int fd, Deadline deadline);
-int recv_with_fd(const Socket& s, void* data, size_t bytes, Deadline deadline);
+// Reads at most `bytes` of what is waiting, without blocking, and appends every descriptor that
+// came with it to *fds (the caller owns them, also when it then drops the connection). Returns
+// the bytes read; 0 when the peer closed or the socket failed; -1 when nothing is waiting.
+ssize_t recv_some_with_fds(const Socket& s, void* data, size_t bytes, std::vector<int>* fds);
 
 // uid of the process at the other end of a Unix-domain socket (SO_PEERCRED).
 uint32_t peer_uid(const Socket& s);

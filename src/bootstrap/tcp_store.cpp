@@ -1,242 +1,314 @@
+// The store server's event loop (the client is in tcp_store_client.cpp). One thread, one poll()
+// per turn over the wake eventfd, the listener and every connection; a turn expires deadlines,
+// waits, services the ready connections (read, parse, answer, write) and accepts a batch of new
+// connections. Failures stay inside: a connection that misbehaves or cannot be served (even out
+// of memory) is closed, and the loop goes on.
 #include "bootstrap/tcp_store.hpp"
 
 #include <poll.h>
-#include <sys/socket.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "common/check.hpp"
 
 namespace symmem::detail {
 namespace {
 
-// Wire format. Hello: magic, token length, token -> one status byte.
-// Request: op, key length, key, value length, value, timeout ms -> status byte, length, payload.
-constexpr uint32_t kMagic = 0x53594d4d;  // "SYMM"
-constexpr uint32_t kMaxKeyBytes = 4096;
-constexpr uint64_t kMaxValueBytes = 64ull << 20;
-constexpr int64_t kServerIoMs = 10000;  // a client that stalls mid-message is dropped
+using std::chrono::milliseconds;
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kCheck = 3, kAdd = 4, kErase = 5 };
-enum Status : uint8_t { kOk = 0, kMissing = 1, kRefused = 2, kBadRequest = 3 };
+// An unauthenticated connection must complete its hello within this. A rank sends its hello as
+// soon as it is connected, so this is generous even on a loaded machine; a stray connection holds
+// a slot for at most this long.
+constexpr int64_t kHelloDeadlineMs = 2000;
+// Connections that have not yet presented the token. Past the cap the oldest is dropped: a flood
+// churns through these slots, while a rank's hello, already waiting when it is accepted, passes
+// at once (and a rank whose connection was dropped reconnects).
+constexpr int kMaxUnauthenticated = 64;
+// Open connections of any kind (a job needs one per rank): bounds descriptors and memory.
+constexpr size_t kMaxConnections = 1024;
+// A connection holding half a message or an unsent reply this long without progress is closed.
+constexpr int64_t kStallMs = 10000;
+// Connections accepted per turn, so that a flood of connects cannot starve the ranks' requests.
+constexpr int kAcceptBatch = 16;
+// Connections the kernel queues before accept() (capped by net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+// How long accepting pauses when accept() fails for lack of descriptors or memory and no
+// unauthenticated connection is left to drop (the kernel keeps the queued connections).
+constexpr int64_t kAcceptBackoffMs = 50;
+// Longest wait a get may ask for; keeps the deadline arithmetic far from overflow.
+constexpr int64_t kMaxGetWaitMs = 24ll * 3600 * 1000;
+// Longest sleep of one poll() when no deadline is nearer.
+constexpr int64_t kMaxSleepMs = 1000;
 
-template <typename T>
-void put(Bytes* out, T value) {
-  const uint8_t* p = reinterpret_cast<const uint8_t*>(&value);
-  out->insert(out->end(), p, p + sizeof(T));
+int poll_timeout_ms(Clock::time_point now, Clock::time_point wake_at) {
+  if (wake_at <= now) return 0;
+  const auto ms = std::chrono::ceil<milliseconds>(wake_at - now).count();
+  return static_cast<int>(std::min<int64_t>(ms, kMaxSleepMs));
 }
 
-template <typename T>
-T read_value(const Socket& s, Deadline deadline) {
-  T value;
-  recv_all(s, &value, sizeof(T), deadline);
-  return value;
+size_t input_limit(const StoreConnection& c) {
+  return c.authenticated() ? store::kMaxRequestBytes : store::kMaxHelloBytes;
 }
 
 }  // namespace
 
-// True when a request is ready to read; false when the client closed or the server stops.
-bool TcpStoreServer::wait_for_request(const Socket& client) const {
-  while (!__atomic_load_n(&stop_, __ATOMIC_ACQUIRE)) {
-    pollfd p{client.fd(), POLLIN, 0};
-    int rc = ::poll(&p, 1, 50);
-    if (rc < 0 && errno != EINTR) return false;
-    if (rc > 0) return (p.revents & POLLIN) != 0;
-  }
-  return false;
-}
-
 TcpStoreServer::TcpStoreServer(const std::string& address, int port, std::string token) : token_(std::move(token)) {
-  listener_ = tcp_listen(address, port, &port_);
-  acceptor_ = std::thread([this] { accept_loop(); });
+  listener_ = tcp_listen(address, port, &port_, kListenBacklog);
+  wake_ = Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  SYMMEM_SYS_CHECK(wake_.fd());
+  try {
+    loop_ = std::thread([this] { run(); });
+  } catch (const std::system_error& e) {
+    throw Error(ErrorCode::kSystemError, std::string("store: cannot start the server thread: ") + e.what());
+  }
 }
 
 TcpStoreServer::~TcpStoreServer() {
-  __atomic_store_n(&stop_, true, __ATOMIC_RELEASE);
-  changed_.notify_all();
-  if (acceptor_.joinable()) acceptor_.join();
-  std::vector<std::thread> workers;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    workers.swap(workers_);
+  stop_.store(true, std::memory_order_release);
+  const uint64_t one = 1;
+  // A failed write only delays the stop: poll() returns within kMaxSleepMs and the loop sees stop_.
+  [[maybe_unused]] const ssize_t written = ::write(wake_.fd(), &one, sizeof(one));
+  try {
+    if (loop_.joinable()) loop_.join();
+  } catch (...) {
   }
-  for (auto& w : workers) w.join();
 }
 
-int TcpStoreServer::refused_connections() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return refused_;
-}
-
-void TcpStoreServer::accept_loop() {
-  while (!__atomic_load_n(&stop_, __ATOMIC_ACQUIRE)) {
-    Socket client;
+void TcpStoreServer::run() noexcept {
+  while (!stop_.load(std::memory_order_acquire)) {
     try {
-      client = accept_until(listener_, deadline_after_ms(100), &stop_);
-    } catch (const Error&) {
-      continue;
+      turn();
+    } catch (...) {
+      // Only allocation can throw here (poll set, a reply): whatever was being served was closed
+      // or keeps its state; keep serving, without spinning on a persistent failure.
+      std::this_thread::sleep_for(milliseconds(10));
     }
-    if (!client.valid()) continue;
-    std::lock_guard<std::mutex> lock(mutex_);
-    workers_.emplace_back([this, c = std::move(client)]() mutable { serve(std::move(c)); });
   }
 }
 
-void TcpStoreServer::serve(Socket client) {
+void TcpStoreServer::turn() {
+  Clock::time_point now = Clock::now();
+  Clock::time_point wake_at = std::min(expire(now), now + milliseconds(kMaxSleepMs));
+  const bool accepting = now >= accept_paused_until_;
+  if (!accepting) wake_at = std::min(wake_at, accept_paused_until_);
+
+  std::vector<pollfd> fds;
+  std::vector<uint64_t> ids;
+  fds.reserve(connections_.size() + 2);
+  ids.reserve(connections_.size());
+  fds.push_back({wake_.fd(), POLLIN, 0});
+  fds.push_back({accepting ? listener_.fd() : -1, POLLIN, 0});  // poll() skips a negative fd
+  for (auto& [id, c] : connections_) {
+    short events = 0;
+    if (!c.peer_closed() && c.input().size() < input_limit(c)) events |= POLLIN;
+    if (c.has_output()) events |= POLLOUT;
+    fds.push_back({c.fd(), events, 0});
+    ids.push_back(id);
+  }
+  const int rc = ::poll(fds.data(), fds.size(), poll_timeout_ms(now, wake_at));
+  if (rc < 0) {
+    if (errno == EINTR) return;
+    throw_errno(errno, "poll", __FILE__, __LINE__);  // run() backs off and tries again
+  }
+  if (rc == 0 || stop_.load(std::memory_order_acquire)) return;  // the wake eventfd only says stop
+  now = Clock::now();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const short revents = fds[i + 2].revents;
+    // POLLHUP: reset, or shut both ways (this end never shuts): nothing can be answered any more.
+    if (revents & (POLLHUP | POLLERR | POLLNVAL))
+      close(ids[i]);
+    else if (revents)
+      service(ids[i], (revents & POLLIN) != 0, now);
+  }
+  if (accepting && (fds[1].revents & POLLIN)) accept_new(now);
+}
+
+void TcpStoreServer::accept_new(Clock::time_point now) {
+  for (int i = 0; i < kAcceptBatch; ++i) {
+    int error = 0;
+    Socket s = accept_nonblocking(listener_, &error);
+    if (!s.valid()) {
+      if (error == 0) return;  // none waiting
+      const bool exhausted = error == EMFILE || error == ENFILE || error == ENOMEM || error == ENOBUFS;
+      if (exhausted && drop_oldest_unauthenticated()) continue;  // a descriptor is free again
+      accept_paused_until_ = now + milliseconds(kAcceptBackoffMs);
+      return;
+    }
+    while (unauthenticated_ >= kMaxUnauthenticated || connections_.size() >= kMaxConnections)
+      if (!drop_oldest_unauthenticated()) break;
+    if (connections_.size() >= kMaxConnections) continue;  // every slot holds a rank: `s` closes
+    const uint64_t id = next_id_++;
+    connections_.emplace(id, StoreConnection(std::move(s), now));
+    ++unauthenticated_;
+    service(id, true, now);  // a rank's hello is usually waiting already
+  }
+}
+
+void TcpStoreServer::service(uint64_t id, bool readable, Clock::time_point now) {
+  auto it = connections_.find(id);
+  if (it == connections_.end()) return;
+  StoreConnection& c = it->second;
+  bool open = true;
   try {
-    // Authenticate before anything else is read: a wrong magic or token ends the connection.
-    const Deadline hello_deadline = deadline_after_ms(kServerIoMs);
-    uint32_t magic = read_value<uint32_t>(client, hello_deadline);
-    uint32_t token_len = read_value<uint32_t>(client, hello_deadline);
-    std::string token;
-    if (magic == kMagic && token_len <= 1024) {
-      token.resize(token_len);
-      recv_all(client, token.data(), token_len, hello_deadline);
-    }
-    const bool accepted = magic == kMagic && equal_secret(token, token_);
-    if (!accepted) {  // counted before the client hears the verdict, so that it can observe the count
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++refused_;
-    }
-    uint8_t verdict = accepted ? kOk : kRefused;
-    send_all(client, &verdict, 1, hello_deadline);
-    if (!accepted) return;
-
-    while (wait_for_request(client)) {
-      const Deadline io = deadline_after_ms(kServerIoMs);
-      uint8_t op = read_value<uint8_t>(client, io);
-      uint32_t key_len = read_value<uint32_t>(client, io);
-      if (key_len > kMaxKeyBytes) return;
-      std::string key(key_len, '\0');
-      recv_all(client, key.data(), key_len, io);
-      uint64_t value_len = read_value<uint64_t>(client, io);
-      if (value_len > kMaxValueBytes) return;
-      Bytes value(value_len);
-      recv_all(client, value.data(), value_len, io);
-      int64_t timeout_ms = read_value<int64_t>(client, io);
-
-      uint8_t status = kOk;
-      Bytes reply;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        switch (op) {
-          case kSet:
-            data_[key] = std::move(value);
-            changed_.notify_all();
-            break;
-          case kGet: {
-            const Deadline deadline = deadline_after_ms(timeout_ms);
-            while (!data_.count(key) && Clock::now() < deadline && !__atomic_load_n(&stop_, __ATOMIC_ACQUIRE))
-              changed_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
-            auto it = data_.find(key);
-            if (it == data_.end())
-              status = kMissing;
-            else
-              reply = it->second;
-            break;
-          }
-          case kCheck: status = data_.count(key) ? kOk : kMissing; break;
-          case kAdd: {
-            int64_t delta = 0, current = 0;
-            if (value.size() != sizeof(int64_t)) {
-              status = kBadRequest;
-              break;
-            }
-            std::memcpy(&delta, value.data(), sizeof(delta));
-            auto it = data_.find(key);
-            if (it != data_.end() && it->second.size() == sizeof(int64_t))
-              std::memcpy(&current, it->second.data(), sizeof(current));
-            current += delta;
-            Bytes stored;
-            put(&stored, current);
-            data_[key] = stored;
-            reply = stored;
-            changed_.notify_all();
-            break;
-          }
-          case kErase: data_.erase(key); break;
-          default: status = kBadRequest;
-        }
+    if (readable) open = c.receive(input_limit(c), now);
+    // One request at a time per connection: the next is parsed once the reply is out.
+    while (open) {
+      open = c.send_pending(now);
+      if (!open || c.has_output() || c.parked) break;
+      if (c.closing()) {
+        open = false;
+      } else if (!handle_one(c, now)) {
+        open = !c.peer_closed();  // a closed peer's last complete message has been answered
+        break;
       }
-      Bytes header;
-      put(&header, status);
-      put(&header, static_cast<uint64_t>(reply.size()));
-      header.insert(header.end(), reply.begin(), reply.end());
-      send_all(client, header.data(), header.size(), deadline_after_ms(kServerIoMs));
-      if (status == kBadRequest) return;
     }
-  } catch (const Error&) {
-    // A broken client only loses its own connection.
+  } catch (...) {
+    open = false;  // e.g. no memory for this connection's message: only this connection is lost
   }
+  if (!open) close(id);
 }
 
-TcpStoreClient::TcpStoreClient(const std::string& address, int port, const std::string& token, int64_t timeout_ms)
-    : timeout_ms_(timeout_ms) {
-  const Deadline deadline = deadline_after_ms(timeout_ms);
-  socket_ = tcp_connect(address, port, deadline);
-  Bytes hello;
-  put(&hello, kMagic);
-  put(&hello, static_cast<uint32_t>(token.size()));
-  hello.insert(hello.end(), token.begin(), token.end());
-  send_all(socket_, hello.data(), hello.size(), deadline);
-  uint8_t verdict = kRefused;
-  try {
-    recv_all(socket_, &verdict, 1, deadline);
-  } catch (const Error&) {
-    verdict = kRefused;
-  }
-  if (verdict != kOk)
-    throw Error(ErrorCode::kBootstrap, "store at " + address + ":" + std::to_string(port) +
-                                           " refused this process: wrong job token (SYMMEM_TOKEN)");
-}
-
-Bytes TcpStoreClient::request(uint8_t op, const std::string& key, const Bytes& value, int64_t timeout_ms) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Bytes message;
-  put(&message, op);
-  put(&message, static_cast<uint32_t>(key.size()));
-  message.insert(message.end(), key.begin(), key.end());
-  put(&message, static_cast<uint64_t>(value.size()));
-  message.insert(message.end(), value.begin(), value.end());
-  put(&message, timeout_ms);
-  // The reply may legitimately take timeout_ms (a get that waits); allow I/O slack beyond it.
-  const Deadline deadline = deadline_after_ms(timeout_ms + timeout_ms_);
-  send_all(socket_, message.data(), message.size(), deadline);
-  uint8_t status = read_value<uint8_t>(socket_, deadline);
-  uint64_t len = read_value<uint64_t>(socket_, deadline);
-  if (len > kMaxValueBytes) throw Error(ErrorCode::kBootstrap, "store reply too large");
-  Bytes reply(len);
-  recv_all(socket_, reply.data(), len, deadline);
-  if (status == kMissing)
-    throw Error(ErrorCode::kTimeout,
-                "store key '" + key + "' did not appear within " + std::to_string(timeout_ms) + " ms");
-  if (status != kOk) throw Error(ErrorCode::kBootstrap, "store rejected a request for '" + key + "'");
-  return reply;
-}
-
-void TcpStoreClient::set(const std::string& key, const Bytes& value) { request(kSet, key, value, 0); }
-
-Bytes TcpStoreClient::get(const std::string& key, int64_t timeout_ms) { return request(kGet, key, {}, timeout_ms); }
-
-bool TcpStoreClient::check(const std::string& key) {
-  try {
-    request(kCheck, key, {}, 0);
+// Parses and answers one message from the connection's input; false when it is incomplete.
+bool TcpStoreServer::handle_one(StoreConnection& c, Clock::time_point now) {
+  size_t used = 0;
+  if (!c.authenticated()) {
+    std::string token;
+    const store::Parse parsed = store::parse_hello(c.input().data(), c.input().size(), &token, &used);
+    if (parsed == store::Parse::kNeedMore) return false;
+    if (parsed == store::Parse::kDone) c.consume(used);
+    if (parsed == store::Parse::kDone && equal_secret(token, token_)) {
+      c.authenticate();
+      --unauthenticated_;
+      c.queue({store::kOk});
+    } else {
+      // Counted before the client can hear the verdict, so that it can observe the count.
+      refused_.fetch_add(1, std::memory_order_release);
+      c.queue({store::kRefused});
+      c.close_after_reply();
+    }
     return true;
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kTimeout) return false;
-    throw;
+  }
+  store::Request request;
+  const store::Parse parsed = store::parse_request(c.input().data(), c.input().size(), &request, &used);
+  if (parsed == store::Parse::kNeedMore) return false;
+  if (parsed == store::Parse::kMalformed) {
+    c.close_after_reply();  // nothing queued: closes at once
+    return true;
+  }
+  c.consume(used);
+  handle_request(c, request, now);
+  return true;
+}
+
+void TcpStoreServer::handle_request(StoreConnection& c, store::Request& request, Clock::time_point now) {
+  uint8_t status = store::kOk;
+  Bytes reply;
+  switch (request.op) {
+    case store::kSet:
+      data_[request.key] = std::move(request.value);
+      answer_parked(request.key);
+      break;
+    case store::kGet: {
+      auto it = data_.find(request.key);
+      if (it != data_.end()) {
+        reply = it->second;
+      } else if (request.timeout_ms <= 0) {
+        status = store::kMissing;
+      } else {
+        const int64_t wait_ms = std::min(request.timeout_ms, kMaxGetWaitMs);
+        c.parked = StoreConnection::ParkedGet{request.key, now + milliseconds(wait_ms)};
+        return;  // answered by answer_parked() or expire()
+      }
+      break;
+    }
+    case store::kCheck: status = data_.count(request.key) ? store::kOk : store::kMissing; break;
+    case store::kAdd: {
+      int64_t delta = 0, current = 0;
+      if (request.value.size() != sizeof(int64_t)) {
+        status = store::kBadRequest;
+        c.close_after_reply();
+        break;
+      }
+      std::memcpy(&delta, request.value.data(), sizeof(delta));
+      Bytes& stored = data_[request.key];
+      if (stored.size() == sizeof(int64_t)) std::memcpy(&current, stored.data(), sizeof(current));
+      current += delta;
+      stored.resize(sizeof(int64_t));
+      std::memcpy(stored.data(), &current, sizeof(current));
+      reply = stored;
+      answer_parked(request.key);
+      break;
+    }
+    case store::kErase: data_.erase(request.key); break;
+    default: status = store::kBadRequest; c.close_after_reply();
+  }
+  c.queue(store::encode_reply(status, reply));
+}
+
+// Answers every get parked on `key`; their replies go out when poll() finds the sockets writable.
+void TcpStoreServer::answer_parked(const std::string& key) {
+  auto it = data_.find(key);
+  if (it == data_.end()) return;
+  for (auto& [id, c] : connections_) {
+    if (!c.parked || c.parked->key != key) continue;
+    c.parked.reset();
+    c.queue(store::encode_reply(store::kOk, it->second));
   }
 }
 
-int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
-  Bytes value;
-  put(&value, delta);
-  Bytes reply = request(kAdd, key, value, 0);
-  int64_t result = 0;
-  std::memcpy(&result, reply.data(), sizeof(result));
-  return result;
+// Closes connections past their hello deadline or stalled, answers gets past their deadline, and
+// returns the nearest deadline still ahead.
+Clock::time_point TcpStoreServer::expire(Clock::time_point now) {
+  Clock::time_point next = Clock::time_point::max();
+  std::vector<uint64_t> doomed;
+  for (auto& [id, c] : connections_) {
+    if (!c.authenticated()) {
+      const Clock::time_point hello_deadline = c.opened() + milliseconds(kHelloDeadlineMs);
+      if (now >= hello_deadline) {
+        doomed.push_back(id);
+        continue;
+      }
+      next = std::min(next, hello_deadline);
+    }
+    if (c.parked) {
+      if (now >= c.parked->deadline) {
+        c.parked.reset();
+        c.queue(store::encode_reply(store::kMissing, {}));
+      } else {
+        next = std::min(next, c.parked->deadline);
+      }
+    }
+    if (c.busy()) {
+      const Clock::time_point stall_deadline = c.progress() + milliseconds(kStallMs);
+      if (now >= stall_deadline) {
+        doomed.push_back(id);
+        continue;
+      }
+      next = std::min(next, stall_deadline);
+    }
+  }
+  for (uint64_t id : doomed) close(id);
+  return next;
 }
 
-void TcpStoreClient::erase(const std::string& key) { request(kErase, key, {}, 0); }
+bool TcpStoreServer::drop_oldest_unauthenticated() {
+  auto it = std::find_if(connections_.begin(), connections_.end(),
+                         [](const auto& entry) { return !entry.second.authenticated(); });
+  if (it == connections_.end()) return false;
+  close(it->first);
+  return true;
+}
+
+void TcpStoreServer::close(uint64_t id) {
+  auto it = connections_.find(id);
+  if (it == connections_.end()) return;
+  if (!it->second.authenticated()) --unauthenticated_;
+  connections_.erase(it);
+}
 
 }  // namespace symmem::detail

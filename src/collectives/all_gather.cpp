@@ -1,15 +1,16 @@
-// all_gather: validate -> plan -> stage (if a buffer is outside the heap) -> launch.
+// all_gather: validate -> plan (from values equal on every rank) -> sign -> per chunk: stage what
+// the algorithm needs peers to reach, launch, copy out.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "collectives/all_gather_paths.hpp"
-#include "collectives/copy_engine_state.hpp"
-#include "collectives/heap_view.hpp"
+#include "collectives/call_signature.hpp"
+#include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
+#include "comm/communicator_state.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
-#include "common/env.hpp"
-#include "heap/communicator_impl.hpp"
 #include "kernels/kernel_args.hpp"
 #include "plan/plan.hpp"
 #include "symmem/collectives.hpp"
@@ -17,122 +18,167 @@
 namespace symmem {
 namespace {
 
+using detail::CommunicatorState;
+using detail::Resolved;
+
 struct Prepared {
   detail::AllGatherPlan plan;
-  size_t bytes = 0;
+  size_t bytes = 0;  // per rank
   bool in_place = false;
-  Buffer* in_buffer = nullptr;
-  Buffer* out_buffer = nullptr;
+  Resolved in;
+  Resolved out;
+  detail::CallDescriptor call;
 };
 
-Prepared prepare(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
+Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType type, CommunicatorState& st,
                  const CollectiveOptions& options) {
-  Communicator::Impl& impl = comm.impl();
   Prepared p;
   p.bytes = count * dtype_size(type);
-  const size_t out_bytes = p.bytes * impl.world;
-  p.in_place = in == static_cast<const char*>(out) + impl.rank * p.bytes;
-  detail::require_device_pointer(out, out_bytes, "output", "all_gather", comm);
-  detail::require_device_pointer(in, p.bytes, "input", "all_gather", comm);
-  detail::require_no_partial_overlap(out, out_bytes, in, p.bytes, p.in_place, "all_gather");
-  p.out_buffer = comm.find(out, out_bytes);
-  p.in_buffer = p.in_place ? p.out_buffer : comm.find(in, p.bytes);
+  const size_t out_bytes = p.bytes * st.world;
+  p.out = detail::resolve(out, out_bytes, "output", "all_gather", st);
+  // In place: the input is this rank's slot of the output; it is then whatever the output is.
+  p.in_place = in.ptr() == static_cast<char*>(p.out.local) + st.rank * p.bytes;
+  p.in = p.in_place ? detail::shifted(p.out, st.rank * p.bytes) : detail::resolve(in, p.bytes, "input", "all_gather", st);
+  detail::require_no_partial_overlap(p.out.local, out_bytes, p.in.local, p.bytes, p.in_place, "all_gather");
 
   detail::AllGatherRequest request;
   request.bytes_per_rank = p.bytes;
-  request.world = impl.world;
-  request.sm_count = impl.sm_count;
+  request.world = st.world;
+  request.sm_count = st.sm_count;
   request.options = options;
-  request.forced = impl.forced_algo;
-  request.forced_blocks = impl.forced_blocks;
-  request.in_symmetric = p.in_buffer != nullptr;
-  request.out_symmetric = p.out_buffer != nullptr;
-  request.in_address = reinterpret_cast<uintptr_t>(in);
-  request.out_address = reinterpret_cast<uintptr_t>(out);
-  request.copy_engine_push = impl.copy_engine->push();
-  request.push_bulk = impl.push_bulk;
-  p.plan = detail::plan_all_gather(request, *impl.tuning);
+  request.forced = st.settings.forced_algo;
+  request.forced_blocks = st.settings.forced_blocks;
+  request.in_symmetric = p.in.symmetric;
+  request.out_symmetric = p.out.symmetric;
+  request.in_address = p.in.heap_offset;
+  request.out_address = p.out.heap_offset;
+  request.copy_engine_push = st.settings.copy_engine_push;
+  request.push_bulk = st.settings.push_bulk;
+  p.plan = detail::plan_all_gather(request, *st.tuning);
+
+  detail::CallDescriptor& c = p.call;
+  c.op = detail::kOpAllGather;
+  c.type = type;
+  c.count = count;
+  c.algo = p.plan.algo;
+  c.blocks = p.plan.blocks;
+  c.in_place = p.in_place;
+  c.in_symmetric = p.in.symmetric;
+  c.out_symmetric = p.out.symmetric;
+  c.in_heap_offset = p.in_place ? 0 : p.in.heap_offset;
+  c.out_heap_offset = p.out.heap_offset;
   return p;
 }
 
-// Where every rank's input lies, as mapped here. In place, rank r's input is its own slot
-// out + r * bytes, not this rank's slot.
-void input_views(const Prepared& p, int world, Buffer* in_buffer, const void* in_local, const void* out_local,
-                 const void* (&views)[detail::kMaxWorld]) {
-  if (p.in_place && !p.plan.stage_input) {
-    detail::peer_views(*p.out_buffer, out_local, world, views);
-    for (int r = 0; r < world; ++r) views[r] = static_cast<const char*>(views[r]) + r * p.bytes;
-  } else {
-    detail::peer_views(*in_buffer, in_local, world, views);
-  }
+// The widest vector this rank may use: the plan's (agreed), narrowed by the local pointers the
+// kernel touches directly. Ranks may differ here; the protocol (grid, barriers) does not.
+int launch_vector(int planned, std::initializer_list<const void*> local_pointers, size_t stride) {
+  int v = std::min(planned, detail::common_vector_bytes({stride}));
+  for (const void* p : local_pointers) v = std::min(v, detail::address_alignment(p));
+  return v;
 }
 
-}  // namespace
+void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, size_t begin, size_t bytes,
+               cudaStream_t stream) {
+  const int world = st.world;
+  const int rank = st.rank;
+  const detail::Workspaces& ws = *st.workspaces;
+  const detail::AllGatherPlan& plan = p.plan;
 
-std::string describe_all_gather(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
-                                const CollectiveOptions& options) {
-  detail::DeviceGuard guard(comm.device());
-  return detail::describe(prepare(out, in, count, type, comm, options).plan);
-}
-
-void all_gather(void* out, const void* in, size_t count, DataType type, Communicator& comm, cudaStream_t stream,
-                const CollectiveOptions& options) {
-  Communicator::Impl& impl = comm.impl();
-  impl.ensure_usable("all_gather");
-  detail::check_args_across_ranks(comm, "all_gather", count, type, options.algo);
-  if (count == 0) return;
-  detail::DeviceGuard guard(impl.device);
-  const Prepared p = prepare(out, in, count, type, comm, options);
-  if (impl.debug) std::fprintf(stderr, "symmem rank %d: %s\n", impl.rank, detail::describe(p.plan).c_str());
-  const size_t bytes = p.bytes;
-  const int world = impl.world;
-
-  // Stage what the algorithm needs in the heap but the caller keeps elsewhere.
-  const void* in_local = in;
-  Buffer* in_buffer = p.in_buffer;
-  void* out_local = out;
-  Buffer* out_buffer = p.out_buffer;
-  if (p.plan.stage_input) {
-    in_buffer = impl.scratch_of(bytes, stream, "all_gather");
-    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(in_buffer->ptr(), in, bytes, cudaMemcpyDeviceToDevice, stream));
-    in_local = in_buffer->ptr();
+  // Where this chunk's input lies for the peers, and where its output slots are.
+  const char* in_local = static_cast<const char*>(p.in.local) + begin;
+  const void* in_peers[detail::kMaxWorld] = {};
+  if (plan.stage_input) {
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(ws.staging_in()->ptr(), in_local, bytes, cudaMemcpyDeviceToDevice, stream));
+    in_local = static_cast<const char*>(ws.staging_in()->ptr());
+    for (int r = 0; r < world; ++r) in_peers[r] = ws.staging_in()->peer_ptr(r);
+  } else if (p.in.symmetric) {
+    // In place, rank r's input is its own slot of the output, not this rank's slot.
+    for (int r = 0; r < world; ++r)
+      in_peers[r] = p.in_place ? p.out.peer(r, r * p.bytes + begin) : p.in.peer(r, begin);
   }
-  if (p.plan.stage_output) {
-    out_buffer = impl.scratch_of(bytes * world, stream, "all_gather");
-    out_local = out_buffer->ptr();
+  char* out_local = static_cast<char*>(p.out.local) + begin;
+  size_t stride = p.bytes;
+  void* out_peers[detail::kMaxWorld] = {};
+  if (plan.stage_output) {
+    out_local = static_cast<char*>(ws.staging_out()->ptr());
+    stride = bytes;
+    for (int r = 0; r < world; ++r) out_peers[r] = ws.staging_out()->peer_ptr(r);
+  } else if (p.out.symmetric) {
+    for (int r = 0; r < world; ++r) out_peers[r] = p.out.peer(r, begin);
   }
-  // In place, the own slot already holds the data (also when only the input was staged, its
-  // source is the output itself).
-  const bool copy_own = !p.in_place || p.plan.stage_output;
+  // In place the own slot already holds the data, unless the output is staged.
+  const bool copy_own = !p.in_place || plan.stage_output;
 
-  if (p.plan.algo == Algo::kCopyEngine) {
-    const void* in_peers[detail::kMaxWorld];
-    void* out_peers[detail::kMaxWorld];
-    if (p.plan.copy_engine_push)
-      detail::peer_views(*out_buffer, out_local, world, out_peers);
-    else
-      input_views(p, world, in_buffer, in_local, out_local, in_peers);
-    detail::all_gather_copy_engine(impl, out_local, in_local, bytes, in_peers,
-                                   p.plan.copy_engine_push ? out_peers : nullptr, !p.in_place, stream);
+  if (plan.algo == Algo::kCopyEngine) {
+    detail::CopyEngineCall call{};
+    call.out = out_local;
+    call.slot_stride = stride;
+    call.in = in_local;
+    call.bytes = bytes;
+    for (int r = 0; r < detail::kMaxWorld; ++r) {
+      call.in_peers[r] = in_peers[r];
+      call.out_peers[r] = out_peers[r];
+    }
+    call.push = plan.copy_engine_push;
+    call.copy_own = copy_own;
+    call.signature = signature;
+    detail::all_gather_copy_engine(st, call, stream);
   } else {
     detail::AllGatherKernelArgs args{};
     args.in = in_local;
     args.out = out_local;
     args.bytes = bytes;
+    args.slot_stride = stride;
     args.copy_own = copy_own;
-    args.local_warps = p.plan.local_warps;
-    args.sync = impl.sync_args(detail::kOpAllGather);
-    if (in_buffer) input_views(p, world, in_buffer, in_local, out_local, args.in_peers);
-    if (out_buffer) detail::peer_views(*out_buffer, out_local, world, args.out_peers);
-    if (p.plan.bulk) {
-      detail::launch_all_gather_push_bulk(args, p.plan.blocks, stream);
+    args.local_warps = plan.local_warps;
+    args.sync = st.sync_args(detail::kOpAllGather, signature);
+    for (int r = 0; r < detail::kMaxWorld; ++r) {
+      args.in_peers[r] = in_peers[r];
+      args.out_peers[r] = out_peers[r];
+    }
+    // Pull writes only its own output; push reads only its own input.
+    const int vector = plan.algo == Algo::kPull
+                           ? launch_vector(plan.vector_bytes, {out_local, in_local}, stride)
+                           : launch_vector(plan.vector_bytes, {in_local, out_local}, stride);
+    if (plan.bulk && vector == 16 && bytes % 16 == 0) {
+      detail::launch_all_gather_push_bulk(args, plan.blocks, stream);
     } else {
-      const auto kernel = p.plan.algo == Algo::kPull ? detail::AllGatherKernel::kPull : detail::AllGatherKernel::kPush;
-      detail::launch_all_gather(kernel, p.plan.vector_bytes, args, p.plan.blocks, stream);
+      const auto kernel = plan.algo == Algo::kPull ? detail::AllGatherKernel::kPull : detail::AllGatherKernel::kPush;
+      detail::launch_all_gather(kernel, std::min(vector, detail::common_vector_bytes({bytes})), args, plan.blocks,
+                                stream);
     }
   }
-  if (p.plan.stage_output)
-    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(out, out_local, bytes * world, cudaMemcpyDeviceToDevice, stream));
+  if (plan.stage_output)
+    SYMMEM_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(p.out.local) + begin, p.bytes, out_local, bytes, bytes,
+                                        world, cudaMemcpyDeviceToDevice, stream));
+  (void)rank;
+}
+
+}  // namespace
+
+std::string describe_all_gather(Operand out, Operand in, size_t count, DataType type, Communicator& comm,
+                                const CollectiveOptions& options) {
+  CommunicatorState& st = detail::state_of(comm);
+  detail::DeviceGuard guard(st.device);
+  return detail::describe(prepare(out, in, count, type, st, options).plan);
+}
+
+void all_gather(Operand out, Operand in, size_t count, DataType type, Communicator& comm, cudaStream_t stream,
+                const CollectiveOptions& options) {
+  CommunicatorState& st = detail::state_of(comm);
+  st.ensure_usable("all_gather");
+  if (count == 0) return;
+  detail::DeviceGuard guard(st.device);
+  const Prepared p = prepare(out, in, count, type, st, options);
+  const uint32_t signature = detail::signature_of(p.call);
+  st.record_call(signature, p.call);
+  if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.rank, detail::describe(p.plan).c_str());
+  const size_t elem = dtype_size(type);
+  const detail::WorkspaceLimits limits{st.workspaces->staging_capacity(), st.workspaces->receive_half_bytes()};
+  const size_t limit = detail::all_gather_chunk_elements(p.plan, elem, st.world, limits);
+  for (const auto& chunk : detail::plan_chunks(count, limit))
+    run_chunk(p, st, signature, chunk.begin * elem, chunk.count * elem, stream);
 }
 
 }  // namespace symmem

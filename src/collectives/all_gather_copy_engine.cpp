@@ -1,4 +1,5 @@
-// All-gather by the copy engines: zero SMs. See copy_engine_state.hpp for the handshake.
+// All-gather by the copy engines: zero SMs. The handshake, the watchdog and how this path fails
+// are described in copy_engine_state.hpp.
 #include <cuda.h>
 
 #include <algorithm>
@@ -7,219 +8,319 @@
 
 #include "collectives/all_gather_paths.hpp"
 #include "collectives/copy_engine_state.hpp"
+#include "comm/communicator_state.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/driver_api.hpp"
-#include "common/env.hpp"
-#include "heap/communicator_impl.hpp"
 #include "plan/plan.hpp"
 
 namespace symmem::detail {
 namespace {
 
-constexpr auto kWatchdogPoll = std::chrono::microseconds(200);
+using namespace std::chrono_literals;
 
-CUdeviceptr dptr(void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+// Watchdog polling (see copy_engine_state.hpp). A late first look at a wait only lengthens its
+// deadline; these bound how much, and how quickly a queue of waits drains after an abort.
+constexpr auto kPollBlocked = 200us;    // a wait is in progress
+constexpr auto kPollBlockedLong = 1ms;  // ... and has lasted kBlockedLong: a skewed or dead peer
+constexpr auto kBlockedLong = 10ms;
+constexpr auto kPollIdle = 5ms;       // no wait in progress (graph replays are seen at this rate)
+constexpr auto kAbortLinger = 100ms;  // after an abort, keep polling fast while waits keep coming
+constexpr auto kReleaseRetry = 1ms;   // a released wait still blocked: store the values again
+// Past the deadline with every awaited word right, the wait is passing at this moment; expire it
+// anyway (naming no peer) if it is still blocked this much later.
+constexpr auto kNoCulpritGrace = 1s;
+// SYMMEM_CE_PIECE_KB = 0 means no cutting; smaller pieces than a page are never useful.
+constexpr size_t kNoCutting = size_t(1) << 40;
+constexpr size_t kSmallestPieceSetting = 4096;
+
+CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+
+uint32_t load(const uint32_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+
+bool swap(uint32_t* word, uint32_t from, uint32_t to) {
+  return __atomic_compare_exchange_n(word, &from, to, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+// This rank's handshake words of one phase in a page (host or device address alike).
+uint32_t* phase_words(BoardPage* page, uint32_t phase) {
+  return phase == CopyEngineState::kPhaseDone ? page->ce_done : page->ce_ready;
+}
+
+// One handshake as one batch of stream memory operations, executed in order (copy_engine_state.hpp):
+// tell every peer, publish this wait, wait for every peer, mark the wait passed, reset.
+void enqueue_handshake(const HostBoard& board, int rank, int world, uint32_t phase, uint32_t signature,
+                       cudaStream_t stream) {
+  CUstreamBatchMemOpParams ops[3 * (kMaxWorld - 1) + 4] = {};
+  unsigned count = 0;
+  // Every write is the default one: preceded by a system-scope fence.
+  auto write = [&](const uint32_t* address, uint32_t value) {
+    ops[count].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    ops[count].writeValue.address = dptr(address);
+    ops[count].writeValue.value = value;
+    ops[count].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    ++count;
+  };
+  BoardPage* mine = board.device_page(rank);
+  for (int k = 1; k < world; ++k) {
+    const int p = (rank + k) % world;
+    write(&phase_words(board.device_page(p), phase)[rank], signature);
+  }
+  write(&mine->ce_phase, phase);
+  write(&mine->ce_signature, signature);
+  write(&mine->ce_wait_state, CopyEngineState::kWaitEntered);  // after the two above: the watchdog reads them
+  for (int k = 1; k < world; ++k) {
+    const int p = (rank + k) % world;
+    ops[count].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    ops[count].waitValue.address = dptr(&phase_words(mine, phase)[p]);
+    ops[count].waitValue.value = signature;
+    ops[count].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    ++count;
+  }
+  write(&mine->ce_wait_state, CopyEngineState::kWaitPassed);
+  // Reset for the next call. A peer writes these again only after this rank's next write to it
+  // (copy_engine_state.hpp), whose fence orders these resets first.
+  for (int k = 1; k < world; ++k) write(&phase_words(mine, phase)[(rank + k) % world], 0);
+  SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream, count, ops, 0));
+}
+
+const HostBoard& board_of(const CommunicatorState& state) {
+  if (!state.board) throw Error(ErrorCode::kInternal, "copy-engine state: the host board must be created first");
+  return *state.board;
+}
 
 }  // namespace
 
-CopyEngineState::CopyEngineState(Communicator::Impl& impl, Buffer* flags) : impl_(impl), flags_(flags) {
-  streams_count_ = std::clamp(env::copy_engine_streams(), 1, kMaxStreams);
-  const std::string direction = env::copy_engine_direction();
-  if (direction != "push" && direction != "pull")
-    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_CE_DIRECTION='" + direction + "' is neither push nor pull");
-  push_ = direction == "push";
-  piece_bytes_ = std::max<size_t>(env::copy_engine_piece_bytes(), 4096);
-  batch_ = env::copy_engine_batch();
-  // Highest priority: the copies are short and the GEMMs they overlap should not delay them.
-  int least = 0, greatest = 0;
-  SYMMEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  for (int i = 0; i < streams_count_; ++i)
-    SYMMEM_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[i], cudaStreamNonBlocking, greatest));
-  SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-  for (int i = 0; i < streams_count_; ++i)
-    SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
-  SYMMEM_CUDA_CHECK(cudaStreamCreateWithFlags(&rescue_stream_, cudaStreamNonBlocking));
-  SYMMEM_CUDA_CHECK(
-      cudaHostAlloc(reinterpret_cast<void**>(&host_words_), 2 * kMaxWorld * sizeof(uint32_t), cudaHostAllocDefault));
-  thread_ = std::thread([this] { watchdog_loop(); });
+CopyEngineState::CopyEngineState(CommunicatorState& state)
+    : board_(board_of(state)),
+      rank_(state.rank),
+      world_(state.world),
+      timeout_(std::chrono::milliseconds(std::max<int64_t>(1, state.settings.timeout_ms))),
+      page_(board_.page(state.rank)),
+      abort_(board_.abort_word()) {
+  streams_count_ = std::clamp(state.settings.copy_engine_streams, 1, kMaxStreams);
+  piece_bytes_ = state.settings.copy_engine_piece_bytes == 0
+                     ? kNoCutting
+                     : std::max(state.settings.copy_engine_piece_bytes, kSmallestPieceSetting);
+  batch_ = state.settings.copy_engine_batch;
+  DeviceGuard guard(state.device);
+  try {
+    // Highest priority: the copies are short and the GEMMs they overlap should not delay them.
+    int least = 0, greatest = 0;
+    SYMMEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    for (int i = 0; i < streams_count_; ++i)
+      SYMMEM_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[i], cudaStreamNonBlocking, greatest));
+    SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    for (int i = 0; i < streams_count_; ++i)
+      SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
+    thread_ = std::thread([this] { watchdog_loop(); });
+  } catch (...) {
+    destroy_cuda_objects();
+    throw;
+  }
 }
 
 CopyEngineState::~CopyEngineState() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
-  for (auto& w : queue_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(w.event));
-  for (auto e : free_events_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));
-  for (int i = 0; i < streams_count_; ++i) {
-    SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(streams_[i]));
-    SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(joins_[i]));
-  }
-  SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(fork_));
-  SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(rescue_stream_));
-  SYMMEM_CUDA_CHECK_NOTHROW(cudaFreeHost(host_words_));
-}
-
-cudaEvent_t CopyEngineState::acquire_event() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!free_events_.empty()) {
-      cudaEvent_t e = free_events_.back();
-      free_events_.pop_back();
-      return e;
+  try {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
     }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  } catch (const std::exception& e) {
+    log_warning(std::string("copy-engine watchdog: stopping it failed: ") + e.what());
   }
-  cudaEvent_t e = nullptr;
-  SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return e;
+  destroy_cuda_objects();
 }
 
-void CopyEngineState::watch(cudaEvent_t event) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({event, std::chrono::steady_clock::now() + std::chrono::milliseconds(impl_.timeout_ms)});
+void CopyEngineState::destroy_cuda_objects() noexcept {
+  for (int i = 0; i < kMaxStreams; ++i) {
+    if (streams_[i]) SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(streams_[i]));
+    if (joins_[i]) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(joins_[i]));
+    streams_[i] = nullptr;
+    joins_[i] = nullptr;
   }
-  wake_.notify_one();
+  if (fork_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(fork_));
+  fork_ = nullptr;
 }
 
-void CopyEngineState::watchdog_loop() {
-  bool device_set = false;
+void CopyEngineState::watchdog_loop() noexcept {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    if (queue_.empty()) {
-      wake_.wait_for(lock, std::chrono::milliseconds(50));
-      continue;
-    }
-    Watched w = queue_.front();
     lock.unlock();
-    if (!device_set) device_set = cudaSetDevice(impl_.device) == cudaSuccess;
-    const cudaError_t state = cudaEventQuery(w.event);
-    const bool expired = state == cudaErrorNotReady && std::chrono::steady_clock::now() > w.deadline;
-    if (expired) expire(w.event);
+    const Clock::duration sleep = poll(Clock::now());
     lock.lock();
-    if (state != cudaErrorNotReady || expired) {
-      queue_.pop_front();
-      free_events_.push_back(w.event);
+    wake_.wait_for(lock, sleep, [this] { return stop_; });
+  }
+}
+
+CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) noexcept {
+  uint32_t* state = &page_->ce_wait_state;
+  // Any rank's failure (the abort word), or this rank's own (an SM wait may have recorded one).
+  const bool aborted = load(abort_) != 0 || load(&page_->status.code) != kStatusOk;
+  uint32_t seen = load(state);
+  if (seen == kWaitEntered) {
+    if (swap(state, kWaitEntered, kWaitWatched)) {
+      // The stream reached a wait since the last look: the clock starts now.
+      timing_ = true;
+      since_ = now;
+      released_at_ = {};
+      seen = kWaitWatched;
     } else {
-      wake_.wait_for(lock, kWatchdogPoll);
+      return kPollBlocked;  // the stream moved on meanwhile; see where next time
     }
   }
+  if (seen != kWaitWatched) {
+    // 2: acknowledge, so that the next wait shows up as a change. A failed swap means the stream
+    // already wrote the next wait's 1, which the next look handles. 0 (or anything else): idle.
+    if (seen == kWaitPassed) swap(state, kWaitPassed, kWaitIdle);
+    timing_ = false;
+    if (seen == kWaitPassed && aborted) last_busy_ = now;
+    const bool draining = aborted && last_busy_ != Clock::time_point{} && now - last_busy_ < kAbortLinger;
+    return draining ? Clock::duration(kPollBlocked) : Clock::duration(kPollIdle);
+  }
+
+  // 3: the wait this thread timed is still blocked (only this thread writes 3, and any progress of
+  // the stream overwrites it).
+  if (!timing_) {  // cannot happen (this thread wrote the 3); start the clock rather than trust it
+    timing_ = true;
+    since_ = now;
+    released_at_ = {};
+  }
+  if (aborted) last_busy_ = now;
+  const uint32_t phase = load(&page_->ce_phase);
+  const uint32_t signature = load(&page_->ce_signature);
+  const uint32_t* words = phase_words(page_, phase);
+  int missing = -1, foreign = -1;
+  uint32_t foreign_signature = 0;
+  for (int k = 1; k < world_; ++k) {
+    const int p = (rank_ + k) % world_;
+    const uint32_t w = load(&words[p]);
+    if (w == 0) {
+      if (missing < 0) missing = p;
+    } else if (w != signature && foreign < 0) {
+      foreign = p;
+      foreign_signature = w;
+    }
+  }
+
+  const Clock::duration blocked = now - since_;
+  bool release = false;
+  if (released_at_ != Clock::time_point{}) {
+    // Released already, and the stream has not shown it passed yet: repeat the (idempotent) stores
+    // now and then. A peer that an abort released runs on through its queue and may overwrite a
+    // word of this rank's with its next call's signature before this stream read the release.
+    release = now - released_at_ >= kReleaseRetry;
+  } else if (aborted) {
+    // Another failure came first: this wait is a consequence, not a cause (a peer that an abort
+    // released may even have left a later call's signature in a word: no mismatch is claimed).
+    record(kStatusAborted, -1, phase, signature, 0);
+    release = true;
+  } else if (foreign >= 0) {
+    // The peer's flag carries another call's signature, and it cannot change while that peer
+    // waits for this rank: a mismatch, known now rather than at the deadline.
+    record(kStatusMismatch, foreign, phase, signature, foreign_signature);
+    release = true;
+  } else if (blocked > timeout_ && (missing >= 0 || blocked > timeout_ + kNoCulpritGrace)) {
+    record(kStatusTimeout, missing, phase, signature, 0);
+    release = true;
+  }
+  if (release) {
+    release_wait(phase, signature);
+    released_at_ = now;
+  }
+  if (aborted || release) return kPollBlocked;
+  return blocked < kBlockedLong ? Clock::duration(kPollBlocked) : Clock::duration(kPollBlockedLong);
 }
 
-void CopyEngineState::expire(cudaEvent_t) {
-  // Which flags never came? Read this rank's ready/done words beside the stuck stream.
-  const int world = impl_.world;
-  const int rank = impl_.rank;
-  uint32_t* pad = flags_->signal_pad();
-  if (cudaMemcpyAsync(host_words_, pad, 2 * kMaxWorld * sizeof(uint32_t), cudaMemcpyDeviceToHost, rescue_stream_) !=
-          cudaSuccess ||
-      cudaStreamSynchronize(rescue_stream_) != cudaSuccess)
-    return;
-  bool any_ready = false, any_done = false;
-  for (int p = 0; p < world; ++p) {
-    if (p == rank) continue;
-    any_ready |= host_words_[ready_slot(p)] != 0;
-    any_done |= host_words_[done_slot(p)] != 0;
-  }
-  const bool in_done_phase = !any_ready && any_done;
-  int missing = -1;
-  for (int p = 0; p < world && missing < 0; ++p) {
-    if (p == rank) continue;
-    const uint32_t flag = host_words_[in_done_phase ? done_slot(p) : ready_slot(p)];
-    if (flag == 0) missing = p;
-  }
-  DeviceStatus* status = impl_.status_host;
-  uint32_t expected = 0;
-  if (__atomic_compare_exchange_n(&status->code, &expected, 1u, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+void CopyEngineState::record(uint32_t code, int peer, uint32_t phase, uint32_t signature,
+                             uint32_t peer_signature) noexcept {
+  DeviceStatus* status = &page_->status;
+  // The first failure of this rank wins (a device wait of this rank may have recorded one).
+  if (swap(&status->code, kStatusOk, code)) {
     status->op = kOpCopyEngine;
-    status->rank = rank;
-    status->peer = missing;
+    status->rank = rank_;
+    status->peer = peer;
     status->block = -1;
-    status->phase = in_done_phase ? 1 : 0;
+    status->phase = static_cast<int32_t>(phase);
+    status->signature = signature;
+    status->peer_signature = peer_signature;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // the record is visible before the abort word
   }
-  // Release the stuck stream: the communicator is now unusable, so the flags' values no longer
-  // matter, only that no wait stays blocked forever.
-  for (int i = 0; i < 2 * kMaxWorld; ++i) host_words_[i] = 1;
-  cudaMemcpyAsync(pad, host_words_, 2 * kMaxWorld * sizeof(uint32_t), cudaMemcpyHostToDevice, rescue_stream_);
-  cudaStreamSynchronize(rescue_stream_);
+  // Every wait of every rank (device spin-waits and the other watchdogs) polls this word.
+  __atomic_store_n(abort_, 1u, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
-void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in, size_t bytes,
-                            const void* const* in_peers, void* const* out_peers, bool copy_own, cudaStream_t stream) {
-  if (!impl.copy_engine) {
-    throw Error(ErrorCode::kInternal, "copy-engine state missing");
-  }
-  CopyEngineState& ce = *impl.copy_engine;
-  const DriverApi& api = DriverApi::get();
-  const int world = impl.world;
-  const int rank = impl.rank;
-  const Buffer::DeviceHandle flags = ce.flags()->device_handle();
+void CopyEngineState::release_wait(uint32_t phase, uint32_t signature) noexcept {
+  // CPU stores into this rank's own page, which the blocked stream polls: no CUDA call, so nothing
+  // can queue them behind the blocked stream (CUDA_DEVICE_MAX_CONNECTIONS=1 included).
+  uint32_t* words = phase_words(page_, phase);
+  for (int k = 1; k < world_; ++k) __atomic_store_n(&words[(rank_ + k) % world_], signature, __ATOMIC_RELEASE);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  releases_.fetch_add(1, std::memory_order_relaxed);
+}
 
-  // One batch of stream memory operations per handshake, executed in order: tell every peer,
-  // wait for every peer, then reset this rank's flags for the next call.
-  auto handshake = [&](size_t (*slot)(int)) {
-    CUstreamBatchMemOpParams ops[3 * kMaxWorld] = {};
-    unsigned count = 0;
-    for (int k = 1; k < world; ++k) {
-      const int p = (rank + k) % world;
-      ops[count].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-      ops[count].writeValue.address = dptr(flags.peer_signal_pads[p] + slot(rank));
-      ops[count].writeValue.value = 1;
-      ++count;
-    }
-    for (int k = 1; k < world; ++k) {
-      const int p = (rank + k) % world;
-      ops[count].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-      ops[count].waitValue.address = dptr(flags.signal_pad + slot(p));
-      ops[count].waitValue.value = 1;
-      ops[count].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
-      ++count;
-    }
-    for (int k = 1; k < world; ++k) {
-      const int p = (rank + k) % world;
-      ops[count].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-      ops[count].writeValue.address = dptr(flags.signal_pad + slot(p));
-      ops[count].writeValue.value = 0;
-      ++count;
-    }
-    if (count) SYMMEM_CU_CHECK(api.stream_batch_mem_op(stream, count, ops, 0));
-  };
+void all_gather_copy_engine(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream) {
+  if (!state.copy_engine || !state.board)
+    throw Error(ErrorCode::kInternal, "all_gather(copy_engine): the copy-engine state is missing");
+  if (call.signature == 0)
+    throw Error(ErrorCode::kInternal, "all_gather(copy_engine): signature 0 cannot be told from an empty flag");
+  CopyEngineState& ce = *state.copy_engine;
+  const HostBoard& board = *state.board;
+  const int world = state.world;
+  const int rank = state.rank;
+  if (call.bytes == 0) return;  // equal on every rank (the signature covers the count): nothing to order
+  for (int p = 0; p < world; ++p) {
+    if (p != rank && (call.push ? call.out_peers[p] == nullptr : call.in_peers[p] == nullptr))
+      throw Error(ErrorCode::kInternal, std::string("all_gather(copy_engine): no ") + (call.push ? "output" : "input") +
+                                            " address of rank " + std::to_string(p));
+  }
 
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
 
-  handshake(&CopyEngineState::ready_slot);
+  if (world > 1) enqueue_handshake(board, rank, world, CopyEngineState::kPhaseReady, call.signature, stream);
   // Invariant: every peer's input holds this call's data and its output may be overwritten.
+
   // Batched copies cannot be captured; a batch of one copy (two ranks) only adds the batch call's
   // cost (2 x H200, 1 MiB per rank: 27.3 us batched, 25.8 plain).
   const bool batchable = ce.batch() && !capturing;
-  const auto pieces = plan_copy_engine(rank, world, bytes, batchable ? 1 : ce.streams(), ce.piece_bytes());
+  const auto pieces = plan_copy_engine(rank, world, call.bytes, batchable ? 1 : ce.streams(), ce.piece_bytes());
   const bool batch = batchable && pieces.size() > 1;
-  // Push (local read, NVLink write) when every output is in the heap, else pull.
-  const bool push = out_peers != nullptr;
-  char* out_bytes = static_cast<char*>(out);
+  // Pull (the default) writes only this rank's output; push writes this rank's slot of every
+  // peer's output (copy_engine_state.hpp says what that risks after a timeout).
+  char* out = static_cast<char*>(call.out);
+  const char* in = static_cast<const char*>(call.in);
+  const size_t stride = call.slot_stride;
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
+  dsts.reserve(pieces.size());
+  srcs.reserve(pieces.size());
+  sizes.reserve(pieces.size());
   for (const auto& piece : pieces) {
-    dsts.push_back(push ? static_cast<char*>(out_peers[piece.peer]) + rank * bytes + piece.offset
-                        : out_bytes + piece.peer * bytes + piece.offset);
-    srcs.push_back(push ? static_cast<const char*>(in) + piece.offset
-                        : static_cast<const char*>(in_peers[piece.peer]) + piece.offset);
+    if (call.push) {
+      dsts.push_back(static_cast<char*>(call.out_peers[piece.peer]) + size_t(rank) * stride + piece.offset);
+      srcs.push_back(in + piece.offset);
+    } else {
+      dsts.push_back(out + size_t(piece.peer) * stride + piece.offset);
+      srcs.push_back(static_cast<const char*>(call.in_peers[piece.peer]) + piece.offset);
+    }
     sizes.push_back(piece.bytes);
   }
-  // The peer copies fork onto side streams (one batch on the first, or one stream per piece)
-  // and join back; the own slot's local copy runs meanwhile on the caller's stream. Inside one
-  // batch the local copy delayed the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched
-  // with it, 333 beside it; bench/results/h200/README.md).
+  // The peer copies fork onto side streams (one batch on the first, or one stream per piece) and
+  // join back; the own slot's local copy runs meanwhile on the caller's stream. Inside one batch
+  // the local copy delayed the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched with
+  // it, 333 beside it; bench/results/h200/README.md).
   int used = 0;
   for (const auto& piece : pieces) used = std::max(used, batch ? 1 : piece.stream + 1);
-  SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
-  for (int s = 0; s < used; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
+  if (used > 0) {
+    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
+    for (int s = 0; s < used; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
+  }
   if (batch) {
     // The driver spreads the copies of one batch over the copy engines.
     cudaMemcpyAttributes attr{};
@@ -233,20 +334,16 @@ void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in,
       SYMMEM_CUDA_CHECK(
           cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice, ce.side_stream(pieces[i].stream)));
   }
-  if (copy_own)
-    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(out_bytes + rank * bytes, in, bytes, cudaMemcpyDeviceToDevice, stream));
+  if (call.copy_own)
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(out + size_t(rank) * stride, in, call.bytes, cudaMemcpyDeviceToDevice, stream));
   for (int s = 0; s < used; ++s) {
     SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), ce.side_stream(s)));
     SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(s), 0));
   }
-  handshake(&CopyEngineState::done_slot);
-  // Invariant: no peer reads this rank's input any more, every peer's slot of my output arrived.
 
-  if (!capturing) {
-    cudaEvent_t done = ce.acquire_event();
-    SYMMEM_CUDA_CHECK(cudaEventRecord(done, stream));
-    ce.watch(done);
-  }
+  if (world > 1) enqueue_handshake(board, rank, world, CopyEngineState::kPhaseDone, call.signature, stream);
+  // Invariant: no peer reads this rank's input any more (pull); every slot of this rank's output
+  // arrived (push: the peers' done writes follow their copies).
 }
 
 }  // namespace symmem::detail

@@ -4,16 +4,29 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
-#include "symmem/communicator.hpp"
+#include "device/device_types.hpp"
 
 namespace symmem::detail {
 
-// Copy-engine all-gather: out (local) receives every peer's input. Pull reads in_peers[r] (every
-// rank's input, mapped here); push writes `in` into out_peers[r] + rank * bytes (every rank's
-// output, mapped here; nullptr when the output is outside the heap). This rank's own slot is
-// copied from `in` when copy_own.
-void all_gather_copy_engine(Communicator::Impl& impl, void* out, const void* in, size_t bytes,
-                            const void* const* in_peers, void* const* out_peers, bool copy_own, cudaStream_t stream);
+struct CommunicatorState;
+
+// One copy-engine all-gather (or one chunk of a staged one).
+struct CopyEngineCall {
+  void* out;                        // this rank's output base; rank r's slot at out + r * slot_stride
+  size_t slot_stride;               // bytes between slots (== bytes unless chunked)
+  const void* in;                   // this rank's input (bytes)
+  size_t bytes;                     // per rank
+  const void* in_peers[kMaxWorld];  // pull: every rank's input, as mapped here
+  void* out_peers[kMaxWorld];       // push: every rank's output base, as mapped here
+  bool push;                        // write into the peers' outputs (else read their inputs)
+  bool copy_own;                    // copy `in` into this rank's own slot (out of place)
+  uint32_t signature;               // the call's signature (nonzero): the handshake flags carry it
+};
+
+// Zero SMs: handshake (stream memory operations on the host board), copies on the copy engines,
+// handshake. Never blocks forever: see copy_engine_state.hpp.
+void all_gather_copy_engine(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream);
 
 }  // namespace symmem::detail

@@ -1,138 +1,196 @@
-// all_reduce and the reduction preparation it shares with reduce_scatter:
-// validate -> plan -> stage the input when it lives outside the heap -> launch.
+// all_reduce, and the reduction path it shares with reduce_scatter: validate -> plan (from values
+// equal on every rank) -> sign -> per chunk: stage local operands peers must reach, launch.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
-#include "collectives/heap_view.hpp"
 #include "collectives/reduction_launch.hpp"
 #include "collectives/validate.hpp"
+#include "comm/communicator_state.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
-#include "common/env.hpp"
-#include "heap/communicator_impl.hpp"
+#include "kernels/kernel_args.hpp"
 #include "symmem/collectives.hpp"
 
-namespace symmem {
-namespace detail {
+namespace symmem::detail {
 
-PreparedReduction prepare_reduction(bool reduce_scatter, void* out, const void* in, size_t count, DataType type,
-                                    ReduceOp op, Communicator& comm, cudaStream_t stream,
-                                    const CollectiveOptions& options, bool launch) {
-  (void)op;  // chosen at launch; the plan does not depend on it
-  Communicator::Impl& impl = comm.impl();
+PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, const Operand& in, size_t count,
+                                    DataType type, ReduceOp op, CommunicatorState& st,
+                                    const CollectiveOptions& options) {
   const char* name = reduce_scatter ? "reduce_scatter" : "all_reduce";
   if (type == DataType::kUInt8)
     throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": uint8 is not reducible; use int32");
+  PreparedReduction p;
+  p.reduce_scatter = reduce_scatter;
+  p.count = count;
+  p.type = type;
+  p.op = op;
   const size_t elem = dtype_size(type);
   const size_t out_bytes = count * elem;
-  const size_t in_bytes = reduce_scatter ? out_bytes * impl.world : out_bytes;
-  const bool in_place = reduce_scatter ? in == static_cast<const char*>(out) - impl.rank * out_bytes : in == out;
-  require_device_pointer(out, out_bytes, "output", name, comm);
-  require_device_pointer(in, in_bytes, "input", name, comm);
-  // All-reduce in place is supported; reduce-scatter's output may be the rank's slice of its input.
-  require_no_partial_overlap(out, out_bytes, in, in_bytes, in_place, name);
-  Buffer* in_buffer = comm.find(in, in_bytes);
-  Buffer* out_buffer = comm.find(out, out_bytes);
+  const size_t in_bytes = reduce_scatter ? out_bytes * st.world : out_bytes;
+  p.in = resolve(in, in_bytes, "input", name, st);
+  // In place: all-reduce with in == out; reduce-scatter with out = this rank's slice of in.
+  const char* slice = static_cast<const char*>(p.in.local) + (reduce_scatter ? st.rank * out_bytes : 0);
+  p.in_place = out.ptr() == slice;
+  p.out = p.in_place ? shifted(p.in, reduce_scatter ? st.rank * out_bytes : 0) : resolve(out, out_bytes, "output", name, st);
+  require_no_partial_overlap(p.out.local, out_bytes, p.in.local, in_bytes, p.in_place, name);
 
   ReduceRequest request;
   request.reduce_scatter = reduce_scatter;
   request.count = count;
   request.elem_bytes = elem;
-  request.world = impl.world;
-  request.sm_count = impl.sm_count;
+  request.world = st.world;
+  request.sm_count = st.sm_count;
   request.options = options;
-  request.forced = impl.forced_algo;
-  request.forced_blocks = impl.forced_blocks;
-  request.in_symmetric = in_buffer != nullptr;
-  request.out_symmetric = out_buffer != nullptr;
-  request.in_address = reinterpret_cast<uintptr_t>(in);
-  request.out_address = reinterpret_cast<uintptr_t>(out);
-  request.low_latency_capacity = Communicator::Impl::kLowLatencySlotBytes;
-  request.in_place = in_place;
+  request.forced = st.settings.forced_algo;
+  request.forced_blocks = st.settings.forced_blocks;
+  request.in_symmetric = p.in.symmetric;
+  request.out_symmetric = p.out.symmetric;
+  request.in_address = p.in.heap_offset;
+  request.out_address = p.out.heap_offset;
+  request.low_latency_capacity = Workspaces::kLowLatencySlotBytes;
+  request.in_place = p.in_place;
+  p.plan = plan_reduce(request, *st.tuning);
 
-  PreparedReduction p;
-  p.plan = plan_reduce(request, *impl.tuning);
-  if (!launch) return p;
-
-  ReduceKernelArgs& a = p.args;
-  a.out = out;
-  a.count = count;
-  a.peer_stride = reduce_scatter ? count : 0;
-  a.sync = impl.sync_args(reduce_scatter ? kOpReduceScatter : kOpAllReduce);
-  a.ll_slot_words = Communicator::Impl::kLowLatencySlotBytes / 4;
-  // Scratch layout: [staged input | two-shot results, or two-shot push receive slots].
-  const size_t staged = p.plan.stage_input ? (in_bytes + 255) / 256 * 256 : 0;
-  const bool push_slots = p.plan.algo == Algo::kTwoShotPush && !p.plan.receive_area;
-  const size_t results = push_slots ? two_shot_slice(count, impl.world, elem) * elem * impl.world : out_bytes;
-  Buffer* scratch = nullptr;
-  if (staged || p.plan.gather_via_scratch || push_slots) scratch = impl.scratch_of(staged + results, stream, name);
-  const void* in_local = in;
-  if (p.plan.stage_input) {
-    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(scratch->ptr(), in, in_bytes, cudaMemcpyDeviceToDevice, stream));
-    in_local = scratch->ptr();
-    in_buffer = scratch;
-  }
-  if (p.plan.reads_peer_inputs) {
-    peer_views(*in_buffer, in_local, impl.world, a.in_peers);
-  } else {
-    for (int r = 0; r < kMaxWorld; ++r) a.in_peers[r] = r == impl.rank ? in_local : nullptr;
-  }
-  if (p.plan.algo == Algo::kLowLatency || p.plan.algo == Algo::kLowLatencyTwoShot)
-    peer_views(*impl.low_latency, impl.low_latency->ptr(), impl.world, a.ll_peers);
-  if (p.plan.receive_area) {
-    // Two halves at fixed places (calls alternate between them); a slot per sender in each.
-    const size_t slot_bytes = (out_bytes + 255) / 256 * 256;
-    Buffer* area = impl.receive_area_of(2 * slot_bytes * impl.world, stream, name);
-    peer_views(*area, area->ptr(), impl.world, a.receive_peers);
-    a.receive_half = area->size() / 2 / elem;
-    a.receive_slot = slot_bytes / elem;
-  }
-  if (p.plan.gather_via_scratch || push_slots)
-    peer_views(*scratch, static_cast<char*>(scratch->ptr()) + staged, impl.world, a.scratch_peers);
-  // Two-shot stores its results into every rank's output when the output is in the heap.
-  if (out_buffer && !reduce_scatter && !p.plan.gather_via_scratch)
-    peer_views(*out_buffer, out, impl.world, a.out_peers);
-  if (impl.debug) std::fprintf(stderr, "symmem rank %d: %s %s\n", impl.rank, name, describe(p.plan).c_str());
+  CallDescriptor& c = p.call;
+  c.op = reduce_scatter ? kOpReduceScatter : kOpAllReduce;
+  c.type = type;
+  c.reduce = op;
+  c.count = count;
+  c.algo = p.plan.algo;
+  c.blocks = p.plan.blocks;
+  c.in_place = p.in_place;
+  c.in_symmetric = p.in.symmetric;
+  c.out_symmetric = p.out.symmetric;
+  c.in_heap_offset = p.in.heap_offset;
+  c.out_heap_offset = p.in_place ? 0 : p.out.heap_offset;
   return p;
 }
 
-}  // namespace detail
+namespace {
 
-std::string describe_all_reduce(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
-                                const CollectiveOptions& options) {
-  detail::DeviceGuard guard(comm.device());
-  return detail::describe(detail::prepare_reduction(false, const_cast<void*>(out), in, count, type, ReduceOp::kSum,
-                                                    comm, nullptr, options, false)
-                              .plan);
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t signature, size_t begin, size_t n,
+                  cudaStream_t stream) {
+  const int world = st.world;
+  const int rank = st.rank;
+  const size_t elem = dtype_size(p.type);
+  const Workspaces& ws = *st.workspaces;
+  const ReducePlan& plan = p.plan;
+  const bool rs = p.reduce_scatter;
+  const bool low_latency = plan.algo == Algo::kLowLatency || plan.algo == Algo::kLowLatencyTwoShot;
+
+  ReduceKernelArgs a{};
+  a.out = static_cast<char*>(p.out.local) + begin * elem;
+  a.count = n;
+  a.sync = st.sync_args(rs ? kOpReduceScatter : kOpAllReduce, signature);
+  a.ll_slot_words = Workspaces::kLowLatencySlotBytes / 4;
+
+  // This chunk of rank r's input starts at in + begin (all-reduce) or in + r * count + begin
+  // (reduce-scatter: a.peer_stride elements between the ranks' slices).
+  const char* in_local = static_cast<const char*>(p.in.local) + begin * elem;
+  a.peer_stride = rs ? p.count : 0;
+  if (plan.stage_input) {
+    char* staged = static_cast<char*>(ws.staging_in()->ptr());
+    if (rs) {
+      SYMMEM_CUDA_CHECK(cudaMemcpy2DAsync(staged, n * elem, in_local, p.count * elem, n * elem, world,
+                                          cudaMemcpyDeviceToDevice, stream));
+      a.peer_stride = n;
+    } else {
+      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(staged, in_local, n * elem, cudaMemcpyDeviceToDevice, stream));
+    }
+    in_local = staged;
+    for (int r = 0; r < world; ++r) a.in_peers[r] = ws.staging_in()->peer_ptr(r);
+  } else if (plan.reads_peer_inputs) {
+    for (int r = 0; r < world; ++r) a.in_peers[r] = p.in.peer(r, begin * elem);
+  } else {
+    // Low latency reads its input in 4-byte words: a misaligned local input is first copied into
+    // this rank's staging area (peers never read it in these algorithms). A local decision that
+    // changes nothing in the protocol.
+    if (low_latency && reinterpret_cast<uintptr_t>(in_local) % 4 != 0) {
+      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(ws.staging_in()->ptr(), in_local, (rs ? world * p.count : n) * elem,
+                                        cudaMemcpyDeviceToDevice, stream));
+      in_local = static_cast<const char*>(ws.staging_in()->ptr());
+    }
+    a.in_peers[rank] = in_local;
+  }
+  if (low_latency)
+    for (int r = 0; r < world; ++r) a.ll_peers[r] = static_cast<uint64_t*>(ws.low_latency()->peer_ptr(r));
+  if (plan.receive_area) {
+    // Two parity halves at fixed places (calls alternate between them); a slot per sender in each.
+    const size_t slot_bytes = (n * elem + 255) / 256 * 256;
+    for (int r = 0; r < world; ++r) a.receive_peers[r] = ws.receive_area()->peer_ptr(r);
+    a.receive_half = ws.receive_half_bytes() / elem;
+    a.receive_slot = slot_bytes / elem;
+  }
+  if (plan.algo == Algo::kTwoShotPush && !rs)
+    for (int r = 0; r < world; ++r) a.scratch_peers[r] = ws.push_slots()->peer_ptr(r);
+  if (plan.gather_via_scratch)
+    for (int r = 0; r < world; ++r) a.scratch_peers[r] = ws.staging_out()->peer_ptr(r);
+  // Two-shot stores its results into every rank's output when the output is symmetric.
+  if (p.out.symmetric && !rs && !plan.gather_via_scratch) {
+    a.results_to_peers = true;
+    for (int r = 0; r < world; ++r) a.out_peers[r] = p.out.peer(r, begin * elem);
+  }
+
+  // 16-byte vectors where every address this rank touches allows them (peers' copies of a
+  // symmetric or staged operand sit at the same offsets as this rank's).
+  const bool vector = plan.vector && aligned16(a.out) && aligned16(in_local) &&
+                      (!rs || (a.peer_stride * elem) % 16 == 0) &&
+                      (!plan.reads_peer_inputs || aligned16(a.in_peers[rank]));
+  const int blocks = plan.blocks;
+  switch (plan.algo) {
+    case Algo::kOneShot:
+    case Algo::kTwoShot:
+      if (rs) return launch_all_reduce(AllReduceKernel::kOneShot, p.type, p.op, vector, a, blocks, stream);
+      return launch_all_reduce(plan.algo == Algo::kOneShot ? AllReduceKernel::kOneShot : AllReduceKernel::kTwoShot,
+                               p.type, p.op, vector, a, blocks, stream);
+    case Algo::kOneShotPush: return launch_all_reduce(AllReduceKernel::kOneShotPush, p.type, p.op, vector, a, blocks, stream);
+    case Algo::kTwoShotPush:
+      // Reduce-scatter two_shot_push is the first half of one-shot push (peers store their slices).
+      return launch_all_reduce(rs ? AllReduceKernel::kOneShotPush : AllReduceKernel::kTwoShotPush, p.type, p.op, vector,
+                               a, blocks, stream);
+    case Algo::kLowLatency: return launch_all_reduce_low_latency(false, p.type, p.op, a, blocks, stream);
+    case Algo::kLowLatencyTwoShot: return launch_all_reduce_low_latency(true, p.type, p.op, a, blocks, stream);
+    default:
+      SYMMEM_THROW(ErrorCode::kInternal, std::string(rs ? "reduce_scatter" : "all_reduce") + ": no launch for " +
+                                             algo_name(plan.algo));
+  }
 }
 
-void all_reduce(void* out, const void* in, size_t count, DataType type, ReduceOp op, Communicator& comm,
+}  // namespace
+
+void run_reduction(const PreparedReduction& p, CommunicatorState& st, cudaStream_t stream) {
+  const uint32_t signature = signature_of(p.call);
+  st.record_call(signature, p.call);
+  if (st.debug)
+    std::fprintf(stderr, "symmem rank %d: %s %s\n", st.rank, p.reduce_scatter ? "reduce_scatter" : "all_reduce",
+                 describe(p.plan).c_str());
+  const size_t elem = dtype_size(p.type);
+  const WorkspaceLimits limits{st.workspaces->staging_capacity(), st.workspaces->receive_half_bytes()};
+  const size_t limit = reduce_chunk_elements(p.plan, p.reduce_scatter, elem, st.world, limits);
+  for (const auto& chunk : plan_chunks(p.count, limit)) launch_chunk(p, st, signature, chunk.begin, chunk.count, stream);
+}
+
+}  // namespace symmem::detail
+
+namespace symmem {
+
+std::string describe_all_reduce(Operand out, Operand in, size_t count, DataType type, Communicator& comm,
+                                const CollectiveOptions& options) {
+  detail::CommunicatorState& st = detail::state_of(comm);
+  detail::DeviceGuard guard(st.device);
+  return detail::describe(detail::prepare_reduction(false, out, in, count, type, ReduceOp::kSum, st, options).plan);
+}
+
+void all_reduce(Operand out, Operand in, size_t count, DataType type, ReduceOp op, Communicator& comm,
                 cudaStream_t stream, const CollectiveOptions& options) {
-  Communicator::Impl& impl = comm.impl();
-  impl.ensure_usable("all_reduce");
-  detail::check_args_across_ranks(comm, "all_reduce", count, type, options.algo);
+  detail::CommunicatorState& st = detail::state_of(comm);
+  st.ensure_usable("all_reduce");
   if (count == 0) return;
-  detail::DeviceGuard guard(impl.device);
-  const auto p = detail::prepare_reduction(false, out, in, count, type, op, comm, stream, options, true);
-  switch (p.plan.algo) {
-    case Algo::kOneShot:
-      return detail::launch_all_reduce(detail::AllReduceKernel::kOneShot, type, op, p.plan.vector, p.args,
-                                       p.plan.blocks, stream);
-    case Algo::kTwoShot:
-      return detail::launch_all_reduce(detail::AllReduceKernel::kTwoShot, type, op, p.plan.vector, p.args,
-                                       p.plan.blocks, stream);
-    case Algo::kOneShotPush:
-      return detail::launch_all_reduce(detail::AllReduceKernel::kOneShotPush, type, op, p.plan.vector, p.args,
-                                       p.plan.blocks, stream);
-    case Algo::kTwoShotPush:
-      return detail::launch_all_reduce(detail::AllReduceKernel::kTwoShotPush, type, op, p.plan.vector, p.args,
-                                       p.plan.blocks, stream);
-    case Algo::kLowLatency:
-      return detail::launch_all_reduce_low_latency(false, type, op, p.args, p.plan.blocks, stream);
-    case Algo::kLowLatencyTwoShot:
-      return detail::launch_all_reduce_low_latency(true, type, op, p.args, p.plan.blocks, stream);
-    default: SYMMEM_THROW(ErrorCode::kInternal, std::string("all_reduce: planner chose ") + algo_name(p.plan.algo));
-  }
+  detail::DeviceGuard guard(st.device);
+  detail::run_reduction(detail::prepare_reduction(false, out, in, count, type, op, st, options), st, stream);
 }
 
 }  // namespace symmem

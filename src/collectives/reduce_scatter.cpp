@@ -1,32 +1,25 @@
-// reduce_scatter: the same preparation as all_reduce (reduction_launch.hpp), then the kernel.
+// reduce_scatter: the same preparation and launch as all_reduce (reduction_launch.hpp).
 #include "collectives/reduction_launch.hpp"
-#include "collectives/validate.hpp"
+#include "comm/communicator_state.hpp"
 #include "common/device_guard.hpp"
-#include "heap/communicator_impl.hpp"
 #include "symmem/collectives.hpp"
 
 namespace symmem {
 
-std::string describe_reduce_scatter(const void* out, const void* in, size_t count, DataType type, Communicator& comm,
+std::string describe_reduce_scatter(Operand out, Operand in, size_t count, DataType type, Communicator& comm,
                                     const CollectiveOptions& options) {
-  detail::DeviceGuard guard(comm.device());
-  return detail::describe(detail::prepare_reduction(true, const_cast<void*>(out), in, count, type, ReduceOp::kSum, comm,
-                                                    nullptr, options, false)
-                              .plan);
+  detail::CommunicatorState& st = detail::state_of(comm);
+  detail::DeviceGuard guard(st.device);
+  return detail::describe(detail::prepare_reduction(true, out, in, count, type, ReduceOp::kSum, st, options).plan);
 }
 
-void reduce_scatter(void* out, const void* in, size_t count, DataType type, ReduceOp op, Communicator& comm,
+void reduce_scatter(Operand out, Operand in, size_t count, DataType type, ReduceOp op, Communicator& comm,
                     cudaStream_t stream, const CollectiveOptions& options) {
-  Communicator::Impl& impl = comm.impl();
-  impl.ensure_usable("reduce_scatter");
-  detail::check_args_across_ranks(comm, "reduce_scatter", count, type, options.algo);
+  detail::CommunicatorState& st = detail::state_of(comm);
+  st.ensure_usable("reduce_scatter");
   if (count == 0) return;
-  detail::DeviceGuard guard(impl.device);
-  const auto p = detail::prepare_reduction(true, out, in, count, type, op, comm, stream, options, true);
-  // Reduce-scatter is a one-shot kernel over this rank's slice (from element rank * count): reading
-  // the peers' slices (two_shot), or receiving them in the receive area (two_shot_push).
-  const auto kernel = p.plan.receive_area ? detail::AllReduceKernel::kOneShotPush : detail::AllReduceKernel::kOneShot;
-  detail::launch_all_reduce(kernel, type, op, p.plan.vector, p.args, p.plan.blocks, stream);
+  detail::DeviceGuard guard(st.device);
+  detail::run_reduction(detail::prepare_reduction(true, out, in, count, type, op, st, options), st, stream);
 }
 
 }  // namespace symmem

@@ -17,8 +17,4 @@ void require_device_pointer(const void* p, size_t bytes, const char* what, const
 void require_no_partial_overlap(const void* out, size_t out_bytes, const void* in, size_t in_bytes, bool in_place,
                                 const char* op);
 
-// With SYMMEM_CHECK_ARGS=1: exchanges {op, count, type, algo} through the bootstrap and throws
-// naming the first rank that differs, e.g. "all_gather: rank 2 has 4096 elements, rank 0 has 4098".
-void check_args_across_ranks(Communicator& comm, const char* op, size_t count, DataType type, Algo algo);
-
 }  // namespace symmem::detail

@@ -30,10 +30,10 @@ bool debug() {
 }
 size_t heap_reserve_bytes() { return static_cast<size_t>(get_int("SYMMEM_HEAP_RESERVE_GB", 64)) << 30; }
 std::string tuning_file() { return get_string("SYMMEM_TUNING_FILE", ""); }
-bool check_args() { return get_int("SYMMEM_CHECK_ARGS", 0) != 0; }
+size_t workspace_bytes() { return static_cast<size_t>(get_int("SYMMEM_WORKSPACE_MB", 256)) << 20; }
 bool push_bulk() { return get_int("SYMMEM_PUSH_BULK", 1) != 0; }
 int copy_engine_streams() { return static_cast<int>(get_int("SYMMEM_CE_STREAMS", 4)); }
-std::string copy_engine_direction() { return get_string("SYMMEM_CE_DIRECTION", "push"); }
+std::string copy_engine_direction() { return get_string("SYMMEM_CE_DIRECTION", "pull"); }
 bool copy_engine_batch() { return get_int("SYMMEM_CE_BATCH", 1) != 0; }
 size_t copy_engine_piece_bytes() { return static_cast<size_t>(get_int("SYMMEM_CE_PIECE_KB", 1 << 20)) << 10; }
 

@@ -20,16 +20,18 @@ bool debug();
 size_t heap_reserve_bytes();
 // SYMMEM_TUNING_FILE (default: the table shipped for the GPU): tuning table JSON.
 std::string tuning_file();
-// SYMMEM_CHECK_ARGS (default 0): exchange every call's arguments across ranks through the
-// bootstrap and reject mismatches (slow; not allowed under CUDA graph capture).
-bool check_args();
+
+// SYMMEM_WORKSPACE_MB (default 256): device memory per rank for the collectives' workspaces
+// (CommConfig::workspace_bytes overrides it); see src/workspace/workspaces.hpp.
+size_t workspace_bytes();
 
 // SYMMEM_PUSH_BULK (default 1): push all-gathers use Hopper bulk copies when 16-byte aligned.
 bool push_bulk();
 // SYMMEM_CE_STREAMS (default 4): side streams the copy-engine all-gather spreads its copies over.
 int copy_engine_streams();
-// SYMMEM_CE_DIRECTION (default push): "push" writes this rank's input into its peers' outputs
-// (needs a heap output, else pull is used); "pull" reads the peers' inputs.
+// SYMMEM_CE_DIRECTION (default pull): "pull" reads the peers' inputs; "push" writes this rank's
+// input into its peers' outputs (needs a symmetric output, else pull is used). Pull is the default
+// because after a timeout no copy then writes into another rank's memory (copy_engine_state.hpp).
 std::string copy_engine_direction();
 // SYMMEM_CE_BATCH (default 1): issue several peer copies as one cudaMemcpyBatchAsync (outside graphs).
 bool copy_engine_batch();

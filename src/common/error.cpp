@@ -14,6 +14,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kSystemError: return "system error";
     case ErrorCode::kBootstrap: return "bootstrap error";
     case ErrorCode::kTimeout: return "timeout";
+    case ErrorCode::kMismatch: return "mismatch";
     case ErrorCode::kAborted: return "communicator aborted";
     case ErrorCode::kInternal: return "internal error";
   }

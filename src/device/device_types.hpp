@@ -1,5 +1,5 @@
-// Plain structs shared by host and device code: the status word kernels write on a timeout, the
-// synchronisation arguments every SM collective receives, and the signal-pad layout.
+// Plain structs shared by host and device code: the failure record kernels write, the
+// synchronisation arguments every SM collective receives, and the barrier-flag layout.
 #pragma once
 
 #include <cstddef>
@@ -17,15 +17,26 @@ constexpr int kMaxWorld = 8;       // ranks of one NVLink domain
 constexpr int kMaxBlocks = 160;    // SM collectives launch at most this many blocks
 constexpr int kBarrierPhases = 4;  // distinct barriers one kernel may use (start, middle, end, ...)
 
-// Written by the first device wait that passes its deadline; read by the host, which raises
-// symmem::Error and marks the communicator unusable. Lives in mapped pinned host memory.
+// A rank's failure record. Each rank has one in its page of the communicator's host board
+// (src/comm/host_board.hpp: host memory shared by every local rank and mapped into every GPU), so
+// any rank's host can read why any other rank failed. The first device wait of this rank that
+// fails fills it; it is never cleared (the communicator is unusable afterwards).
 struct DeviceStatus {
-  uint32_t code;  // 0: fine; 1: timeout
-  uint32_t op;    // OpCode of the kernel that timed out
-  int32_t rank;   // who waited
-  int32_t peer;   // for whom
-  int32_t block;
-  int32_t phase;  // which barrier or flag
+  uint32_t code;            // StatusCode
+  uint32_t op;              // OpCode of the kernel (or copy-engine call) that failed
+  int32_t rank;             // who waited
+  int32_t peer;             // for whom
+  int32_t block;            // -1: not a kernel block (copy engine)
+  int32_t phase;            // which barrier or flag
+  uint32_t signature;       // the signature of this rank's call
+  uint32_t peer_signature;  // mismatch: the signature the peer's flag carried
+};
+
+enum StatusCode : uint32_t {
+  kStatusOk = 0,
+  kStatusTimeout = 1,   // a peer's flag did not come before the deadline
+  kStatusMismatch = 2,  // a peer's flag came from a different call (signature differs)
+  kStatusAborted = 3,   // another rank failed first (the abort word was set)
 };
 
 enum OpCode : uint32_t {
@@ -48,23 +59,33 @@ inline const char* op_code_name(uint32_t op) {
   }
 }
 
-// Signal pad of one rank: flags[phase][block][peer], each written by `peer` with the epoch of
-// `block` when it reaches barrier `phase`.
+// Barrier flags of one rank: flags[phase][block][peer], a 64-bit word written by `peer` as
+// (epoch << 32 | signature) when its block `block` reaches barrier `phase`. They live in the data
+// area of the communicator's control buffer (not in a Buffer's 32-bit signal pad).
 constexpr size_t kSignalFlagCount = size_t(kBarrierPhases) * kMaxBlocks * kMaxWorld;
 SYMMEM_HOST_DEVICE constexpr size_t signal_slot(int phase, int block, int peer) {
   return (size_t(phase) * kMaxBlocks + block) * kMaxWorld + peer;
 }
+SYMMEM_HOST_DEVICE constexpr uint64_t barrier_flag(uint32_t epoch, uint32_t signature) {
+  return (uint64_t(epoch) << 32) | signature;
+}
 
 struct SyncArgs {
-  uint32_t* pad;                   // this rank's signal pad (flags written by peers)
-  uint32_t* peer_pads[kMaxWorld];  // every rank's pad, mapped here
+  uint64_t* pad;                   // this rank's barrier flags (written by peers)
+  uint64_t* peer_pads[kMaxWorld];  // every rank's barrier flags, mapped here
   uint32_t* epochs;                // this rank's per-block epoch counters (local device memory)
   uint32_t* call_counter;          // {calls of parity-alternating kernels so far, blocks finished}
-  DeviceStatus* status;            // device pointer to the mapped status word
+  DeviceStatus* status;            // this rank's failure record (device pointer, host board)
+  uint32_t* abort;                 // the communicator's abort word (host board): nonzero once any
+                                   // rank failed; every wait of every rank polls it
   uint64_t timeout_ns;
   int rank;
   int world;
   uint32_t op;
+  // This call's signature (nonzero): a hash of everything every rank must agree on (op, count,
+  // type, reduce op, algorithm, blocks, symmetric offsets, ...). Carried in every flag the ranks
+  // exchange, so a peer that called something else is detected on the device.
+  uint32_t signature;
 };
 
 }  // namespace symmem::detail

@@ -17,8 +17,22 @@ __device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// The same two for the 64-bit barrier flags {epoch << 32 | signature}: single-copy atomic, so the
+// signature a waiter reads is the one stored together with the epoch it reads.
+//
+// Load that synchronises-with the release store (of a peer GPU) that wrote the value it returns.
+__device__ __forceinline__ uint64_t ld_acquire_sys_u64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+// Store that publishes every write this thread has observed (cumulativity) before the flag.
+__device__ __forceinline__ void st_release_sys_u64(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Relaxed 8-byte store/load visible across GPUs, single-copy atomic: the low-latency protocol
-// packs {flag << 32 | data} in one word, so a reader that sees the flag also sees its data.
+// packs {tag << 32 | data} in one word, so a reader that sees the tag also sees its data.
 __device__ __forceinline__ void st_relaxed_sys_u64(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -28,11 +42,17 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys_u64(const uint64_t* p) {
   return v;
 }
 
-// Volatile read of host-mapped memory (the status word), never cached.
+// Volatile read of host-mapped memory (the abort word, a failure record), never cached.
 __device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// Volatile store to host-mapped memory (the abort word). Volatile has the ordering of relaxed.sys,
+// so it orders nothing by itself: fence_acq_rel_sys before it makes the pair a system release.
+__device__ __forceinline__ void st_volatile_u32(uint32_t* p, uint32_t v) {
+  asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // Orders this thread's earlier accesses against later ones at system scope.

@@ -115,6 +115,35 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   int my_fd = -1;
   std::vector<int> peer_fds;
+  auto release_local = [&]() noexcept {
+    if (my_fd >= 0) ::close(my_fd);
+    my_fd = -1;
+    for (int& fd : peer_fds)
+      if (fd >= 0) ::close(fd), fd = -1;
+    unmap(offset, m);
+    ranges_.release(offset);
+  };
+  // Every later step can fail on one rank only (import, map). The ranks agree on the outcome after
+  // each step, so that either every rank keeps the allocation at this offset or none does: the
+  // ranks' free lists, and so every later buffer's offset, stay identical.
+  auto agree = [&](const std::string& local_failure) {
+    std::vector<uint8_t> fine(world_);
+    const uint8_t me = local_failure.empty() ? 1 : 0;
+    try {
+      bootstrap.all_gather(&me, fine.data(), 1);
+    } catch (...) {
+      release_local();
+      throw;
+    }
+    for (int r = 0; r < world_; ++r) {
+      if (fine[r]) continue;
+      release_local();
+      throw Error(ErrorCode::kCudaError, local_failure.empty() ? "heap allocation of " + std::to_string(m.size) +
+                                                                     " bytes failed on rank " + std::to_string(r)
+                                                               : local_failure);
+    }
+  };
+  std::string failure_step;
   try {
     // Step 2: map locally and zero, before any peer can see the memory.
     SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, 0, m.handles[rank_], 0));
@@ -122,10 +151,14 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
     SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, &access, 1));
     SYMMEM_CUDA_CHECK(cudaMemset(base(rank_) + offset, 0, m.size));
     SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
-
-    // Step 3: pass descriptors; import and map every peer's chunk.
     SYMMEM_CU_CHECK(
         api.mem_export_to_shareable_handle(&my_fd, m.handles[rank_], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  } catch (const std::exception& e) {
+    failure_step = std::string("rank ") + std::to_string(rank_) + ": " + e.what();
+  }
+  agree(failure_step);
+  try {
+    // Step 3: pass descriptors; import and map every peer's chunk.
     peer_fds = exchange.exchange(my_fd);
     ::close(my_fd);
     my_fd = -1;
@@ -140,14 +173,10 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
       m.mapped[r] = true;
       SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, &access, 1));
     }
-  } catch (...) {
-    if (my_fd >= 0) ::close(my_fd);
-    for (int fd : peer_fds)
-      if (fd >= 0) ::close(fd);
-    unmap(offset, m);
-    ranges_.release(offset);
-    throw;
+  } catch (const std::exception& e) {
+    failure_step = std::string("rank ") + std::to_string(rank_) + ": " + e.what();
   }
+  agree(failure_step);
   mappings_[offset] = m;
   return offset;
 }

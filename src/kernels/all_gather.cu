@@ -3,6 +3,10 @@
 // barrier (every peer done with my input, everything addressed to me arrived).
 // Ranks visit peers in rotated order (rank + 1, rank + 2, ...) so that at any moment each GPU's
 // NVLink egress serves one reader per step and the switch load is even.
+// Rank r's slot of an output starts at r * slot_stride (the host keeps slot_stride a multiple of
+// the vector width); `bytes` is the data of one slot. The barrier flags carry the call's
+// signature in the same 64-bit store as the epoch, so a peer in another call is a mismatch
+// error, not a silent pass (device/wait.cuh).
 #include "common/check.hpp"
 #include "device/copy.cuh"
 #include "device/wait.cuh"
@@ -27,7 +31,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_pull(AllGatherKer
   const SyncArgs& s = a.sync;
   __shared__ CopyTask<V> tasks[kMaxWorld];
   const size_t n = a.bytes / sizeof(V);
-  auto slot = [&](int r) { return reinterpret_cast<V*>(static_cast<char*>(a.out) + r * a.bytes); };
+  auto slot = [&](int r) { return reinterpret_cast<V*>(static_cast<char*>(a.out) + size_t(r) * a.slot_stride); };
   if (threadIdx.x < s.world) {
     const int k = threadIdx.x;  // peers in rotated order, the own slot last
     const int r = (s.rank + 1 + k) % s.world;
@@ -74,7 +78,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_push(AllGatherKer
 #pragma unroll
   for (int k = 0; k < kMaxWorld; ++k) {
     const int r = (s.rank + 1 + k) % s.world;
-    dst[k] = reinterpret_cast<V*>(static_cast<char*>(a.out_peers[r]) + s.rank * a.bytes);
+    dst[k] = reinterpret_cast<V*>(static_cast<char*>(a.out_peers[r]) + size_t(s.rank) * a.slot_stride);
   }
   const int ndst = s.world - 1 + (a.copy_own ? 1 : 0);
   for (; base < n; base += stride * kUnroll) {

@@ -4,7 +4,10 @@
 // SMs carry what per-thread 16-byte stores need many for.
 //   barrier -> pipelined chunks (load stage i while stages i-1.. are being stored) -> wait for all
 //   stores -> proxy fence -> barrier.
-// Needs 16-byte aligned pointers and a byte count that is a multiple of 16 (the planner checks).
+// Needs 16-byte aligned pointers, and a byte count and slot stride (rank r's slot starts at
+// r * slot_stride) that are multiples of 16 (the planner checks). The barrier flags carry the
+// call's signature with the epoch in one 64-bit store (device/wait.cuh): a peer in another call
+// fails the barrier as a mismatch.
 #include "common/check.hpp"
 #include "device/ptx.cuh"
 #include "device/wait.cuh"
@@ -55,7 +58,7 @@ __global__ void __launch_bounds__(kBulkThreads) all_gather_push_bulk(AllGatherKe
     const int ndst = s.world - 1 + (a.copy_own ? 1 : 0);
     for (int k = 0; k < kMaxWorld; ++k) {
       const int r = (s.rank + 1 + k) % s.world;
-      dst[k] = static_cast<char*>(a.out_peers[r]) + s.rank * a.bytes;
+      dst[k] = static_cast<char*>(a.out_peers[r]) + size_t(s.rank) * a.slot_stride;
     }
     for (uint32_t j = 0; j < mine; ++j) {
       const int stage = j % kStages;

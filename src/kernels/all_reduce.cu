@@ -6,6 +6,10 @@
 //   two-shot push: see all_reduce_two_shot_push below (stores only over NVLink).
 //   one-shot push: see reduce_pushed below (stores only, one barrier).
 // All read sources in rank order, so every rank's result is bit-identical.
+// Every barrier flag carries the call's signature in the same 64-bit store as the epoch, so a
+// peer that called something else fails the barrier as a mismatch instead of passing it
+// (device/wait.cuh). Kernels on the call counter (reduce_pushed) reach call_end in every block,
+// also after a failed barrier, or the counter would stop.
 #include "device/call_counter.cuh"
 #include "device/reduce.cuh"
 #include "device/wait.cuh"
@@ -66,7 +70,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKe
   const uint32_t epoch = device::epoch_begin(s);
   if (!device::barrier(s, epoch, 0)) return;
   const size_t slice = two_shot_slice(a.count, s.world, sizeof(T));
-  const bool push = a.out_peers[0] != nullptr;
+  const bool push = a.results_to_peers;
   auto slice_begin = [&](int r) { return min(a.count, size_t(r) * slice); };
   auto slice_count = [&](int r) { return min(a.count, size_t(r + 1) * slice) - slice_begin(r); };
 

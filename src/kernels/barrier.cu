@@ -1,4 +1,6 @@
-// A standalone device barrier among all ranks: one block, the same flags as the collectives.
+// A standalone device barrier among all ranks: one block, the same flags as the collectives,
+// carrying the signature of the barrier call (SyncArgs::signature): a rank whose block 0 is in a
+// collective instead fails the barrier as a mismatch (device/wait.cuh).
 #include "common/check.hpp"
 #include "device/wait.cuh"
 #include "kernels/kernel_args.hpp"

@@ -18,8 +18,10 @@ struct AllGatherKernelArgs {
   const void* in_peers[kMaxWorld];  // pull: every rank's input as mapped here
   void* out_peers[kMaxWorld];       // push: every rank's output base as mapped here
   const void* in;                   // this rank's input
-  void* out;                        // this rank's output base (world * bytes)
+  void* out;                        // this rank's output base (rank r's slot at r * slot_stride)
   size_t bytes;                     // per rank
+  size_t slot_stride;               // bytes from rank r's slot to rank r+1's in out and out_peers
+                                    // (== bytes, except when a staged call runs in chunks)
   bool copy_own;                    // out-of-place: this rank's own slot is written too
   int local_warps;                  // pull with copy_own: warps of each block that copy the own slot
   SyncArgs sync;
@@ -36,7 +38,9 @@ void launch_all_gather_push_bulk(const AllGatherKernelArgs& args, int blocks, cu
 struct ReduceKernelArgs {
   const void* in_peers[kMaxWorld];  // every rank's input as mapped here (index = rank)
   void* out;                        // this rank's output
-  void* out_peers[kMaxWorld];       // two-shot push: every rank's output (nullptr: use scratch)
+  void* out_peers[kMaxWorld];       // two-shot with results_to_peers: every rank's output
+  bool results_to_peers;            // two-shot: store each reduced slice into every rank's output
+                                    // (symmetric output), else into scratch for the ranks to gather
   void* scratch_peers[kMaxWorld];   // two-shot gather: every rank's result area
   uint64_t* ll_peers[kMaxWorld];    // low latency: every rank's receive area
   void* receive_peers[kMaxWorld];   // one-shot push: every rank's receive area (two parity halves)

@@ -81,10 +81,11 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     plan.vector_bytes = 1;
     return plan;
   }
-  // Use what the buffers allow without staging when the caller did not insist.
+  // Use what the buffers allow without staging when the caller did not insist. With both operands
+  // local, pull stages only this rank's input (push would stage and copy out world times more).
   const bool chosen_by_caller = r.options.algo != Algo::kAuto;
   if (!chosen_by_caller) {
-    if (algo == Algo::kPush && !r.out_symmetric && r.in_symmetric) algo = Algo::kPull;
+    if (algo == Algo::kPush && !r.out_symmetric) algo = Algo::kPull;
     if (algo == Algo::kPull && !r.in_symmetric && r.out_symmetric) algo = Algo::kPush;
   }
   plan.algo = algo;
@@ -215,6 +216,55 @@ std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes, int s
     }
   }
   return pieces;
+}
+
+namespace {
+
+constexpr size_t kChunkUnbounded = ~size_t(0);
+
+// Elements in `bytes`, rounded down to whole 16-byte vectors, at least one vector.
+size_t whole_vectors(size_t bytes, size_t elem_bytes) {
+  const size_t vectors = std::max<size_t>(1, bytes / 16);
+  return vectors * (16 / std::min<size_t>(16, elem_bytes));
+}
+
+}  // namespace
+
+size_t all_gather_chunk_elements(const AllGatherPlan& plan, size_t elem_bytes, int world,
+                                 const WorkspaceLimits& limits) {
+  size_t limit = kChunkUnbounded;
+  if (plan.stage_input) limit = std::min(limit, whole_vectors(limits.staging, elem_bytes));
+  if (plan.stage_output)
+    limit = std::min(limit, whole_vectors(limits.staging / static_cast<size_t>(std::max(1, world)), elem_bytes));
+  return limit;
+}
+
+size_t reduce_chunk_elements(const ReducePlan& plan, bool reduce_scatter, size_t elem_bytes, int world,
+                             const WorkspaceLimits& limits) {
+  const size_t w = static_cast<size_t>(std::max(1, world));
+  size_t limit = kChunkUnbounded;
+  // The staged input holds world slices per chunk for reduce-scatter, the chunk for all-reduce.
+  if (plan.stage_input) limit = std::min(limit, whole_vectors(limits.staging / (reduce_scatter ? w : 1), elem_bytes));
+  if (plan.gather_via_scratch) limit = std::min(limit, whole_vectors(limits.staging, elem_bytes));
+  if (plan.algo == Algo::kTwoShotPush && !reduce_scatter) {
+    // world slices of two_shot_slice(chunk) elements: with slices of whole vectors of
+    // floor16(staging / world) bytes, slice * world * elem <= staging.
+    const size_t slice_bytes = std::max<size_t>(16, limits.staging / w / 16 * 16);
+    limit = std::min(limit, slice_bytes * w / elem_bytes);
+  }
+  if (plan.receive_area) {
+    // world sender slots of round_up(chunk * elem, 256) bytes in one half.
+    const size_t slot = std::max<size_t>(256, limits.receive_half / w / 256 * 256);
+    limit = std::min(limit, whole_vectors(slot, elem_bytes));
+  }
+  return limit;
+}
+
+std::vector<ElementChunk> plan_chunks(size_t count, size_t limit) {
+  std::vector<ElementChunk> chunks;
+  if (limit == 0) limit = 1;
+  for (size_t begin = 0; begin < count; begin += limit) chunks.push_back({begin, std::min(limit, count - begin)});
+  return chunks;
 }
 
 std::string describe(const AllGatherPlan& p) {

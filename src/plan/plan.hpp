@@ -23,11 +23,14 @@ struct AllGatherRequest {
   CollectiveOptions options;
   Algo forced = Algo::kAuto;  // SYMMEM_ALGO, applied only when options.algo is kAuto
   int forced_blocks = 0;      // SYMMEM_BLOCKS
-  bool in_symmetric = false;
+  bool in_symmetric = false;  // the caller passed symmetric operands (agreed: part of the signature)
   bool out_symmetric = false;
+  // Alignment inputs, equal on every rank: a symmetric operand's heap offset; 0 for a local one
+  // (a local pointer's alignment is this rank's own affair, settled at launch without changing
+  // the protocol: it may narrow the vector width or turn bulk push into plain push).
   uint64_t in_address = 0;
   uint64_t out_address = 0;
-  bool copy_engine_push = true;  // SYMMEM_CE_DIRECTION=push (used when the output is in the heap)
+  bool copy_engine_push = false;  // SYMMEM_CE_DIRECTION=push (used when the output is symmetric)
   bool push_bulk = true;         // SYMMEM_PUSH_BULK: push with Hopper bulk copies where aligned
 };
 
@@ -63,9 +66,9 @@ struct ReduceRequest {
   CollectiveOptions options;
   Algo forced = Algo::kAuto;
   int forced_blocks = 0;
-  bool in_symmetric = false;
+  bool in_symmetric = false;  // agreed, as for AllGatherRequest
   bool out_symmetric = false;
-  uint64_t in_address = 0;
+  uint64_t in_address = 0;  // agreed alignment inputs, as for AllGatherRequest
   uint64_t out_address = 0;
   size_t low_latency_capacity = 0;  // largest message the low-latency areas hold, bytes
   bool in_place = false;
@@ -95,6 +98,26 @@ struct CopyPiece {
   int stream;
 };
 std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes_per_rank, int streams, size_t piece_bytes);
+
+// The workspace capacities that bound one chunk of a call (equal on every rank).
+struct WorkspaceLimits {
+  size_t staging = 0;       // staging_in, staging_out and push_slots: bytes each
+  size_t receive_half = 0;  // one parity half of the receive area, bytes
+};
+
+// Most elements (per rank for all-gather and reduce-scatter) that one chunk of the call may cover
+// so that everything it stages or receives fits its workspace; a multiple of 16 bytes' worth of
+// elements, at least one vector. SIZE_MAX when the plan needs no workspace.
+size_t all_gather_chunk_elements(const AllGatherPlan& plan, size_t elem_bytes, int world, const WorkspaceLimits& limits);
+size_t reduce_chunk_elements(const ReducePlan& plan, bool reduce_scatter, size_t elem_bytes, int world,
+                             const WorkspaceLimits& limits);
+
+// [0, count) cut into consecutive chunks of at most `limit` elements (one chunk when it fits).
+struct ElementChunk {
+  size_t begin;
+  size_t count;
+};
+std::vector<ElementChunk> plan_chunks(size_t count, size_t limit);
 
 // A string like "all_gather pull blocks=16 vector=16" for SYMMEM_DEBUG logs.
 std::string describe(const AllGatherPlan& plan);

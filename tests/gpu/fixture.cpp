@@ -49,7 +49,16 @@ DeviceBuffer::~DeviceBuffer() { cudaFree(ptr); }
 
 CapturedGraph::CapturedGraph(cudaStream_t stream, const std::function<void()>& record) {
   TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  record();
+  try {
+    record();
+  } catch (...) {
+    // End the capture, so that the stream is usable again, and let the error through.
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(stream, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    cudaGetLastError();
+    throw;
+  }
   TEST_CUDA(cudaStreamEndCapture(stream, &graph_));
   TEST_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
 }

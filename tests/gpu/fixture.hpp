@@ -73,7 +73,7 @@ class MismatchCounter {
 };
 
 // A CUDA graph of what `record` enqueues on `stream` (captured thread-locally), instantiated and
-// destroyed with its owner.
+// destroyed with its owner. If `record` throws, the capture is ended and the exception passes on.
 class CapturedGraph {
  public:
   CapturedGraph(cudaStream_t stream, const std::function<void()>& record);

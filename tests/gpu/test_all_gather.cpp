@@ -48,13 +48,20 @@ TEST(all_gather_is_bit_exact_against_nccl) {
              {Placement::kHeap, Placement::kHeapInPlace, Placement::kDevice, Placement::kDeviceInPlace}) {
           const bool heap = where == Placement::kHeap || where == Placement::kHeapInPlace;
           const bool in_place = where == Placement::kHeapInPlace || where == Placement::kDeviceInPlace;
-          char* out = static_cast<char*>(heap ? heap_out->ptr() : dev_out.ptr);
-          char* in = in_place ? out + fx.rank() * bytes : static_cast<char*>(heap ? heap_in->ptr() : dev_in.ptr);
+          // Heap buffers are symmetric operands (in place: this rank's slot of the output);
+          // plain device memory is local.
+          const Operand out_operand = heap ? Operand(heap_out) : Operand(dev_out.ptr);
+          const Operand in_operand = in_place ? (heap ? Operand(heap_out, fx.rank() * bytes)
+                                                      : Operand(static_cast<char*>(dev_out.ptr) + fx.rank() * bytes))
+                                     : heap   ? Operand(heap_in)
+                                              : Operand(dev_in.ptr);
+          char* out = static_cast<char*>(out_operand.ptr());
+          char* in = static_cast<char*>(in_operand.ptr());
           TEST_CUDA(cudaMemsetAsync(out, 0xA5, bytes * world, fx.stream));  // poison
           fill_pattern(in, bytes, seed, fx.stream);
           CollectiveOptions o;
           o.algo = algo;
-          all_gather(out, in, count, type, *fx.comm, fx.stream, o);
+          all_gather(out_operand, in_operand, count, type, *fx.comm, fx.stream, o);
           fx.comm->synchronize(fx.stream);
           const std::vector<uint8_t> got = download(out, bytes * world);
           if (got != expected) {
@@ -87,13 +94,13 @@ TEST(all_gather_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
   for (int i = 0; i < kCalls; ++i) {
     const size_t bytes = 1 + (size_t(i) * 7919) % kMaxBytes;
     // Every fifth call gathers into plain device memory (the staging path).
-    char* dst = static_cast<char*>(i % 5 == 3 ? plain_out.ptr : out->ptr());
+    const Operand dst = i % 5 == 3 ? Operand(plain_out.ptr) : Operand(out);
     fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), i), fx.stream);
     CollectiveOptions o;
     o.algo = algos[i % 5];
     if (i % 3 == 0) o.blocks = 1 + (i / 3) % 24;  // grids smaller and larger than the message
-    all_gather(dst, in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
-    count_gather_mismatches(dst, bytes, world, i, mismatches.get(), fx.stream);
+    all_gather(dst, in, bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
+    count_gather_mismatches(dst.ptr(), bytes, world, i, mismatches.get(), fx.stream);
   }
   fx.comm->synchronize(fx.stream);
   const long wrong = mismatches.read(fx.stream);
@@ -114,8 +121,7 @@ TEST(all_gather_graph_replays_follow_inputs_changed_in_place) {
     for (Algo algo : {Algo::kPull, Algo::kPush, Algo::kCopyEngine}) {
       CollectiveOptions o;
       o.algo = algo;
-      CapturedGraph graph(fx.stream,
-                          [&] { all_gather(out->ptr(), in->ptr(), bytes, DataType::kUInt8, *fx.comm, fx.stream, o); });
+      CapturedGraph graph(fx.stream, [&] { all_gather(out, in, bytes, DataType::kUInt8, *fx.comm, fx.stream, o); });
       MismatchCounter mismatches;
       for (int replay = 0; replay < 20; ++replay) {
         const uint64_t iteration = 1000000 + replay;
@@ -156,7 +162,7 @@ TEST(in_process_threads_share_one_job) {
         cudaStream_t s;
         TEST_CUDA(cudaStreamCreate(&s));
         fill_pattern(in->ptr(), 4096, pattern_seed(t, 7), s);
-        all_gather(out->ptr(), in->ptr(), 4096, DataType::kUInt8, *comm, s);
+        all_gather(out, in, 4096, DataType::kUInt8, *comm, s);
         MismatchCounter bad;
         count_gather_mismatches(out->ptr(), 4096, 2, 7, bad.get(), s);
         comm->synchronize(s);

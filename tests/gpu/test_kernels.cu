@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "test_kernels.hpp"
 
@@ -65,6 +66,26 @@ __device__ int32_t from_int<int32_t>(int v) {
 }
 
 template <typename T>
+__device__ T from_float(float v);
+template <>
+__device__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ inline double to_double(float v) { return v; }
+__device__ inline double to_double(__half v) { return __half2float(v); }
+__device__ inline double to_double(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline double to_double(int32_t v) { return v; }
+
+template <typename T>
 __device__ bool same_bits(T a, T b) {
   return *reinterpret_cast<const unsigned short*>(&a) == *reinterpret_cast<const unsigned short*>(&b);
 }
@@ -102,6 +123,91 @@ __global__ void hog_kernel(const volatile int* release, uint64_t ns) {
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   } while (*release == 0 && now - start < ns);
+}
+
+__global__ void differences_kernel(const uint8_t* a, const uint8_t* b, size_t bytes, unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
+    bad += a[i] != b[i];
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+__global__ void pattern_check_kernel(const uint8_t* p, size_t bytes, uint64_t seed, unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
+    bad += p[i] != pattern(seed, i);
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+// A nonzero multiple of 1/4 in [-8, 8] (int32: a nonzero integer in [-1000, 1000]).
+template <typename T>
+__device__ T exact_value(uint64_t seed, size_t i) {
+  const uint64_t h = mix(seed ^ (i * 0xD1B54A32D192ED03ull));
+  const int k = static_cast<int>(h % 32) + 1;  // 1 .. 32
+  const float v = (h & (1ull << 40)) ? -0.25f * k : 0.25f * k;
+  if constexpr (std::is_same_v<T, int32_t>) {
+    const int n = static_cast<int>(h % 1000) + 1;
+    return static_cast<T>((h & (1ull << 40)) ? -n : n);
+  } else {
+    return from_float<T>(v);
+  }
+}
+
+// Uniform in [-1, 1) with 24 random bits, then rounded to T (int32: integer in [-1000, 1000]).
+template <typename T>
+__device__ T uniform_value(uint64_t seed, size_t i) {
+  const uint64_t h = mix(seed + i * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
+  if constexpr (std::is_same_v<T, int32_t>) {
+    return static_cast<T>(static_cast<int>(h % 2001) - 1000);
+  } else {
+    const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1), exact
+    return from_float<T>(2.0f * u - 1.0f);
+  }
+}
+
+template <typename T>
+__global__ void fill_exact_kernel(T* p, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = exact_value<T>(seed, i);
+}
+
+template <typename T>
+__global__ void fill_uniform_kernel(T* p, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uniform_value<T>(seed, i);
+}
+
+// The tolerances of tests/gpu/test_reductions.cpp: fp32 accumulation, one rounding to T.
+template <typename T>
+__device__ double tolerance_of(double reference, double magnitude) {
+  if constexpr (std::is_same_v<T, float>) return 1e-6 * magnitude + 1e-7;
+  if constexpr (std::is_same_v<T, __half>) return fabs(reference) * (1.0 / 1024) + 1e-4;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return fabs(reference) * (1.0 / 128) + 1e-3;
+  return 0;
+}
+
+template <typename T>
+__global__ void far_from_sum_kernel(const T* out, size_t count, size_t first, RankSeeds seeds,
+                                    unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    double reference = 0, magnitude = 0;
+    for (int r = 0; r < seeds.world; ++r) {
+      const double v = to_double(uniform_value<T>(seeds.seed[r], first + i));
+      reference += v;
+      magnitude += fabs(v);
+    }
+    const double got = to_double(out[i]);
+    bad += !(fabs(got - reference) <= tolerance_of<T>(reference, magnitude));  // NaN counts
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+__global__ void digest_kernel(const uint8_t* p, size_t bytes, unsigned long long* digest) {
+  unsigned long long sum = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
+    sum += mix((uint64_t(p[i]) << 56) ^ (i * 0x9E3779B97F4A7C15ull) ^ 0x5851F42D4C957F2Dull);
+  atomicAdd(digest, sum);  // addition commutes: the digest does not depend on the thread order
 }
 
 template <typename F>
@@ -154,6 +260,59 @@ void count_sum_mismatches(const void* out, size_t count, size_t first, DataType 
 void launch_sm_hog(int sm_count, const volatile int* release, int ms, cudaStream_t stream) {
   hog_kernel<<<sm_count * 2, 1024, 0, stream>>>(release, uint64_t(ms) * 1000000ull);
   check(cudaGetLastError());
+}
+
+void count_differences(const void* a, const void* b, size_t bytes, unsigned long long* mismatches,
+                       cudaStream_t stream) {
+  differences_kernel<<<kBlocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b),
+                                                       bytes, mismatches);
+  check(cudaGetLastError());
+}
+
+void count_pattern_mismatches(const void* p, size_t bytes, uint64_t seed, unsigned long long* mismatches,
+                              cudaStream_t stream) {
+  pattern_check_kernel<<<kBlocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(p), bytes, seed, mismatches);
+  check(cudaGetLastError());
+}
+
+void fill_exact(void* p, size_t count, DataType type, uint64_t seed, cudaStream_t stream) {
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    fill_exact_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<T*>(p), count, seed);
+  });
+  check(cudaGetLastError());
+}
+
+void fill_uniform(void* p, size_t count, DataType type, uint64_t seed, cudaStream_t stream) {
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    fill_uniform_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<T*>(p), count, seed);
+  });
+  check(cudaGetLastError());
+}
+
+void count_far_from_uniform_sum(const void* out, size_t count, size_t first, DataType type, const RankSeeds& seeds,
+                                unsigned long long* mismatches, cudaStream_t stream) {
+  if (seeds.world < 1 || seeds.world > 8) throw std::runtime_error("count_far_from_uniform_sum: world out of range");
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    far_from_sum_kernel<T>
+        <<<kBlocks, kThreads, 0, stream>>>(static_cast<const T*>(out), count, first, seeds, mismatches);
+  });
+  check(cudaGetLastError());
+}
+
+uint64_t device_digest(const void* p, size_t bytes, cudaStream_t stream) {
+  unsigned long long* digest = nullptr;
+  check(cudaMallocAsync(&digest, sizeof(*digest), stream));
+  check(cudaMemsetAsync(digest, 0, sizeof(*digest), stream));
+  digest_kernel<<<kBlocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(p), bytes, digest);
+  check(cudaGetLastError());
+  unsigned long long host = 0;
+  check(cudaMemcpyAsync(&host, digest, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  check(cudaFreeAsync(digest, stream));
+  check(cudaStreamSynchronize(stream));
+  return host;
 }
 
 }  // namespace symmem::test

@@ -30,4 +30,30 @@ uint64_t pattern_seed(int rank, uint64_t iteration);
 // Occupies every SM (two 1024-thread blocks each) until *release != 0 or `ms` pass.
 void launch_sm_hog(int sm_count, const volatile int* release, int ms, cudaStream_t stream);
 
+// *mismatches += bytes i < bytes where a[i] != b[i] (bit-exact comparison, e.g. against NCCL).
+void count_differences(const void* a, const void* b, size_t bytes, unsigned long long* mismatches, cudaStream_t stream);
+// *mismatches += bytes of p that differ from fill_pattern(p, bytes, seed) (an untouched canary).
+void count_pattern_mismatches(const void* p, size_t bytes, uint64_t seed, unsigned long long* mismatches,
+                              cudaStream_t stream);
+
+// element i = a nonzero multiple of 1/4 in [-8, 8] from (seed, i) (int32: a nonzero integer in
+// [-1000, 1000]). Every partial sum of up to 8 ranks is exact in every type, so every summation
+// order (symmem's, NCCL's, float64) gives the same bits: results compare bit-exactly with NCCL.
+void fill_exact(void* p, size_t count, DataType type, uint64_t seed, cudaStream_t stream);
+
+// element i = uniform in [-1, 1) from (seed, i), rounded to `type` (int32: integer in [-1000, 1000]).
+void fill_uniform(void* p, size_t count, DataType type, uint64_t seed, cudaStream_t stream);
+struct RankSeeds {
+  uint64_t seed[8];  // rank r filled its input with fill_uniform(..., seed[r], ...)
+  int world;
+};
+// *mismatches += elements i < count of out farther from the float64 sum over ranks of their
+// element first + i than one rounding to `type` after fp32 accumulation allows (NaN counts).
+void count_far_from_uniform_sum(const void* out, size_t count, size_t first, DataType type, const RankSeeds& seeds,
+                                unsigned long long* mismatches, cudaStream_t stream);
+
+// An order-independent 64-bit digest of `bytes` bytes (equal contents give equal digests).
+// Synchronises the stream.
+uint64_t device_digest(const void* p, size_t bytes, cudaStream_t stream);
+
 }  // namespace symmem::test

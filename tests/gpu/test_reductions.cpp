@@ -100,12 +100,14 @@ TEST(all_reduce_matches_a_float64_reference_on_every_rank) {
       for (Algo algo : {Algo::kAuto, Algo::kOneShot, Algo::kOneShotPush, Algo::kTwoShot, Algo::kTwoShotPush,
                         Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
         for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
-          char* out = static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
-          char* in = where == 1 ? out : static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
+          const Operand out_operand = where == 2 ? Operand(dev_out.ptr) : Operand(heap_out);
+          const Operand in_operand = where == 1 ? out_operand : where == 2 ? Operand(dev_in.ptr) : Operand(heap_in);
+          char* out = static_cast<char*>(out_operand.ptr());
+          char* in = static_cast<char*>(in_operand.ptr());
           CollectiveOptions o;
           o.algo = algo;
           try {
-            describe_all_reduce(out, in, count, type, *fx.comm, o);
+            describe_all_reduce(out_operand, in_operand, count, type, *fx.comm, o);
           } catch (const Error&) {
             ++skipped;  // e.g. low latency past its capacity: the same on every rank
             continue;
@@ -113,7 +115,7 @@ TEST(all_reduce_matches_a_float64_reference_on_every_rank) {
           // Stream-ordered: a pageable cudaMemcpy may return before its DMA lands.
           TEST_CUDA(cudaMemcpyAsync(in, inputs[fx.rank()].data(), bytes, cudaMemcpyHostToDevice, fx.stream));
           if (out != in) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, fx.stream));  // poison: NaN / -1
-          all_reduce(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
+          all_reduce(out_operand, in_operand, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
           fx.comm->synchronize(fx.stream);
           const std::vector<uint8_t> got = download(out, bytes);
           const long bad = count_wrong(got, inputs, 0, count, type, ReduceOp::kSum);
@@ -132,7 +134,7 @@ TEST(all_reduce_matches_a_float64_reference_on_every_rank) {
     std::vector<std::vector<uint8_t>> inputs;
     for (int r = 0; r < fx.world(); ++r) inputs.push_back(random_input(r, count, DataType::kFloat32, 2));
     TEST_CUDA(cudaMemcpyAsync(heap_in->ptr(), inputs[fx.rank()].data(), count * 4, cudaMemcpyHostToDevice, fx.stream));
-    all_reduce(heap_out->ptr(), heap_in->ptr(), count, DataType::kFloat32, op, *fx.comm, fx.stream);
+    all_reduce(heap_out, heap_in, count, DataType::kFloat32, op, *fx.comm, fx.stream);
     fx.comm->synchronize(fx.stream);
     wrong += count_wrong(download(heap_out->ptr(), count * 4), inputs, 0, count, DataType::kFloat32, op);
   }
@@ -158,14 +160,18 @@ TEST(reduce_scatter_matches_a_float64_reference) {
       for (int r = 0; r < world; ++r) inputs.push_back(random_input(r, count * world, type, 3));
       for (Algo algo : {Algo::kAuto, Algo::kTwoShot, Algo::kTwoShotPush}) {
         for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
-          char* in = static_cast<char*>(where == 2 ? dev_in.ptr : heap_in->ptr());
-          char* out =
-              where == 1 ? in + fx.rank() * bytes : static_cast<char*>(where == 2 ? dev_out.ptr : heap_out->ptr());
+          // In place: the output is this rank's slice of the (symmetric) input.
+          const Operand in_operand = where == 2 ? Operand(dev_in.ptr) : Operand(heap_in);
+          const Operand out_operand = where == 1   ? Operand(heap_in, fx.rank() * bytes)
+                                      : where == 2 ? Operand(dev_out.ptr)
+                                                   : Operand(heap_out);
+          char* in = static_cast<char*>(in_operand.ptr());
+          char* out = static_cast<char*>(out_operand.ptr());
           TEST_CUDA(cudaMemcpyAsync(in, inputs[fx.rank()].data(), bytes * world, cudaMemcpyHostToDevice, fx.stream));
           if (where != 1) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, fx.stream));
           CollectiveOptions o;
           o.algo = algo;
-          reduce_scatter(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
+          reduce_scatter(out_operand, in_operand, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
           fx.comm->synchronize(fx.stream);
           const std::vector<uint8_t> got = download(out, bytes);
           const long bad = count_wrong(got, inputs, fx.rank() * count, count, type, ReduceOp::kSum);
@@ -203,13 +209,13 @@ TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
       fill_small_integers(in->ptr(), count * world, type, seed, fx.stream);
       CollectiveOptions o;
       o.algo = (i / 5) % 2 ? Algo::kTwoShotPush : Algo::kTwoShot;
-      reduce_scatter(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
+      reduce_scatter(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
       count_sum_mismatches(out->ptr(), count, fx.rank() * count, type, world, i, mismatches.get(), fx.stream);
     } else {
       fill_small_integers(in->ptr(), count, type, seed, fx.stream);
       CollectiveOptions o;
       o.algo = algos[i % kAlgos];
-      all_reduce(out->ptr(), in->ptr(), count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
+      all_reduce(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
       count_sum_mismatches(out->ptr(), count, 0, type, world, i, mismatches.get(), fx.stream);
     }
   }
@@ -230,12 +236,12 @@ TEST(all_reduce_graph_replays_follow_inputs_changed_in_place) {
                     Algo::kLowLatencyTwoShot}) {
     CollectiveOptions o;
     o.algo = algo;
-    // Run once eagerly so that any staging or receive area exists before capture.
-    all_reduce(out->ptr(), in->ptr(), count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
+    // An eager call before the capture (capture no longer needs one: the workspaces exist from
+    // creation), so that the replays follow an eager call of the same algorithm.
+    all_reduce(out, in, count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
     fx.comm->synchronize(fx.stream);
-    CapturedGraph graph(fx.stream, [&] {
-      all_reduce(out->ptr(), in->ptr(), count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o);
-    });
+    CapturedGraph graph(
+        fx.stream, [&] { all_reduce(out, in, count, DataType::kBFloat16, ReduceOp::kSum, *fx.comm, fx.stream, o); });
     MismatchCounter mismatches;
     for (int replay = 0; replay < 20; ++replay) {
       const uint64_t iteration = 2000000 + replay;

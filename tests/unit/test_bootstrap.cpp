@@ -4,12 +4,18 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/fd_exchange.hpp"
 #include "bootstrap/socket.hpp"
+#include "bootstrap/store_protocol.hpp"
 #include "bootstrap/tcp_store.hpp"
 #include "symmem/bootstrap.hpp"
 #include "symmem/error.hpp"
@@ -36,6 +42,18 @@ TEST(store_set_get_add_erase) {
   EXPECT_EQ(b.add("n", -2), int64_t(3));
   b.erase("k");
   EXPECT(!a.check("k"));
+}
+
+TEST(store_moves_a_large_value_in_pieces) {
+  TcpStoreServer server("127.0.0.1", 0, "secret");
+  TcpStoreClient a("127.0.0.1", server.port(), "secret", 5000);
+  TcpStoreClient b("127.0.0.1", server.port(), "secret", 5000);
+  Bytes big(24 << 20);  // many reads and partial writes of the server's non-blocking sockets
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  a.set("big", big);
+  EXPECT(b.get("big", 1000) == big);
+  EXPECT_ERROR(a.set(std::string(5000, 'k'), {}), ErrorCode::kInvalidArgument, "exceeds the store's limits");
+  EXPECT_EQ(a.add("n", 1), int64_t(1));  // the connection is still usable
 }
 
 TEST(store_get_waits_for_a_later_set) {
@@ -71,6 +89,41 @@ TEST(store_refuses_a_wrong_token) {
   EXPECT(ok.get("a", 100) == bytes_of("b"));
 }
 
+TEST(store_protocol_parses_incrementally_and_rejects_forged_lengths) {
+  using namespace symmem::detail::store;
+  const Bytes message = encode_request(kSet, "key", bytes_of("value"), 7);
+  Request request;
+  size_t used = 0;
+  for (size_t n = 0; n < message.size(); ++n)  // every prefix asks for more
+    EXPECT(parse_request(message.data(), n, &request, &used) == Parse::kNeedMore);
+  EXPECT(parse_request(message.data(), message.size(), &request, &used) == Parse::kDone);
+  EXPECT_EQ(used, message.size());
+  EXPECT(request.op == kSet && request.key == "key" && request.value == bytes_of("value"));
+  EXPECT_EQ(request.timeout_ms, int64_t(7));
+
+  // A length over its limit is refused from the header alone, before the bytes it announces.
+  Bytes huge_key = encode_request(kGet, "k", {}, 0);
+  const uint32_t key_len = kMaxKeyBytes + 1;
+  std::memcpy(huge_key.data() + 1, &key_len, sizeof(key_len));
+  EXPECT(parse_request(huge_key.data(), 5, &request, &used) == Parse::kMalformed);
+  Bytes huge_value = encode_request(kSet, "k", {}, 0);
+  const uint64_t value_len = kMaxValueBytes + 1;
+  std::memcpy(huge_value.data() + 6, &value_len, sizeof(value_len));
+  EXPECT(parse_request(huge_value.data(), 14, &request, &used) == Parse::kMalformed);
+
+  const Bytes hello = encode_hello("token");
+  std::string token;
+  EXPECT(parse_hello(hello.data(), hello.size() - 1, &token, &used) == Parse::kNeedMore);
+  EXPECT(parse_hello(hello.data(), hello.size(), &token, &used) == Parse::kDone);
+  EXPECT_EQ(token, std::string("token"));
+  const Bytes http = bytes_of("GET / HTTP/1.1\r\n");
+  EXPECT(parse_hello(http.data(), 4, &token, &used) == Parse::kMalformed);  // wrong magic
+  Bytes long_token = encode_hello("t");
+  const uint32_t token_len = kMaxTokenBytes + 1;
+  std::memcpy(long_token.data() + 4, &token_len, sizeof(token_len));
+  EXPECT(parse_hello(long_token.data(), 8, &token, &used) == Parse::kMalformed);
+}
+
 TEST(store_binds_only_the_asked_address) {
   int port = 0;
   Socket s = tcp_listen("127.0.0.1", 0, &port);
@@ -96,6 +149,8 @@ TEST(store_bootstrap_all_gather_and_barrier_across_ranks) {
       JobInfo job;
       job.rank = rank;
       job.world = kWorld;
+      job.local_rank = rank;
+      job.local_world = kWorld;
       job.master_port = port;
       job.token = "tok";
       job.timeout_ms = 5000;
@@ -122,6 +177,7 @@ TEST(store_bootstrap_reports_a_missing_rank) {
   JobInfo job;
   job.rank = 0;
   job.world = 2;
+  job.local_world = 2;
   job.master_port = port;
   job.token = "tok";
   job.timeout_ms = 300;
@@ -214,4 +270,64 @@ TEST(job_info_reads_torchrun_variables) {
     unsetenv(v);
   job = JobInfo::from_env();
   EXPECT_EQ(job.world, 1);
+}
+
+namespace {
+
+// Sets environment variables for one scope and restores what was there before.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.push_back({name, old ? std::optional<std::string>(old) : std::nullopt});
+      setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value)
+        setenv(name.c_str(), value->c_str(), 1);
+      else
+        unsetenv(name.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+}  // namespace
+
+TEST(store_bootstrap_rejects_a_job_spanning_several_nodes) {
+  int port = 0;
+  { Socket probe = tcp_listen("127.0.0.1", 0, &port); }
+  const std::string port_text = std::to_string(port);
+  {
+    // Two nodes of two ranks: JobInfo accepts it (a hierarchical communicator will use it); the
+    // node-local bootstrap refuses at once, before binding or connecting anything.
+    ScopedEnv env({{"RANK", "0"},
+                   {"WORLD_SIZE", "4"},
+                   {"LOCAL_RANK", "0"},
+                   {"LOCAL_WORLD_SIZE", "2"},
+                   {"MASTER_PORT", port_text.c_str()},
+                   {"SYMMEM_TOKEN", "tok"}});
+    JobInfo job = JobInfo::from_env();
+    EXPECT_EQ(job.world, 4);
+    EXPECT_EQ(job.local_world, 2);
+    const auto start = Clock::now();
+    EXPECT_ERROR(make_store_bootstrap(job), ErrorCode::kUnsupported,
+                 "WORLD_SIZE=4 spans 2 nodes (LOCAL_WORLD_SIZE=2); symmem's communicator covers one node");
+    EXPECT(Clock::now() - start < std::chrono::seconds(1));
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "6"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"}});
+    EXPECT_ERROR(JobInfo::from_env(), ErrorCode::kInvalidArgument, "LOCAL_WORLD_SIZE=4 does not divide WORLD_SIZE=6");
+  }
+  JobInfo uneven;  // built by hand, bypassing from_env()
+  uneven.world = 6;
+  uneven.local_world = 4;
+  uneven.master_port = port;
+  EXPECT_ERROR(make_store_bootstrap(uneven), ErrorCode::kInvalidArgument,
+               "LOCAL_WORLD_SIZE=4 does not divide WORLD_SIZE=6");
 }

@@ -23,6 +23,7 @@ TEST(bench_args_follow_nccl_tests) {
   EXPECT_EQ(a.min_bytes, size_t(1024));
   EXPECT_EQ(a.max_bytes, size_t(64) << 20);
   EXPECT_EQ(a.iters, 7);
+  EXPECT_EQ(a.reps, 5);  // default: 5 interleaved batches per configuration
   EXPECT(!a.check);
   EXPECT(a.dtype == DataType::kBFloat16);
   EXPECT_EQ(a.blocks.size(), size_t(3));
@@ -58,6 +59,12 @@ TEST(bench_args_shapes_and_errors) {
   Args e;
   EXPECT(!parse_args({"--algos", "teleport"}, &e, &error));
   EXPECT(error.find("teleport") != std::string::npos);
+  Args f;
+  EXPECT(parse_args({"all_reduce", "--vllm-table", "--graph", "--reps", "9"}, &f, &error));
+  EXPECT_EQ(f.reps, 9);
+  EXPECT(f.vllm_table && f.graph);
+  Args g;
+  EXPECT(!parse_args({"--reps", "0"}, &g, &error));
   EXPECT_EQ(parse_bytes("3000"), size_t(3000));
   EXPECT_EQ(parse_bytes("1G"), size_t(1) << 30);
 }
@@ -87,8 +94,8 @@ TEST(bus_bandwidth_factors_match_nccl_tests) {
 
 TEST(reports_carry_the_required_columns) {
   const std::string header = csv_header();
-  for (const char* column : {"op", "impl", "world", "dtype", "bytes_per_rank", "blocks", "time_us", "algbw_gbs",
-                             "busbw_gbs", "wrong", "gpu", "commit", "date"})
+  for (const char* column : {"op", "impl", "mode", "world", "dtype", "bytes_per_rank", "blocks", "time_us",
+                             "time_min_us", "time_max_us", "algbw_gbs", "busbw_gbs", "wrong", "gpu", "commit", "date"})
     EXPECT(header.find(column) != std::string::npos);
   std::vector<Row> rows(2);
   rows[0].op = rows[1].op = "all_gather";
@@ -101,12 +108,23 @@ TEST(reports_carry_the_required_columns) {
   Meta m;
   m.gpu = "NVIDIA H200";
   m.commit = "abc1234";
+  rows[1].time_us = 10;
+  rows[1].time_min_us = 9.5;
+  rows[1].time_max_us = 12.25;
+  m.date = "2026-11-23T00:00:00Z";
   const std::string line = csv_row(rows[1], m);
   EXPECT(line.rfind("all_gather,symmem_pull,", 0) == 0);
-  EXPECT(line.find("NVIDIA H200,abc1234") != std::string::npos);
+  EXPECT(line.find(",10.000,9.500,12.250,") != std::string::npos);  // median, min, max in header order
+  EXPECT(line.find("NVIDIA H200,abc1234,2026-11-23T00:00:00Z") != std::string::npos);
+  size_t header_fields = 1, line_fields = 1;
+  for (char c : header) header_fields += c == ',';
+  for (char c : line) line_fields += c == ',';
+  EXPECT_EQ(line_fields, header_fields);
   const std::string json = to_json(rows, m);
   EXPECT(json.find("\"impl\": \"symmem_pull\"") != std::string::npos);
+  EXPECT(json.find("\"time_max_us\": 12.250") != std::string::npos);
   EXPECT(table_row(rows[1]).find("1.50x") != std::string::npos);
+  EXPECT(table_row(rows[1]).find("12.25") != std::string::npos);
 }
 
 TEST(launcher_runs_every_rank_with_the_job_variables) {

@@ -65,10 +65,13 @@ std::string usage() {
          "  -b BYTES   smallest size (default 1K; per rank for all_gather/reduce_scatter)\n"
          "  -e BYTES   largest size (default 256M)\n"
          "  -f FACTOR  size multiplier between steps (default 2)\n"
-         "  -n ITERS   timed iterations per batch (default 20; 3 batches, median)\n"
-         "  -w ITERS   warm-up iterations (default 5)\n"
-         "  -c 0|1     check results (default 1): bit-exact against the expected gather / NCCL,\n"
-         "             float64 reference for reductions, and identical bits on every rank\n"
+         "  -n ITERS   calls per timed batch (default 20)\n"
+         "  -w ITERS   warm-up calls (default 5)\n"
+         "  --reps N   batches per configuration (default 5), interleaved: each repetition times one\n"
+         "             batch of every configuration in turn; median, min and max reported\n"
+         "  -c 0|1     check results (default 1): output poisoned before every batch and compared\n"
+         "             bit for bit after it with the expected gather / the float64 reference of the\n"
+         "             reduction, then the same bits on every rank\n"
          "  -d TYPE    float16|bfloat16|float32|int32|uint8 (default float16)\n"
          "  -o OP      sum|max|min for reductions (default sum)\n"
          "  --blocks LIST     SM block counts to sweep, e.g. 4,8,16,32\n"
@@ -80,7 +83,8 @@ std::string usage() {
          "  --gpus N          ranks to start (default: every GPU) when not under a launcher\n"
          "  --csv FILE --json FILE   result files (default symmem_bench.csv/.json)\n"
          "  --tune FILE       write the tuning table (JSON) chosen from this run\n"
-         "  --vllm-table      all_reduce: vLLM-style table over T x 8192 bf16\n"
+         "  --vllm-table      all_reduce: vLLM-style table over T x 8192 bf16: nccl, nccl_symmetric\n"
+         "                    (ncclMemAlloc + symmetric windows), symmem_auto and every algorithm\n"
          "  --gemm MxNxK --ag-bytes BYTES   overlap: GEMM shape and all-gather output size\n";
 }
 
@@ -112,6 +116,8 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
         a->iters = std::stoi(value());
       else if (f == "-w")
         a->warmup = std::stoi(value());
+      else if (f == "--reps")
+        a->reps = std::stoi(value());
       else if (f == "-c")
         a->check = std::stoi(value()) != 0;
       else if (f == "-d") {
@@ -172,8 +178,8 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
     *error = "-f must be greater than 1";
     return false;
   }
-  if (a->iters < 1 || a->warmup < 0) {
-    *error = "-n must be >= 1 and -w >= 0";
+  if (a->iters < 1 || a->warmup < 0 || a->reps < 1) {
+    *error = "-n and --reps must be >= 1 and -w >= 0";
     return false;
   }
   return true;

@@ -14,8 +14,9 @@ struct Args {
   size_t min_bytes = 1 << 10;              // -b; per rank for all_gather / reduce_scatter, whole tensor for all_reduce
   size_t max_bytes = 256u << 20;           // -e
   double factor = 2;                       // -f
-  int iters = 20;                          // -n
+  int iters = 20;                          // -n: calls per timed batch
   int warmup = 5;                          // -w
+  int reps = 5;                            // --reps: batches per configuration, interleaved (ABAB...)
   bool check = true;                       // -c 0|1
   DataType dtype = DataType::kFloat16;     // -d
   ReduceOp reduce_op = ReduceOp::kSum;     // -o

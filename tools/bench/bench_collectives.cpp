@@ -1,14 +1,8 @@
 #include "bench_collectives.hpp"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <map>
-
-#include "device_check.hpp"
 
 namespace symmem::bench {
 namespace {
@@ -18,32 +12,6 @@ struct Case {
   int blocks;  // -1: NCCL's / planner's own choice
   Launch launch;
 };
-
-ncclDataType_t nccl_type(DataType t) {
-  switch (t) {
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kFloat16: return ncclFloat16;
-    case DataType::kBFloat16: return ncclBfloat16;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kUInt8: return ncclUint8;
-  }
-  return ncclUint8;
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
-  }
-  return ncclSum;
-}
-
-// The blocks a plan description reports ("... blocks=16 ..."), or 0.
-int blocks_of(const std::string& plan) {
-  const auto at = plan.find("blocks=");
-  return at == std::string::npos ? 0 : std::atoi(plan.c_str() + at + 7);
-}
 
 // symmem variants to run: every requested algorithm at every requested block count.
 std::vector<std::pair<Algo, int>> variants(const Args& a, const std::vector<Algo>& defaults) {
@@ -64,37 +32,29 @@ std::vector<std::pair<Algo, int>> variants(const Args& a, const std::vector<Algo
   return out;
 }
 
-// Checks (when -c) then times one case; rank 0 prints its row.
-Row run_case(BenchContext& ctx, const std::string& op, const Case& c, size_t bytes_per_rank, size_t count, void* out,
-             size_t out_bytes, const void* expected) {
-  const Args& a = ctx.args();
-  Row r;
-  r.op = op;
-  r.impl = c.impl;
-  r.mode = a.graph ? "graph" : "eager";
-  r.world = ctx.world();
-  r.dtype = dtype_name(a.dtype);
-  r.bytes_per_rank = bytes_per_rank;
-  r.count = count;
-  r.blocks = c.blocks;
-  r.wrong = -1;
-  if (a.check) {
-    poison(out, out_bytes, ctx.stream());
-    c.launch(ctx.stream());
-    BENCH_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-    ctx.comm().check();
-    r.wrong = ctx.sum_over_ranks(count_mismatches(out, expected, out_bytes, dtype_size(a.dtype), ctx.stream()));
-  }
-  r.time_us = ctx.time_us(c.launch, a.graph);
-  compute_bandwidth(&r);
-  return r;
-}
-
-// Checks and times every case of one size, compares with NCCL, prints (rank 0) and keeps the rows.
+// Checks and times every case of one size, interleaved, on the same output buffer; compares with
+// NCCL, prints (rank 0) and keeps the rows.
 void run_size(BenchContext& ctx, const std::string& op, const std::vector<Case>& cases, size_t bytes, size_t count,
               void* out, size_t out_bytes, const void* expected, std::vector<Row>* rows) {
+  const DataType type = ctx.args().dtype;
+  std::vector<Config> configs;
+  for (const auto& c : cases) {
+    Config k;
+    k.launch = c.launch;
+    k.out = out;
+    k.out_bytes = out_bytes;
+    k.expected = expected;
+    k.elem_bytes = dtype_size(type);
+    k.same_on_every_rank = op != "reduce_scatter";  // each rank holds its own slice
+    configs.push_back(k);
+  }
+  const std::vector<Measurement> measured = ctx.measure(configs, ctx.args().graph);
   std::vector<Row> size_rows;
-  for (const auto& c : cases) size_rows.push_back(run_case(ctx, op, c, bytes, count, out, out_bytes, expected));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Row r = new_row(ctx, op, cases[i].impl, type, bytes, count, cases[i].blocks);
+    apply(measured[i], &r);
+    size_rows.push_back(r);
+  }
   compare_with_nccl(&size_rows);
   if (ctx.rank() == 0) {
     for (const auto& r : size_rows) std::printf("%s\n", table_row(r).c_str());
@@ -111,13 +71,11 @@ void release(BenchContext& ctx, void* expected, std::initializer_list<Buffer*> b
 }
 
 // Symmetric windows for the NCCL rows that use them, on the same heap buffers symmem uses.
-bool register_windows(BenchContext& ctx, std::initializer_list<Buffer*> buffers) {
-  bool ok = true;
-  for (Buffer* b : buffers) {
-    ok = ctx.register_window(ctx.nccl_symmetric(), b->ptr(), b->size()) && ok;
-    ok = ctx.register_window(ctx.nccl_copy_engine(), b->ptr(), b->size()) && ok;
-  }
-  ok = ctx.sum_over_ranks(ok ? 0 : 1) == 0;  // every rank runs the same rows
+bool register_heap_windows(BenchContext& ctx, std::initializer_list<Buffer*> buffers) {
+  std::vector<std::pair<void*, size_t>> ranges;
+  for (Buffer* b : buffers) ranges.push_back({b->ptr(), b->size()});
+  bool ok = ctx.register_windows(ctx.nccl_symmetric(), ranges);
+  ok = ctx.register_windows(ctx.nccl_copy_engine(), ranges) && ok;
   if (!ok) ctx.progress("NCCL refused to register the heap buffers as windows; symmetric rows skipped");
   return ok;
 }
@@ -142,7 +100,7 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
   Buffer* out = comm.allocate(max_bytes * world);
   void* expected = nullptr;
   BENCH_CUDA_CHECK(cudaMalloc(&expected, max_bytes * world));
-  const bool windows = a.nccl && register_windows(ctx, {in, out});
+  const bool windows = a.nccl && register_heap_windows(ctx, {in, out});
   print_header(ctx, "all_gather");
   std::vector<Row> rows;
   for (size_t si = 0; si < sizes.size(); ++si) {
@@ -181,17 +139,20 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
     }
     const DataType type = a.dtype;
     {
-      const std::string plan = describe_all_gather(out->ptr(), in->ptr(), count, type, comm);
-      cases.push_back({"symmem_auto", blocks_of(plan),
-                       [=, &comm](cudaStream_t s) { all_gather(out->ptr(), in->ptr(), count, type, comm, s); }});
+      const std::string plan = describe_all_gather(out, in, count, type, comm);
+      require_zero_copy("symmem_auto", plan);
+      cases.push_back(
+          {"symmem_auto", blocks_of(plan), [=, &comm](cudaStream_t s) { all_gather(out, in, count, type, comm, s); }});
     }
     for (auto [algo, blocks] : variants(a, {Algo::kPull, Algo::kPush, Algo::kCopyEngine})) {
       CollectiveOptions o;
       o.algo = algo;
       o.blocks = blocks;
-      const std::string plan = describe_all_gather(out->ptr(), in->ptr(), count, type, comm, o);
-      cases.push_back({std::string("symmem_") + algo_name(algo), blocks_of(plan),
-                       [=, &comm](cudaStream_t s) { all_gather(out->ptr(), in->ptr(), count, type, comm, s, o); }});
+      const std::string name = std::string("symmem_") + algo_name(algo);
+      const std::string plan = describe_all_gather(out, in, count, type, comm, o);
+      require_zero_copy(name, plan);
+      cases.push_back(
+          {name, blocks_of(plan), [=, &comm](cudaStream_t s) { all_gather(out, in, count, type, comm, s, o); }});
     }
     run_size(ctx, "all_gather", cases, bytes, count, out->ptr(), bytes * world, expected, &rows);
   }
@@ -212,7 +173,7 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
   Buffer* out = comm.allocate(max_bytes);
   void* expected = nullptr;
   BENCH_CUDA_CHECK(cudaMalloc(&expected, max_bytes));
-  const bool windows = a.nccl && register_windows(ctx, {in, out});
+  const bool windows = a.nccl && register_heap_windows(ctx, {in, out});
   print_header(ctx, op);
   std::vector<Row> rows;
   for (size_t si = 0; si < sizes.size(); ++si) {
@@ -221,59 +182,12 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
     const size_t in_count = reduce_scatter ? count * world : count;
     ctx.progress(op + " " + std::to_string(si + 1) + "/" + std::to_string(sizes.size()) + ": " + format_bytes(bytes));
     // Inputs are small integers, so the reduction is exact in every type: expect equality.
-    std::vector<double> acc(count, 0);
-    for (int r = 0; r < world; ++r) {
-      const auto data = host_data(in_count, a.dtype, seed_for(r, bytes, 1), Fill::kIntegers);
-      if (r == ctx.rank()) upload(in->ptr(), data, ctx.stream());
-      const size_t first = reduce_scatter ? ctx.rank() * count : 0;
-      for (size_t i = 0; i < count; ++i) {
-        const double v = element_to_double(data.data(), a.dtype, first + i);
-        if (r == 0)
-          acc[i] = v;
-        else if (a.reduce_op == ReduceOp::kSum)
-          acc[i] += v;
-        else if (a.reduce_op == ReduceOp::kMax)
-          acc[i] = std::max(acc[i], v);
-        else
-          acc[i] = std::min(acc[i], v);
-      }
-    }
-    // The expected values, written by the device in the output type (exact for integers).
-    {
-      std::vector<uint8_t> typed(bytes);
-      for (size_t i = 0; i < count; ++i) {
-        const auto one = [&]() {
-          std::vector<uint8_t> v(elem);
-          const int x = static_cast<int>(acc[i]);
-          switch (a.dtype) {
-            case DataType::kFloat32: {
-              float f = static_cast<float>(x);
-              std::memcpy(v.data(), &f, 4);
-              break;
-            }
-            case DataType::kFloat16: {
-              __half h = __float2half(static_cast<float>(x));
-              std::memcpy(v.data(), &h, 2);
-              break;
-            }
-            case DataType::kBFloat16: {
-              __nv_bfloat16 h = __float2bfloat16(static_cast<float>(x));
-              std::memcpy(v.data(), &h, 2);
-              break;
-            }
-            case DataType::kInt32: {
-              int32_t y = x;
-              std::memcpy(v.data(), &y, 4);
-              break;
-            }
-            case DataType::kUInt8: v[0] = static_cast<uint8_t>(x); break;
-          }
-          return v;
-        }();
-        std::memcpy(typed.data() + i * elem, one.data(), elem);
-      }
-      upload(expected, typed, ctx.stream());
-    }
+    const int rank = ctx.rank();
+    upload(in->ptr(), host_data(in_count, a.dtype, seed_for(rank, bytes, 1), Fill::kIntegers), ctx.stream());
+    const size_t first = reduce_scatter ? rank * count : 0;
+    const auto reference = reduce_over_ranks(world, in_count, first, count, a.dtype, a.reduce_op,
+                                             [&](int r) { return seed_for(r, bytes, 1); });
+    upload(expected, exact_in_type(reference, a.dtype), ctx.stream());
 
     std::vector<Case> cases;
     const ncclDataType_t t = nccl_type(a.dtype);
@@ -310,17 +224,18 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
     auto symmem_case = [&](const std::string& name, const CollectiveOptions& o) {
       std::string plan;
       try {
-        plan = reduce_scatter ? describe_reduce_scatter(out->ptr(), in->ptr(), count, type, comm, o)
-                              : describe_all_reduce(out->ptr(), in->ptr(), count, type, comm, o);
+        plan = reduce_scatter ? describe_reduce_scatter(out, in, count, type, comm, o)
+                              : describe_all_reduce(out, in, count, type, comm, o);
       } catch (const Error& e) {
         if (ctx.rank() == 0) std::printf("# %s skipped at %zu bytes: %s\n", name.c_str(), bytes, e.what());
         return;
       }
+      require_zero_copy(name, plan);
       cases.push_back({name, blocks_of(plan), [=, &comm](cudaStream_t s) {
                          if (reduce_scatter)
-                           symmem::reduce_scatter(out->ptr(), in->ptr(), count, type, rop, comm, s, o);
+                           symmem::reduce_scatter(out, in, count, type, rop, comm, s, o);
                          else
-                           symmem::all_reduce(out->ptr(), in->ptr(), count, type, rop, comm, s, o);
+                           symmem::all_reduce(out, in, count, type, rop, comm, s, o);
                        }});
     };
     symmem_case("symmem_auto", CollectiveOptions{});

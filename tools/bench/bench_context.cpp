@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <stdexcept>
 
-#include "common/env.hpp"
+#include "device_check.hpp"
 
 #ifndef SYMMEM_GIT_COMMIT
 #define SYMMEM_GIT_COMMIT "unknown"
@@ -55,7 +56,8 @@ BenchContext::~BenchContext() {
 Meta BenchContext::meta() const {
   Meta m;
   m.gpu = gpu_name_;
-  m.commit = env::get_string("SYMMEM_COMMIT", SYMMEM_GIT_COMMIT);
+  const char* commit = std::getenv("SYMMEM_COMMIT");  // set when the binary was built from another tree
+  m.commit = commit && *commit ? commit : SYMMEM_GIT_COMMIT;
   char date[32];
   std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -92,15 +94,18 @@ ncclComm_t BenchContext::nccl_with_ctas(int ctas) {
   return nccl_ctas_[ctas] = init_nccl(NCCL_CTA_POLICY_DEFAULT, ctas);
 }
 
-bool BenchContext::register_window(ncclComm_t comm, void* p, size_t bytes) {
-  auto key = std::make_pair(comm, p);
-  if (windows_.count(key)) return true;
-  ncclWindow_t win = nullptr;
-  ncclResult_t r = ncclCommWindowRegister(comm, p, bytes, &win, NCCL_WIN_COLL_SYMMETRIC);
-  // Registration is collective; every rank gets the same answer for the same heap buffers.
-  if (r != ncclSuccess) return false;
-  windows_[key] = win;
-  return true;
+bool BenchContext::register_windows(ncclComm_t comm, const std::vector<std::pair<void*, size_t>>& ranges) {
+  bool ok = comm != nullptr;
+  for (const auto& [p, bytes] : ranges) {
+    if (!ok) break;
+    const auto key = std::make_pair(comm, p);
+    if (windows_.count(key)) continue;
+    ncclWindow_t win = nullptr;
+    // Registration is collective; every rank gets the same answer for the same buffers.
+    ok = ncclCommWindowRegister(comm, p, bytes, &win, NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess;
+    if (ok) windows_[key] = win;
+  }
+  return sum_over_ranks(ok ? 0 : 1) == 0;
 }
 
 void BenchContext::release_windows() {
@@ -109,10 +114,10 @@ void BenchContext::release_windows() {
   windows_.clear();
 }
 
-double BenchContext::slowest(double mine) {
-  std::vector<double> all(world());
-  comm_->bootstrap().all_gather(&mine, all.data(), sizeof(double));
-  return *std::max_element(all.begin(), all.end());
+NcclMemory::NcclMemory(size_t bytes) : bytes_(bytes) { BENCH_NCCL_CHECK(ncclMemAlloc(&p_, bytes)); }
+
+NcclMemory::~NcclMemory() {
+  if (p_) ncclMemFree(p_);
 }
 
 long BenchContext::sum_over_ranks(long mine) {
@@ -133,40 +138,150 @@ void BenchContext::progress(const std::string& what) const {
   if (comm_->rank() == 0) std::fprintf(stderr, "symmem-bench: %s\n", what.c_str());
 }
 
-double BenchContext::time_us(const Launch& launch, bool graph) {
-  for (int i = 0; i < args_.warmup; ++i) launch(stream_);
+long BenchContext::check_output(const Config& c) {
   BENCH_CUDA_CHECK(cudaStreamSynchronize(stream_));
   comm_->check();
-  cudaGraphExec_t exec = nullptr;
-  if (graph) {
-    cudaGraph_t g = nullptr;
-    BENCH_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < args_.iters; ++i) launch(stream_);
-    BENCH_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-    BENCH_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    BENCH_CUDA_CHECK(cudaGraphDestroy(g));
-    BENCH_CUDA_CHECK(cudaGraphLaunch(exec, stream_));  // upload and warm the graph
-    BENCH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  long wrong = count_mismatches(c.out, c.expected, c.out_bytes, c.elem_bytes, stream_);
+  wrong = sum_over_ranks(wrong);
+  // Equal to the reference on every rank means equal bits everywhere; the fingerprint proves it
+  // without trusting the reference (ranks that differ count at least one wrong element).
+  if (c.same_on_every_rank && !same_on_all_ranks(fingerprint(c.out, c.out_bytes, stream_))) wrong = std::max(wrong, 1L);
+  return wrong;
+}
+
+std::vector<Measurement> BenchContext::measure(const std::vector<Config>& configs, bool graph) {
+  const size_t n = configs.size();
+  const int reps = args_.reps;
+  std::vector<Measurement> result(n);
+  auto checked = [&](const Config& c) { return args_.check && c.out != nullptr; };
+  auto poison_output = [&](const Config& c) {
+    char* out = static_cast<char*>(c.out);
+    const size_t keep_end = std::min(c.out_bytes, c.keep_offset + c.keep_bytes);
+    if (c.keep_bytes == 0) {
+      poison(out, c.out_bytes, stream_);
+      return;
+    }
+    if (c.keep_offset > 0) poison(out, c.keep_offset, stream_);
+    if (keep_end < c.out_bytes) poison(out + keep_end, c.out_bytes - keep_end, stream_);
+  };
+  // The first call of each configuration, checked alone: what warm-up would hide.
+  for (size_t i = 0; i < n; ++i) {
+    if (!checked(configs[i])) continue;
+    poison_output(configs[i]);
+    configs[i].launch(stream_);
+    result[i].wrong = check_output(configs[i]);
   }
-  std::vector<double> batches;
-  for (int b = 0; b < 3; ++b) {
-    host_barrier();
-    comm_->barrier(stream_);  // line the ranks up on the device
-    BENCH_CUDA_CHECK(cudaEventRecord(start_, stream_));
-    if (graph)
-      BENCH_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    else
-      for (int i = 0; i < args_.iters; ++i) launch(stream_);
-    BENCH_CUDA_CHECK(cudaEventRecord(stop_, stream_));
-    BENCH_CUDA_CHECK(cudaEventSynchronize(stop_));
-    float ms = 0;
-    BENCH_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    batches.push_back(ms * 1000.0 / args_.iters);
-  }
-  if (exec) BENCH_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  for (const auto& c : configs)
+    for (int w = 0; w < args_.warmup; ++w) c.launch(stream_);
+  BENCH_CUDA_CHECK(cudaStreamSynchronize(stream_));
   comm_->check();
-  std::sort(batches.begin(), batches.end());
-  return slowest(batches[1]);
+  std::vector<cudaGraphExec_t> execs(n, nullptr);
+  if (graph) {
+    for (size_t i = 0; i < n; ++i) {
+      cudaGraph_t g = nullptr;
+      BENCH_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      for (int k = 0; k < args_.iters; ++k) configs[i].launch(stream_);
+      BENCH_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+      BENCH_CUDA_CHECK(cudaGraphInstantiate(&execs[i], g, 0));
+      BENCH_CUDA_CHECK(cudaGraphDestroy(g));
+      BENCH_CUDA_CHECK(cudaGraphLaunch(execs[i], stream_));  // upload and warm the graph
+      BENCH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    comm_->check();
+  }
+  // times[rep * n + i]: this rank's time per call of configuration i in repetition rep.
+  std::vector<double> times(size_t(reps) * n);
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t i = 0; i < n; ++i) {
+      const Config& c = configs[i];
+      if (checked(c)) poison_output(c);  // before the start event: not timed
+      host_barrier();
+      comm_->barrier(stream_);  // line the ranks up on the device
+      BENCH_CUDA_CHECK(cudaEventRecord(start_, stream_));
+      if (graph)
+        BENCH_CUDA_CHECK(cudaGraphLaunch(execs[i], stream_));
+      else
+        for (int k = 0; k < args_.iters; ++k) c.launch(stream_);
+      BENCH_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+      BENCH_CUDA_CHECK(cudaEventSynchronize(stop_));
+      float ms = 0;
+      BENCH_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+      times[size_t(rep) * n + i] = ms * 1000.0 / args_.iters;
+      // The output after the batch (after the graph replay in graph mode) must still be right.
+      if (checked(c)) result[i].wrong = std::max(result[i].wrong, check_output(c));
+    }
+  }
+  for (cudaGraphExec_t exec : execs)
+    if (exec) BENCH_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  comm_->check();
+  // A batch takes as long as its slowest rank; then the median and the spread over repetitions.
+  std::vector<double> all(times.size() * world());
+  comm_->bootstrap().all_gather(times.data(), all.data(), times.size() * sizeof(double));
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<double> batch(reps, 0.0);
+    for (int rep = 0; rep < reps; ++rep)
+      for (int r = 0; r < world(); ++r)
+        batch[rep] = std::max(batch[rep], all[size_t(r) * times.size() + size_t(rep) * n + i]);
+    std::sort(batch.begin(), batch.end());
+    result[i].median_us = reps % 2 ? batch[reps / 2] : (batch[reps / 2 - 1] + batch[reps / 2]) / 2;
+    result[i].min_us = batch.front();
+    result[i].max_us = batch.back();
+  }
+  return result;
+}
+
+int blocks_of(const std::string& plan) {
+  const auto at = plan.find("blocks=");
+  return at == std::string::npos ? 0 : std::atoi(plan.c_str() + at + 7);
+}
+
+void require_zero_copy(const std::string& impl, const std::string& plan) {
+  if (plan.find("staged") != std::string::npos)
+    throw std::runtime_error(impl + ": the plan \"" + plan +
+                             "\" stages an operand although both are heap buffers; the bench measures zero copy");
+}
+
+ncclDataType_t nccl_type(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kFloat16: return ncclFloat16;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kUInt8: return ncclUint8;
+  }
+  throw std::invalid_argument("no NCCL type for this DataType");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  throw std::invalid_argument("no NCCL reduction for this ReduceOp");
+}
+
+Row new_row(const BenchContext& ctx, const std::string& op, const std::string& impl, DataType type,
+            size_t bytes_per_rank, size_t count, int blocks) {
+  Row r;
+  r.op = op;
+  r.impl = impl;
+  r.mode = ctx.args().graph ? "graph" : "eager";
+  r.world = ctx.world();
+  r.dtype = dtype_name(type);
+  r.bytes_per_rank = bytes_per_rank;
+  r.count = count;
+  r.blocks = blocks;
+  r.wrong = -1;
+  return r;
+}
+
+void apply(const Measurement& m, Row* row) {
+  row->time_us = m.median_us;
+  row->time_min_us = m.min_us;
+  row->time_max_us = m.max_us;
+  row->wrong = m.wrong;
+  compute_bandwidth(row);
 }
 
 uint64_t seed_for(int rank, size_t bytes, int salt) {
@@ -196,7 +311,8 @@ std::vector<uint8_t> host_data(size_t count, DataType type, uint64_t seed, Fill 
     return out;
   }
   for (size_t i = 0; i < count; ++i) {
-    const int v = static_cast<int>(splitmix(state) % 32) - 16;
+    int v = static_cast<int>(splitmix(state) % 32) - 16;
+    if (v == 0) v = 16;  // never zero: a dropped contribution must change the sum
     uint8_t* p = out.data() + i * elem;
     switch (type) {
       case DataType::kFloat32: {
@@ -230,26 +346,64 @@ void upload(void* device, const std::vector<uint8_t>& host, cudaStream_t stream)
   BENCH_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-std::vector<uint8_t> download(const void* device, size_t bytes) {
-  std::vector<uint8_t> host(bytes);
-  BENCH_CUDA_CHECK(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost));
-  return host;
-}
-
 void poison(void* device, size_t bytes, cudaStream_t stream) {
   BENCH_CUDA_CHECK(cudaMemsetAsync(device, 0xFF, bytes, stream));
 }
 
-uint64_t hash_bytes(const std::vector<uint8_t>& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  size_t i = 0;
-  for (; i + 8 <= bytes.size(); i += 8) {
-    uint64_t w;
-    std::memcpy(&w, bytes.data() + i, 8);
-    h = (h ^ w) * 1099511628211ull;
+std::vector<double> reduce_over_ranks(int world, size_t in_count, size_t first, size_t count, DataType type,
+                                      ReduceOp op, const std::function<uint64_t(int)>& seed_of) {
+  std::vector<double> acc(count, 0);
+  for (int r = 0; r < world; ++r) {
+    const auto data = host_data(in_count, type, seed_of(r), Fill::kIntegers);
+    for (size_t i = 0; i < count; ++i) {
+      const double v = element_to_double(data.data(), type, first + i);
+      if (r == 0)
+        acc[i] = v;
+      else if (op == ReduceOp::kSum)
+        acc[i] += v;
+      else if (op == ReduceOp::kMax)
+        acc[i] = std::max(acc[i], v);
+      else
+        acc[i] = std::min(acc[i], v);
+    }
   }
-  for (; i < bytes.size(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  return h;
+  return acc;
+}
+
+std::vector<uint8_t> exact_in_type(const std::vector<double>& values, DataType type) {
+  const size_t elem = dtype_size(type);
+  std::vector<uint8_t> out(values.size() * elem);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double x = values[i];
+    uint8_t* p = out.data() + i * elem;
+    switch (type) {
+      case DataType::kFloat32: {
+        const float f = static_cast<float>(x);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DataType::kFloat16: {
+        const __half h = __double2half(x);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kBFloat16: {
+        const __nv_bfloat16 h = __double2bfloat16(x);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kInt32: {
+        const int32_t y = static_cast<int32_t>(x);
+        std::memcpy(p, &y, 4);
+        break;
+      }
+      case DataType::kUInt8: *p = static_cast<uint8_t>(x); break;
+    }
+    if (element_to_double(out.data(), type, i) != x)
+      throw std::runtime_error("reference value " + std::to_string(x) + " at element " + std::to_string(i) +
+                               " is not exact in " + dtype_name(type));
+  }
+  return out;
 }
 
 }  // namespace symmem::bench

@@ -48,7 +48,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s", usage().c_str());
     return error.empty() ? 0 : 2;
   }
+  // NVLink multicast stays off in this process and every rank it starts, whatever the caller set:
+  // NCCL reads NCCL_NVLS_ENABLE when a communicator is created.
   symmem::launch::disable_multicast_in_environment();
+  const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
+  if (!nvls || std::string(nvls) != "0") {
+    std::fprintf(stderr, "symmem-bench: NCCL_NVLS_ENABLE=%s overridden to 0 (multicast stays off)\n", nvls ? nvls : "");
+    ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  }
   if (!std::getenv("RANK")) return self_launch(args, argc, argv);
   try {
     BenchContext ctx(args);

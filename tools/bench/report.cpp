@@ -55,13 +55,13 @@ std::string format_bytes(size_t b) {
 
 std::string table_header() {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "%12s %12s %9s %-26s %6s %11s %9s %9s %7s %8s", "size", "count", "type", "impl",
-                "blocks", "time(us)", "algbw", "busbw", "#wrong", "vs_nccl");
+  std::snprintf(buf, sizeof(buf), "%12s %12s %9s %-26s %6s %11s %10s %10s %9s %9s %7s %8s", "size", "count", "type",
+                "impl", "blocks", "time(us)", "min(us)", "max(us)", "algbw", "busbw", "#wrong", "vs_nccl");
   return buf;
 }
 
 std::string table_row(const Row& r) {
-  char wrong[16], ratio[16], blocks[16];
+  char wrong[24], ratio[16], blocks[16];
   if (r.wrong < 0)
     std::snprintf(wrong, sizeof(wrong), "N/A");
   else
@@ -75,14 +75,15 @@ std::string table_row(const Row& r) {
   else
     std::snprintf(blocks, sizeof(blocks), "%d", r.blocks);
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "%12zu %12zu %9s %-26s %6s %11.2f %9.2f %9.2f %7s %8s", r.bytes_per_rank, r.count,
-                r.dtype.c_str(), r.impl.c_str(), blocks, r.time_us, r.algbw_gbs, r.busbw_gbs, wrong, ratio);
+  std::snprintf(buf, sizeof(buf), "%12zu %12zu %9s %-26s %6s %11.2f %10.2f %10.2f %9.2f %9.2f %7s %8s",
+                r.bytes_per_rank, r.count, r.dtype.c_str(), r.impl.c_str(), blocks, r.time_us, r.time_min_us,
+                r.time_max_us, r.algbw_gbs, r.busbw_gbs, wrong, ratio);
   return buf;
 }
 
 std::string csv_header() {
-  return "op,impl,mode,world,dtype,bytes_per_rank,count,blocks,time_us,algbw_gbs,busbw_gbs,wrong,vs_best_nccl,gpu,"
-         "commit,date";
+  return "op,impl,mode,world,dtype,bytes_per_rank,count,blocks,time_us,time_min_us,time_max_us,algbw_gbs,busbw_gbs,"
+         "wrong,vs_best_nccl,gpu,commit,date";
 }
 
 static std::string csv_field(const std::string& s) {
@@ -97,9 +98,9 @@ static std::string csv_field(const std::string& s) {
 
 std::string csv_row(const Row& r, const Meta& m) {
   char buf[512];
-  std::snprintf(buf, sizeof(buf), "%s,%s,%s,%d,%s,%zu,%zu,%d,%.3f,%.3f,%.3f,%ld,%.4f,", r.op.c_str(), r.impl.c_str(),
-                r.mode.c_str(), r.world, r.dtype.c_str(), r.bytes_per_rank, r.count, r.blocks, r.time_us, r.algbw_gbs,
-                r.busbw_gbs, r.wrong, r.vs_best_nccl);
+  std::snprintf(buf, sizeof(buf), "%s,%s,%s,%d,%s,%zu,%zu,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%ld,%.4f,", r.op.c_str(),
+                r.impl.c_str(), r.mode.c_str(), r.world, r.dtype.c_str(), r.bytes_per_rank, r.count, r.blocks,
+                r.time_us, r.time_min_us, r.time_max_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.vs_best_nccl);
   return buf + csv_field(m.gpu) + "," + csv_field(m.commit) + "," + csv_field(m.date);
 }
 
@@ -126,10 +127,11 @@ std::string to_json(const std::vector<Row>& rows, const Meta& m) {
     char buf[512];
     std::snprintf(buf, sizeof(buf),
                   "{\"op\": \"%s\", \"impl\": \"%s\", \"mode\": \"%s\", \"world\": %d, \"dtype\": \"%s\", "
-                  "\"bytes_per_rank\": %zu, \"count\": %zu, \"blocks\": %d, \"time_us\": %.3f, \"algbw_gbs\": %.3f, "
-                  "\"busbw_gbs\": %.3f, \"wrong\": %ld, \"vs_best_nccl\": %.4f}",
+                  "\"bytes_per_rank\": %zu, \"count\": %zu, \"blocks\": %d, \"time_us\": %.3f, \"time_min_us\": %.3f, "
+                  "\"time_max_us\": %.3f, \"algbw_gbs\": %.3f, \"busbw_gbs\": %.3f, \"wrong\": %ld, "
+                  "\"vs_best_nccl\": %.4f}",
                   r.op.c_str(), r.impl.c_str(), r.mode.c_str(), r.world, r.dtype.c_str(), r.bytes_per_rank, r.count,
-                  r.blocks, r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.vs_best_nccl);
+                  r.blocks, r.time_us, r.time_min_us, r.time_max_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.vs_best_nccl);
     o << "    " << buf << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   o << "  ]\n}\n";

@@ -1,5 +1,10 @@
 // Result rows of symmem-bench: the nccl-tests style table, CSV and JSON. No CUDA here.
 //
+// Times: every configuration of one size is timed in `reps` batches of `iters` calls, the
+// configurations interleaved (each repetition runs one batch of each in turn, so clock and power
+// drift fall on all alike); a batch's time is that of the slowest rank; time_us is the median
+// batch, time_min_us / time_max_us the fastest and slowest batch (the spread).
+//
 // Bus bandwidth (as nccl-tests): all_gather and reduce_scatter busbw = (world - 1) * bytes_per_rank
 // / time; all_reduce busbw = 2 (world - 1) / world * bytes / time; algbw = bytes moved into the
 // output per rank / time (all_gather: world * bytes_per_rank).
@@ -20,10 +25,12 @@ struct Row {
   size_t bytes_per_rank = 0;  // all_reduce: the whole tensor
   size_t count = 0;           // elements per rank
   int blocks = 0;             // SM blocks (0: copy engine / not applicable, -1: NCCL's choice)
-  double time_us = 0;
+  double time_us = 0;         // median batch, per call
+  double time_min_us = 0;     // fastest batch, per call
+  double time_max_us = 0;     // slowest batch, per call
   double algbw_gbs = 0;
   double busbw_gbs = 0;
-  long wrong = 0;           // -1: not checked
+  long wrong = 0;           // elements differing from the reference, summed over ranks; -1: not checked
   double vs_best_nccl = 0;  // busbw / best NCCL busbw at this size (0: no NCCL row)
 };
 

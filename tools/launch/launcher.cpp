@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -125,6 +126,16 @@ bool parse_args(const std::vector<std::string>& args, LaunchOptions* o, std::vec
       o->timeout_s = std::atof(v->c_str());
     } else if (a == "--no-prefix") {
       o->prefix_output = false;
+    } else if (a == "--expect-killed") {
+      const std::string* v = value(a);
+      if (!v) return false;
+      char* end = nullptr;
+      const long rank = std::strtol(v->c_str(), &end, 10);
+      if (v->empty() || *end != '\0' || rank < 0) {
+        *error = "--expect-killed needs a rank, got '" + *v + "'";
+        return false;
+      }
+      o->expect_killed.push_back(static_cast<int>(rank));
     } else if (!a.empty() && a[0] == '-') {
       *error = "unknown option " + a;
       return false;
@@ -137,6 +148,11 @@ bool parse_args(const std::vector<std::string>& args, LaunchOptions* o, std::vec
     *error = "no program given";
     return false;
   }
+  for (int rank : o->expect_killed)
+    if (rank >= o->processes) {
+      *error = "--expect-killed " + std::to_string(rank) + " names no rank of " + std::to_string(o->processes);
+      return false;
+    }
   return true;
 }
 
@@ -217,12 +233,28 @@ int run(const LaunchOptions& options, const std::vector<std::string>& command) {
       ::close(c.out_fd);
       ::close(c.err_fd);
       c.out_fd = c.err_fd = -1;
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      const bool expected =
+          std::find(options.expect_killed.begin(), options.expect_killed.end(), rank) != options.expect_killed.end();
+      if (expected && !stopping) {
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+          std::fprintf(stderr, "symmem-run: rank %d was killed (SIGKILL), as expected\n", rank);
+          code = 0;
+        } else if (code == 0) {
+          code = 1;
+        }
+      }
       if (code != 0 && result == 0 && !stopping) {
         result = code;
-        std::fprintf(stderr, "symmem-run: rank %d failed (%s %d); stopping the other ranks\n", rank,
-                     WIFEXITED(status) ? "exit code" : "signal",
-                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          std::fprintf(stderr,
+                       "symmem-run: rank %d exited 0 but was expected to be killed (SIGKILL); "
+                       "stopping the other ranks\n",
+                       rank);
+        else
+          std::fprintf(stderr, "symmem-run: rank %d failed (%s %d); stopping the other ranks\n", rank,
+                       WIFEXITED(status) ? "exit code" : "signal",
+                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
         stopping = true;
         kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.grace_s * 1000));
         signal_all(children, SIGTERM);

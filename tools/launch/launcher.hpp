@@ -2,6 +2,10 @@
 // forwards their output line by line with a "[rank N] " prefix, and ends the job as a unit: the
 // first process that fails makes the launcher stop the others (SIGTERM, then SIGKILL after a
 // grace period), so no rank is ever left behind. No CUDA here.
+//
+// Tests that kill a rank on purpose (tests/gpu/test_kill.cpp) name it with --expect-killed: its
+// death by SIGKILL is then no failure and stops nothing; the other ranks must still exit 0 within
+// the job's timeout. Such a rank ending any other way is a failure (exit 0 included).
 #pragma once
 
 #include <string>
@@ -14,14 +18,18 @@ struct LaunchOptions {
   double timeout_s = 0;  // whole-job limit; 0: none. On expiry every rank is killed (rc 124).
   double grace_s = 5;    // between SIGTERM and SIGKILL
   bool prefix_output = true;
-  std::string master_addr;  // default: MASTER_ADDR or 127.0.0.1
+  std::string master_addr;         // default: MASTER_ADDR or 127.0.0.1
+  std::vector<int> expect_killed;  // ranks whose death by SIGKILL is expected (kill tests)
 };
 
-// Returns the job's exit code: 0 when every rank exited 0; else the first failure's exit code
-// (128 + signal for a signal), or 124 on timeout. Throws std::runtime_error when it cannot start.
+// Returns the job's exit code: 0 when every rank exited 0 (or, for a rank in expect_killed, died
+// by SIGKILL); else the first failure's exit code (128 + signal for a signal; 1 for an
+// expect_killed rank that exited 0), or 124 on timeout. Throws std::runtime_error when it cannot
+// start.
 int run(const LaunchOptions& options, const std::vector<std::string>& command);
 
-// Parses "symmem-run" arguments: [-n N] [--timeout S] [--no-prefix] [--] program [args...].
+// Parses "symmem-run" arguments:
+//   [-n N] [--timeout S] [--no-prefix] [--expect-killed RANK]... [--] program [args...].
 // Returns false with a message in *error for bad arguments.
 bool parse_args(const std::vector<std::string>& args, LaunchOptions* options, std::vector<std::string>* command,
                 std::string* error);

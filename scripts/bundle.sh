@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Collects what scripts/h200_session.sh runs into build-bundle/ (stripped, to carry to a GPU
+# machine): this tree's build, and the 6cf5c42 binaries for the negative control and the A/B
+# (tests/gpu/negative_control.sh with NEGCTL_DIR=build-negctl BUILD_ONLY=1; OLD_BENCH=path).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf build-bundle && mkdir -p build-bundle
+cp build/symmem-bench build/symmem-run build/tests/symmem_gpu_tests build/tests/symmem_kill_tests build-bundle/
+[ -d build-negctl/build ] && cp build-negctl/build/old_api_gpu_tests build-negctl/build/old_api_kill_tests build-bundle/
+[ -n "${OLD_BENCH:-}" ] && cp "$OLD_BENCH" build-bundle/old-symmem-bench
+strip build-bundle/* 2>/dev/null || true
+du -sh build-bundle

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU session behind bench/results/h200 (2 x H200): run on the device machine from the
+# repository root with binaries built here and carried in build-bundle/ (scripts/bundle.sh).
+#   scripts/h200_session.sh tests    GPU tests (2 ranks), kill tests, negative control on 6cf5c42
+#   scripts/h200_session.sh bench    all-gather sweep, vLLM tables (eager, graph), A/B vs 6cf5c42
+# Logs and CSVs go to $OUT (or ./session-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+B=build-bundle
+OUT=${OUT:-session-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/gpus_$1.txt" 2>&1
+
+case "$1" in
+tests)
+  # Every GPU test on 2 ranks: the committed log.
+  timeout 420 "$B/symmem-run" -n 2 --timeout 400 "$B/symmem_gpu_tests" > "$OUT/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$OUT/summary.txt"
+  for path in sm low_latency copy_engine graph; do
+    for conn in "" 1; do
+      name="kill_${path}${conn:+_max_connections_1}"
+      env ${conn:+CUDA_DEVICE_MAX_CONNECTIONS=$conn} timeout 100 "$B/symmem-run" -n 2 --timeout 90 --expect-killed 1 \
+        "$B/symmem_kill_tests" "$path" > "$OUT/$name.log" 2>&1
+      echo "$name rc=$?" >> "$OUT/summary.txt"
+    done
+  done
+  # Negative control: the same scenario tests built against 6cf5c42 (tests/gpu/negative_control.sh).
+  for t in scratch_is_not_shared_between_collectives graph_replay_after_larger_eager_calls \
+           rank_dependent_placement rank_dependent_symmetric_offsets_are_a_mismatch \
+           mismatched_calls_fail_on_every_rank interleaved_collectives_under_load; do
+    timeout 120 "$B/symmem-run" -n 2 --timeout 110 "$B/old_api_gpu_tests" "$t" > "$OUT/old_$t.log" 2>&1
+    echo "old $t rc=$?" >> "$OUT/summary.txt"
+  done
+  env CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 100 "$B/symmem-run" -n 2 --timeout 90 --expect-killed 1 \
+    "$B/old_api_kill_tests" copy_engine > "$OUT/old_kill_copy_engine_max_connections_1.log" 2>&1
+  echo "old kill_copy_engine_max_connections_1 rc=$?" >> "$OUT/summary.txt"
+  ;;
+bench)
+  timeout 200 "$B/symmem-bench" all_gather --gpus 2 -b 1M -e 256M -f 2 -n 20 -w 5 --reps 5 \
+    --csv "$OUT/all_gather_2.csv" --json "$OUT/all_gather_2.json" > "$OUT/all_gather_2.txt" 2>&1
+  echo "all_gather rc=$?" >> "$OUT/summary.txt"
+  for mode in eager graph; do
+    timeout 150 "$B/symmem-bench" all_reduce --gpus 2 --vllm-table -n 20 -w 5 --reps 5 ${mode/eager/} ${mode/graph/--graph} \
+      --csv "$OUT/vllm_table_${mode}_2.csv" --json "$OUT/vllm_table_${mode}_2.json" > "$OUT/vllm_table_${mode}_2.txt" 2>&1
+    echo "vllm $mode rc=$?" >> "$OUT/summary.txt"
+  done
+  # Cost of the trustworthy core (signed flags, cleared low-latency lines) against 6cf5c42:
+  # the same two cases, old and new binaries alternating (ABAB), 0.5 MiB all-reduce and 64 KiB
+  # all-gather, eager and graph.
+  for rep in 1 2 3 4; do
+    for which in new old; do
+      bench="$B/symmem-bench"; [ $which = old ] && bench="$B/old-symmem-bench"
+      for g in "" --graph; do
+        timeout 60 "$bench" all_reduce --gpus 2 -d bf16 -b 512K -e 512K -n 50 -w 10 --nccl 0 --algos auto $g \
+          --csv "$OUT/ab_ar_${which}_${rep}${g:+_graph}.csv" > "$OUT/ab_ar_${which}_${rep}${g:+_graph}.txt" 2>&1
+        timeout 60 "$bench" all_gather --gpus 2 -b 64K -e 64K -n 50 -w 10 --nccl 0 --algos auto $g \
+          --csv "$OUT/ab_ag_${which}_${rep}${g:+_graph}.csv" > "$OUT/ab_ag_${which}_${rep}${g:+_graph}.txt" 2>&1
+      done
+    done
+  done
+  echo "ab done" >> "$OUT/summary.txt"
+  ;;
+esac
+cat "$OUT/summary.txt"

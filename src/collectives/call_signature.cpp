@@ -1,0 +1,32 @@
+#include "collectives/call_signature.hpp"
+
+#include "common/hash.hpp"
+#include "device/device_types.hpp"
+
+namespace symmem::detail {
+
+uint32_t signature_of(const CallDescriptor& c) {
+  Fnv1a h;
+  h.value(c.op).value(c.type).value(c.count).value(c.algo).value(c.blocks);
+  h.value(c.in_place).value(c.in_symmetric).value(c.out_symmetric).value(c.in_heap_offset).value(c.out_heap_offset);
+  if (c.op == kOpAllReduce || c.op == kOpReduceScatter) h.value(c.reduce);
+  const uint64_t d = h.digest();
+  const uint32_t folded = static_cast<uint32_t>(d ^ (d >> 32));
+  return folded != 0 ? folded : 1u;
+}
+
+std::string describe_call(const CallDescriptor& c) {
+  auto operand = [](bool symmetric, uint64_t offset) {
+    return symmetric ? "symmetric@" + std::to_string(offset) : std::string("local");
+  };
+  std::string s = std::string(op_code_name(c.op)) + "(count=" + std::to_string(c.count) + ", " + dtype_name(c.type);
+  if (c.op == kOpAllReduce || c.op == kOpReduceScatter) s += std::string(", ") + reduce_op_name(c.reduce);
+  s += std::string(", ") + algo_name(c.algo) + ", blocks=" + std::to_string(c.blocks);
+  if (c.in_place)
+    s += ", in place, out=" + operand(c.out_symmetric, c.out_heap_offset);
+  else
+    s += ", in=" + operand(c.in_symmetric, c.in_heap_offset) + ", out=" + operand(c.out_symmetric, c.out_heap_offset);
+  return s + ")";
+}
+
+}  // namespace symmem::detail

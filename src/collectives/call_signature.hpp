@@ -1,0 +1,37 @@
+// A call's signature: a 32-bit hash of everything every rank must agree on for a collective to be
+// correct (op, count, type, reduce op, the planned algorithm and blocks, operand kinds, symmetric
+// offsets, in place). It travels in every flag the ranks exchange (barrier flags, low-latency
+// lines, copy-engine handshake words), so a rank whose peer called something else sees a foreign
+// signature where it expected its own and fails on the device, on every rank, at no extra round
+// trip. The description is logged in the host board under the signature so that the error names
+// both calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "symmem/types.hpp"
+
+namespace symmem::detail {
+
+struct CallDescriptor {
+  uint32_t op = 0;  // OpCode
+  DataType type = DataType::kFloat32;
+  ReduceOp reduce = ReduceOp::kSum;  // reductions only
+  size_t count = 0;
+  Algo algo = Algo::kAuto;  // as planned
+  int blocks = 0;           // as planned
+  bool in_place = false;
+  bool in_symmetric = false;
+  bool out_symmetric = false;
+  uint64_t in_heap_offset = 0;   // symmetric and out of place only
+  uint64_t out_heap_offset = 0;  // symmetric only
+};
+
+// Nonzero (0 marks an empty flag).
+uint32_t signature_of(const CallDescriptor& call);
+// e.g. "all_gather(count=100000, float16, pull, blocks=16, in=local, out=symmetric@4096)"
+std::string describe_call(const CallDescriptor& call);
+
+}  // namespace symmem::detail

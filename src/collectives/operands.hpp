@@ -1,0 +1,42 @@
+// Operands at the API boundary: validated, resolved to this rank's address, and (for symmetric
+// ones) to the offset that is the same on every rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "device/device_types.hpp"
+#include "symmem/collectives.hpp"
+
+namespace symmem::detail {
+
+struct CommunicatorState;
+
+struct Resolved {
+  bool symmetric = false;
+  Buffer* buffer = nullptr;  // symmetric only
+  size_t offset = 0;         // symmetric: byte offset inside buffer (equal on every rank)
+  uint64_t heap_offset = 0;  // symmetric: offset from the heap base (equal on every rank); local: 0
+  void* local = nullptr;     // this rank's address
+
+  // Rank r's copy of the operand's byte `at`, as mapped here (symmetric only).
+  void* peer(int r, size_t at = 0) const { return static_cast<char*>(buffer->peer_ptr(r)) + offset + at; }
+};
+
+// Checks the operand covers `bytes` (symmetric: inside its buffer of this communicator; local:
+// device memory of the communicator's GPU) and resolves it. `what` is "input" or "output".
+Resolved resolve(const Operand& operand, size_t bytes, const char* what, const char* op, CommunicatorState& state);
+
+// The same operand viewed `delta` bytes further on (in place: the rank's slot of the output).
+Resolved shifted(const Resolved& r, size_t delta);
+
+// Largest power of two <= 16 dividing the address (the widest vector a kernel may use on it).
+int address_alignment(const void* p);
+
+// Every rank's copy of the bytes at `at` in a symmetric operand, for kernel arguments.
+template <typename P>
+void peer_views(const Resolved& r, size_t at, int world, P (&views)[kMaxWorld]) {
+  for (int i = 0; i < kMaxWorld; ++i) views[i] = i < world ? reinterpret_cast<P>(r.peer(i, at)) : nullptr;
+}
+
+}  // namespace symmem::detail

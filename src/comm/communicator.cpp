@@ -1,0 +1,394 @@
+// Communicator lifetime: creation (devices, agreed settings, heap, host board, workspaces), buffers,
+// the failure records that turn device timeouts and mismatches into errors on every rank, and
+// collective teardown.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <exception>
+#include <vector>
+
+#include "collectives/copy_engine_state.hpp"
+#include "comm/communicator_state.hpp"
+#include "common/check.hpp"
+#include "common/device_guard.hpp"
+#include "common/env.hpp"
+#include "common/hash.hpp"
+#include "kernels/kernel_args.hpp"
+
+namespace symmem {
+namespace detail {
+CommunicatorState& state_of(const Communicator& comm) { return *comm.state_; }
+}  // namespace detail
+
+namespace {
+
+using detail::kMaxBlocks;
+using detail::kSignalFlagCount;
+using detail::state_of;
+
+// Buffer layout inside its heap range: [data | signal pad | peer pointer table].
+constexpr size_t kDataAlignment = 256;
+constexpr size_t kPadBytes = kSignalFlagCount * sizeof(uint32_t);
+size_t pad_offset(size_t bytes) { return (bytes + kDataAlignment - 1) / kDataAlignment * kDataAlignment; }
+size_t table_offset(size_t bytes) { return pad_offset(bytes) + kPadBytes; }
+size_t range_bytes(size_t bytes) { return table_offset(bytes) + kMaxWorld * sizeof(void*); }
+
+struct DeviceIdentity {
+  char uuid[16];
+  int pid;
+};
+
+}  // namespace
+
+void* Buffer::peer_ptr(int rank) const {
+  const auto& impl = state_of(*comm_);
+  if (rank < 0 || rank >= impl.world)
+    throw Error(ErrorCode::kInvalidArgument,
+                "peer_ptr: rank " + std::to_string(rank) + " is outside world " + std::to_string(impl.world));
+  return impl.heap->base(rank) + offset_;
+}
+
+size_t Buffer::signal_pad_words() const { return kSignalFlagCount; }
+
+Buffer::DeviceHandle Buffer::device_handle() const {
+  const auto& impl = state_of(*comm_);
+  DeviceHandle h{};
+  h.local = local_;
+  h.signal_pad = pad_;
+  h.bytes = bytes_;
+  h.signal_pad_words = kSignalFlagCount;
+  h.rank = impl.rank;
+  h.world = impl.world;
+  for (int r = 0; r < impl.world; ++r) {
+    h.peers[r] = impl.heap->base(r) + offset_;
+    h.peer_signal_pads[r] = reinterpret_cast<uint32_t*>(impl.heap->base(r) + offset_ + pad_offset(bytes_));
+  }
+  return h;
+}
+
+bool Buffer::contains(const void* p, size_t bytes) const {
+  const char* c = static_cast<const char*>(p);
+  const char* begin = static_cast<const char*>(local_);
+  return c >= begin && bytes <= bytes_ && c - begin <= static_cast<ptrdiff_t>(bytes_ - bytes);
+}
+
+namespace detail {
+
+CommunicatorState::CommunicatorState() = default;
+
+CommunicatorState::~CommunicatorState() {
+  // Local release only. Let this device finish what it was given first: every device wait has a
+  // deadline and the copy-engine watchdog (still running here) releases its waits, so this ends.
+  if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
+  copy_engine.reset();
+  workspaces.reset();
+  buffers.clear();
+  heap.reset();
+  board.reset();
+  if (epochs) SYMMEM_CUDA_CHECK_NOTHROW(cudaFree(epochs));
+}
+
+SyncArgs CommunicatorState::sync_args(uint32_t op, uint32_t signature) const {
+  SyncArgs s = sync_template;
+  s.op = op;
+  s.signature = signature;
+  return s;
+}
+
+namespace {
+
+std::string describe_failure(const CommunicatorState& st, int who, const DeviceStatus& s) {
+  const std::string me = "rank " + std::to_string(s.rank);
+  const std::string peer = "rank " + std::to_string(s.peer);
+  const std::string op = op_code_name(s.op);
+  std::string mine = st.board->lookup_call(who, s.signature);
+  if (mine.empty()) mine = op;
+  if (s.code == kStatusMismatch) {
+    std::string theirs = s.peer >= 0 && s.peer < st.world ? st.board->lookup_call(s.peer, s.peer_signature) : "";
+    if (theirs.empty()) theirs = "a different collective or arguments (signature " + std::to_string(s.peer_signature) + ")";
+    return me + " called " + mine + " but " + peer + " called " + theirs +
+           "; every rank must make the same collective calls with the same arguments";
+  }
+  return me + " timed out after " + std::to_string(st.timeout_ms()) + " ms in " + mine + " waiting for " + peer +
+         (s.block >= 0 ? " (block " + std::to_string(s.block) + ", phase " + std::to_string(s.phase) + ")"
+                       : " (copy-engine handshake " + std::to_string(s.phase) + ")") +
+         "; " + peer + " is dead, stalled, or called a different collective";
+}
+
+}  // namespace
+
+void CommunicatorState::ensure_usable(const char* op) {
+  if (closed) throw Error(ErrorCode::kAborted, std::string(op) + ": the communicator was closed");
+  if (!abort_reason.empty())
+    throw Error(ErrorCode::kAborted,
+                std::string(op) + ": communicator unusable after an earlier failure: " + abort_reason);
+  const DeviceStatus& own = *status_host();
+  const bool failed_here = __atomic_load_n(&own.code, __ATOMIC_ACQUIRE) != kStatusOk;
+  const bool failed_anywhere = __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) != 0;
+  if (!failed_here && !failed_anywhere) return;
+  // A recorder claims its record (code) before it fills the fields and sets the abort word after
+  // them: give it a moment to finish, so the fields read below are the final ones.
+  for (int i = 0; i < 2000 && __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
+  int who = -1;
+  if (own.code == kStatusTimeout || own.code == kStatusMismatch) who = rank;
+  for (int r = 0; r < world && who < 0; ++r) {
+    const uint32_t code = __atomic_load_n(&board->page(r)->status.code, __ATOMIC_ACQUIRE);
+    if (code == kStatusTimeout || code == kStatusMismatch) who = r;
+  }
+  if (who < 0) {
+    // The abort word is set but the failing rank's record is not visible yet (or it died while
+    // writing it): report what is known.
+    abort_reason = "another rank aborted the communicator";
+    throw Error(ErrorCode::kAborted, std::string(op) + ": " + abort_reason);
+  }
+  DeviceStatus s{};
+  std::memcpy(&s, &board->page(who)->status, sizeof(s));
+  abort_reason = describe_failure(*this, who, s);
+  if (who != rank) abort_reason = "rank " + std::to_string(who) + " failed first: " + abort_reason;
+  throw Error(s.code == kStatusMismatch ? ErrorCode::kMismatch : ErrorCode::kTimeout, abort_reason);
+}
+
+}  // namespace detail
+
+Communicator::Communicator() : state_(std::make_unique<detail::CommunicatorState>()) {}
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const { return state_->rank; }
+int Communicator::world() const { return state_->world; }
+int Communicator::device() const { return state_->device; }
+Bootstrap& Communicator::bootstrap() { return *state_->bootstrap; }
+int64_t Communicator::timeout_ms() const { return state_->timeout_ms(); }
+bool Communicator::aborted() const {
+  const auto& st = *state_;
+  return !st.abort_reason.empty() || st.closed || (st.board && (st.status_host()->code != 0 || *st.board->abort_word() != 0));
+}
+
+namespace {
+
+// Reads every setting the ranks must share, then checks that every rank read the same values:
+// a plan may depend on them, and ranks that plan differently corrupt each other's memory.
+detail::AgreedSettings read_settings(const CommConfig& config, const detail::TuningTable& tuning) {
+  detail::AgreedSettings a;
+  const std::string forced = env::forced_algo();
+  if (!forced.empty() && !parse_algo(forced, &a.forced_algo))
+    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_ALGO='" + forced + "' names no algorithm");
+  a.forced_blocks = env::forced_blocks();
+  a.push_bulk = env::push_bulk();
+  const std::string direction = env::copy_engine_direction();
+  if (direction != "push" && direction != "pull")
+    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_CE_DIRECTION='" + direction + "' is neither push nor pull");
+  a.copy_engine_push = direction == "push";
+  a.copy_engine_streams = env::copy_engine_streams();
+  a.copy_engine_batch = env::copy_engine_batch();
+  a.copy_engine_piece_bytes = env::copy_engine_piece_bytes();
+  a.workspace_bytes = config.workspace_bytes ? config.workspace_bytes : env::workspace_bytes();
+  a.timeout_ms = config.timeout_ms > 0 ? config.timeout_ms : env::timeout_ms();
+  a.tuning_hash = detail::Fnv1a().text(detail::format_tuning_table(tuning)).digest();
+  return a;
+}
+
+void agree_on_settings(const detail::AgreedSettings& mine, Bootstrap& bootstrap, int rank, int world) {
+  std::vector<detail::AgreedSettings> all(world);
+  bootstrap.all_gather(&mine, all.data(), sizeof(mine));
+  for (int r = 0; r < world; ++r) {
+    const detail::AgreedSettings& o = all[r];
+    auto differ = [&](const char* name, const std::string& theirs, const std::string& ours) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("Communicator::create: ") + name + " differs across ranks: rank " +
+                                                   std::to_string(r) + " has " + theirs + ", rank " +
+                                                   std::to_string(rank) + " has " + ours +
+                                                   "; set it identically for every rank");
+    };
+    if (o.forced_algo != mine.forced_algo) differ("SYMMEM_ALGO", algo_name(o.forced_algo), algo_name(mine.forced_algo));
+    if (o.forced_blocks != mine.forced_blocks)
+      differ("SYMMEM_BLOCKS", std::to_string(o.forced_blocks), std::to_string(mine.forced_blocks));
+    if (o.push_bulk != mine.push_bulk)
+      differ("SYMMEM_PUSH_BULK", std::to_string(o.push_bulk), std::to_string(mine.push_bulk));
+    if (o.copy_engine_push != mine.copy_engine_push)
+      differ("SYMMEM_CE_DIRECTION", o.copy_engine_push ? "push" : "pull", mine.copy_engine_push ? "push" : "pull");
+    if (o.copy_engine_streams != mine.copy_engine_streams)
+      differ("SYMMEM_CE_STREAMS", std::to_string(o.copy_engine_streams), std::to_string(mine.copy_engine_streams));
+    if (o.copy_engine_batch != mine.copy_engine_batch)
+      differ("SYMMEM_CE_BATCH", std::to_string(o.copy_engine_batch), std::to_string(mine.copy_engine_batch));
+    if (o.copy_engine_piece_bytes != mine.copy_engine_piece_bytes)
+      differ("SYMMEM_CE_PIECE_KB", std::to_string(o.copy_engine_piece_bytes >> 10),
+             std::to_string(mine.copy_engine_piece_bytes >> 10));
+    if (o.workspace_bytes != mine.workspace_bytes)
+      differ("the workspace budget (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB)",
+             std::to_string(o.workspace_bytes), std::to_string(mine.workspace_bytes));
+    if (o.timeout_ms != mine.timeout_ms)
+      differ("the timeout (CommConfig::timeout_ms / SYMMEM_TIMEOUT_MS)", std::to_string(o.timeout_ms),
+             std::to_string(mine.timeout_ms));
+    if (o.tuning_hash != mine.tuning_hash)
+      differ("the tuning table (SYMMEM_TUNING_FILE or the GPU model)", "hash " + std::to_string(o.tuning_hash),
+             "hash " + std::to_string(mine.tuning_hash));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bootstrap, int device,
+                                                   const CommConfig& config) {
+  if (!bootstrap) throw Error(ErrorCode::kInvalidArgument, "Communicator::create: no bootstrap");
+  const int world = bootstrap->world();
+  if (world > kMaxWorld)
+    throw Error(ErrorCode::kUnsupported, "Communicator::create: world " + std::to_string(world) + " exceeds the " +
+                                             std::to_string(kMaxWorld) +
+                                             " GPUs of one NVLink domain that symmem supports");
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0)
+    throw Error(ErrorCode::kUnsupported,
+                std::string("Communicator::create: no CUDA GPU is available (") + cudaGetErrorName(err) + ")");
+  if (device < 0) SYMMEM_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= count)
+    throw Error(ErrorCode::kInvalidArgument, "Communicator::create: device " + std::to_string(device) +
+                                                 " does not exist (" + std::to_string(count) + " visible)");
+  detail::DeviceGuard guard(device);
+  SYMMEM_CUDA_CHECK(cudaFree(nullptr));  // create the primary context the driver calls use
+
+  std::unique_ptr<Communicator> comm(new Communicator());
+  detail::CommunicatorState& st = *comm->state_;
+  st.owner = comm.get();
+  st.bootstrap = std::move(bootstrap);
+  st.device = device;
+  st.rank = st.bootstrap->rank();
+  st.world = world;
+  SYMMEM_CUDA_CHECK(cudaDeviceGetAttribute(&st.sm_count, cudaDevAttrMultiProcessorCount, device));
+
+  // Two ranks on one GPU would silently serialise and break the heap's assumptions.
+  cudaDeviceProp prop{};
+  SYMMEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  st.gpu_name = prop.name;
+  std::vector<DeviceIdentity> ids(world);
+  DeviceIdentity mine{};
+  std::memcpy(mine.uuid, prop.uuid.bytes, sizeof(mine.uuid));
+  st.bootstrap->all_gather(&mine, ids.data(), sizeof(DeviceIdentity));
+  for (int r = 0; r < world; ++r)
+    if (r != st.rank && std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0)
+      throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(r) + " and " +
+                                                   std::to_string(st.rank) + " use the same GPU");
+
+  st.tuning = &detail::tuning_table_for(st.gpu_name);
+  st.settings = read_settings(config, *st.tuning);
+  st.debug = env::debug();
+  agree_on_settings(st.settings, *st.bootstrap, st.rank, world);
+
+  // Per-block epochs, then the parity kernels' call counter and its finished-block count.
+  SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st.epochs), (kMaxBlocks + 2) * sizeof(uint32_t)));
+  SYMMEM_CUDA_CHECK(cudaMemset(st.epochs, 0, (kMaxBlocks + 2) * sizeof(uint32_t)));
+
+  st.exchange = std::make_unique<detail::FdExchange>(*st.bootstrap, st.timeout_ms());
+  st.board = std::make_unique<detail::HostBoard>(st.rank, world, *st.bootstrap, *st.exchange);
+  const size_t reserve = config.heap_reserve_bytes ? config.heap_reserve_bytes : env::heap_reserve_bytes();
+  st.heap = std::make_unique<detail::Heap>(device, st.rank, world, reserve);
+  st.workspaces = std::make_unique<detail::Workspaces>(*comm, st.settings.workspace_bytes);
+  st.copy_engine = std::make_unique<detail::CopyEngineState>(st);
+
+  detail::SyncArgs& s = st.sync_template;
+  const Buffer* control = st.workspaces->control();
+  s.pad = static_cast<uint64_t*>(control->ptr());
+  for (int r = 0; r < world; ++r) s.peer_pads[r] = static_cast<uint64_t*>(control->peer_ptr(r));
+  s.epochs = st.epochs;
+  s.call_counter = st.epochs + kMaxBlocks;
+  s.status = &st.board->device_page(st.rank)->status;
+  s.abort = st.board->device_abort_word();
+  s.timeout_ns = static_cast<uint64_t>(st.timeout_ms()) * 1000000ull;
+  s.rank = st.rank;
+  s.world = world;
+  return comm;
+}
+
+Buffer* Communicator::allocate(size_t bytes) {
+  detail::CommunicatorState& st = *state_;
+  st.ensure_usable("allocate");
+  detail::DeviceGuard guard(st.device);
+  std::vector<uint64_t> sizes(st.world);
+  const uint64_t mine = bytes;
+  st.bootstrap->all_gather(&mine, sizes.data(), sizeof(uint64_t));
+  for (int r = 0; r < st.world; ++r)
+    if (sizes[r] != mine)
+      throw Error(ErrorCode::kInvalidArgument, "allocate: rank " + std::to_string(r) + " asked for " +
+                                                   std::to_string(sizes[r]) + " bytes, rank " +
+                                                   std::to_string(st.rank) + " for " + std::to_string(mine));
+  const size_t offset = st.heap->allocate(range_bytes(bytes), *st.bootstrap, *st.exchange);
+  std::unique_ptr<Buffer> buffer(new Buffer());
+  buffer->comm_ = this;
+  buffer->offset_ = offset;
+  buffer->bytes_ = bytes;
+  buffer->local_ = st.heap->base(st.rank) + offset;
+  buffer->pad_ = reinterpret_cast<uint32_t*>(st.heap->base(st.rank) + offset + pad_offset(bytes));
+  void* table[kMaxWorld] = {};
+  for (int r = 0; r < st.world; ++r) table[r] = st.heap->base(r) + offset;
+  char* table_ptr = st.heap->base(st.rank) + offset + table_offset(bytes);
+  SYMMEM_CUDA_CHECK(cudaMemcpy(table_ptr, table, sizeof(table), cudaMemcpyHostToDevice));
+  buffer->peer_table_ = reinterpret_cast<void* const*>(table_ptr);
+  st.buffers.push_back(std::move(buffer));
+  return st.buffers.back().get();
+}
+
+void Communicator::free(Buffer* buffer) {
+  detail::CommunicatorState& st = *state_;
+  if (!buffer) return;
+  detail::DeviceGuard guard(st.device);
+  auto it = st.buffers.begin();
+  while (it != st.buffers.end() && it->get() != buffer) ++it;
+  if (it == st.buffers.end())
+    throw Error(ErrorCode::kInvalidArgument, "free: the buffer does not belong to this communicator");
+  if (st.workspaces && (buffer == st.workspaces->control() || buffer == st.workspaces->staging_in() ||
+                        buffer == st.workspaces->staging_out() || buffer == st.workspaces->push_slots() ||
+                        buffer == st.workspaces->receive_area() || buffer == st.workspaces->low_latency()))
+    throw Error(ErrorCode::kInvalidArgument, "free: the buffer is a workspace of the communicator");
+  // No peer may still read or write it: finish local work, then wait for every rank.
+  SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
+  st.bootstrap->barrier();
+  st.heap->release(buffer->offset_);
+  st.buffers.erase(it);
+}
+
+Buffer* Communicator::find(const void* p, size_t bytes) const {
+  for (const auto& b : state_->buffers)
+    if (b->contains(p, bytes)) return b.get();
+  return nullptr;
+}
+
+void Communicator::barrier(cudaStream_t stream) {
+  state_->ensure_usable("barrier");
+  detail::DeviceGuard guard(state_->device);
+  const uint32_t signature = 0x8a11u;  // every barrier is the same call
+  state_->record_call(signature, "barrier()");
+  detail::launch_barrier(state_->sync_args(detail::kOpBarrier, signature), stream);
+}
+
+void Communicator::check() const { state_->ensure_usable("check"); }
+
+void Communicator::synchronize(cudaStream_t stream) const {
+  detail::DeviceGuard guard(state_->device);
+  SYMMEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  state_->ensure_usable("synchronize");
+}
+
+void Communicator::close() {
+  detail::CommunicatorState& st = *state_;
+  if (st.closed) return;
+  detail::DeviceGuard guard(st.device);
+  // Release locally even when a peer is gone (the barrier then fails), and report that after.
+  std::exception_ptr failure;
+  try {
+    SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
+    st.bootstrap->barrier();  // every rank is done with every buffer
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  st.copy_engine.reset();
+  st.workspaces.reset();
+  st.buffers.clear();
+  st.heap.reset();
+  st.closed = true;
+  if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace symmem

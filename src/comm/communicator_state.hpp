@@ -1,0 +1,86 @@
+// What a communicator owns, and the settings every rank agreed on at creation. Collectives reach
+// it through detail::state_of(comm). Not part of the public API.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/fd_exchange.hpp"
+#include "collectives/call_signature.hpp"
+#include "comm/host_board.hpp"
+#include "device/device_types.hpp"
+#include "heap/heap.hpp"
+#include "plan/tuning_table.hpp"
+#include "symmem/communicator.hpp"
+#include "workspace/workspaces.hpp"
+
+namespace symmem::detail {
+
+class CopyEngineState;
+
+// Environment overrides, read once at creation and checked equal on every rank (creation fails
+// naming the variable otherwise), so that no rank plans with a value another rank does not have.
+struct AgreedSettings {
+  Algo forced_algo = Algo::kAuto;  // SYMMEM_ALGO
+  int forced_blocks = 0;           // SYMMEM_BLOCKS
+  bool push_bulk = true;           // SYMMEM_PUSH_BULK
+  bool copy_engine_push = false;   // SYMMEM_CE_DIRECTION=push
+  int copy_engine_streams = 4;     // SYMMEM_CE_STREAMS
+  bool copy_engine_batch = true;   // SYMMEM_CE_BATCH
+  size_t copy_engine_piece_bytes = 0;  // SYMMEM_CE_PIECE_KB
+  size_t workspace_bytes = 0;      // CommConfig::workspace_bytes or SYMMEM_WORKSPACE_MB
+  int64_t timeout_ms = 30000;      // CommConfig::timeout_ms or SYMMEM_TIMEOUT_MS
+  uint64_t tuning_hash = 0;        // the tuning table in force
+};
+
+struct CommunicatorState {
+  Communicator* owner = nullptr;
+  std::shared_ptr<Bootstrap> bootstrap;
+  int device = 0;
+  int rank = 0;
+  int world = 1;
+  int sm_count = 0;
+  std::string gpu_name;
+  AgreedSettings settings;
+  bool debug = false;  // SYMMEM_DEBUG (local: only logging)
+  const TuningTable* tuning = nullptr;
+
+  std::unique_ptr<FdExchange> exchange;
+  std::unique_ptr<Heap> heap;
+  std::unique_ptr<HostBoard> board;
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  std::unique_ptr<Workspaces> workspaces;
+  std::unique_ptr<CopyEngineState> copy_engine;
+
+  uint32_t* epochs = nullptr;  // per-block epochs, then the call counter pair (local device memory)
+  SyncArgs sync_template{};    // sync_args() without the op and signature
+  std::string abort_reason;    // set once a failure was seen; every later call fails with it
+  bool closed = false;
+
+  CommunicatorState();
+  ~CommunicatorState();
+
+  int64_t timeout_ms() const { return settings.timeout_ms; }
+  DeviceStatus* status_host() const { return &board->page(rank)->status; }
+  // Synchronisation arguments of the SM kernels for one call.
+  SyncArgs sync_args(uint32_t op, uint32_t signature) const;
+  // Throws if the communicator is closed or aborted, or if any rank recorded a failure.
+  void ensure_usable(const char* op);
+  // Remembers this call's description under its signature in the host board (for mismatch
+  // messages on any rank). Formats it only for a signature not seen in the last few calls.
+  void record_call(uint32_t signature, const CallDescriptor& call) {
+    for (uint32_t s : recent_signatures)
+      if (s == signature) return;
+    recent_signatures[recent_next++ % kRecentSignatures] = signature;
+    board->record_call(signature, describe_call(call));
+  }
+  void record_call(uint32_t signature, const std::string& text) { board->record_call(signature, text); }
+
+ private:
+  static constexpr unsigned kRecentSignatures = 8;
+  uint32_t recent_signatures[kRecentSignatures] = {};
+  unsigned recent_next = 0;
+};
+
+}  // namespace symmem::detail

@@ -1,0 +1,96 @@
+// The host board: a page of pinned host memory per rank, shared by every local rank of the
+// communicator (memfd, passed over the fd exchange, mapped by every process and registered with
+// CUDA as mapped memory, so every GPU can read and write every page too).
+//
+// Why host memory: what must stay reachable when a GPU stream is blocked lives here. A host thread
+// can read it and write it with plain CPU loads and stores, which never queue behind device work
+// (CUDA_DEVICE_MAX_CONNECTIONS=1 puts every stream on one hardware queue, so a rescue cudaMemcpy
+// would wait behind the very wait it should release). It holds:
+//   - every rank's failure record (DeviceStatus), so any rank can say why another failed;
+//   - the communicator's abort word (in rank 0's page), polled by every device wait;
+//   - the copy-engine handshake flags (written by the peers' streams, waited on by this rank's
+//     stream, releasable by this rank's watchdog with a CPU store);
+//   - the copy-engine wait-state word the watchdog uses to time a wait from when the GPU reached it;
+//   - a short log of each rank's recent calls (signature -> description), so that a mismatch
+//     names both calls.
+// Lifetime: created collectively with the communicator, released locally by its destructor
+// (unregister, unmap, close); nothing in it is freed before the communicator is destroyed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "bootstrap/fd_exchange.hpp"
+#include "device/device_types.hpp"
+#include "symmem/bootstrap.hpp"
+
+namespace symmem::detail {
+
+struct CallRecord {
+  uint32_t signature;  // 0: empty
+  char text[124];      // e.g. "all_gather(count=100000, float16, pull, blocks=16)"
+};
+
+struct alignas(64) BoardPage {
+  static constexpr int kCallLog = 32;
+
+  DeviceStatus status;         // this rank's failure record (written by this rank's GPU or watchdog)
+  alignas(64) uint32_t abort;  // used in rank 0's page only: nonzero once any rank failed
+  // Copy-engine handshake flags addressed to this rank: ready[p] / done[p] are written by peer p's
+  // stream with the call's signature, waited on by this rank's stream, and reset to 0 after.
+  alignas(64) uint32_t ce_ready[kMaxWorld];
+  uint32_t ce_done[kMaxWorld];
+  // Copy-engine wait state of this rank's stream: the stream writes 1 before a handshake wait and
+  // 2 after it; the watchdog acknowledges a 1 by swapping it for 3 (starting the clock) and a 2 by
+  // swapping it for 0. A 3 that stays means the same wait is still blocked
+  // (src/collectives/copy_engine_state.hpp).
+  alignas(64) uint32_t ce_wait_state;
+  // Which wait that is, written by the stream before the (fenced) write of ce_wait_state = 1, so
+  // the watchdog that reads 1 also reads these: 0 ready handshake, 1 done handshake; the
+  // signature the wait expects in every peer's word.
+  uint32_t ce_phase;
+  uint32_t ce_signature;
+  // Call log, written only by this rank's host (record_call), read by every rank's host.
+  alignas(64) uint32_t call_head;  // slots written so far (the newest is (call_head - 1) % kCallLog)
+  CallRecord calls[kCallLog];
+};
+
+class HostBoard {
+ public:
+  // Collective over the local ranks.
+  HostBoard(int rank, int world, Bootstrap& bootstrap, FdExchange& exchange);
+  ~HostBoard();  // never throws
+  HostBoard(const HostBoard&) = delete;
+  HostBoard& operator=(const HostBoard&) = delete;
+
+  // Rank `rank`'s page (0 <= rank < world): its host address in this process, and the same page as
+  // this GPU addresses it (for stream memory operations and kernels).
+  BoardPage* page(int rank) const { return static_cast<BoardPage*>(mappings_[rank]); }
+  BoardPage* device_page(int rank) const { return device_pages_[rank]; }
+  uint32_t* abort_word() const { return &page(0)->abort; }
+  uint32_t* device_abort_word() const { return &device_page(0)->abort; }
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
+  // Host side of the call log: remembers what this rank's call with `signature` was (costs a scan
+  // of the last few entries when the signature was logged recently: the hot path); lookup finds
+  // rank `rank`'s entry ("" when not found). record_call is for the communicator's one calling
+  // thread; lookup_call may run anywhere (a seqlock check discards an entry overwritten meanwhile).
+  void record_call(uint32_t signature, const std::string& text);
+  std::string lookup_call(int rank, uint32_t signature) const;
+
+ private:
+  void release() noexcept;  // unregister, unmap, close: whatever was made so far
+
+  int rank_;
+  int world_;
+  size_t page_bytes_ = 0;
+  void* mappings_[kMaxWorld] = {};   // host address of every rank's page (MAP_SHARED)
+  bool registered_[kMaxWorld] = {};  // cudaHostRegister succeeded on mappings_[r]
+  BoardPage* device_pages_[kMaxWorld] = {};
+  int fd_ = -1;  // this rank's memfd: closed once the peers hold theirs (the mappings keep it alive)
+};
+
+}  // namespace symmem::detail

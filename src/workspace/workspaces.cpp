@@ -1,0 +1,28 @@
+#include "workspace/workspaces.hpp"
+
+#include <string>
+
+#include "common/check.hpp"
+#include "device/device_types.hpp"
+
+namespace symmem::detail {
+
+Workspaces::Workspaces(Communicator& comm, size_t budget) : budget_(budget) {
+  if (budget < kMinBudget)
+    throw Error(ErrorCode::kInvalidArgument, "workspace budget of " + std::to_string(budget) +
+                                                 " bytes is below the minimum of " + std::to_string(kMinBudget) +
+                                                 " (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB)");
+  // Four equal areas, each a whole number of 2 MiB (the heap's granularity on Hopper).
+  constexpr size_t kUnit = size_t(2) << 20;
+  area_bytes_ = budget / 4 / kUnit * kUnit;
+  if (area_bytes_ == 0) area_bytes_ = kUnit;
+  control_ = comm.allocate(kSignalFlagCount * sizeof(uint64_t));
+  staging_in_ = comm.allocate(area_bytes_);
+  staging_out_ = comm.allocate(area_bytes_);
+  push_slots_ = comm.allocate(area_bytes_);
+  receive_area_ = comm.allocate(area_bytes_);
+  // Two parity halves of kMaxWorld sender slots, 8 bytes per 4-byte word.
+  low_latency_ = comm.allocate(2 * kMaxWorld * (kLowLatencySlotBytes / 4) * sizeof(uint64_t));
+}
+
+}  // namespace symmem::detail

@@ -1,0 +1,179 @@
+// Call signatures and the plans behind them: every rank must plan the same algorithm, and ranks
+// that would not are told apart by the signature their flags carry.
+#include <string>
+#include <vector>
+
+#include "collectives/call_signature.hpp"
+#include "device/device_types.hpp"
+#include "kernels/kernel_args.hpp"
+#include "plan/plan.hpp"
+#include "test.hpp"
+
+using namespace symmem;
+using namespace symmem::detail;
+
+namespace {
+
+CallDescriptor gather(size_t count, DataType type) {
+  CallDescriptor c;
+  c.op = kOpAllGather;
+  c.type = type;
+  c.count = count;
+  c.algo = Algo::kPull;
+  c.blocks = 16;
+  return c;
+}
+
+// What a rank's call looks like to the planner and the signature: the operand kinds and symmetric
+// offsets it passed, and its options (all that may differ between ranks that call "the same").
+struct RankCall {
+  bool in_symmetric;
+  bool out_symmetric;
+  uint64_t in_offset;
+  uint64_t out_offset;
+  CollectiveOptions options;
+};
+
+AllGatherPlan plan_for(const RankCall& c, size_t bytes) {
+  AllGatherRequest r;
+  r.bytes_per_rank = bytes;
+  r.world = 2;
+  r.in_symmetric = c.in_symmetric;
+  r.out_symmetric = c.out_symmetric;
+  r.in_address = c.in_symmetric ? c.in_offset : 0;
+  r.out_address = c.out_symmetric ? c.out_offset : 0;
+  r.options = c.options;
+  return plan_all_gather(r, TuningTable{});
+}
+
+uint32_t signature_for(const RankCall& c, const AllGatherPlan& plan, size_t count) {
+  CallDescriptor d = gather(count, DataType::kUInt8);
+  d.algo = plan.algo;
+  d.blocks = plan.blocks;
+  d.in_symmetric = c.in_symmetric;
+  d.out_symmetric = c.out_symmetric;
+  d.in_heap_offset = c.in_symmetric ? c.in_offset : 0;
+  d.out_heap_offset = c.out_symmetric ? c.out_offset : 0;
+  return signature_of(d);
+}
+
+bool same_plan(const AllGatherPlan& a, const AllGatherPlan& b) {
+  return a.algo == b.algo && a.blocks == b.blocks && a.vector_bytes == b.vector_bytes &&
+         a.stage_input == b.stage_input && a.stage_output == b.stage_output &&
+         a.copy_engine_push == b.copy_engine_push && a.bulk == b.bulk && a.local_warps == b.local_warps;
+}
+
+}  // namespace
+
+TEST(signatures_tell_apart_calls_that_must_not_meet) {
+  const uint32_t base = signature_of(gather(100000, DataType::kFloat16));
+  EXPECT(base != 0);
+  EXPECT(signature_of(gather(100002, DataType::kFloat16)) != base);
+  EXPECT(signature_of(gather(100000, DataType::kBFloat16)) != base);  // same bytes, other type
+  CallDescriptor c = gather(100000, DataType::kFloat16);
+  c.op = kOpAllReduce;
+  EXPECT(signature_of(c) != base);
+  c = gather(100000, DataType::kFloat16);
+  c.blocks = 8;
+  EXPECT(signature_of(c) != base);
+  c = gather(100000, DataType::kFloat16);
+  c.out_symmetric = true;
+  c.out_heap_offset = 256;
+  const uint32_t at256 = signature_of(c);
+  c.out_heap_offset = 0;
+  EXPECT(signature_of(c) != at256);  // rank-dependent symmetric offsets
+  c = gather(100000, DataType::kFloat16);
+  c.op = kOpAllReduce;
+  c.reduce = ReduceOp::kMax;
+  const uint32_t max = signature_of(c);
+  c.reduce = ReduceOp::kSum;
+  EXPECT(signature_of(c) != max);
+  EXPECT_EQ(signature_of(gather(100000, DataType::kFloat16)), base);  // deterministic
+}
+
+TEST(descriptions_name_the_call) {
+  const std::string d = describe_call(gather(100002, DataType::kFloat16));
+  EXPECT(d.find("all_gather") != std::string::npos);
+  EXPECT(d.find("100002") != std::string::npos);
+  EXPECT(d.find("float16") != std::string::npos);
+  EXPECT(d.find("pull") != std::string::npos);
+}
+
+TEST(ranks_with_equal_signatures_run_equal_plans) {
+  // Every combination two ranks could pass for one logical call (operand kinds, symmetric
+  // offsets, options): whenever their signatures agree, so must their plans; where plans differ,
+  // the signatures differ and the device check catches it. This fails if anything a plan depends
+  // on is left out of the signature.
+  std::vector<RankCall> calls;
+  for (int kinds = 0; kinds < 4; ++kinds)
+    for (uint64_t in_offset : {uint64_t(0), uint64_t(4096), uint64_t(4100), uint64_t(4097)})
+      for (uint64_t out_offset : {uint64_t(0), uint64_t(8192), uint64_t(8194)})
+        for (Algo algo : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine})
+          for (int max_blocks : {-1, 8}) {
+            CollectiveOptions o;
+            o.algo = algo;
+            o.max_blocks = max_blocks;
+            calls.push_back({(kinds & 1) != 0, (kinds & 2) != 0, in_offset, out_offset, o});
+          }
+  long compared = 0;
+  for (size_t bytes : {size_t(4096), size_t(65536 + 2), size_t(32) << 20}) {
+    std::vector<AllGatherPlan> plans;
+    std::vector<uint32_t> signatures;
+    for (const RankCall& c : calls) {
+      plans.push_back(plan_for(c, bytes));
+      signatures.push_back(signature_for(c, plans.back(), bytes));
+    }
+    for (size_t a = 0; a < calls.size(); ++a)
+      for (size_t b = a + 1; b < calls.size(); ++b) {
+        if (signatures[a] != signatures[b]) continue;
+        ++compared;
+        EXPECT(same_plan(plans[a], plans[b]));
+      }
+  }
+  EXPECT(compared > 100);  // the property was exercised, not vacuous
+}
+
+TEST(chunks_cover_the_call_exactly_once) {
+  for (size_t count : {size_t(1), size_t(7), size_t(4096), size_t(1000003)})
+    for (size_t limit : {size_t(1), size_t(8), size_t(4096), size_t(1) << 30}) {
+      const auto chunks = plan_chunks(count, limit);
+      size_t next = 0;
+      for (const auto& c : chunks) {
+        EXPECT_EQ(c.begin, next);
+        EXPECT(c.count >= 1 && c.count <= limit);
+        next += c.count;
+      }
+      EXPECT_EQ(next, count);
+    }
+}
+
+TEST(chunks_fit_their_workspaces) {
+  const WorkspaceLimits limits{size_t(64) << 20, size_t(32) << 20};
+  for (int world : {2, 3, 4, 8})
+    for (size_t elem : {size_t(1), size_t(2), size_t(4)}) {
+      AllGatherPlan ag;
+      ag.algo = Algo::kPush;
+      ag.stage_output = true;
+      size_t n = all_gather_chunk_elements(ag, elem, world, limits);
+      EXPECT(n * elem * world <= limits.staging && (n * elem) % 16 == 0);
+      ag.stage_output = false;
+      ag.stage_input = true;
+      n = all_gather_chunk_elements(ag, elem, world, limits);
+      EXPECT(n * elem <= limits.staging && (n * elem) % 16 == 0);
+      ag.stage_input = false;
+      EXPECT_EQ(all_gather_chunk_elements(ag, elem, world, limits), ~size_t(0));
+
+      ReducePlan rp;
+      rp.algo = Algo::kTwoShotPush;
+      n = reduce_chunk_elements(rp, false, elem, world, limits);
+      EXPECT(two_shot_slice(n, world, elem) * elem * world <= limits.staging);
+      rp.algo = Algo::kOneShotPush;
+      rp.receive_area = true;
+      n = reduce_chunk_elements(rp, false, elem, world, limits);
+      EXPECT((n * elem + 255) / 256 * 256 * world <= limits.receive_half);
+      rp = ReducePlan{};
+      rp.stage_input = true;
+      n = reduce_chunk_elements(rp, true, elem, world, limits);
+      EXPECT(n * elem * world <= limits.staging);
+    }
+}
