@@ -147,6 +147,18 @@ void CommunicatorState::ensure_usable(const char* op) {
   }
   DeviceStatus s{};
   std::memcpy(&s, &board->page(who)->status, sizeof(s));
+  // A timeout whose peer was itself waiting in a call with another signature is a mismatch that
+  // no flag could show: the two calls ran different protocols (say a barrier kernel against a
+  // low-latency one), so neither ever wrote what the other waited for.
+  if (s.code == kStatusTimeout && s.peer >= 0 && s.peer < world) {
+    const DeviceStatus& theirs = board->page(s.peer)->status;
+    const uint32_t their_signature = __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk && their_signature != 0 &&
+        their_signature != s.signature) {
+      s.code = kStatusMismatch;
+      s.peer_signature = their_signature;
+    }
+  }
   abort_reason = describe_failure(*this, who, s);
   if (who != rank) abort_reason = "rank " + std::to_string(who) + " failed first: " + abort_reason;
   throw Error(s.code == kStatusMismatch ? ErrorCode::kMismatch : ErrorCode::kTimeout, abort_reason);

@@ -34,12 +34,12 @@ constexpr size_t kMiB = size_t(1) << 20;
 // same scratch for the slices the peers store before its first barrier. A peer that was done
 // first stored into this rank's scratch while this rank was still copying its all-gather out
 // (slowed by another stream's copies): the all-gather output was wrong (3 of 20 on rank 1 on
-// 2 x H200). Rank 0 runs clean; every other rank floods its GPU with 1 GiB copies.
+// 2 x H200). Rank 0 runs clean; every other rank floods its GPU with batches of four 1 GiB copies.
 TEST(scratch_is_not_shared_between_collectives) {
   Fixture& fx = Fixture::get();
   if (fx.world() < 2) SKIP("needs two ranks");
   const int world = fx.world();
-  constexpr int kIterations = 20;
+  constexpr int kIterations = 40;
   constexpr size_t kGatherBytes = 32 * kMiB;         // per rank, plain cudaMalloc in and out
   constexpr size_t kReduceCount = size_t(64) << 20;  // bf16 elements, heap in and out
   DeviceBuffer gather_in(kGatherBytes), gather_out(kGatherBytes * world);
@@ -48,7 +48,7 @@ TEST(scratch_is_not_shared_between_collectives) {
   Buffer* reduce_out = fx.comm->allocate(kReduceCount * 2);
   Counters gather_wrong(kIterations), reduce_wrong(kIterations);
   std::unique_ptr<Flood> flood;
-  if (fx.rank() != 0) flood = std::make_unique<Flood>(size_t(1) << 30, 2);
+  if (fx.rank() != 0) flood = std::make_unique<Flood>(size_t(1) << 30, 4);
   CollectiveOptions push, two_shot_push;
   push.algo = Algo::kPush;
   two_shot_push.algo = Algo::kTwoShotPush;
