@@ -8,8 +8,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=build-bundle
-OUT=${OUT:-session-out}
-mkdir -p "$OUT"
+FINAL=${OUT:-session-out}
+OUT=$(mktemp -d)  # everything goes into one archive at the end ($FINAL/session.tgz)
+mkdir -p "$FINAL"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/gpus_$1.txt" 2>&1
 
 case "$1" in
@@ -26,13 +27,13 @@ tests)
     done
   done
   # Negative control: the same scenario tests built against 6cf5c42 (tests/gpu/negative_control.sh).
-  for t in scratch_is_not_shared_between_collectives graph_replay_after_larger_eager_calls \
+  for t in ${NEGATIVE_TESTS:-scratch_is_not_shared_between_collectives graph_replay_after_larger_eager_calls \
            rank_dependent_placement rank_dependent_symmetric_offsets_are_a_mismatch \
-           mismatched_calls_fail_on_every_rank interleaved_collectives_under_load; do
+           mismatched_calls_fail_on_every_rank interleaved_collectives_under_load}; do
     timeout 120 "$B/symmem-run" -n 2 --timeout 110 "$B/old_api_gpu_tests" "$t" > "$OUT/old_$t.log" 2>&1
     echo "old $t rc=$?" >> "$OUT/summary.txt"
   done
-  env CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 100 "$B/symmem-run" -n 2 --timeout 90 --expect-killed 1 \
+  [ -n "${NEGATIVE_TESTS:-}" ] || env CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 100 "$B/symmem-run" -n 2 --timeout 90 --expect-killed 1 \
     "$B/old_api_kill_tests" copy_engine > "$OUT/old_kill_copy_engine_max_connections_1.log" 2>&1
   echo "old kill_copy_engine_max_connections_1 rc=$?" >> "$OUT/summary.txt"
   ;;
@@ -61,5 +62,18 @@ bench)
   done
   echo "ab done" >> "$OUT/summary.txt"
   ;;
+only)
+  # A few GPU tests by name (new tree), then the named negative-control tests (old tree).
+  for t in ${TESTS:-}; do
+    timeout 200 "$B/symmem-run" -n 2 --timeout 190 "$B/symmem_gpu_tests" "$t" > "$OUT/$t.log" 2>&1
+    echo "$t rc=$?" >> "$OUT/summary.txt"
+  done
+  for t in ${NEGATIVE_TESTS:-}; do
+    timeout 120 "$B/symmem-run" -n 2 --timeout 110 "$B/old_api_gpu_tests" "$t" > "$OUT/old_$t.log" 2>&1
+    echo "old $t rc=$?" >> "$OUT/summary.txt"
+  done
+  ;;
 esac
 cat "$OUT/summary.txt"
+cp "$OUT/summary.txt" "$FINAL/summary.txt"
+tar czf "$FINAL/session.tgz" -C "$OUT" .
