@@ -3,7 +3,7 @@
 # repository root with binaries built here and carried in build-bundle/ (scripts/bundle.sh).
 #   scripts/h200_session.sh tests    GPU tests (2 ranks), kill tests, negative control on 6cf5c42
 #   scripts/h200_session.sh bench    all-gather sweep, vLLM tables (eager, graph), A/B vs 6cf5c42
-# Logs and CSVs go to $OUT (or ./session-out).
+# Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -12,6 +12,16 @@ FINAL=${OUT:-session-out}
 OUT=$(mktemp -d)  # everything goes into one archive at the end ($FINAL/session.tgz)
 mkdir -p "$FINAL"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/gpus_$1.txt" 2>&1
+
+# The vLLM all-reduce table (T x 8192 bf16), eager and replayed from CUDA graphs.
+vllm_tables() {
+  for mode in eager graph; do
+    graph=""; [ $mode = graph ] && graph=--graph
+    timeout 150 "$B/symmem-bench" all_reduce --gpus 2 --vllm-table -n 20 -w 5 --reps 5 $graph \
+      --csv "$OUT/vllm_table_${mode}_2.csv" --json "$OUT/vllm_table_${mode}_2.json" > "$OUT/vllm_table_${mode}_2.txt" 2>&1
+    echo "vllm $mode rc=$?" >> "$OUT/summary.txt"
+  done
+}
 
 case "$1" in
 tests)
@@ -41,11 +51,7 @@ bench)
   timeout 200 "$B/symmem-bench" all_gather --gpus 2 -b 1M -e 256M -f 2 -n 20 -w 5 --reps 5 \
     --csv "$OUT/all_gather_2.csv" --json "$OUT/all_gather_2.json" > "$OUT/all_gather_2.txt" 2>&1
   echo "all_gather rc=$?" >> "$OUT/summary.txt"
-  for mode in eager graph; do
-    timeout 150 "$B/symmem-bench" all_reduce --gpus 2 --vllm-table -n 20 -w 5 --reps 5 ${mode/eager/} ${mode/graph/--graph} \
-      --csv "$OUT/vllm_table_${mode}_2.csv" --json "$OUT/vllm_table_${mode}_2.json" > "$OUT/vllm_table_${mode}_2.txt" 2>&1
-    echo "vllm $mode rc=$?" >> "$OUT/summary.txt"
-  done
+  vllm_tables
   # Cost of the trustworthy core (signed flags, cleared low-latency lines) against 6cf5c42:
   # the same two cases, old and new binaries alternating (ABAB), 0.5 MiB all-reduce and 64 KiB
   # all-gather, eager and graph.
@@ -62,6 +68,9 @@ bench)
   done
   echo "ab done" >> "$OUT/summary.txt"
   ;;
+vllm)
+  vllm_tables
+  ;;
 only)
   # A few GPU tests by name (new tree), then the named negative-control tests (old tree).
   for t in ${TESTS:-}; do
@@ -75,5 +84,5 @@ only)
   ;;
 esac
 cat "$OUT/summary.txt"
-cp "$OUT/summary.txt" "$FINAL/summary.txt"
-tar czf "$FINAL/session.tgz" -C "$OUT" .
+cp "$OUT/summary.txt" "$FINAL/summary_$1.txt"
+tar czf "$FINAL/session_$1.tgz" -C "$OUT" .
