@@ -9,4 +9,6 @@ cp build/symmem-bench build/symmem-run build/tests/symmem_gpu_tests build/tests/
 [ -d build-negctl/build ] && cp build-negctl/build/old_api_gpu_tests build-negctl/build/old_api_kill_tests build-bundle/
 [ -n "${OLD_BENCH:-}" ] && cp "$OLD_BENCH" build-bundle/old-symmem-bench
 strip build-bundle/* 2>/dev/null || true
+# The commit the binaries were built from (the bench writes it into every CSV row).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests || echo -dirty)" > build-bundle/COMMIT
 du -sh build-bundle

@@ -3,11 +3,13 @@
 # repository root with binaries built here and carried in build-bundle/ (scripts/bundle.sh).
 #   scripts/h200_session.sh tests    GPU tests (2 ranks), kill tests, negative control on 6cf5c42
 #   scripts/h200_session.sh bench    all-gather sweep, vLLM tables (eager, graph), A/B vs 6cf5c42
+#   scripts/h200_session.sh vllm | sanitize | only   vLLM tables; racecheck; TESTS=/NEGATIVE_TESTS= by name
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=build-bundle
+export SYMMEM_COMMIT=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
 FINAL=${OUT:-session-out}
 OUT=$(mktemp -d)  # everything goes into one archive at the end ($FINAL/session.tgz)
 mkdir -p "$FINAL"
@@ -67,6 +69,15 @@ bench)
     done
   done
   echo "ab done" >> "$OUT/summary.txt"
+  ;;
+sanitize)
+  # racecheck over the graph-replay tests (barriers, low-latency lines, parity areas).
+  for t in all_reduce_graph_replays_follow_inputs_changed_in_place all_gather_graph_replays_follow_inputs_changed_in_place; do
+    SYMMEM_TIMEOUT_MS=600000 timeout 240 "$B/symmem-run" -n 2 --timeout 230 \
+      compute-sanitizer --report-api-errors no --error-exitcode 3 --tool racecheck \
+      "$B/symmem_gpu_tests" "$t" > "$OUT/racecheck_$t.log" 2>&1
+    echo "racecheck $t rc=$?" >> "$OUT/summary.txt"
+  done
   ;;
 vllm)
   vllm_tables

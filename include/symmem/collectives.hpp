@@ -2,7 +2,8 @@
 // workspaces exist from creation on), and must be called by every rank with the same arguments:
 // the same collective, count, type, reduce op, options, operand kinds and symmetric offsets.
 // Ranks that disagree are detected on the device and every rank raises kMismatch naming both calls
-// (at the next check()/synchronize() or collective call); nothing is silently wrong.
+// (at the next check()/synchronize() or collective call). Check after CUDA graph replays too: a
+// replay does not pass through the host (docs/design.md, "What the device check cannot see").
 //
 // Operands. A *symmetric* operand is a heap Buffer (Communicator::allocate) and a byte offset into
 // it; peers read or write it in place (zero copy). A *local* operand is any device pointer of this

@@ -205,6 +205,10 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
     }
   }
 
+  // The reads above are separate loads: had the stream passed this wait meanwhile (it overwrites
+  // the 3), the words may already hold the next call's signatures. Decide only on a still-blocked
+  // wait (a 3 now means none of the stream's stores came in between).
+  if (load(state) != kWaitWatched) return kPollBlocked;
   const Clock::duration blocked = now - since_;
   bool release = false;
   if (released_at_ != Clock::time_point{}) {

@@ -12,6 +12,17 @@ namespace symmem::device {
 __device__ __forceinline__ size_t global_thread() { return size_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ size_t global_threads() { return size_t(gridDim.x) * blockDim.x; }
 
+// Element ownership in the reduction kernels: element i belongs to its 16-byte group
+// g = i / (16 / sizeof(T)), and group g to global thread g % global_threads(), on the vector path
+// and the scalar path alike. Kernels whose blocks consume, after a barrier, what the same-index
+// blocks of their peers produced (two-shot push, one-shot push, two-shot gather) rely on it: ranks
+// may differ in vector width (a local operand's alignment), never in who handles an element.
+// The first group >= `from` that this thread owns.
+__device__ __forceinline__ size_t first_owned_group(size_t from) {
+  const size_t threads = global_threads();
+  return from + (global_thread() + threads - from % threads) % threads;
+}
+
 // One piece of a grid-wide copy: n vectors from src to dst.
 template <typename V>
 struct CopyTask {
@@ -108,12 +119,14 @@ __device__ __forceinline__ void scatter(const T* const (&src)[detail::kMaxWorld]
     }
     done = vectors * kElems;
   }
-  // What the vectors left: each slice's tail (a shorter slice has more of it).
+  // What the vectors left: each slice's tail (a shorter slice has more of it), element by element
+  // by the owner of its group (first_owned_group).
 #pragma unroll
   for (int k = 0; k < detail::kMaxWorld; ++k) {
     if (k >= count) break;
-    const size_t first = kVector ? (n[k] / kElems) * kElems : 0;
-    for (size_t i = first + global_thread(); i < n[k]; i += global_threads()) dst[k][i] = src[k][i];
+    const size_t groups = (n[k] + kElems - 1) / kElems;
+    for (size_t g = first_owned_group(kVector ? n[k] / kElems : 0); g < groups; g += global_threads())
+      for (size_t i = g * kElems; i < (g + 1) * kElems && i < n[k]; ++i) dst[k][i] = src[k][i];
   }
   (void)done;
 }

@@ -119,11 +119,15 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[detail::kMaxW
     }
     done = nvec * kElems;
   }
-  for (size_t i = done + global_thread(); i < count; i += global_threads()) {
-    const T value = reduce_element<T, kOp>(src, world, i);
+  // The rest element by element, each by the owner of its 16-byte group (first_owned_group).
+  const size_t groups = (count + kElems - 1) / kElems;
+  for (size_t g = first_owned_group(done / kElems); g < groups; g += global_threads()) {
+    for (size_t i = g * kElems; i < (g + 1) * kElems && i < count; ++i) {
+      const T value = reduce_element<T, kOp>(src, world, i);
 #pragma unroll
-    for (int d = 0; d < detail::kMaxWorld; ++d)
-      if (d < ndst) dst[d][i] = value;
+      for (int d = 0; d < detail::kMaxWorld; ++d)
+        if (d < ndst) dst[d][i] = value;
+    }
   }
 }
 

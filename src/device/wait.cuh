@@ -36,7 +36,7 @@ __device__ __forceinline__ void record_failure(const SyncArgs& s, uint32_t code,
   // Cheap test first: after an abort every waiting thread comes here; one volatile read each
   // instead of a storm of host-memory atomics on the same word.
   if (ld_volatile_u32(&s.status->code) != detail::kStatusOk) return;
-  if (atomicCAS(&s.status->code, detail::kStatusOk, code) != detail::kStatusOk) return;
+  if (atomicCAS_system(&s.status->code, detail::kStatusOk, code) != detail::kStatusOk) return;
   s.status->op = s.op;
   s.status->rank = s.rank;
   s.status->peer = peer;
@@ -67,10 +67,10 @@ __device__ __forceinline__ bool keep_waiting(const SyncArgs& s, uint64_t start, 
   return true;
 }
 
-// Waits until the peer's barrier flag carries epoch `epoch` or a later one (modulo 2^32 wrap).
+// Waits until the peer's barrier flag carries epoch `epoch` or the next one (modulo 2^32).
 //   Equal epoch: the flag is the peer's for this same barrier, so it must carry our signature;
 //   another one means the peer called something else (mismatch).
-//   Later epoch: the peer's block finished its call of `epoch`, which needed its first barrier to
+//   Next epoch: the peer's block finished its call of `epoch`, which needed its first barrier to
 //   pass on this rank's flag of exactly `epoch` (this rank has not passed: it stored no later one)
 //   carrying the peer's own signature; so the calls matched, and the later flag's signature (of
 //   the peer's next call) is not ours to check. This happens after a one-barrier kernel (one-shot
@@ -82,10 +82,12 @@ __device__ __forceinline__ bool wait_barrier_flag(const uint64_t* flag, uint32_t
   const uint64_t start = global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
     const uint64_t f = ld_acquire_sys_u64(flag);
-    const int32_t ahead = static_cast<int32_t>(static_cast<uint32_t>(f >> 32) - epoch);
-    if (ahead >= 0) {
+    // A peer is at most one call ahead (it needs this rank's flag of `epoch` to go further), so
+    // only 0 and 1 count as arrived: a stale flag of a phase unused for 2^31 calls must not pass.
+    const uint32_t ahead = static_cast<uint32_t>(f >> 32) - epoch;
+    if (ahead <= 1u) {
       const uint32_t signature = static_cast<uint32_t>(f);
-      if (ahead > 0 || signature == s.signature) return true;
+      if (ahead == 1u || signature == s.signature) return true;
       record_failure(s, detail::kStatusMismatch, peer, phase, signature);
       return false;
     }

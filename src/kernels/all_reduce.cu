@@ -101,7 +101,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKe
           reinterpret_cast<uint4*>(to)[v] = reinterpret_cast<const uint4*>(from)[v];
         done = nvec * kElems;
       }
-      for (size_t i = done + device::global_thread(); i < n; i += device::global_threads()) to[i] = from[i];
+      // The rest by the owner of each 16-byte group, the block that reduced it on rank r.
+      const size_t groups = (n + kElems - 1) / kElems;
+      for (size_t g = device::first_owned_group(done / kElems); g < groups; g += device::global_threads())
+        for (size_t i = g * kElems; i < (g + 1) * kElems && i < n; ++i) to[i] = from[i];
     }
   }
   if (!device::barrier(s, epoch, 2)) return;
