@@ -15,6 +15,13 @@ OUT=$(mktemp -d)  # everything goes into one archive at the end ($FINAL/session.
 mkdir -p "$FINAL"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/gpus_$1.txt" 2>&1
 
+# The all-gather sweep, 1 MiB to 256 MiB per rank, every symmem algorithm against every NCCL row.
+all_gather_sweep() {
+  timeout 200 "$B/symmem-bench" all_gather --gpus 2 -b 1M -e 256M -f 2 -n 20 -w 5 --reps 5 \
+    --csv "$OUT/all_gather_2.csv" --json "$OUT/all_gather_2.json" > "$OUT/all_gather_2.txt" 2>&1
+  echo "all_gather rc=$?" >> "$OUT/summary.txt"
+}
+
 # The vLLM all-reduce table (T x 8192 bf16), eager and replayed from CUDA graphs.
 vllm_tables() {
   for mode in eager graph; do
@@ -50,9 +57,7 @@ tests)
   echo "old kill_copy_engine_max_connections_1 rc=$?" >> "$OUT/summary.txt"
   ;;
 bench)
-  timeout 200 "$B/symmem-bench" all_gather --gpus 2 -b 1M -e 256M -f 2 -n 20 -w 5 --reps 5 \
-    --csv "$OUT/all_gather_2.csv" --json "$OUT/all_gather_2.json" > "$OUT/all_gather_2.txt" 2>&1
-  echo "all_gather rc=$?" >> "$OUT/summary.txt"
+  all_gather_sweep
   vllm_tables
   # Cost of the trustworthy core (signed flags, cleared low-latency lines) against 6cf5c42:
   # the same two cases, old and new binaries alternating (ABAB), 0.5 MiB all-reduce and 64 KiB
@@ -69,6 +74,13 @@ bench)
     done
   done
   echo "ab done" >> "$OUT/summary.txt"
+  ;;
+final)
+  # The committed figures of the final tree: every GPU test, the all-gather sweep, the vLLM tables.
+  timeout 420 "$B/symmem-run" -n 2 --timeout 400 "$B/symmem_gpu_tests" > "$OUT/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$OUT/summary.txt"
+  all_gather_sweep
+  vllm_tables
   ;;
 sanitize)
   # racecheck over the graph-replay tests (barriers, low-latency lines, parity areas).

@@ -154,8 +154,12 @@ void CommunicatorState::ensure_usable(const char* op) {
     const DeviceStatus& theirs = board->page(s.peer)->status;
     // A live peer records its own failure within a poll interval of the abort word; a dead one
     // never does. Wait that long, on this error path only.
-    for (int i = 0; i < 500 && __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) == kStatusOk; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // A record's code is claimed before its fields are written: wait for the signature as well.
+    auto recorded = [&] {
+      return __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk &&
+             __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE) != 0;
+    };
+    for (int i = 0; i < 500 && !recorded(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const uint32_t their_signature = __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk && their_signature != 0 &&
         their_signature != s.signature) {
