@@ -56,17 +56,9 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
   request.push_bulk = st.settings.push_bulk;
   p.plan = detail::plan_all_gather(request, *st.tuning);
 
-  detail::CallDescriptor& c = p.call;
-  c.op = detail::kOpAllGather;
-  c.type = type;
-  c.count = count;
-  c.algo = p.plan.algo;
-  c.blocks = p.plan.blocks;
-  c.in_place = p.in_place;
-  c.in_symmetric = p.in.symmetric;
-  c.out_symmetric = p.out.symmetric;
-  c.in_heap_offset = p.in_place ? 0 : p.in.heap_offset;
-  c.out_heap_offset = p.out.heap_offset;
+  p.call = detail::make_call_descriptor(detail::kOpAllGather, type, ReduceOp::kSum, count, p.plan.algo, p.plan.blocks,
+                                        p.in_place, p.in.symmetric, p.in_place ? 0 : p.in.heap_offset,
+                                        p.out.symmetric, p.out.heap_offset);
   return p;
 }
 

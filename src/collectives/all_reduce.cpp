@@ -52,18 +52,9 @@ PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, con
   request.in_place = p.in_place;
   p.plan = plan_reduce(request, *st.tuning);
 
-  CallDescriptor& c = p.call;
-  c.op = reduce_scatter ? kOpReduceScatter : kOpAllReduce;
-  c.type = type;
-  c.reduce = op;
-  c.count = count;
-  c.algo = p.plan.algo;
-  c.blocks = p.plan.blocks;
-  c.in_place = p.in_place;
-  c.in_symmetric = p.in.symmetric;
-  c.out_symmetric = p.out.symmetric;
-  c.in_heap_offset = p.in.heap_offset;
-  c.out_heap_offset = p.in_place ? 0 : p.out.heap_offset;
+  p.call = make_call_descriptor(reduce_scatter ? kOpReduceScatter : kOpAllReduce, type, op, count, p.plan.algo,
+                                p.plan.blocks, p.in_place, p.in.symmetric, p.in.heap_offset, p.out.symmetric,
+                                p.in_place ? 0 : p.out.heap_offset);
   return p;
 }
 

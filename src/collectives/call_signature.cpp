@@ -5,6 +5,24 @@
 
 namespace symmem::detail {
 
+CallDescriptor make_call_descriptor(uint32_t op, DataType type, ReduceOp reduce, size_t count, Algo algo, int blocks,
+                                    bool in_place, bool in_symmetric, uint64_t in_heap_offset, bool out_symmetric,
+                                    uint64_t out_heap_offset) {
+  CallDescriptor c;
+  c.op = op;
+  c.type = type;
+  c.reduce = reduce;
+  c.count = count;
+  c.algo = algo;
+  c.blocks = blocks;
+  c.in_place = in_place;
+  c.in_symmetric = in_symmetric;
+  c.out_symmetric = out_symmetric;
+  c.in_heap_offset = in_heap_offset;
+  c.out_heap_offset = out_heap_offset;
+  return c;
+}
+
 uint32_t signature_of(const CallDescriptor& c) {
   Fnv1a h;
   h.value(c.op).value(c.type).value(c.count).value(c.algo).value(c.blocks);

@@ -29,6 +29,12 @@ struct CallDescriptor {
   uint64_t out_heap_offset = 0;  // symmetric only
 };
 
+// The descriptor of a planned call. Pass 0 as the offset of the operand that in place derives
+// from the other (it differs by rank: rank * bytes).
+CallDescriptor make_call_descriptor(uint32_t op, DataType type, ReduceOp reduce, size_t count, Algo algo, int blocks,
+                                    bool in_place, bool in_symmetric, uint64_t in_heap_offset, bool out_symmetric,
+                                    uint64_t out_heap_offset);
+
 // Nonzero (0 marks an empty flag).
 uint32_t signature_of(const CallDescriptor& call);
 // e.g. "all_gather(count=100000, float16, pull, blocks=16, in=local, out=symmetric@4096)"

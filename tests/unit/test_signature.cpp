@@ -47,14 +47,9 @@ AllGatherPlan plan_for(const RankCall& c, size_t bytes) {
 }
 
 uint32_t signature_for(const RankCall& c, const AllGatherPlan& plan, size_t count) {
-  CallDescriptor d = gather(count, DataType::kUInt8);
-  d.algo = plan.algo;
-  d.blocks = plan.blocks;
-  d.in_symmetric = c.in_symmetric;
-  d.out_symmetric = c.out_symmetric;
-  d.in_heap_offset = c.in_symmetric ? c.in_offset : 0;
-  d.out_heap_offset = c.out_symmetric ? c.out_offset : 0;
-  return signature_of(d);
+  return signature_of(make_call_descriptor(kOpAllGather, DataType::kUInt8, ReduceOp::kSum, count, plan.algo, plan.blocks,
+                                           false, c.in_symmetric, c.in_symmetric ? c.in_offset : 0, c.out_symmetric,
+                                           c.out_symmetric ? c.out_offset : 0));
 }
 
 bool same_plan(const AllGatherPlan& a, const AllGatherPlan& b) {
