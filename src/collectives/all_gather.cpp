@@ -43,15 +43,7 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
 
   detail::AllGatherRequest request;
   request.bytes_per_rank = p.bytes;
-  request.world = st.world;
-  request.sm_count = st.sm_count;
-  request.options = options;
-  request.forced = st.settings.forced_algo;
-  request.forced_blocks = st.settings.forced_blocks;
-  request.in_symmetric = p.in.symmetric;
-  request.out_symmetric = p.out.symmetric;
-  request.in_address = p.in.heap_offset;
-  request.out_address = p.out.heap_offset;
+  detail::fill_agreed_request(request, st, options, p.in, p.out);
   request.copy_engine_push = st.settings.copy_engine_push;
   request.push_bulk = st.settings.push_bulk;
   p.plan = detail::plan_all_gather(request, *st.tuning);

@@ -39,15 +39,7 @@ PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, con
   request.reduce_scatter = reduce_scatter;
   request.count = count;
   request.elem_bytes = elem;
-  request.world = st.world;
-  request.sm_count = st.sm_count;
-  request.options = options;
-  request.forced = st.settings.forced_algo;
-  request.forced_blocks = st.settings.forced_blocks;
-  request.in_symmetric = p.in.symmetric;
-  request.out_symmetric = p.out.symmetric;
-  request.in_address = p.in.heap_offset;
-  request.out_address = p.out.heap_offset;
+  fill_agreed_request(request, st, options, p.in, p.out);
   request.low_latency_capacity = Workspaces::kLowLatencySlotBytes;
   request.in_place = p.in_place;
   p.plan = plan_reduce(request, *st.tuning);

@@ -33,6 +33,22 @@ Resolved shifted(const Resolved& r, size_t delta);
 // Largest power of two <= 16 dividing the address (the widest vector a kernel may use on it).
 int address_alignment(const void* p);
 
+// The fields every planning request shares, from values equal on every rank: the world, the
+// agreed settings, the options, the operand kinds and the symmetric operands' heap offsets.
+template <typename Request, typename State>
+void fill_agreed_request(Request& r, const State& st, const CollectiveOptions& options, const Resolved& in,
+                         const Resolved& out) {
+  r.world = st.world;
+  r.sm_count = st.sm_count;
+  r.options = options;
+  r.forced = st.settings.forced_algo;
+  r.forced_blocks = st.settings.forced_blocks;
+  r.in_symmetric = in.symmetric;
+  r.out_symmetric = out.symmetric;
+  r.in_address = in.heap_offset;
+  r.out_address = out.heap_offset;
+}
+
 // Every rank's copy of the bytes at `at` in a symmetric operand, for kernel arguments.
 template <typename P>
 void peer_views(const Resolved& r, size_t at, int world, P (&views)[kMaxWorld]) {

@@ -55,30 +55,31 @@ tests=(scratch_is_not_shared_between_collectives graph_replay_after_larger_eager
        rank_dependent_symmetric_offsets_are_a_mismatch mismatched_calls_fail_on_every_rank
        interleaved_collectives_under_load reductions_up_to_256_mib)
 summary=()
+# run_case NAME IF_IT_PASSES IF_IT_FAILS COMMAND...: runs COMMAND, logs it, records the verdict.
+run_case() {
+  local name=$1 passes=$2 fails=$3
+  shift 3
+  set +e
+  "$@" 2>&1 | tee "$work/$name.log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local verdict=$passes
+  [[ $rc -eq 77 ]] && verdict='skipped (no GPUs?)'
+  [[ $rc -ne 0 && $rc -ne 77 ]] && verdict=$fails
+  summary+=("$name: rc=$rc, $verdict")
+}
 for t in "${tests[@]}"; do
   echo "=== $t on $commit"
-  set +e
-  "$launcher" -n "$ranks" --timeout 600 "$work/build/old_api_gpu_tests" "$t" 2>&1 | tee "$work/$t.log"
-  rc=${PIPESTATUS[0]}
-  set -e
-  verdict='DOES NOT FAIL on the old tree'
-  [[ $rc -eq 77 ]] && verdict='skipped (no GPUs?)'
-  [[ $rc -ne 0 && $rc -ne 77 ]] && verdict='fails on the old tree (good)'
-  summary+=("$t: rc=$rc, $verdict")
+  run_case "$t" 'DOES NOT FAIL on the old tree' 'fails on the old tree (good)' \
+    "$launcher" -n "$ranks" --timeout 600 "$work/build/old_api_gpu_tests" "$t"
 done
 for path in sm low_latency copy_engine graph; do
   for connections in "" 1; do
     name="kill_$path${connections:+_max_connections_1}"
     echo "=== $name on $commit"
-    set +e
-    env ${connections:+CUDA_DEVICE_MAX_CONNECTIONS=$connections} "$launcher" -n 2 --timeout 120 --expect-killed 1 \
-      "$work/build/old_api_kill_tests" "$path" 2>&1 | tee "$work/$name.log"
-    rc=${PIPESTATUS[0]}
-    set -e
-    verdict='passes on the old tree'
-    [[ $rc -eq 77 ]] && verdict='skipped (no GPUs?)'
-    [[ $rc -ne 0 && $rc -ne 77 ]] && verdict='fails on the old tree'
-    summary+=("$name: rc=$rc, $verdict")
+    run_case "$name" 'passes on the old tree' 'fails on the old tree' \
+      env ${connections:+CUDA_DEVICE_MAX_CONNECTIONS=$connections} "$launcher" -n 2 --timeout 120 --expect-killed 1 \
+      "$work/build/old_api_kill_tests" "$path"
   done
 done
 echo

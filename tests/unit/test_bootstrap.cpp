@@ -19,6 +19,7 @@
 #include "bootstrap/tcp_store.hpp"
 #include "symmem/bootstrap.hpp"
 #include "symmem/error.hpp"
+#include "fd_exchange_round.hpp"
 #include "test.hpp"
 
 using namespace symmem;
@@ -219,24 +220,8 @@ TEST(fd_exchange_passes_descriptors_and_leaks_none) {
       auto b = make_thread_bootstrap(group, rank);
       FdExchange exchange(*b, 5000);
       bool ok = true;
-      for (int round = 0; round < 10; ++round) {
-        // A memfd holding "rank:round" stands in for an exported CUDA allocation.
-        int fd = memfd_create("symmem-test", MFD_CLOEXEC);
-        const std::string text = std::to_string(rank) + ":" + std::to_string(round);
-        ok &= write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-        std::vector<int> peers = exchange.exchange(fd);
-        close(fd);
-        for (int r = 0; r < kWorld; ++r) {
-          if (r == rank) {
-            ok &= peers[r] == -1;
-            continue;
-          }
-          char buf[32] = {};
-          ok &= pread(peers[r], buf, sizeof(buf) - 1, 0) > 0;
-          ok &= std::string(buf) == std::to_string(r) + ":" + std::to_string(round);
-          close(peers[r]);
-        }
-      }
+      for (int round = 0; round < 10; ++round)
+        ok &= symmem::test::exchange_and_check_round(exchange, rank, kWorld, round);
       ok &= exchange.refused() == 0;
       if (ok) ++good;
     });

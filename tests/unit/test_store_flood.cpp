@@ -29,6 +29,7 @@
 #include "bootstrap/tcp_store.hpp"
 #include "symmem/bootstrap.hpp"
 #include "symmem/error.hpp"
+#include "fd_exchange_round.hpp"
 #include "test.hpp"
 
 using namespace symmem;
@@ -384,20 +385,8 @@ int fd_exchange_child() {
           }
           const auto start = Clock::now();
           bool ok = true;
-          for (int round = 0; round < kRounds; ++round) {
-            int fd = memfd_create("symmem-test", MFD_CLOEXEC);
-            const std::string text = std::to_string(rank) + ":" + std::to_string(round);
-            ok &= write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-            std::vector<int> peers = exchange.exchange(fd);
-            close(fd);
-            for (int r = 0; r < kWorld; ++r) {
-              if (r == rank) continue;
-              char buf[32] = {};
-              ok &= pread(peers[r], buf, sizeof(buf) - 1, 0) > 0;
-              ok &= std::string(buf) == std::to_string(r) + ":" + std::to_string(round);
-              close(peers[r]);
-            }
-          }
+          for (int round = 0; round < kRounds; ++round)
+            ok &= symmem::test::exchange_and_check_round(exchange, rank, kWorld, round);
           ok &= Clock::now() - start < std::chrono::milliseconds(kTimeoutMs);  // no stray waited out
           if (exchange.refused() > 0) ++refusing;                              // the wrong secret at least
           if (ok) ++good;
