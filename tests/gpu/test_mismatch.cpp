@@ -4,6 +4,8 @@
 // calls, with the values that differ. Each case runs on a communicator of its own with a 3 s
 // deadline (a failed communicator is unusable). In the old tree these calls timed out (kTimeout)
 // or returned garbage.
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -98,4 +100,46 @@ TEST(mismatched_calls_fail_on_every_rank) {
         reduce_scatter(sym(out), sym(in), first ? 50000 : 50002, DataType::kBFloat16, ReduceOp::kSum, c, s);
       });
   EXPECT_EQ(problems, 0L);
+}
+
+// Scenario 3's environment half: SYMMEM_* overrides that a plan depends on, set differently on
+// the ranks, made ranks plan different algorithms in the old tree. Creation must now fail on every
+// rank, naming the variable; nothing is launched.
+TEST(settings_that_differ_across_ranks_fail_creation_naming_them) {
+  Fixture& fx = Fixture::get();
+  if (fx.world() < 2) SKIP("needs two ranks");
+  const bool first = fx.rank() == 0;
+  struct Setting {
+    const char* name;
+    const char* on_rank0;
+    const char* elsewhere;
+  };
+  const Setting settings[] = {{"SYMMEM_ALGO", "pull", "push"},
+                              {"SYMMEM_BLOCKS", "8", "16"},
+                              {"SYMMEM_WORKSPACE_MB", "64", "128"},
+                              {"SYMMEM_CE_DIRECTION", "pull", "push"},
+                              {"SYMMEM_TIMEOUT_MS", "3000", "4000"}};
+  long problems = 0;
+  for (const Setting& s : settings) {
+    setenv(s.name, first ? s.on_rank0 : s.elsewhere, 1);
+    std::string message;
+    bool invalid_argument = false;
+    try {
+      // timeout_ms < 0 and workspace 0: the environment decides, as a user's default config would.
+      CommConfig config;
+      auto comm = Communicator::create(fx.bootstrap, fx.job.local_rank, config);
+      comm->close();
+    } catch (const Error& e) {
+      message = e.what();
+      invalid_argument = e.code() == ErrorCode::kInvalidArgument;
+    }
+    unsetenv(s.name);
+    if (!invalid_argument || message.find(s.name) == std::string::npos) {
+      ++problems;
+      std::printf("[ CASE ] %s differs across ranks: rank %d: %s\n", s.name, fx.rank(),
+                  message.empty() ? "creation succeeded" : message.c_str());
+    }
+    fx.bootstrap->barrier();
+  }
+  EXPECT_EQ(fx.sum(problems), 0L);
 }
