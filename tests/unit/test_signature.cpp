@@ -7,6 +7,7 @@
 #include "device/device_types.hpp"
 #include "kernels/kernel_args.hpp"
 #include "plan/plan.hpp"
+#include "symmem/error.hpp"
 #include "test.hpp"
 
 using namespace symmem;
@@ -171,4 +172,62 @@ TEST(chunks_fit_their_workspaces) {
       n = reduce_chunk_elements(rp, true, elem, world, limits);
       EXPECT(n * elem * world <= limits.staging);
     }
+}
+
+namespace {
+
+bool same_plan(const ReducePlan& a, const ReducePlan& b) {
+  return a.algo == b.algo && a.blocks == b.blocks && a.vector == b.vector && a.stage_input == b.stage_input &&
+         a.gather_via_scratch == b.gather_via_scratch && a.reads_peer_inputs == b.reads_peer_inputs &&
+         a.receive_area == b.receive_area;
+}
+
+}  // namespace
+
+TEST(ranks_with_equal_signatures_run_equal_reduction_plans) {
+  // The same property for all-reduce and reduce-scatter: every plan input that may differ across
+  // ranks (operand kinds, symmetric offsets, in place, options) is either in the signature or
+  // leaves the plan unchanged.
+  long compared = 0;
+  for (bool reduce_scatter : {false, true})
+    for (size_t count : {size_t(1000), size_t(262144), size_t(33554432 + 8)}) {
+      std::vector<ReducePlan> plans;
+      std::vector<uint32_t> signatures;
+      for (int kinds = 0; kinds < 4; ++kinds)
+        for (uint64_t in_offset : {uint64_t(0), uint64_t(4096), uint64_t(4098)})
+          for (uint64_t out_offset : {uint64_t(0), uint64_t(8192), uint64_t(8196)})
+            for (bool in_place : {false, true})
+              for (Algo algo : {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}) {
+                ReduceRequest r;
+                r.reduce_scatter = reduce_scatter;
+                r.count = count;
+                r.elem_bytes = 2;
+                r.world = 2;
+                r.low_latency_capacity = size_t(1) << 20;
+                r.in_symmetric = (kinds & 1) != 0;
+                r.out_symmetric = in_place ? r.in_symmetric : (kinds & 2) != 0;
+                r.in_address = r.in_symmetric ? in_offset : 0;
+                r.out_address = r.out_symmetric ? (in_place ? r.in_address : out_offset) : 0;
+                r.in_place = in_place;
+                r.options.algo = algo;
+                ReducePlan p;
+                try {
+                  p = plan_reduce(r, TuningTable{});
+                } catch (const symmem::Error&) {
+                  continue;  // not plannable: raised identically on every rank with these inputs
+                }
+                plans.push_back(p);
+                signatures.push_back(signature_of(make_call_descriptor(
+                    reduce_scatter ? kOpReduceScatter : kOpAllReduce, DataType::kBFloat16, ReduceOp::kSum, count,
+                    p.algo, p.blocks, in_place, r.in_symmetric, r.in_address, r.out_symmetric,
+                    in_place ? 0 : r.out_address)));
+              }
+      for (size_t a = 0; a < plans.size(); ++a)
+        for (size_t b = a + 1; b < plans.size(); ++b) {
+          if (signatures[a] != signatures[b]) continue;
+          ++compared;
+          EXPECT(same_plan(plans[a], plans[b]));
+        }
+    }
+  EXPECT(compared > 100);
 }
