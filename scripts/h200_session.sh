@@ -15,6 +15,20 @@ OUT=$(mktemp -d)  # everything goes into one archive at the end ($FINAL/session.
 mkdir -p "$FINAL"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/gpus_$1.txt" 2>&1
 
+# Every GPU test on 2 ranks: the committed log.
+gpu_tests() {
+  timeout 420 "$B/symmem-run" -n 2 --timeout 400 "$B/symmem_gpu_tests" > "$OUT/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$OUT/summary.txt"
+}
+
+# The named GPU tests built against 6cf5c42 (tests/gpu/negative_control.sh), each on its own.
+old_tests() {
+  for t in "$@"; do
+    timeout 120 "$B/symmem-run" -n 2 --timeout 110 "$B/old_api_gpu_tests" "$t" > "$OUT/old_$t.log" 2>&1
+    echo "old $t rc=$?" >> "$OUT/summary.txt"
+  done
+}
+
 # The all-gather sweep, 1 MiB to 256 MiB per rank, every symmem algorithm against every NCCL row.
 all_gather_sweep() {
   timeout 200 "$B/symmem-bench" all_gather --gpus 2 -b 1M -e 256M -f 2 -n 20 -w 5 --reps 5 \
@@ -34,9 +48,7 @@ vllm_tables() {
 
 case "$1" in
 tests)
-  # Every GPU test on 2 ranks: the committed log.
-  timeout 420 "$B/symmem-run" -n 2 --timeout 400 "$B/symmem_gpu_tests" > "$OUT/gpu_tests_2_ranks.log" 2>&1
-  echo "gpu tests rc=$?" >> "$OUT/summary.txt"
+  gpu_tests
   for path in sm low_latency copy_engine graph; do
     for conn in "" 1; do
       name="kill_${path}${conn:+_max_connections_1}"
@@ -46,12 +58,9 @@ tests)
     done
   done
   # Negative control: the same scenario tests built against 6cf5c42 (tests/gpu/negative_control.sh).
-  for t in ${NEGATIVE_TESTS:-scratch_is_not_shared_between_collectives graph_replay_after_larger_eager_calls \
+  old_tests ${NEGATIVE_TESTS:-scratch_is_not_shared_between_collectives graph_replay_after_larger_eager_calls \
            rank_dependent_placement rank_dependent_symmetric_offsets_are_a_mismatch \
-           mismatched_calls_fail_on_every_rank interleaved_collectives_under_load}; do
-    timeout 120 "$B/symmem-run" -n 2 --timeout 110 "$B/old_api_gpu_tests" "$t" > "$OUT/old_$t.log" 2>&1
-    echo "old $t rc=$?" >> "$OUT/summary.txt"
-  done
+           mismatched_calls_fail_on_every_rank interleaved_collectives_under_load}
   [ -n "${NEGATIVE_TESTS:-}" ] || env CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 100 "$B/symmem-run" -n 2 --timeout 90 --expect-killed 1 \
     "$B/old_api_kill_tests" copy_engine > "$OUT/old_kill_copy_engine_max_connections_1.log" 2>&1
   echo "old kill_copy_engine_max_connections_1 rc=$?" >> "$OUT/summary.txt"
@@ -77,8 +86,7 @@ bench)
   ;;
 final)
   # The committed figures of the final tree: every GPU test, the all-gather sweep, the vLLM tables.
-  timeout 420 "$B/symmem-run" -n 2 --timeout 400 "$B/symmem_gpu_tests" > "$OUT/gpu_tests_2_ranks.log" 2>&1
-  echo "gpu tests rc=$?" >> "$OUT/summary.txt"
+  gpu_tests
   all_gather_sweep
   vllm_tables
   ;;
@@ -100,10 +108,7 @@ only)
     timeout 200 "$B/symmem-run" -n 2 --timeout 190 "$B/symmem_gpu_tests" "$t" > "$OUT/$t.log" 2>&1
     echo "$t rc=$?" >> "$OUT/summary.txt"
   done
-  for t in ${NEGATIVE_TESTS:-}; do
-    timeout 120 "$B/symmem-run" -n 2 --timeout 110 "$B/old_api_gpu_tests" "$t" > "$OUT/old_$t.log" 2>&1
-    echo "old $t rc=$?" >> "$OUT/summary.txt"
-  done
+  old_tests ${NEGATIVE_TESTS:-}
   ;;
 esac
 cat "$OUT/summary.txt"

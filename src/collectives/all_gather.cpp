@@ -38,7 +38,8 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
   p.out = detail::resolve(out, out_bytes, "output", "all_gather", st);
   // In place: the input is this rank's slot of the output; it is then whatever the output is.
   p.in_place = in.ptr() == static_cast<char*>(p.out.local) + st.rank * p.bytes;
-  p.in = p.in_place ? detail::shifted(p.out, st.rank * p.bytes) : detail::resolve(in, p.bytes, "input", "all_gather", st);
+  p.in =
+      p.in_place ? detail::shifted(p.out, st.rank * p.bytes) : detail::resolve(in, p.bytes, "input", "all_gather", st);
   detail::require_no_partial_overlap(p.out.local, out_bytes, p.in.local, p.bytes, p.in_place, "all_gather");
 
   detail::AllGatherRequest request;
@@ -49,8 +50,8 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
   p.plan = detail::plan_all_gather(request, *st.tuning);
 
   p.call = detail::make_call_descriptor(detail::kOpAllGather, type, ReduceOp::kSum, count, p.plan.algo, p.plan.blocks,
-                                        p.in_place, p.in.symmetric, p.in_place ? 0 : p.in.heap_offset,
-                                        p.out.symmetric, p.out.heap_offset);
+                                        p.in_place, p.in.symmetric, p.in_place ? 0 : p.in.heap_offset, p.out.symmetric,
+                                        p.out.heap_offset);
   return p;
 }
 
@@ -65,7 +66,6 @@ int launch_vector(int planned, std::initializer_list<const void*> local_pointers
 void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, size_t begin, size_t bytes,
                cudaStream_t stream) {
   const int world = st.world;
-  const int rank = st.rank;
   const detail::Workspaces& ws = *st.workspaces;
   const detail::AllGatherPlan& plan = p.plan;
 
@@ -78,8 +78,7 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
     for (int r = 0; r < world; ++r) in_peers[r] = ws.staging_in()->peer_ptr(r);
   } else if (p.in.symmetric) {
     // In place, rank r's input is its own slot of the output, not this rank's slot.
-    for (int r = 0; r < world; ++r)
-      in_peers[r] = p.in_place ? p.out.peer(r, r * p.bytes + begin) : p.in.peer(r, begin);
+    for (int r = 0; r < world; ++r) in_peers[r] = p.in_place ? p.out.peer(r, r * p.bytes + begin) : p.in.peer(r, begin);
   }
   char* out_local = static_cast<char*>(p.out.local) + begin;
   size_t stride = p.bytes;
@@ -122,9 +121,8 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
       args.out_peers[r] = out_peers[r];
     }
     // Pull writes only its own output; push reads only its own input.
-    const int vector = plan.algo == Algo::kPull
-                           ? launch_vector(plan.vector_bytes, {out_local, in_local}, stride)
-                           : launch_vector(plan.vector_bytes, {in_local, out_local}, stride);
+    const int vector = plan.algo == Algo::kPull ? launch_vector(plan.vector_bytes, {out_local, in_local}, stride)
+                                                : launch_vector(plan.vector_bytes, {in_local, out_local}, stride);
     if (plan.bulk && vector == 16 && bytes % 16 == 0) {
       detail::launch_all_gather_push_bulk(args, plan.blocks, stream);
     } else {
@@ -136,7 +134,6 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
   if (plan.stage_output)
     SYMMEM_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(p.out.local) + begin, p.bytes, out_local, bytes, bytes,
                                         world, cudaMemcpyDeviceToDevice, stream));
-  (void)rank;
 }
 
 }  // namespace
@@ -159,8 +156,7 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   st.record_call(signature, p.call);
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.rank, detail::describe(p.plan).c_str());
   const size_t elem = dtype_size(type);
-  const detail::WorkspaceLimits limits{st.workspaces->staging_capacity(), st.workspaces->receive_half_bytes()};
-  const size_t limit = detail::all_gather_chunk_elements(p.plan, elem, st.world, limits);
+  const size_t limit = detail::all_gather_chunk_elements(p.plan, elem, st.world, st.workspaces->limits());
   for (const auto& chunk : detail::plan_chunks(count, limit))
     run_chunk(p, st, signature, chunk.begin * elem, chunk.count * elem, stream);
 }

@@ -263,7 +263,6 @@ void CopyEngineState::release_wait(uint32_t phase, uint32_t signature) noexcept 
   uint32_t* words = phase_words(page_, phase);
   for (int k = 1; k < world_; ++k) __atomic_store_n(&words[(rank_ + k) % world_], signature, __ATOMIC_RELEASE);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  releases_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void all_gather_copy_engine(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream) {

@@ -32,7 +32,8 @@ PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, con
   // In place: all-reduce with in == out; reduce-scatter with out = this rank's slice of in.
   const char* slice = static_cast<const char*>(p.in.local) + (reduce_scatter ? st.rank * out_bytes : 0);
   p.in_place = out.ptr() == slice;
-  p.out = p.in_place ? shifted(p.in, reduce_scatter ? st.rank * out_bytes : 0) : resolve(out, out_bytes, "output", name, st);
+  p.out = p.in_place ? shifted(p.in, reduce_scatter ? st.rank * out_bytes : 0)
+                     : resolve(out, out_bytes, "output", name, st);
   require_no_partial_overlap(p.out.local, out_bytes, p.in.local, in_bytes, p.in_place, name);
 
   ReduceRequest request;
@@ -129,7 +130,8 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
       if (rs) return launch_all_reduce(AllReduceKernel::kOneShot, p.type, p.op, vector, a, blocks, stream);
       return launch_all_reduce(plan.algo == Algo::kOneShot ? AllReduceKernel::kOneShot : AllReduceKernel::kTwoShot,
                                p.type, p.op, vector, a, blocks, stream);
-    case Algo::kOneShotPush: return launch_all_reduce(AllReduceKernel::kOneShotPush, p.type, p.op, vector, a, blocks, stream);
+    case Algo::kOneShotPush:
+      return launch_all_reduce(AllReduceKernel::kOneShotPush, p.type, p.op, vector, a, blocks, stream);
     case Algo::kTwoShotPush:
       // Reduce-scatter two_shot_push is the first half of one-shot push (peers store their slices).
       return launch_all_reduce(rs ? AllReduceKernel::kOneShotPush : AllReduceKernel::kTwoShotPush, p.type, p.op, vector,
@@ -137,8 +139,8 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
     case Algo::kLowLatency: return launch_all_reduce_low_latency(false, p.type, p.op, a, blocks, stream);
     case Algo::kLowLatencyTwoShot: return launch_all_reduce_low_latency(true, p.type, p.op, a, blocks, stream);
     default:
-      SYMMEM_THROW(ErrorCode::kInternal, std::string(rs ? "reduce_scatter" : "all_reduce") + ": no launch for " +
-                                             algo_name(plan.algo));
+      SYMMEM_THROW(ErrorCode::kInternal,
+                   std::string(rs ? "reduce_scatter" : "all_reduce") + ": no launch for " + algo_name(plan.algo));
   }
 }
 
@@ -151,9 +153,9 @@ void run_reduction(const PreparedReduction& p, CommunicatorState& st, cudaStream
     std::fprintf(stderr, "symmem rank %d: %s %s\n", st.rank, p.reduce_scatter ? "reduce_scatter" : "all_reduce",
                  describe(p.plan).c_str());
   const size_t elem = dtype_size(p.type);
-  const WorkspaceLimits limits{st.workspaces->staging_capacity(), st.workspaces->receive_half_bytes()};
-  const size_t limit = reduce_chunk_elements(p.plan, p.reduce_scatter, elem, st.world, limits);
-  for (const auto& chunk : plan_chunks(p.count, limit)) launch_chunk(p, st, signature, chunk.begin, chunk.count, stream);
+  const size_t limit = reduce_chunk_elements(p.plan, p.reduce_scatter, elem, st.world, st.workspaces->limits());
+  for (const auto& chunk : plan_chunks(p.count, limit))
+    launch_chunk(p, st, signature, chunk.begin, chunk.count, stream);
 }
 
 }  // namespace symmem::detail

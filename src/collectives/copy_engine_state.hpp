@@ -85,7 +85,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -125,11 +124,6 @@ class CopyEngineState {
   cudaStream_t side_stream(int i) const { return streams_[i]; }
   cudaEvent_t fork_event() const { return fork_; }
   cudaEvent_t join_event(int i) const { return joins_[i]; }
-  const HostBoard& board() const { return board_; }
-
-  // Waits the watchdog released so far (a timeout, a mismatch, or any wait after an abort); for
-  // tests and diagnostics.
-  uint64_t releases() const { return releases_.load(std::memory_order_relaxed); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -155,12 +149,11 @@ class CopyEngineState {
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t joins_[kMaxStreams] = {};
 
-  // Watchdog thread state (touched by that thread only, except stop_ and releases_).
+  // Watchdog thread state (touched by that thread only, except stop_).
   bool timing_ = false;              // a blocked wait is being timed (this thread wrote its 3)
   Clock::time_point since_{};        // when this thread first saw that wait
   Clock::time_point released_at_{};  // last release of that wait (0: none)
   Clock::time_point last_busy_{};    // last time a wait was seen while the abort word was set
-  std::atomic<uint64_t> releases_{0};
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;

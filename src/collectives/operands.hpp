@@ -49,10 +49,4 @@ void fill_agreed_request(Request& r, const State& st, const CollectiveOptions& o
   r.out_address = out.heap_offset;
 }
 
-// Every rank's copy of the bytes at `at` in a symmetric operand, for kernel arguments.
-template <typename P>
-void peer_views(const Resolved& r, size_t at, int world, P (&views)[kMaxWorld]) {
-  for (int i = 0; i < kMaxWorld; ++i) views[i] = i < world ? reinterpret_cast<P>(r.peer(i, at)) : nullptr;
-}
-
 }  // namespace symmem::detail

@@ -107,7 +107,8 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
   if (mine.empty()) mine = op;
   if (s.code == kStatusMismatch) {
     std::string theirs = s.peer >= 0 && s.peer < st.world ? st.board->lookup_call(s.peer, s.peer_signature) : "";
-    if (theirs.empty()) theirs = "a different collective or arguments (signature " + std::to_string(s.peer_signature) + ")";
+    if (theirs.empty())
+      theirs = "a different collective or arguments (signature " + std::to_string(s.peer_signature) + ")";
     return me + " called " + mine + " but " + peer + " called " + theirs +
            "; every rank must make the same collective calls with the same arguments";
   }
@@ -153,8 +154,8 @@ void CommunicatorState::ensure_usable(const char* op) {
   if (s.code == kStatusTimeout && s.peer >= 0 && s.peer < world) {
     const DeviceStatus& theirs = board->page(s.peer)->status;
     // A live peer records its own failure within a poll interval of the abort word; a dead one
-    // never does. Wait that long, on this error path only.
-    // A record's code is claimed before its fields are written: wait for the signature as well.
+    // never does. Wait that long, on this error path only, for the whole record (its code is
+    // claimed before its fields are written, the signature among them).
     auto recorded = [&] {
       return __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk &&
              __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE) != 0;
@@ -184,7 +185,8 @@ Bootstrap& Communicator::bootstrap() { return *state_->bootstrap; }
 int64_t Communicator::timeout_ms() const { return state_->timeout_ms(); }
 bool Communicator::aborted() const {
   const auto& st = *state_;
-  return !st.abort_reason.empty() || st.closed || (st.board && (st.status_host()->code != 0 || *st.board->abort_word() != 0));
+  return !st.abort_reason.empty() || st.closed ||
+         (st.board && (st.status_host()->code != 0 || *st.board->abort_word() != 0));
 }
 
 namespace {
@@ -217,9 +219,9 @@ void agree_on_settings(const detail::AgreedSettings& mine, Bootstrap& bootstrap,
   for (int r = 0; r < world; ++r) {
     const detail::AgreedSettings& o = all[r];
     auto differ = [&](const char* name, const std::string& theirs, const std::string& ours) {
-      throw Error(ErrorCode::kInvalidArgument, std::string("Communicator::create: ") + name + " differs across ranks: rank " +
-                                                   std::to_string(r) + " has " + theirs + ", rank " +
-                                                   std::to_string(rank) + " has " + ours +
+      throw Error(ErrorCode::kInvalidArgument, std::string("Communicator::create: ") + name +
+                                                   " differs across ranks: rank " + std::to_string(r) + " has " +
+                                                   theirs + ", rank " + std::to_string(rank) + " has " + ours +
                                                    "; set it identically for every rank");
     };
     if (o.forced_algo != mine.forced_algo) differ("SYMMEM_ALGO", algo_name(o.forced_algo), algo_name(mine.forced_algo));
@@ -358,9 +360,7 @@ void Communicator::free(Buffer* buffer) {
   while (it != st.buffers.end() && it->get() != buffer) ++it;
   if (it == st.buffers.end())
     throw Error(ErrorCode::kInvalidArgument, "free: the buffer does not belong to this communicator");
-  if (st.workspaces && (buffer == st.workspaces->control() || buffer == st.workspaces->staging_in() ||
-                        buffer == st.workspaces->staging_out() || buffer == st.workspaces->push_slots() ||
-                        buffer == st.workspaces->receive_area() || buffer == st.workspaces->low_latency()))
+  if (st.workspaces && st.workspaces->owns(buffer))
     throw Error(ErrorCode::kInvalidArgument, "free: the buffer is a workspace of the communicator");
   // No peer may still read or write it: finish local work, then wait for every rank.
   SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -379,7 +379,7 @@ void Communicator::barrier(cudaStream_t stream) {
   state_->ensure_usable("barrier");
   detail::DeviceGuard guard(state_->device);
   const uint32_t signature = 0x8a11u;  // every barrier is the same call
-  state_->record_call(signature, "barrier()");
+  state_->board->record_call(signature, "barrier()");
   detail::launch_barrier(state_->sync_args(detail::kOpBarrier, signature), stream);
 }
 

@@ -22,16 +22,16 @@ class CopyEngineState;
 // Environment overrides, read once at creation and checked equal on every rank (creation fails
 // naming the variable otherwise), so that no rank plans with a value another rank does not have.
 struct AgreedSettings {
-  Algo forced_algo = Algo::kAuto;  // SYMMEM_ALGO
-  int forced_blocks = 0;           // SYMMEM_BLOCKS
-  bool push_bulk = true;           // SYMMEM_PUSH_BULK
-  bool copy_engine_push = false;   // SYMMEM_CE_DIRECTION=push
-  int copy_engine_streams = 4;     // SYMMEM_CE_STREAMS
-  bool copy_engine_batch = true;   // SYMMEM_CE_BATCH
+  Algo forced_algo = Algo::kAuto;      // SYMMEM_ALGO
+  int forced_blocks = 0;               // SYMMEM_BLOCKS
+  bool push_bulk = true;               // SYMMEM_PUSH_BULK
+  bool copy_engine_push = false;       // SYMMEM_CE_DIRECTION=push
+  int copy_engine_streams = 4;         // SYMMEM_CE_STREAMS
+  bool copy_engine_batch = true;       // SYMMEM_CE_BATCH
   size_t copy_engine_piece_bytes = 0;  // SYMMEM_CE_PIECE_KB
-  size_t workspace_bytes = 0;      // CommConfig::workspace_bytes or SYMMEM_WORKSPACE_MB
-  int64_t timeout_ms = 30000;      // CommConfig::timeout_ms or SYMMEM_TIMEOUT_MS
-  uint64_t tuning_hash = 0;        // the tuning table in force
+  size_t workspace_bytes = 0;          // CommConfig::workspace_bytes or SYMMEM_WORKSPACE_MB
+  int64_t timeout_ms = 30000;          // CommConfig::timeout_ms or SYMMEM_TIMEOUT_MS
+  uint64_t tuning_hash = 0;            // the tuning table in force
 };
 
 struct CommunicatorState {
@@ -68,19 +68,10 @@ struct CommunicatorState {
   // Throws if the communicator is closed or aborted, or if any rank recorded a failure.
   void ensure_usable(const char* op);
   // Remembers this call's description under its signature in the host board (for mismatch
-  // messages on any rank). Formats it only for a signature not seen in the last few calls.
+  // messages on any rank). Formats it only for a signature the board has not logged recently.
   void record_call(uint32_t signature, const CallDescriptor& call) {
-    for (uint32_t s : recent_signatures)
-      if (s == signature) return;
-    recent_signatures[recent_next++ % kRecentSignatures] = signature;
-    board->record_call(signature, describe_call(call));
+    if (!board->recorded_recently(signature)) board->record_call(signature, describe_call(call));
   }
-  void record_call(uint32_t signature, const std::string& text) { board->record_call(signature, text); }
-
- private:
-  static constexpr unsigned kRecentSignatures = 8;
-  uint32_t recent_signatures[kRecentSignatures] = {};
-  unsigned recent_next = 0;
 };
 
 }  // namespace symmem::detail

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bootstrap/agree_on_outcome.hpp"
 #include "common/check.hpp"
 
 namespace symmem::detail {
@@ -85,34 +86,11 @@ HostBoard::HostBoard(int rank, int world, Bootstrap& bootstrap, FdExchange& exch
     device_pages_[r] = static_cast<BoardPage*>(device);
   };
 
-  // Every rank learns whether every rank succeeded, and all throw together otherwise (the failing
-  // rank its own error, the others one naming it).
+  // Every rank learns whether every rank succeeded after each step, and all throw together
+  // otherwise (the failing rank its own error, the others one naming it).
+  const std::string what = rank_text(rank) + "creating or mapping the shared pages";
   std::exception_ptr failure;
-  ErrorCode code = ErrorCode::kSystemError;
-  auto note = [&](const std::exception& e) {
-    failure = std::current_exception();
-    if (const Error* err = dynamic_cast<const Error*>(&e)) code = err->code();
-  };
-  auto agree = [&]() {
-    std::vector<int32_t> outcome(world, -1);
-    const int32_t mine = failure ? static_cast<int32_t>(code) : -1;
-    try {
-      bootstrap.all_gather(&mine, outcome.data(), sizeof(mine));
-    } catch (...) {
-      release();
-      throw;
-    }
-    if (failure) {
-      release();
-      std::rethrow_exception(failure);
-    }
-    for (int r = 0; r < world; ++r) {
-      if (outcome[r] < 0) continue;
-      release();
-      throw Error(static_cast<ErrorCode>(outcome[r]), rank_text(rank) + "rank " + std::to_string(r) +
-                                                          " could not create or map the shared pages (see its error)");
-    }
-  };
+  auto release_all = [this]() { release(); };
 
   // Step 1: this rank's page: created, sealed, mapped, zeroed and pinned before anyone sees it.
   try {
@@ -123,10 +101,10 @@ HostBoard::HostBoard(int rank, int world, Bootstrap& bootstrap, FdExchange& exch
     mappings_[rank] = map_shared(fd_, page_bytes_, rank, "its own page");
     std::memset(mappings_[rank], 0, page_bytes_);
     register_page(rank);
-  } catch (const std::exception& e) {
-    note(e);
+  } catch (...) {
+    failure = std::current_exception();
   }
-  agree();
+  agree_on_outcome(bootstrap, failure, release_all, what);
 
   // Step 2: every peer's page. The exchange hands over one descriptor per peer; each is closed
   // right after it is mapped (or on failure), and ours once the peers hold theirs.
@@ -143,12 +121,12 @@ HostBoard::HostBoard(int rank, int world, Bootstrap& bootstrap, FdExchange& exch
       peer_fds[r] = -1;
       register_page(r);
     }
-  } catch (const std::exception& e) {
-    note(e);
+  } catch (...) {
+    failure = std::current_exception();
   }
   for (int& fd : peer_fds)
     if (fd >= 0) ::close(fd), fd = -1;
-  agree();
+  agree_on_outcome(bootstrap, failure, release_all, what);
 }
 
 HostBoard::~HostBoard() { release(); }
@@ -165,12 +143,18 @@ void HostBoard::release() noexcept {
   fd_ = -1;
 }
 
+bool HostBoard::recorded_recently(uint32_t signature) const {
+  const BoardPage* p = page(rank_);
+  const uint32_t head = p->call_head;  // only the recording thread writes it
+  for (uint32_t i = 1; i <= kRecentCalls && i <= head; ++i)
+    if (p->calls[(head - i) % BoardPage::kCallLog].signature == signature) return true;
+  return false;
+}
+
 void HostBoard::record_call(uint32_t signature, const std::string& text) {
-  if (signature == 0) return;  // 0 marks an empty slot
+  if (signature == 0 || recorded_recently(signature)) return;  // 0 marks an empty slot
   BoardPage* p = page(rank_);
   const uint32_t head = p->call_head;  // only this thread writes it
-  for (uint32_t i = 1; i <= kRecentCalls && i <= head; ++i)
-    if (p->calls[(head - i) % BoardPage::kCallLog].signature == signature) return;
   // A seqlock in one word: clear the signature, write the text, then publish the signature. A
   // reader that finds the signature before and after copying the text has a whole text.
   CallRecord& slot = p->calls[head % BoardPage::kCallLog];

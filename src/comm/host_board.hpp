@@ -71,14 +71,14 @@ class HostBoard {
   uint32_t* abort_word() const { return &page(0)->abort; }
   uint32_t* device_abort_word() const { return &device_page(0)->abort; }
 
-  int rank() const { return rank_; }
-  int world() const { return world_; }
-
   // Host side of the call log: remembers what this rank's call with `signature` was (costs a scan
   // of the last few entries when the signature was logged recently: the hot path); lookup finds
   // rank `rank`'s entry ("" when not found). record_call is for the communicator's one calling
   // thread; lookup_call may run anywhere (a seqlock check discards an entry overwritten meanwhile).
   void record_call(uint32_t signature, const std::string& text);
+  // True when `signature` is among this rank's last few entries (record_call would skip it), so
+  // that a caller can skip formatting the text as well.
+  bool recorded_recently(uint32_t signature) const;
   std::string lookup_call(int rank, uint32_t signature) const;
 
  private:

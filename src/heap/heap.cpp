@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <exception>
 #include <vector>
 
+#include "bootstrap/agree_on_outcome.hpp"
 #include "common/check.hpp"
 #include "common/driver_api.hpp"
 
@@ -86,29 +88,6 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
   Mapping m;
   m.size = ranges_.round_up(bytes);
 
-  // Step 1: this rank's physical chunk. Its failure (out of memory) is shared with every rank
-  // before anyone waits for descriptors, so all ranks fail together instead of timing out.
-  std::string failure;
-  CUmemAllocationProp prop = device_allocation(device_);
-  CUresult created = api.mem_create(&m.handles[rank_], m.size, &prop, 0);
-  if (created != CUDA_SUCCESS) {
-    m.handles[rank_] = 0;
-    failure = "cuMemCreate(" + std::to_string(m.size) + " bytes) on rank " + std::to_string(rank_) + ": " +
-              cu_error_name(created);
-  }
-  std::vector<uint8_t> ok(world_);
-  uint8_t mine = failure.empty() ? 1 : 0;
-  bootstrap.all_gather(&mine, ok.data(), 1);
-  for (int r = 0; r < world_; ++r) {
-    if (!ok[r]) {
-      if (m.handles[rank_]) api.mem_release(m.handles[rank_]);
-      ranges_.release(offset);
-      throw Error(ErrorCode::kCudaError, failure.empty() ? "allocation of " + std::to_string(m.size) +
-                                                               " bytes failed on rank " + std::to_string(r)
-                                                         : failure);
-    }
-  }
-
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device_;
@@ -123,27 +102,24 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
     unmap(offset, m);
     ranges_.release(offset);
   };
-  // Every later step can fail on one rank only (import, map). The ranks agree on the outcome after
-  // each step, so that either every rank keeps the allocation at this offset or none does: the
-  // ranks' free lists, and so every later buffer's offset, stay identical.
-  auto agree = [&](const std::string& local_failure) {
-    std::vector<uint8_t> fine(world_);
-    const uint8_t me = local_failure.empty() ? 1 : 0;
-    try {
-      bootstrap.all_gather(&me, fine.data(), 1);
-    } catch (...) {
-      release_local();
-      throw;
-    }
-    for (int r = 0; r < world_; ++r) {
-      if (fine[r]) continue;
-      release_local();
-      throw Error(ErrorCode::kCudaError, local_failure.empty() ? "heap allocation of " + std::to_string(m.size) +
-                                                                     " bytes failed on rank " + std::to_string(r)
-                                                               : local_failure);
-    }
-  };
-  std::string failure_step;
+  // Every step can fail on one rank only (out of memory, import, map). The ranks agree on the
+  // outcome after each, so that either every rank keeps the allocation at this offset or none does:
+  // the ranks' free lists, and so every later buffer's offset, stay identical, and no rank waits
+  // for descriptors a failed peer will never send.
+  const std::string what = "heap allocation of " + std::to_string(m.size) + " bytes";
+  std::exception_ptr failure;
+
+  // Step 1: this rank's physical chunk.
+  CUmemAllocationProp prop = device_allocation(device_);
+  const CUresult created = api.mem_create(&m.handles[rank_], m.size, &prop, 0);
+  if (created != CUDA_SUCCESS) {
+    m.handles[rank_] = 0;
+    failure = std::make_exception_ptr(Error(ErrorCode::kCudaError, "cuMemCreate(" + std::to_string(m.size) +
+                                                                       " bytes) on rank " + std::to_string(rank_) +
+                                                                       ": " + cu_error_name(created)));
+  }
+  agree_on_outcome(bootstrap, failure, release_local, what);
+
   try {
     // Step 2: map locally and zero, before any peer can see the memory.
     SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, 0, m.handles[rank_], 0));
@@ -153,10 +129,11 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
     SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
     SYMMEM_CU_CHECK(
         api.mem_export_to_shareable_handle(&my_fd, m.handles[rank_], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-  } catch (const std::exception& e) {
-    failure_step = std::string("rank ") + std::to_string(rank_) + ": " + e.what();
+  } catch (...) {
+    failure = std::current_exception();
   }
-  agree(failure_step);
+  agree_on_outcome(bootstrap, failure, release_local, what);
+
   try {
     // Step 3: pass descriptors; import and map every peer's chunk.
     peer_fds = exchange.exchange(my_fd);
@@ -173,10 +150,10 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
       m.mapped[r] = true;
       SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, &access, 1));
     }
-  } catch (const std::exception& e) {
-    failure_step = std::string("rank ") + std::to_string(rank_) + ": " + e.what();
+  } catch (...) {
+    failure = std::current_exception();
   }
-  agree(failure_step);
+  agree_on_outcome(bootstrap, failure, release_local, what);
   mappings_[offset] = m;
   return offset;
 }

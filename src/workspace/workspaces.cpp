@@ -7,7 +7,7 @@
 
 namespace symmem::detail {
 
-Workspaces::Workspaces(Communicator& comm, size_t budget) : budget_(budget) {
+Workspaces::Workspaces(Communicator& comm, size_t budget) {
   if (budget < kMinBudget)
     throw Error(ErrorCode::kInvalidArgument, "workspace budget of " + std::to_string(budget) +
                                                  " bytes is below the minimum of " + std::to_string(kMinBudget) +
@@ -23,6 +23,12 @@ Workspaces::Workspaces(Communicator& comm, size_t budget) : budget_(budget) {
   receive_area_ = comm.allocate(area_bytes_);
   // Two parity halves of kMaxWorld sender slots, 8 bytes per 4-byte word.
   low_latency_ = comm.allocate(2 * kMaxWorld * (kLowLatencySlotBytes / 4) * sizeof(uint64_t));
+}
+
+bool Workspaces::owns(const Buffer* buffer) const {
+  for (const Buffer* b : {control_, staging_in_, staging_out_, push_slots_, receive_area_, low_latency_})
+    if (b == buffer) return true;
+  return false;
 }
 
 }  // namespace symmem::detail

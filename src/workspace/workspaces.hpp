@@ -16,6 +16,7 @@
 
 #include <cstddef>
 
+#include "plan/plan.hpp"
 #include "symmem/communicator.hpp"
 
 namespace symmem::detail {
@@ -49,7 +50,10 @@ class Workspaces {
 
   size_t staging_capacity() const { return area_bytes_; }  // each of staging_in / staging_out / push_slots
   size_t receive_half_bytes() const { return area_bytes_ / 2; }
-  size_t budget() const { return budget_; }
+  // What bounds one chunk of a call (plan_chunks).
+  WorkspaceLimits limits() const { return {staging_capacity(), receive_half_bytes()}; }
+  // True for the buffers above (the communicator's own; a caller may not free them).
+  bool owns(const Buffer* buffer) const;
 
   // Bytes of each sender's low-latency slot (the largest low-latency message).
   static constexpr size_t kLowLatencySlotBytes = size_t(1) << 20;
@@ -57,7 +61,6 @@ class Workspaces {
   static constexpr size_t kMinBudget = size_t(4) << 20;
 
  private:
-  size_t budget_ = 0;
   size_t area_bytes_ = 0;
   Buffer* control_ = nullptr;
   Buffer* staging_in_ = nullptr;

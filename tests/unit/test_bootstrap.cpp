@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "bootstrap/agree_on_outcome.hpp"
 #include "bootstrap/fd_exchange.hpp"
 #include "bootstrap/socket.hpp"
 #include "bootstrap/store_protocol.hpp"
@@ -315,4 +316,37 @@ TEST(store_bootstrap_rejects_a_job_spanning_several_nodes) {
   uneven.master_port = port;
   EXPECT_ERROR(make_store_bootstrap(uneven), ErrorCode::kInvalidArgument,
                "LOCAL_WORLD_SIZE=4 does not divide WORLD_SIZE=6");
+}
+
+TEST(agree_on_outcome_fails_every_rank_together) {
+  // Rank 1's step fails: it rethrows its own error; every other rank throws one with the same code
+  // naming rank 1; every rank releases. Without a failure nobody releases or throws.
+  constexpr int kWorld = 3;
+  auto group = make_thread_group(kWorld, 5000);
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto b = make_thread_bootstrap(group, rank);
+      int released = 0;
+      bool ok = true;
+      agree_on_outcome(*b, nullptr, [&] { ++released; }, "step");
+      ok &= released == 0;
+      std::exception_ptr mine;
+      if (rank == 1) mine = std::make_exception_ptr(Error(ErrorCode::kSystemError, "rank 1's own failure"));
+      try {
+        agree_on_outcome(*b, mine, [&] { ++released; }, "step");
+        ok = false;
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        ok &= e.code() == ErrorCode::kSystemError;
+        ok &= rank == 1 ? m.find("rank 1's own failure") != std::string::npos
+                        : m.find("step failed on rank 1") != std::string::npos;
+      }
+      ok &= released == 1;
+      if (ok) ++good;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), kWorld);
 }
