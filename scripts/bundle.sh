@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Collects what scripts/h200_session.sh runs into build-bundle/ (stripped, to carry to a GPU
 # machine): this tree's build, and the 6cf5c42 binaries for the negative control and the A/B
-# (tests/gpu/negative_control.sh with NEGCTL_DIR=build-negctl BUILD_ONLY=1; OLD_BENCH=path).
+# (tests/gpu/negative_control.sh with NEGCTL_DIR=build-negctl BUILD_ONLY=1; WITH_OLD=1, OLD_BENCH=path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf build-bundle && mkdir -p build-bundle
 cp build/symmem-bench build/symmem-run build/tests/symmem_gpu_tests build/tests/symmem_kill_tests build-bundle/
-[ -d build-negctl/build ] && cp build-negctl/build/old_api_gpu_tests build-negctl/build/old_api_kill_tests build-bundle/
+cp build/libsymmem_capi.so build-bundle/  # the Python package's native library (SYMMEM_LIBRARY)
+[ -n "${WITH_OLD:-}" ] || rm -f build-bundle/old_* 2>/dev/null
+[ -n "${WITH_OLD:-}" ] && [ -d build-negctl/build ] && cp build-negctl/build/old_api_gpu_tests build-negctl/build/old_api_kill_tests build-bundle/
 [ -n "${OLD_BENCH:-}" ] && cp "$OLD_BENCH" build-bundle/old-symmem-bench
 strip build-bundle/* 2>/dev/null || true
 # The commit the binaries were built from (the bench writes it into every CSV row).

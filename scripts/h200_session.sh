@@ -4,6 +4,7 @@
 #   scripts/h200_session.sh tests    GPU tests (2 ranks), kill tests, negative control on 6cf5c42
 #   scripts/h200_session.sh bench    all-gather sweep, vLLM tables (eager, graph), A/B vs 6cf5c42
 #   scripts/h200_session.sh vllm | sanitize | only   vLLM tables; racecheck; TESTS=/NEGATIVE_TESTS= by name
+#   scripts/h200_session.sh torch    symmem.torch GPU tests (torchrun, 2 ranks) and python -m symmem.bench.torch
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +47,21 @@ vllm_tables() {
   done
 }
 
+# symmem.torch: the Python package from python/ with the carried native library.
+torch_stage() {
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  timeout 400 tests/python/gpu/run.sh 2 ${PYTEST_ARGS:-} > "$OUT/torch_tests_2_ranks.log" 2>&1
+  echo "torch tests rc=$?" >> "$OUT/summary.txt"
+  [ -n "${SKIP_TORCH_BENCH:-}" ] && return
+  timeout 300 python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.torch --out "$OUT/torch" \
+    ${TORCH_BENCH_ARGS:-} > "$OUT/torch_bench_2.log" 2>&1
+  echo "torch bench rc=$?" >> "$OUT/summary.txt"
+}
+
 case "$1" in
+torch)
+  torch_stage
+  ;;
 tests)
   gpu_tests
   for path in sm low_latency copy_engine graph; do

@@ -1,0 +1,94 @@
+/* The C ABI of symmem, for language bindings (the Python package loads it with ctypes, so one
+ * build serves every Python and torch version). Everything crosses as integers and pointers:
+ * device addresses, CUDA streams (cudaStream_t), enum values in the order of symmem/types.hpp.
+ *
+ * Every function returns 0 on success or 1 + symmem::ErrorCode on failure; symmem_last_error()
+ * then holds the message (per thread). No function prints, exits or throws across the boundary.
+ *
+ * Operands. An address that lies inside a heap buffer of the communicator is a symmetric operand
+ * (zero copy) at its offset in that buffer; any other device address is a local operand (staged).
+ * Heap memory is only reachable through symmem_comm_allocate and the pool allocator below, so
+ * a binding that hands out heap memory as its own symmetric tensors keeps the core's rule that
+ * symmetry is explicit; ranks whose operands differ in kind or offset raise kMismatch. */
+#ifndef SYMMEM_SYMMEM_C_H_
+#define SYMMEM_SYMMEM_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct symmem_comm symmem_comm;
+
+/* A bootstrap written by the binding (e.g. over a torch c10d Store). Both return 0 on success;
+ * nonzero fails the collective call that used them with kBootstrap. */
+typedef int (*symmem_all_gather_fn)(void* context, const void* mine, void* all, size_t bytes);
+typedef int (*symmem_barrier_fn)(void* context);
+
+const char* symmem_version(void);
+const char* symmem_last_error(void);
+const char* symmem_error_code_name(int code); /* of a return value; "ok" for 0 */
+
+/* Collective. timeout_ms <= 0 and workspace_bytes == 0 take the environment's defaults. The
+ * callbacks and their context must outlive the communicator. */
+int symmem_comm_create(int rank, int world, int device, symmem_all_gather_fn all_gather, symmem_barrier_fn barrier,
+                       void* context, int64_t timeout_ms, size_t workspace_bytes, symmem_comm** out);
+/* Collective from the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), over symmem's TCP store. */
+int symmem_comm_create_from_env(int device, symmem_comm** out);
+/* Local release (the communicator's destructor); safe after close. */
+void symmem_comm_destroy(symmem_comm* comm);
+int symmem_comm_close(symmem_comm* comm); /* collective teardown */
+int symmem_comm_rank(const symmem_comm* comm);
+int symmem_comm_world(const symmem_comm* comm);
+int symmem_comm_device(const symmem_comm* comm);
+int symmem_comm_check(symmem_comm* comm);
+int symmem_comm_aborted(const symmem_comm* comm);
+int symmem_comm_barrier(symmem_comm* comm, void* stream);
+
+/* Collective: a heap buffer of `bytes`, the same offset on every rank. Lives until close. */
+int symmem_comm_allocate(symmem_comm* comm, size_t bytes, void** ptr);
+/* The heap buffer holding [ptr, ptr + bytes): its base and size, or *base = NULL. */
+int symmem_comm_buffer_of(symmem_comm* comm, const void* ptr, size_t bytes, void** base, size_t* size);
+
+/* Collectives, asynchronous on `stream`. dtype: symmem::DataType; op: symmem::ReduceOp; algo:
+ * symmem::Algo; blocks / max_blocks as in symmem::CollectiveOptions. */
+int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, void* stream, int algo,
+                      int blocks, int max_blocks);
+int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, int op, void* stream,
+                      int algo, int blocks, int max_blocks);
+int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, int op,
+                          void* stream, int algo, int blocks, int max_blocks);
+/* The plan a call would run (collective: 0 all_gather, 1 all_reduce, 2 reduce_scatter), or the
+ * error it would raise; nothing is launched. */
+int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in, size_t count, int dtype, int algo,
+                    int blocks, int max_blocks, char* text, size_t text_bytes);
+int symmem_parse_algo(const char* name, int* algo);
+
+/* Allocator functions for torch.cuda.memory.CUDAPluggableAllocator, in kPoolSlots slots: slot k
+ * serves the communicator bound to it. Allocation is collective (every rank's pool must ask for
+ * the same sizes in the same order, as it does when the ranks run the same program); a freed
+ * segment is retired, not unmapped, so nothing a CUDA graph or a peer may still use goes away
+ * before the communicator closes. A failed allocation returns NULL (symmem_last_error says why). */
+int symmem_pool_bind(int slot, symmem_comm* comm); /* comm NULL unbinds */
+#define SYMMEM_POOL_SLOTS 8
+#define SYMMEM_DECLARE_POOL_SLOT(k)                                                        \
+  void* symmem_pool_alloc_##k(ssize_t size, int device, void* stream);                    \
+  void symmem_pool_free_##k(void* ptr, ssize_t size, int device, void* stream);
+SYMMEM_DECLARE_POOL_SLOT(0)
+SYMMEM_DECLARE_POOL_SLOT(1)
+SYMMEM_DECLARE_POOL_SLOT(2)
+SYMMEM_DECLARE_POOL_SLOT(3)
+SYMMEM_DECLARE_POOL_SLOT(4)
+SYMMEM_DECLARE_POOL_SLOT(5)
+SYMMEM_DECLARE_POOL_SLOT(6)
+SYMMEM_DECLARE_POOL_SLOT(7)
+#undef SYMMEM_DECLARE_POOL_SLOT
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SYMMEM_SYMMEM_C_H_ */

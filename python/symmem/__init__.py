@@ -1,0 +1,23 @@
+"""symmem: GPU collectives on symmetric memory (one NVLink node of 2-8 Hopper GPUs).
+
+``import symmem`` needs neither torch nor a GPU. ``symmem.torch`` (imported on first use) holds the
+PyTorch surface: ops registered with torch.library, torch.distributed-style functions, symmetric
+tensors and a MemPool, and TPAllReduce for vLLM-style tensor parallelism (docs/torch.md).
+"""
+import importlib
+
+from .communicator import Communicator, Exchange
+from .errors import SymmemError
+
+__all__ = ["Communicator", "Exchange", "SymmemError", "library_version"]
+
+
+def library_version():
+    from ._native import lib
+    return lib.symmem_version().decode()
+
+
+def __getattr__(name):
+    if name in ("torch", "bench"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'symmem' has no attribute {name!r}")

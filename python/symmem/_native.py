@@ -1,0 +1,104 @@
+"""Loads libsymmem_capi.so (the C ABI, include/symmem/symmem_c.h) with ctypes.
+
+ctypes keeps the package free of any Python or torch ABI: one library serves every Python 3 and
+every torch 2.x built for CUDA 13. Pointers and streams cross as integers here and nowhere else.
+"""
+import ctypes
+import os
+from ctypes import c_char_p, c_int, c_int64, c_size_t, c_ssize_t, c_void_p
+
+from .errors import SymmemError
+
+_LIBRARY_NAME = "libsymmem_capi.so"
+
+
+def library_path():
+    """SYMMEM_LIBRARY, else the library installed beside this file, else a source tree's build/."""
+    explicit = os.environ.get("SYMMEM_LIBRARY")
+    if explicit:
+        return explicit
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, _LIBRARY_NAME),
+                      os.path.join(here, "..", "..", "build", _LIBRARY_NAME)):
+        if os.path.exists(candidate):
+            return os.path.normpath(candidate)
+    raise ImportError(f"symmem: {_LIBRARY_NAME} not found beside {here} nor in the source tree's build/; "
+                      "install the package (pip install .) or set SYMMEM_LIBRARY")
+
+
+ALL_GATHER_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_size_t)
+BARRIER_FN = ctypes.CFUNCTYPE(c_int, c_void_p)
+
+_SIGNATURES = {
+    "symmem_version": (c_char_p, []),
+    "symmem_last_error": (c_char_p, []),
+    "symmem_error_code_name": (c_char_p, [c_int]),
+    "symmem_comm_create": (c_int, [c_int, c_int, c_int, ALL_GATHER_FN, BARRIER_FN, c_void_p, c_int64, c_size_t,
+                                   ctypes.POINTER(c_void_p)]),
+    "symmem_comm_create_from_env": (c_int, [c_int, ctypes.POINTER(c_void_p)]),
+    "symmem_comm_destroy": (None, [c_void_p]),
+    "symmem_comm_close": (c_int, [c_void_p]),
+    "symmem_comm_rank": (c_int, [c_void_p]),
+    "symmem_comm_world": (c_int, [c_void_p]),
+    "symmem_comm_device": (c_int, [c_void_p]),
+    "symmem_comm_check": (c_int, [c_void_p]),
+    "symmem_comm_aborted": (c_int, [c_void_p]),
+    "symmem_comm_barrier": (c_int, [c_void_p, c_void_p]),
+    "symmem_comm_allocate": (c_int, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
+    "symmem_comm_buffer_of": (c_int, [c_void_p, c_void_p, c_size_t, ctypes.POINTER(c_void_p),
+                                      ctypes.POINTER(c_size_t)]),
+    "symmem_all_gather": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, c_void_p, c_int, c_int, c_int]),
+    "symmem_all_reduce": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_int, c_int,
+                                  c_int]),
+    "symmem_reduce_scatter": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_int, c_int,
+                                      c_int]),
+    "symmem_describe": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_int,
+                                c_char_p, c_size_t]),
+    "symmem_parse_algo": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
+    "symmem_pool_bind": (c_int, [c_int, c_void_p]),
+}
+POOL_SLOTS = 8
+
+
+def _load():
+    lib = ctypes.CDLL(library_path())
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    for k in range(POOL_SLOTS):
+        getattr(lib, f"symmem_pool_alloc_{k}").restype = c_void_p
+        getattr(lib, f"symmem_pool_alloc_{k}").argtypes = [c_ssize_t, c_int, c_void_p]
+    return lib
+
+
+lib = _load()
+
+
+# symmem::ErrorCode in declaration order; a C ABI return code is 1 + its value.
+ERROR_CODES = ("kInvalidArgument", "kUnsupported", "kCudaError", "kSystemError", "kBootstrap", "kTimeout",
+               "kMismatch", "kAborted", "kInternal")
+
+
+def error(rc):
+    """The SymmemError for a C ABI return code (call right after the failing call)."""
+    code = ERROR_CODES[rc - 1] if 1 <= rc <= len(ERROR_CODES) else "kInternal"
+    return SymmemError(code, lib.symmem_last_error().decode(errors="replace"))
+
+
+def check(rc):
+    if rc:
+        raise error(rc)
+
+
+# Enum values of include/symmem/types.hpp, in declaration order.
+DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "uint8": 4}
+REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
+COLLECTIVES = {"all_gather": 0, "all_reduce": 1, "reduce_scatter": 2}
+
+
+def algo_code(name):
+    """'auto', 'one_shot', 'copy_engine', ... as the C++ names them."""
+    value = c_int()
+    check(lib.symmem_parse_algo(name.encode(), ctypes.byref(value)))
+    return value.value

@@ -1,0 +1,1 @@
+"""Benchmarks of the Python package: ``python -m symmem.bench.torch`` (under torchrun)."""

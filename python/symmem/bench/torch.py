@@ -1,0 +1,336 @@
+"""symmem.torch against torch.distributed (NCCL) and PyTorch's symmetric memory, from Python, in one
+run on the same GPUs: vLLM's device-communicator table (all-reduce of T x 8192 bf16) and the
+matching all-gathers, eager and replayed from CUDA graphs.
+
+    torchrun --nproc-per-node 2 -m symmem.bench.torch --out bench/results/h200/torch
+
+Rows (impl):
+  nccl                     torch.distributed.all_reduce (in place) / all_gather_into_tensor
+  torch_symm_mem_one_shot  torch.ops.symm_mem.one_shot_all_reduce on a rendezvoused buffer
+  torch_symm_mem_two_shot  torch.ops.symm_mem.two_shot_all_reduce_ on a rendezvoused buffer
+  symmem_torch             torch.ops.symmem.all_reduce / all_gather_into_tensor on symmetric tensors
+                           (symmem.torch.empty): zero copy, as the symm_mem rows
+  symmem_torch_staged      TPAllReduce.all_reduce / the drop-in all_gather_into_tensor on tensors from
+                           the caching allocator (what vLLM passes): the input is staged when needed
+Eager: `calls` back-to-back calls between two events (Python, dispatcher and launch included).
+Graph: one CUDA graph of 10 calls, replayed `replays` times between two events. Every sample of
+every configuration is taken in turn (ABAB...), `reps` times; the CSV holds the median with the
+fastest and slowest sample. After timing, every configuration's output is checked once against a
+float64 reference (reductions, relative tolerance 2^-7 per summand magnitude) or NCCL (gathers,
+bit-exact), and against every other rank's bits; `wrong` counts the elements that fail.
+"""
+import argparse
+import csv
+import datetime
+import os
+import statistics
+import subprocess
+
+import torch
+import torch.distributed as dist
+
+TOKENS = [32, 64, 96, 128, 192, 256, 1024, 2048, 3062, 4096]
+HIDDEN = 8192
+DTYPE = torch.bfloat16
+GRAPH_CALLS = 10
+
+
+def _commit():
+    if os.environ.get("SYMMEM_COMMIT"):
+        return os.environ["SYMMEM_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class Case:
+    """One implementation at one size: `call()` runs one collective (the same buffers every time)."""
+
+    def __init__(self, op, impl, tokens, call, output, inputs, reference):
+        self.op, self.impl, self.tokens = op, impl, tokens
+        self.call, self.output, self.inputs, self.reference = call, output, inputs, reference
+        self.graph = None
+        self.graph_output = None  # the tensor the graph's last call writes
+        self.samples = {"eager": [], "graph": []}
+
+
+def _fill(tensors, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for t in tensors:
+        t.copy_(torch.randn(t.shape, generator=g, device="cuda", dtype=torch.float32).to(t.dtype))
+
+
+def _build_all_reduce(tokens, group, symm_mem, st):
+    g = group.group_name
+    n = tokens * HIDDEN
+    cases = []
+    x = torch.empty(n, dtype=DTYPE, device="cuda")
+    cases.append(Case("all_reduce", "nccl", tokens, lambda: dist.all_reduce(x, group=group), lambda: x, [x], "sum"))
+    if symm_mem is not None:
+        b1 = symm_mem.empty(n, dtype=DTYPE, device="cuda")
+        symm_mem.rendezvous(b1, g)
+        out1 = {}
+
+        def one_shot():
+            out1["y"] = torch.ops.symm_mem.one_shot_all_reduce(b1, "sum", g)
+        cases.append(Case("all_reduce", "torch_symm_mem_one_shot", tokens, one_shot, lambda: out1["y"], [b1], "sum"))
+        b2 = symm_mem.empty(n, dtype=DTYPE, device="cuda")
+        symm_mem.rendezvous(b2, g)
+        cases.append(Case("all_reduce", "torch_symm_mem_two_shot", tokens,
+                          lambda: torch.ops.symm_mem.two_shot_all_reduce_(b2, "sum", g), lambda: b2, [b2], "sum"))
+    s = st.empty(n, dtype=DTYPE, group=group)
+    out_s = {}
+
+    def symmem_sym():
+        out_s["y"] = torch.ops.symmem.all_reduce(s, "sum", g)
+    cases.append(Case("all_reduce", "symmem_torch", tokens, symmem_sym, lambda: out_s["y"], [s], "sum"))
+    tp = st.TPAllReduce(group, max_size=n * 2)
+    xl = torch.empty(n, dtype=DTYPE, device="cuda")
+    out_l = {}
+
+    def symmem_staged():
+        out_l["y"] = tp.all_reduce(xl)
+    cases.append(Case("all_reduce", "symmem_torch_staged", tokens, symmem_staged, lambda: out_l["y"], [xl], "sum"))
+    return cases
+
+
+def _build_all_gather(tokens, group, st):
+    g = group.group_name
+    world = group.size()
+    n = tokens * HIDDEN // world  # the gathered tensor is T x 8192, as the all-reduce's
+    x = torch.empty(n, dtype=DTYPE, device="cuda")
+    y = torch.empty(n * world, dtype=DTYPE, device="cuda")
+    cases = [Case("all_gather", "nccl", tokens, lambda: dist.all_gather_into_tensor(y, x, group=group), lambda: y,
+                  [x], "gather")]
+    xs = st.empty(n, dtype=DTYPE, group=group)
+    ys = st.empty(n * world, dtype=DTYPE, group=group)
+    cases.append(Case("all_gather", "symmem_torch", tokens,
+                      lambda: torch.ops.symmem.all_gather_into_tensor_out(xs, g, out=ys), lambda: ys, [xs], "gather"))
+    xl = torch.empty(n, dtype=DTYPE, device="cuda")
+    yl = torch.empty(n * world, dtype=DTYPE, device="cuda")
+    cases.append(Case("all_gather", "symmem_torch_staged", tokens, lambda: st.all_gather_into_tensor(yl, xl, group),
+                      lambda: yl, [xl], "gather"))
+    return cases
+
+
+def _time_eager(case, calls):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        case.call()
+    start.record()
+    for _ in range(calls):
+        case.call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / calls
+
+
+def _capture(case):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            case.call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    case.graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(case.graph):
+        for _ in range(GRAPH_CALLS):
+            case.call()
+    case.graph_output = case.output()
+    torch.cuda.synchronize()
+
+
+def _time_graph(case, replays):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    case.graph.replay()
+    start.record()
+    for _ in range(replays):
+        case.graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / (replays * GRAPH_CALLS)
+
+
+def _check(case, group, mode):
+    """Elements of the case's output that are wrong after a fresh input: one eager call, or one
+    replay of the graph (10 calls; in-place all-reduces compound over them, so those are checked
+    with one call of their own, eagerly)."""
+    rank, world = group.rank(), group.size()
+    seed = 1000 + 7 * rank + case.tokens + (500 if mode == "graph" else 0)
+    _fill(case.inputs, seed)
+    in_place = case.op == "all_reduce" and case.impl in ("nccl", "torch_symm_mem_two_shot")
+    if mode == "graph" and not in_place:
+        case.graph.replay()
+        out = case.graph_output
+    else:
+        case.call()
+        out = case.output()
+    torch.cuda.synchronize()
+    out = out.reshape(-1)
+    if in_place:
+        _fill(case.inputs, seed)  # the input was overwritten by the result
+    inp = case.inputs[0].reshape(-1)
+    parts = torch.empty(world * inp.numel(), dtype=inp.dtype, device="cuda")
+    dist.all_gather_into_tensor(parts, inp.contiguous(), group=group)
+    if case.reference == "gather":
+        wrong = int((out.view(torch.int16) != parts.view(torch.int16)).sum().item())
+    else:
+        p64 = parts.view(world, -1).double()
+        ref, scale = p64.sum(0), p64.abs().sum(0) + 1e-3
+        wrong = int(((out.double() - ref).abs() > scale * 2.0 ** -7).sum().item())
+    mine = out.view(torch.int16)
+    every = torch.empty(world * mine.numel(), dtype=torch.int16, device="cuda")
+    dist.all_gather_into_tensor(every, mine.contiguous(), group=group)
+    wrong += int((every.view(world, -1) != every.view(world, -1)[0]).any(0).sum().item())
+    return wrong
+
+
+def _vllm_table(rows, op, mode, impls, file=None):
+    lines = [f"{op}, {mode} (us per call, median)",
+             " | ".join(["Tensor Shape".ljust(16)] + [i.ljust(12) for i in impls] + ["Best (Speedup vs nccl)"])]
+    for tokens in TOKENS:
+        got = {r["impl"]: r for r in rows if r["op"] == op and r["mode"] == mode and r["tokens"] == tokens}
+        if not got:
+            continue
+        cells = [f"({tokens}, {HIDDEN})".ljust(16)]
+        for impl in impls:
+            cells.append((f"{got[impl]['time_us']:.2f}" if impl in got else "-").ljust(max(12, len(impl))))
+        best = min(got.values(), key=lambda r: r["time_us"])
+        speedup = got["nccl"]["time_us"] / best["time_us"] if "nccl" in got else float("nan")
+        cells.append(f"{best['impl']} ({speedup:.2f}x)")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def _plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    ops = sorted({r["op"] for r in rows})
+    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4.5 * len(ops)), squeeze=False)
+    for i, op in enumerate(ops):
+        for j, mode in enumerate(("eager", "graph")):
+            ax = axes[i][j]
+            for impl in sorted({r["impl"] for r in rows if r["op"] == op}):
+                sel = sorted((r for r in rows if r["op"] == op and r["mode"] == mode and r["impl"] == impl),
+                             key=lambda r: r["bytes"])
+                if not sel:
+                    continue
+                x = [r["bytes"] / 2**20 for r in sel]
+                y = [r["time_us"] for r in sel]
+                err = [[r["time_us"] - r["time_min_us"] for r in sel], [r["time_max_us"] - r["time_us"] for r in sel]]
+                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("MiB (T x 8192 bf16)")
+            ax.set_ylabel("us per call (median; bars: fastest..slowest sample)")
+            ax.set_title(f"{op}, {mode}, world {rows[0]['world']}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="directory for the CSV, the tables and the PNG")
+    parser.add_argument("--reps", type=int, default=15, help="samples per configuration, interleaved")
+    parser.add_argument("--calls", type=int, default=30, help="eager calls per sample")
+    parser.add_argument("--replays", type=int, default=5, help="graph replays per sample")
+    parser.add_argument("--tokens", type=int, nargs="*", default=TOKENS)
+    parser.add_argument("--ops", nargs="*", default=["all_reduce", "all_gather"])
+    parser.add_argument("--no-symm-mem", action="store_true", help="leave out the torch symmetric-memory rows")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    group = dist.group.WORLD
+    rank, world = group.rank(), group.size()
+    import symmem.torch as st
+    symm_mem = None
+    if not args.no_symm_mem:
+        import torch.distributed._symmetric_memory as symm_mem
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+
+    cases = []
+    for tokens in args.tokens:
+        if "all_reduce" in args.ops:
+            cases += _build_all_reduce(tokens, group, symm_mem, st)
+        if "all_gather" in args.ops:
+            cases += _build_all_gather(tokens, group, st)
+    for i, case in enumerate(cases):
+        _fill(case.inputs, 17 * rank + i)
+        _capture(case)
+    for _ in range(args.reps):  # interleaved: every configuration once per round
+        for case in cases:
+            case.samples["eager"].append(_time_eager(case, args.calls))
+            case.samples["graph"].append(_time_graph(case, args.replays))
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    commit, gpu = _commit(), torch.cuda.get_device_name()
+    rows = []
+    for case in cases:
+        for mode in ("eager", "graph"):
+            wrong = _check(case, group, mode)
+            # Every rank's time: the slowest rank's median is the collective's time.
+            med = torch.tensor([statistics.median(case.samples[mode]), min(case.samples[mode]),
+                                max(case.samples[mode])], device="cuda", dtype=torch.float64)
+            dist.all_reduce(med, op=dist.ReduceOp.MAX, group=group)
+            w = torch.tensor([wrong], device="cuda")
+            dist.all_reduce(w, group=group)
+            nbytes = case.tokens * HIDDEN * 2
+            per_rank = nbytes if case.op == "all_reduce" else nbytes // world
+            t = med[0].item()
+            factor = 2 * (world - 1) / world if case.op == "all_reduce" else (world - 1) / world
+            rows.append({"op": case.op, "impl": case.impl, "mode": mode, "world": world, "dtype": "bfloat16",
+                         "bytes_per_rank": per_rank, "count": per_rank // 2, "blocks": -1, "time_us": t,
+                         "time_min_us": med[1].item(), "time_max_us": med[2].item(),
+                         "algbw_gbs": nbytes / t / 1e3, "busbw_gbs": nbytes / t / 1e3 * factor,
+                         "wrong": int(w.item()), "tokens": case.tokens, "bytes": nbytes, "gpu": gpu,
+                         "commit": commit, "date": date})
+    for r in rows:
+        nccl = [x for x in rows if x["op"] == r["op"] and x["mode"] == r["mode"] and x["tokens"] == r["tokens"]
+                and x["impl"] == "nccl"]
+        r["vs_nccl"] = nccl[0]["time_us"] / r["time_us"] if nccl else float("nan")
+
+    if rank == 0:
+        impls_ar = ["nccl", "torch_symm_mem_one_shot", "torch_symm_mem_two_shot", "symmem_torch", "symmem_torch_staged"]
+        impls_ag = ["nccl", "symmem_torch", "symmem_torch_staged"]
+        text = []
+        for op, impls in (("all_reduce", impls_ar), ("all_gather", impls_ag)):
+            for mode in ("eager", "graph"):
+                if any(r["op"] == op and r["mode"] == mode for r in rows):
+                    text.append(_vllm_table(rows, op, mode, impls))
+        text.append(f"world {world}, {gpu}, commit {commit}, {date}; wrong elements in all rows: "
+                    f"{sum(r['wrong'] for r in rows)}")
+        print("\n\n".join(text), flush=True)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            fields = ["op", "impl", "mode", "world", "dtype", "bytes_per_rank", "count", "blocks", "time_us",
+                      "time_min_us", "time_max_us", "algbw_gbs", "busbw_gbs", "wrong", "vs_nccl", "gpu", "commit",
+                      "date"]
+            with open(os.path.join(args.out, f"torch_bench_{world}.csv"), "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+                writer.writeheader()
+                for r in rows:
+                    writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
+            with open(os.path.join(args.out, f"torch_bench_{world}.txt"), "w") as f:
+                f.write("\n\n".join(text) + "\n")
+            _plot(rows, os.path.join(args.out, f"torch_bench_{world}.png"))
+    dist.barrier()
+    st.close_all()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

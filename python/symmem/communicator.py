@@ -1,0 +1,159 @@
+"""A symmem communicator for Python, with no torch dependency: device addresses and CUDA streams
+are integers here (symmem.torch turns tensors and torch streams into them).
+
+Collective calls (create, allocate, close and every collective) must be made by every rank in the
+same order, as in C++. Errors raise SymmemError; after a device failure (a dead, stalled or
+mismatched rank) every later call raises, naming the rank that failed first.
+"""
+import ctypes
+
+from . import _native
+from ._native import lib
+from .errors import SymmemError
+
+
+class Exchange:
+    """How the ranks exchange small blobs while a communicator is built and when it allocates:
+    ``all_gather(mine: bytes) -> list[bytes]`` (one per rank, in rank order) and ``barrier()``.
+    Every rank calls them in the same order; both should raise on timeout."""
+
+    def all_gather(self, mine):
+        raise NotImplementedError
+
+    def barrier(self):
+        self.all_gather(b"\0")
+
+
+class Communicator:
+    """One rank of a symmem communicator (one process per GPU of one node)."""
+
+    def __init__(self, rank, world, device, exchange, timeout_ms=0, workspace_bytes=0):
+        """Collective. ``exchange`` is an Exchange whose ranks are this communicator's ranks."""
+        self._handle = None
+        self._exchange = exchange
+        self._exchange_error = None
+        # The C side calls these during create, allocate and close; they must outlive the handle.
+        self._all_gather_fn = _native.ALL_GATHER_FN(self._all_gather_callback)
+        self._barrier_fn = _native.BARRIER_FN(self._barrier_callback)
+        handle = ctypes.c_void_p()
+        self._call(lib.symmem_comm_create(rank, world, device, self._all_gather_fn, self._barrier_fn, None,
+                                          int(timeout_ms), int(workspace_bytes), ctypes.byref(handle)))
+        self._handle = handle.value
+
+    @classmethod
+    def from_env(cls, device):
+        """Collective over symmem's own TCP store (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...)."""
+        self = cls.__new__(cls)
+        self._exchange = None
+        self._exchange_error = None
+        handle = ctypes.c_void_p()
+        _native.check(lib.symmem_comm_create_from_env(device, ctypes.byref(handle)))
+        self._handle = handle.value
+        return self
+
+    # The exchange callbacks: a Python exception cannot cross C, so it is kept and re-raised by
+    # _call as the cause of the SymmemError the failed C call returns.
+    def _all_gather_callback(self, _context, mine, all_out, nbytes):
+        try:
+            blobs = self._exchange.all_gather(ctypes.string_at(mine, nbytes))
+            for r, blob in enumerate(blobs):
+                if len(blob) != nbytes:
+                    raise SymmemError("kBootstrap", f"rank {r} sent {len(blob)} bytes where {nbytes} were expected")
+                ctypes.memmove(all_out + r * nbytes, blob, nbytes)
+            return 0
+        except BaseException as e:  # noqa: B036 (nothing may unwind into C)
+            self._exchange_error = e
+            return 1
+
+    def _barrier_callback(self, _context):
+        try:
+            self._exchange.barrier()
+            return 0
+        except BaseException as e:  # noqa: B036
+            self._exchange_error = e
+            return 1
+
+    def _call(self, rc):
+        if rc:
+            err = _native.error(rc)
+            cause, self._exchange_error = self._exchange_error, None
+            raise err from cause
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise SymmemError("kInvalidArgument", "the communicator was destroyed")
+        return self._handle
+
+    @property
+    def rank(self):
+        return lib.symmem_comm_rank(self.handle)
+
+    @property
+    def world(self):
+        return lib.symmem_comm_world(self.handle)
+
+    @property
+    def device(self):
+        return lib.symmem_comm_device(self.handle)
+
+    def allocate(self, nbytes):
+        """Collective: the device address of a new heap buffer (symmetric; lives until close)."""
+        ptr = ctypes.c_void_p()
+        self._call(lib.symmem_comm_allocate(self.handle, int(nbytes), ctypes.byref(ptr)))
+        return ptr.value
+
+    def buffer_of(self, ptr, nbytes):
+        """(base, size) of the heap buffer holding [ptr, ptr + nbytes), or None."""
+        base, size = ctypes.c_void_p(), ctypes.c_size_t()
+        self._call(lib.symmem_comm_buffer_of(self.handle, ptr, nbytes, ctypes.byref(base), ctypes.byref(size)))
+        return (base.value, size.value) if base.value else None
+
+    # Collectives: addresses and the stream are integers; dtype, op and algo are C enum values
+    # (_native.DTYPES, _native.REDUCE_OPS, _native.algo_code).
+    def all_gather(self, out, inp, count, dtype, stream, algo=0, blocks=0, max_blocks=-1):
+        rc = lib.symmem_all_gather(self._handle, out, inp, count, dtype, stream, algo, blocks, max_blocks)
+        if rc:
+            self._call(rc)
+
+    def all_reduce(self, out, inp, count, dtype, op, stream, algo=0, blocks=0, max_blocks=-1):
+        rc = lib.symmem_all_reduce(self._handle, out, inp, count, dtype, op, stream, algo, blocks, max_blocks)
+        if rc:
+            self._call(rc)
+
+    def reduce_scatter(self, out, inp, count, dtype, op, stream, algo=0, blocks=0, max_blocks=-1):
+        rc = lib.symmem_reduce_scatter(self._handle, out, inp, count, dtype, op, stream, algo, blocks, max_blocks)
+        if rc:
+            self._call(rc)
+
+    def describe(self, collective, out, inp, count, dtype, algo=0, blocks=0, max_blocks=-1):
+        """The plan the call would run, e.g. 'all_reduce low_latency blocks=8 ...' (nothing runs)."""
+        text = ctypes.create_string_buffer(512)
+        self._call(lib.symmem_describe(self.handle, _native.COLLECTIVES[collective], out, inp, count, dtype, algo,
+                                       blocks, max_blocks, text, len(text)))
+        return text.value.decode()
+
+    def barrier(self, stream):
+        self._call(lib.symmem_comm_barrier(self.handle, stream))
+
+    def check(self):
+        """Raises SymmemError if a device wait of an earlier call failed on any rank."""
+        self._call(lib.symmem_comm_check(self.handle))
+
+    @property
+    def aborted(self):
+        return bool(lib.symmem_comm_aborted(self.handle))
+
+    def close(self):
+        """Collective teardown: every buffer and tensor of this communicator becomes invalid."""
+        if self._handle is not None:
+            try:
+                self._call(lib.symmem_comm_close(self._handle))
+            finally:
+                self.destroy()
+
+    def destroy(self):
+        """Local release (no peer involved); what close() does after its collective part."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            lib.symmem_comm_destroy(handle)

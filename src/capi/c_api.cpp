@@ -1,0 +1,220 @@
+// The C ABI (include/symmem/symmem_c.h): communicators, heap buffers and collectives for
+// language bindings. Each entry point is a thin guard around the C++ API.
+#include "symmem/symmem_c.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "capi/c_api_guard.hpp"
+#include "capi/c_api_comm.hpp"
+#include "capi/callback_bootstrap.hpp"
+#include "symmem/symmem.hpp"
+
+namespace symmem::detail {
+
+namespace {
+thread_local std::string last_error;
+
+Operand operand_at(Communicator& comm, const void* ptr, size_t bytes) {
+  if (Buffer* buffer = comm.find(ptr, bytes ? bytes : 1))
+    return Operand(buffer, static_cast<const char*>(ptr) - static_cast<const char*>(buffer->ptr()));
+  return Operand(ptr);
+}
+
+DataType dtype_of(int dtype) {
+  if (dtype < 0 || dtype > static_cast<int>(DataType::kUInt8))
+    throw Error(ErrorCode::kInvalidArgument, "dtype " + std::to_string(dtype) + " is not a symmem::DataType");
+  return static_cast<DataType>(dtype);
+}
+
+ReduceOp op_of(int op) {
+  if (op < 0 || op > static_cast<int>(ReduceOp::kMin))
+    throw Error(ErrorCode::kInvalidArgument, "reduce op " + std::to_string(op) + " is not a symmem::ReduceOp");
+  return static_cast<ReduceOp>(op);
+}
+
+CollectiveOptions options_of(int algo, int blocks, int max_blocks) {
+  if (algo < 0 || algo > static_cast<int>(Algo::kLowLatencyTwoShot))
+    throw Error(ErrorCode::kInvalidArgument, "algo " + std::to_string(algo) + " is not a symmem::Algo");
+  CollectiveOptions o;
+  o.algo = static_cast<Algo>(algo);
+  o.blocks = blocks;
+  o.max_blocks = max_blocks;
+  return o;
+}
+
+Communicator& comm_of(symmem_comm* comm) {
+  if (!comm || !comm->comm) throw Error(ErrorCode::kInvalidArgument, "no communicator (NULL or destroyed)");
+  return *comm->comm;
+}
+
+cudaStream_t stream_of(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+}  // namespace
+
+void set_last_error(const std::string& message) { last_error = message; }
+
+}  // namespace symmem::detail
+
+using symmem::detail::c_api_guard;
+using symmem::detail::comm_of;
+using symmem::detail::dtype_of;
+using symmem::detail::operand_at;
+using symmem::detail::op_of;
+using symmem::detail::options_of;
+using symmem::detail::stream_of;
+
+extern "C" {
+
+const char* symmem_version(void) { return "0.1.0"; }
+const char* symmem_last_error(void) { return symmem::detail::last_error.c_str(); }
+const char* symmem_error_code_name(int code) {
+  if (code == 0) return "ok";
+  if (code < 1 || code > 1 + static_cast<int>(symmem::ErrorCode::kInternal)) return "unknown";
+  return symmem::error_code_name(static_cast<symmem::ErrorCode>(code - 1));
+}
+
+int symmem_comm_create(int rank, int world, int device, symmem_all_gather_fn all_gather, symmem_barrier_fn barrier,
+                       void* context, int64_t timeout_ms, size_t workspace_bytes, symmem_comm** out) {
+  return c_api_guard([&] {
+    if (!out || !all_gather || !barrier)
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument, "symmem_comm_create: NULL callback or result");
+    if (world < 1 || rank < 0 || rank >= world)
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument, "symmem_comm_create: rank " + std::to_string(rank) +
+                                                                   " of world " + std::to_string(world));
+    auto bootstrap =
+        std::make_shared<symmem::detail::CallbackBootstrap>(rank, world, all_gather, barrier, context);
+    symmem::CommConfig config;
+    config.timeout_ms = timeout_ms;
+    config.workspace_bytes = workspace_bytes;
+    auto handle = std::make_unique<symmem_comm>();
+    handle->comm = symmem::Communicator::create(bootstrap, device, config);
+    *out = handle.release();
+  });
+}
+
+int symmem_comm_create_from_env(int device, symmem_comm** out) {
+  return c_api_guard([&] {
+    if (!out) throw symmem::Error(symmem::ErrorCode::kInvalidArgument, "symmem_comm_create_from_env: NULL result");
+    auto handle = std::make_unique<symmem_comm>();
+    handle->comm = symmem::Communicator::create(symmem::make_store_bootstrap(symmem::JobInfo::from_env()), device);
+    *out = handle.release();
+  });
+}
+
+void symmem_comm_destroy(symmem_comm* comm) {
+  symmem::detail::release_pool_slots_of(comm);
+  delete comm;  // the Communicator's destructor never throws
+}
+
+int symmem_comm_close(symmem_comm* comm) {
+  return c_api_guard([&] { comm_of(comm).close(); });
+}
+
+int symmem_comm_rank(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->rank() : -1; }
+int symmem_comm_world(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->world() : -1; }
+int symmem_comm_device(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->device() : -1; }
+int symmem_comm_aborted(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->aborted() : 1; }
+
+int symmem_comm_check(symmem_comm* comm) {
+  return c_api_guard([&] { comm_of(comm).check(); });
+}
+
+int symmem_comm_barrier(symmem_comm* comm, void* stream) {
+  return c_api_guard([&] { comm_of(comm).barrier(stream_of(stream)); });
+}
+
+int symmem_comm_allocate(symmem_comm* comm, size_t bytes, void** ptr) {
+  return c_api_guard([&] {
+    if (!ptr) throw symmem::Error(symmem::ErrorCode::kInvalidArgument, "symmem_comm_allocate: NULL result");
+    *ptr = comm_of(comm).allocate(bytes)->ptr();
+  });
+}
+
+int symmem_comm_buffer_of(symmem_comm* comm, const void* ptr, size_t bytes, void** base, size_t* size) {
+  return c_api_guard([&] {
+    if (!base || !size) throw symmem::Error(symmem::ErrorCode::kInvalidArgument, "symmem_comm_buffer_of: NULL result");
+    symmem::Buffer* buffer = comm_of(comm).find(ptr, bytes ? bytes : 1);
+    *base = buffer ? buffer->ptr() : nullptr;
+    *size = buffer ? buffer->size() : 0;
+  });
+}
+
+int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, void* stream, int algo,
+                      int blocks, int max_blocks) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const symmem::DataType type = dtype_of(dtype);
+    const size_t bytes = count * symmem::dtype_size(type);
+    symmem::all_gather(operand_at(c, out, bytes * c.world()), operand_at(c, in, bytes), count, type, c,
+                       stream_of(stream), options_of(algo, blocks, max_blocks));
+  });
+}
+
+int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, int op, void* stream,
+                      int algo, int blocks, int max_blocks) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const symmem::DataType type = dtype_of(dtype);
+    const size_t bytes = count * symmem::dtype_size(type);
+    symmem::all_reduce(operand_at(c, out, bytes), operand_at(c, in, bytes), count, type, op_of(op), c,
+                       stream_of(stream), options_of(algo, blocks, max_blocks));
+  });
+}
+
+int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, int op,
+                          void* stream, int algo, int blocks, int max_blocks) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const symmem::DataType type = dtype_of(dtype);
+    const size_t bytes = count * symmem::dtype_size(type);
+    symmem::reduce_scatter(operand_at(c, out, bytes), operand_at(c, in, bytes * c.world()), count, type, op_of(op),
+                           c, stream_of(stream), options_of(algo, blocks, max_blocks));
+  });
+}
+
+int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in, size_t count, int dtype, int algo,
+                    int blocks, int max_blocks, char* text, size_t text_bytes) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const symmem::DataType type = dtype_of(dtype);
+    const size_t bytes = count * symmem::dtype_size(type);
+    const symmem::CollectiveOptions options = options_of(algo, blocks, max_blocks);
+    std::string plan;
+    switch (collective) {
+      case 0:
+        plan = symmem::describe_all_gather(operand_at(c, out, bytes * c.world()), operand_at(c, in, bytes), count,
+                                           type, c, options);
+        break;
+      case 1:
+        plan = symmem::describe_all_reduce(operand_at(c, out, bytes), operand_at(c, in, bytes), count, type, c,
+                                           options);
+        break;
+      case 2:
+        plan = symmem::describe_reduce_scatter(operand_at(c, out, bytes), operand_at(c, in, bytes * c.world()),
+                                               count, type, c, options);
+        break;
+      default:
+        throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                            "symmem_describe: collective " + std::to_string(collective) + " is not 0, 1 or 2");
+    }
+    if (text && text_bytes) {
+      const size_t n = std::min(plan.size(), text_bytes - 1);
+      std::memcpy(text, plan.data(), n);
+      text[n] = '\0';
+    }
+  });
+}
+
+int symmem_parse_algo(const char* name, int* algo) {
+  return c_api_guard([&] {
+    symmem::Algo a;
+    if (!name || !algo || !symmem::parse_algo(name, &a))
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          std::string("'") + (name ? name : "(null)") + "' names no algorithm");
+    *algo = static_cast<int>(a);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,79 @@
+"""The package and its C ABI without torch and without a GPU."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+import symmem
+from symmem import _native
+
+
+def test_import_needs_no_torch():
+    code = "import sys, symmem; assert 'torch' not in sys.modules, 'import symmem imported torch'; print('ok')"
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_library_exports_only_the_c_abi():
+    assert symmem.library_version() == "0.1.0"
+    assert _native.lib.symmem_comm_rank(None) == -1
+
+
+def test_errors_carry_the_code_and_message():
+    with pytest.raises(symmem.SymmemError) as info:
+        _native.check(_native.lib.symmem_comm_check(None))
+    assert info.value.code == "kInvalidArgument"
+    assert "no communicator" in str(info.value)
+    with pytest.raises(symmem.SymmemError, match="names no algorithm"):
+        _native.algo_code("fastest")
+    assert _native.algo_code("auto") == 0
+    assert _native.algo_code("copy_engine") == 3
+
+
+def test_bad_pool_slot_is_an_error_not_a_crash():
+    with pytest.raises(symmem.SymmemError, match="slot 99"):
+        _native.check(_native.lib.symmem_pool_bind(99, None))
+    # An unbound slot fails the allocation (NULL), with the reason kept for the caller.
+    assert _native.lib.symmem_pool_alloc_3(1 << 20, 0, None) is None
+    assert b"no communicator" in _native.lib.symmem_last_error()
+
+
+class _RecordingExchange(symmem.Exchange):
+    def __init__(self):
+        self.calls = 0
+
+    def all_gather(self, mine):
+        self.calls += 1
+        return [mine]
+
+
+def test_communicator_creation_fails_cleanly_without_a_gpu():
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("a GPU driver is present: creation would succeed (the GPU tests cover it)")
+    with pytest.raises(symmem.SymmemError) as info:
+        symmem.Communicator(0, 1, 0, _RecordingExchange())
+    assert info.value.code in ("kCudaError", "kUnsupported")
+
+
+def test_exchange_errors_reach_the_caller_as_the_cause():
+    # The callback path alone: a failing exchange returns nonzero to C, and the Python exception
+    # is kept for the SymmemError the C call raises.
+    comm = symmem.Communicator.__new__(symmem.Communicator)
+    comm._handle = None
+    comm._exchange_error = None
+
+    class Broken(symmem.Exchange):
+        def all_gather(self, mine):
+            raise TimeoutError("store unreachable")
+
+    comm._exchange = Broken()
+    buf = ctypes.create_string_buffer(8)
+    assert comm._all_gather_callback(None, ctypes.addressof(buf), ctypes.addressof(buf), 8) == 1
+    assert isinstance(comm._exchange_error, TimeoutError)
+
+    comm._exchange = _RecordingExchange()
+    assert comm._all_gather_callback(None, ctypes.addressof(buf), ctypes.addressof(buf), 8) == 0

@@ -1,0 +1,148 @@
+"""The torch.library ops on CPU tensors (their CPU kernels run torch.distributed on a one-rank gloo
+group): schemas, fake kernels and mutation declarations checked by opcheck, torch.compile tracing,
+and the errors for bad input."""
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32]
+
+
+def _rand(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck_every_op(group_name, dtype):
+    ops = torch.ops.symmem
+    x = _rand((6, 5), dtype)
+    cases = [
+        (ops.all_reduce.default, (x, "sum", group_name), {}),
+        (ops.all_reduce_.default, (x.clone(), "max", group_name), {}),
+        (ops.all_reduce_out.default, (x, "min", group_name), {"out": torch.empty_like(x)}),
+        (ops.all_gather_into_tensor.default, (x, group_name), {}),
+        (ops.all_gather_into_tensor_out.default, (x, group_name), {"out": torch.empty_like(x)}),
+        (ops.all_gather.default, (x, group_name, [torch.empty_like(x)]), {}),
+        (ops.reduce_scatter_tensor.default, (x, "sum", group_name), {}),
+        (ops.reduce_scatter_tensor_out.default, (x, "sum", group_name), {"out": torch.empty_like(x)}),
+    ]
+    if dtype.is_floating_point:
+        cases.append((ops.all_reduce.default, (x, "avg", group_name), {}))
+    for op, args, kwargs in cases:
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_gathers_take_any_dtype(group_name):
+    x = torch.arange(10, dtype=torch.uint8)
+    torch.library.opcheck(torch.ops.symmem.all_gather_into_tensor.default, (x, group_name))
+    assert torch.equal(torch.ops.symmem.all_gather_into_tensor(x, group_name), x)
+
+
+def test_results_on_one_rank(group_name):
+    x = _rand((4, 3), torch.float32)
+    assert torch.equal(torch.ops.symmem.all_reduce(x, "sum", group_name), x)
+    assert torch.equal(torch.ops.symmem.all_reduce(x, "avg", group_name), x)
+    y = x.clone()
+    assert torch.ops.symmem.all_reduce_(y, "sum", group_name) is None
+    assert torch.equal(y, x)
+    out = torch.full((4, 3), float("nan"))
+    torch.ops.symmem.all_reduce_out(x, "sum", group_name, out=out)
+    assert torch.equal(out, x)
+    assert torch.equal(torch.ops.symmem.reduce_scatter_tensor(x, "sum", group_name), x)
+
+
+def test_compile_fullgraph(group_name):
+    def step(x, y):
+        a = torch.ops.symmem.all_reduce(x * 2, "sum", group_name)
+        g = torch.ops.symmem.all_gather_into_tensor(a + 1, group_name)
+        torch.ops.symmem.all_reduce_(y, "max", group_name)
+        r = torch.ops.symmem.reduce_scatter_tensor(g, "avg", group_name)
+        return r + y.sum()
+
+    x, y = _rand((8, 4), torch.float32, 1), _rand((3,), torch.float32, 2)
+    expected = step(x, y.clone())
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got = compiled(x, y.clone())
+    assert torch.equal(got, expected)
+
+
+def test_bad_input_errors(group_name):
+    ops = torch.ops.symmem
+    x = _rand((6, 4), torch.float32)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        ops.all_reduce(x.t(), "sum", group_name)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        ops.all_gather_into_tensor(x[:, ::2], group_name)
+    with pytest.raises(TypeError, match="not reducible"):
+        ops.all_reduce(x.double(), "sum", group_name)
+    with pytest.raises(TypeError, match="avg"):
+        ops.all_reduce(x.int(), "avg", group_name)
+    with pytest.raises(ValueError, match="reduce_op 'prod'"):
+        ops.all_reduce(x, "prod", group_name)
+    with pytest.raises(ValueError, match="elements"):
+        ops.all_reduce_out(x, "sum", group_name, out=torch.empty(5))
+    with pytest.raises(TypeError, match="dtype"):
+        ops.all_gather_into_tensor_out(x, group_name, out=torch.empty(6, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="output tensors"):
+        ops.all_gather(x, group_name, [torch.empty_like(x), torch.empty_like(x)])
+
+
+def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name):
+    import symmem.torch as st
+    x = _rand((5,), torch.float32)
+    y = x.clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        st.all_reduce(y)
+        st.all_reduce(y)
+    reasons = [str(w.message) for w in caught if "falls back to torch.distributed" in str(w.message)]
+    assert len(reasons) == 1 and "cpu tensors" in reasons[0]
+    assert torch.equal(y, x)
+    out = torch.empty(5)
+    work = st.all_gather_into_tensor(out, x, async_op=True)
+    work.wait()
+    assert torch.equal(out, x)
+    lst = [torch.empty(5)]
+    st.all_gather(lst, x)
+    assert torch.equal(lst[0], x)
+
+
+FAKE_SHAPES = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    import symmem.torch
+    ops, g = torch.ops.symmem, dist.group.WORLD.group_name
+    with FakeTensorMode():
+        x = torch.empty(6, 5, dtype=torch.bfloat16, device="cuda")
+        assert ops.all_gather_into_tensor(x, g).shape == (24, 5)
+        assert ops.all_gather_into_tensor(torch.empty((), device="cuda"), g).shape == (4,)
+        assert ops.all_reduce(x, "sum", g).shape == (6, 5)
+        assert ops.reduce_scatter_tensor(torch.empty(8, 3, device="cuda"), "avg", g).shape == (2, 3)
+        out = torch.empty(24, 5, dtype=torch.bfloat16, device="cuda")
+        ops.all_gather_into_tensor_out(x, g, out=out)
+        try:
+            ops.reduce_scatter_tensor(x, "sum", g)
+            raise SystemExit("indivisible reduce-scatter was accepted")
+        except ValueError as e:
+            assert "must divide by the group size 4" in str(e), e
+    print("ok")
+""")
+
+
+def test_fake_shapes_for_a_group_of_four():
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", FAKE_SHAPES], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().endswith("ok")

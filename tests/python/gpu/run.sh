@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The GPU tests of symmem.torch: tests/python/gpu/run.sh [ranks] [pytest args...]
+# Exits 77 (skipped) without torch or without enough GPUs, saying which.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+ranks=${1:-2}; shift || true
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) || {
+  echo "SKIPPED: symmem.torch GPU tests need torch (python3 -c 'import torch' fails)"; exit 77; }
+if [ "$gpus" -lt "$ranks" ]; then
+  echo "SKIPPED: symmem.torch GPU tests need $ranks GPUs, this machine has $gpus"; exit 77
+fi
+exec timeout 1200 python3 -m torch.distributed.run --nproc-per-node "$ranks" --tee 3 \
+  -m pytest tests/python/gpu -p no:cacheprovider -q -rs "$@"
