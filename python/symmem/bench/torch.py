@@ -181,8 +181,8 @@ def _check(case, group, mode):
         p64 = parts.view(world, -1).double()
         ref, scale = p64.sum(0), p64.abs().sum(0) + 1e-3
         wrong = int(((out.double() - ref).abs() > scale * 2.0 ** -7).sum().item())
-    mine = out.view(torch.int16)
-    every = torch.empty(world * mine.numel(), dtype=torch.int16, device="cuda")
+    mine = out.view(torch.uint8)
+    every = torch.empty(world * mine.numel(), dtype=torch.uint8, device="cuda")
     dist.all_gather_into_tensor(every, mine.contiguous(), group=group)
     wrong += int((every.view(world, -1) != every.view(world, -1)[0]).any(0).sum().item())
     return wrong

@@ -3,19 +3,18 @@ reductions within a stated tolerance of NCCL and of a float64 reference, and ide
 rank; odd sizes, views with offsets, in-place gathers, symmetric tensors and the pool, CUDA graphs
 replayed after inputs change in place, torch.compile, the drop-in functions, TPAllReduce, and a
 killed rank raising on the survivor."""
-import multiprocessing as mp
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
-import traceback
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import symmem
 import symmem.torch as st
 
 ops = torch.ops.symmem
@@ -281,50 +280,34 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _kill_worker(rank, port, results):
-    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", SYMMEM_TIMEOUT_MS="3000")
-    torch.cuda.set_device(rank)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    import symmem.torch as st_
-    x = torch.ones(1 << 16, device="cuda")
-    g = dist.group.WORLD.group_name
-    try:
-        st_.Communicator()
-        for i in range(100_000):
-            if rank == 1 and i == 200:
-                torch.cuda.synchronize()
-                os.kill(os.getpid(), signal.SIGKILL)
-            torch.ops.symmem.all_reduce(x, "sum", g)
-            if i % 50 == 0:
-                torch.cuda.synchronize()
-                st_.Communicator().check()
-        results.put((rank, "no error", ""))
-    except symmem.SymmemError as e:
-        results.put((rank, e.code, str(e)))
-    except Exception:
-        results.put((rank, "other", traceback.format_exc()))
-
-
-def test_killed_rank_raises_naming_it(group):
-    # A job of its own (two fresh processes on GPUs 0 and 1): torchrun would stop our ranks as
-    # soon as one of them died. Rank 0 of this test runs it; the others wait.
-    if dist.get_rank() == 0 and torch.cuda.device_count() >= 2:
-        ctx = mp.get_context("spawn")
-        results = ctx.Queue()
-        port = _free_port()
-        procs = [ctx.Process(target=_kill_worker, args=(r, port, results)) for r in range(2)]
-        for p in procs:
-            p.start()
+def test_killed_rank_raises_naming_it(group, tmp_path):
+    # A job of its own (two fresh processes on GPUs 0 and 1, tests/python/gpu/kill_worker.py):
+    # torchrun would stop our ranks as soon as one of them died. Rank 0 runs it; the others wait.
+    if dist.get_rank() == 0:
+        worker = os.path.join(os.path.dirname(__file__), "kill_worker.py")
+        env = dict(os.environ, SYMMEM_TIMEOUT_MS="3000", NCCL_NVLS_ENABLE="0")
+        for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
+            env.pop(k, None)
+        port, result = _free_port(), tmp_path / "survivor.txt"
+        logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(2)]
         start = time.monotonic()
-        rank, code, message = results.get(timeout=120)
-        elapsed = time.monotonic() - start
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-        assert procs[1].exitcode == -signal.SIGKILL
-        assert rank == 0, (rank, code, message)
+        procs = [subprocess.Popen([sys.executable, worker, str(r), str(port), str(result)], env=env,
+                                  stdout=logs[r], stderr=subprocess.STDOUT) for r in range(2)]
+        try:
+            procs[0].wait(timeout=120)
+            elapsed = time.monotonic() - start
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        output = "".join((tmp_path / f"rank{r}.log").read_text()[-2000:] for r in range(2))
+        assert procs[1].returncode == -signal.SIGKILL, output
+        assert result.exists(), f"the survivor wrote no result:\n{output}"
+        code, message = result.read_text().split("\n", 1)
         assert code in ("kTimeout", "kAborted"), (code, message)
         assert "rank 1" in message, message
         assert elapsed < 90, f"the survivor took {elapsed:.0f} s to raise"
+        print(f"survivor raised {code} after {elapsed:.1f} s: {message[:300]}")
     dist.barrier()
