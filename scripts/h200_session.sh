@@ -53,6 +53,8 @@ torch_stage() {
   timeout 400 tests/python/gpu/run.sh 2 ${PYTEST_ARGS:-} > "$OUT/torch_tests_2_ranks.log" 2>&1
   echo "torch tests rc=$?" >> "$OUT/summary.txt"
   [ -n "${SKIP_TORCH_BENCH:-}" ] && return
+  timeout 120 python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.overhead > "$OUT/torch_overhead_2.log" 2>&1
+  echo "torch overhead rc=$?" >> "$OUT/summary.txt"
   timeout 300 python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.torch --out "$OUT/torch" \
     ${TORCH_BENCH_ARGS:-} > "$OUT/torch_bench_2.log" 2>&1
   echo "torch bench rc=$?" >> "$OUT/summary.txt"

@@ -8,8 +8,9 @@ Rows (impl):
   nccl                     torch.distributed.all_reduce (in place) / all_gather_into_tensor
   torch_symm_mem_one_shot  torch.ops.symm_mem.one_shot_all_reduce on a rendezvoused buffer
   torch_symm_mem_two_shot  torch.ops.symm_mem.two_shot_all_reduce_ on a rendezvoused buffer
-  symmem_torch             torch.ops.symmem.all_reduce / all_gather_into_tensor on symmetric tensors
-                           (symmem.torch.empty): zero copy, as the symm_mem rows
+  symmem_torch             torch.ops.symmem.all_reduce_ (in place, as the two-shot row) and
+                           all_gather_into_tensor_out on symmetric tensors (symmem.torch.empty):
+                           zero copy, as the symm_mem rows
   symmem_torch_staged      TPAllReduce.all_reduce / the drop-in all_gather_into_tensor on tensors from
                            the caching allocator (what vLLM passes): the input is staged when needed
 Eager: `calls` back-to-back calls between two events (Python, dispatcher and launch included).
@@ -81,11 +82,8 @@ def _build_all_reduce(tokens, group, symm_mem, st):
         cases.append(Case("all_reduce", "torch_symm_mem_two_shot", tokens,
                           lambda: torch.ops.symm_mem.two_shot_all_reduce_(b2, "sum", g), lambda: b2, [b2], "sum"))
     s = st.empty(n, dtype=DTYPE, group=group)
-    out_s = {}
-
-    def symmem_sym():
-        out_s["y"] = torch.ops.symmem.all_reduce(s, "sum", g)
-    cases.append(Case("all_reduce", "symmem_torch", tokens, symmem_sym, lambda: out_s["y"], [s], "sum"))
+    cases.append(Case("all_reduce", "symmem_torch", tokens, lambda: torch.ops.symmem.all_reduce_(s, "sum", g),
+                      lambda: s, [s], "sum"))
     tp = st.TPAllReduce(group, max_size=n * 2)
     xl = torch.empty(n, dtype=DTYPE, device="cuda")
     out_l = {}
@@ -161,7 +159,7 @@ def _check(case, group, mode):
     rank, world = group.rank(), group.size()
     seed = 1000 + 7 * rank + case.tokens + (500 if mode == "graph" else 0)
     _fill(case.inputs, seed)
-    in_place = case.op == "all_reduce" and case.impl in ("nccl", "torch_symm_mem_two_shot")
+    in_place = case.op == "all_reduce" and case.impl in ("nccl", "torch_symm_mem_two_shot", "symmem_torch")
     if mode == "graph" and not in_place:
         case.graph.replay()
         out = case.graph_output
@@ -169,7 +167,7 @@ def _check(case, group, mode):
         case.call()
         out = case.output()
     torch.cuda.synchronize()
-    out = out.reshape(-1)
+    out = out.reshape(-1).clone()  # an in-place case's output is its input, refilled below
     if in_place:
         _fill(case.inputs, seed)  # the input was overwritten by the result
     inp = case.inputs[0].reshape(-1)
