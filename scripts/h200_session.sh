@@ -49,15 +49,16 @@ vllm_tables() {
 
 # symmem.torch: the Python package from python/ with the carried native library.
 torch_stage() {
+  # Written straight into $FINAL, so that what finished comes back even if a later step is cut.
   export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
-  timeout 400 tests/python/gpu/run.sh 2 ${PYTEST_ARGS:-} > "$OUT/torch_tests_2_ranks.log" 2>&1
-  echo "torch tests rc=$?" >> "$OUT/summary.txt"
+  timeout ${TORCH_TESTS_S:-240} tests/python/gpu/run.sh 2 ${PYTEST_ARGS:-} > "$FINAL/torch_tests_2_ranks.log" 2>&1
+  echo "torch tests rc=$?" >> "$FINAL/summary.txt"
   [ -n "${SKIP_TORCH_BENCH:-}" ] && return
-  timeout 120 python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.overhead > "$OUT/torch_overhead_2.log" 2>&1
-  echo "torch overhead rc=$?" >> "$OUT/summary.txt"
-  timeout 300 python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.torch --out "$OUT/torch" \
-    ${TORCH_BENCH_ARGS:-} > "$OUT/torch_bench_2.log" 2>&1
-  echo "torch bench rc=$?" >> "$OUT/summary.txt"
+  timeout ${TORCH_BENCH_S:-150} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.torch \
+    --out "$FINAL/torch" ${TORCH_BENCH_ARGS:-} > "$FINAL/torch_bench_2.log" 2>&1
+  echo "torch bench rc=$?" >> "$FINAL/summary.txt"
+  timeout ${TORCH_OVERHEAD_S:-60} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.overhead > "$FINAL/torch_overhead_2.log" 2>&1
+  echo "torch overhead rc=$?" >> "$FINAL/summary.txt"
 }
 
 case "$1" in

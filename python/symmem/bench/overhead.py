@@ -82,8 +82,6 @@ def main():
             print(f"{us:8.2f} us  {name}")
         print(f"{graph_time[0].elapsed_time(graph_time[1]) * 1000 / 200:8.2f} us  GPU events around 200 C calls")
     dist.barrier()
-    st.close_all()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

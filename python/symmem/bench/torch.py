@@ -326,8 +326,6 @@ def main(argv=None):
                 f.write("\n\n".join(text) + "\n")
             _plot(rows, os.path.join(args.out, f"torch_bench_{world}.png"))
     dist.barrier()
-    st.close_all()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .. import _native
-from ._groups import communicator_of
+from ._groups import _by_name, communicator_of
 
 _lib = torch.library.Library("symmem", "DEF")
 for _schema in (
@@ -106,7 +106,18 @@ def _all_reduce_cuda(inp, reduce_op, group_name):
 
 
 def _all_reduce_inplace_cuda(inp, reduce_op, group_name):
-    _all_reduce_out_cuda(inp, reduce_op, group_name, out=inp)
+    # The hot path of vLLM-style and torch.distributed-style calls: one set of checks.
+    comm = _by_name.get(group_name) or communicator_of(group_name)
+    dtype = _REDUCIBLE.get(inp.dtype)
+    if dtype is None:
+        _dtype_code(inp.dtype, "all_reduce", False)
+    op, divide = _reduce_code(reduce_op, inp.dtype, "all_reduce")
+    if not inp.is_contiguous() or inp.get_device() != comm.device:
+        _check_operand(inp, "input", "all_reduce", comm)
+    ptr = inp.data_ptr()
+    comm.core.all_reduce(ptr, ptr, inp.numel(), dtype, op, _stream_of(comm.device))
+    if divide:
+        inp.div_(comm.world)
 
 
 def _all_gather_out_cuda(inp, group_name, *, out):

@@ -286,9 +286,13 @@ def test_killed_rank_raises_naming_it(group, tmp_path):
     if dist.get_rank() == 0:
         worker = os.path.join(os.path.dirname(__file__), "kill_worker.py")
         env = dict(os.environ, SYMMEM_TIMEOUT_MS="3000", NCCL_NVLS_ENABLE="0")
-        for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                  "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
-            env.pop(k, None)
+        # torchrun's variables would make the workers' rendezvous join torchrun's store
+        # (TORCHELASTIC_USE_AGENT_STORE) instead of hosting their own.
+        for k in list(env):
+            if k.startswith("TORCHELASTIC_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                      "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
+                                                      "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME"):
+                env.pop(k)
         port, result = _free_port(), tmp_path / "survivor.txt"
         logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(2)]
         start = time.monotonic()
