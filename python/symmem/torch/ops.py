@@ -45,7 +45,6 @@ _UINT8 = _native.DTYPES["uint8"]
 # reduce_op -> (core op, divide by world after): avg is a sum and one division.
 _REDUCE_OPS = {"sum": (0, False), "avg": (0, True), "max": (1, False), "min": (2, False)}
 _stream_of = torch._C._cuda_getCurrentRawStream
-_c_all_reduce = _native.lib.symmem_all_reduce
 
 
 def _dtype_code(dtype, op, gather):
@@ -107,18 +106,18 @@ def _all_reduce_cuda(inp, reduce_op, group_name):
 
 
 def _all_reduce_inplace_cuda(inp, reduce_op, group_name):
-    # The hot path of vLLM-style and torch.distributed-style calls: a few attribute reads and one
-    # C call; anything unusual (avg, a bad dtype, op or tensor) takes the general path.
+    # The hot path of vLLM-style and torch.distributed-style calls: one set of checks.
     comm = _by_name.get(group_name) or communicator_of(group_name)
     dtype = _REDUCIBLE.get(inp.dtype)
-    entry = _REDUCE_OPS.get(reduce_op)
-    if dtype is None or entry is None or entry[1] or not inp.is_contiguous() or inp.get_device() != comm.device:
-        _all_reduce_out_cuda(inp, reduce_op, group_name, out=inp)
-        return
+    if dtype is None:
+        _dtype_code(inp.dtype, "all_reduce", False)
+    op, divide = _reduce_code(reduce_op, inp.dtype, "all_reduce")
+    if not inp.is_contiguous() or inp.get_device() != comm.device:
+        _check_operand(inp, "input", "all_reduce", comm)
     ptr = inp.data_ptr()
-    rc = _c_all_reduce(comm.core._handle, ptr, ptr, inp.numel(), dtype, entry[0], _stream_of(comm.device), 0, 0, -1)
-    if rc:
-        comm.core._call(rc)
+    comm.core.all_reduce(ptr, ptr, inp.numel(), dtype, op, _stream_of(comm.device))
+    if divide:
+        inp.div_(comm.world)
 
 
 def _all_gather_out_cuda(inp, group_name, *, out):
