@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Configures and builds symmem into build/ (Release, sm_90). Installs what a fresh machine of
 # this project's kind lacks: CMake/Ninja if missing (Debian packages), the Python packages of
-# requirements.txt (the plot script). Safe to run again; ccache is used when present.
+# requirements.txt (plots, torch for symmem.torch, pytest). Safe to run again; ccache is used when
+# present. Also builds build/libsymmem_capi.so, which python/symmem loads from a source tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,8 +15,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
   else sudo apt-get update -qq && sudo apt-get install -y -qq "${need_apt[@]}"; fi
 fi
-if ! python3 -c "import matplotlib" 2>/dev/null; then
-  python3 -m pip install -q -r requirements.txt || echo "symmem: could not install requirements.txt (plots need matplotlib)" >&2
+if ! python3 -c "import matplotlib, torch, pytest, scikit_build_core" 2>/dev/null; then
+  echo "symmem: installing requirements.txt (matplotlib, torch 2.11.0, pytest, scikit-build-core)" >&2
+  python3 -m pip install -q -r requirements.txt ||
+    echo "symmem: could not install requirements.txt (plots, symmem.torch and its tests need them)" >&2
 fi
 if ! command -v nvcc >/dev/null; then
   for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do [ -x "$d/nvcc" ] && export PATH="$d:$PATH" && break; done

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# `pip install .` works: builds the wheel through scikit-build-core and this project's CMake,
+# checks that it carries the native library and is tagged py3-none (one wheel for every Python 3),
+# installs it into a scratch directory and imports it there, away from the source tree.
+set -euo pipefail
+python=${1:-python3}
+cd "$(dirname "$0")/../.."
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+"$python" -m pip wheel . --no-build-isolation --no-deps -q -w "$scratch/wheel"
+wheel=$(ls "$scratch"/wheel/symmem-*.whl)
+case "$wheel" in *-py3-none-linux_x86_64.whl) ;; *) echo "unexpected wheel tag: $wheel"; exit 1 ;; esac
+"$python" -m zipfile -l "$wheel" | grep -q "symmem/libsymmem_capi.so" || { echo "the wheel lacks libsymmem_capi.so"; exit 1; }
+"$python" -m pip install --no-deps -q --target "$scratch/site" "$wheel"
+cd "$scratch"
+env -u SYMMEM_LIBRARY PYTHONPATH="$scratch/site" "$python" -c "
+import symmem, symmem._native as n
+assert n.library_path().startswith('$scratch/site'), n.library_path()
+print('symmem', symmem.library_version(), 'from', n.library_path())"
