@@ -88,12 +88,18 @@ def _check_sizes(op, inp, out, expected_out_numel):
 
 # CUDA kernels ----------------------------------------------------------------------------------
 
-def _all_reduce_out_cuda(inp, reduce_op, group_name, *, out):
+def _reduction_call(name, inp, out, reduce_op, group_name):
+    """The communicator and C enum values of a reduction, after its argument checks."""
     comm = communicator_of(group_name)
-    dtype = _dtype_code(inp.dtype, "all_reduce", False)
-    op, divide = _reduce_code(reduce_op, inp.dtype, "all_reduce")
-    _check_operand(inp, "input", "all_reduce", comm)
-    _check_operand(out, "out", "all_reduce", comm)
+    dtype = _dtype_code(inp.dtype, name, False)
+    op, divide = _reduce_code(reduce_op, inp.dtype, name)
+    _check_operand(inp, "input", name, comm)
+    _check_operand(out, "out", name, comm)
+    return comm, dtype, op, divide
+
+
+def _all_reduce_out_cuda(inp, reduce_op, group_name, *, out):
+    comm, dtype, op, divide = _reduction_call("all_reduce", inp, out, reduce_op, group_name)
     _check_sizes("all_reduce", inp, out, inp.numel())
     comm.core.all_reduce(out.data_ptr(), inp.data_ptr(), inp.numel(), dtype, op, _stream_of(comm.device))
     if divide:
@@ -175,11 +181,7 @@ def _all_gather_list_cuda(inp, group_name, outputs):
 
 
 def _reduce_scatter_out_cuda(inp, reduce_op, group_name, *, out):
-    comm = communicator_of(group_name)
-    dtype = _dtype_code(inp.dtype, "reduce_scatter_tensor", False)
-    op, divide = _reduce_code(reduce_op, inp.dtype, "reduce_scatter_tensor")
-    _check_operand(inp, "input", "reduce_scatter_tensor", comm)
-    _check_operand(out, "out", "reduce_scatter_tensor", comm)
+    comm, dtype, op, divide = _reduction_call("reduce_scatter_tensor", inp, out, reduce_op, group_name)
     if inp.numel() != out.numel() * comm.world:
         raise ValueError(f"symmem.reduce_scatter_tensor: input has {inp.numel()} elements, output {out.numel()}: "
                          f"the input must hold world ({comm.world}) x output")

@@ -146,3 +146,63 @@ def test_fake_shapes_for_a_group_of_four():
     out = subprocess.run([sys.executable, "-c", FAKE_SHAPES], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip().endswith("ok")
+
+
+class _RecordingCore:
+    """Stands in for the C ABI: records what the CUDA kernels pass to it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def all_reduce(self, *args):
+        self.calls.append(("all_reduce",) + args)
+
+    def all_gather(self, *args):
+        self.calls.append(("all_gather",) + args)
+
+    def reduce_scatter(self, *args):
+        self.calls.append(("reduce_scatter",) + args)
+
+
+def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, monkeypatch):
+    # The CUDA kernels' Python side, run on CPU tensors against a recording core (world 4): the
+    # pointers, counts (elements; bytes for gathers), enum values and the in-place forms.
+    from symmem import _native
+    from symmem.torch import _groups, ops
+
+    class FakeComm:
+        device, world, group_name = -1, 4, "fake"
+        core = _RecordingCore()
+
+    comm = FakeComm()
+    monkeypatch.setitem(_groups._by_name, "fake", comm)
+    monkeypatch.setattr(ops, "_stream_of", lambda device: 1234)
+    x = _rand((8, 3), torch.bfloat16)
+    y = ops._all_reduce_cuda(x, "max", "fake")
+    assert comm.core.calls[-1] == ("all_reduce", y.data_ptr(), x.data_ptr(), 24, _native.DTYPES["bfloat16"],
+                                   _native.REDUCE_OPS["max"], 1234)
+    ops._all_reduce_inplace_cuda(x, "sum", "fake")
+    assert comm.core.calls[-1][1] == comm.core.calls[-1][2] == x.data_ptr()
+    g = ops._all_gather_cuda(x, "fake")
+    assert g.shape == (32, 3)
+    assert comm.core.calls[-1] == ("all_gather", g.data_ptr(), x.data_ptr(), 48, _native.DTYPES["uint8"], 1234)
+    r = ops._reduce_scatter_cuda(x, "sum", "fake")
+    assert r.shape == (2, 3)
+    assert comm.core.calls[-1] == ("reduce_scatter", r.data_ptr(), x.data_ptr(), 6, _native.DTYPES["bfloat16"],
+                                   _native.REDUCE_OPS["sum"], 1234)
+    # avg: a sum, then one division by the world.
+    z = torch.full((4,), 8.0)
+    ops._all_reduce_inplace_cuda(z, "avg", "fake")
+    assert comm.core.calls[-1][5] == _native.REDUCE_OPS["sum"] and torch.equal(z, torch.full((4,), 2.0))
+    # List gather straight into adjacent outputs; otherwise through one buffer and copies.
+    flat = torch.empty(4 * 24, dtype=torch.bfloat16)
+    ops._all_gather_list_cuda(x, "fake", list(flat.view(4, 8, 3).unbind(0)))
+    assert comm.core.calls[-1][1] == flat.data_ptr()
+    separate = [torch.empty(8, 3, dtype=torch.bfloat16) for _ in range(4)]
+    ops._all_gather_list_cuda(x, "fake", separate)
+    assert comm.core.calls[-1][1] not in [t.data_ptr() for t in separate]
+    class OtherDevice:
+        device, group_name = 0, "g"
+
+    with pytest.raises(ValueError, match="input is on cpu"):
+        ops._check_operand(x, "input", "all_reduce", OtherDevice())
