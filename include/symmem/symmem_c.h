@@ -5,11 +5,10 @@
  * Every function returns 0 on success or 1 + symmem::ErrorCode on failure; symmem_last_error()
  * then holds the message (per thread). No function prints, exits or throws across the boundary.
  *
- * Operands. An address that lies inside a heap buffer of the communicator is a symmetric operand
- * (zero copy) at its offset in that buffer; any other device address is a local operand (staged).
- * Heap memory is only reachable through symmem_comm_allocate and the pool allocator below, so
- * a binding that hands out heap memory as its own symmetric tensors keeps the core's rule that
- * symmetry is explicit; ranks whose operands differ in kind or offset raise kMismatch. */
+ * Operands. An address and byte count that are exactly a heap buffer of the communicator (its
+ * start and its whole size, as symmem_comm_allocate returned it) form a symmetric operand (zero
+ * copy); anything else, views into a heap buffer included, is a local operand (staged). A whole
+ * buffer is the same on every rank, so ranks never disagree on an operand's kind or offset. */
 #ifndef SYMMEM_SYMMEM_C_H_
 #define SYMMEM_SYMMEM_C_H_
 
@@ -50,7 +49,8 @@ int symmem_comm_barrier(symmem_comm* comm, void* stream);
 
 /* Collective: a heap buffer of `bytes`, the same offset on every rank. Lives until close. */
 int symmem_comm_allocate(symmem_comm* comm, size_t bytes, void** ptr);
-/* The heap buffer holding [ptr, ptr + bytes): its base and size, or *base = NULL. */
+/* The heap buffer holding [ptr, ptr + bytes): its base and size, or *base = NULL. The range is
+ * a symmetric operand only when it is the whole buffer (*base == ptr, *size == bytes). */
 int symmem_comm_buffer_of(symmem_comm* comm, const void* ptr, size_t bytes, void** base, size_t* size);
 
 /* Collectives, asynchronous on `stream`. dtype: symmem::DataType; op: symmem::ReduceOp; algo:

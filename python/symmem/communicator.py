@@ -77,6 +77,8 @@ class Communicator:
         if rc:
             err = _native.error(rc)
             cause, self._exchange_error = self._exchange_error, None
+            if cause is not None and not isinstance(cause, Exception):
+                raise cause  # KeyboardInterrupt, SystemExit: not symmem's to turn into an error
             raise err from cause
 
     @property

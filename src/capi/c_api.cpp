@@ -16,9 +16,14 @@ namespace symmem::detail {
 namespace {
 thread_local std::string last_error;
 
+// A symmetric operand is a whole heap buffer: the same start and size on every rank whenever the
+// ranks allocated alike, whatever views they take of it. Anything else, views into the heap
+// included, is local: a view's offset may depend on the rank (rank r's shard starts at the base on
+// rank 0 only), and ranks that disagreed on an operand's kind or offset would all fail kMismatch.
+// In-place all-gathers still run in place: the core recognises the input at this rank's slot.
 Operand operand_at(Communicator& comm, const void* ptr, size_t bytes) {
-  if (Buffer* buffer = comm.find(ptr, bytes ? bytes : 1))
-    return Operand(buffer, static_cast<const char*>(ptr) - static_cast<const char*>(buffer->ptr()));
+  Buffer* buffer = comm.find(ptr, bytes ? bytes : 1);
+  if (buffer && buffer->ptr() == ptr && buffer->size() == bytes) return Operand(buffer, 0);
   return Operand(ptr);
 }
 

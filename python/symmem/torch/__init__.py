@@ -12,8 +12,8 @@ See docs/torch.md. Every rank must be one process per GPU of one node, with its 
 from . import ops  # registers torch.ops.symmem.*
 from ._groups import Communicator, close_all
 from .functional import all_gather, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
-from .memory import empty, is_symmetric, mem_pool
+from .memory import empty, in_heap, is_symmetric, mem_pool
 from .tp_all_reduce import TPAllReduce
 
 __all__ = ["Communicator", "TPAllReduce", "all_gather", "all_gather_into_tensor", "all_reduce", "close_all", "empty",
-           "is_symmetric", "mem_pool", "ops", "reduce_scatter_tensor"]
+           "in_heap", "is_symmetric", "mem_pool", "ops", "reduce_scatter_tensor"]

@@ -1,6 +1,7 @@
 """symmem communicators of torch process groups: one per group, created on first use (a
 collective call of the group's ranks), cached by group name as torch.ops.symm_mem caches its
 group info, and built over the group's c10d Store."""
+import datetime
 import os
 import socket
 
@@ -17,8 +18,27 @@ _unavailable = {}    # group name -> why symmem cannot serve the group (the same
 _generations = {}    # ranks of a group -> communicators built for them so far (fresh store keys)
 
 
-def _timeout_ms():
-    return int(os.environ.get("SYMMEM_TIMEOUT_MS", "30000"))
+def _creation_timeout_ms():
+    """Ranks reach a group's first symmem call at different times (compilation, checkpoint
+    loading), so building the communicator waits longer than a collective: at least 5 minutes."""
+    return max(int(os.environ.get("SYMMEM_TIMEOUT_MS", "30000")), 300_000)
+
+
+def _agree_on_outcome(store, rank, world, mine, timeout_ms):
+    """Every rank's creation outcome ('ok' or why not), under keys of their own, so that all ranks
+    raise together or none does; a rank that never reports counts as a failure."""
+    store.set(f"outcome/{rank}", mine)
+    keys = [f"outcome/{r}" for r in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(milliseconds=timeout_ms))
+    except Exception:  # noqa: BLE001 (a store timeout; which ranks is what matters)
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        return f"ranks {missing} never finished building the communicator"
+    for r, key in enumerate(keys):
+        theirs = store.get(key).decode(errors="replace")
+        if theirs != "ok":
+            return theirs if r != rank else mine
+    return None
 
 
 def _node_identity():
@@ -63,15 +83,34 @@ class Communicator:
         ranks = "_".join(str(r) for r in sorted(dist.get_process_group_ranks(group)))
         generation = _generations.get(ranks, 0)
         _generations[ranks] = generation + 1
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"symmem: the communicator of group {self.group_name!r} is built on its first call, "
+                               "which cannot be inside CUDA graph capture; make one call (or symmem.torch."
+                               "Communicator(group)) before capturing")
         store = c10d.PrefixStore(f"symmem-{ranks}-{generation}", c10d._get_process_group_store(group))
-        exchange = StoreExchange(store, self.rank, self.world, "x", _timeout_ms())
+        timeout_ms = _creation_timeout_ms()
+        exchange = StoreExchange(store, self.rank, self.world, "x", timeout_ms,
+                                 what=f"building the symmem communicator of group {self.group_name!r}")
         nodes = exchange.all_gather(_node_identity().encode())
         if len(set(nodes)) != 1:
             reason = (f"process group {self.group_name!r} spans {len(set(nodes))} nodes; symmem serves the ranks of "
                       "one node (NVLink) only")
             _unavailable[self.group_name] = reason
             raise SymmemError("kUnsupported", reason)
-        self.core = core.Communicator(self.rank, self.world, self.device, exchange)
+        failure, built = None, None
+        try:
+            built = core.Communicator(self.rank, self.world, self.device, exchange)
+        except SymmemError as e:
+            failure = e
+        why = _agree_on_outcome(store, self.rank, self.world,
+                                "ok" if failure is None else f"rank {self.rank}: {failure}", timeout_ms)
+        if why is not None:
+            if built is not None:
+                built.destroy()
+            # Every rank raises the same reason, so every rank falls back (or fails) alike.
+            raise SymmemError(failure.code if failure is not None else "kBootstrap",
+                              f"symmem communicator of group {self.group_name!r} not built: {why}") from failure
+        self.core = built
 
     def close(self):
         """Collective: closes the communicator; its symmetric tensors and pool become invalid."""

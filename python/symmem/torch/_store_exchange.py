@@ -11,13 +11,14 @@ class StoreExchange(Exchange):
     them all, and deletes its key of round n - 1 (every rank has read it: each rank sets its key of
     round n only after reading round n - 1)."""
 
-    def __init__(self, store, rank, world, prefix, timeout_ms):
+    def __init__(self, store, rank, world, prefix, timeout_ms, what="the symmem exchange"):
         self._store = store
         self._rank = rank
         self._world = world
         self._prefix = prefix
         self._timeout = datetime.timedelta(milliseconds=timeout_ms)
         self._round = 0
+        self._what = what
 
     def _key(self, round_, rank):
         return f"{self._prefix}/{round_}/{rank}"
@@ -31,8 +32,9 @@ class StoreExchange(Exchange):
             self._store.wait(keys, self._timeout)
         except Exception as e:
             missing = [r for r, k in enumerate(keys) if not self._store.check([k])]
-            raise SymmemError("kTimeout", f"rank {self._rank}: ranks {missing} did not reach exchange round {n} of "
-                                          f"{self._prefix} within {self._timeout}") from e
+            raise SymmemError("kTimeout", f"rank {self._rank}: ranks {missing} did not reach step {n} of {self._what} "
+                                          f"within {self._timeout} (every rank of the group must make the same "
+                                          "symmem calls; the first call on a group builds its communicator)") from e
         try:
             blobs = self._store.multi_get(keys)
         except (AttributeError, NotImplementedError, RuntimeError):

@@ -45,8 +45,15 @@ class TPAllReduce:
         if out is None:
             out = torch.empty_like(inp)
         if torch.compiler.is_compiling():
-            return torch.ops.symmem.all_reduce_out(inp, "sum", self.group_name, out=out)
+            torch.ops.symmem.all_reduce_out(inp, "sum", self.group_name, out=out)  # returns nothing
+            return out
         return ops._all_reduce_out_cuda(inp, "sum", self.group_name, out=out)
+
+    def check(self):
+        """Raises SymmemError if a call failed on any rank (a dead, stalled or mismatched peer).
+        Call it after CUDA graph replays, which do not pass through the host (e.g. once a step)."""
+        if self._comm is not None:
+            self._comm.check()
 
     # vLLM's names for the same calls.
     should_custom_ar = should_use

@@ -77,3 +77,14 @@ def test_exchange_errors_reach_the_caller_as_the_cause():
 
     comm._exchange = _RecordingExchange()
     assert comm._all_gather_callback(None, ctypes.addressof(buf), ctypes.addressof(buf), 8) == 0
+
+
+def test_interrupts_in_exchange_callbacks_are_not_turned_into_errors():
+    comm = symmem.Communicator.__new__(symmem.Communicator)
+    comm._exchange_error = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        comm._call(5)
+    comm._exchange_error = TimeoutError("store")
+    with pytest.raises(symmem.SymmemError) as info:
+        comm._call(5)
+    assert isinstance(info.value.__cause__, TimeoutError)

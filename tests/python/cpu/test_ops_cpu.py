@@ -206,3 +206,36 @@ def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, monkeypat
 
     with pytest.raises(ValueError, match="input is on cpu"):
         ops._check_operand(x, "input", "all_reduce", OtherDevice())
+
+
+def test_tp_all_reduce_returns_its_output_under_compile(group_name):
+    # all_reduce_out returns nothing (so that it can be functionalised); TPAllReduce must still
+    # return the output tensor when traced.
+    from symmem.torch import TPAllReduce
+    tp = TPAllReduce.__new__(TPAllReduce)
+    tp.group_name = group_name
+    x = _rand((16,), torch.float32, 3)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: tp.all_reduce(t) * 1, fullgraph=True, backend="aot_eager")(x)
+    assert isinstance(got, torch.Tensor) and torch.equal(got, x)
+
+
+def test_creation_outcome_is_agreed_by_every_rank():
+    import threading
+    from symmem.torch._groups import _agree_on_outcome
+    store = torch.distributed.HashStore()
+    results = {}
+
+    def rank(r, mine):
+        results[r] = _agree_on_outcome(store, r, 3, mine, 5000)
+
+    threads = [threading.Thread(target=rank, args=(r, "ok" if r != 1 else "rank 1: out of memory"))
+               for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {0: "rank 1: out of memory", 1: "rank 1: out of memory", 2: "rank 1: out of memory"}
+    # A rank that never reports is a failure for the others, named.
+    lonely = torch.distributed.HashStore()
+    assert "ranks [1]" in _agree_on_outcome(lonely, 0, 2, "ok", 200)

@@ -108,6 +108,24 @@ def test_all_gather_bit_exact(group, dtype):
         assert torch.equal(s, expected)
 
 
+def test_rank_dependent_views_of_a_symmetric_tensor_are_staged(group):
+    # Rank r's shard of a symmetric tensor starts at the buffer's base on rank 0 only: were it a
+    # symmetric operand, the ranks would disagree on its kind or offset (kMismatch on every rank).
+    g, world, rank = group.group_name, dist.get_world_size(), dist.get_rank()
+    n = 4096
+    s = st.empty(world * n, dtype=torch.float32, group=group)
+    assert st.is_symmetric(s, group) and not st.is_symmetric(s[rank * n:(rank + 1) * n], group)
+    s.copy_(_random(world * n, torch.float32, _seed("shard")))
+    shard = s[rank * n:(rank + 1) * n]
+    got = ops.all_reduce(shard, "sum", g)
+    _check_reduction(got, shard.clone(), "sum", torch.float32, dist.ReduceOp.SUM)
+    gathered = ops.all_gather_into_tensor(shard, g)
+    expected = torch.empty(world * n, dtype=torch.float32, device="cuda")
+    dist.all_gather_into_tensor(expected, shard.clone())
+    assert torch.equal(gathered, expected)
+    st.Communicator(group).check()
+
+
 def test_views_with_offsets(group):
     g, world, rank = group.group_name, dist.get_world_size(), dist.get_rank()
     big = _random(10_000, torch.bfloat16, _seed("views"))
@@ -238,8 +256,10 @@ def test_mem_pool_tensors_are_symmetric(group):
     with torch.cuda.use_mem_pool(pool):
         a = torch.empty(1 << 20, dtype=torch.bfloat16, device="cuda")
         b = torch.empty(4097, dtype=torch.float32, device="cuda")
-    assert st.is_symmetric(a, group) and st.is_symmetric(b, group)
-    assert not st.is_symmetric(torch.empty(10, device="cuda"), group)
+    # Pool tensors are heap memory; they run zero-copy only when they fill a whole segment.
+    assert st.in_heap(a, group) and st.in_heap(b, group)
+    assert not st.in_heap(torch.empty(10, device="cuda"), group)
+    assert not st.is_symmetric(b, group)
     a.copy_(_random(a.numel(), a.dtype, _seed("pool")))
     b.copy_(_random(b.numel(), b.dtype, _seed("poolb")))
     _check_reduction(ops.all_reduce(a, "sum", g), a, "sum", torch.bfloat16, dist.ReduceOp.SUM)
