@@ -19,6 +19,8 @@ graph or a peer that still references it never reads freed memory. Closing the c
 invalidates every such tensor: delete them first.
 """
 import math
+import warnings
+import weakref
 
 import torch
 from torch.cuda.memory import CUDAPluggableAllocator, MemPool
@@ -28,6 +30,7 @@ from ..errors import SymmemError
 from ._groups import Communicator
 
 _pools = {}  # group name -> (slot, MemPool)
+_live_spans = weakref.WeakSet()  # heap memory that tensors from empty() still reference
 _next_slot = 0
 
 
@@ -37,6 +40,7 @@ class _HeapSpan:
 
     def __init__(self, comm, ptr, nbytes):
         self._comm = comm
+        _live_spans.add(self)
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
                                          "strides": None, "stream": None}
 
@@ -108,7 +112,12 @@ def mem_pool(group=None):
 
 
 def _forget(comm):
-    """Unbinds the pool of a communicator that is closing."""
+    """Unbinds the pool of a communicator that is closing, and says when tensors from empty()
+    still reference its memory (they become invalid)."""
+    alive = sum(1 for span in list(_live_spans) if span._comm is comm)
+    if alive:
+        warnings.warn(f"symmem: closing the communicator of group {comm.group_name!r} while {alive} tensors from "
+                      "symmem.torch.empty are alive; they become invalid", stacklevel=3)
     entry = _pools.pop(comm.group_name, None)
     if entry is not None:
         _native.lib.symmem_pool_bind(entry[0], None)
