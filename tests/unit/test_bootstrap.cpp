@@ -30,6 +30,19 @@ namespace {
 
 Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
+// Runs body(rank) on `world` threads at once and counts the ranks for which it returned true.
+template <typename Body>
+int ranks_that_pass(int world, Body body) {
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank)
+    threads.emplace_back([&, rank] {
+      if (body(rank)) ++good;
+    });
+  for (auto& t : threads) t.join();
+  return good.load();
+}
+
 }  // namespace
 
 TEST(store_set_get_add_erase) {
@@ -144,33 +157,28 @@ TEST(store_bootstrap_all_gather_and_barrier_across_ranks) {
   int port = 0;
   { Socket probe = tcp_listen("127.0.0.1", 0, &port); }
   constexpr int kWorld = 4;
-  std::vector<std::thread> threads;
-  std::atomic<int> good{0};
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      JobInfo job;
-      job.rank = rank;
-      job.world = kWorld;
-      job.local_rank = rank;
-      job.local_world = kWorld;
-      job.master_port = port;
-      job.token = "tok";
-      job.timeout_ms = 5000;
-      auto b = make_store_bootstrap(job);
-      for (int round = 0; round < 20; ++round) {
-        uint64_t mine = rank * 1000 + round;
-        std::vector<uint64_t> all(kWorld);
-        b->all_gather(&mine, all.data(), sizeof(mine));
-        bool ok = true;
-        for (int r = 0; r < kWorld; ++r) ok &= all[r] == uint64_t(r * 1000 + round);
-        if (!ok) return;
-        b->barrier();
-      }
-      ++good;
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(good.load(), kWorld);
+  const int good = ranks_that_pass(kWorld, [&](int rank) {
+    JobInfo job;
+    job.rank = rank;
+    job.world = kWorld;
+    job.local_rank = rank;
+    job.local_world = kWorld;
+    job.master_port = port;
+    job.token = "tok";
+    job.timeout_ms = 5000;
+    auto b = make_store_bootstrap(job);
+    for (int round = 0; round < 20; ++round) {
+      uint64_t mine = rank * 1000 + round;
+      std::vector<uint64_t> all(kWorld);
+      b->all_gather(&mine, all.data(), sizeof(mine));
+      bool ok = true;
+      for (int r = 0; r < kWorld; ++r) ok &= all[r] == uint64_t(r * 1000 + round);
+      if (!ok) return false;
+      b->barrier();
+    }
+    return true;
+  });
+  EXPECT_EQ(good, kWorld);
 }
 
 TEST(store_bootstrap_reports_a_missing_rank) {
@@ -190,21 +198,16 @@ TEST(store_bootstrap_reports_a_missing_rank) {
 
 TEST(thread_bootstrap_gathers_and_times_out) {
   auto group = make_thread_group(3, 2000);
-  std::vector<std::thread> threads;
-  std::atomic<int> good{0};
-  for (int rank = 0; rank < 3; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto b = make_thread_bootstrap(group, rank);
-      for (int round = 0; round < 50; ++round) {
-        int mine = rank + round, all[3];
-        b->all_gather(&mine, all, sizeof(int));
-        if (all[0] != round || all[1] != round + 1 || all[2] != round + 2) return;
-      }
-      ++good;
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(good.load(), 3);
+  const int good = ranks_that_pass(3, [&](int rank) {
+    auto b = make_thread_bootstrap(group, rank);
+    for (int round = 0; round < 50; ++round) {
+      int mine = rank + round, all[3];
+      b->all_gather(&mine, all, sizeof(int));
+      if (all[0] != round || all[1] != round + 1 || all[2] != round + 2) return false;
+    }
+    return true;
+  });
+  EXPECT_EQ(good, 3);
   auto lonely = make_thread_bootstrap(make_thread_group(2, 100), 0);
   EXPECT_ERROR(lonely->barrier(), ErrorCode::kTimeout, "only 1 of 2 threads arrived");
   EXPECT_ERROR(make_thread_bootstrap(group, 3), ErrorCode::kInvalidArgument, "outside world");
@@ -214,21 +217,15 @@ TEST(fd_exchange_passes_descriptors_and_leaks_none) {
   const int before = symmem::test::open_descriptors();
   constexpr int kWorld = 3;
   auto group = make_thread_group(kWorld, 5000);
-  std::atomic<int> good{0};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto b = make_thread_bootstrap(group, rank);
-      FdExchange exchange(*b, 5000);
-      bool ok = true;
-      for (int round = 0; round < 10; ++round)
-        ok &= symmem::test::exchange_and_check_round(exchange, rank, kWorld, round);
-      ok &= exchange.refused() == 0;
-      if (ok) ++good;
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(good.load(), kWorld);
+  const int good = ranks_that_pass(kWorld, [&](int rank) {
+    auto b = make_thread_bootstrap(group, rank);
+    FdExchange exchange(*b, 5000);
+    bool ok = true;
+    for (int round = 0; round < 10; ++round)
+      ok &= symmem::test::exchange_and_check_round(exchange, rank, kWorld, round);
+    return ok && exchange.refused() == 0;
+  });
+  EXPECT_EQ(good, kWorld);
   EXPECT_EQ(symmem::test::open_descriptors(), before);
 }
 
@@ -323,30 +320,24 @@ TEST(agree_on_outcome_fails_every_rank_together) {
   // naming rank 1; every rank releases. Without a failure nobody releases or throws.
   constexpr int kWorld = 3;
   auto group = make_thread_group(kWorld, 5000);
-  std::atomic<int> good{0};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto b = make_thread_bootstrap(group, rank);
-      int released = 0;
-      bool ok = true;
-      agree_on_outcome(*b, nullptr, [&] { ++released; }, "step");
-      ok &= released == 0;
-      std::exception_ptr mine;
-      if (rank == 1) mine = std::make_exception_ptr(Error(ErrorCode::kSystemError, "rank 1's own failure"));
-      try {
-        agree_on_outcome(*b, mine, [&] { ++released; }, "step");
-        ok = false;
-      } catch (const Error& e) {
-        const std::string m = e.what();
-        ok &= e.code() == ErrorCode::kSystemError;
-        ok &= rank == 1 ? m.find("rank 1's own failure") != std::string::npos
-                        : m.find("step failed on rank 1") != std::string::npos;
-      }
-      ok &= released == 1;
-      if (ok) ++good;
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(good.load(), kWorld);
+  const int good = ranks_that_pass(kWorld, [&](int rank) {
+    auto b = make_thread_bootstrap(group, rank);
+    int released = 0;
+    bool ok = true;
+    agree_on_outcome(*b, nullptr, [&] { ++released; }, "step");
+    ok &= released == 0;
+    std::exception_ptr mine;
+    if (rank == 1) mine = std::make_exception_ptr(Error(ErrorCode::kSystemError, "rank 1's own failure"));
+    try {
+      agree_on_outcome(*b, mine, [&] { ++released; }, "step");
+      ok = false;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      ok &= e.code() == ErrorCode::kSystemError;
+      ok &= rank == 1 ? m.find("rank 1's own failure") != std::string::npos
+                      : m.find("step failed on rank 1") != std::string::npos;
+    }
+    return ok && released == 1;
+  });
+  EXPECT_EQ(good, kWorld);
 }
