@@ -50,6 +50,16 @@ def _node_identity():
     return f"{socket.gethostname()}/{boot}"
 
 
+def group_name_of(group):
+    """The name of `group`, or of the default (world) group for None."""
+    return (group if group is not None else c10d._get_default_group()).group_name
+
+
+def existing(group):
+    """The communicator already made for `group`, or None (never collective)."""
+    return _by_name.get(group_name_of(group))
+
+
 class Communicator:
     """The symmem communicator of a process group (default: the world group).
 
@@ -142,9 +152,7 @@ def communicator_of(group_name):
 
 def unavailable_reason(group):
     """Why symmem cannot serve `group` (None when it can). Builds the communicator on first use."""
-    if group is None:
-        group = c10d._get_default_group()
-    name = group.group_name
+    name = group_name_of(group)
     if name in _by_name:
         return None
     if name in _unavailable:

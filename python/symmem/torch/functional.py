@@ -12,10 +12,9 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from . import ops
-from ._groups import unavailable_reason
+from ._groups import group_name_of, unavailable_reason
 
 _warned = set()
 _OP_NAMES = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.MAX, "max"),
@@ -84,16 +83,12 @@ def _done(async_op, result):
     return _QueuedWork(result) if async_op else None
 
 
-def _group_name(group):
-    return (group if group is not None else c10d._get_default_group()).group_name
-
-
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     reason = _why_not("all_reduce", [tensor], group, op)
     if reason:
         _say_once("all_reduce", reason)
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
-    torch.ops.symmem.all_reduce_(tensor, _op_name(op), _group_name(group))
+    torch.ops.symmem.all_reduce_(tensor, _op_name(op), group_name_of(group))
     return _done(async_op, [tensor])
 
 
@@ -102,7 +97,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     if reason:
         _say_once("all_gather_into_tensor", reason)
         return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
-    torch.ops.symmem.all_gather_into_tensor_out(input_tensor, _group_name(group), out=output_tensor)
+    torch.ops.symmem.all_gather_into_tensor_out(input_tensor, group_name_of(group), out=output_tensor)
     return _done(async_op, [output_tensor])
 
 
@@ -111,7 +106,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     if reason:
         _say_once("all_gather", reason)
         return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
-    torch.ops.symmem.all_gather(tensor, _group_name(group), tensor_list)
+    torch.ops.symmem.all_gather(tensor, group_name_of(group), tensor_list)
     return _done(async_op, tensor_list)
 
 
@@ -120,5 +115,5 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
     if reason:
         _say_once("reduce_scatter_tensor", reason)
         return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
-    torch.ops.symmem.reduce_scatter_tensor_out(input, _op_name(op), _group_name(group), out=output)
+    torch.ops.symmem.reduce_scatter_tensor_out(input, _op_name(op), group_name_of(group), out=output)
     return _done(async_op, [output])

@@ -27,7 +27,7 @@ from torch.cuda.memory import CUDAPluggableAllocator, MemPool
 
 from .. import _native
 from ..errors import SymmemError
-from ._groups import Communicator
+from ._groups import Communicator, existing
 
 _pools = {}  # group name -> (slot, MemPool)
 _live_spans = weakref.WeakSet()  # heap memory that tensors from empty() still reference
@@ -63,17 +63,10 @@ def empty(*size, dtype=torch.float32, group=None):
     return raw[:nbytes].view(dtype).view(size)
 
 
-def _existing(group):
-    """The communicator already made for `group`, or None (never collective)."""
-    from ._groups import _by_name
-    import torch.distributed.distributed_c10d as c10d
-    return _by_name.get((group if group is not None else c10d._get_default_group()).group_name)
-
-
 def is_symmetric(tensor, group=None):
     """True when collectives of `group` run zero-copy on `tensor`: it is a whole heap buffer of the
     group's communicator (a tensor from ``empty``, not a view of one). Local: makes nothing."""
-    comm = _existing(group)
+    comm = existing(group)
     if comm is None or not tensor.is_cuda or not tensor.is_contiguous():
         return False
     nbytes = tensor.numel() * tensor.element_size()
@@ -84,7 +77,7 @@ def is_symmetric(tensor, group=None):
 def in_heap(tensor, group=None):
     """True when `tensor`'s memory lies in the heap of `group`'s communicator (``empty`` or the
     pool), whether or not collectives on it run zero-copy. Local: makes nothing."""
-    comm = _existing(group)
+    comm = existing(group)
     if comm is None or not tensor.is_cuda:
         return False
     return comm.core.buffer_of(tensor.data_ptr(), max(tensor.numel() * tensor.element_size(), 1)) is not None
