@@ -27,6 +27,22 @@ Operand operand_at(Communicator& comm, const void* ptr, size_t bytes) {
   return Operand(ptr);
 }
 
+enum Collective { kAllGather = 0, kAllReduce = 1, kReduceScatter = 2 };  // symmem_describe's numbering
+
+// A call's two operands: the gathered side (all-gather output, reduce-scatter input) holds world
+// times `count` elements, the other side `count`.
+struct CallOperands {
+  Operand out;
+  Operand in;
+};
+CallOperands operands_of(Collective collective, Communicator& comm, const void* out, const void* in, size_t count,
+                         DataType type) {
+  const size_t bytes = count * dtype_size(type);
+  const size_t world_bytes = bytes * comm.world();
+  return {operand_at(comm, out, collective == kAllGather ? world_bytes : bytes),
+          operand_at(comm, in, collective == kReduceScatter ? world_bytes : bytes)};
+}
+
 DataType dtype_of(int dtype) {
   if (dtype < 0 || dtype > static_cast<int>(DataType::kUInt8))
     throw Error(ErrorCode::kInvalidArgument, "dtype " + std::to_string(dtype) + " is not a symmem::DataType");
@@ -65,7 +81,7 @@ void set_last_error(const std::string& message) { last_error = message; }
 using symmem::detail::c_api_guard;
 using symmem::detail::comm_of;
 using symmem::detail::dtype_of;
-using symmem::detail::operand_at;
+using symmem::detail::operands_of;
 using symmem::detail::op_of;
 using symmem::detail::options_of;
 using symmem::detail::stream_of;
@@ -151,9 +167,8 @@ int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    const size_t bytes = count * symmem::dtype_size(type);
-    symmem::all_gather(operand_at(c, out, bytes * c.world()), operand_at(c, in, bytes), count, type, c,
-                       stream_of(stream), options_of(algo, blocks, max_blocks));
+    auto [o, i] = operands_of(symmem::detail::kAllGather, c, out, in, count, type);
+    symmem::all_gather(o, i, count, type, c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -162,9 +177,8 @@ int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    const size_t bytes = count * symmem::dtype_size(type);
-    symmem::all_reduce(operand_at(c, out, bytes), operand_at(c, in, bytes), count, type, op_of(op), c,
-                       stream_of(stream), options_of(algo, blocks, max_blocks));
+    auto [o, i] = operands_of(symmem::detail::kAllReduce, c, out, in, count, type);
+    symmem::all_reduce(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -173,9 +187,8 @@ int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t c
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    const size_t bytes = count * symmem::dtype_size(type);
-    symmem::reduce_scatter(operand_at(c, out, bytes), operand_at(c, in, bytes * c.world()), count, type, op_of(op),
-                           c, stream_of(stream), options_of(algo, blocks, max_blocks));
+    auto [o, i] = operands_of(symmem::detail::kReduceScatter, c, out, in, count, type);
+    symmem::reduce_scatter(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -184,25 +197,19 @@ int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    const size_t bytes = count * symmem::dtype_size(type);
     const symmem::CollectiveOptions options = options_of(algo, blocks, max_blocks);
+    if (collective < symmem::detail::kAllGather || collective > symmem::detail::kReduceScatter)
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          "symmem_describe: collective " + std::to_string(collective) + " is not 0, 1 or 2");
+    const auto which = static_cast<symmem::detail::Collective>(collective);
+    auto [o, i] = operands_of(which, c, out, in, count, type);
     std::string plan;
-    switch (collective) {
-      case 0:
-        plan = symmem::describe_all_gather(operand_at(c, out, bytes * c.world()), operand_at(c, in, bytes), count,
-                                           type, c, options);
+    switch (which) {
+      case symmem::detail::kAllGather: plan = symmem::describe_all_gather(o, i, count, type, c, options); break;
+      case symmem::detail::kAllReduce: plan = symmem::describe_all_reduce(o, i, count, type, c, options); break;
+      case symmem::detail::kReduceScatter:
+        plan = symmem::describe_reduce_scatter(o, i, count, type, c, options);
         break;
-      case 1:
-        plan = symmem::describe_all_reduce(operand_at(c, out, bytes), operand_at(c, in, bytes), count, type, c,
-                                           options);
-        break;
-      case 2:
-        plan = symmem::describe_reduce_scatter(operand_at(c, out, bytes), operand_at(c, in, bytes * c.world()),
-                                               count, type, c, options);
-        break;
-      default:
-        throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
-                            "symmem_describe: collective " + std::to_string(collective) + " is not 0, 1 or 2");
     }
     if (text && text_bytes) {
       const size_t n = std::min(plan.size(), text_bytes - 1);
