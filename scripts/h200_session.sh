@@ -5,6 +5,7 @@
 #   scripts/h200_session.sh bench    all-gather sweep, vLLM tables (eager, graph), A/B vs 6cf5c42
 #   scripts/h200_session.sh vllm | sanitize | only   vLLM tables; racecheck; TESTS=/NEGATIVE_TESTS= by name
 #   scripts/h200_session.sh torch    symmem.torch GPU tests (torchrun, 2 ranks) and python -m symmem.bench.torch
+#   scripts/h200_session.sh torch_pdl   SYMMEM_PDL=1/0 A/B (vLLM table, graph), then the torch stage
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +77,20 @@ torch_tuned)
   python3 scripts/tune_entry.py "$FINAL/tune_ar_3m_2.csv" tuning/NVIDIA_H200.json all_reduce 2 3145728 \
     "$FINAL/NVIDIA_H200.json" >> "$FINAL/summary.txt" 2>&1
   export SYMMEM_TUNING_FILE="$FINAL/NVIDIA_H200.json"
+  torch_stage
+  ;;
+torch_pdl)
+  # Programmatic dependent launch on and off (SYMMEM_PDL), alternating, on the vLLM all-reduce
+  # table replayed from graphs; then the torch stage (PDL on, the default).
+  mkdir -p "$FINAL/pdl_ab"
+  for rep in 1 2; do
+    for pdl in 1 0; do
+      SYMMEM_PDL=$pdl timeout ${PDL_AB_S:-40} "$B/symmem-bench" all_reduce --gpus 2 --vllm-table -n 20 -w 5 --reps 3 \
+        --graph --nccl 0 --csv "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.csv" --json /dev/null \
+        > "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.txt" 2>&1
+      echo "pdl=$pdl rep $rep rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
   torch_stage
   ;;
 tests)

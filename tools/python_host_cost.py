@@ -37,3 +37,8 @@ t("x.data_ptr()", lambda: x.data_ptr())
 t("x.is_contiguous()", lambda: x.is_contiguous())
 t("x.get_device()", lambda: x.get_device())
 t("torch.empty_like(x)", lambda: torch.empty_like(x))
+# The drop-in's eager fast-path test (no dispatcher after it), here on a CPU tensor so that it stops
+# at the device check: the group lookup and is_cuda, the part that does not need a GPU.
+_groups._by_name[dist.group.WORLD.group_name] = C()
+import symmem.torch.functional as functional
+t("drop-in all_reduce fast-path test (group lookup, is_cuda)", lambda: functional._served_in_place(x, dist.ReduceOp.SUM, None))

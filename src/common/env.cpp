@@ -31,6 +31,7 @@ bool debug() {
 size_t heap_reserve_bytes() { return static_cast<size_t>(get_int("SYMMEM_HEAP_RESERVE_GB", 64)) << 30; }
 std::string tuning_file() { return get_string("SYMMEM_TUNING_FILE", ""); }
 size_t workspace_bytes() { return static_cast<size_t>(get_int("SYMMEM_WORKSPACE_MB", 256)) << 20; }
+bool programmatic_launch() { return get_int("SYMMEM_PDL", 1) != 0; }
 bool push_bulk() { return get_int("SYMMEM_PUSH_BULK", 1) != 0; }
 int copy_engine_streams() { return static_cast<int>(get_int("SYMMEM_CE_STREAMS", 4)); }
 std::string copy_engine_direction() { return get_string("SYMMEM_CE_DIRECTION", "pull"); }

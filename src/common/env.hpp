@@ -25,6 +25,9 @@ std::string tuning_file();
 // (CommConfig::workspace_bytes overrides it); see src/workspace/workspaces.hpp.
 size_t workspace_bytes();
 
+// SYMMEM_PDL (default 1): launch kernels with programmatic dependent launch, so that a kernel's
+// launch overlaps the previous kernel on its stream (device/dependent_launch.cuh).
+bool programmatic_launch();
 // SYMMEM_PUSH_BULK (default 1): push all-gathers use Hopper bulk copies when 16-byte aligned.
 bool push_bulk();
 // SYMMEM_CE_STREAMS (default 4): side streams the copy-engine all-gather spreads its copies over.

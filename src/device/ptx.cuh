@@ -5,6 +5,12 @@
 
 namespace symmem::device {
 
+// Programmatic dependent launch (device/dependent_launch.cuh): waits until the grids this one
+// depends on have completed and their memory operations are visible; a no-op without PDL.
+__device__ __forceinline__ void wait_for_prerequisite_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Lets the dependent grid (the next kernel on the stream, launched with PDL) be scheduled now.
+__device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // Load that synchronises-with a release store of another GPU (or the CPU) to the same flag.
 __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
   uint32_t v;

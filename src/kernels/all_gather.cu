@@ -9,8 +9,10 @@
 // error, not a silent pass (device/wait.cuh).
 #include "common/check.hpp"
 #include "device/copy.cuh"
+#include "device/dependent_launch.cuh"
 #include "device/wait.cuh"
 #include "kernels/kernel_args.hpp"
+#include "kernels/launch.cuh"
 
 namespace symmem::detail {
 namespace {
@@ -28,6 +30,7 @@ constexpr int kPullUnroll = 16;
 // share of the loads in flight -> barrier (every peer done with my input).
 template <typename V>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_pull(AllGatherKernelArgs a) {
+  device::enter_kernel();
   const SyncArgs& s = a.sync;
   __shared__ CopyTask<V> tasks[kMaxWorld];
   const size_t n = a.bytes / sizeof(V);
@@ -61,6 +64,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_pull(AllGatherKer
 
 template <typename V>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_push(AllGatherKernelArgs a) {
+  device::enter_kernel();
   constexpr int kUnroll = 4;
   const SyncArgs& s = a.sync;
   const uint32_t epoch = device::epoch_begin(s);
@@ -93,10 +97,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_push(AllGatherKer
 template <typename V>
 void launch(AllGatherKernel kernel, const AllGatherKernelArgs& args, int blocks, cudaStream_t stream) {
   if (kernel == AllGatherKernel::kPull)
-    all_gather_pull<V><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+    launch_kernel(all_gather_pull<V>, blocks, kThreadsPerBlock, 0, stream, args);
   else
-    all_gather_push<V><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-  SYMMEM_LAUNCH_CHECK();
+    launch_kernel(all_gather_push<V>, blocks, kThreadsPerBlock, 0, stream, args);
 }
 
 }  // namespace

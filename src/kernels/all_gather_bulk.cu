@@ -9,9 +9,11 @@
 // call's signature with the epoch in one 64-bit store (device/wait.cuh): a peer in another call
 // fails the barrier as a mismatch.
 #include "common/check.hpp"
+#include "device/dependent_launch.cuh"
 #include "device/ptx.cuh"
 #include "device/wait.cuh"
 #include "kernels/kernel_args.hpp"
+#include "kernels/launch.cuh"
 
 namespace symmem::detail {
 namespace {
@@ -22,6 +24,7 @@ constexpr int kStages = 4;
 constexpr size_t kSharedBytes = size_t(kStages) * kChunkBytes + kStages * sizeof(uint64_t);
 
 __global__ void __launch_bounds__(kBulkThreads) all_gather_push_bulk(AllGatherKernelArgs a) {
+  device::enter_kernel();
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kStages) * kChunkBytes);
   const SyncArgs& s = a.sync;
@@ -92,8 +95,7 @@ void launch_all_gather_push_bulk(const AllGatherKernelArgs& args, int blocks, cu
     return true;
   }();
   (void)configured;
-  all_gather_push_bulk<<<blocks, kBulkThreads, kSharedBytes, stream>>>(args);
-  SYMMEM_LAUNCH_CHECK();
+  launch_kernel(all_gather_push_bulk, blocks, kBulkThreads, kSharedBytes, stream, args);
 }
 
 }  // namespace symmem::detail

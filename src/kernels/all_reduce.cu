@@ -11,10 +11,12 @@
 // (device/wait.cuh). Kernels on the call counter (reduce_pushed) reach call_end in every block,
 // also after a failed barrier, or the counter would stop.
 #include "device/call_counter.cuh"
+#include "device/dependent_launch.cuh"
 #include "device/reduce.cuh"
 #include "device/wait.cuh"
 #include "kernels/dispatch.cuh"
 #include "kernels/kernel_args.hpp"
+#include "kernels/launch.cuh"
 
 namespace symmem::detail {
 namespace {
@@ -47,6 +49,7 @@ __device__ __forceinline__ void send_to_peers(const SyncArgs& s, ChunkFor chunk_
 // `count` elements from rank * peer_stride of every rank's input and reduces them into its output.
 template <typename T, int kOp, bool kVector>
 __global__ void __launch_bounds__(kThreadsPerBlock) reduce_from_every_rank(ReduceKernelArgs a) {
+  device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t epoch = device::epoch_begin(s);
   if (!device::barrier(s, epoch, 0)) return;
@@ -66,6 +69,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) reduce_from_every_rank(Reduc
 
 template <typename T, int kOp, bool kVector>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKernelArgs a) {
+  device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t epoch = device::epoch_begin(s);
   if (!device::barrier(s, epoch, 0)) return;
@@ -120,6 +124,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKe
 //   barrier: every output is complete
 template <typename T, int kOp, bool kVector>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(ReduceKernelArgs a) {
+  device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t epoch = device::epoch_begin(s);
   const size_t slice = two_shot_slice(a.count, s.world, sizeof(T));
@@ -155,6 +160,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(Red
 // rank entered that call (docs/algorithms.md, "Why one barrier is enough").
 template <typename T, int kOp, bool kVector>
 __global__ void __launch_bounds__(kThreadsPerBlock) reduce_pushed(ReduceKernelArgs a) {
+  device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t call = device::call_begin(s);
   const uint32_t epoch = device::epoch_begin(s);
@@ -189,26 +195,25 @@ void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool 
     constexpr int kOp = decltype(o)::value;
     if (kernel == AllReduceKernel::kOneShot) {
       if (vector)
-        reduce_from_every_rank<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+        launch_kernel(reduce_from_every_rank<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);
       else
-        reduce_from_every_rank<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+        launch_kernel(reduce_from_every_rank<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args);
     } else if (kernel == AllReduceKernel::kOneShotPush) {
       if (vector)
-        reduce_pushed<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+        launch_kernel(reduce_pushed<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);
       else
-        reduce_pushed<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+        launch_kernel(reduce_pushed<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args);
     } else if (kernel == AllReduceKernel::kTwoShotPush) {
       if (vector)
-        all_reduce_two_shot_push<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+        launch_kernel(all_reduce_two_shot_push<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);
       else
-        all_reduce_two_shot_push<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+        launch_kernel(all_reduce_two_shot_push<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args);
     } else {
       if (vector)
-        all_reduce_two_shot<T, kOp, true><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+        launch_kernel(all_reduce_two_shot<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);
       else
-        all_reduce_two_shot<T, kOp, false><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+        launch_kernel(all_reduce_two_shot<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args);
     }
-    SYMMEM_LAUNCH_CHECK();
   });
 }
 

@@ -36,10 +36,12 @@
 // sets) within their next 256 spins. No shared early-exit flag (it raced), and every block
 // reaches call_end, which advances the call counter.
 #include "device/call_counter.cuh"
+#include "device/dependent_launch.cuh"
 #include "device/reduce.cuh"
 #include "device/wait.cuh"
 #include "kernels/dispatch.cuh"
 #include "kernels/kernel_args.hpp"
+#include "kernels/launch.cuh"
 
 namespace symmem::detail {
 namespace {
@@ -121,6 +123,7 @@ __device__ __forceinline__ bool collect_words(const SyncArgs& s, uint64_t* slots
 
 template <typename T, int kOp>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(ReduceKernelArgs a) {
+  device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t call = device::call_begin(s);
   const size_t bytes = a.count * sizeof(T);
@@ -153,6 +156,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency(Reduc
 
 template <typename T, int kOp>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_low_latency_two_shot(ReduceKernelArgs a) {
+  device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t call = device::call_begin(s);
   const size_t parity = call & 1u;
@@ -221,10 +225,9 @@ void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, co
     using T = decltype(t);
     constexpr int kOp = decltype(o)::value;
     if (two_shot)
-      all_reduce_low_latency_two_shot<T, kOp><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
+      launch_kernel(all_reduce_low_latency_two_shot<T, kOp>, blocks, kThreadsPerBlock, 0, stream, args);
     else
-      all_reduce_low_latency<T, kOp><<<blocks, kThreadsPerBlock, 0, stream>>>(args);
-    SYMMEM_LAUNCH_CHECK();
+      launch_kernel(all_reduce_low_latency<T, kOp>, blocks, kThreadsPerBlock, 0, stream, args);
   });
 }
 

@@ -41,7 +41,7 @@ def main():
     g = dist.group.WORLD.group_name
     comm = st.Communicator()
     core = comm.core
-    h = core.handle
+    h = core._handle
     x = st.empty(args.elements, dtype=torch.bfloat16)
     x.normal_()
     xl = torch.randn(args.elements, device="cuda").bfloat16()
@@ -57,6 +57,7 @@ def main():
          lambda: core.all_reduce(x.data_ptr(), x.data_ptr(), x.numel(), 2, 0, stream)),
         ("Python kernel, symmetric in place (ops._all_reduce_inplace_cuda)",
          lambda: ops._all_reduce_inplace_cuda(x, "sum", g)),
+        ("drop-in, symmetric in place (symmem.torch.all_reduce)", lambda: st.all_reduce(x)),
         ("op through the dispatcher, in place (torch.ops.symmem.all_reduce_)",
          lambda: torch.ops.symmem.all_reduce_(x, "sum", g)),
         ("op through the dispatcher, out of place (torch.ops.symmem.all_reduce)",

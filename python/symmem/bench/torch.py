@@ -8,9 +8,11 @@ Rows (impl):
   nccl                     torch.distributed.all_reduce (in place) / all_gather_into_tensor
   torch_symm_mem_one_shot  torch.ops.symm_mem.one_shot_all_reduce on a rendezvoused buffer
   torch_symm_mem_two_shot  torch.ops.symm_mem.two_shot_all_reduce_ on a rendezvoused buffer
-  symmem_torch             torch.ops.symmem.all_reduce_ (in place, as the two-shot row) and
-                           all_gather_into_tensor_out on symmetric tensors (symmem.torch.empty):
-                           zero copy, as the symm_mem rows
+  symmem_torch             symmem.torch.all_reduce (the drop-in, in place, as the two-shot row) and
+                           torch.ops.symmem.all_gather_into_tensor_out on symmetric tensors
+                           (symmem.torch.empty): zero copy, as the symm_mem rows
+  symmem_torch_op          torch.ops.symmem.all_reduce_ on a symmetric tensor: the same kernel as
+                           symmem_torch, through the dispatcher (what torch.compile'd code calls)
   symmem_torch_staged      TPAllReduce.all_reduce / the drop-in all_gather_into_tensor on tensors from
                            the caching allocator (what vLLM passes): the input is staged when needed
 Eager: `calls` back-to-back calls between two events (Python, dispatcher and launch included).
@@ -34,6 +36,7 @@ TOKENS = [32, 64, 96, 128, 192, 256, 1024, 2048, 3062, 4096]
 HIDDEN = 8192
 DTYPE = torch.bfloat16
 GRAPH_CALLS = 10
+IN_PLACE = ("nccl", "torch_symm_mem_two_shot", "symmem_torch", "symmem_torch_op")  # all-reduce rows
 
 
 def _commit():
@@ -54,6 +57,7 @@ class Case:
         self.call, self.output, self.inputs, self.reference = call, output, inputs, reference
         self.graph = None
         self.graph_output = None  # the tensor the graph's last call writes
+        self.graph_of_one = None  # in-place all-reduces: a graph of one call, for the check
         self.samples = {"eager": [], "graph": []}
 
 
@@ -82,8 +86,11 @@ def _build_all_reduce(tokens, group, symm_mem, st):
         cases.append(Case("all_reduce", "torch_symm_mem_two_shot", tokens,
                           lambda: torch.ops.symm_mem.two_shot_all_reduce_(b2, "sum", g), lambda: b2, [b2], "sum"))
     s = st.empty(n, dtype=DTYPE, group=group)
-    cases.append(Case("all_reduce", "symmem_torch", tokens, lambda: torch.ops.symmem.all_reduce_(s, "sum", g),
-                      lambda: s, [s], "sum"))
+    cases.append(Case("all_reduce", "symmem_torch", tokens, lambda: st.all_reduce(s, group=group), lambda: s, [s],
+                      "sum"))
+    s_op = st.empty(n, dtype=DTYPE, group=group)
+    cases.append(Case("all_reduce", "symmem_torch_op", tokens, lambda: torch.ops.symmem.all_reduce_(s_op, "sum", g),
+                      lambda: s_op, [s_op], "sum"))
     tp = st.TPAllReduce(group, max_size=n * 2)
     xl = torch.empty(n, dtype=DTYPE, device="cuda")
     out_l = {}
@@ -138,6 +145,10 @@ def _capture(case):
         for _ in range(GRAPH_CALLS):
             case.call()
     case.graph_output = case.output()
+    if case.op == "all_reduce" and case.impl in IN_PLACE:
+        case.graph_of_one = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(case.graph_of_one):
+            case.call()
     torch.cuda.synchronize()
 
 
@@ -154,14 +165,15 @@ def _time_graph(case, replays):
 
 def _check(case, group, mode):
     """Elements of the case's output that are wrong after a fresh input: one eager call, or one
-    replay of the graph (10 calls; in-place all-reduces compound over them, so those are checked
-    with one call of their own, eagerly)."""
+    replay of the graph (10 calls; in-place all-reduces compound over them, so those replay a
+    graph of one call captured the same way)."""
     rank, world = group.rank(), group.size()
     seed = 1000 + 7 * rank + case.tokens + (500 if mode == "graph" else 0)
     _fill(case.inputs, seed)
-    in_place = case.op == "all_reduce" and case.impl in ("nccl", "torch_symm_mem_two_shot", "symmem_torch")
-    if mode == "graph" and not in_place:
-        case.graph.replay()
+    in_place = case.op == "all_reduce" and case.impl in IN_PLACE
+    if mode == "graph":
+        # An in-place case's 10 calls compound; its graph of one call is replayed instead.
+        (case.graph_of_one if in_place else case.graph).replay()
         out = case.graph_output
     else:
         case.call()
@@ -302,7 +314,8 @@ def main(argv=None):
         r["vs_nccl"] = nccl[0]["time_us"] / r["time_us"] if nccl else float("nan")
 
     if rank == 0:
-        impls_ar = ["nccl", "torch_symm_mem_one_shot", "torch_symm_mem_two_shot", "symmem_torch", "symmem_torch_staged"]
+        impls_ar = ["nccl", "torch_symm_mem_one_shot", "torch_symm_mem_two_shot", "symmem_torch", "symmem_torch_op",
+                    "symmem_torch_staged"]
         impls_ag = ["nccl", "symmem_torch", "symmem_torch_staged"]
         text = []
         for op, impls in (("all_reduce", impls_ar), ("all_gather", impls_ag)):

@@ -117,6 +117,44 @@ def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name
     assert torch.equal(lst[0], x)
 
 
+class _CudaLooking:
+    """Enough of a CUDA tensor for the drop-in's fast-path test."""
+    is_cuda = True
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
+
+def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, monkeypatch):
+    # Eager drop-in calls skip the dispatcher, only for what the op itself would serve as it is;
+    # everything else takes the full checks (and the op, or the fallback).
+    import torch.distributed as dist
+    from symmem.torch import _groups, functional, ops
+
+    class FakeComm:
+        group_name = "fake-world"
+
+    monkeypatch.setitem(_groups._by_name, group_name, FakeComm())
+    calls = []
+    monkeypatch.setattr(ops, "_all_reduce_inplace_cuda", lambda t, op, name: calls.append((t, op, name)))
+    bf16, i32 = _CudaLooking(torch.bfloat16), _CudaLooking(torch.int32)
+    assert functional.all_reduce(bf16) is None
+    assert calls == [(bf16, "sum", "fake-world")]
+    functional.all_reduce(bf16, op=dist.ReduceOp.AVG)
+    functional.all_reduce(i32, op=dist.ReduceOp.MAX)
+    assert [c[1] for c in calls[1:]] == ["avg", "max"]
+    served = functional._served_in_place
+    assert served(i32, dist.ReduceOp.AVG, None) is None  # avg of integers: the op refuses it
+    assert served(_CudaLooking(torch.float64), dist.ReduceOp.SUM, None) is None  # not reducible
+    assert served(bf16, dist.ReduceOp.PRODUCT, None) is None
+    assert served(bf16, dist.ReduceOp.SUM, dist.group.WORLD) == ("sum", "fake-world")
+    monkeypatch.delitem(_groups._by_name, group_name)
+    assert served(bf16, dist.ReduceOp.SUM, None) is None  # no communicator yet: built by the full path
+
+
 FAKE_SHAPES = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore

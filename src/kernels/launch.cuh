@@ -1,0 +1,34 @@
+// Every SM kernel of symmem is launched here: with programmatic stream serialization (PDL,
+// device/dependent_launch.cuh) unless SYMMEM_PDL=0, and with the launch's own error checked.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/check.hpp"
+#include "common/env.hpp"
+
+namespace symmem::detail {
+
+// Read once: the environment is fixed for the process, and this runs on every call's hot path.
+inline bool programmatic_launch() {
+  static const bool enabled = env::programmatic_launch();
+  return enabled;
+}
+
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), int blocks, int threads, size_t shared_bytes, cudaStream_t stream,
+                   const Args&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic_launch() ? 1 : 0;
+  SYMMEM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+}  // namespace symmem::detail
