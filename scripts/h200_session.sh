@@ -79,6 +79,27 @@ torch_tuned)
   export SYMMEM_TUNING_FILE="$FINAL/NVIDIA_H200.json"
   torch_stage
   ;;
+tune_medium)
+  # The all-reduce between 1.5 and 4 MiB (vLLM's T = 96..256), where the shipped table's block
+  # counts leave a partial last iteration: every in-place-capable algorithm x block count, graph
+  # replays; the fastest per size becomes the table's entry (scripts/tune_entry.py), then the GPU
+  # tests and the torch stage run with that table.
+  mkdir -p "$FINAL/tune"
+  table=tuning/NVIDIA_H200.json
+  for size in 1536K 2M 3M 4M; do
+    timeout 60 "$B/symmem-bench" all_reduce --gpus 2 -d bfloat16 -b $size -e $size -n 20 -w 5 --reps 3 --graph --nccl 0 \
+      --algos one_shot_push,two_shot,two_shot_push --blocks ${TUNE_BLOCKS:-48,64,96,112,128,132} \
+      --csv "$FINAL/tune/ar_${size}_2.csv" --json /dev/null > "$FINAL/tune/ar_${size}_2.txt" 2>&1
+    echo "tune $size rc=$?" >> "$FINAL/summary.txt"
+    bytes=$(python3 -c "import sys; s=sys.argv[1]; print(int(float(s[:-1]) * (1 << (10 if s[-1] == 'K' else 20))))" $size)
+    python3 scripts/tune_entry.py "$FINAL/tune/ar_${size}_2.csv" $table all_reduce 2 $bytes "$FINAL/tune/NVIDIA_H200.json" \
+      >> "$FINAL/summary.txt" 2>&1 && table="$FINAL/tune/NVIDIA_H200.json"
+  done
+  export SYMMEM_TUNING_FILE="$FINAL/tune/NVIDIA_H200.json"
+  timeout ${GPU_TESTS_S:-240} "$B/symmem-run" -n 2 --timeout 230 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
+  torch_stage
+  ;;
 torch_pdl)
   # Programmatic dependent launch on and off (SYMMEM_PDL), alternating, on the vLLM all-reduce
   # table replayed from graphs; then the torch stage (PDL on, the default).

@@ -1,25 +1,41 @@
-"""Where the host time of one symmem.torch call goes (microseconds per call, wall clock over
-`--calls` back-to-back calls; a row that reaches the GPU's own time is GPU-bound):
+"""Where the host time of one symmem.torch call goes, per layer, in microseconds per call:
+
+  host   the CPU time to issue one call, measured while the GPU is held busy by a sleep kernel
+         (so the launch queue never drains and the host never waits for the GPU): the layer's
+         own cost, whatever the GPU time
+  wall   back-to-back calls with the GPU running them: max(host, GPU time), what eager code sees
+
+Rows are taken in turn (ABAB...) `--reps` times; medians.
 
     torchrun --nproc-per-node 2 -m symmem.bench.overhead
 """
 import argparse
 import os
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 
-def _per_call(fn, calls):
-    for _ in range(20):
-        fn()
+def _wall(fn, calls):
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1e6 / calls
+
+
+def _host(fn, calls):
+    # ~25 ms of GPU sleep at H200 clocks: far longer than issuing `calls` calls.
+    torch.cuda._sleep(50_000_000)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) * 1e6 / calls
+    torch.cuda.synchronize()
+    return host
 
 
 class _NoCore:
@@ -29,7 +45,8 @@ class _NoCore:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--elements", type=int, default=32 * 8192)
     args = parser.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -37,7 +54,7 @@ def main():
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     import symmem.torch as st
     from symmem import _native
-    from symmem.torch import ops
+    from symmem.torch import functional, ops
     g = dist.group.WORLD.group_name
     comm = st.Communicator()
     core = comm.core
@@ -57,6 +74,7 @@ def main():
          lambda: core.all_reduce(x.data_ptr(), x.data_ptr(), x.numel(), 2, 0, stream)),
         ("Python kernel, symmetric in place (ops._all_reduce_inplace_cuda)",
          lambda: ops._all_reduce_inplace_cuda(x, "sum", g)),
+        ("drop-in's fast-path test alone", lambda: functional._served_in_place(x, dist.ReduceOp.SUM, None)),
         ("drop-in, symmetric in place (symmem.torch.all_reduce)", lambda: st.all_reduce(x)),
         ("op through the dispatcher, in place (torch.ops.symmem.all_reduce_)",
          lambda: torch.ops.symmem.all_reduce_(x, "sum", g)),
@@ -65,23 +83,34 @@ def main():
         ("TPAllReduce.all_reduce, caching-allocator tensor", lambda: tp.all_reduce(xl)),
     ]
     tp = st.TPAllReduce(dist.group.WORLD)
-    results = [(name, _per_call(fn, args.calls)) for name, fn in rows]
-    comm.core = _NoCore()
-    results.append(("Python kernel without the C call", _per_call(lambda: ops._all_reduce_inplace_cuda(x, "sum", g),
-                                                                   args.calls)))
-    results.append(("dispatcher + Python kernel without the C call",
-                    _per_call(lambda: torch.ops.symmem.all_reduce_(x, "sum", g), args.calls)))
-    comm.core = core
-    graph_time = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph_time[0].record()
-    for _ in range(200):
-        core.all_reduce(x.data_ptr(), x.data_ptr(), x.numel(), 2, 0, stream)
-    graph_time[1].record()
-    graph_time[1].synchronize()
+    no_core = _NoCore()
+
+    def without_core(fn):
+        def call():
+            comm.core = no_core
+            try:
+                fn()
+            finally:
+                comm.core = core
+        return call
+    rows.append(("Python kernel without the C call", without_core(lambda: ops._all_reduce_inplace_cuda(x, "sum", g))))
+    rows.append(("dispatcher + Python kernel without the C call",
+                 without_core(lambda: torch.ops.symmem.all_reduce_(x, "sum", g))))
+    for _, fn in rows:  # warm-up, also of the caching allocator
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    samples = {name: ([], []) for name, _ in rows}
+    for _ in range(args.reps):
+        for name, fn in rows:
+            samples[name][0].append(_host(fn, args.calls))
+            samples[name][1].append(_wall(fn, args.calls))
+    results = [(name, statistics.median(h), statistics.median(w)) for name, (h, w) in samples.items()]
     if dist.get_rank() == 0:
-        for name, us in results:
-            print(f"{us:8.2f} us  {name}")
-        print(f"{graph_time[0].elapsed_time(graph_time[1]) * 1000 / 200:8.2f} us  GPU events around 200 C calls")
+        print(f"{args.elements} bf16 elements, {args.calls} calls per sample, {args.reps} samples (medians)")
+        print(f"{'host us':>8} {'wall us':>8}  layer")
+        for name, host, wall in results:
+            print(f"{host:8.2f} {wall:8.2f}  {name}")
     dist.barrier()
 
 
