@@ -79,6 +79,22 @@ torch_tuned)
   export SYMMEM_TUNING_FILE="$FINAL/NVIDIA_H200.json"
   torch_stage
   ;;
+scatter_ab)
+  # The unrolled scatter (this tree) against the binary before it ($B/old-symmem-bench), ABAB, on
+  # the push all-reduces from 1.5 to 8 MiB; then tune_medium with this tree.
+  mkdir -p "$FINAL/scatter_ab"
+  for rep in 1 2; do
+    for which in new old; do
+      bench="$B/symmem-bench"; [ $which = old ] && bench="$B/old-symmem-bench"
+      for size in 1536K 3M 4M 8M; do
+        timeout 40 "$bench" all_reduce --gpus 2 -d bfloat16 -b $size -e $size -n 20 -w 5 --reps 3 --graph --nccl 0 \
+          --algos one_shot_push,two_shot_push --blocks 64,96,128,132 \
+          --csv "$FINAL/scatter_ab/${which}_${size}_${rep}.csv" --json /dev/null > /dev/null 2>&1
+        echo "scatter_ab $which $size $rep rc=$?" >> "$FINAL/summary.txt"
+      done
+    done
+  done
+  ;&
 tune_medium)
   # The all-reduce between 1.5 and 4 MiB (vLLM's T = 96..256), where the shipped table's block
   # counts leave a partial last iteration: every in-place-capable algorithm x block count, graph

@@ -7,6 +7,12 @@
 
 #include "device/device_types.hpp"
 
+// Vectors in flight per thread in scatter (a build switch for A/B runs: -DSYMMEM_SCATTER_UNROLL=1
+// is the loop before unrolling).
+#ifndef SYMMEM_SCATTER_UNROLL
+#define SYMMEM_SCATTER_UNROLL 4
+#endif
+
 namespace symmem::device {
 
 __device__ __forceinline__ size_t global_thread() { return size_t(blockIdx.x) * blockDim.x + threadIdx.x; }
@@ -95,29 +101,36 @@ __device__ __forceinline__ void store_batch(V* const (&dst)[detail::kMaxWorld], 
   }
 }
 
-// dst[k][i] = src[k][i] for i < n[k], k < count: slices of different lengths, every source's
-// loads in flight together; 16-byte vectors when kVector (every pointer aligned), then a tail.
+// dst[k][i] = src[k][i] for i < n[k], k < count: slices of different lengths; 16-byte vectors when
+// kVector (every pointer aligned), then a tail. Each thread keeps kUnroll vectors of a slice in
+// flight before storing them: the loads are local and the stores go over NVLink, so the loop waits
+// for a load once per kUnroll vectors, not once per vector. Slices are taken in turn, so registers hold kUnroll
+// vectors whatever the world size. Thread t handles vectors t, t + threads, ... as without unrolling.
 template <typename T, bool kVector>
 __device__ __forceinline__ void scatter(const T* const (&src)[detail::kMaxWorld], T* const (&dst)[detail::kMaxWorld],
                                         const size_t (&n)[detail::kMaxWorld], int count) {
   constexpr size_t kElems = 16 / sizeof(T);
+  constexpr int kUnroll = SYMMEM_SCATTER_UNROLL;
   size_t longest = 0;
 #pragma unroll
   for (int k = 0; k < detail::kMaxWorld; ++k)
     if (k < count && n[k] > longest) longest = n[k];
-  size_t done = 0;
   if constexpr (kVector) {
-    const size_t vectors = longest / kElems;
-    for (size_t v = global_thread(); v < vectors; v += global_threads()) {
-      uint4 x[detail::kMaxWorld];
+    const size_t stride = global_threads();
+    for (size_t base = global_thread(); base < longest / kElems; base += stride * kUnroll) {
 #pragma unroll
-      for (int k = 0; k < detail::kMaxWorld; ++k)
-        if (k < count && (v + 1) * kElems <= n[k]) x[k] = reinterpret_cast<const uint4*>(src[k])[v];
+      for (int k = 0; k < detail::kMaxWorld; ++k) {
+        if (k >= count) break;
+        const size_t vectors = n[k] / kElems;
+        uint4 x[kUnroll];
 #pragma unroll
-      for (int k = 0; k < detail::kMaxWorld; ++k)
-        if (k < count && (v + 1) * kElems <= n[k]) reinterpret_cast<uint4*>(dst[k])[v] = x[k];
+        for (int u = 0; u < kUnroll; ++u)
+          if (base + u * stride < vectors) x[u] = reinterpret_cast<const uint4*>(src[k])[base + u * stride];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          if (base + u * stride < vectors) reinterpret_cast<uint4*>(dst[k])[base + u * stride] = x[u];
+      }
     }
-    done = vectors * kElems;
   }
   // What the vectors left: each slice's tail (a shorter slice has more of it), element by element
   // by the owner of its group (first_owned_group).
@@ -128,7 +141,6 @@ __device__ __forceinline__ void scatter(const T* const (&src)[detail::kMaxWorld]
     for (size_t g = first_owned_group(kVector ? n[k] / kElems : 0); g < groups; g += global_threads())
       for (size_t i = g * kElems; i < (g + 1) * kElems && i < n[k]; ++i) dst[k][i] = src[k][i];
   }
-  (void)done;
 }
 
 }  // namespace symmem::device

@@ -18,8 +18,16 @@ import torch
 import torch.distributed as dist
 
 
-def _wall(fn, calls):
+def _quiet():
+    # Both ranks idle before a sample: a peer still sleeping in its host sample would stall this
+    # rank's collectives (and its wall figure) by the length of the sleep.
     torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.synchronize()
+
+
+def _wall(fn, calls):
+    _quiet()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -28,6 +36,7 @@ def _wall(fn, calls):
 
 
 def _host(fn, calls):
+    _quiet()
     # ~25 ms of GPU sleep at H200 clocks: far longer than issuing `calls` calls.
     torch.cuda._sleep(50_000_000)
     start = time.perf_counter()
