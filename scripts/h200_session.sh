@@ -114,6 +114,10 @@ tune_medium)
   export SYMMEM_TUNING_FILE="$FINAL/tune/NVIDIA_H200.json"
   timeout ${GPU_TESTS_S:-240} "$B/symmem-run" -n 2 --timeout 230 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
   echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
+  for path in sm graph; do
+    timeout 60 "$B/symmem-run" -n 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" $path > "$FINAL/kill_$path.log" 2>&1
+    echo "kill $path rc=$?" >> "$FINAL/summary.txt"
+  done
   torch_stage
   ;;
 torch_pdl)
