@@ -14,6 +14,8 @@ from ..errors import SymmemError
 from ._store_exchange import StoreExchange
 
 _by_name = {}        # group name -> Communicator
+_by_argument = {}    # a group argument of the drop-ins (None: the world) -> Communicator, a cache of
+                     # _by_name that saves the name lookup (0.5 us per call); cleared with it
 _unavailable = {}    # group name -> why symmem cannot serve the group (the same on every rank)
 _generations = {}    # ranks of a group -> communicators built for them so far (fresh store keys)
 
@@ -125,6 +127,7 @@ class Communicator:
     def close(self):
         """Collective: closes the communicator; its symmetric tensors and pool become invalid."""
         _by_name.pop(self.group_name, None)
+        _by_argument.clear()
         from . import memory
         memory._forget(self)
         self.core.close()

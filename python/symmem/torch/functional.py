@@ -12,10 +12,9 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from . import ops
-from ._groups import _by_name, group_name_of, unavailable_reason
+from ._groups import _by_argument, _by_name, group_name_of, unavailable_reason
 
 _warned = set()
 _OP_NAMES = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.MAX, "max"),
@@ -86,24 +85,29 @@ def _done(async_op, result):
 
 def _served_in_place(tensor, op, group):
     """The fast path's test, eager only (under torch.compile the op is what gets traced): the
-    (op name, group name) when the group's communicator exists and symmem takes this tensor and
+    (communicator, op name) when the group's communicator exists and symmem takes this tensor and
     op as they are; else None, and the full checks below decide."""
-    comm = _by_name.get(group.group_name if group is not None else c10d._get_default_group().group_name)
-    if comm is None or not tensor.is_cuda or torch.compiler.is_compiling():
+    comm = _by_argument.get(group)
+    if comm is None:
+        comm = _by_name.get(group_name_of(group))
+        if comm is None:
+            return None
+        _by_argument[group] = comm
+    if not tensor.is_cuda or torch.compiler.is_compiling():
         return None
     # By identity (the enum values are singletons): 0.04 us, where == or a hash costs 0.4-0.8 us.
     # Anything else (a ReduceOp object, e.g. a premultiplied sum) takes the full checks.
     name = next((n for value, n in _OP_NAMES if op is value), None)
     if name is None or tensor.dtype not in ops._REDUCIBLE or (name == "avg" and not tensor.is_floating_point()):
         return None
-    return name, comm.group_name
+    return comm, name
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     # Eager calls go straight to the op's kernel: the dispatcher would add about 2 us per call.
     served = _served_in_place(tensor, op, group)
     if served is not None:
-        ops._all_reduce_inplace_cuda(tensor, *served)
+        ops.all_reduce_in_place(served[0], tensor, served[1])
         return _done(async_op, [tensor])
     reason = _why_not("all_reduce", [tensor], group, op)
     if reason:

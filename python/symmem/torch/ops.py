@@ -112,8 +112,12 @@ def _all_reduce_cuda(inp, reduce_op, group_name):
 
 
 def _all_reduce_inplace_cuda(inp, reduce_op, group_name):
-    # The hot path of vLLM-style and torch.distributed-style calls: one set of checks.
-    comm = _by_name.get(group_name) or communicator_of(group_name)
+    all_reduce_in_place(_by_name.get(group_name) or communicator_of(group_name), inp, reduce_op)
+
+
+def all_reduce_in_place(comm, inp, reduce_op):
+    """The hot path of vLLM-style and torch.distributed-style calls (the op's kernel and the eager
+    drop-in): one set of checks, one C call."""
     dtype = _REDUCIBLE.get(inp.dtype)
     if dtype is None:
         _dtype_code(inp.dtype, "all_reduce", False)

@@ -137,22 +137,26 @@ def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, 
     class FakeComm:
         group_name = "fake-world"
 
-    monkeypatch.setitem(_groups._by_name, group_name, FakeComm())
+    comm = FakeComm()
+    _groups._by_argument.clear()
+    monkeypatch.setitem(_groups._by_name, group_name, comm)
     calls = []
-    monkeypatch.setattr(ops, "_all_reduce_inplace_cuda", lambda t, op, name: calls.append((t, op, name)))
+    monkeypatch.setattr(ops, "all_reduce_in_place", lambda c, t, op: calls.append((c, t, op)))
     bf16, i32 = _CudaLooking(torch.bfloat16), _CudaLooking(torch.int32)
     assert functional.all_reduce(bf16) is None
-    assert calls == [(bf16, "sum", "fake-world")]
+    assert calls == [(comm, bf16, "sum")]
     functional.all_reduce(bf16, op=dist.ReduceOp.AVG)
     functional.all_reduce(i32, op=dist.ReduceOp.MAX)
-    assert [c[1] for c in calls[1:]] == ["avg", "max"]
+    assert [c[2] for c in calls[1:]] == ["avg", "max"]
     served = functional._served_in_place
     assert served(i32, dist.ReduceOp.AVG, None) is None  # avg of integers: the op refuses it
     assert served(_CudaLooking(torch.float64), dist.ReduceOp.SUM, None) is None  # not reducible
     assert served(bf16, dist.ReduceOp.PRODUCT, None) is None
-    assert served(bf16, dist.ReduceOp.SUM, dist.group.WORLD) == ("sum", "fake-world")
+    assert served(bf16, dist.ReduceOp.SUM, dist.group.WORLD) == (comm, "sum")
+    # A closed communicator leaves both lookups (close() clears the cache of group arguments).
     monkeypatch.delitem(_groups._by_name, group_name)
-    assert served(bf16, dist.ReduceOp.SUM, None) is None  # no communicator yet: built by the full path
+    _groups._by_argument.clear()
+    assert served(bf16, dist.ReduceOp.SUM, None) is None  # no communicator: built by the full path
 
 
 FAKE_SHAPES = textwrap.dedent("""
