@@ -6,6 +6,7 @@
 #   scripts/h200_session.sh vllm | sanitize | only   vLLM tables; racecheck; TESTS=/NEGATIVE_TESTS= by name
 #   scripts/h200_session.sh torch    symmem.torch GPU tests (torchrun, 2 ranks) and python -m symmem.bench.torch
 #   scripts/h200_session.sh torch_pdl   SYMMEM_PDL=1/0 A/B (vLLM table, graph), then the torch stage
+#   scripts/h200_session.sh scatter_ab | tune_medium | final_torch   (see each stage)
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +80,36 @@ torch_tuned)
   export SYMMEM_TUNING_FILE="$FINAL/NVIDIA_H200.json"
   torch_stage
   ;;
+final_torch)
+  # The committed figures of issue 10: PDL on/off A/B (vLLM table, graph replays, ABAB), every
+  # C++ GPU test and two kill tests, then the torch stage (tests, bench, overhead).
+  mkdir -p "$FINAL/pdl_ab"
+  for rep in 1 2; do
+    for pdl in 1 0; do
+      SYMMEM_PDL=$pdl timeout ${PDL_AB_S:-40} "$B/symmem-bench" all_reduce --gpus 2 --vllm-table -n 20 -w 5 --reps 3 \
+        --graph --nccl 0 --csv "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.csv" --json /dev/null \
+        > "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.txt" 2>&1
+      echo "pdl=$pdl rep $rep rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
+  timeout ${GPU_TESTS_S:-240} "$B/symmem-run" -n 2 --timeout 230 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
+  for path in sm low_latency copy_engine graph; do
+    timeout 60 "$B/symmem-run" -n 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" $path > "$FINAL/kill_$path.log" 2>&1
+    echo "kill $path rc=$?" >> "$FINAL/summary.txt"
+  done
+  torch_stage
+  # Where the small-message issue starts: all-gather and reduce-scatter from 1 KiB to 256 KiB per
+  # rank against NCCL (plain and symmetric), eager and graph.
+  mkdir -p "$FINAL/small"
+  for op in all_gather reduce_scatter; do
+    for g in "" --graph; do
+      timeout ${SMALL_S:-90} "$B/symmem-bench" $op --gpus 2 -b 1K -e 256K -f 2 -n 50 -w 10 --reps 5 $g \
+        --csv "$FINAL/small/${op}${g:+_graph}_2.csv" --json /dev/null > "$FINAL/small/${op}${g:+_graph}_2.txt" 2>&1
+      echo "small $op $g rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
+  ;;
 scatter_ab)
   # The unrolled scatter (this tree) against the binary before it ($B/old-symmem-bench), ABAB, on
   # the push all-reduces from 1.5 to 8 MiB; then tune_medium with this tree.
@@ -89,7 +120,8 @@ scatter_ab)
       for size in 1536K 3M 4M 8M; do
         timeout 40 "$bench" all_reduce --gpus 2 -d bfloat16 -b $size -e $size -n 20 -w 5 --reps 3 --graph --nccl 0 \
           --algos one_shot_push,two_shot_push --blocks 64,96,128,132 \
-          --csv "$FINAL/scatter_ab/${which}_${size}_${rep}.csv" --json /dev/null > /dev/null 2>&1
+          --csv "$FINAL/scatter_ab/${which}_${size}_${rep}.csv" --json /dev/null \
+          > "$FINAL/scatter_ab/${which}_${size}_${rep}.txt" 2>&1
         echo "scatter_ab $which $size $rep rc=$?" >> "$FINAL/summary.txt"
       done
     done
@@ -106,9 +138,11 @@ tune_medium)
     timeout 60 "$B/symmem-bench" all_reduce --gpus 2 -d bfloat16 -b $size -e $size -n 20 -w 5 --reps 3 --graph --nccl 0 \
       --algos one_shot_push,two_shot,two_shot_push --blocks ${TUNE_BLOCKS:-48,64,96,112,128,132} \
       --csv "$FINAL/tune/ar_${size}_2.csv" --json /dev/null > "$FINAL/tune/ar_${size}_2.txt" 2>&1
-    echo "tune $size rc=$?" >> "$FINAL/summary.txt"
+    rc=$?
+    echo "tune $size rc=$rc" >> "$FINAL/summary.txt"
     bytes=$(python3 -c "import sys; s=sys.argv[1]; print(int(float(s[:-1]) * (1 << (10 if s[-1] == 'K' else 20))))" $size)
-    python3 scripts/tune_entry.py "$FINAL/tune/ar_${size}_2.csv" $table all_reduce 2 $bytes "$FINAL/tune/NVIDIA_H200.json" \
+    # Only a complete sweep sets an entry.
+    [ $rc = 0 ] && python3 scripts/tune_entry.py "$FINAL/tune/ar_${size}_2.csv" $table all_reduce 2 $bytes "$FINAL/tune/NVIDIA_H200.json" \
       >> "$FINAL/summary.txt" 2>&1 && table="$FINAL/tune/NVIDIA_H200.json"
   done
   export SYMMEM_TUNING_FILE="$FINAL/tune/NVIDIA_H200.json"
@@ -198,6 +232,7 @@ only)
   old_tests ${NEGATIVE_TESTS:-}
   ;;
 esac
-cat "$OUT/summary.txt"
-cp "$OUT/summary.txt" "$FINAL/summary_$1.txt"
+# Stages write their summary into $OUT (archived) or straight into $FINAL (the torch stages).
+cat "$OUT/summary.txt" "$FINAL/summary.txt" 2>/dev/null > "$FINAL/summary_$1.txt"
+cat "$FINAL/summary_$1.txt"
 tar czf "$FINAL/session_$1.tgz" -C "$OUT" .

@@ -26,8 +26,6 @@ void log_warning(const std::string& message);  // stderr, only when SYMMEM_DEBUG
   } while (0)
 
 // Checks the launch configuration of the kernel just launched.
-#define SYMMEM_LAUNCH_CHECK() SYMMEM_CUDA_CHECK(cudaGetLastError())
-
 #define SYMMEM_CUDA_CHECK_NOTHROW(expr)                                                                \
   do {                                                                                                 \
     cudaError_t symmem_err_ = (expr);                                                                  \

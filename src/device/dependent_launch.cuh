@@ -1,7 +1,10 @@
 // Programmatic dependent launch (PDL, sm_90). symmem launches its kernels with programmatic stream
-// serialization (kernels/launch.cuh), so the next kernel on the stream may be launched, and its
-// blocks made resident, while the previous one still runs: in CUDA graph replays and back-to-back
-// eager calls the launch latency then overlaps the previous kernel instead of following it.
+// serialization (kernels/launch.cuh), so a symmem kernel may be launched, and its blocks made
+// resident, while the kernel before it on the stream still runs: its launch latency overlaps that
+// kernel instead of following it (back-to-back collectives, in CUDA graph replays above all).
+// Kernels of other libraries are launched as they always are. Because every symmem kernel
+// triggers on entry, a symmem successor holds its SM slots while it waits (at most for the
+// collective's own duration, bounded by the timeout).
 //
 // The price is one rule: every kernel calls enter_kernel() before it touches global memory. Its
 // wait returns once every kernel this grid depends on has completed and its writes are visible

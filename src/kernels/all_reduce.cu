@@ -29,7 +29,7 @@ struct Chunk {
   size_t count;
 };
 
-// Stores chunk_for(p) into every peer p, next rank first, every source's loads in flight together.
+// Stores chunk_for(p) into every peer p, next rank first (device::scatter: a few vectors per thread in flight).
 template <typename T, bool kVector, typename ChunkFor>
 __device__ __forceinline__ void send_to_peers(const SyncArgs& s, ChunkFor chunk_for) {
   const T* src[kMaxWorld];

@@ -28,7 +28,11 @@ void launch_kernel(void (*kernel)(Params...), int blocks, int threads, size_t sh
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = programmatic_launch() ? 1 : 0;
-  SYMMEM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, args...);
+  // A failed launch also sets the runtime's last error: clear it before throwing, or the caller's
+  // next unrelated launch check (torch's, after catching our exception) would report it.
+  if (launched != cudaSuccess) (void)cudaGetLastError();
+  SYMMEM_CUDA_CHECK(launched);
 }
 
 }  // namespace symmem::detail

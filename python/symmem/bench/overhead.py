@@ -5,7 +5,7 @@
          own cost, whatever the GPU time
   wall   back-to-back calls with the GPU running them: max(host, GPU time), what eager code sees
 
-Rows are taken in turn (ABAB...) `--reps` times; medians.
+Rows are taken in turn (ABAB...) `--reps` times; per row the slower rank's median.
 
     torchrun --nproc-per-node 2 -m symmem.bench.overhead
 """
@@ -36,6 +36,8 @@ def _wall(fn, calls):
 
 
 def _host(fn, calls):
+    """Host time per call, or NaN if the GPU caught up with the host (then the figure could include
+    waits for the GPU)."""
     _quiet()
     # ~25 ms of GPU sleep at H200 clocks: far longer than issuing `calls` calls.
     torch.cuda._sleep(50_000_000)
@@ -43,8 +45,9 @@ def _host(fn, calls):
     for _ in range(calls):
         fn()
     host = (time.perf_counter() - start) * 1e6 / calls
+    still_busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
-    return host
+    return host if still_busy else float("nan")
 
 
 class _NoCore:
@@ -92,29 +95,30 @@ def main():
         ("TPAllReduce.all_reduce, caching-allocator tensor", lambda: tp.all_reduce(xl)),
     ]
     tp = st.TPAllReduce(dist.group.WORLD)
-    no_core = _NoCore()
+    # Rows that run without the C call: the stand-in core is swapped in around the whole sample.
+    bare = {"Python kernel without the C call", "dispatcher + Python kernel without the C call"}
+    rows.append(("Python kernel without the C call", lambda: ops._all_reduce_inplace_cuda(x, "sum", g)))
+    rows.append(("dispatcher + Python kernel without the C call", lambda: torch.ops.symmem.all_reduce_(x, "sum", g)))
 
-    def without_core(fn):
-        def call():
-            comm.core = no_core
-            try:
-                fn()
-            finally:
-                comm.core = core
-        return call
-    rows.append(("Python kernel without the C call", without_core(lambda: ops._all_reduce_inplace_cuda(x, "sum", g))))
-    rows.append(("dispatcher + Python kernel without the C call",
-                 without_core(lambda: torch.ops.symmem.all_reduce_(x, "sum", g))))
-    for _, fn in rows:  # warm-up, also of the caching allocator
-        for _ in range(20):
-            fn()
+    def sample(name, fn, measure):
+        comm.core = _NoCore() if name in bare else core
+        try:
+            return measure(fn, args.calls)
+        finally:
+            comm.core = core
+    for name, fn in rows:  # warm-up, also of the caching allocator
+        sample(name, fn, lambda f, n: [f() for _ in range(20)])
     torch.cuda.synchronize()
     samples = {name: ([], []) for name, _ in rows}
     for _ in range(args.reps):
         for name, fn in rows:
-            samples[name][0].append(_host(fn, args.calls))
-            samples[name][1].append(_wall(fn, args.calls))
-    results = [(name, statistics.median(h), statistics.median(w)) for name, (h, w) in samples.items()]
+            samples[name][0].append(sample(name, fn, _host))
+            samples[name][1].append(sample(name, fn, _wall))
+    # Per row, the slower rank's median (a NaN sample, where the GPU caught up, poisons its row).
+    medians = torch.tensor([[statistics.median(h), statistics.median(w)] for h, w in samples.values()],
+                           dtype=torch.float64, device="cuda")
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+    results = [(name, h, w) for name, (h, w) in zip(samples, medians.tolist())]
     if dist.get_rank() == 0:
         print(f"{args.elements} bf16 elements, {args.calls} calls per sample, {args.reps} samples (medians)")
         print(f"{'host us':>8} {'wall us':>8}  layer")

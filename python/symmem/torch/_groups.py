@@ -76,8 +76,14 @@ class Communicator:
             group = c10d._get_default_group()
         name = group.group_name
         comm = _by_name.get(name)
-        if comm is not None:
+        if comm is not None and comm.group is group:
             return comm
+        if comm is not None:
+            # torch reused the name of a destroyed group (destroy_process_group, then new groups):
+            # the cached communicator is another group's. It cannot be closed (close is collective
+            # over a group that no longer exists); it is forgotten and a new one is built.
+            _by_name.pop(name)
+            _by_argument.clear()
         if name in _unavailable:
             raise SymmemError("kUnsupported", _unavailable[name])
         comm = super().__new__(cls)
@@ -156,7 +162,8 @@ def communicator_of(group_name):
 def unavailable_reason(group):
     """Why symmem cannot serve `group` (None when it can). Builds the communicator on first use."""
     name = group_name_of(group)
-    if name in _by_name:
+    comm = _by_name.get(name)
+    if comm is not None and comm.group is (group if group is not None else c10d._get_default_group()):
         return None
     if name in _unavailable:
         return _unavailable[name]

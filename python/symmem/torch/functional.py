@@ -12,6 +12,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from . import ops
 from ._groups import _by_argument, _by_name, group_name_of, unavailable_reason
@@ -84,17 +85,21 @@ def _done(async_op, result):
 
 
 def _served_in_place(tensor, op, group):
-    """The fast path's test, eager only (under torch.compile the op is what gets traced): the
-    (communicator, op name) when the group's communicator exists and symmem takes this tensor and
-    op as they are; else None, and the full checks below decide."""
+    """The fast path's test, eager only: the (communicator, op name) when the group's communicator
+    exists and symmem takes this tensor and op as they are; else None, and the full checks below
+    decide. Plain tensors outside any dispatch mode only: a FakeTensor, another tensor subclass, a
+    TorchDispatchMode (CommDebugMode, FakeTensorMode, ...) and torch.compile must see the op."""
+    if (type(tensor) is not torch.Tensor or not tensor.is_cuda or torch._C._len_torch_dispatch_stack()
+            or torch.compiler.is_compiling()):
+        return None
     comm = _by_argument.get(group)
-    if comm is None:
+    # The cached communicator must still be this group's: torch reuses group names (and the world
+    # group is replaced) after destroy_process_group.
+    if comm is None or comm.group is not (group if group is not None else c10d.GroupMember.WORLD):
         comm = _by_name.get(group_name_of(group))
-        if comm is None:
+        if comm is None or comm.group is not (group if group is not None else c10d.GroupMember.WORLD):
             return None
         _by_argument[group] = comm
-    if not tensor.is_cuda or torch.compiler.is_compiling():
-        return None
     # By identity (the enum values are singletons): 0.04 us, where == or a hash costs 0.4-0.8 us.
     # Anything else (a ReduceOp object, e.g. a premultiplied sum) takes the full checks.
     name = next((n for value, n in _OP_NAMES if op is value), None)

@@ -117,17 +117,6 @@ def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name
     assert torch.equal(lst[0], x)
 
 
-class _CudaLooking:
-    """Enough of a CUDA tensor for the drop-in's fast-path test."""
-    is_cuda = True
-
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def is_floating_point(self):
-        return self.dtype.is_floating_point
-
-
 def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, monkeypatch):
     # Eager drop-in calls skip the dispatcher, only for what the op itself would serve as it is;
     # everything else takes the full checks (and the op, or the fallback).
@@ -136,13 +125,16 @@ def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, 
 
     class FakeComm:
         group_name = "fake-world"
+        group = dist.group.WORLD
 
     comm = FakeComm()
     _groups._by_argument.clear()
     monkeypatch.setitem(_groups._by_name, group_name, comm)
     calls = []
     monkeypatch.setattr(ops, "all_reduce_in_place", lambda c, t, op: calls.append((c, t, op)))
-    bf16, i32 = _CudaLooking(torch.bfloat16), _CudaLooking(torch.int32)
+    # Enough of a plain CUDA tensor for the test: a real torch.Tensor whose is_cuda says True.
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    bf16, i32 = _rand((4,), torch.bfloat16), torch.ones(4, dtype=torch.int32)
     assert functional.all_reduce(bf16) is None
     assert calls == [(comm, bf16, "sum")]
     functional.all_reduce(bf16, op=dist.ReduceOp.AVG)
@@ -150,13 +142,46 @@ def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, 
     assert [c[2] for c in calls[1:]] == ["avg", "max"]
     served = functional._served_in_place
     assert served(i32, dist.ReduceOp.AVG, None) is None  # avg of integers: the op refuses it
-    assert served(_CudaLooking(torch.float64), dist.ReduceOp.SUM, None) is None  # not reducible
+    assert served(torch.ones(2, dtype=torch.float64), dist.ReduceOp.SUM, None) is None  # not reducible
     assert served(bf16, dist.ReduceOp.PRODUCT, None) is None
     assert served(bf16, dist.ReduceOp.SUM, dist.group.WORLD) == (comm, "sum")
-    # A closed communicator leaves both lookups (close() clears the cache of group arguments).
-    monkeypatch.delitem(_groups._by_name, group_name)
+    # A FakeTensor or a dispatch mode must see the op (its fake kernel), never the C call.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(bf16)
+    assert served(fake, dist.ReduceOp.SUM, None) is None
+    with Watch():
+        assert served(bf16, dist.ReduceOp.SUM, None) is None
+    # A communicator of another group under this name (torch reuses the names of destroyed
+    # groups) is never served, from the cache or from the name.
+    comm.group = object()
+    assert served(bf16, dist.ReduceOp.SUM, None) is None
     _groups._by_argument.clear()
+    assert served(bf16, dist.ReduceOp.SUM, None) is None
+    monkeypatch.delitem(_groups._by_name, group_name)
     assert served(bf16, dist.ReduceOp.SUM, None) is None  # no communicator: built by the full path
+
+
+def test_close_forgets_the_drop_ins_cache(group_name, monkeypatch):
+    from symmem.torch import _groups, memory
+
+    class Core:
+        def close(self):
+            pass
+
+    comm = object.__new__(_groups.Communicator)
+    comm.group_name, comm.core = "closing", Core()
+    monkeypatch.setattr(memory, "_forget", lambda c: None)
+    _groups._by_name["closing"] = comm
+    _groups._by_argument["some group"] = comm
+    comm.close()
+    assert "closing" not in _groups._by_name and not _groups._by_argument
 
 
 FAKE_SHAPES = textwrap.dedent("""
