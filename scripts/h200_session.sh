@@ -80,6 +80,15 @@ torch_tuned)
   export SYMMEM_TUNING_FILE="$FINAL/NVIDIA_H200.json"
   torch_stage
   ;;
+fsdp)
+  # FSDP2 on symmem: its GPU tests (torchrun, 2 ranks) and the training-step benchmark.
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  timeout ${FSDP_TESTS_S:-200} tests/python/gpu/run.sh 2 -k "fsdp" > "$FINAL/fsdp_tests_2_ranks.log" 2>&1
+  echo "fsdp tests rc=$?" >> "$FINAL/summary.txt"
+  timeout ${FSDP_BENCH_S:-300} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.fsdp \
+    --out "$FINAL/fsdp" ${FSDP_BENCH_ARGS:-} > "$FINAL/fsdp_bench_2.log" 2>&1
+  echo "fsdp bench rc=$?" >> "$FINAL/summary.txt"
+  ;;
 final_torch)
   # The committed figures of issue 10: PDL on/off A/B (vLLM table, graph replays, ABAB), every
   # C++ GPU test and two kill tests, then the torch stage (tests, bench, overhead).

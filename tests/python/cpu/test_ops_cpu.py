@@ -306,3 +306,29 @@ def test_creation_outcome_is_agreed_by_every_rank():
     # A rank that never reports is a failure for the others, named.
     lonely = torch.distributed.HashStore()
     assert "ranks [1]" in _agree_on_outcome(lonely, 0, 2, "ok", 200)
+
+
+def test_fsdp_enable_installs_the_comms_on_every_fsdp_module(group_name):
+    # FSDP2 on a CPU mesh of one rank: enable() wiring and the comms' CPU fallbacks (the GPU tests
+    # compare training against NCCL).
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import symmem.torch.fsdp as sfsdp
+    from symmem.bench.llama import Decoder, loss_of
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = Decoder(vocab=11, dim=8, layers=2, heads=2, hidden=12)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert sfsdp.enable(model) == 3
+    comms = {id(m._get_fsdp_state()._fsdp_param_group._all_gather_comm) for m in [model, *model.layers]}
+    assert len(comms) == 1  # one comm per shard group, shared by its modules
+    ag = model._get_fsdp_state()._fsdp_param_group._all_gather_comm
+    assert isinstance(ag, sfsdp.SymmemAllGather)
+    buffer = ag.allocate((6,), dtype=torch.bfloat16, device=torch.device("cpu"))
+    assert buffer.shape == (6,) and buffer.dtype == torch.bfloat16
+    loss = loss_of(model, torch.randint(0, 11, (2, 5)))
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())

@@ -1,0 +1,152 @@
+"""FSDP2 training step time: stock FSDP2 (NCCL) against FSDP2 with symmem's comms, in one run on the
+same GPUs, at one or more model sizes (a Llama-style decoder, symmem.bench.llama).
+
+    torchrun --nproc-per-node 2 -m symmem.bench.fsdp --out bench/results/h200/fsdp
+
+Rows (impl):
+  nccl           stock FSDP2: NCCL all-gather and reduce-scatter
+  symmem         copy-engine all-gather (no SMs) + symmem reduce-scatter (symmem.torch.fsdp.enable)
+  symmem_sm      SM all-gather (algorithm auto) + symmem reduce-scatter
+  nccl_symm_mem  FSDP2 with set_symm_mem_for_comm, where the installed torch has it (>= 2.12)
+
+Every row trains its own copy of the model: same initialisation, same tokens, bf16 parameters,
+AdamW, implicit prefetch. After `--warmup` steps per row, one step of every row is timed in turn
+(ABAB...) `--steps` times (CUDA events around the step; the slower rank's time). The CSV has the
+median step time with the fastest and slowest step; `wrong` counts the steps whose loss differs
+from the nccl row's by more than `--loss-rtol` (relative).
+"""
+import argparse
+import csv
+import datetime
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from .llama import Decoder, loss_of, parameter_count
+from .torch import _commit
+
+# dim:layers:hidden (heads = dim / 128)
+DEFAULT_SIZES = ["2048:8:5632", "4096:8:11008"]
+
+
+class Row:
+    def __init__(self, impl, size, args):
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        import symmem.torch.fsdp as sfsdp
+        dim, layers, hidden = (int(v) for v in size.split(":"))
+        self.impl, self.size = impl, size
+        self.params = parameter_count(args.vocab, dim, layers, hidden)
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            self.model = Decoder(args.vocab, dim, layers, dim // 128, hidden).to(torch.bfloat16)
+        for layer in self.model.layers:
+            fully_shard(layer)
+        fully_shard(self.model)
+        if impl == "symmem":
+            sfsdp.enable(self.model, all_gather="copy_engine")
+        elif impl == "symmem_sm":
+            sfsdp.enable(self.model, all_gather="auto")
+        elif impl == "nccl_symm_mem":
+            for m in self.model.modules():
+                if isinstance(m, FSDPModule):
+                    m.set_symm_mem_for_comm()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.tokens = torch.Generator(device="cuda").manual_seed(1000 + dist.get_rank())
+        self.times, self.losses = [], []
+
+    def step(self, args, timed):
+        tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device="cuda", generator=self.tokens)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        loss = loss_of(self.model, tokens)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        end.record()
+        end.synchronize()
+        self.losses.append(loss.item())
+        if timed:
+            self.times.append(start.elapsed_time(end) * 1000)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="directory for the CSV and the table")
+    parser.add_argument("--sizes", nargs="*", default=DEFAULT_SIZES, help="dim:layers:hidden, one per model size")
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--loss-rtol", type=float, default=1e-2)
+    parser.add_argument("--impls", nargs="*", default=["nccl", "symmem", "symmem_sm", "nccl_symm_mem"])
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    from torch.distributed.fsdp import FSDPModule
+    impls = [i for i in args.impls if i != "nccl_symm_mem" or hasattr(FSDPModule, "set_symm_mem_for_comm")]
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    commit, gpu = _commit(), torch.cuda.get_device_name()
+    results = []
+    for size in args.sizes:
+        rows = [Row(impl, size, args) for impl in impls]
+        for row in rows:
+            for _ in range(args.warmup):
+                row.step(args, timed=False)
+        for _ in range(args.steps):  # interleaved: one step of every row per round
+            for row in rows:
+                row.step(args, timed=True)
+        reference = next(r for r in rows if r.impl == "nccl").losses
+        for row in rows:
+            stats = torch.tensor([statistics.median(row.times), min(row.times), max(row.times)], dtype=torch.float64,
+                                 device="cuda")
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+            wrong = sum(abs(a - b) > args.loss_rtol * abs(b) for a, b in zip(row.losses, reference))
+            w = torch.tensor([wrong], device="cuda")
+            dist.all_reduce(w)
+            results.append({"op": "fsdp2_step", "impl": row.impl, "world": world, "model": size,
+                            "params": row.params, "bytes_per_rank": row.params * 2 // world,
+                            "time_us": stats[0].item(), "time_min_us": stats[1].item(),
+                            "time_max_us": stats[2].item(), "wrong": int(w.item()), "gpu": gpu, "commit": commit,
+                            "date": date})
+        del rows
+        torch.cuda.empty_cache()
+
+    if rank == 0:
+        lines = [f"FSDP2 step, world {world}, {gpu}, seq {args.seq} x batch {args.batch}, bf16, "
+                 f"{args.steps} interleaved steps after {args.warmup} warm-up (median ms [min, max])"]
+        for size in args.sizes:
+            sel = [r for r in results if r["model"] == size]
+            nccl = next(r for r in sel if r["impl"] == "nccl")["time_us"]
+            lines.append(f"model {size} (dim:layers:hidden), {sel[0]['params'] / 1e9:.2f} B parameters")
+            for r in sel:
+                lines.append(f"  {r['impl']:14s} {r['time_us'] / 1e3:8.2f} [{r['time_min_us'] / 1e3:.2f}, "
+                             f"{r['time_max_us'] / 1e3:.2f}]  nccl/this {nccl / r['time_us']:.3f}  wrong {r['wrong']}")
+        text = "\n".join(lines) + f"\ncommit {commit}, {date}"
+        print(text, flush=True)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            fields = ["op", "impl", "world", "model", "params", "bytes_per_rank", "time_us", "time_min_us",
+                      "time_max_us", "wrong", "gpu", "commit", "date"]
+            with open(os.path.join(args.out, f"fsdp_step_{world}.csv"), "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=fields)
+                writer.writeheader()
+                for r in results:
+                    writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
+            with open(os.path.join(args.out, f"fsdp_step_{world}.txt"), "w") as f:
+                f.write(text + "\n")
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""FSDP2 on symmem: the all-gather and reduce-scatter that FSDP2 calls, through torch's
+``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter`` (torch >= 2.11).
+
+    from torch.distributed.fsdp import fully_shard
+    import symmem.torch.fsdp
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    symmem.torch.fsdp.enable(model)      # every FSDP module of the model
+
+``SymmemAllGather`` runs the copy-engine all-gather by default: the copies take no SM from the
+GEMMs it overlaps. ``SymmemReduceScatter`` runs symmem's SM reduce-scatter (sum, or avg as a sum
+and one division), and falls back to torch.distributed for reduce ops symmem does not have (a
+pre-multiplied sum, which FSDP asks for only under ``set_gradient_divide_factor``), saying so once.
+
+Buffers. FSDP asks the comm for its buffers (``allocate``) and frees them only after its streams
+have waited for every use (the contract it keeps with the caching allocator). The comms lend whole
+symmetric heap buffers, so every collective runs zero-copy (the all-gather in place: the input is
+this rank's slot of the output), and take a buffer back once the last tensor over it has died.
+Steady-state steps allocate nothing; the first step's allocations are collective, like every heap
+allocation: every rank's FSDP makes the same requests in the same order (same model, same
+wrapping), and a rank that differs fails the allocation with an error, never a hang.
+"""
+import collections
+import math
+import warnings
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from .. import _native
+from . import memory
+from ._groups import Communicator, unavailable_reason
+from .functional import _QueuedWork
+
+try:  # the comm interfaces exist from torch 2.11 on
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherBase
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
+except ImportError:  # pragma: no cover (older torch: enable() raises)
+    _AllGatherBase = _ReduceScatterBase = object
+
+_UINT8 = _native.DTYPES["uint8"]
+_warned = set()
+
+
+def _say_once(reason):
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"symmem.torch.fsdp falls back to torch.distributed: {reason}", stacklevel=3)
+
+
+class _Lender:
+    """Whole heap buffers of one communicator, lent as tensors and taken back when the last tensor
+    (or view) over one dies: each loan is its own storage, whose owner object is finalised then."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self._idle = collections.defaultdict(list)  # bytes -> addresses of buffers not lent
+        self.buffers = 0  # heap buffers made so far (each one collective)
+
+    def lend(self, size, dtype):
+        element = torch.empty((), dtype=dtype).element_size()
+        nbytes = max(math.prod(int(s) for s in size) * element, element)
+        idle = self._idle[nbytes]
+        if idle:
+            ptr = idle.pop()
+        else:
+            ptr = self._comm.core.allocate(nbytes)  # collective: every rank misses alike
+            self.buffers += 1
+        span = memory._HeapSpan(self._comm, ptr, nbytes)
+        weakref.finalize(span, idle.append, ptr)
+        raw = torch.as_tensor(span, device=self._comm.torch_device)
+        return raw.view(dtype).view(tuple(int(s) for s in size))
+
+
+def _served(group, tensors):
+    """The communicator of `group` when symmem serves these tensors, else None (after saying why)."""
+    for t in tensors:
+        if not t.is_cuda or not t.is_contiguous():
+            _say_once("CPU or non-contiguous tensors")
+            return None
+    reason = unavailable_reason(group)
+    if reason:
+        _say_once(reason)
+        return None
+    return Communicator(group)
+
+
+class _Comm:
+    def __init__(self, group, algo):
+        self._group = group
+        self._algo = _native.algo_code(algo)
+        self._lender = None
+
+    def allocate(self, size, *, dtype, device):
+        if torch.device(device).type != "cuda" or unavailable_reason(self._group):
+            return torch.empty(*size, dtype=dtype, device=device)  # the fallback's buffers
+        if self._lender is None:
+            comm = Communicator(self._group)
+            if torch.device(device) != comm.torch_device:
+                raise ValueError(f"symmem.torch.fsdp: buffers asked for on {device}, the communicator is on "
+                                 f"{comm.torch_device}")
+            self._lender = _Lender(comm)
+        return self._lender.lend(size, dtype)
+
+    @property
+    def buffers(self):
+        """Heap buffers made so far (constant after the first step)."""
+        return 0 if self._lender is None else self._lender.buffers
+
+
+class SymmemAllGather(_Comm, _AllGatherBase):
+    """FSDP2's all-gather on symmem. ``algo``: "copy_engine" (default, no SMs), "auto", "push",
+    "pull" (SM kernels). ``group``: FSDP's shard group (enable() passes it)."""
+
+    def __init__(self, group=None, algo="copy_engine"):
+        super().__init__(group, algo)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        comm = _served(group, (output_tensor, input_tensor))
+        if comm is None or output_tensor.dtype != input_tensor.dtype:
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        if output_tensor.numel() != input_tensor.numel() * comm.world:
+            raise ValueError(f"symmem.torch.fsdp: all-gather output has {output_tensor.numel()} elements, "
+                             f"{input_tensor.numel() * comm.world} expected")
+        comm.core.all_gather(output_tensor.data_ptr(), input_tensor.data_ptr(),
+                             input_tensor.numel() * input_tensor.element_size(), _UINT8,
+                             torch._C._cuda_getCurrentRawStream(comm.device), self._algo)
+        return _QueuedWork([output_tensor]) if async_op else None
+
+
+class SymmemReduceScatter(_Comm, _ReduceScatterBase):
+    """FSDP2's reduce-scatter on symmem (sum; avg as a sum and a division by the group size)."""
+
+    def __init__(self, group=None, algo="auto"):
+        super().__init__(group, algo)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        from . import ops
+        comm = _served(group, (output_tensor, input_tensor))
+        name = "sum" if op is dist.ReduceOp.SUM else "avg" if op is dist.ReduceOp.AVG else None
+        dtype = ops._REDUCIBLE.get(input_tensor.dtype)
+        if comm is not None and (name is None or dtype is None):
+            _say_once(f"reduce-scatter op {op} or dtype {input_tensor.dtype} (symmem: sum, avg of "
+                      "float32/float16/bfloat16)")
+            comm = None
+        if comm is None:
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        if input_tensor.numel() != output_tensor.numel() * comm.world:
+            raise ValueError(f"symmem.torch.fsdp: reduce-scatter input has {input_tensor.numel()} elements, "
+                             f"{output_tensor.numel() * comm.world} expected")
+        comm.core.reduce_scatter(output_tensor.data_ptr(), input_tensor.data_ptr(), output_tensor.numel(), dtype,
+                                 _native.REDUCE_OPS["sum"], torch._C._cuda_getCurrentRawStream(comm.device),
+                                 self._algo)
+        if name == "avg":
+            output_tensor.div_(comm.world)
+        return _QueuedWork([output_tensor]) if async_op else None
+
+
+def enable(model, all_gather="copy_engine", reduce_scatter=True):
+    """Installs symmem's all-gather (``all_gather``: its algorithm, or None to keep FSDP's) and
+    reduce-scatter (``reduce_scatter=False`` keeps FSDP's) on every FSDP module of `model` (the
+    setters are per module). Modules of one shard group share one comm, and so its buffers.
+    Returns the number of FSDP modules changed."""
+    from torch.distributed.fsdp import FSDPModule
+    if _AllGatherBase is object or not hasattr(FSDPModule, "set_custom_all_gather"):
+        raise RuntimeError(f"symmem.torch.fsdp needs FSDPModule.set_custom_all_gather (torch >= 2.11); "
+                           f"torch is {torch.__version__}")
+    comms = {}
+    changed = 0
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        param_group = module._get_fsdp_state()._fsdp_param_group
+        if param_group is None:  # a module with no parameters of its own
+            continue
+        group = param_group.mesh_info.shard_process_group
+        ag, rs = comms.setdefault(group, (SymmemAllGather(group, all_gather) if all_gather else None,
+                                          SymmemReduceScatter(group) if reduce_scatter else None))
+        if ag is not None:
+            module.set_custom_all_gather(ag)
+        if rs is not None:
+            module.set_custom_reduce_scatter(rs)
+        changed += 1
+    return changed
