@@ -332,3 +332,36 @@ def test_fsdp_enable_installs_the_comms_on_every_fsdp_module(group_name):
     loss = loss_of(model, torch.randint(0, 11, (2, 5)))
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_fsdp_buffers_are_lent_again_only_when_no_view_is_alive():
+    from symmem.torch import fsdp
+
+    class Core:
+        made = 0
+
+        def allocate(self, nbytes):
+            Core.made += 1
+            return Core.made
+
+    class Comm:
+        core = Core()
+
+    class CpuLender(fsdp._Lender):
+        def _tensor_over(self, ptr, nbytes):
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    lender = CpuLender(Comm())
+    a = lender.lend((4, 2), torch.bfloat16)
+    shard = a.view(-1)[4:]  # FSDP keeps views (the input slot, the sharded gradients)
+    b = lender.lend((4, 2), torch.bfloat16)
+    assert lender.buffers == 2 and a.data_ptr() != b.data_ptr()
+    del a
+    c = lender.lend((8,), torch.bfloat16)  # a's buffer still has a live view: not lent again
+    assert lender.buffers == 3
+    del shard
+    d = lender.lend((2, 4), torch.bfloat16)  # now it is idle: lent again, nothing made
+    assert lender.buffers == 3 and d.shape == (2, 4)
+    e = lender.lend((3,), torch.float32)  # another size: its own buffer
+    assert lender.buffers == 4 and e.dtype == torch.float32
+    del b, c

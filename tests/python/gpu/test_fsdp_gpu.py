@@ -27,10 +27,10 @@ def _train(group, *, symmem_ag=None, symmem_rs=False, prefetch="implicit", mixed
     from symmem.bench.llama import Decoder, loss_of
     torch.manual_seed(0)
     model = Decoder(**DIMS).cuda().to(torch.bfloat16)
-    if mixed:  # norms in fp32: FSDP all-gathers mixed dtypes as bytes
+    if mixed:  # frozen fp32 norms beside bf16 weights: FSDP all-gathers mixed dtypes as bytes
         for m in model.modules():
             if isinstance(m, torch.nn.RMSNorm):
-                m.float()
+                m.float().requires_grad_(False)
     for layer in model.layers:
         fully_shard(layer)
     fully_shard(model)
