@@ -8,6 +8,10 @@ Rows (impl):
   symmem         copy-engine all-gather (no SMs) + symmem reduce-scatter (symmem.torch.fsdp.enable)
   symmem_sm      SM all-gather (algorithm auto) + symmem reduce-scatter
   nccl_symm_mem  FSDP2 with set_symm_mem_for_comm, where the installed torch has it (>= 2.12)
+  no_all_gather  an all-gather that moves nothing (garbage parameters, wrong = -1: not checked): the
+                 step without all-gather cost. With it, each row's `all_gather_us` (the step's
+                 all-gathers alone, back to back, through the row's comms: layers twice, the root
+                 once) gives `hidden` = 1 - (step - no_all_gather step) / all_gather_us
 
 Every row trains its own copy of the model: same initialisation, same tokens, bf16 parameters,
 AdamW, implicit prefetch. After `--warmup` steps per row, one step of every row is timed in turn
@@ -28,7 +32,38 @@ from .llama import Decoder, loss_of, parameter_count
 from .torch import _commit
 
 # dim:layers:hidden (heads = dim / 128)
-DEFAULT_SIZES = ["2048:8:5632", "4096:8:11008"]
+DEFAULT_SIZES = ["2048:8:5632", "4096:8:11008", "4096:16:11008"]
+COLORS = ["gray", "tab:blue", "tab:orange", "tab:green", "tab:purple"]
+
+
+class _NoAllGather:
+    """An all-gather that moves nothing (its output is garbage): the step time of a row with it is
+    the step without all-gather cost, the reference for how much of the all-gathers is hidden."""
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        return None
+
+
+def _all_gather_time_us(model, repeats=3):
+    """The step's all-gathers alone, back to back, by the model's own comms: every layer twice
+    (forward, and again in backward after resharding), the root once. Median of `repeats`."""
+    from torch.distributed.fsdp import FSDPModule
+    layers = [m for m in model.layers if isinstance(m, FSDPModule)]
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for module in [model, *layers, *layers]:
+            module.unshard()
+            module.reshard()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
 
 
 class Row:
@@ -49,6 +84,10 @@ class Row:
             sfsdp.enable(self.model, all_gather="copy_engine")
         elif impl == "symmem_sm":
             sfsdp.enable(self.model, all_gather="auto")
+        elif impl == "no_all_gather":
+            for m in self.model.modules():
+                if isinstance(m, FSDPModule):
+                    m.set_custom_all_gather(_NoAllGather())
         elif impl == "nccl_symm_mem":
             for m in self.model.modules():
                 if isinstance(m, FSDPModule):
@@ -73,6 +112,34 @@ class Row:
             self.times.append(start.elapsed_time(end) * 1000)
 
 
+def plot(rows, path):
+    """Bars: median step time per model size and impl (error bars: fastest..slowest step)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sel = {r["impl"]: r for r in rows if r["model"] == model}
+        names = [i for i in impls if i in sel]
+        med = [float(sel[i]["time_us"]) / 1e3 for i in names]
+        low = [m - float(sel[i]["time_min_us"]) / 1e3 for m, i in zip(med, names)]
+        high = [float(sel[i]["time_max_us"]) / 1e3 - m for m, i in zip(med, names)]
+        ax.bar(names, med, yerr=[low, high], capsize=4, color=[COLORS[impls.index(i) % len(COLORS)] for i in names])
+        nccl = float(sel["nccl"]["time_us"]) / 1e3 if "nccl" in sel else None
+        for x, m in enumerate(med):
+            ax.text(x, m, f"{m:.1f}" + (f"\n{nccl / m:.3f}x" if nccl else ""), ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"{model} ({float(next(iter(sel.values()))['params']) / 1e9:.2f} B params)")
+        ax.set_ylabel("ms per step (median; bars: min..max)")
+    fig.suptitle(f"FSDP2 step, world {rows[0]['world']}, {rows[0]['gpu']}, commit {rows[0]['commit']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="directory for the CSV and the table")
@@ -83,7 +150,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--loss-rtol", type=float, default=1e-2)
-    parser.add_argument("--impls", nargs="*", default=["nccl", "symmem", "symmem_sm", "nccl_symm_mem"])
+    parser.add_argument("--impls", nargs="*", default=["nccl", "symmem", "symmem_sm", "nccl_symm_mem", "no_all_gather"])
     args = parser.parse_args(argv)
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -107,6 +174,7 @@ def main(argv=None):
             for row in rows:
                 row.step(args, timed=True)
         reference = next(r for r in rows if r.impl == "nccl").losses
+        free = next((r for r in rows if r.impl == "no_all_gather"), None)
         for row in rows:
             stats = torch.tensor([statistics.median(row.times), min(row.times), max(row.times)], dtype=torch.float64,
                                  device="cuda")
@@ -114,11 +182,21 @@ def main(argv=None):
             wrong = sum(abs(a - b) > args.loss_rtol * abs(b) for a, b in zip(row.losses, reference))
             w = torch.tensor([wrong], device="cuda")
             dist.all_reduce(w)
+            ag = torch.tensor([_all_gather_time_us(row.model) if row.impl != "no_all_gather" else 0.0],
+                              dtype=torch.float64, device="cuda")
+            dist.all_reduce(ag, op=dist.ReduceOp.MAX)
             results.append({"op": "fsdp2_step", "impl": row.impl, "world": world, "model": size,
                             "params": row.params, "bytes_per_rank": row.params * 2 // world,
                             "time_us": stats[0].item(), "time_min_us": stats[1].item(),
-                            "time_max_us": stats[2].item(), "wrong": int(w.item()), "gpu": gpu, "commit": commit,
-                            "date": date})
+                            "time_max_us": stats[2].item(),
+                            "wrong": int(w.item()) if row.impl != "no_all_gather" else -1,
+                            "all_gather_us": ag.item(), "gpu": gpu, "commit": commit, "date": date})
+        if free is not None:  # exposed all-gather cost against the step with free all-gathers
+            base = next(r for r in results if r["model"] == size and r["impl"] == "no_all_gather")["time_us"]
+            for r in results:
+                if r["model"] == size and r["all_gather_us"] > 0:
+                    exposed = max(r["time_us"] - base, 0.0)
+                    r["hidden"] = max(0.0, 1.0 - exposed / r["all_gather_us"])
         del rows
         torch.cuda.empty_cache()
 
@@ -130,21 +208,25 @@ def main(argv=None):
             nccl = next(r for r in sel if r["impl"] == "nccl")["time_us"]
             lines.append(f"model {size} (dim:layers:hidden), {sel[0]['params'] / 1e9:.2f} B parameters")
             for r in sel:
+                extra = (f"  all-gathers alone {r['all_gather_us'] / 1e3:.2f} ms, hidden {r['hidden']:.0%}"
+                         if "hidden" in r else "")
                 lines.append(f"  {r['impl']:14s} {r['time_us'] / 1e3:8.2f} [{r['time_min_us'] / 1e3:.2f}, "
-                             f"{r['time_max_us'] / 1e3:.2f}]  nccl/this {nccl / r['time_us']:.3f}  wrong {r['wrong']}")
+                             f"{r['time_max_us'] / 1e3:.2f}]  nccl/this {nccl / r['time_us']:.3f}  wrong {r['wrong']}"
+                             + extra)
         text = "\n".join(lines) + f"\ncommit {commit}, {date}"
         print(text, flush=True)
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             fields = ["op", "impl", "world", "model", "params", "bytes_per_rank", "time_us", "time_min_us",
-                      "time_max_us", "wrong", "gpu", "commit", "date"]
+                      "time_max_us", "wrong", "all_gather_us", "hidden", "gpu", "commit", "date"]
             with open(os.path.join(args.out, f"fsdp_step_{world}.csv"), "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=fields)
+                writer = csv.DictWriter(f, fieldnames=fields, restval="")
                 writer.writeheader()
                 for r in results:
                     writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
             with open(os.path.join(args.out, f"fsdp_step_{world}.txt"), "w") as f:
                 f.write(text + "\n")
+            plot(results, os.path.join(args.out, f"fsdp_step_{world}.png"))
     dist.barrier()
 
 

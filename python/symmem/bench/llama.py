@@ -1,7 +1,6 @@
 """A small Llama-style decoder for FSDP2 benchmarks and tests: RMSNorm, causal attention
 (scaled_dot_product_attention), SwiGLU MLP, tied to nothing, no positional encoding (the step's
 cost, not its quality, is what is measured)."""
-import torch
 import torch.nn.functional as F
 from torch import nn
 

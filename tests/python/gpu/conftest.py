@@ -1,6 +1,11 @@
 """GPU tests of symmem.torch: one process per GPU under torchrun (tests/python/gpu/run.sh).
 Every rank runs every test in the same order; NCCL (torch.distributed) is the reference."""
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -25,3 +30,50 @@ def group():
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     import symmem.torch  # noqa: F401
     return dist.group.WORLD
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_killed_rank_job(group, worker, tmp_path):
+    """Runs `worker` (RANK PORT RESULT_FILE) as a job of its own, two fresh processes on GPUs 0 and
+    1 (torchrun would stop our ranks as soon as one of them died): rank 1 kills itself, rank 0
+    must raise a SymmemError naming it, in bounded time. Rank 0 of the test runs it; the others
+    wait."""
+    if dist.get_rank() == 0:
+        env = dict(os.environ, SYMMEM_TIMEOUT_MS="3000", NCCL_NVLS_ENABLE="0")
+        # torchrun's variables would make the workers' rendezvous join torchrun's store
+        # (TORCHELASTIC_USE_AGENT_STORE) instead of hosting their own.
+        for k in list(env):
+            if k.startswith("TORCHELASTIC_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                      "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
+                                                      "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME"):
+                env.pop(k)
+        port, result = _free_port(), tmp_path / "survivor.txt"
+        logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(2)]
+        start = time.monotonic()
+        procs = [subprocess.Popen([sys.executable, worker, str(r), str(port), str(result)], env=env,
+                                  stdout=logs[r], stderr=subprocess.STDOUT) for r in range(2)]
+        try:
+            procs[0].wait(timeout=100)
+        except subprocess.TimeoutExpired:
+            pass
+        elapsed = time.monotonic() - start
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        output = "".join(f"--- rank {r}:\n" + (tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(2))
+        print(output)
+        assert procs[0].returncode == 0, f"the survivor did not finish:\n{output}"
+        assert procs[1].returncode == -signal.SIGKILL, output
+        assert result.exists(), f"the survivor wrote no result:\n{output}"
+        code, message = result.read_text().split("\n", 1)
+        assert code in ("kTimeout", "kAborted"), (code, message)
+        assert "rank 1" in message, message
+        assert elapsed < 90, f"the survivor took {elapsed:.0f} s to raise"
+        print(f"survivor raised {code} after {elapsed:.1f} s: {message[:300]}")
+    dist.barrier()

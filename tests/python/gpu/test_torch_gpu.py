@@ -4,11 +4,6 @@ rank; odd sizes, views with offsets, in-place gathers, symmetric tensors and the
 replayed after inputs change in place, torch.compile, the drop-in functions, TPAllReduce, and a
 killed rank raising on the survivor."""
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import warnings
 import zlib
 
@@ -298,47 +293,7 @@ def test_tp_all_reduce_interface(group):
     _check_reduction(out, small, "sum", torch.bfloat16, dist.ReduceOp.SUM)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_killed_rank_raises_naming_it(group, tmp_path):
-    # A job of its own (two fresh processes on GPUs 0 and 1, tests/python/gpu/kill_worker.py):
-    # torchrun would stop our ranks as soon as one of them died. Rank 0 runs it; the others wait.
-    if dist.get_rank() == 0:
-        worker = os.path.join(os.path.dirname(__file__), "kill_worker.py")
-        env = dict(os.environ, SYMMEM_TIMEOUT_MS="3000", NCCL_NVLS_ENABLE="0")
-        # torchrun's variables would make the workers' rendezvous join torchrun's store
-        # (TORCHELASTIC_USE_AGENT_STORE) instead of hosting their own.
-        for k in list(env):
-            if k.startswith("TORCHELASTIC_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                                      "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
-                                                      "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME"):
-                env.pop(k)
-        port, result = _free_port(), tmp_path / "survivor.txt"
-        logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(2)]
-        start = time.monotonic()
-        procs = [subprocess.Popen([sys.executable, worker, str(r), str(port), str(result)], env=env,
-                                  stdout=logs[r], stderr=subprocess.STDOUT) for r in range(2)]
-        try:
-            procs[0].wait(timeout=100)
-        except subprocess.TimeoutExpired:
-            pass
-        elapsed = time.monotonic() - start
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        output = "".join(f"--- rank {r}:\n" + (tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(2))
-        print(output)
-        assert procs[0].returncode == 0, f"the survivor did not finish:\n{output}"
-        assert procs[1].returncode == -signal.SIGKILL, output
-        assert result.exists(), f"the survivor wrote no result:\n{output}"
-        code, message = result.read_text().split("\n", 1)
-        assert code in ("kTimeout", "kAborted"), (code, message)
-        assert "rank 1" in message, message
-        assert elapsed < 90, f"the survivor took {elapsed:.0f} s to raise"
-        print(f"survivor raised {code} after {elapsed:.1f} s: {message[:300]}")
-    dist.barrier()
+    # kill_worker.py: two ranks loop over all-reduces; rank 1 kills itself after 200 calls.
+    from conftest import run_killed_rank_job
+    run_killed_rank_job(group, os.path.join(os.path.dirname(__file__), "kill_worker.py"), tmp_path)
