@@ -52,18 +52,24 @@ def _say_once(reason):
 class _Lender:
     """Whole heap buffers of one communicator, lent as views of a tensor over each. A buffer is
     lent again once no view of it is alive: its storage's use count is back to what the lender's
-    own tensor holds (a C++ counter read, 0.2 us; making a tensor per loan costs far more)."""
+    own tensor holds (a C++ counter read, 0.2 us; making a tensor per loan costs far more).
+
+    As the caching allocator does, a buffer is lent again only for a request on the stream that
+    asked for it first. FSDP drops a buffer once the stream it allocated on is ordered after every
+    use (the reduce-scatter input: the compute stream waited for the reduce-scatter), not every
+    stream: lent to a request on another stream (the all-gather copy-in), it could be overwritten
+    while a collective still reads it."""
 
     def __init__(self, comm):
         self._comm = comm
-        self._buffers = collections.defaultdict(list)  # bytes -> [(tensor, storage, use count when idle)]
+        self._buffers = collections.defaultdict(list)  # (bytes, stream) -> [(tensor, storage, use count when idle)]
         self.buffers = 0  # heap buffers made so far (each one collective)
 
     def lend(self, size, dtype):
         element = torch.empty((), dtype=dtype).element_size()
         size = tuple(int(s) for s in size)
         nbytes = max(math.prod(size) * element, element)
-        for whole, storage, idle in self._buffers[nbytes]:
+        for whole, storage, idle in self._buffers[nbytes, self._stream()]:
             if torch._C._storage_Use_Count(storage) == idle:
                 break
         else:
@@ -73,8 +79,11 @@ class _Lender:
             whole = self._tensor_over(ptr, nbytes)
             storage = whole.untyped_storage()._cdata
             idle = torch._C._storage_Use_Count(storage)
-            self._buffers[nbytes].append((whole, storage, idle))
+            self._buffers[nbytes, self._stream()].append((whole, storage, idle))
         return whole.view(dtype).view(size)
+
+    def _stream(self):
+        return torch.cuda.current_stream(self._comm.device).cuda_stream
 
     def _tensor_over(self, ptr, nbytes):
         return torch.as_tensor(memory._HeapSpan(self._comm, ptr, nbytes), device=self._comm.torch_device)

@@ -348,6 +348,11 @@ def test_fsdp_buffers_are_lent_again_only_when_no_view_is_alive():
         core = Core()
 
     class CpuLender(fsdp._Lender):
+        stream = 1
+
+        def _stream(self):
+            return self.stream
+
         def _tensor_over(self, ptr, nbytes):
             return torch.empty(nbytes, dtype=torch.uint8)
 
@@ -364,4 +369,13 @@ def test_fsdp_buffers_are_lent_again_only_when_no_view_is_alive():
     assert lender.buffers == 3 and d.shape == (2, 4)
     e = lender.lend((3,), torch.float32)  # another size: its own buffer
     assert lender.buffers == 4 and e.dtype == torch.float32
-    del b, c
+    del b, c, d
+    # An idle buffer is lent again only on the stream that asked for it (as the caching allocator
+    # does): FSDP frees a buffer once its allocating stream, not every stream, is past its uses.
+    lender.stream = 2
+    f = lender.lend((4, 2), torch.bfloat16)
+    assert lender.buffers == 5
+    lender.stream = 1
+    g = lender.lend((4, 2), torch.bfloat16)
+    assert lender.buffers == 5
+    del e, f, g
