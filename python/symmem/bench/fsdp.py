@@ -8,13 +8,18 @@ Rows (impl):
   symmem         copy-engine all-gather (no SMs) + symmem reduce-scatter (symmem.torch.fsdp.enable)
   symmem_sm      SM all-gather (algorithm auto) + symmem reduce-scatter
   nccl_symm_mem  FSDP2 with set_symm_mem_for_comm, where the installed torch has it (>= 2.12)
-  no_all_gather  an all-gather that moves nothing (garbage parameters, wrong = -1: not checked): the
-                 step without all-gather cost. With it, each row's `all_gather_us` (the step's
-                 all-gathers alone, back to back, through the row's comms: layers twice, the root
-                 once) gives `hidden` = 1 - (step - no_all_gather step) / all_gather_us
+  no_all_gather  an all-gather that moves nothing (garbage parameters, wrong = -1: not checked),
+                 NCCL's reduce-scatter: the nccl step without all-gather cost
+  no_all_gather_symmem_rs   the same with symmem's reduce-scatter: the symmem rows' reference
+With them, each row's `all_gather_us` (the step's all-gathers alone, back to back, through the
+row's comms: layers twice, the root once; copy-in and copy-out included) gives
+`hidden` = 1 - (step - its reference step) / all_gather_us. The all-gathers alone run on one
+stream with nothing else, so `all_gather_us` is an upper bound of their cost inside the step and
+`hidden` leans high; the reference rows compute on garbage parameters.
 
-Every row trains its own copy of the model: same initialisation, same tokens, bf16 parameters,
-AdamW, implicit prefetch. After `--warmup` steps per row, one step of every row is timed in turn
+Every row trains its own copy of the model: same initialisation, same tokens (four fixed batches
+in turn: a task the model learns, so that the loss moves), bf16 parameters, AdamW, implicit
+prefetch. After `--warmup` steps per row, one step of every row is timed in turn
 (ABAB...) `--steps` times (CUDA events around the step; the slower rank's time). The CSV has the
 median step time with the fastest and slowest step; `wrong` counts the steps whose loss differs
 from the nccl row's by more than `--loss-rtol` (relative).
@@ -33,7 +38,7 @@ from .torch import _commit
 
 # dim:layers:hidden (heads = dim / 128)
 DEFAULT_SIZES = ["2048:8:5632", "4096:8:11008", "4096:16:11008"]
-COLORS = ["gray", "tab:blue", "tab:orange", "tab:green", "tab:purple"]
+COLORS = ["gray", "tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown"]
 
 
 class _NoAllGather:
@@ -84,7 +89,9 @@ class Row:
             sfsdp.enable(self.model, all_gather="copy_engine")
         elif impl == "symmem_sm":
             sfsdp.enable(self.model, all_gather="auto")
-        elif impl == "no_all_gather":
+        elif impl in ("no_all_gather", "no_all_gather_symmem_rs"):
+            if impl == "no_all_gather_symmem_rs":
+                sfsdp.enable(self.model, all_gather=None)  # symmem's reduce-scatter, as the symmem rows
             for m in self.model.modules():
                 if isinstance(m, FSDPModule):
                     m.set_custom_all_gather(_NoAllGather())
@@ -92,12 +99,15 @@ class Row:
             for m in self.model.modules():
                 if isinstance(m, FSDPModule):
                     m.set_symm_mem_for_comm()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.tokens = torch.Generator(device="cuda").manual_seed(1000 + dist.get_rank())
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        # A learnable task (a few fixed sequences, in turn), so that the loss falls fast and a row
+        # whose parameters or gradients went wrong leaves the nccl row's loss curve.
+        g = torch.Generator(device="cuda").manual_seed(1000 + dist.get_rank())
+        self.data = torch.randint(0, args.vocab, (4, args.batch, args.seq + 1), device="cuda", generator=g)
         self.times, self.losses = [], []
 
     def step(self, args, timed):
-        tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device="cuda", generator=self.tokens)
+        tokens = self.data[len(self.losses) % len(self.data)]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         start.record()
@@ -150,7 +160,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--loss-rtol", type=float, default=1e-2)
-    parser.add_argument("--impls", nargs="*", default=["nccl", "symmem", "symmem_sm", "nccl_symm_mem", "no_all_gather"])
+    parser.add_argument("--impls", nargs="*", default=["nccl", "symmem", "symmem_sm", "nccl_symm_mem", "no_all_gather",
+                                                       "no_all_gather_symmem_rs"])
     args = parser.parse_args(argv)
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -174,7 +185,7 @@ def main(argv=None):
             for row in rows:
                 row.step(args, timed=True)
         reference = next(r for r in rows if r.impl == "nccl").losses
-        free = next((r for r in rows if r.impl == "no_all_gather"), None)
+        free = {r.impl: r for r in rows if r.impl.startswith("no_all_gather")}
         for row in rows:
             stats = torch.tensor([statistics.median(row.times), min(row.times), max(row.times)], dtype=torch.float64,
                                  device="cuda")
@@ -182,21 +193,25 @@ def main(argv=None):
             wrong = sum(abs(a - b) > args.loss_rtol * abs(b) for a, b in zip(row.losses, reference))
             w = torch.tensor([wrong], device="cuda")
             dist.all_reduce(w)
-            ag = torch.tensor([_all_gather_time_us(row.model) if row.impl != "no_all_gather" else 0.0],
+            baseline = row.impl.startswith("no_all_gather")
+            ag = torch.tensor([_all_gather_time_us(row.model) if not baseline else 0.0],
                               dtype=torch.float64, device="cuda")
             dist.all_reduce(ag, op=dist.ReduceOp.MAX)
             results.append({"op": "fsdp2_step", "impl": row.impl, "world": world, "model": size,
                             "params": row.params, "bytes_per_rank": row.params * 2 // world,
                             "time_us": stats[0].item(), "time_min_us": stats[1].item(),
                             "time_max_us": stats[2].item(),
-                            "wrong": int(w.item()) if row.impl != "no_all_gather" else -1,
+                            "wrong": int(w.item()) if not baseline else -1,
                             "all_gather_us": ag.item(), "gpu": gpu, "commit": commit, "date": date})
-        if free is not None:  # exposed all-gather cost against the step with free all-gathers
-            base = next(r for r in results if r["model"] == size and r["impl"] == "no_all_gather")["time_us"]
-            for r in results:
-                if r["model"] == size and r["all_gather_us"] > 0:
-                    exposed = max(r["time_us"] - base, 0.0)
-                    r["hidden"] = max(0.0, 1.0 - exposed / r["all_gather_us"])
+        # Exposed all-gather cost: the step against the step with free all-gathers and the same
+        # reduce-scatter (NCCL's for the nccl row, symmem's for the symmem rows).
+        for r in results:
+            if r["model"] != size or r["all_gather_us"] <= 0:
+                continue
+            base = free.get("no_all_gather" if r["impl"] == "nccl" else "no_all_gather_symmem_rs")
+            if base is not None:
+                base_us = next(x for x in results if x["model"] == size and x["impl"] == base.impl)["time_us"]
+                r["hidden"] = max(0.0, 1.0 - max(r["time_us"] - base_us, 0.0) / r["all_gather_us"])
         del rows
         torch.cuda.empty_cache()
 

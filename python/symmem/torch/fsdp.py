@@ -15,11 +15,19 @@ pre-multiplied sum, which FSDP asks for only under ``set_gradient_divide_factor`
 
 Buffers. FSDP asks the comm for its buffers (``allocate``) and frees them only after its streams
 have waited for every use (the contract it keeps with the caching allocator). The comms lend whole
-symmetric heap buffers, so every collective runs zero-copy (the all-gather in place: the input is
-this rank's slot of the output), and take a buffer back once the last view of it has died.
+symmetric heap buffers for what peers read (the all-gather's output, whose slot is the input: in
+place and zero-copy; the reduce-scatter's input), and take a buffer back once the last view of it
+has died. The reduce-scatter's output, which becomes the sharded gradients, comes from the caching
+allocator.
 Steady-state steps allocate nothing; the first step's allocations are collective, like every heap
 allocation: every rank's FSDP makes the same requests in the same order (same model, same
-wrapping), and a rank that differs fails the allocation with an error, never a hang.
+wrapping, and no rank keeps a comm buffer alive longer than the others), and a rank that differs
+fails with an error (kMismatch, or an allocation timeout), never a hang.
+
+Failures: a dead or stalled peer makes the next symmem call raise (SymmemError naming it), but the
+step in flight may already have consumed a gradient or parameter the failed collective did not
+write. Call ``symmem.torch.Communicator(group).check()`` after the step's synchronisation, before
+a checkpoint.
 """
 import collections
 import math
@@ -107,10 +115,16 @@ class _Comm:
         self._group = group
         self._algo = _native.algo_code(algo)
         self._lender = None
+        self.calls = 0  # collectives symmem ran (the rest fell back to torch.distributed)
+
+    def _lends(self, size):
+        """Whether this request gets a lent heap buffer (else the caching allocator's memory)."""
+        return True
 
     def allocate(self, size, *, dtype, device):
-        if torch.device(device).type != "cuda" or unavailable_reason(self._group):
-            return torch.empty(*size, dtype=dtype, device=device)  # the fallback's buffers
+        if (torch.device(device).type != "cuda" or unavailable_reason(self._group) or not self._lends(size)
+                or torch.cuda.is_current_stream_capturing()):
+            return torch.empty(*size, dtype=dtype, device=device)  # staged or fallback buffers
         if self._lender is None:
             comm = Communicator(self._group)
             if torch.device(device) != comm.torch_device:
@@ -142,20 +156,35 @@ class SymmemAllGather(_Comm, _AllGatherBase):
         comm.core.all_gather(output_tensor.data_ptr(), input_tensor.data_ptr(),
                              input_tensor.numel() * input_tensor.element_size(), _UINT8,
                              torch._C._cuda_getCurrentRawStream(comm.device), self._algo)
+        self.calls += 1
         return _QueuedWork([output_tensor]) if async_op else None
 
 
 class SymmemReduceScatter(_Comm, _ReduceScatterBase):
-    """FSDP2's reduce-scatter on symmem (sum; avg as a sum and a division by the group size)."""
+    """FSDP2's reduce-scatter on symmem (sum; avg as a sum and a division by the group size).
+
+    Only the input is lent (peers read it: zero copy). FSDP asks for the input, then for the
+    output (1/world of it), which becomes the sharded gradients: that comes from the caching
+    allocator, so gradients keep its semantics (record_stream, memory returned when freed)."""
 
     def __init__(self, group=None, algo="auto"):
         super().__init__(group, algo)
+        self._input_numel = None  # the last lent input, whose output request comes next
+
+    def _lends(self, size):
+        numel = math.prod(int(s) for s in size)
+        world = self._lender._comm.world if self._lender is not None else None
+        if self._input_numel is not None and world is not None and numel * world == self._input_numel:
+            self._input_numel = None
+            return False  # the output of the input just lent
+        self._input_numel = numel
+        return True
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         from . import ops
         comm = _served(group, (output_tensor, input_tensor))
         name = "sum" if op is dist.ReduceOp.SUM else "avg" if op is dist.ReduceOp.AVG else None
-        dtype = ops._REDUCIBLE.get(input_tensor.dtype)
+        dtype = ops._REDUCIBLE.get(input_tensor.dtype) if output_tensor.dtype == input_tensor.dtype else None
         if comm is not None and (name is None or dtype is None):
             _say_once(f"reduce-scatter op {op} or dtype {input_tensor.dtype} (symmem: sum, avg of "
                       "float32/float16/bfloat16)")
@@ -170,6 +199,7 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
                                  self._algo)
         if name == "avg":
             output_tensor.div_(comm.world)
+        self.calls += 1
         return _QueuedWork([output_tensor]) if async_op else None
 
 
@@ -179,6 +209,7 @@ def enable(model, all_gather="copy_engine", reduce_scatter=True):
     setters are per module). Modules of one shard group share one comm, and so its buffers.
     Returns the number of FSDP modules changed."""
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
     if _AllGatherBase is object or not hasattr(FSDPModule, "set_custom_all_gather"):
         raise RuntimeError(f"symmem.torch.fsdp needs FSDPModule.set_custom_all_gather (torch >= 2.11); "
                            f"torch is {torch.__version__}")
@@ -188,8 +219,8 @@ def enable(model, all_gather="copy_engine", reduce_scatter=True):
         if not isinstance(module, FSDPModule):
             continue
         param_group = module._get_fsdp_state()._fsdp_param_group
-        if param_group is None:  # a module with no parameters of its own
-            continue
+        if param_group is None or not isinstance(param_group.mesh_info, FSDPMeshInfo):
+            continue  # no parameters of its own, or replicated (no all-gather, no reduce-scatter)
         group = param_group.mesh_info.shard_process_group
         ag, rs = comms.setdefault(group, (SymmemAllGather(group, all_gather) if all_gather else None,
                                           SymmemReduceScatter(group) if reduce_scatter else None))

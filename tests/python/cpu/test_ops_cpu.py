@@ -379,3 +379,17 @@ def test_fsdp_buffers_are_lent_again_only_when_no_view_is_alive():
     g = lender.lend((4, 2), torch.bfloat16)
     assert lender.buffers == 5
     del e, f, g
+
+
+def test_fsdp_reduce_scatter_lends_its_input_not_its_output():
+    # FSDP asks for the input (peers read it: lent) and then for the output (1/world of it), which
+    # becomes the sharded gradients: that one must come from the caching allocator.
+    from symmem.torch import fsdp
+
+    rs = fsdp.SymmemReduceScatter.__new__(fsdp.SymmemReduceScatter)
+    rs._input_numel, rs._lender = None, None
+    assert rs._lends((8,))  # the first request: no lender yet, an input
+    rs._lender = type("L", (), {"_comm": type("C", (), {"world": 2})()})()
+    assert not rs._lends((4,))  # its output
+    assert rs._lends((6, 2)) and not rs._lends((6,))
+    assert rs._lends((5,)) and rs._lends((7,))  # no pair: both lent (inputs)

@@ -48,19 +48,28 @@ def _train(group, *, symmem_ag=None, symmem_rs=False, prefetch="implicit", mixed
             layer.set_modules_to_backward_prefetch([layers[i - 1]])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator(device="cuda").manual_seed(1234 + dist.get_rank())
-    losses, buffers = [], []
+    losses, buffers, grads = [], [], None
     for _ in range(steps):
         tokens = torch.randint(0, DIMS["vocab"], (2, 33), device="cuda", generator=g)
         if async_unshard:
             model.layers[0].unshard(async_op=True)
         loss = loss_of(model, tokens)
         loss.backward()
+        if grads is None:  # the first step's sharded gradients: AdamW would hide a wrong scale
+            grads = [p.grad.to_local().float().clone() for p in model.parameters() if p.grad is not None]
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach().float())
         buffers.append(comms[0].buffers if comms and symmem_ag else 0)
     torch.cuda.synchronize()
     params = [p.detach().to_local().float().clone() for p in model.parameters()]
+    if comms:  # symmem served the calls (a silent fallback would make every comparison trivial)
+        state = model.layers[0]._get_fsdp_state()._fsdp_param_group
+        if symmem_ag:
+            assert state._all_gather_comm.calls > 0
+        if symmem_rs:
+            assert state._reduce_scatter_comm.calls > 0
+    _train.last_grads = grads
     return torch.stack(losses), params, buffers
 
 
@@ -86,7 +95,11 @@ def test_mixed_dtypes_and_async_unshard_are_bit_identical_to_nccl(group):
 
 def test_symmem_reduce_scatter_agrees_with_nccl(group):
     ref_losses, ref_params, _ = _train(group)
+    ref_grads = _train.last_grads
     losses, params, _ = _train(group, symmem_ag="copy_engine", symmem_rs=True)
+    # The gradients themselves (avg: sum and one division), within one bf16 rounding.
+    for g, r in zip(_train.last_grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=2.0 ** -7, atol=2.0 ** -20)
     torch.testing.assert_close(losses, ref_losses, rtol=RS_RTOL, atol=0)
     for p, q in zip(params, ref_params):
         torch.testing.assert_close(p, q, rtol=RS_RTOL, atol=2.0 ** -12)
