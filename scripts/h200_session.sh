@@ -65,6 +65,34 @@ torch_stage() {
   echo "torch overhead rc=$?" >> "$FINAL/summary.txt"
 }
 
+# Programmatic dependent launch on and off (SYMMEM_PDL), alternating, 2 rounds: the vLLM
+# all-reduce table replayed from graphs.
+pdl_ab() {
+  mkdir -p "$FINAL/pdl_ab"
+  for rep in 1 2; do
+    for pdl in 1 0; do
+      SYMMEM_PDL=$pdl timeout ${PDL_AB_S:-40} "$B/symmem-bench" all_reduce --gpus 2 --vllm-table -n 20 -w 5 --reps 3 \
+        --graph --nccl 0 --csv "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.csv" --json /dev/null \
+        > "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.txt" 2>&1
+      echo "pdl=$pdl rep $rep rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
+}
+
+# Every GPU test on 2 ranks, written straight into $FINAL (the stages that write as they go).
+gpu_tests_into_final() {
+  timeout ${GPU_TESTS_S:-240} "$B/symmem-run" -n 2 --timeout 230 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
+}
+
+# The named kill tests (rank 1 killed, the other must fail naming it), into $FINAL.
+kill_tests_into_final() {
+  for path in "$@"; do
+    timeout 60 "$B/symmem-run" -n 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" $path > "$FINAL/kill_$path.log" 2>&1
+    echo "kill $path rc=$?" >> "$FINAL/summary.txt"
+  done
+}
+
 case "$1" in
 torch)
   torch_stage
@@ -91,22 +119,10 @@ fsdp)
   ;;
 final_torch)
   # The committed figures of issue 10: PDL on/off A/B (vLLM table, graph replays, ABAB), every
-  # C++ GPU test and two kill tests, then the torch stage (tests, bench, overhead).
-  mkdir -p "$FINAL/pdl_ab"
-  for rep in 1 2; do
-    for pdl in 1 0; do
-      SYMMEM_PDL=$pdl timeout ${PDL_AB_S:-40} "$B/symmem-bench" all_reduce --gpus 2 --vllm-table -n 20 -w 5 --reps 3 \
-        --graph --nccl 0 --csv "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.csv" --json /dev/null \
-        > "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.txt" 2>&1
-      echo "pdl=$pdl rep $rep rc=$?" >> "$FINAL/summary.txt"
-    done
-  done
-  timeout ${GPU_TESTS_S:-240} "$B/symmem-run" -n 2 --timeout 230 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
-  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
-  for path in sm low_latency copy_engine graph; do
-    timeout 60 "$B/symmem-run" -n 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" $path > "$FINAL/kill_$path.log" 2>&1
-    echo "kill $path rc=$?" >> "$FINAL/summary.txt"
-  done
+  # C++ GPU test and four kill tests, then the torch stage (tests, bench, overhead).
+  pdl_ab
+  gpu_tests_into_final
+  kill_tests_into_final sm low_latency copy_engine graph
   torch_stage
   # Where the small-message issue starts: all-gather and reduce-scatter from 1 KiB to 256 KiB per
   # rank against NCCL (plain and symmetric), eager and graph.
@@ -155,26 +171,14 @@ tune_medium)
       >> "$FINAL/summary.txt" 2>&1 && table="$FINAL/tune/NVIDIA_H200.json"
   done
   export SYMMEM_TUNING_FILE="$FINAL/tune/NVIDIA_H200.json"
-  timeout ${GPU_TESTS_S:-240} "$B/symmem-run" -n 2 --timeout 230 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
-  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
-  for path in sm graph; do
-    timeout 60 "$B/symmem-run" -n 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" $path > "$FINAL/kill_$path.log" 2>&1
-    echo "kill $path rc=$?" >> "$FINAL/summary.txt"
-  done
+  gpu_tests_into_final
+  kill_tests_into_final sm graph
   torch_stage
   ;;
 torch_pdl)
   # Programmatic dependent launch on and off (SYMMEM_PDL), alternating, on the vLLM all-reduce
   # table replayed from graphs; then the torch stage (PDL on, the default).
-  mkdir -p "$FINAL/pdl_ab"
-  for rep in 1 2; do
-    for pdl in 1 0; do
-      SYMMEM_PDL=$pdl timeout ${PDL_AB_S:-40} "$B/symmem-bench" all_reduce --gpus 2 --vllm-table -n 20 -w 5 --reps 3 \
-        --graph --nccl 0 --csv "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.csv" --json /dev/null \
-        > "$FINAL/pdl_ab/vllm_graph_pdl${pdl}_${rep}.txt" 2>&1
-      echo "pdl=$pdl rep $rep rc=$?" >> "$FINAL/summary.txt"
-    done
-  done
+  pdl_ab
   torch_stage
   ;;
 tests)

@@ -33,6 +33,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ._torchrun import init_nccl
 from .llama import Decoder, loss_of, parameter_count
 from .torch import _commit
 
@@ -164,11 +165,7 @@ def main(argv=None):
                                                        "no_all_gather_symmem_rs"])
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    init_nccl()
     rank, world = dist.get_rank(), dist.get_world_size()
     from torch.distributed.fsdp import FSDPModule
     impls = [i for i in args.impls if i != "nccl_symm_mem" or hasattr(FSDPModule, "set_symm_mem_for_comm")]

@@ -10,12 +10,13 @@ Rows are taken in turn (ABAB...) `--reps` times; per row the slower rank's media
     torchrun --nproc-per-node 2 -m symmem.bench.overhead
 """
 import argparse
-import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
+
+from ._torchrun import init_nccl
 
 
 def _quiet():
@@ -61,9 +62,7 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--elements", type=int, default=32 * 8192)
     args = parser.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    init_nccl()
     import symmem.torch as st
     from symmem import _native
     from symmem.torch import functional, ops

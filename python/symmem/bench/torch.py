@@ -33,6 +33,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from ._torchrun import init_nccl
+
 TOKENS = [32, 64, 96, 128, 192, 256, 1024, 2048, 3062, 4096]
 HIDDEN = 8192
 DTYPE = torch.bfloat16
@@ -262,11 +264,7 @@ def main(argv=None):
     parser.add_argument("--no-symm-mem", action="store_true", help="leave out the torch symmetric-memory rows")
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    init_nccl()
     group = dist.group.WORLD
     rank, world = group.rank(), group.size()
     import symmem.torch as st

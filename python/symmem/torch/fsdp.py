@@ -31,7 +31,6 @@ a checkpoint.
 """
 import collections
 import math
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -39,7 +38,7 @@ import torch.distributed as dist
 from .. import _native
 from . import memory
 from ._groups import Communicator, unavailable_reason
-from .functional import _QueuedWork
+from . import functional
 
 try:  # the comm interfaces exist from torch 2.11 on
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherBase
@@ -48,13 +47,10 @@ except ImportError:  # pragma: no cover (older torch: enable() raises)
     _AllGatherBase = _ReduceScatterBase = object
 
 _UINT8 = _native.DTYPES["uint8"]
-_warned = set()
 
 
 def _say_once(reason):
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"symmem.torch.fsdp falls back to torch.distributed: {reason}", stacklevel=3)
+    functional._say_once("fsdp", reason)  # "symmem.torch.fsdp falls back to torch.distributed: ..."
 
 
 class _Lender:
@@ -157,7 +153,7 @@ class SymmemAllGather(_Comm, _AllGatherBase):
                              input_tensor.numel() * input_tensor.element_size(), _UINT8,
                              torch._C._cuda_getCurrentRawStream(comm.device), self._algo)
         self.calls += 1
-        return _QueuedWork([output_tensor]) if async_op else None
+        return functional._done(async_op, [output_tensor])
 
 
 class SymmemReduceScatter(_Comm, _ReduceScatterBase):
@@ -200,7 +196,7 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
         if name == "avg":
             output_tensor.div_(comm.world)
         self.calls += 1
-        return _QueuedWork([output_tensor]) if async_op else None
+        return functional._done(async_op, [output_tensor])
 
 
 def enable(model, all_gather="copy_engine", reduce_scatter=True):

@@ -3,26 +3,21 @@
 Two ranks train a small FSDP2 model on symmem's comms (no NCCL: gloo for the rendezvous only);
 rank 1 kills itself with SIGKILL in the middle of the forward pass of its third step; rank 0 writes
 the code and message of the error it raises into RESULT_FILE."""
-import faulthandler
 import os
 import signal
-import sys
 
 import torch
-import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
-rank, port, result_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-faulthandler.dump_traceback_later(45, exit=False)  # where it stands, should it ever hang
-torch.cuda.set_device(rank)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-import symmem  # noqa: E402
+from kill_job_rank import finish, start
+
+rank, result_file = start()
 import symmem.torch.fsdp as sfsdp  # noqa: E402
 from symmem.bench.llama import Decoder, loss_of  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
 
-outcome = ("no error", "")
-try:
+
+def body():
     mesh = init_device_mesh("cuda", (2,))
     torch.manual_seed(0)
     model = Decoder(vocab=101, dim=64, layers=3, heads=4, hidden=96).cuda().to(torch.bfloat16)
@@ -45,11 +40,6 @@ try:
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
-    print(f"rank {rank}: loop ended", flush=True)
-except symmem.SymmemError as e:
-    outcome = (e.code, str(e))
-except Exception as e:  # noqa: BLE001 (the test reports whatever it was)
-    outcome = ("other", f"{type(e).__name__}: {e}")
-with open(result_file, "w") as f:
-    f.write(outcome[0] + "\n" + outcome[1])
-os._exit(0)  # no teardown: the peer is gone
+
+
+finish(rank, result_file, body)
