@@ -10,7 +10,10 @@ trap 'rm -rf "$scratch"' EXIT
 "$python" -m pip wheel . --no-build-isolation --no-deps -q -w "$scratch/wheel"
 wheel=$(ls "$scratch"/wheel/symmem-*.whl)
 case "$wheel" in *-py3-none-linux_x86_64.whl) ;; *) echo "unexpected wheel tag: $wheel"; exit 1 ;; esac
-"$python" -m zipfile -l "$wheel" | grep -q "symmem/libsymmem_capi.so" || { echo "the wheel lacks libsymmem_capi.so"; exit 1; }
+# Read the listing in Python: `zipfile -l | grep -q` fails under pipefail when grep exits before
+# the listing is written (BrokenPipeError), which failed CI once.
+"$python" -c 'import sys, zipfile; sys.exit("symmem/libsymmem_capi.so" not in zipfile.ZipFile(sys.argv[1]).namelist())' "$wheel" \
+    || { echo "the wheel lacks libsymmem_capi.so"; exit 1; }
 "$python" -m pip install --no-deps -q --target "$scratch/site" "$wheel"
 cd "$scratch"
 env -u SYMMEM_LIBRARY PYTHONPATH="$scratch/site" "$python" -c "
