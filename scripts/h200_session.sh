@@ -7,6 +7,7 @@
 #   scripts/h200_session.sh torch    symmem.torch GPU tests (torchrun, 2 ranks) and python -m symmem.bench.torch
 #   scripts/h200_session.sh torch_pdl   SYMMEM_PDL=1/0 A/B (vLLM table, graph), then the torch stage
 #   scripts/h200_session.sh scatter_ab | tune_medium | final_torch   (see each stage)
+#   scripts/h200_session.sh single_gpu   world-1 GPU tests, memcheck, host cost (one GPU)
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -231,6 +232,22 @@ sanitize)
       compute-sanitizer --report-api-errors no --error-exitcode 3 --tool racecheck \
       "$B/symmem_gpu_tests" "$t" > "$OUT/racecheck_$t.log" 2>&1
     echo "racecheck $t rc=$?" >> "$OUT/summary.txt"
+  done
+  ;;
+single_gpu)
+  # What one GPU can check (world 1): every GPU test, memcheck over the low-latency tests, and
+  # the host cost per call (symmem-bench host_cost) at 1 KiB and 64 KiB per rank.
+  timeout ${GPU_TESTS_S:-240} "$B/symmem-run" -n 1 --timeout 230 "$B/symmem_gpu_tests" > "$OUT/gpu_tests_1_rank.log" 2>&1
+  echo "gpu tests (1 rank) rc=$?" >> "$OUT/summary.txt"
+  for t in low_latency_payloads all_gather_is_bit_exact reduce_scatter_matches; do
+    timeout 180 "$B/symmem-run" -n 1 --timeout 170 compute-sanitizer --error-exitcode 3 --tool memcheck \
+      "$B/symmem_gpu_tests" "$t" > "$OUT/memcheck_$t.log" 2>&1
+    echo "memcheck $t rc=$?" >> "$OUT/summary.txt"
+  done
+  for b in 1K 64K; do
+    timeout 120 "$B/symmem-bench" host_cost --gpus 1 -b $b -n 200 --reps 15 \
+      --csv "$OUT/host_cost_1_$b.csv" --json /dev/null > "$OUT/host_cost_1_$b.txt" 2>&1
+    echo "host_cost $b rc=$?" >> "$OUT/summary.txt"
   done
   ;;
 vllm)

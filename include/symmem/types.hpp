@@ -22,7 +22,7 @@ enum class Algo {
   kOneShotPush,        // all-reduce: every rank stores its input into every peer; one barrier
   kTwoShot,            // all-reduce / reduce-scatter: each rank reduces 1/world, then all-gathers
   kTwoShotPush,        // all-reduce / reduce-scatter: two-shot whose NVLink traffic is stores only
-  kLowLatency,         // all-reduce: data and flag travel in one store; no barrier round trips
+  kLowLatency,         // all-reduce, all-gather, reduce-scatter: data and flag in one store; no barriers
   kLowLatencyTwoShot,  // all-reduce: low latency, each rank reducing 1/world (mid sizes)
 };
 

@@ -47,6 +47,7 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
   detail::fill_agreed_request(request, st, options, p.in, p.out);
   request.copy_engine_push = st.settings.copy_engine_push;
   request.push_bulk = st.settings.push_bulk;
+  request.low_latency_capacity = detail::Workspaces::kLowLatencySlotBytes;
   p.plan = detail::plan_all_gather(request, *st.tuning);
 
   p.call = detail::make_call_descriptor(detail::kOpAllGather, type, ReduceOp::kSum, count, p.plan.algo, p.plan.blocks,
@@ -119,6 +120,12 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
     for (int r = 0; r < detail::kMaxWorld; ++r) {
       args.in_peers[r] = in_peers[r];
       args.out_peers[r] = out_peers[r];
+    }
+    if (plan.algo == Algo::kLowLatency) {
+      for (int r = 0; r < world; ++r) args.ll_peers[r] = static_cast<uint64_t*>(ws.low_latency()->peer_ptr(r));
+      args.ll_slot_words = detail::Workspaces::kLowLatencySlotBytes / 4;
+      detail::launch_all_gather_low_latency(args, plan.blocks, stream);
+      return;
     }
     // Pull writes only its own output; push reads only its own input.
     const int vector = plan.algo == Algo::kPull ? launch_vector(plan.vector_bytes, {out_local, in_local}, stride)

@@ -92,9 +92,9 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
     // Low latency reads its input in 4-byte words: a misaligned local input is first copied into
     // this rank's staging area (peers never read it in these algorithms). A local decision that
     // changes nothing in the protocol.
-    if (low_latency && reinterpret_cast<uintptr_t>(in_local) % 4 != 0) {
-      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(ws.staging_in()->ptr(), in_local, (rs ? world * p.count : n) * elem,
-                                        cudaMemcpyDeviceToDevice, stream));
+    // (The low-latency reduce-scatter reads slices at any alignment.)
+    if (low_latency && !rs && reinterpret_cast<uintptr_t>(in_local) % 4 != 0) {
+      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(ws.staging_in()->ptr(), in_local, n * elem, cudaMemcpyDeviceToDevice, stream));
       in_local = static_cast<const char*>(ws.staging_in()->ptr());
     }
     a.in_peers[rank] = in_local;
@@ -136,7 +136,9 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
       // Reduce-scatter two_shot_push is the first half of one-shot push (peers store their slices).
       return launch_all_reduce(rs ? AllReduceKernel::kOneShotPush : AllReduceKernel::kTwoShotPush, p.type, p.op, vector,
                                a, blocks, stream);
-    case Algo::kLowLatency: return launch_all_reduce_low_latency(false, p.type, p.op, a, blocks, stream);
+    case Algo::kLowLatency:
+      if (rs) return launch_reduce_scatter_low_latency(p.type, p.op, a, blocks, stream);
+      return launch_all_reduce_low_latency(false, p.type, p.op, a, blocks, stream);
     case Algo::kLowLatencyTwoShot: return launch_all_reduce_low_latency(true, p.type, p.op, a, blocks, stream);
     default:
       SYMMEM_THROW(ErrorCode::kInternal,

@@ -24,6 +24,8 @@ struct AllGatherKernelArgs {
                                     // (== bytes, except when a staged call runs in chunks)
   bool copy_own;                    // out-of-place: this rank's own slot is written too
   int local_warps;                  // pull with copy_own: warps of each block that copy the own slot
+  uint64_t* ll_peers[kMaxWorld];    // low latency: every rank's receive area
+  size_t ll_slot_words;             // low latency: capacity of one sender's slot, in 4-byte words
   SyncArgs sync;
 };
 
@@ -34,6 +36,8 @@ void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGather
                        cudaStream_t stream);
 // Push with Hopper bulk copies (sm_90): 16-byte aligned pointers and bytes.
 void launch_all_gather_push_bulk(const AllGatherKernelArgs& args, int blocks, cudaStream_t stream);
+// Low latency (device/low_latency.cuh): bytes <= 4 * ll_slot_words; any alignment.
+void launch_all_gather_low_latency(const AllGatherKernelArgs& args, int blocks, cudaStream_t stream);
 
 struct ReduceKernelArgs {
   const void* in_peers[kMaxWorld];  // every rank's input as mapped here (index = rank)
@@ -63,6 +67,9 @@ void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool 
 // slice's bytes <= 2 * ll_slot_words (half a slot).
 void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
                                    cudaStream_t stream);
+// Low-latency reduce-scatter: count * size <= 4 * ll_slot_words; any alignment.
+void launch_reduce_scatter_low_latency(DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
+                                       cudaStream_t stream);
 
 // A device barrier among all ranks (one block); used by Communicator::barrier.
 void launch_barrier(const SyncArgs& sync, cudaStream_t stream);

@@ -9,12 +9,16 @@
 namespace symmem::detail {
 namespace {
 
-bool is_all_gather_algo(Algo a) { return a == Algo::kPull || a == Algo::kPush || a == Algo::kCopyEngine; }
+bool is_all_gather_algo(Algo a) {
+  return a == Algo::kPull || a == Algo::kPush || a == Algo::kCopyEngine || a == Algo::kLowLatency;
+}
 bool is_all_reduce_algo(Algo a) {
   return a == Algo::kOneShot || a == Algo::kOneShotPush || a == Algo::kTwoShot || a == Algo::kTwoShotPush ||
          a == Algo::kLowLatency || a == Algo::kLowLatencyTwoShot;
 }
-bool is_reduce_scatter_algo(Algo a) { return a == Algo::kTwoShot || a == Algo::kTwoShotPush; }
+bool is_reduce_scatter_algo(Algo a) {
+  return a == Algo::kTwoShot || a == Algo::kTwoShotPush || a == Algo::kLowLatency;
+}
 // All-reduce two-shot push stores its results into every rank's output, which must be in the heap
 // (reduce-scatter's two_shot_push writes only its local output).
 bool needs_heap_output(Algo a, bool reduce_scatter) { return a == Algo::kTwoShotPush && !reduce_scatter; }
@@ -48,7 +52,7 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
   Algo algo = r.options.algo;
   if (algo != Algo::kAuto && !is_all_gather_algo(algo))
     throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +
-                                                 " is not an all-gather algorithm (pull, push, copy_engine)");
+                                                 " is not an all-gather algorithm (pull, push, copy_engine, low_latency)");
   if (algo == Algo::kAuto && is_all_gather_algo(r.forced)) algo = r.forced;
   if (r.options.max_blocks == 0) {
     if (algo != Algo::kAuto && algo != Algo::kCopyEngine)
@@ -72,6 +76,24 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     if (algo == Algo::kPush && r.options.max_blocks > 0 && r.options.max_blocks < blocks &&
         r.bytes_per_rank >= kPullUnderBudgetBytes)
       algo = Algo::kPull;
+  }
+  const bool ll_fits = r.bytes_per_rank <= r.low_latency_capacity;
+  if (algo == Algo::kLowLatency && !ll_fits) {
+    if (r.options.algo == Algo::kLowLatency)
+      throw Error(ErrorCode::kInvalidArgument, "all_gather: low_latency takes up to " +
+                                                   std::to_string(r.low_latency_capacity) + " bytes per rank; this call has " +
+                                                   std::to_string(r.bytes_per_rank));
+    // From SYMMEM_ALGO or the table: the message outgrew the low-latency areas.
+    algo = r.bytes_per_rank <= (size_t(1) << 20) ? Algo::kPush : Algo::kPull;
+  }
+  if (algo == Algo::kLowLatency) {
+    // Peers touch neither operand: nothing is staged, whatever the buffers. Latency-bound: a
+    // thread per 4-byte word, as for the low-latency all-reduce.
+    plan.algo = algo;
+    if (blocks <= 0) blocks = blocks_for((r.bytes_per_rank + 3) / 4, kThreadsPerBlock, 4, 128);
+    plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
+    plan.vector_bytes = 4;
+    return plan;
   }
   if (algo == Algo::kCopyEngine) {
     plan.algo = algo;
@@ -117,7 +139,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
     // (the peers store their slices here).
     if (algo != Algo::kAuto && !is_reduce_scatter_algo(algo))
       throw Error(ErrorCode::kInvalidArgument, std::string("reduce_scatter: algorithm ") + algo_name(algo) +
-                                                   " is not a reduce-scatter algorithm (two_shot, two_shot_push)");
+                                                   " is not a reduce-scatter algorithm (two_shot, two_shot_push, low_latency)");
     if (algo == Algo::kAuto && is_reduce_scatter_algo(r.forced)) algo = r.forced;
   } else {
     if (algo != Algo::kAuto && !is_all_reduce_algo(algo))
@@ -130,8 +152,10 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   if (r.options.max_blocks == 0)
     throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": needs SMs but max_blocks is 0");
   int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
+  // The low-latency all-reduce reads its input in 4-byte words; the reduce-scatter reads slices at
+  // any alignment (byte by byte where they are not aligned).
   const bool aligned4 = r.in_address % 4 == 0;
-  const bool ll_fits = bytes <= r.low_latency_capacity && aligned4;
+  const bool ll_fits = bytes <= r.low_latency_capacity && (aligned4 || r.reduce_scatter);
   // Two-shot low latency: each slice travels in half a slot, twice.
   const bool ll2_fits = aligned4 && r.world > 1 &&
                         two_shot_slice(r.count, r.world, r.elem_bytes) * r.elem_bytes <= r.low_latency_capacity / 2;
@@ -145,9 +169,13 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
     } else {
       algo = bytes <= (size_t(64) << 10) ? Algo::kLowLatency : Algo::kTwoShot;
     }
+    if (needs_heap_output(algo, r.reduce_scatter) && !r.out_symmetric) algo = Algo::kTwoShot;
+  }
+  if (r.options.algo == Algo::kAuto) {
+    // From the table or SYMMEM_ALGO: a message the low-latency areas cannot hold goes two-shot;
+    // only the caller's own choice is an error.
     if (algo == Algo::kLowLatency && !ll_fits) algo = Algo::kTwoShot;
     if (algo == Algo::kLowLatencyTwoShot && !ll2_fits) algo = Algo::kTwoShot;
-    if (needs_heap_output(algo, r.reduce_scatter) && !r.out_symmetric) algo = Algo::kTwoShot;
   }
   if (algo == Algo::kLowLatencyTwoShot && !ll2_fits)
     throw Error(ErrorCode::kInvalidArgument,
@@ -160,9 +188,12 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
                 std::string(op) + ": two_shot_push stores into every rank's output, which must be in the heap");
   if (algo == Algo::kLowLatency && !ll_fits)
     throw Error(ErrorCode::kInvalidArgument,
-                std::string(op) + ": low_latency takes messages up to " + std::to_string(r.low_latency_capacity) +
-                    " bytes with a 4-byte aligned input; this one has " + std::to_string(bytes) + " bytes at address " +
-                    std::to_string(r.in_address));
+                r.reduce_scatter
+                    ? std::string(op) + ": low_latency takes up to " + std::to_string(r.low_latency_capacity) +
+                          " bytes per rank; this call has " + std::to_string(bytes)
+                    : std::string(op) + ": low_latency takes messages up to " + std::to_string(r.low_latency_capacity) +
+                          " bytes with a 4-byte aligned input; this one has " + std::to_string(bytes) +
+                          " bytes at address " + std::to_string(r.in_address));
   plan.algo = algo;
   plan.receive_area = algo == Algo::kOneShotPush || (r.reduce_scatter && algo == Algo::kTwoShotPush);
   // Low latency and the push algorithms read only this rank's own input.

@@ -32,10 +32,11 @@ struct AllGatherRequest {
   uint64_t out_address = 0;
   bool copy_engine_push = false;  // SYMMEM_CE_DIRECTION=push (used when the output is symmetric)
   bool push_bulk = true;         // SYMMEM_PUSH_BULK: push with Hopper bulk copies where aligned
+  size_t low_latency_capacity = 0;  // largest message per rank the low-latency areas hold, bytes
 };
 
 struct AllGatherPlan {
-  Algo algo = Algo::kPull;  // kPull, kPush or kCopyEngine
+  Algo algo = Algo::kPull;  // kPull, kPush, kCopyEngine or kLowLatency
   int blocks = 0;           // 0 for the copy engine
   int vector_bytes = 16;
   bool stage_input = false;       // copy the input into the heap first (pull, copy engine)
@@ -75,7 +76,7 @@ struct ReduceRequest {
 };
 
 struct ReducePlan {
-  Algo algo = Algo::kTwoShot;  // an all-reduce algorithm (reduce-scatter: kTwoShot or kTwoShotPush)
+  Algo algo = Algo::kTwoShot;  // an all-reduce algorithm (reduce-scatter: kTwoShot, kTwoShotPush or kLowLatency)
   int blocks = 0;
   bool vector = true;               // 16-byte vectors (all addresses aligned)
   bool stage_input = false;         // input must be copied into the heap first (also one-shot in

@@ -6,7 +6,7 @@
 //   symmem-run -n 2 --expect-killed 1 symmem_kill_tests sm|low_latency|copy_engine|graph
 //
 // Paths: sm (pull all-gather and two-shot all-reduce, alternating), low_latency (low-latency
-// all-reduce), copy_engine (copy-engine all-gather), graph (a CUDA graph of the SM calls,
+// all-reduce, all-gather and reduce-scatter in turn), copy_engine (copy-engine all-gather), graph (a CUDA graph of the SM calls,
 // replayed). ctest runs each with and without CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue
 // for every stream, where a wait on one stream can block the others).
 //
@@ -98,8 +98,16 @@ int run(const std::string& path) {
   if (path == "sm") {
     step = sm_call;
   } else if (path == "low_latency") {
-    step = [&](int) {
-      all_reduce(sym(out), sym(in), kLowLatencyCount, DataType::kFloat32, ReduceOp::kSum, *comm, stream, low_latency);
+    // The three low-latency collectives in turn (they share one receive area).
+    step = [&](int i) {
+      if (i % 3 == 0)
+        all_reduce(sym(out), sym(in), kLowLatencyCount, DataType::kFloat32, ReduceOp::kSum, *comm, stream,
+                   low_latency);
+      else if (i % 3 == 1)
+        all_gather(sym(out), sym(in), kLowLatencyCount * 4, DataType::kUInt8, *comm, stream, low_latency);
+      else
+        reduce_scatter(sym(out), sym(in), kLowLatencyCount / world, DataType::kFloat32, ReduceOp::kSum, *comm, stream,
+                       low_latency);
     };
   } else if (path == "copy_engine") {
     step = [&](int) { all_gather(sym(out), sym(in), kGatherBytes, DataType::kUInt8, *comm, stream, copy_engine); };

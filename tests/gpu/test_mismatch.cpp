@@ -81,6 +81,27 @@ TEST(mismatched_calls_fail_on_every_rank) {
                               all_reduce(sym(out), sym(in), 16384, DataType::kBFloat16, ReduceOp::kSum, c, s,
                                          with(first ? Algo::kLowLatency : Algo::kTwoShot));
                             });
+  // The low-latency all-gather against another low-latency collective (one receive area, other
+  // signatures in the lines) and against a barrier algorithm.
+  problems += mismatch_case("all_gather low_latency vs all_reduce low_latency", {"all_gather(", "all_reduce("},
+                            [&](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+                              if (first)
+                                all_gather(sym(out), sym(in), 8192, DataType::kBFloat16, c, s,
+                                           with(Algo::kLowLatency));
+                              else
+                                all_reduce(sym(out), sym(in), 8192, DataType::kBFloat16, ReduceOp::kSum, c, s,
+                                           with(Algo::kLowLatency));
+                            });
+  problems += mismatch_case("all_gather low_latency vs push", {"low_latency", "push"},
+                            [&](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+                              all_gather(sym(out), sym(in), 8192, DataType::kBFloat16, c, s,
+                                         with(first ? Algo::kLowLatency : Algo::kPush));
+                            });
+  problems += mismatch_case("reduce_scatter low_latency vs two_shot", {"low_latency", "two_shot"},
+                            [&](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+                              reduce_scatter(sym(out), sym(in), 4096, DataType::kFloat32, ReduceOp::kSum, c, s,
+                                             with(first ? Algo::kLowLatency : Algo::kTwoShot));
+                            });
   // Different reduce ops.
   problems += mismatch_case("all_reduce sum vs max", {"all_reduce(", "all_reduce(", "sum", "max"},
                             [&](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {

@@ -158,7 +158,7 @@ TEST(reduce_scatter_matches_a_float64_reference) {
       const size_t bytes = count * dtype_size(type);
       std::vector<std::vector<uint8_t>> inputs;
       for (int r = 0; r < world; ++r) inputs.push_back(random_input(r, count * world, type, 3));
-      for (Algo algo : {Algo::kAuto, Algo::kTwoShot, Algo::kTwoShotPush}) {
+      for (Algo algo : {Algo::kAuto, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}) {
         for (int where = 0; where < 3; ++where) {  // heap, heap in place, plain device memory
           // In place: the output is this rank's slice of the (symmetric) input.
           const Operand in_operand = where == 2 ? Operand(dev_in.ptr) : Operand(heap_in);
@@ -208,7 +208,8 @@ TEST(reductions_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
     if (i % 5 == 4) {  // a reduce-scatter between the all-reduces
       fill_small_integers(in->ptr(), count * world, type, seed, fx.stream);
       CollectiveOptions o;
-      o.algo = (i / 5) % 2 ? Algo::kTwoShotPush : Algo::kTwoShot;
+      const Algo rs_algos[] = {Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency};
+      o.algo = rs_algos[(i / 5) % 3];
       reduce_scatter(out, in, count, type, ReduceOp::kSum, *fx.comm, fx.stream, o);
       count_sum_mismatches(out->ptr(), count, fx.rank() * count, type, world, i, mismatches.get(), fx.stream);
     } else {

@@ -93,6 +93,23 @@ TEST(dead_peer_low_latency_two_shot_all_reduce_times_out_naming_the_rank) {
                            });
 }
 
+TEST(dead_peer_low_latency_all_gather_times_out_naming_the_rank) {
+  expect_dead_peer_timeout("all_gather(low_latency)", [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+    CollectiveOptions o;
+    o.algo = Algo::kLowLatency;
+    all_gather(out, in, 4096, DataType::kUInt8, c, s, o);
+  });
+}
+
+TEST(dead_peer_low_latency_reduce_scatter_times_out_naming_the_rank) {
+  expect_dead_peer_timeout(
+      "reduce_scatter(low_latency)", [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+        CollectiveOptions o;
+        o.algo = Algo::kLowLatency;
+        reduce_scatter(out, in, 1024, DataType::kFloat32, ReduceOp::kSum, c, s, o);
+      });
+}
+
 TEST(dead_peer_two_shot_all_reduce_times_out_naming_the_rank) {
   expect_dead_peer_timeout("all_reduce(two_shot)", [](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
     CollectiveOptions o;

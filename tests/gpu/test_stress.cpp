@@ -79,10 +79,10 @@ std::string describe_placement(const Placement& p) {
 
 }  // namespace
 
-// 2400 calls: all_gather (pull, push, copy_engine), all_reduce (every algorithm), reduce_scatter
-// (two_shot, two_shot_push), with the size, type, placement (heap or local, in place or not) and
+// 2400 calls: all_gather (pull, push, copy_engine, low_latency), all_reduce (every algorithm),
+// reduce_scatter (two_shot, two_shot_push, low_latency), with the size, type, placement (heap or local, in place or not) and
 // offset (odd for bytes, unaligned for the rest) drawn afresh each call from a generator every
-// rank seeds alike; every tenth call replays one of five CUDA graphs captured beforehand, with
+// rank seeds alike; every tenth call replays one of seven CUDA graphs captured beforehand, with
 // its inputs changed in place. Another stream keeps the GPU busy with 256 MiB copies and a
 // kernel on a quarter of the SMs. Each output is compared with NCCL's on the device.
 TEST(interleaved_collectives_under_load) {
@@ -122,10 +122,13 @@ TEST(interleaved_collectives_under_load) {
   add_graph(Collective::kAllReduce, Algo::kTwoShot, DataType::kBFloat16, 65537, {false, 0, 0, false});
   add_graph(Collective::kAllReduce, Algo::kLowLatency, DataType::kFloat32, 3001, {true, 4, 8, false});
   add_graph(Collective::kReduceScatter, Algo::kTwoShotPush, DataType::kBFloat16, 40001, {true, 2, 6, false});
+  add_graph(Collective::kAllGather, Algo::kLowLatency, DataType::kUInt8, 30001, {true, 3, 5, false});
+  add_graph(Collective::kReduceScatter, Algo::kLowLatency, DataType::kFloat16, 20001, {false, 2, 4, false});
 
   Flood flood(256 * kMiB, 2, std::max(1, fx.sm_count / 4), 2);
   std::mt19937_64 rng(20240611);  // the same sequence on every rank
-  const Algo gather_algos[] = {Algo::kPull, Algo::kPush, Algo::kCopyEngine};
+  const Algo gather_algos[] = {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency};
+  const Algo scatter_algos[] = {Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency};
   const Algo reduce_algos[] = {Algo::kOneShot,     Algo::kOneShotPush, Algo::kTwoShot,
                                Algo::kTwoShotPush, Algo::kLowLatency,  Algo::kLowLatencyTwoShot};
   const DataType gather_types[] = {DataType::kUInt8, DataType::kBFloat16, DataType::kFloat32};
@@ -156,11 +159,10 @@ TEST(interleaved_collectives_under_load) {
                      : kind == 1 ? Collective::kAllReduce
                                  : Collective::kReduceScatter;
       if (c.collective == Collective::kAllGather) {
-        c.algo = gather_algos[rng() % 3];
+        c.algo = gather_algos[rng() % 4];
         c.type = gather_types[rng() % 3];
       } else {
-        c.algo = c.collective == Collective::kAllReduce ? reduce_algos[rng() % 6]
-                                                        : (rng() % 2 ? Algo::kTwoShot : Algo::kTwoShotPush);
+        c.algo = c.collective == Collective::kAllReduce ? reduce_algos[rng() % 6] : scatter_algos[rng() % 3];
         c.type = reduce_types[rng() % 3];
       }
       const size_t elem = dtype_size(c.type);

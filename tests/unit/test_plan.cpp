@@ -226,12 +226,12 @@ TEST(reduce_plan_staging_and_gather_path) {
   EXPECT(!plan_reduce(r, TuningTable{}).stage_input);  // low latency reads only its own input
 }
 
-TEST(reduce_scatter_accepts_two_shot_and_two_shot_push) {
+TEST(reduce_scatter_accepts_two_shot_two_shot_push_and_low_latency) {
   ReduceRequest r;
   r.reduce_scatter = true;
   r.world = 2;
   r.count = 100;
-  for (Algo refused : {Algo::kOneShot, Algo::kOneShotPush, Algo::kLowLatency, Algo::kPull}) {
+  for (Algo refused : {Algo::kOneShot, Algo::kOneShotPush, Algo::kLowLatencyTwoShot, Algo::kPull}) {
     r.options.algo = refused;
     EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "not a reduce-scatter algorithm");
   }
@@ -248,8 +248,76 @@ TEST(reduce_scatter_accepts_two_shot_and_two_shot_push) {
   r.options.algo = Algo::kAuto;
   r.forced = Algo::kTwoShotPush;
   EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShotPush);
+  r.forced = Algo::kLowLatencyTwoShot;  // an all-reduce-only name
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShot);
+}
+
+TEST(low_latency_reduce_scatter_takes_any_alignment_up_to_a_slot_per_rank) {
+  ReduceRequest r;
+  r.reduce_scatter = true;
+  r.world = 4;
+  r.elem_bytes = 2;
+  r.low_latency_capacity = 1 << 20;
+  r.options.algo = Algo::kLowLatency;
+  r.count = 101;  // odd fp16 slices: rank r's slice starts 2-byte aligned
+  r.in_address = 2;
+  ReducePlan p = plan_reduce(r, TuningTable{});
+  EXPECT(p.algo == Algo::kLowLatency);
+  EXPECT(!p.stage_input && !p.reads_peer_inputs && !p.receive_area && !p.gather_via_scratch);
+  EXPECT_EQ(reduce_chunk_elements(p, true, 2, 4, WorkspaceLimits{4096, 4096}), ~size_t(0));  // one chunk
+  r.count = (1 << 20) / 2;  // exactly one slot per rank
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kLowLatency);
+  r.count += 1;
+  EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "low_latency takes up to 1048576 bytes per rank");
+  // Chosen by SYMMEM_ALGO or the table, a message that does not fit goes two-shot instead.
+  r.options.algo = Algo::kAuto;
   r.forced = Algo::kLowLatency;
   EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShot);
+  TuningTable t;
+  t.entries.push_back({"reduce_scatter", 4, size_t(1) << 40, Algo::kLowLatency, 16});
+  r.forced = Algo::kAuto;
+  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShot);
+  r.count = 1000;
+  p = plan_reduce(r, t);
+  EXPECT(p.algo == Algo::kLowLatency && p.blocks == 16);
+}
+
+TEST(low_latency_all_gather_stages_nothing_and_holds_a_slot_per_rank) {
+  AllGatherRequest r;
+  r.world = 4;
+  r.low_latency_capacity = 1 << 20;
+  r.options.algo = Algo::kLowLatency;
+  for (bool symmetric : {false, true}) {
+    r.in_symmetric = r.out_symmetric = symmetric;
+    r.bytes_per_rank = 3;  // any size and alignment
+    r.in_address = r.out_address = 1;
+    AllGatherPlan p = plan_all_gather(r, TuningTable{});
+    EXPECT(p.algo == Algo::kLowLatency);
+    EXPECT(!p.stage_input && !p.stage_output && !p.bulk);
+    EXPECT_EQ(p.blocks, 4);
+    EXPECT_EQ(all_gather_chunk_elements(p, 1, 4, WorkspaceLimits{4096, 4096}), ~size_t(0));  // one chunk
+  }
+  r.bytes_per_rank = 256 << 10;  // 65536 words: a thread each, within the 128-block cap
+  EXPECT_EQ(plan_all_gather(r, TuningTable{}).blocks, 128);
+  r.options.blocks = 9;
+  EXPECT_EQ(plan_all_gather(r, TuningTable{}).blocks, 9);
+  r.options.blocks = 0;
+  r.bytes_per_rank = (1 << 20) + 1;
+  EXPECT_ERROR(plan_all_gather(r, TuningTable{}), ErrorCode::kInvalidArgument, "low_latency takes up to");
+  // Chosen by SYMMEM_ALGO or the table, a message that does not fit falls back to push or pull.
+  r.options.algo = Algo::kAuto;
+  r.forced = Algo::kLowLatency;
+  EXPECT(plan_all_gather(r, TuningTable{}).algo != Algo::kLowLatency);
+  TuningTable t;
+  t.entries.push_back({"all_gather", 4, size_t(1) << 40, Algo::kLowLatency, 12});
+  r.forced = Algo::kAuto;
+  EXPECT(plan_all_gather(r, t).algo != Algo::kLowLatency);
+  r.bytes_per_rank = 4096;
+  const AllGatherPlan p = plan_all_gather(r, t);
+  EXPECT(p.algo == Algo::kLowLatency && p.blocks == 12);
+  // No SMs to spend: the copy engine, whatever the table says.
+  r.options.max_blocks = 0;
+  EXPECT(plan_all_gather(r, t).algo == Algo::kCopyEngine);
 }
 
 TEST(low_latency_gives_every_word_a_thread_within_bounds) {

@@ -51,6 +51,9 @@ TEST(bench_args_shapes_and_errors) {
   Args b;
   EXPECT(!parse_args({"all_gather", "-b", "1Q"}, &b, &error));
   EXPECT(error.find("unknown unit") != std::string::npos);
+  Args h;
+  EXPECT(parse_args({"host_cost", "-b", "4K", "-n", "200"}, &h, &error));
+  EXPECT(h.op == "host_cost" && h.min_bytes == 4096 && h.iters == 200);
   Args c;
   EXPECT(!parse_args({"broadcast"}, &c, &error));
   EXPECT(error.find("unknown operation") != std::string::npos);

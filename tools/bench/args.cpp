@@ -61,7 +61,7 @@ size_t parse_shape(const std::string& shape) {
 }
 
 std::string usage() {
-  return "usage: symmem-bench [all_gather|all_reduce|reduce_scatter|overlap] [options]\n"
+  return "usage: symmem-bench [all_gather|all_reduce|reduce_scatter|overlap|host_cost] [options]\n"
          "  -b BYTES   smallest size (default 1K; per rank for all_gather/reduce_scatter)\n"
          "  -e BYTES   largest size (default 256M)\n"
          "  -f FACTOR  size multiplier between steps (default 2)\n"
@@ -85,7 +85,9 @@ std::string usage() {
          "  --tune FILE       write the tuning table (JSON) chosen from this run\n"
          "  --vllm-table      all_reduce: vLLM-style table over T x 8192 bf16: nccl, nccl_symmetric\n"
          "                    (ncclMemAlloc + symmetric windows), symmem_auto and every algorithm\n"
-         "  --gemm MxNxK --ag-bytes BYTES   overlap: GEMM shape and all-gather output size\n";
+         "  --gemm MxNxK --ag-bytes BYTES   overlap: GEMM shape and all-gather output size\n"
+         "  host_cost: CPU time to issue one call at -b bytes per rank (-n calls per sample behind a\n"
+         "             GPU spin, --reps samples), symmem against NCCL and a bare kernel launch\n";
 }
 
 bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* error) {
@@ -93,7 +95,8 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
   for (const auto& s : argv) a->command_line += (a->command_line.empty() ? "" : " ") + s;
   if (i < argv.size() && !argv[i].empty() && argv[i][0] != '-') {
     a->op = argv[i++];
-    if (a->op != "all_gather" && a->op != "all_reduce" && a->op != "reduce_scatter" && a->op != "overlap") {
+    if (a->op != "all_gather" && a->op != "all_reduce" && a->op != "reduce_scatter" && a->op != "overlap" &&
+        a->op != "host_cost") {
       *error = "unknown operation '" + a->op + "'";
       return false;
     }

@@ -11,6 +11,7 @@
 #include "args.hpp"
 #include "bench_collectives.hpp"
 #include "bench_context.hpp"
+#include "bench_host_cost.hpp"
 #include "bench_overlap.hpp"
 #include "launcher.hpp"
 #include "plan/tuning_table.hpp"
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
       rows = run_all_gather(ctx);
     else if (args.op == "overlap")
       rows = run_overlap(ctx);
+    else if (args.op == "host_cost")
+      rows = run_host_cost(ctx);
     else if (args.vllm_table)
       rows = run_vllm_table(ctx);
     else

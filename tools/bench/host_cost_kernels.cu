@@ -1,0 +1,52 @@
+#include <stdexcept>
+#include <string>
+
+#include "host_cost_kernels.hpp"
+#include "kernels/kernel_args.hpp"
+
+namespace symmem::bench {
+namespace {
+
+__global__ void spin(uint64_t nanoseconds) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
+__global__ void empty() {}
+
+__global__ void empty_with_arguments(detail::ReduceKernelArgs) {}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e));
+}
+
+}  // namespace
+
+void launch_spin(uint64_t nanoseconds, cudaStream_t stream) {
+  spin<<<1, 1, 0, stream>>>(nanoseconds);
+  check(cudaGetLastError(), "spin launch");
+}
+
+void launch_empty(cudaStream_t stream) {
+  empty<<<1, 32, 0, stream>>>();
+  check(cudaGetLastError(), "empty launch");
+}
+
+void launch_empty_like_symmem(bool pdl, cudaStream_t stream) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(16);
+  config.blockDim = dim3(detail::kThreadsPerBlock);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  detail::ReduceKernelArgs args{};
+  check(cudaLaunchKernelEx(&config, empty_with_arguments, args), "cudaLaunchKernelEx");
+}
+
+}  // namespace symmem::bench
