@@ -14,6 +14,7 @@ Figures (each made when the CSVs hold the rows it needs):
   all_reduce_latency_vs_size.png       likewise for all_reduce / reduce_scatter
   reduce_scatter_busbw_vs_size.png
   overlap.png                          the overlap benchmark's bars (GEMM alone, sequential, overlapped)
+  host_cost_<size>.png                 symmem-bench host_cost: host us per call per layer, min..max whiskers
 """
 import argparse
 import collections
@@ -155,6 +156,32 @@ def overlap_bars(rows, out):
     return ["overlap.png"]
 
 
+def host_cost_bars(rows, out):
+    """One figure per size: host microseconds per call, bars from the median, whiskers min..max."""
+    made = []
+    for size in sorted({r["bytes_per_rank"] for r in rows}):
+        sized = [r for r in rows if r["bytes_per_rank"] == size]
+        names = [f"{r['op'].removeprefix('host_cost_')}: {r['impl']}" for r in sized]
+        values = [r["time_us"] for r in sized]
+        low = [r["time_us"] - (r["time_min_us"] or r["time_us"]) for r in sized]
+        high = [(r["time_max_us"] or r["time_us"]) - r["time_us"] for r in sized]
+        colors = ["tab:gray" if r["impl"].startswith("empty") else "tab:blue" if "symmem" in r["impl"] else "tab:orange"
+                  for r in sized]
+        fig, ax = plt.subplots(figsize=(8, 0.32 * len(sized) + 1.5))
+        ax.barh(names, values, xerr=[low, high], color=colors, capsize=2)
+        for i, v in enumerate(values):
+            ax.text(v, i, f"  {v:.2f}", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("host time to issue one call (us), GPU held busy")
+        ax.set_title(title_of(sized, f"host cost per call, {size_label(size)} per rank"))
+        fig.tight_layout()
+        name = f"host_cost_{size_label(size)}.png"
+        fig.savefig(os.path.join(out, name), dpi=110)
+        plt.close(fig)
+        made.append(name)
+    return made
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv", nargs="+")
@@ -176,6 +203,9 @@ def main(argv):
             made += by_size_plot(ops[op], op, "busbw_gbs", args.out)
     if ops["overlap"]:
         made += overlap_bars(ops["overlap"], args.out)
+    host_cost = [r for r in rows if r["op"].startswith("host_cost_")]
+    if host_cost:
+        made += host_cost_bars(host_cost, args.out)
     for name in made:
         print(os.path.join(args.out, name))
     return 0 if made else 1

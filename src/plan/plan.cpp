@@ -157,7 +157,8 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   const bool aligned4 = r.in_address % 4 == 0;
   const bool ll_fits = bytes <= r.low_latency_capacity && (aligned4 || r.reduce_scatter);
   // Two-shot low latency: each slice travels in half a slot, twice.
-  const bool ll2_fits = aligned4 && r.world > 1 &&
+  // (At one rank it is a copy through the protocol, as every algorithm is.)
+  const bool ll2_fits = aligned4 &&
                         two_shot_slice(r.count, r.world, r.elem_bytes) * r.elem_bytes <= r.low_latency_capacity / 2;
   if (algo == Algo::kAuto) {
     std::optional<TuningEntry> e = table.lookup(op, r.world, bytes);
@@ -181,7 +182,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(op) + ": low_latency_two_shot takes slices up to " +
                     std::to_string(r.low_latency_capacity / 2) +
-                    " bytes with a 4-byte aligned input and two ranks or more; this message has " +
+                    " bytes with a 4-byte aligned input; this message has " +
                     std::to_string(bytes) + " bytes over " + std::to_string(r.world) + " ranks");
   if (needs_heap_output(algo, r.reduce_scatter) && !r.out_symmetric)
     throw Error(ErrorCode::kInvalidArgument,

@@ -425,4 +425,9 @@ TEST(low_latency_two_shot_holds_slices_up_to_half_a_slot) {
   TuningTable t;
   t.entries.push_back({"all_reduce", 4, size_t(1) << 40, Algo::kLowLatencyTwoShot, 32});
   EXPECT(plan_reduce(r, t).algo == Algo::kTwoShot);  // the table's choice does not fit: fall back
+  // One rank: every algorithm runs (the GPU tests run at one rank too); it failed there once.
+  r.world = 1;
+  r.count = 1000;
+  r.options.algo = Algo::kLowLatencyTwoShot;
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kLowLatencyTwoShot);
 }
