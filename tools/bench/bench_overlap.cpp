@@ -2,6 +2,8 @@
 
 #include <cublasLt.h>
 
+#include "overlap_phases.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -190,6 +192,31 @@ std::vector<Row> run_overlap(BenchContext& ctx) {
     for (const auto& r : rows)
       if (r.impl.rfind("overlap_", 0) == 0 || r.impl == "sequential_nccl")
         std::printf("#   %-32s %.3fx\n", r.impl.c_str(), r.time_us / gemm_us);
+  }
+  // The same rows timed phase by phase (overlap_phases.hpp): figures that do not rest on the
+  // separately measured GEMM.
+  std::vector<PhaseRow> phase_rows{{"gemm_alone", Layout::kGemmOnly, {}}};
+  if (a.nccl) phase_rows.push_back({"sequential_nccl", Layout::kSequential, gathers[0].second});
+  for (auto& [name, g] : gathers) phase_rows.push_back({"overlap_" + name, Layout::kOverlapped, g});
+  const auto phases =
+      measure_phases(ctx, [&](cudaStream_t s) { gemm.run(s); }, phase_rows, std::max(1, a.iters), std::max(1, a.reps));
+  if (ctx.rank() == 0) {
+    std::printf("# phases (events inside each iteration; median of reps [min, max]; times: slowest rank):\n");
+    std::printf("# %-28s %22s %22s %22s %20s\n", "row", "iteration(us)", "gemm inside(us)", "all-gather(us)",
+                "all-gather hidden");
+    for (const auto& f : phases)
+      std::printf("# %-28s %8.1f [%5.0f,%5.0f] %8.1f [%5.0f,%5.0f] %8.1f [%5.0f,%5.0f] %6.1f%% [%3.0f,%3.0f]\n",
+                  f.impl.c_str(), f.iteration_us, f.iteration_min_us, f.iteration_max_us, f.gemm_us, f.gemm_min_us,
+                  f.gemm_max_us, f.gather_us, f.gather_min_us, f.gather_max_us, 100 * f.hidden, 100 * f.hidden_min,
+                  100 * f.hidden_max);
+    std::fflush(stdout);
+    if (a.csv.rfind("/dev/", 0) != 0) {  // beside --csv: results.csv -> results_phases.csv
+      std::string path = a.csv;
+      const size_t dot = path.rfind(".csv");
+      path = (dot == std::string::npos ? path : path.substr(0, dot)) + "_phases.csv";
+      write_phases_csv(phases, ctx.meta(), path);
+      std::fprintf(stderr, "symmem-bench: wrote %s\n", path.c_str());
+    }
   }
   BENCH_CUDA_CHECK(cudaStreamSynchronize(side));
   cudaEventDestroy(fork);
