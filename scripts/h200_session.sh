@@ -244,7 +244,18 @@ single_gpu)
       "$B/symmem_gpu_tests" "$t" > "$OUT/memcheck_$t.log" 2>&1
     echo "memcheck $t rc=$?" >> "$OUT/summary.txt"
   done
-  for b in 1K 64K; do
+  # chunked GEMM (issue 12's floor): the issue's shapes, fp16 and bf16; overlap bench smoke (world 1).
+  for d in fp16 bf16; do
+    for m in 4096 8192 16384; do
+      timeout 120 "$B/symmem-bench" chunked_gemm --gpus 1 -d $d --gemm ${m}x6656x16384 --chunks 2,4,8 -n 10 --reps 7 \
+        --csv "$OUT/chunked_gemm_${d}_$m.csv" --json /dev/null > "$OUT/chunked_gemm_${d}_$m.txt" 2>&1
+      echo "chunked_gemm $d $m rc=$?" >> "$OUT/summary.txt"
+    done
+  done
+  timeout 120 "$B/symmem-bench" overlap --gpus 1 -n 5 --reps 3 --csv "$OUT/overlap_1.csv" --json /dev/null \
+    > "$OUT/overlap_1.txt" 2>&1
+  echo "overlap (1 rank) rc=$?" >> "$OUT/summary.txt"
+  [ -n "${SKIP_HOST_COST:-}" ] || for b in 1K 64K; do
     timeout 120 "$B/symmem-bench" host_cost --gpus 1 -b $b -n 200 --reps 15 \
       --csv "$OUT/host_cost_1_$b.csv" --json /dev/null > "$OUT/host_cost_1_$b.txt" 2>&1
     echo "host_cost $b rc=$?" >> "$OUT/summary.txt"

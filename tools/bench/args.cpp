@@ -61,7 +61,7 @@ size_t parse_shape(const std::string& shape) {
 }
 
 std::string usage() {
-  return "usage: symmem-bench [all_gather|all_reduce|reduce_scatter|overlap|host_cost] [options]\n"
+  return "usage: symmem-bench [all_gather|all_reduce|reduce_scatter|overlap|host_cost|chunked_gemm] [options]\n"
          "  -b BYTES   smallest size (default 1K; per rank for all_gather/reduce_scatter)\n"
          "  -e BYTES   largest size (default 256M)\n"
          "  -f FACTOR  size multiplier between steps (default 2)\n"
@@ -87,7 +87,9 @@ std::string usage() {
          "                    (ncclMemAlloc + symmetric windows), symmem_auto and every algorithm\n"
          "  --gemm MxNxK --ag-bytes BYTES   overlap: GEMM shape and all-gather output size\n"
          "  host_cost: CPU time to issue one call at -b bytes per rank (-n calls per sample behind a\n"
-         "             GPU spin, --reps samples), symmem against NCCL and a bare kernel launch\n";
+         "             GPU spin, --reps samples), symmem against NCCL and a bare kernel launch\n"
+         "  chunked_gemm: --gemm MxNxK (row-major C = A B) as one GEMM and as --chunks LIST row blocks\n"
+         "             (default 2,4), on one stream and on two: what a fused all-gather + GEMM pays\n";
 }
 
 bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* error) {
@@ -96,7 +98,7 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
   if (i < argv.size() && !argv[i].empty() && argv[i][0] != '-') {
     a->op = argv[i++];
     if (a->op != "all_gather" && a->op != "all_reduce" && a->op != "reduce_scatter" && a->op != "overlap" &&
-        a->op != "host_cost") {
+        a->op != "host_cost" && a->op != "chunked_gemm") {
       *error = "unknown operation '" + a->op + "'";
       return false;
     }
@@ -161,6 +163,9 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
         a->gemm_m = std::stoi(dims[0]);
         a->gemm_n = std::stoi(dims[1]);
         a->gemm_k = std::stoi(dims[2]);
+      } else if (f == "--chunks") {
+        a->chunks.clear();
+        for (const auto& c : split(value(), ',')) a->chunks.push_back(std::stoi(c));
       } else if (f == "--ag-bytes")
         a->overlap_bytes = parse_bytes(value());
       else if (f == "-h" || f == "--help") {

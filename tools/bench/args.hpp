@@ -34,6 +34,7 @@ struct Args {
   // overlap
   int gemm_m = 8192, gemm_n = 8192, gemm_k = 8192;  // --gemm MxNxK
   size_t overlap_bytes = 64u << 20;                 // --ag-bytes: all-gather output bytes
+  std::vector<int> chunks{2, 4};                    // --chunks: chunked_gemm row blocks
   std::string command_line;                         // as typed, for the report
 };
 

@@ -1,76 +1,12 @@
 #include "bench_overlap.hpp"
 
-#include <cublasLt.h>
-
-#include "overlap_phases.hpp"
-
 #include <cstdio>
 #include <cstdlib>
 
+#include "gemm.hpp"
+#include "overlap_phases.hpp"
+
 namespace symmem::bench {
-namespace {
-
-#define BENCH_CUBLAS_CHECK(expr)                                                                    \
-  do {                                                                                              \
-    cublasStatus_t st_ = (expr);                                                                    \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                               \
-      throw std::runtime_error(std::string(#expr) + ": cuBLAS status " + std::to_string(int(st_))); \
-  } while (0)
-
-// C (m x n) = A (m x k) * B (k x n), fp16 in and out, fp32 accumulation, column major.
-class Gemm {
- public:
-  Gemm(int m, int n, int k, cudaStream_t stream) : m_(m), n_(n), k_(k) {
-    BENCH_CUBLAS_CHECK(cublasLtCreate(&handle_));
-    BENCH_CUDA_CHECK(cudaMalloc(&a_, size_t(m) * k * 2));
-    BENCH_CUDA_CHECK(cudaMalloc(&b_, size_t(k) * n * 2));
-    BENCH_CUDA_CHECK(cudaMalloc(&c_, size_t(m) * n * 2));
-    BENCH_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
-    upload(a_, host_data(size_t(m) * k, DataType::kFloat16, 11, Fill::kIntegers), stream);
-    upload(b_, host_data(size_t(k) * n, DataType::kFloat16, 12, Fill::kIntegers), stream);
-    BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, CUDA_R_16F, m, k, m));
-    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb_, CUDA_R_16F, k, n, k));
-    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc_, CUDA_R_16F, m, n, m));
-    cublasLtMatmulPreference_t pref;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = kWorkspace;
-    BENCH_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    int found = 0;
-    BENCH_CUBLAS_CHECK(
-        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, la_, lb_, lc_, lc_, pref, 1, &heuristic_, &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm for the GEMM");
-  }
-  ~Gemm() {
-    cublasLtMatrixLayoutDestroy(la_);
-    cublasLtMatrixLayoutDestroy(lb_);
-    cublasLtMatrixLayoutDestroy(lc_);
-    cublasLtMatmulDescDestroy(desc_);
-    cublasLtDestroy(handle_);
-    cudaFree(a_);
-    cudaFree(b_);
-    cudaFree(c_);
-    cudaFree(workspace_);
-  }
-  void run(cudaStream_t s) {
-    const float alpha = 1.f, beta = 0.f;
-    BENCH_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, a_, la_, b_, lb_, &beta, c_, lc_, c_, lc_,
-                                      &heuristic_.algo, workspace_, kWorkspace, s));
-  }
-
- private:
-  static constexpr size_t kWorkspace = size_t(64) << 20;
-  int m_, n_, k_;
-  cublasLtHandle_t handle_ = nullptr;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, lc_ = nullptr;
-  cublasLtMatmulHeuristicResult_t heuristic_{};
-  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr, *workspace_ = nullptr;
-};
-
-}  // namespace
 
 std::vector<Row> run_overlap(BenchContext& ctx) {
   const Args& a = ctx.args();
@@ -92,7 +28,7 @@ std::vector<Row> run_overlap(BenchContext& ctx) {
   for (int r = 0; r < world; ++r)
     upload(static_cast<char*>(expected) + r * per_rank, host_data(count, type, seed_for(r, per_rank, 2), Fill::kBits),
            ctx.stream());
-  Gemm gemm(a.gemm_m, a.gemm_n, a.gemm_k, ctx.stream());
+  Gemm gemm(a.gemm_m, a.gemm_n, a.gemm_k, DataType::kFloat16, ctx.stream());
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
   BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));

@@ -10,6 +10,7 @@
 
 #include "args.hpp"
 #include "bench_collectives.hpp"
+#include "bench_chunked_gemm.hpp"
 #include "bench_context.hpp"
 #include "bench_host_cost.hpp"
 #include "bench_overlap.hpp"
@@ -67,6 +68,8 @@ int main(int argc, char** argv) {
       rows = run_overlap(ctx);
     else if (args.op == "host_cost")
       rows = run_host_cost(ctx);
+    else if (args.op == "chunked_gemm")
+      rows = run_chunked_gemm(ctx);
     else if (args.vllm_table)
       rows = run_vllm_table(ctx);
     else
