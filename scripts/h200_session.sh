@@ -7,7 +7,7 @@
 #   scripts/h200_session.sh torch    symmem.torch GPU tests (torchrun, 2 ranks) and python -m symmem.bench.torch
 #   scripts/h200_session.sh torch_pdl   SYMMEM_PDL=1/0 A/B (vLLM table, graph), then the torch stage
 #   scripts/h200_session.sh scatter_ab | tune_medium | final_torch   (see each stage)
-#   scripts/h200_session.sh single_gpu   world-1 GPU tests, memcheck, host cost (one GPU)
+#   scripts/h200_session.sh single_gpu | chunked_gemm   world-1 GPU tests, memcheck, host cost; chunked GEMM (one GPU)
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,17 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/gpus_$1.tx
 gpu_tests() {
   timeout 420 "$B/symmem-run" -n 2 --timeout 400 "$B/symmem_gpu_tests" > "$OUT/gpu_tests_2_ranks.log" 2>&1
   echo "gpu tests rc=$?" >> "$OUT/summary.txt"
+}
+
+# Chunked GEMM (issue 12's floor): the issue's shapes, fp16 and bf16, every layout checked.
+chunked_gemms() {
+  for d in fp16 bf16; do
+    for m in 4096 8192 16384; do
+      timeout 120 "$B/symmem-bench" chunked_gemm --gpus 1 -d $d --gemm ${m}x6656x16384 --chunks 2,4,8 -n 10 --reps 7 \
+        --csv "$OUT/chunked_gemm_${d}_$m.csv" --json /dev/null > "$OUT/chunked_gemm_${d}_$m.txt" 2>&1
+      echo "chunked_gemm $d $m rc=$?" >> "$OUT/summary.txt"
+    done
+  done
 }
 
 # The named GPU tests built against 6cf5c42 (tests/gpu/negative_control.sh), each on its own.
@@ -234,6 +245,9 @@ sanitize)
     echo "racecheck $t rc=$?" >> "$OUT/summary.txt"
   done
   ;;
+chunked_gemm)
+  chunked_gemms
+  ;;
 single_gpu)
   # What one GPU can check (world 1): every GPU test, memcheck over the low-latency tests, and
   # the host cost per call (symmem-bench host_cost) at 1 KiB and 64 KiB per rank.
@@ -244,14 +258,8 @@ single_gpu)
       "$B/symmem_gpu_tests" "$t" > "$OUT/memcheck_$t.log" 2>&1
     echo "memcheck $t rc=$?" >> "$OUT/summary.txt"
   done
-  # chunked GEMM (issue 12's floor): the issue's shapes, fp16 and bf16; overlap bench smoke (world 1).
-  for d in fp16 bf16; do
-    for m in 4096 8192 16384; do
-      timeout 120 "$B/symmem-bench" chunked_gemm --gpus 1 -d $d --gemm ${m}x6656x16384 --chunks 2,4,8 -n 10 --reps 7 \
-        --csv "$OUT/chunked_gemm_${d}_$m.csv" --json /dev/null > "$OUT/chunked_gemm_${d}_$m.txt" 2>&1
-      echo "chunked_gemm $d $m rc=$?" >> "$OUT/summary.txt"
-    done
-  done
+  chunked_gemms
+  # Overlap bench smoke test (world 1).
   timeout 120 "$B/symmem-bench" overlap --gpus 1 -n 5 --reps 3 --csv "$OUT/overlap_1.csv" --json /dev/null \
     > "$OUT/overlap_1.txt" 2>&1
   echo "overlap (1 rank) rc=$?" >> "$OUT/summary.txt"

@@ -17,6 +17,13 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
   BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
 
+  // The inputs are small integers: fp32 accumulation is exact in any order, so every layout must
+  // give the full GEMM's bits, checked after every batch (measure() poisons C before each).
+  gemm.run(ctx.stream());
+  void* expected = nullptr;
+  BENCH_CUDA_CHECK(cudaMalloc(&expected, gemm.c_bytes()));
+  BENCH_CUDA_CHECK(cudaMemcpyAsync(expected, gemm.c(), gemm.c_bytes(), cudaMemcpyDeviceToDevice, ctx.stream()));
+  BENCH_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
   std::vector<std::string> names{"gemm_alone"};
   std::vector<Config> configs(1);
   configs[0].launch = [&](cudaStream_t s) { gemm.run(s); };
@@ -38,10 +45,16 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
     configs.back().launch = [&, chunks, rows](cudaStream_t s) {
       BENCH_CUDA_CHECK(cudaEventRecord(fork, s));
       BENCH_CUDA_CHECK(cudaStreamWaitEvent(second, fork, 0));
-      for (int c = 0; c < chunks; ++c) gemm.run_rows(c * rows, rows, c % 2 ? second : s);
+      for (int c = 0; c < chunks; ++c) gemm.run_rows(c * rows, rows, c % 2 ? second : s, c % 2);
       BENCH_CUDA_CHECK(cudaEventRecord(join, second));
       BENCH_CUDA_CHECK(cudaStreamWaitEvent(s, join, 0));
     };
+  }
+  for (Config& c : configs) {
+    c.out = gemm.c();
+    c.out_bytes = gemm.c_bytes();
+    c.expected = expected;
+    c.elem_bytes = dtype_size(type);
   }
   const std::vector<Measurement> measured = ctx.measure(configs, false);
   std::vector<Row> rows;
@@ -52,13 +65,13 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
   for (size_t i = 0; i < configs.size(); ++i) {
     Row r = new_row(ctx, "chunked_gemm_" + shape, names[i], type, 0, 0, 0);
     apply(measured[i], &r);
-    r.wrong = -1;  // timing only
     if (ctx.rank() == 0)
-      std::printf("%-24s %10.1f us [%8.1f, %8.1f]  %.3fx gemm_alone\n", names[i].c_str(), r.time_us, r.time_min_us,
-                  r.time_max_us, r.time_us / measured[0].median_us);
+      std::printf("%-24s %10.1f us [%8.1f, %8.1f]  %.3fx gemm_alone  #wrong %ld\n", names[i].c_str(), r.time_us,
+                  r.time_min_us, r.time_max_us, r.time_us / measured[0].median_us, r.wrong);
     rows.push_back(r);
   }
   std::fflush(stdout);
+  BENCH_CUDA_CHECK(cudaFree(expected));
   cudaEventDestroy(fork);
   cudaEventDestroy(join);
   cudaStreamDestroy(second);

@@ -23,7 +23,7 @@ Gemm::Gemm(int m, int n, int k, DataType type, cudaStream_t stream)
   BENCH_CUDA_CHECK(cudaMalloc(&a_, size_t(m) * k * elem_));
   BENCH_CUDA_CHECK(cudaMalloc(&b_, size_t(k) * n * elem_));
   BENCH_CUDA_CHECK(cudaMalloc(&c_, size_t(m) * n * elem_));
-  BENCH_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
+  for (void*& w : workspaces_) BENCH_CUDA_CHECK(cudaMalloc(&w, kWorkspace));
   upload(a_, host_data(size_t(m) * k, type, 11, Fill::kIntegers), stream);
   upload(b_, host_data(size_t(k) * n, type, 12, Fill::kIntegers), stream);
   check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -42,7 +42,7 @@ Gemm::~Gemm() {
   cudaFree(a_);
   cudaFree(b_);
   cudaFree(c_);
-  cudaFree(workspace_);
+  for (void* w : workspaces_) cudaFree(w);
 }
 
 Gemm::Shape& Gemm::shape(int rows) {
@@ -65,14 +65,15 @@ Gemm::Shape& Gemm::shape(int rows) {
   return shapes_.emplace(rows, s).first->second;
 }
 
-void Gemm::run_rows(int first, int rows, cudaStream_t stream) {
+void Gemm::run_rows(int first, int rows, cudaStream_t stream, int workspace) {
   if (first < 0 || rows <= 0 || first + rows > m_) throw std::invalid_argument("Gemm::run_rows: rows out of range");
+  if (workspace < 0 || workspace > 1) throw std::invalid_argument("Gemm::run_rows: workspace slot 0 or 1");
   Shape& s = shape(rows);
   const float alpha = 1.f, beta = 0.f;
   const char* a = static_cast<const char*>(a_) + size_t(first) * k_ * elem_;
   char* c = static_cast<char*>(c_) + size_t(first) * n_ * elem_;
   check(cublasLtMatmul(handle_, desc_, &alpha, b_, b_layout_, a, s.a, &beta, c, s.c, c, s.c, &s.heuristic.algo,
-                       workspace_, kWorkspace, stream),
+                       workspaces_[workspace], kWorkspace, stream),
         "cublasLtMatmul");
 }
 

@@ -21,9 +21,13 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   void run(cudaStream_t stream) { run_rows(0, m_, stream); }
-  // Rows [first, first + rows) of C from the same rows of A.
-  void run_rows(int first, int rows, cudaStream_t stream);
+  // Rows [first, first + rows) of C from the same rows of A. GEMMs that may run at the same time
+  // (on different streams) need different `workspace` slots (0 or 1): cuBLASLt kernels keep state
+  // in the workspace (stream-K tile counters), and two that share one corrupt each other's work.
+  void run_rows(int first, int rows, cudaStream_t stream, int workspace = 0);
   int m() const { return m_; }
+  void* c() const { return c_; }
+  size_t c_bytes() const { return size_t(m_) * n_ * elem_; }
 
  private:
   // cuBLASLt is column-major: row-major C = A B is column-major C^T (n x rows) = B^T (n x k) A^T.
@@ -41,7 +45,8 @@ class Gemm {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t b_layout_ = nullptr;
   std::map<int, Shape> shapes_;
-  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr, *workspace_ = nullptr;
+  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
+  void* workspaces_[2] = {};
 };
 
 }  // namespace symmem::bench
