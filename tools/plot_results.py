@@ -15,6 +15,7 @@ Figures (each made when the CSVs hold the rows it needs):
   reduce_scatter_busbw_vs_size.png
   overlap.png                          the overlap benchmark's bars (GEMM alone, sequential, overlapped)
   host_cost_<size>.png                 symmem-bench host_cost: host us per call per layer, min..max whiskers
+  chunked_gemm_<dtype>.png             symmem-bench chunked_gemm: each row-block layout over one GEMM, per shape
 """
 import argparse
 import collections
@@ -182,6 +183,43 @@ def host_cost_bars(rows, out):
     return made
 
 
+def chunked_gemm_bars(rows, out):
+    """Per type: time of each chunked layout over gemm_alone, grouped by shape, min..max whiskers."""
+    made = []
+    for dtype in sorted({r["dtype"] for r in rows}):
+        typed = [r for r in rows if r["dtype"] == dtype]
+        shapes = sorted({r["op"].removeprefix("chunked_gemm_") for r in typed}, key=lambda s: int(s.split("x")[0]))
+        layouts = [i for i in dict.fromkeys(r["impl"] for r in typed) if i != "gemm_alone"]
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / max(1, len(layouts))
+        for j, layout in enumerate(layouts):
+            xs, ys, lo, hi = [], [], [], []
+            for i, shape in enumerate(shapes):
+                base = next(r for r in typed if r["op"].endswith(shape) and r["impl"] == "gemm_alone")["time_us"]
+                r = next((r for r in typed if r["op"].endswith(shape) and r["impl"] == layout), None)
+                if r is None:
+                    continue
+                xs.append(i + (j - len(layouts) / 2 + 0.5) * width)
+                ys.append(r["time_us"] / base)
+                lo.append((r["time_us"] - (r["time_min_us"] or r["time_us"])) / base)
+                hi.append(((r["time_max_us"] or r["time_us"]) - r["time_us"]) / base)
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=layout)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels(shapes)
+        ax.set_ylim(0.9, None)
+        ax.set_ylabel("time / one GEMM (gemm_alone)")
+        ax.set_xlabel("MxNxK (row-major C = A B)")
+        ax.legend(fontsize=7, ncol=3)
+        ax.set_title(title_of(typed, "GEMM in row blocks vs one GEMM"))
+        fig.tight_layout()
+        name = f"chunked_gemm_{dtype}.png"
+        fig.savefig(os.path.join(out, name), dpi=110)
+        plt.close(fig)
+        made.append(name)
+    return made
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv", nargs="+")
@@ -203,6 +241,9 @@ def main(argv):
             made += by_size_plot(ops[op], op, "busbw_gbs", args.out)
     if ops["overlap"]:
         made += overlap_bars(ops["overlap"], args.out)
+    chunked = [r for r in rows if r["op"].startswith("chunked_gemm_")]
+    if chunked:
+        made += chunked_gemm_bars(chunked, args.out)
     host_cost = [r for r in rows if r["op"].startswith("host_cost_")]
     if host_cost:
         made += host_cost_bars(host_cost, args.out)
