@@ -49,7 +49,7 @@ class Operand {
 
 // out[r * count .. (r + 1) * count) = rank r's in[0 .. count). In place when `in` is this rank's
 // slot of `out` (same buffer at offset out + rank * count elements, or the same address).
-// Algorithms: kPull, kPush, kCopyEngine (zero SMs).
+// Algorithms: kPull, kPush, kCopyEngine (zero SMs), kLowLatency (up to 1 MiB per rank).
 void all_gather(Operand out, Operand in, size_t count, DataType type, Communicator& comm, cudaStream_t stream,
                 const CollectiveOptions& options = {});
 
@@ -60,7 +60,8 @@ void all_reduce(Operand out, Operand in, size_t count, DataType type, ReduceOp o
                 cudaStream_t stream, const CollectiveOptions& options = {});
 
 // out[i] = op over ranks of in[rank * count + i], for i < count (count per rank). In place when
-// out is this rank's slice of in. Algorithms: kTwoShot, kTwoShotPush.
+// out is this rank's slice of in. Algorithms: kTwoShot, kTwoShotPush, kLowLatency (up to 1 MiB
+// per rank).
 void reduce_scatter(Operand out, Operand in, size_t count, DataType type, ReduceOp op, Communicator& comm,
                     cudaStream_t stream, const CollectiveOptions& options = {});
 

@@ -67,7 +67,8 @@ void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool 
 // slice's bytes <= 2 * ll_slot_words (half a slot).
 void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
                                    cudaStream_t stream);
-// Low-latency reduce-scatter: count * size <= 4 * ll_slot_words; any alignment.
+// Low-latency reduce-scatter: count * size <= 4 * ll_slot_words; input slices at any alignment,
+// output aligned to its element size.
 void launch_reduce_scatter_low_latency(DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
                                        cudaStream_t stream);
 

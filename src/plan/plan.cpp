@@ -53,16 +53,24 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
   if (algo != Algo::kAuto && !is_all_gather_algo(algo))
     throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +
                                                  " is not an all-gather algorithm (pull, push, copy_engine, low_latency)");
-  if (algo == Algo::kAuto && is_all_gather_algo(r.forced)) algo = r.forced;
+  const bool ll_fits = r.bytes_per_rank <= r.low_latency_capacity;
+  if (algo == Algo::kLowLatency && !ll_fits)
+    throw Error(ErrorCode::kInvalidArgument, "all_gather: low_latency takes up to " +
+                                                 std::to_string(r.low_latency_capacity) + " bytes per rank; this call has " +
+                                                 std::to_string(r.bytes_per_rank));
   if (r.options.max_blocks == 0) {
     if (algo != Algo::kAuto && algo != Algo::kCopyEngine)
       throw Error(ErrorCode::kInvalidArgument,
                   std::string("all_gather: ") + algo_name(algo) + " needs SMs but max_blocks is 0");
-    algo = Algo::kCopyEngine;
+    algo = Algo::kCopyEngine;  // the caller's SM budget wins over SYMMEM_ALGO and the table
   }
+  // SYMMEM_ALGO applies where it can serve the call; otherwise the call plans as if it were unset.
+  if (algo == Algo::kAuto && is_all_gather_algo(r.forced) && (r.forced != Algo::kLowLatency || ll_fits))
+    algo = r.forced;
   int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
   if (algo == Algo::kAuto) {
-    if (auto e = table.lookup("all_gather", r.world, r.bytes_per_rank)) {
+    const auto e = table.lookup("all_gather", r.world, r.bytes_per_rank);
+    if (e && is_all_gather_algo(e->algo) && (e->algo != Algo::kLowLatency || ll_fits)) {
       algo = e->algo;
       if (blocks <= 0) blocks = e->blocks;
     } else {
@@ -76,15 +84,6 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     if (algo == Algo::kPush && r.options.max_blocks > 0 && r.options.max_blocks < blocks &&
         r.bytes_per_rank >= kPullUnderBudgetBytes)
       algo = Algo::kPull;
-  }
-  const bool ll_fits = r.bytes_per_rank <= r.low_latency_capacity;
-  if (algo == Algo::kLowLatency && !ll_fits) {
-    if (r.options.algo == Algo::kLowLatency)
-      throw Error(ErrorCode::kInvalidArgument, "all_gather: low_latency takes up to " +
-                                                   std::to_string(r.low_latency_capacity) + " bytes per rank; this call has " +
-                                                   std::to_string(r.bytes_per_rank));
-    // From SYMMEM_ALGO or the table: the message outgrew the low-latency areas.
-    algo = r.bytes_per_rank <= (size_t(1) << 20) ? Algo::kPush : Algo::kPull;
   }
   if (algo == Algo::kLowLatency) {
     // Peers touch neither operand: nothing is staged, whatever the buffers. Latency-bound: a
@@ -160,23 +159,23 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   // (At one rank it is a copy through the protocol, as every algorithm is.)
   const bool ll2_fits = aligned4 &&
                         two_shot_slice(r.count, r.world, r.elem_bytes) * r.elem_bytes <= r.low_latency_capacity / 2;
+  // A low-latency algorithm the areas cannot hold: an error when the caller chose it; from
+  // SYMMEM_ALGO or the table, the call plans as if that choice were absent.
+  auto fits = [&](Algo a) {
+    return (a != Algo::kLowLatency || ll_fits) && (a != Algo::kLowLatencyTwoShot || ll2_fits);
+  };
+  if (algo != Algo::kAuto && r.options.algo == Algo::kAuto && !fits(algo)) algo = Algo::kAuto;
   if (algo == Algo::kAuto) {
     std::optional<TuningEntry> e = table.lookup(op, r.world, bytes);
-    if (e && (r.reduce_scatter ? is_reduce_scatter_algo(e->algo) : is_all_reduce_algo(e->algo))) {
+    if (e && (r.reduce_scatter ? is_reduce_scatter_algo(e->algo) : is_all_reduce_algo(e->algo)) && fits(e->algo)) {
       algo = e->algo;
       if (blocks <= 0) blocks = e->blocks;
     } else if (r.reduce_scatter) {
       algo = Algo::kTwoShot;
     } else {
-      algo = bytes <= (size_t(64) << 10) ? Algo::kLowLatency : Algo::kTwoShot;
+      algo = bytes <= (size_t(64) << 10) && ll_fits ? Algo::kLowLatency : Algo::kTwoShot;
     }
     if (needs_heap_output(algo, r.reduce_scatter) && !r.out_symmetric) algo = Algo::kTwoShot;
-  }
-  if (r.options.algo == Algo::kAuto) {
-    // From the table or SYMMEM_ALGO: a message the low-latency areas cannot hold goes two-shot;
-    // only the caller's own choice is an error.
-    if (algo == Algo::kLowLatency && !ll_fits) algo = Algo::kTwoShot;
-    if (algo == Algo::kLowLatencyTwoShot && !ll2_fits) algo = Algo::kTwoShot;
   }
   if (algo == Algo::kLowLatencyTwoShot && !ll2_fits)
     throw Error(ErrorCode::kInvalidArgument,

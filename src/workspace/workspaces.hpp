@@ -45,7 +45,8 @@ class Workspaces {
   // half again only two parity calls later, after this rank finished reading it (all_reduce.cu).
   Buffer* receive_area() const { return receive_area_; }
   // Low-latency protocol: lines {signature, data} stored before any barrier into parity halves;
-  // the receiver clears each line it consumed (all_reduce_low_latency.cu). Fixed size.
+  // the receiver clears each line it consumed (device/low_latency.cuh; the low-latency all-reduce,
+  // all-gather and reduce-scatter share it). Fixed size.
   Buffer* low_latency() const { return low_latency_; }
 
   size_t staging_capacity() const { return area_bytes_; }  // each of staging_in / staging_out / push_slots

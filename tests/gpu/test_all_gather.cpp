@@ -126,6 +126,25 @@ TEST(low_latency_payloads_that_look_like_flags_arrive_intact) {
       }
     }
   }
+  // The last line of every slot: exactly the capacity, 1 MiB per rank, twice (both parities).
+  {
+    const size_t bytes = kLowLatencyMaxBytes;
+    Buffer* big_in = fx.comm->allocate(bytes);
+    Buffer* big_out = fx.comm->allocate(bytes * world);
+    MismatchCounter mismatches;
+    for (int round = 0; round < 2; ++round) {
+      fill_pattern(big_in->ptr(), bytes, pattern_seed(fx.rank(), 5000 + round), fx.stream);
+      TEST_CUDA(cudaMemsetAsync(big_out->ptr(), 0xA5, bytes * world, fx.stream));
+      CollectiveOptions o;
+      o.algo = Algo::kLowLatency;
+      all_gather(big_out, big_in, bytes, DataType::kUInt8, *fx.comm, fx.stream, o);
+      count_gather_mismatches(big_out->ptr(), bytes, world, 5000 + round, mismatches.get(), fx.stream);
+    }
+    fx.comm->synchronize(fx.stream);
+    wrong += mismatches.read(fx.stream);
+    fx.comm->free(big_out);
+    fx.comm->free(big_in);
+  }
   // Reduce-scatter, fp32 sums in rank order (as the kernel adds): -0.0 + -0.0 stays -0.0, NaN stays
   // NaN, infinities add as the host adds them.
   Buffer* rs_in = fx.comm->allocate(words * 4 * world);
@@ -179,8 +198,9 @@ TEST(all_gather_10000_back_to_back_calls_with_changing_sizes_and_algorithms) {
   const Algo algos[] = {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kAuto, Algo::kLowLatency};
   for (int i = 0; i < kCalls; ++i) {
     const size_t bytes = 1 + (size_t(i) * 7919) % kMaxBytes;
-    // Every fifth call gathers into plain device memory (the staging path).
-    const Operand dst = i % 5 == 3 ? Operand(plain_out.ptr) : Operand(out);
+    // Every fifth call gathers into plain device memory (the staging path), and every other
+    // low-latency call does too (it never stages).
+    const Operand dst = i % 5 == 3 || i % 10 == 4 ? Operand(plain_out.ptr) : Operand(out);
     fill_pattern(in->ptr(), bytes, pattern_seed(fx.rank(), i), fx.stream);
     CollectiveOptions o;
     o.algo = algos[i % 5];

@@ -97,6 +97,15 @@ TEST(mismatched_calls_fail_on_every_rank) {
                               all_gather(sym(out), sym(in), 8192, DataType::kBFloat16, c, s,
                                          with(first ? Algo::kLowLatency : Algo::kPush));
                             });
+  problems += mismatch_case("reduce_scatter low_latency vs all_reduce low_latency", {"reduce_scatter(", "all_reduce("},
+                            [&](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
+                              if (first)
+                                reduce_scatter(sym(out), sym(in), 4096, DataType::kFloat32, ReduceOp::kSum, c, s,
+                                               with(Algo::kLowLatency));
+                              else
+                                all_reduce(sym(out), sym(in), 4096, DataType::kFloat32, ReduceOp::kSum, c, s,
+                                           with(Algo::kLowLatency));
+                            });
   problems += mismatch_case("reduce_scatter low_latency vs two_shot", {"low_latency", "two_shot"},
                             [&](Communicator& c, Buffer* in, Buffer* out, cudaStream_t s) {
                               reduce_scatter(sym(out), sym(in), 4096, DataType::kFloat32, ReduceOp::kSum, c, s,

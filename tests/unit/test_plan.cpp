@@ -315,9 +315,49 @@ TEST(low_latency_all_gather_stages_nothing_and_holds_a_slot_per_rank) {
   r.bytes_per_rank = 4096;
   const AllGatherPlan p = plan_all_gather(r, t);
   EXPECT(p.algo == Algo::kLowLatency && p.blocks == 12);
-  // No SMs to spend: the copy engine, whatever the table says.
+  // No SMs to spend: the copy engine, whatever the table or SYMMEM_ALGO says.
   r.options.max_blocks = 0;
   EXPECT(plan_all_gather(r, t).algo == Algo::kCopyEngine);
+  r.forced = Algo::kLowLatency;
+  EXPECT(plan_all_gather(r, t).algo == Algo::kCopyEngine);
+}
+
+TEST(a_low_latency_choice_that_cannot_hold_the_message_plans_as_if_absent) {
+  // SYMMEM_ALGO=low_latency and a table row: a message past the areas gets the table's choice
+  // with the table's blocks, not a fixed fallback (review finding: it got pull with 32 blocks).
+  TuningTable t;
+  t.entries.push_back({"all_gather", 2, size_t(8) << 20, Algo::kPush, 96});
+  t.entries.push_back({"all_gather", 2, size_t(1) << 40, Algo::kCopyEngine, 0});
+  t.entries.push_back({"reduce_scatter", 2, size_t(1) << 40, Algo::kTwoShotPush, 64});
+  AllGatherRequest g;
+  g.world = 2;
+  g.in_symmetric = g.out_symmetric = true;
+  g.low_latency_capacity = 1 << 20;
+  g.forced = Algo::kLowLatency;
+  g.bytes_per_rank = 4 << 20;
+  AllGatherPlan p = plan_all_gather(g, t);
+  EXPECT(p.algo == Algo::kPush && p.blocks == 96);
+  g.bytes_per_rank = 256 << 20;
+  EXPECT(plan_all_gather(g, t).algo == Algo::kCopyEngine);
+  g.bytes_per_rank = 4096;  // fits: SYMMEM_ALGO applies
+  EXPECT(plan_all_gather(g, t).algo == Algo::kLowLatency);
+  // A table row of low latency that cannot hold the message: the built-in rule, without the
+  // row's block count.
+  TuningTable ll;
+  ll.entries.push_back({"all_gather", 2, size_t(1) << 40, Algo::kLowLatency, 4});
+  g.forced = Algo::kAuto;
+  g.bytes_per_rank = 64 << 20;
+  p = plan_all_gather(g, ll);
+  EXPECT(p.algo == Algo::kPull && p.blocks > 4);
+  ReduceRequest r;
+  r.reduce_scatter = true;
+  r.world = 2;
+  r.elem_bytes = 4;
+  r.low_latency_capacity = 1 << 20;
+  r.forced = Algo::kLowLatency;
+  r.count = 1 << 20;  // 4 MiB per rank
+  ReducePlan q = plan_reduce(r, t);
+  EXPECT(q.algo == Algo::kTwoShotPush && q.blocks == 64);
 }
 
 TEST(low_latency_gives_every_word_a_thread_within_bounds) {

@@ -3,8 +3,9 @@
 // it does for small messages. This bench separates the host half: each sample enqueues a spin
 // kernel that holds the stream for longer than the sample takes, then issues -n calls and times
 // them on the CPU clock; a sample after which the spin had already ended (the GPU caught up, so a
-// call may have waited) is discarded. Rows run in turn (ABAB...) --reps times; each row reports
-// the median sample of the slower rank, with the fastest and slowest.
+// call may have waited) is discarded. Rows run in turn (ABAB...) --reps times; a repetition counts
+// as its slower rank's sample, and each row reports the median repetition, with the fastest and
+// slowest.
 //
 // Rows: the bare launch of an empty kernel (<<<>>>, and cudaLaunchKernelEx with symmem's argument
 // struct with and without the PDL attribute), NCCL's all-gather, all-reduce and reduce-scatter
@@ -30,13 +31,15 @@ struct Case {
 };
 
 // Microseconds per call of `calls` calls issued behind a spin, or NaN if the spin ended first.
-double host_sample(const Launch& launch, int calls, cudaStream_t stream) {
+double host_sample(const Launch& launch, int calls, cudaStream_t stream, cudaEvent_t spin_done) {
   // 20 ms: far longer than issuing a sample (calls of ~10 us), short enough to repeat often.
   launch_spin(20'000'000, stream);
+  BENCH_CUDA_CHECK(cudaEventRecord(spin_done, stream));
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < calls; ++i) launch(stream);
   const auto end = std::chrono::steady_clock::now();
-  const bool still_busy = cudaStreamQuery(stream) == cudaErrorNotReady;
+  // The spin itself, not the stream (whose queued calls keep it busy after the spin ends).
+  const bool still_busy = cudaEventQuery(spin_done) == cudaErrorNotReady;
   BENCH_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (!still_busy) return std::numeric_limits<double>::quiet_NaN();
   return std::chrono::duration<double, std::micro>(end - start).count() / calls;
@@ -82,7 +85,10 @@ std::vector<Row> run_host_cost(BenchContext& ctx) {
                      }});
   }
   const CollectiveOptions automatic;
-  for (const auto& [suffix, o] : {std::pair<std::string, CollectiveOptions>{"auto", automatic}, {"low_latency", low_latency}}) {
+  std::vector<std::pair<std::string, CollectiveOptions>> variants{{"auto", automatic}};
+  // Low latency holds up to 1 MiB per rank (Workspaces::kLowLatencySlotBytes).
+  if (bytes <= (size_t(1) << 20)) variants.push_back({"low_latency", low_latency});
+  for (const auto& [suffix, o] : variants) {
     cases.push_back({"all_gather", "symmem_" + suffix,
                      [=, &comm](cudaStream_t s) { all_gather(out, in, count, type, comm, s, o); }});
     cases.push_back({"all_reduce", "symmem_" + suffix,
@@ -99,12 +105,14 @@ std::vector<Row> run_host_cost(BenchContext& ctx) {
   for (const auto& c : cases) c.launch(ctx.stream());
   comm.synchronize(ctx.stream());
   const int calls = std::max(1, a.iters);
+  cudaEvent_t spin_done = nullptr;
+  BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&spin_done, cudaEventDisableTiming));
   const size_t n = cases.size();
   std::vector<double> samples(size_t(a.reps) * n);
   for (int rep = 0; rep < a.reps; ++rep)
     for (size_t i = 0; i < n; ++i) {
       ctx.host_barrier();
-      samples[size_t(rep) * n + i] = host_sample(cases[i].launch, calls, ctx.stream());
+      samples[size_t(rep) * n + i] = host_sample(cases[i].launch, calls, ctx.stream(), spin_done);
     }
   comm.check();
   std::vector<double> all(samples.size() * world);
@@ -142,6 +150,7 @@ std::vector<Row> run_host_cost(BenchContext& ctx) {
     rows.push_back(r);
   }
   std::fflush(stdout);
+  cudaEventDestroy(spin_done);
   BENCH_CUDA_CHECK(cudaFree(local_out));
   BENCH_CUDA_CHECK(cudaFree(local_in));
   comm.free(out);
