@@ -38,6 +38,10 @@ int blocks_for(size_t traffic_bytes, size_t bytes_per_block, int lo, int hi) {
   return static_cast<int>(std::clamp<size_t>(want, lo, hi));
 }
 
+// Low latency is latency-bound: each thread waits for its words in turn, so every 4-byte word gets
+// its own thread, within 4 to 128 blocks, as the H200 sweeps favour.
+int low_latency_blocks(size_t words) { return blocks_for(words, kThreadsPerBlock, 4, 128); }
+
 }  // namespace
 
 int common_vector_bytes(std::initializer_list<uint64_t> values) {
@@ -54,7 +58,8 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +
                                                  " is not an all-gather algorithm (pull, push, copy_engine, low_latency)");
   const bool ll_fits = r.bytes_per_rank <= r.low_latency_capacity;
-  if (algo == Algo::kLowLatency && !ll_fits)
+  auto fits = [&](Algo a) { return a != Algo::kLowLatency || ll_fits; };
+  if (!fits(algo))
     throw Error(ErrorCode::kInvalidArgument, "all_gather: low_latency takes up to " +
                                                  std::to_string(r.low_latency_capacity) + " bytes per rank; this call has " +
                                                  std::to_string(r.bytes_per_rank));
@@ -65,12 +70,11 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     algo = Algo::kCopyEngine;  // the caller's SM budget wins over SYMMEM_ALGO and the table
   }
   // SYMMEM_ALGO applies where it can serve the call; otherwise the call plans as if it were unset.
-  if (algo == Algo::kAuto && is_all_gather_algo(r.forced) && (r.forced != Algo::kLowLatency || ll_fits))
-    algo = r.forced;
+  if (algo == Algo::kAuto && is_all_gather_algo(r.forced) && fits(r.forced)) algo = r.forced;
   int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
   if (algo == Algo::kAuto) {
     const auto e = table.lookup("all_gather", r.world, r.bytes_per_rank);
-    if (e && is_all_gather_algo(e->algo) && (e->algo != Algo::kLowLatency || ll_fits)) {
+    if (e && is_all_gather_algo(e->algo) && fits(e->algo)) {
       algo = e->algo;
       if (blocks <= 0) blocks = e->blocks;
     } else {
@@ -86,10 +90,9 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
       algo = Algo::kPull;
   }
   if (algo == Algo::kLowLatency) {
-    // Peers touch neither operand: nothing is staged, whatever the buffers. Latency-bound: a
-    // thread per 4-byte word, as for the low-latency all-reduce.
+    // Peers touch neither operand: nothing is staged, whatever the buffers.
     plan.algo = algo;
-    if (blocks <= 0) blocks = blocks_for((r.bytes_per_rank + 3) / 4, kThreadsPerBlock, 4, 128);
+    if (blocks <= 0) blocks = low_latency_blocks((r.bytes_per_rank + 3) / 4);
     plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
     plan.vector_bytes = 4;
     return plan;
@@ -206,11 +209,9 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   const uint64_t slice = r.reduce_scatter ? bytes : 0;  // reduce-scatter slices start at r * bytes
   plan.vector = common_vector_bytes({in, r.out_address, slice}) == 16;
   if (blocks <= 0 && (algo == Algo::kLowLatency || algo == Algo::kLowLatencyTwoShot)) {
-    // Latency-bound: each thread waits for its words in turn, so give every 4-byte word its own
-    // thread (one-shot: the message; two-shot: one slice), as the H200 sweeps favour.
-    const size_t words =
-        (algo == Algo::kLowLatency ? bytes : two_shot_slice(r.count, r.world, r.elem_bytes) * r.elem_bytes) / 4;
-    blocks = blocks_for(words, kThreadsPerBlock, 4, 128);
+    // One-shot: the message's words; two-shot: one slice's.
+    blocks = low_latency_blocks(
+        (algo == Algo::kLowLatency ? bytes : two_shot_slice(r.count, r.world, r.elem_bytes) * r.elem_bytes) / 4);
   }
   if (blocks <= 0) {
     // Reads per rank: the whole message for one-shot / low latency, 1/world of it for two-shot.
