@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,16 @@ TEST(bus_bandwidth_factors_match_nccl_tests) {
   compute_bandwidth(&ar);
   EXPECT(std::fabs(ar.algbw_gbs - 100.0) < 1e-9);
   EXPECT(std::fabs(ar.busbw_gbs - 150.0) < 1e-9);  // 2 (world - 1) / world
+}
+
+TEST(spread_is_the_median_and_extremes_without_nans) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Spread s = spread_of({5, 1, nan, 3});
+  EXPECT(s.median == 3 && s.min == 1 && s.max == 5);
+  s = spread_of({4, 2, 8, 6});
+  EXPECT(s.median == 5 && s.min == 2 && s.max == 8);
+  s = spread_of({nan});
+  EXPECT(std::isnan(s.median) && std::isnan(s.min) && std::isnan(s.max));
 }
 
 TEST(reports_carry_the_required_columns) {

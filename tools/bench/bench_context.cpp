@@ -222,10 +222,10 @@ std::vector<Measurement> BenchContext::measure(const std::vector<Config>& config
     for (int rep = 0; rep < reps; ++rep)
       for (int r = 0; r < world(); ++r)
         batch[rep] = std::max(batch[rep], all[size_t(r) * times.size() + size_t(rep) * n + i]);
-    std::sort(batch.begin(), batch.end());
-    result[i].median_us = reps % 2 ? batch[reps / 2] : (batch[reps / 2 - 1] + batch[reps / 2]) / 2;
-    result[i].min_us = batch.front();
-    result[i].max_us = batch.back();
+    const Spread spread = spread_of(batch);
+    result[i].median_us = spread.median;
+    result[i].min_us = spread.min;
+    result[i].max_us = spread.max;
   }
   return result;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "check.hpp"
 #include "report.hpp"
 #include "symmem/symmem.hpp"
 
@@ -23,12 +24,6 @@ namespace symmem::bench {
   do {                                                                                                   \
     ncclResult_t r_ = (expr);                                                                            \
     if (r_ != ncclSuccess) throw std::runtime_error(std::string(#expr) + ": " + ncclGetErrorString(r_)); \
-  } while (0)
-
-#define BENCH_CUDA_CHECK(expr)                                                                         \
-  do {                                                                                                 \
-    cudaError_t e_ = (expr);                                                                           \
-    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#expr) + ": " + cudaGetErrorName(e_)); \
   } while (0)
 
 using Launch = std::function<void(cudaStream_t)>;

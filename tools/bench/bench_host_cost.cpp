@@ -133,16 +133,14 @@ std::vector<Row> run_host_cost(BenchContext& ctx) {
         const double v = all[size_t(r) * samples.size() + size_t(rep) * n + i];
         slowest = std::isnan(v) || std::isnan(slowest) ? std::numeric_limits<double>::quiet_NaN() : std::max(slowest, v);
       }
-      if (!std::isnan(slowest)) per_rep.push_back(slowest);
+      per_rep.push_back(slowest);  // NaN (some rank's GPU caught up): spread_of leaves it out
     }
-    std::sort(per_rep.begin(), per_rep.end());
-    const double nan = std::numeric_limits<double>::quiet_NaN();
-    const size_t k = per_rep.size();
+    const Spread spread = spread_of(per_rep);
     Row r = new_row(ctx, "host_cost_" + cases[i].op, cases[i].impl, type, bytes, count, 0);
     r.mode = "host";
-    r.time_us = k == 0 ? nan : k % 2 ? per_rep[k / 2] : (per_rep[k / 2 - 1] + per_rep[k / 2]) / 2;
-    r.time_min_us = k == 0 ? nan : per_rep.front();
-    r.time_max_us = k == 0 ? nan : per_rep.back();
+    r.time_us = spread.median;
+    r.time_min_us = spread.min;
+    r.time_max_us = spread.max;
     r.wrong = -1;  // nothing to check: host time only (the collectives are checked by the other benches)
     if (ctx.rank() == 0)
       std::printf("%-16s %-28s %10.2f %10.2f %10.2f\n", cases[i].op.c_str(), cases[i].impl.c_str(), r.time_us,

@@ -142,9 +142,9 @@ std::vector<Row> run_overlap(BenchContext& ctx) {
                 "all-gather hidden");
     for (const auto& f : phases)
       std::printf("# %-28s %8.1f [%5.0f,%5.0f] %8.1f [%5.0f,%5.0f] %8.1f [%5.0f,%5.0f] %6.1f%% [%3.0f,%3.0f]\n",
-                  f.impl.c_str(), f.iteration_us, f.iteration_min_us, f.iteration_max_us, f.gemm_us, f.gemm_min_us,
-                  f.gemm_max_us, f.gather_us, f.gather_min_us, f.gather_max_us, 100 * f.hidden, 100 * f.hidden_min,
-                  100 * f.hidden_max);
+                  f.impl.c_str(), f.iteration.median, f.iteration.min, f.iteration.max, f.gemm.median, f.gemm.min,
+                  f.gemm.max, f.gather.median, f.gather.min, f.gather.max, 100 * f.hidden.median, 100 * f.hidden.min,
+                  100 * f.hidden.max);
     std::fflush(stdout);
     if (a.csv.rfind("/dev/", 0) != 0) {  // beside --csv: results.csv -> results_phases.csv
       std::string path = a.csv;

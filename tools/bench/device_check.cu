@@ -1,7 +1,6 @@
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
+#include "check.hpp"
 #include "device_check.hpp"
 
 namespace symmem::bench {
@@ -42,22 +41,18 @@ __global__ void fingerprint_kernel(const uint8_t* p, size_t bytes, bool aligned,
   atomicAdd(sum, static_cast<unsigned long long>(local));
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e));
-}
-
 // Runs `launch(counter)` on a zeroed device counter and returns the counter's final value.
 template <typename Launch>
 unsigned long long with_counter(cudaStream_t stream, Launch launch) {
   unsigned long long* counter = nullptr;
-  check(cudaMallocAsync(&counter, sizeof(*counter), stream), "cudaMallocAsync");
-  check(cudaMemsetAsync(counter, 0, sizeof(*counter), stream), "cudaMemsetAsync");
+  BENCH_CUDA_CHECK(cudaMallocAsync(&counter, sizeof(*counter), stream));
+  BENCH_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(*counter), stream));
   launch(counter);
-  check(cudaGetLastError(), "check kernel");
+  BENCH_CUDA_CHECK(cudaGetLastError());
   unsigned long long host = 0;
-  check(cudaMemcpyAsync(&host, counter, sizeof(host), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(cudaFreeAsync(counter, stream), "cudaFreeAsync");
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  BENCH_CUDA_CHECK(cudaMemcpyAsync(&host, counter, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  BENCH_CUDA_CHECK(cudaFreeAsync(counter, stream));
+  BENCH_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host;
 }
 

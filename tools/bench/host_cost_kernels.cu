@@ -1,7 +1,6 @@
-#include <stdexcept>
-#include <string>
-
 #include "host_cost_kernels.hpp"
+
+#include "check.hpp"
 #include "kernels/kernel_args.hpp"
 
 namespace symmem::bench {
@@ -19,20 +18,16 @@ __global__ void empty() {}
 
 __global__ void empty_with_arguments(detail::ReduceKernelArgs) {}
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e));
-}
-
 }  // namespace
 
 void launch_spin(uint64_t nanoseconds, cudaStream_t stream) {
   spin<<<1, 1, 0, stream>>>(nanoseconds);
-  check(cudaGetLastError(), "spin launch");
+  BENCH_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_empty(cudaStream_t stream) {
   empty<<<1, 32, 0, stream>>>();
-  check(cudaGetLastError(), "empty launch");
+  BENCH_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_empty_like_symmem(bool pdl, cudaStream_t stream) {
@@ -46,7 +41,7 @@ void launch_empty_like_symmem(bool pdl, cudaStream_t stream) {
   config.attrs = &attribute;
   config.numAttrs = pdl ? 1 : 0;
   detail::ReduceKernelArgs args{};
-  check(cudaLaunchKernelEx(&config, empty_with_arguments, args), "cudaLaunchKernelEx");
+  BENCH_CUDA_CHECK(cudaLaunchKernelEx(&config, empty_with_arguments, args));
 }
 
 }  // namespace symmem::bench

@@ -18,14 +18,6 @@ struct Sample {
   double iteration, gemm, gather, hidden;  // us, us, us, fraction (NaN without an all-gather)
 };
 
-double median(std::vector<double> v) {
-  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size();
-  return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
-}
-
 double since(cudaEvent_t from, cudaEvent_t to) {
   float ms = 0;
   BENCH_CUDA_CHECK(cudaEventElapsedTime(&ms, from, to));
@@ -106,7 +98,7 @@ std::vector<PhaseFigures> measure_phases(BenchContext& ctx, const std::function<
         a.push_back(s.gather);
         h.push_back(s.hidden);
       }
-      per_rep[i][rep] = {median(iteration), median(g), median(a), median(h)};
+      per_rep[i][rep] = {spread_of(iteration).median, spread_of(g).median, spread_of(a).median, spread_of(h).median};
     }
   }
   ctx.comm().check();
@@ -136,19 +128,12 @@ std::vector<PhaseFigures> measure_phases(BenchContext& ctx, const std::function<
         }
       for (int m = 0; m < 4; ++m) metric[m].push_back(v[m]);
     }
-    auto spread = [](std::vector<double> v, double* med, double* lo, double* hi) {
-      *med = median(v);
-      v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
-      const double nan = std::numeric_limits<double>::quiet_NaN();
-      *lo = v.empty() ? nan : *std::min_element(v.begin(), v.end());
-      *hi = v.empty() ? nan : *std::max_element(v.begin(), v.end());
-    };
     PhaseFigures f;
     f.impl = rows[i].impl;
-    spread(metric[0], &f.iteration_us, &f.iteration_min_us, &f.iteration_max_us);
-    spread(metric[1], &f.gemm_us, &f.gemm_min_us, &f.gemm_max_us);
-    spread(metric[2], &f.gather_us, &f.gather_min_us, &f.gather_max_us);
-    spread(metric[3], &f.hidden, &f.hidden_min, &f.hidden_max);
+    f.iteration = spread_of(metric[0]);
+    f.gemm = spread_of(metric[1]);
+    f.gather = spread_of(metric[2]);
+    f.hidden = spread_of(metric[3]);
     out.push_back(f);
   }
   return out;
@@ -162,9 +147,9 @@ void write_phases_csv(const std::vector<PhaseFigures>& figures, const Meta& meta
   for (const auto& f : figures) {
     char buf[512];
     std::snprintf(buf, sizeof(buf), "overlap_phases,%s,%d,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.4f,%.4f,%.4f,",
-                  f.impl.c_str(), meta.world, f.iteration_us, f.iteration_min_us, f.iteration_max_us, f.gemm_us,
-                  f.gemm_min_us, f.gemm_max_us, f.gather_us, f.gather_min_us, f.gather_max_us, f.hidden, f.hidden_min,
-                  f.hidden_max);
+                  f.impl.c_str(), meta.world, f.iteration.median, f.iteration.min, f.iteration.max, f.gemm.median,
+                  f.gemm.min, f.gemm.max, f.gather.median, f.gather.min, f.gather.max, f.hidden.median, f.hidden.min,
+                  f.hidden.max);
     csv << buf << meta.gpu << "," << meta.commit << "," << meta.date << "\n";
   }
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_context.hpp"
+#include "report.hpp"
 
 namespace symmem::bench {
 
@@ -30,10 +31,8 @@ struct PhaseRow {
 // lowest rank's. Microseconds; hidden in [0, 1] (NaN without an all-gather).
 struct PhaseFigures {
   std::string impl;
-  double iteration_us = 0, iteration_min_us = 0, iteration_max_us = 0;
-  double gemm_us = 0, gemm_min_us = 0, gemm_max_us = 0;
-  double gather_us = 0, gather_min_us = 0, gather_max_us = 0;
-  double hidden = 0, hidden_min = 0, hidden_max = 0;
+  Spread iteration{}, gemm{}, gather{};  // us
+  Spread hidden{};                        // fraction
 };
 
 // Runs `reps` repetitions of `iters` iterations of every row in turn (ABAB...), ranks lined up

@@ -1,6 +1,7 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -94,6 +95,14 @@ static std::string csv_field(const std::string& s) {
     out += c;
   }
   return out + "\"";
+}
+
+Spread spread_of(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
+  if (v.empty()) return {NAN, NAN, NAN};
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size();
+  return {k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2, v.front(), v.back()};
 }
 
 std::string csv_row(const Row& r, const Meta& m) {

@@ -42,6 +42,13 @@ struct Meta {
   int world = 1;
 };
 
+// The median of `values` and their extremes, NaNs left out (all three NaN when none is left):
+// how every bench reports a figure over its repetitions.
+struct Spread {
+  double median, min, max;
+};
+Spread spread_of(std::vector<double> values);
+
 // Fills algbw/busbw from op, world, bytes and time.
 void compute_bandwidth(Row* row);
 // Sets vs_best_nccl on every symmem row from the best NCCL row of the same op and size.
