@@ -56,6 +56,19 @@ def title_of(rows, what):
     return f"{what}: {r['world']} x {r['gpu']}, {r['dtype']}"
 
 
+def save(fig, out, name):
+    """Writes the figure as out/name and closes it; returns the name."""
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, name), dpi=110)
+    plt.close(fig)
+    return name
+
+
+def whiskers(r):
+    """How far the fastest and slowest batch lie below and above the row's median (0 if unknown)."""
+    return r["time_us"] - (r["time_min_us"] or r["time_us"]), (r["time_max_us"] or r["time_us"]) - r["time_us"]
+
+
 def busbw_vs_sms(rows, out):
     made = []
     by_size = collections.defaultdict(list)
@@ -89,11 +102,7 @@ def busbw_vs_sms(rows, out):
         ax.set_title(title_of(rs, f"all_gather {size_label(size)} per rank"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        name = f"all_gather_busbw_vs_sms_{size_label(size)}.png"
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, name), dpi=110)
-        plt.close(fig)
-        made.append(name)
+        made.append(save(fig, out, f"all_gather_busbw_vs_sms_{size_label(size)}.png"))
     return made
 
 
@@ -128,11 +137,7 @@ def by_size_plot(rows, op, metric, out):
     ax.set_title(title_of(rows, op))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    name = f"{op}_{'latency' if metric == 'time_us' else 'busbw'}_vs_size.png"
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, name), dpi=110)
-    plt.close(fig)
-    return [name]
+    return [save(fig, out, f"{op}_{'latency' if metric == 'time_us' else 'busbw'}_vs_size.png")]
 
 
 def overlap_bars(rows, out):
@@ -151,10 +156,7 @@ def overlap_bars(rows, out):
     ax.set_xlabel("time (ms)")
     ax.set_xlim(0, max(values) * 1.45)
     ax.set_title(title_of(rows, "GEMM + all-gather overlap"))
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "overlap.png"), dpi=110)
-    plt.close(fig)
-    return ["overlap.png"]
+    return [save(fig, out, "overlap.png")]
 
 
 def host_cost_bars(rows, out):
@@ -164,8 +166,7 @@ def host_cost_bars(rows, out):
         sized = [r for r in rows if r["bytes_per_rank"] == size]
         names = [f"{r['op'].removeprefix('host_cost_')}: {r['impl']}" for r in sized]
         values = [r["time_us"] for r in sized]
-        low = [r["time_us"] - (r["time_min_us"] or r["time_us"]) for r in sized]
-        high = [(r["time_max_us"] or r["time_us"]) - r["time_us"] for r in sized]
+        low, high = zip(*(whiskers(r) for r in sized))
         colors = ["tab:gray" if r["impl"].startswith("empty") else "tab:blue" if "symmem" in r["impl"] else "tab:orange"
                   for r in sized]
         fig, ax = plt.subplots(figsize=(8, 0.32 * len(sized) + 1.5))
@@ -175,11 +176,7 @@ def host_cost_bars(rows, out):
         ax.invert_yaxis()
         ax.set_xlabel("host time to issue one call (us), GPU held busy")
         ax.set_title(title_of(sized, f"host cost per call, {size_label(size)} per rank"))
-        fig.tight_layout()
-        name = f"host_cost_{size_label(size)}.png"
-        fig.savefig(os.path.join(out, name), dpi=110)
-        plt.close(fig)
-        made.append(name)
+        made.append(save(fig, out, f"host_cost_{size_label(size)}.png"))
     return made
 
 
@@ -201,8 +198,9 @@ def chunked_gemm_bars(rows, out):
                     continue
                 xs.append(i + (j - len(layouts) / 2 + 0.5) * width)
                 ys.append(r["time_us"] / base)
-                lo.append((r["time_us"] - (r["time_min_us"] or r["time_us"])) / base)
-                hi.append(((r["time_max_us"] or r["time_us"]) - r["time_us"]) / base)
+                below, above = whiskers(r)
+                lo.append(below / base)
+                hi.append(above / base)
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=layout)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(shapes)))
@@ -212,11 +210,7 @@ def chunked_gemm_bars(rows, out):
         ax.set_xlabel("MxNxK (row-major C = A B)")
         ax.legend(fontsize=7, ncol=3)
         ax.set_title(title_of(typed, "GEMM in row blocks vs one GEMM"))
-        fig.tight_layout()
-        name = f"chunked_gemm_{dtype}.png"
-        fig.savefig(os.path.join(out, name), dpi=110)
-        plt.close(fig)
-        made.append(name)
+        made.append(save(fig, out, f"chunked_gemm_{dtype}.png"))
     return made
 
 
