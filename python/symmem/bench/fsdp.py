@@ -25,14 +25,13 @@ median step time with the fastest and slowest step; `wrong` counts the steps who
 from the nccl row's by more than `--loss-rtol` (relative).
 """
 import argparse
-import csv
 import datetime
-import os
 import statistics
 
 import torch
 import torch.distributed as dist
 
+from ._results import write_results
 from ._torchrun import init_nccl
 from .llama import Decoder, loss_of, parameter_count
 from .torch import _commit
@@ -228,17 +227,9 @@ def main(argv=None):
         text = "\n".join(lines) + f"\ncommit {commit}, {date}"
         print(text, flush=True)
         if args.out:
-            os.makedirs(args.out, exist_ok=True)
             fields = ["op", "impl", "world", "model", "params", "bytes_per_rank", "time_us", "time_min_us",
                       "time_max_us", "wrong", "all_gather_us", "hidden", "gpu", "commit", "date"]
-            with open(os.path.join(args.out, f"fsdp_step_{world}.csv"), "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=fields, restval="")
-                writer.writeheader()
-                for r in results:
-                    writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
-            with open(os.path.join(args.out, f"fsdp_step_{world}.txt"), "w") as f:
-                f.write(text + "\n")
-            plot(results, os.path.join(args.out, f"fsdp_step_{world}.png"))
+            write_results(args.out, f"fsdp_step_{world}", fields, results, text, plot)
     dist.barrier()
 
 

@@ -23,7 +23,6 @@ float64 reference (reductions, relative tolerance 2^-7 per summand magnitude) or
 bit-exact), and against every other rank's bits; `wrong` counts the elements that fail.
 """
 import argparse
-import csv
 import datetime
 import os
 import statistics
@@ -33,6 +32,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from ._results import write_results
 from ._torchrun import init_nccl
 
 TOKENS = [32, 64, 96, 128, 192, 256, 1024, 2048, 3062, 4096]
@@ -328,18 +328,11 @@ def main(argv=None):
                     f"{sum(r['wrong'] for r in rows)}")
         print("\n\n".join(text), flush=True)
         if args.out:
-            os.makedirs(args.out, exist_ok=True)
             fields = ["op", "impl", "mode", "world", "dtype", "bytes_per_rank", "count", "blocks", "time_us",
                       "time_min_us", "time_max_us", "algbw_gbs", "busbw_gbs", "wrong", "vs_nccl", "gpu", "commit",
                       "date"]
-            with open(os.path.join(args.out, f"torch_bench_{world}.csv"), "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-                writer.writeheader()
-                for r in rows:
-                    writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
-            with open(os.path.join(args.out, f"torch_bench_{world}.txt"), "w") as f:
-                f.write("\n\n".join(text) + "\n")
-            _plot(rows, os.path.join(args.out, f"torch_bench_{world}.png"))
+            write_results(args.out, f"torch_bench_{world}", fields, rows, "\n\n".join(text), _plot,
+                          ignore_extra_keys=True)
     dist.barrier()
 
 

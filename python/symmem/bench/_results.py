@@ -1,0 +1,18 @@
+"""How the torchrun benchmarks write their results: <stem>.csv, <stem>.txt and <stem>.png in one folder."""
+import csv
+import os
+
+
+def write_results(out, stem, fields, rows, text, plot, ignore_extra_keys=False):
+    """CSV of `rows` (dicts; floats with 3 decimals) in `fields` order, the printed `text`, and the
+    figure `plot(rows, path)` draws. A key outside `fields` is an error unless ignore_extra_keys."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, restval="",
+                                extrasaction="ignore" if ignore_extra_keys else "raise")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
+    with open(os.path.join(out, f"{stem}.txt"), "w") as f:
+        f.write(text + "\n")
+    plot(rows, os.path.join(out, f"{stem}.png"))
