@@ -41,9 +41,9 @@ class Bootstrap {
   virtual void barrier() = 0;
 };
 
-// TCP store bootstrap: rank 0 hosts the store on master_addr:master_port. The communicator covers
-// one node: a job whose world spans several nodes (world > local_world) is refused at once with
-// kUnsupported (set local_world when building a JobInfo by hand).
+// TCP store bootstrap: rank 0 hosts the store on master_addr:master_port, which every node must
+// reach (bind MASTER_ADDR to an address of rank 0's host that the other nodes see). A job spanning
+// several nodes gets a communicator of several nodes (Communicator::create).
 std::shared_ptr<Bootstrap> make_store_bootstrap(const JobInfo& job);
 
 // In-process bootstrap: `world` threads share one ThreadGroup and each calls

@@ -1,5 +1,13 @@
-// The communicator: the ranks of one NVLink domain (one process or thread per GPU), a symmetric
-// heap reserved with CUDA VMM, and the synchronisation state of its collectives.
+// The communicator: the ranks of a job (one process or thread per GPU), a symmetric heap reserved
+// with CUDA VMM shared by the ranks of each node (NVLink domain), and the synchronisation state of
+// its collectives.
+//
+// Several nodes: a communicator whose ranks span nodes holds its node's symmetric domain plus an
+// NCCL communicator among the ranks of equal local rank (docs/hierarchical.md). rank() and world()
+// are the job's; heap buffers, their peers and every SM or copy-engine collective belong to the
+// node (local_rank(), local_world()); all_gather runs hierarchically across nodes, and the
+// collectives that run inside one node only (all_reduce, reduce_scatter, barrier) fail at the call
+// with kUnsupported.
 //
 // Collective calls (create, allocate, free, close and every collective) must be made by every
 // rank in the same order. Collectives on one communicator must be ordered on the host as well
@@ -29,7 +37,8 @@ CommunicatorState& state_of(const Communicator& comm);
 // A symmetric buffer: the same size at the same heap offset on every rank, mapped by all of them.
 class Buffer {
  public:
-  // Trivially copyable view for kernels written by users: pass it by value.
+  // Trivially copyable view for kernels written by users: pass it by value. Its ranks are the
+  // node's local ranks.
   struct DeviceHandle {
     void* local;
     void* peers[kMaxWorld];  // every rank's copy, as mapped in this process
@@ -43,7 +52,7 @@ class Buffer {
 
   void* ptr() const { return local_; }
   size_t size() const { return bytes_; }
-  void* peer_ptr(int rank) const;
+  void* peer_ptr(int local_rank) const;  // a rank of this node
   // A device array of world pointers (peer_ptrs()[r] == peer_ptr(r)), for kernels that index it.
   void* const* peer_ptrs_device() const { return peer_table_; }
   uint32_t* signal_pad() const { return pad_; }
@@ -72,6 +81,10 @@ struct CommConfig {
   // than their workspace run in chunks; algorithms whose receive area is too small are not chosen
   // (or, when forced, fail with an error naming this budget). 0: SYMMEM_WORKSPACE_MB (256 MiB).
   size_t workspace_bytes = 0;
+  // Ranks per node (NVLink domain). 0: SYMMEM_NODE_SIZE, else LOCAL_WORLD_SIZE when the bootstrap
+  // covers the whole job (WORLD_SIZE ranks), else the ranks' host names. Every rank must see the
+  // same value (checked at creation).
+  int node_size = 0;
 };
 
 class Communicator {
@@ -85,8 +98,11 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const;
-  int world() const;
+  int rank() const;   // in the job
+  int world() const;  // ranks in the job
+  int local_rank() const;   // in this node: the index of Buffer peers
+  int local_world() const;  // ranks of this node
+  int nodes() const;
   int device() const;
   Bootstrap& bootstrap();
 
@@ -101,7 +117,7 @@ class Communicator {
   // infer symmetry from an address (a raw pointer is always a local operand).
   Buffer* find(const void* p, size_t bytes) const;
 
-  // Device barrier among all ranks on `stream` (with the usual deadline).
+  // Device barrier among all ranks on `stream` (with the usual deadline). One node only.
   void barrier(cudaStream_t stream);
   // Throws symmem::Error if a device wait of an earlier call failed on any rank: kTimeout (a peer
   // never came: dead or stalled), kMismatch (a peer called something else; the message names both

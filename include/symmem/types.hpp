@@ -24,6 +24,8 @@ enum class Algo {
   kTwoShotPush,        // all-reduce / reduce-scatter: two-shot whose NVLink traffic is stores only
   kLowLatency,         // all-reduce, all-gather, reduce-scatter: data and flag in one store; no barriers
   kLowLatencyTwoShot,  // all-reduce: low latency, each rank reducing 1/world (mid sizes)
+  kHierarchical,       // all-gather across nodes: NCCL between nodes, copy engines inside each (zero SMs);
+                       // what kAuto runs whenever the communicator spans nodes
 };
 
 size_t dtype_size(DataType type);

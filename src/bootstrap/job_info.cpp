@@ -24,8 +24,7 @@ JobInfo JobInfo::from_env() {
   SYMMEM_REQUIRE(job.local_world >= 1 && job.local_rank >= 0 && job.local_rank < job.local_world,
                  "LOCAL_RANK=" + std::to_string(job.local_rank) +
                      " is outside LOCAL_WORLD_SIZE=" + std::to_string(job.local_world));
-  // Several nodes are accepted here (a hierarchical communicator will use them); the node-local
-  // store bootstrap rejects them (store_bootstrap.cpp). An uneven split is wrong in any case.
+  // Several nodes are accepted (the communicator spans them); an uneven split is wrong in any case.
   SYMMEM_REQUIRE(job.world % job.local_world == 0, "LOCAL_WORLD_SIZE=" + std::to_string(job.local_world) +
                                                        " does not divide WORLD_SIZE=" + std::to_string(job.world));
   SYMMEM_REQUIRE(job.master_port > 0 && job.master_port < 65536,

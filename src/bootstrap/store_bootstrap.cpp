@@ -1,7 +1,7 @@
 // Bootstrap over the TCP store: all_gather publishes "ag/<seq>/<rank>" and reads every rank's
 // key; the last reader of a round erases the round's keys so a long job does not grow the store.
-// The communicator it serves is node-local, so a job spanning several nodes is rejected here, at
-// once, instead of timing out later in the descriptor exchange.
+// A job spanning several nodes is served like one node: the communicator splits it into nodes
+// (src/comm/node_layout.hpp), and each node's exchanges ride on the job's rounds.
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -14,18 +14,13 @@
 namespace symmem {
 namespace {
 
-void require_one_node(const JobInfo& job) {
+void require_valid(const JobInfo& job) {
   const std::string world = "WORLD_SIZE=" + std::to_string(job.world);
-  const std::string local_world = "LOCAL_WORLD_SIZE=" + std::to_string(job.local_world);
   SYMMEM_REQUIRE(job.world >= 1 && job.rank >= 0 && job.rank < job.world,
                  "make_store_bootstrap: RANK=" + std::to_string(job.rank) + " is outside " + world);
   SYMMEM_REQUIRE(job.local_world >= 1 && job.world % job.local_world == 0,
-                 "make_store_bootstrap: " + local_world + " does not divide " + world);
-  if (job.world > job.local_world)
-    SYMMEM_THROW(ErrorCode::kUnsupported, "make_store_bootstrap: " + world + " spans " +
-                                              std::to_string(job.world / job.local_world) + " nodes (" + local_world +
-                                              "); symmem's communicator covers one node (one " +
-                                              "NVLink domain): run one job per node, or use NCCL across nodes");
+                 "make_store_bootstrap: LOCAL_WORLD_SIZE=" + std::to_string(job.local_world) + " does not divide " +
+                     world);
 }
 
 class StoreBootstrap final : public Bootstrap {
@@ -96,7 +91,7 @@ class StoreBootstrap final : public Bootstrap {
 }  // namespace
 
 std::shared_ptr<Bootstrap> make_store_bootstrap(const JobInfo& job) {
-  require_one_node(job);
+  require_valid(job);
   return std::make_shared<StoreBootstrap>(job);
 }
 

@@ -56,7 +56,7 @@ ReduceOp op_of(int op) {
 }
 
 CollectiveOptions options_of(int algo, int blocks, int max_blocks) {
-  if (algo < 0 || algo > static_cast<int>(Algo::kLowLatencyTwoShot))
+  if (algo < 0 || algo > static_cast<int>(Algo::kHierarchical))
     throw Error(ErrorCode::kInvalidArgument, "algo " + std::to_string(algo) + " is not a symmem::Algo");
   CollectiveOptions o;
   o.algo = static_cast<Algo>(algo);

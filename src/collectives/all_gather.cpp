@@ -34,12 +34,13 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
                  const CollectiveOptions& options) {
   Prepared p;
   p.bytes = count * dtype_size(type);
-  const size_t out_bytes = p.bytes * st.world;
+  // The output has a slot per rank of the job (of its nodes, when it spans several).
+  const size_t out_bytes = p.bytes * st.layout.world;
+  const size_t own_slot = st.layout.rank * p.bytes;
   p.out = detail::resolve(out, out_bytes, "output", "all_gather", st);
   // In place: the input is this rank's slot of the output; it is then whatever the output is.
-  p.in_place = in.ptr() == static_cast<char*>(p.out.local) + st.rank * p.bytes;
-  p.in =
-      p.in_place ? detail::shifted(p.out, st.rank * p.bytes) : detail::resolve(in, p.bytes, "input", "all_gather", st);
+  p.in_place = in.ptr() == static_cast<char*>(p.out.local) + own_slot;
+  p.in = p.in_place ? detail::shifted(p.out, own_slot) : detail::resolve(in, p.bytes, "input", "all_gather", st);
   detail::require_no_partial_overlap(p.out.local, out_bytes, p.in.local, p.bytes, p.in_place, "all_gather");
 
   detail::AllGatherRequest request;
@@ -48,6 +49,7 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
   request.copy_engine_push = st.settings.copy_engine_push;
   request.push_bulk = st.settings.push_bulk;
   request.low_latency_capacity = detail::Workspaces::kLowLatencySlotBytes;
+  request.nodes = st.layout.nodes;
   p.plan = detail::plan_all_gather(request, *st.tuning);
 
   p.call = detail::make_call_descriptor(detail::kOpAllGather, type, ReduceOp::kSum, count, p.plan.algo, p.plan.blocks,
@@ -78,8 +80,9 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
     in_local = static_cast<const char*>(ws.staging_in()->ptr());
     for (int r = 0; r < world; ++r) in_peers[r] = ws.staging_in()->peer_ptr(r);
   } else if (p.in.symmetric) {
-    // In place, rank r's input is its own slot of the output, not this rank's slot.
-    for (int r = 0; r < world; ++r) in_peers[r] = p.in_place ? p.out.peer(r, r * p.bytes + begin) : p.in.peer(r, begin);
+    // In place, local rank r's input is its own slot of the output, not this rank's slot.
+    for (int r = 0; r < world; ++r)
+      in_peers[r] = p.in_place ? p.out.peer(r, st.job_rank(r) * p.bytes + begin) : p.in.peer(r, begin);
   }
   char* out_local = static_cast<char*>(p.out.local) + begin;
   size_t stride = p.bytes;
@@ -94,7 +97,20 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
   // In place the own slot already holds the data, unless the output is staged.
   const bool copy_own = !p.in_place || plan.stage_output;
 
-  if (plan.algo == Algo::kCopyEngine) {
+  if (plan.algo == Algo::kHierarchical) {
+    detail::HierarchicalCall call{};
+    call.out = out_local;
+    call.slot_stride = stride;
+    call.in = in_local;
+    call.bytes = bytes;
+    for (int r = 0; r < detail::kMaxWorld; ++r) {
+      call.in_peers[r] = in_peers[r];
+      call.out_peers[r] = out_peers[r];
+    }
+    call.copy_own = copy_own;
+    call.signature = signature;
+    detail::all_gather_hierarchical(st, call, stream);
+  } else if (plan.algo == Algo::kCopyEngine) {
     detail::CopyEngineCall call{};
     call.out = out_local;
     call.slot_stride = stride;
@@ -140,7 +156,7 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
   }
   if (plan.stage_output)
     SYMMEM_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(p.out.local) + begin, p.bytes, out_local, bytes, bytes,
-                                        world, cudaMemcpyDeviceToDevice, stream));
+                                        st.layout.world, cudaMemcpyDeviceToDevice, stream));
 }
 
 }  // namespace
@@ -161,9 +177,9 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   const Prepared p = prepare(out, in, count, type, st, options);
   const uint32_t signature = detail::signature_of(p.call);
   st.record_call(signature, p.call);
-  if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.rank, detail::describe(p.plan).c_str());
+  if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, detail::describe(p.plan).c_str());
   const size_t elem = dtype_size(type);
-  const size_t limit = detail::all_gather_chunk_elements(p.plan, elem, st.world, st.workspaces->limits());
+  const size_t limit = detail::all_gather_chunk_elements(p.plan, elem, st.layout.world, st.workspaces->limits());
   for (const auto& chunk : detail::plan_chunks(count, limit))
     run_chunk(p, st, signature, chunk.begin * elem, chunk.count * elem, stream);
 }

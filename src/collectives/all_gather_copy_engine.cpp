@@ -8,6 +8,7 @@
 
 #include "collectives/all_gather_paths.hpp"
 #include "collectives/copy_engine_state.hpp"
+#include "collectives/copy_engine_steps.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
@@ -47,6 +48,13 @@ uint32_t* phase_words(BoardPage* page, uint32_t phase) {
   return phase == CopyEngineState::kPhaseDone ? page->ce_done : page->ce_ready;
 }
 
+const HostBoard& board_of(const CommunicatorState& state) {
+  if (!state.board) throw Error(ErrorCode::kInternal, "copy-engine state: the host board must be created first");
+  return *state.board;
+}
+
+}  // namespace
+
 // One handshake as one batch of stream memory operations, executed in order (copy_engine_state.hpp):
 // tell every peer, publish this wait, wait for every peer, mark the wait passed, reset.
 void enqueue_handshake(const HostBoard& board, int rank, int world, uint32_t phase, uint32_t signature,
@@ -83,13 +91,6 @@ void enqueue_handshake(const HostBoard& board, int rank, int world, uint32_t pha
   for (int k = 1; k < world; ++k) write(&phase_words(mine, phase)[(rank + k) % world], 0);
   SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream, count, ops, 0));
 }
-
-const HostBoard& board_of(const CommunicatorState& state) {
-  if (!state.board) throw Error(ErrorCode::kInternal, "copy-engine state: the host board must be created first");
-  return *state.board;
-}
-
-}  // namespace
 
 CopyEngineState::CopyEngineState(CommunicatorState& state)
     : board_(board_of(state)),
@@ -265,6 +266,47 @@ void CopyEngineState::release_wait(uint32_t phase, uint32_t signature) noexcept 
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
+void enqueue_copies(CopyEngineState& ce, const std::vector<EngineCopy>& copies, const EngineCopy* own, bool batchable,
+                    cudaStream_t stream) {
+  const bool batch = batchable && copies.size() > 1;
+  // The peer copies fork onto side streams (one batch on the first, or one stream per piece) and
+  // join back; the own slot's local copy runs meanwhile on the caller's stream. Inside one batch
+  // the local copy delayed the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched with
+  // it, 333 beside it; bench/results/h200/README.md).
+  int used = 0;
+  for (const EngineCopy& c : copies) used = std::max(used, batch ? 1 : c.stream % ce.streams() + 1);
+  if (used > 0) {
+    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
+    for (int s = 0; s < used; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
+  }
+  if (batch) {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (const EngineCopy& c : copies) {
+      dsts.push_back(c.dst);
+      srcs.push_back(c.src);
+      sizes.push_back(c.bytes);
+    }
+    // The driver spreads the copies of one batch over the copy engines.
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_index = 0;
+    SYMMEM_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1,
+                                           ce.side_stream(0)));
+  } else {
+    for (const EngineCopy& c : copies)
+      SYMMEM_CUDA_CHECK(
+          cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, ce.side_stream(c.stream % ce.streams())));
+  }
+  if (own) SYMMEM_CUDA_CHECK(cudaMemcpyAsync(own->dst, own->src, own->bytes, cudaMemcpyDeviceToDevice, stream));
+  for (int s = 0; s < used; ++s) {
+    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), ce.side_stream(s)));
+    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(s), 0));
+  }
+}
+
 void all_gather_copy_engine(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream) {
   if (!state.copy_engine || !state.board)
     throw Error(ErrorCode::kInternal, "all_gather(copy_engine): the copy-engine state is missing");
@@ -292,57 +334,23 @@ void all_gather_copy_engine(CommunicatorState& state, const CopyEngineCall& call
   // cost (2 x H200, 1 MiB per rank: 27.3 us batched, 25.8 plain).
   const bool batchable = ce.batch() && !capturing;
   const auto pieces = plan_copy_engine(rank, world, call.bytes, batchable ? 1 : ce.streams(), ce.piece_bytes());
-  const bool batch = batchable && pieces.size() > 1;
   // Pull (the default) writes only this rank's output; push writes this rank's slot of every
   // peer's output (copy_engine_state.hpp says what that risks after a timeout).
   char* out = static_cast<char*>(call.out);
   const char* in = static_cast<const char*>(call.in);
   const size_t stride = call.slot_stride;
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  std::vector<size_t> sizes;
-  dsts.reserve(pieces.size());
-  srcs.reserve(pieces.size());
-  sizes.reserve(pieces.size());
+  std::vector<EngineCopy> copies;
+  copies.reserve(pieces.size());
   for (const auto& piece : pieces) {
-    if (call.push) {
-      dsts.push_back(static_cast<char*>(call.out_peers[piece.peer]) + size_t(rank) * stride + piece.offset);
-      srcs.push_back(in + piece.offset);
-    } else {
-      dsts.push_back(out + size_t(piece.peer) * stride + piece.offset);
-      srcs.push_back(static_cast<const char*>(call.in_peers[piece.peer]) + piece.offset);
-    }
-    sizes.push_back(piece.bytes);
+    if (call.push)
+      copies.push_back({static_cast<char*>(call.out_peers[piece.peer]) + size_t(rank) * stride + piece.offset,
+                        in + piece.offset, piece.bytes, piece.stream});
+    else
+      copies.push_back({out + size_t(piece.peer) * stride + piece.offset,
+                        static_cast<const char*>(call.in_peers[piece.peer]) + piece.offset, piece.bytes, piece.stream});
   }
-  // The peer copies fork onto side streams (one batch on the first, or one stream per piece) and
-  // join back; the own slot's local copy runs meanwhile on the caller's stream. Inside one batch
-  // the local copy delayed the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched with
-  // it, 333 beside it; bench/results/h200/README.md).
-  int used = 0;
-  for (const auto& piece : pieces) used = std::max(used, batch ? 1 : piece.stream + 1);
-  if (used > 0) {
-    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
-    for (int s = 0; s < used; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
-  }
-  if (batch) {
-    // The driver spreads the copies of one batch over the copy engines.
-    cudaMemcpyAttributes attr{};
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t attr_index = 0;
-    SYMMEM_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1,
-                                           ce.side_stream(0)));
-  } else {
-    for (size_t i = 0; i < pieces.size(); ++i)
-      SYMMEM_CUDA_CHECK(
-          cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice, ce.side_stream(pieces[i].stream)));
-  }
-  if (call.copy_own)
-    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(out + size_t(rank) * stride, in, call.bytes, cudaMemcpyDeviceToDevice, stream));
-  for (int s = 0; s < used; ++s) {
-    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), ce.side_stream(s)));
-    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(s), 0));
-  }
+  const EngineCopy own{out + size_t(rank) * stride, in, call.bytes, 0};
+  enqueue_copies(ce, copies, call.copy_own ? &own : nullptr, batchable, stream);
 
   if (world > 1) enqueue_handshake(board, rank, world, CopyEngineState::kPhaseDone, call.signature, stream);
   // Invariant: no peer reads this rank's input any more (pull); every slot of this rank's output

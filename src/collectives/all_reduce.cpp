@@ -18,6 +18,7 @@ PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, con
                                     DataType type, ReduceOp op, CommunicatorState& st,
                                     const CollectiveOptions& options) {
   const char* name = reduce_scatter ? "reduce_scatter" : "all_reduce";
+  st.require_one_node(name);
   if (type == DataType::kUInt8)
     throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": uint8 is not reducible; use int32");
   PreparedReduction p;
@@ -175,6 +176,7 @@ void all_reduce(Operand out, Operand in, size_t count, DataType type, ReduceOp o
                 cudaStream_t stream, const CollectiveOptions& options) {
   detail::CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable("all_reduce");
+  st.require_one_node("all_reduce");
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
   detail::run_reduction(detail::prepare_reduction(false, out, in, count, type, op, st, options), st, stream);

@@ -17,6 +17,7 @@ void reduce_scatter(Operand out, Operand in, size_t count, DataType type, Reduce
                     cudaStream_t stream, const CollectiveOptions& options) {
   detail::CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable("reduce_scatter");
+  st.require_one_node("reduce_scatter");
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
   detail::run_reduction(detail::prepare_reduction(true, out, in, count, type, op, st, options), st, stream);

@@ -11,11 +11,13 @@
 
 #include "collectives/copy_engine_state.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/node_bootstrap.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/env.hpp"
 #include "common/hash.hpp"
 #include "kernels/kernel_args.hpp"
+#include "net/between_nodes.hpp"
 
 namespace symmem {
 namespace detail {
@@ -82,6 +84,7 @@ CommunicatorState::~CommunicatorState() {
   // Local release only. Let this device finish what it was given first: every device wait has a
   // deadline and the copy-engine watchdog (still running here) releases its waits, so this ends.
   if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
+  between_nodes.reset();
   copy_engine.reset();
   workspaces.reset();
   buffers.clear();
@@ -100,11 +103,22 @@ SyncArgs CommunicatorState::sync_args(uint32_t op, uint32_t signature) const {
 namespace {
 
 std::string describe_failure(const CommunicatorState& st, int who, const DeviceStatus& s) {
-  const std::string me = "rank " + std::to_string(s.rank);
-  const std::string peer = "rank " + std::to_string(s.peer);
+  const bool spans = st.layout.spans_nodes();
+  // Failure records name local ranks, except the between-nodes step's peer, a job rank.
+  auto name = [&](int local) { return spans ? st.layout.describe_rank(st.job_rank(local)) : "rank " + std::to_string(local); };
+  const std::string me = name(s.rank);
   const std::string op = op_code_name(s.op);
   std::string mine = st.board->lookup_call(who, s.signature);
   if (mine.empty()) mine = op;
+  if (s.op == kOpBetweenNodes) {
+    const char* text = st.board->page(who)->net_failure;
+    const std::string nccl(text, strnlen(text, sizeof(st.board->page(who)->net_failure)));
+    const std::string peer = s.peer >= 0 ? st.layout.describe_rank(s.peer) : "a rank of equal local rank on another node";
+    const std::string what = s.code == kStatusNetwork ? " failed between nodes in " : " timed out between nodes in ";
+    return me + what + mine + " (piece " + std::to_string(s.phase) + ") exchanging with " + peer +
+           (nccl.empty() ? "" : ": " + nccl) + "; " + peer + " is dead or stalled, or the network failed";
+  }
+  const std::string peer = name(s.peer);
   if (s.code == kStatusMismatch) {
     std::string theirs = s.peer >= 0 && s.peer < st.world ? st.board->lookup_call(s.peer, s.peer_signature) : "";
     if (theirs.empty())
@@ -135,11 +149,12 @@ void CommunicatorState::ensure_usable(const char* op) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
   int who = -1;
-  if (own.code == kStatusTimeout || own.code == kStatusMismatch) who = rank;
-  for (int r = 0; r < world && who < 0; ++r) {
-    const uint32_t code = __atomic_load_n(&board->page(r)->status.code, __ATOMIC_ACQUIRE);
-    if (code == kStatusTimeout || code == kStatusMismatch) who = r;
-  }
+  auto is_cause = [](uint32_t code) {
+    return code == kStatusTimeout || code == kStatusMismatch || code == kStatusNetwork;
+  };
+  if (is_cause(own.code)) who = rank;
+  for (int r = 0; r < world && who < 0; ++r)
+    if (is_cause(__atomic_load_n(&board->page(r)->status.code, __ATOMIC_ACQUIRE))) who = r;
   if (who < 0) {
     // The abort word is set but the failing rank's record is not visible yet (or it died while
     // writing it): report what is known.
@@ -151,7 +166,7 @@ void CommunicatorState::ensure_usable(const char* op) {
   // A timeout whose peer was itself waiting in a call with another signature is a mismatch that
   // no flag could show: the two calls ran different protocols (say a barrier kernel against a
   // low-latency one), so neither ever wrote what the other waited for.
-  if (s.code == kStatusTimeout && s.peer >= 0 && s.peer < world) {
+  if (s.code == kStatusTimeout && s.op != kOpBetweenNodes && s.peer >= 0 && s.peer < world) {
     const DeviceStatus& theirs = board->page(s.peer)->status;
     // A live peer records its own failure within a poll interval of the abort word; a dead one
     // never does. Wait that long, on this error path only, for the whole record (its code is
@@ -169,8 +184,17 @@ void CommunicatorState::ensure_usable(const char* op) {
     }
   }
   abort_reason = describe_failure(*this, who, s);
-  if (who != rank) abort_reason = "rank " + std::to_string(who) + " failed first: " + abort_reason;
+  if (who != rank) abort_reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + abort_reason;
   throw Error(s.code == kStatusMismatch ? ErrorCode::kMismatch : ErrorCode::kTimeout, abort_reason);
+}
+
+void CommunicatorState::require_one_node(const char* op) const {
+  if (layout.spans_nodes())
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": this communicator spans " + std::to_string(layout.nodes) + " nodes of " +
+                    std::to_string(layout.local_world) + " GPUs, and symmem's " + op +
+                    " runs inside one node; across nodes symmem offers all_gather (hierarchical): use NCCL for " +
+                    op + ", or a communicator per node");
 }
 
 }  // namespace detail
@@ -178,10 +202,13 @@ void CommunicatorState::ensure_usable(const char* op) {
 Communicator::Communicator() : state_(std::make_unique<detail::CommunicatorState>()) {}
 Communicator::~Communicator() = default;
 
-int Communicator::rank() const { return state_->rank; }
-int Communicator::world() const { return state_->world; }
+int Communicator::rank() const { return state_->layout.rank; }
+int Communicator::world() const { return state_->layout.world; }
+int Communicator::local_rank() const { return state_->rank; }
+int Communicator::local_world() const { return state_->world; }
+int Communicator::nodes() const { return state_->layout.nodes; }
 int Communicator::device() const { return state_->device; }
-Bootstrap& Communicator::bootstrap() { return *state_->bootstrap; }
+Bootstrap& Communicator::bootstrap() { return *state_->job_bootstrap; }
 int64_t Communicator::timeout_ms() const { return state_->timeout_ms(); }
 bool Communicator::aborted() const {
   const auto& st = *state_;
@@ -255,10 +282,12 @@ void agree_on_settings(const detail::AgreedSettings& mine, Bootstrap& bootstrap,
 std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bootstrap, int device,
                                                    const CommConfig& config) {
   if (!bootstrap) throw Error(ErrorCode::kInvalidArgument, "Communicator::create: no bootstrap");
-  const int world = bootstrap->world();
+  // Collective over the job: which ranks share a node (one NVLink domain, one heap).
+  const detail::NodeLayout layout = detail::agree_on_layout(config.node_size, *bootstrap);
+  const int world = layout.local_world;
   if (world > kMaxWorld)
-    throw Error(ErrorCode::kUnsupported, "Communicator::create: world " + std::to_string(world) + " exceeds the " +
-                                             std::to_string(kMaxWorld) +
+    throw Error(ErrorCode::kUnsupported, "Communicator::create: " + std::to_string(world) +
+                                             " ranks per node exceed the " + std::to_string(kMaxWorld) +
                                              " GPUs of one NVLink domain that symmem supports");
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
@@ -275,9 +304,12 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   std::unique_ptr<Communicator> comm(new Communicator());
   detail::CommunicatorState& st = *comm->state_;
   st.owner = comm.get();
-  st.bootstrap = std::move(bootstrap);
+  st.layout = layout;
+  st.job_bootstrap = std::move(bootstrap);
+  st.bootstrap = layout.spans_nodes() ? std::make_shared<detail::NodeBootstrap>(st.job_bootstrap, layout)
+                                      : st.job_bootstrap;
   st.device = device;
-  st.rank = st.bootstrap->rank();
+  st.rank = layout.local_rank;
   st.world = world;
   SYMMEM_CUDA_CHECK(cudaDeviceGetAttribute(&st.sm_count, cudaDevAttrMultiProcessorCount, device));
 
@@ -297,7 +329,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.tuning = &detail::tuning_table_for(st.gpu_name);
   st.settings = read_settings(config, *st.tuning);
   st.debug = env::debug();
-  agree_on_settings(st.settings, *st.bootstrap, st.rank, world);
+  agree_on_settings(st.settings, *st.job_bootstrap, layout.rank, layout.world);
 
   // Per-block epochs, then the parity kernels' call counter and its finished-block count.
   SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st.epochs), (kMaxBlocks + 2) * sizeof(uint32_t)));
@@ -309,6 +341,9 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.heap = std::make_unique<detail::Heap>(device, st.rank, world, reserve);
   st.workspaces = std::make_unique<detail::Workspaces>(*comm, st.settings.workspace_bytes);
   st.copy_engine = std::make_unique<detail::CopyEngineState>(st);
+  if (layout.spans_nodes())
+    st.between_nodes =
+        std::make_unique<detail::BetweenNodes>(layout, *st.job_bootstrap, device, st.timeout_ms(), *st.board);
 
   detail::SyncArgs& s = st.sync_template;
   const Buffer* control = st.workspaces->control();
@@ -377,6 +412,7 @@ Buffer* Communicator::find(const void* p, size_t bytes) const {
 
 void Communicator::barrier(cudaStream_t stream) {
   state_->ensure_usable("barrier");
+  state_->require_one_node("barrier");
   detail::DeviceGuard guard(state_->device);
   const uint32_t signature = 0x8a11u;  // every barrier is the same call
   state_->board->record_call(signature, "barrier()");
@@ -400,9 +436,11 @@ void Communicator::close() {
   try {
     SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
     st.bootstrap->barrier();  // every rank is done with every buffer
+    if (st.between_nodes) st.between_nodes->close();
   } catch (...) {
     failure = std::current_exception();
   }
+  st.between_nodes.reset();
   st.copy_engine.reset();
   st.workspaces.reset();
   st.buffers.clear();

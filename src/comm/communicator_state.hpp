@@ -9,6 +9,7 @@
 #include "bootstrap/fd_exchange.hpp"
 #include "collectives/call_signature.hpp"
 #include "comm/host_board.hpp"
+#include "comm/node_layout.hpp"
 #include "device/device_types.hpp"
 #include "heap/heap.hpp"
 #include "plan/tuning_table.hpp"
@@ -18,6 +19,7 @@
 namespace symmem::detail {
 
 class CopyEngineState;
+class BetweenNodes;
 
 // Environment overrides, read once at creation and checked equal on every rank (creation fails
 // naming the variable otherwise), so that no rank plans with a value another rank does not have.
@@ -36,10 +38,14 @@ struct AgreedSettings {
 
 struct CommunicatorState {
   Communicator* owner = nullptr;
+  // The node's ranks (the heap, the host board, every SM and copy-engine collective) are
+  // `bootstrap`, `rank` and `world`; the job is `layout` and `job_bootstrap` (the same on one node).
+  std::shared_ptr<Bootstrap> job_bootstrap;
   std::shared_ptr<Bootstrap> bootstrap;
+  NodeLayout layout;
   int device = 0;
-  int rank = 0;
-  int world = 1;
+  int rank = 0;   // local rank
+  int world = 1;  // ranks of this node
   int sm_count = 0;
   std::string gpu_name;
   AgreedSettings settings;
@@ -52,6 +58,7 @@ struct CommunicatorState {
   std::vector<std::unique_ptr<Buffer>> buffers;
   std::unique_ptr<Workspaces> workspaces;
   std::unique_ptr<CopyEngineState> copy_engine;
+  std::unique_ptr<BetweenNodes> between_nodes;  // only when the job spans nodes
 
   uint32_t* epochs = nullptr;  // per-block epochs, then the call counter pair (local device memory)
   SyncArgs sync_template{};    // sync_args() without the op and signature
@@ -62,6 +69,11 @@ struct CommunicatorState {
   ~CommunicatorState();
 
   int64_t timeout_ms() const { return settings.timeout_ms; }
+  // A local rank's rank in the job (error messages name job ranks).
+  int job_rank(int local) const { return layout.global_rank(layout.node, local); }
+  // Throws kUnsupported for a collective that runs inside one node only, on a communicator that
+  // spans several.
+  void require_one_node(const char* op) const;
   DeviceStatus* status_host() const { return &board->page(rank)->status; }
   // Synchronisation arguments of the SM kernels for one call.
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;

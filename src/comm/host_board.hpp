@@ -51,6 +51,15 @@ struct alignas(64) BoardPage {
   // signature the wait expects in every peer's word.
   uint32_t ce_phase;
   uint32_t ce_signature;
+  // Between-nodes wait state of this rank's network stream (src/net/between_nodes.hpp), the same
+  // protocol as ce_wait_state: the stream writes net_piece and net_signature, then 1 before an NCCL
+  // step and 2 after it; the network watchdog swaps 1 for 3 (clock started) and 2 for 0.
+  alignas(64) uint32_t net_wait_state;
+  uint32_t net_piece;
+  uint32_t net_signature;
+  // NCCL's text for this rank's between-nodes failure (NUL-terminated, written once before the
+  // failure record's abort word), so that every local rank's error can quote it.
+  char net_failure[192];
   // Call log, written only by this rank's host (record_call), read by every rank's host.
   alignas(64) uint32_t call_head;  // slots written so far (the newest is (call_head - 1) % kCallLog)
   CallRecord calls[kCallLog];

@@ -115,6 +115,7 @@ const char* algo_name(Algo algo) {
     case Algo::kTwoShotPush: return "two_shot_push";
     case Algo::kLowLatency: return "low_latency";
     case Algo::kLowLatencyTwoShot: return "low_latency_two_shot";
+    case Algo::kHierarchical: return "hierarchical";
   }
   return "?";
 }
@@ -122,7 +123,7 @@ const char* algo_name(Algo algo) {
 bool parse_algo(const std::string& name, Algo* algo) {
   const std::string n = lower(name);
   for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kOneShotPush,
-                 Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot}) {
+                 Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kHierarchical}) {
     if (n == algo_name(a)) {
       *algo = a;
       return true;

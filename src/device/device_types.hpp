@@ -37,6 +37,7 @@ enum StatusCode : uint32_t {
   kStatusTimeout = 1,   // a peer's flag did not come before the deadline
   kStatusMismatch = 2,  // a peer's flag came from a different call (signature differs)
   kStatusAborted = 3,   // another rank failed first (the abort word was set)
+  kStatusNetwork = 4,   // NCCL between nodes reported an error (a remote rank died, the network failed)
 };
 
 enum OpCode : uint32_t {
@@ -46,6 +47,7 @@ enum OpCode : uint32_t {
   kOpAllReduce = 3,
   kOpReduceScatter = 4,
   kOpCopyEngine = 5,
+  kOpBetweenNodes = 6,  // the NCCL step of a hierarchical all-gather (peer: a job rank)
 };
 
 inline const char* op_code_name(uint32_t op) {
@@ -55,6 +57,7 @@ inline const char* op_code_name(uint32_t op) {
     case kOpAllReduce: return "all_reduce";
     case kOpReduceScatter: return "reduce_scatter";
     case kOpCopyEngine: return "all_gather(copy_engine)";
+    case kOpBetweenNodes: return "all_gather(hierarchical, between nodes)";
     default: return "collective";
   }
 }

@@ -54,6 +54,22 @@ int common_vector_bytes(std::initializer_list<uint64_t> values) {
 AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& table) {
   AllGatherPlan plan;
   Algo algo = r.options.algo;
+  if (r.nodes > 1 || algo == Algo::kHierarchical) {
+    // Across nodes only the hierarchical all-gather runs (SYMMEM_ALGO and the table name
+    // single-node algorithms and do not apply); it uses no SMs, so an SM budget binds nothing.
+    if (algo != Algo::kAuto && algo != Algo::kHierarchical)
+      throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +
+                                                   " runs inside one node, and this communicator spans " +
+                                                   std::to_string(r.nodes) + " nodes; use auto or hierarchical");
+    plan.algo = Algo::kHierarchical;
+    plan.blocks = 0;
+    plan.vector_bytes = 1;
+    // The local peers pull from this rank's input (its own node's shards) and from its output
+    // (the shards it received from other nodes): both must be in the heap when it has peers.
+    plan.stage_input = r.world > 1 && !r.in_symmetric;
+    plan.stage_output = r.world > 1 && !r.out_symmetric;
+    return plan;
+  }
   if (algo != Algo::kAuto && !is_all_gather_algo(algo))
     throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +
                                                  " is not an all-gather algorithm (pull, push, copy_engine, low_latency)");
@@ -264,6 +280,7 @@ size_t whole_vectors(size_t bytes, size_t elem_bytes) {
 
 size_t all_gather_chunk_elements(const AllGatherPlan& plan, size_t elem_bytes, int world,
                                  const WorkspaceLimits& limits) {
+  // `world`: the output's slots (the job's ranks for the hierarchical all-gather).
   size_t limit = kChunkUnbounded;
   if (plan.stage_input) limit = std::min(limit, whole_vectors(limits.staging, elem_bytes));
   if (plan.stage_output)

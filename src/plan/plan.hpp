@@ -33,14 +33,15 @@ struct AllGatherRequest {
   bool copy_engine_push = false;  // SYMMEM_CE_DIRECTION=push (used when the output is symmetric)
   bool push_bulk = true;         // SYMMEM_PUSH_BULK: push with Hopper bulk copies where aligned
   size_t low_latency_capacity = 0;  // largest message per rank the low-latency areas hold, bytes
+  int nodes = 1;  // nodes the communicator spans (world is the ranks of one node)
 };
 
 struct AllGatherPlan {
-  Algo algo = Algo::kPull;  // kPull, kPush, kCopyEngine or kLowLatency
+  Algo algo = Algo::kPull;  // kPull, kPush, kCopyEngine, kLowLatency or kHierarchical
   int blocks = 0;           // 0 for the copy engine
   int vector_bytes = 16;
-  bool stage_input = false;       // copy the input into the heap first (pull, copy engine)
-  bool stage_output = false;      // push into the heap, then copy out (push)
+  bool stage_input = false;       // copy the input into the heap first (pull, copy engine, hierarchical)
+  bool stage_output = false;      // push into the heap, then copy out (push, hierarchical)
   bool copy_engine_push = false;  // copy engine writes into the peers' outputs (else reads inputs)
   bool bulk = false;              // push through the TMA engine (cp.async.bulk)
   int local_warps = 0;            // pull, out of place: warps of each block that copy the own slot

@@ -7,7 +7,8 @@
 //
 // Paths: sm (pull all-gather and two-shot all-reduce, alternating), low_latency (low-latency
 // all-reduce, all-gather and reduce-scatter in turn), copy_engine (copy-engine all-gather), graph (a CUDA graph of the SM calls,
-// replayed). ctest runs each with and without CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue
+// replayed), hierarchical (the hierarchical all-gather under --simulate-nodes 2: the dead rank is on
+// another node, behind NCCL). ctest runs each with and without CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue
 // for every stream, where a wait on one stream can block the others).
 //
 // A separate program from symmem_gpu_tests: the dead rank cannot take part in the cross-rank
@@ -109,6 +110,13 @@ int run(const std::string& path) {
         reduce_scatter(sym(out), sym(in), kLowLatencyCount / world, DataType::kFloat32, ReduceOp::kSum, *comm, stream,
                        low_latency);
     };
+  } else if (path == "hierarchical") {
+    // Under symmem-run --simulate-nodes 2: the dead rank is on another node, behind NCCL.
+    CollectiveOptions hierarchical;
+    hierarchical.algo = Algo::kHierarchical;
+    step = [&, hierarchical](int) {
+      all_gather(sym(out), sym(in), kGatherBytes, DataType::kUInt8, *comm, stream, hierarchical);
+    };
   } else if (path == "copy_engine") {
     step = [&](int) { all_gather(sym(out), sym(in), kGatherBytes, DataType::kUInt8, *comm, stream, copy_engine); };
   } else {
@@ -196,8 +204,9 @@ int main(int argc, char** argv) {
   setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
   setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
   const std::string path = argc > 1 ? argv[1] : "";
-  if (path != "sm" && path != "low_latency" && path != "copy_engine" && path != "graph") {
-    std::fprintf(stderr, "usage: symmem-run -n 2 --expect-killed 1 %s sm|low_latency|copy_engine|graph\n", argv[0]);
+  if (path != "sm" && path != "low_latency" && path != "copy_engine" && path != "graph" && path != "hierarchical") {
+    std::fprintf(stderr, "usage: symmem-run -n 2 --expect-killed 1 %s sm|low_latency|copy_engine|graph|hierarchical\n",
+                 argv[0]);
     return 2;
   }
   const int world = std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1;

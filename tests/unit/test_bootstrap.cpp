@@ -18,6 +18,8 @@
 #include "bootstrap/socket.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "bootstrap/tcp_store.hpp"
+#include "comm/node_bootstrap.hpp"
+#include "comm/node_layout.hpp"
 #include "symmem/bootstrap.hpp"
 #include "symmem/error.hpp"
 #include "fd_exchange_round.hpp"
@@ -257,14 +259,18 @@ TEST(job_info_reads_torchrun_variables) {
 
 namespace {
 
-// Sets environment variables for one scope and restores what was there before.
+// Sets (or, for a null value, unsets) environment variables for one scope and restores what was
+// there before.
 class ScopedEnv {
  public:
   ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
     for (const auto& [name, value] : vars) {
       const char* old = std::getenv(name);
       saved_.push_back({name, old ? std::optional<std::string>(old) : std::nullopt});
-      setenv(name, value, 1);
+      if (value)
+        setenv(name, value, 1);
+      else
+        unsetenv(name);
     }
   }
   ~ScopedEnv() {
@@ -282,26 +288,40 @@ class ScopedEnv {
 
 }  // namespace
 
-TEST(store_bootstrap_rejects_a_job_spanning_several_nodes) {
+TEST(store_bootstrap_serves_a_job_spanning_several_nodes) {
   int port = 0;
   { Socket probe = tcp_listen("127.0.0.1", 0, &port); }
   const std::string port_text = std::to_string(port);
   {
-    // Two nodes of two ranks: JobInfo accepts it (a hierarchical communicator will use it); the
-    // node-local bootstrap refuses at once, before binding or connecting anything.
+    // Two nodes of two ranks, as torchrun describes them: JobInfo and the store accept it, and
+    // every rank agrees on the nodes (LOCAL_WORLD_SIZE, since the bootstrap is the whole job);
+    // each node's bootstrap sees its own ranks only.
     ScopedEnv env({{"RANK", "0"},
                    {"WORLD_SIZE", "4"},
                    {"LOCAL_RANK", "0"},
                    {"LOCAL_WORLD_SIZE", "2"},
                    {"MASTER_PORT", port_text.c_str()},
-                   {"SYMMEM_TOKEN", "tok"}});
+                   {"SYMMEM_TOKEN", "tok"},
+                   {"SYMMEM_NODE_SIZE", nullptr}});
     JobInfo job = JobInfo::from_env();
     EXPECT_EQ(job.world, 4);
     EXPECT_EQ(job.local_world, 2);
-    const auto start = Clock::now();
-    EXPECT_ERROR(make_store_bootstrap(job), ErrorCode::kUnsupported,
-                 "WORLD_SIZE=4 spans 2 nodes (LOCAL_WORLD_SIZE=2); symmem's communicator covers one node");
-    EXPECT(Clock::now() - start < std::chrono::seconds(1));
+    const int good = ranks_that_pass(4, [&](int rank) {
+      JobInfo mine = job;
+      mine.rank = rank;
+      mine.local_rank = rank % 2;
+      mine.timeout_ms = 5000;
+      auto b = make_store_bootstrap(mine);
+      const NodeLayout layout = agree_on_layout(0, *b);
+      if (layout.nodes != 2 || layout.local_world != 2 || layout.node != rank / 2 || layout.local_rank != rank % 2)
+        return false;
+      NodeBootstrap node(b, layout);
+      int32_t value = 100 + rank, all[2] = {};
+      node.all_gather(&value, all, sizeof(value));
+      return node.rank() == rank % 2 && node.world() == 2 && all[0] == 100 + rank / 2 * 2 &&
+             all[1] == 101 + rank / 2 * 2;
+    });
+    EXPECT_EQ(good, 4);
   }
   {
     ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "6"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"}});
@@ -313,6 +333,31 @@ TEST(store_bootstrap_rejects_a_job_spanning_several_nodes) {
   uneven.master_port = port;
   EXPECT_ERROR(make_store_bootstrap(uneven), ErrorCode::kInvalidArgument,
                "LOCAL_WORLD_SIZE=4 does not divide WORLD_SIZE=6");
+}
+
+TEST(node_layout_is_agreed_or_refused_on_every_rank) {
+  ScopedEnv env({{"SYMMEM_NODE_SIZE", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_WORLD_SIZE", nullptr}});
+  // One host: grouped by host name, a single node; an explicit size simulates nodes.
+  auto group = make_thread_group(4, 5000);
+  std::atomic<int> one_node{0}, simulated{0}, refused{0};
+  ranks_that_pass(4, [&](int rank) {
+    auto b = make_thread_bootstrap(group, rank);
+    if (agree_on_layout(0, *b).nodes == 1) ++one_node;
+    const NodeLayout l = agree_on_layout(2, *b);
+    if (l.nodes == 2 && l.node == rank / 2) ++simulated;
+    // Ranks that wish different node sizes: every rank refuses, naming the sizes.
+    try {
+      agree_on_layout(rank == 3 ? 1 : 2, *b);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kInvalidArgument && std::string(e.what()).find("groups ranks in nodes of") !=
+                                                         std::string::npos)
+        ++refused;
+    }
+    return true;
+  });
+  EXPECT_EQ(one_node.load(), 4);
+  EXPECT_EQ(simulated.load(), 4);
+  EXPECT_EQ(refused.load(), 4);
 }
 
 TEST(agree_on_outcome_fails_every_rank_together) {

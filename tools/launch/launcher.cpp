@@ -124,6 +124,14 @@ bool parse_args(const std::vector<std::string>& args, LaunchOptions* o, std::vec
       const std::string* v = value(a);
       if (!v) return false;
       o->timeout_s = std::atof(v->c_str());
+    } else if (a == "--simulate-nodes") {
+      const std::string* v = value(a);
+      if (!v) return false;
+      o->simulate_nodes = std::atoi(v->c_str());
+      if (o->simulate_nodes < 1) {
+        *error = "--simulate-nodes must be a positive node count, got '" + *v + "'";
+        return false;
+      }
     } else if (a == "--no-prefix") {
       o->prefix_output = false;
     } else if (a == "--expect-killed") {
@@ -146,6 +154,11 @@ bool parse_args(const std::vector<std::string>& args, LaunchOptions* o, std::vec
   command->assign(args.begin() + static_cast<long>(i), args.end());
   if (command->empty()) {
     *error = "no program given";
+    return false;
+  }
+  if (o->simulate_nodes > 0 && o->processes % o->simulate_nodes != 0) {
+    *error = "--simulate-nodes " + std::to_string(o->simulate_nodes) + " does not divide " +
+             std::to_string(o->processes) + " processes";
     return false;
   }
   for (int rank : o->expect_killed)
@@ -186,6 +199,12 @@ int run(const LaunchOptions& options, const std::vector<std::string>& command) {
       ::setenv("MASTER_ADDR", addr.c_str(), 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
       ::setenv("SYMMEM_TOKEN", token.c_str(), 1);
+      if (options.simulate_nodes > 0) {
+        const int node_size = n / options.simulate_nodes;
+        ::setenv("SYMMEM_NODE_SIZE", std::to_string(node_size).c_str(), 1);
+        ::setenv("NCCL_HOSTID", ("symmem-simulated-node-" + std::to_string(rank / node_size)).c_str(), 1);
+        ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+      }
       // Die with the launcher: a killed launcher must not leave ranks behind.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       std::vector<char*> argv;

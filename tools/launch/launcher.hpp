@@ -20,6 +20,11 @@ struct LaunchOptions {
   bool prefix_output = true;
   std::string master_addr;         // default: MASTER_ADDR or 127.0.0.1
   std::vector<int> expect_killed;  // ranks whose death by SIGKILL is expected (kill tests)
+  // Simulated nodes on this host (0: none): consecutive groups of processes / simulate_nodes ranks
+  // get SYMMEM_NODE_SIZE (symmem's node size) and their own NCCL_HOSTID (so NCCL moves data
+  // between the groups over its network transport), NCCL_SOCKET_IFNAME=lo when unset. LOCAL_RANK
+  // stays the GPU index.
+  int simulate_nodes = 0;
 };
 
 // Returns the job's exit code: 0 when every rank exited 0 (or, for a rank in expect_killed, died
@@ -29,7 +34,7 @@ struct LaunchOptions {
 int run(const LaunchOptions& options, const std::vector<std::string>& command);
 
 // Parses "symmem-run" arguments:
-//   [-n N] [--timeout S] [--no-prefix] [--expect-killed RANK]... [--] program [args...].
+//   [-n N] [--timeout S] [--no-prefix] [--expect-killed RANK]... [--simulate-nodes K] [--] program [args...].
 // Returns false with a message in *error for bad arguments.
 bool parse_args(const std::vector<std::string>& args, LaunchOptions* options, std::vector<std::string>* command,
                 std::string* error);

@@ -1,4 +1,4 @@
-// symmem-run -n N [--timeout S] [--no-prefix] [--expect-killed RANK]... program [args...]
+// symmem-run -n N [--timeout S] [--no-prefix] [--expect-killed RANK]... [--simulate-nodes K] program [args...]
 // Starts N local ranks of `program` (one per GPU) with RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and a fresh SYMMEM_TOKEN; see launcher.hpp.
 #include <cstdio>
@@ -15,8 +15,8 @@ int main(int argc, char** argv) {
       !symmem::launch::parse_args(args, &options, &command, &error)) {
     if (!error.empty()) std::fprintf(stderr, "symmem-run: %s\n", error.c_str());
     std::fprintf(stderr,
-                 "usage: symmem-run -n N [--timeout SECONDS] [--no-prefix] [--expect-killed RANK]... [--] program "
-                 "[args...]\n");
+                 "usage: symmem-run -n N [--timeout SECONDS] [--no-prefix] [--expect-killed RANK]... "
+                 "[--simulate-nodes K] [--] program [args...]\n");
     return 2;
   }
   try {

@@ -1,0 +1,35 @@
+// The steps the copy-engine all-gather is made of, shared with the hierarchical all-gather: the
+// handshake (its protocol and why it cannot lose a flag: copy_engine_state.hpp) and a set of copies
+// spread over the copy engines. Zero SMs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace symmem::detail {
+
+class CopyEngineState;
+class HostBoard;
+
+// One handshake of `phase` (CopyEngineState::kPhaseReady or kPhaseDone) with every local peer, as
+// one batch of stream memory operations on `stream`. A ready and a done handshake alternate.
+void enqueue_handshake(const HostBoard& board, int rank, int world, uint32_t phase, uint32_t signature,
+                       cudaStream_t stream);
+
+struct EngineCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+  int stream;  // side stream index (modulo the side streams) when the copies are not batched
+};
+
+// Forks `copies` onto the side streams (one cudaMemcpyBatchAsync when `batchable` and there are
+// several; batching cannot be captured), runs `own` (may be null) on `stream` beside them, and
+// joins every side stream back into `stream`.
+void enqueue_copies(CopyEngineState& ce, const std::vector<EngineCopy>& copies, const EngineCopy* own, bool batchable,
+                    cudaStream_t stream);
+
+}  // namespace symmem::detail

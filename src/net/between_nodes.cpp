@@ -1,0 +1,302 @@
+#include "net/between_nodes.hpp"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common/check.hpp"
+#include "common/device_guard.hpp"
+#include "common/driver_api.hpp"
+#include "device/device_types.hpp"
+#include "net/nccl_library.hpp"
+
+namespace symmem::detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint32_t kStepIdle = 0;
+constexpr uint32_t kStepEntered = 1;  // written by the stream before an NCCL step
+constexpr uint32_t kStepPassed = 2;   // written by the stream after it
+constexpr uint32_t kStepWatched = 3;  // written by the watchdog over a 1
+constexpr auto kPollStep = 1ms;       // a step is in progress
+constexpr auto kPollIdle = 5ms;
+constexpr auto kSettlePoll = 200us;
+
+uint32_t load(const uint32_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+bool swap(uint32_t* word, uint32_t from, uint32_t to) {
+  return __atomic_compare_exchange_n(word, &from, to, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+}  // namespace
+
+BetweenNodes::BetweenNodes(const NodeLayout& layout, Bootstrap& job, int device, int64_t timeout_ms,
+                           const HostBoard& board)
+    : layout_(layout),
+      device_(device),
+      timeout_(std::chrono::milliseconds(std::max<int64_t>(1, timeout_ms))),
+      page_(board.page(layout.local_rank)),
+      abort_word_(board.abort_word()),
+      device_page_(board.device_page(layout.local_rank)) {
+  const NcclLibrary& nccl = NcclLibrary::get();
+  DeviceGuard guard(device);
+  // The column's NCCL id comes from its rank on node 0; every rank publishes what it has.
+  ncclUniqueId mine{};
+  if (layout.node == 0) {
+    const ncclResult_t r = nccl.get_unique_id(&mine);
+    if (r != ncclSuccess)
+      throw Error(ErrorCode::kBootstrap, "hierarchical communicator: ncclGetUniqueId failed: " +
+                                             std::string(nccl.get_error_string(r)));
+  }
+  std::vector<ncclUniqueId> ids(layout.world);
+  job.all_gather(&mine, ids.data(), sizeof(ncclUniqueId));
+  const ncclUniqueId& id = ids[layout.global_rank(0, layout.local_rank)];
+  try {
+    SYMMEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : pieces_) SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // every NCCL call returns at once; settle() bounds the wait
+    std::lock_guard<std::mutex> lock(mutex_);
+    settle(nccl.comm_init_rank_config(&comm_, layout.nodes, id, layout.node, &config),
+           "creating the NCCL communicator between nodes");
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      abort_nccl();
+    }
+    for (cudaEvent_t e : pieces_)
+      if (e) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));
+    if (fork_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(fork_));
+    if (stream_) SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
+    throw;
+  }
+  thread_ = std::thread([this] { watchdog_loop(); });
+}
+
+BetweenNodes::~BetweenNodes() {
+  try {
+    {
+      std::lock_guard<std::mutex> lock(wake_mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  } catch (const std::exception& e) {
+    log_warning(std::string("between-nodes watchdog: stopping it failed: ") + e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_nccl();  // a no-op after close()
+  }
+  DeviceGuard guard(device_);
+  for (cudaEvent_t e : pieces_)
+    if (e) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));
+  if (fork_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(fork_));
+  if (stream_) SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
+}
+
+void BetweenNodes::fork_from(cudaStream_t caller) {
+  SYMMEM_CUDA_CHECK(cudaEventRecord(fork_, caller));
+  SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
+}
+
+void BetweenNodes::join_piece(int index, cudaStream_t caller) {
+  SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(caller, pieces_[index], 0));
+}
+
+void BetweenNodes::mark(uint32_t state, uint32_t piece, uint32_t signature) {
+  // Default writes: each is fenced, so the watchdog that reads the 1 reads this step's piece and
+  // signature, and the 2 follows the NCCL kernels' completion.
+  CUstreamBatchMemOpParams ops[3] = {};
+  unsigned count = 0;
+  auto write = [&](const uint32_t* address, uint32_t value) {
+    ops[count].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    ops[count].writeValue.address = reinterpret_cast<CUdeviceptr>(address);
+    ops[count].writeValue.value = value;
+    ops[count].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    ++count;
+  };
+  if (state == kStepEntered) {
+    write(&device_page_->net_piece, piece);
+    write(&device_page_->net_signature, signature);
+  }
+  write(&device_page_->net_wait_state, state);
+  SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream_, count, ops, 0));
+}
+
+void BetweenNodes::settle(ncclResult_t result, const char* what) {
+  const NcclLibrary& nccl = NcclLibrary::get();
+  const auto deadline = Clock::now() + timeout_;
+  while (result == ncclInProgress && comm_ != nullptr) {
+    if (Clock::now() > deadline) {
+      const std::string text = std::string(what) + ": NCCL did not finish within " +
+                               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count()) +
+                               " ms (" + column_ranks() + ")";
+      fail(kStatusTimeout, -1, load(&page_->net_piece), load(&page_->net_signature), text);
+      abort_nccl();
+      throw Error(ErrorCode::kTimeout, text);
+    }
+    std::this_thread::sleep_for(kSettlePoll);
+    if (nccl.comm_get_async_error(comm_, &result) != ncclSuccess) break;
+  }
+  if (result == ncclSuccess) return;
+  const std::string text = std::string(what) + ": " + nccl_error_text(result, comm_) + " (" + column_ranks() + ")";
+  fail(kStatusNetwork, -1, load(&page_->net_piece), load(&page_->net_signature), text);
+  abort_nccl();
+  throw Error(ErrorCode::kTimeout, text);
+}
+
+template <typename Enqueue>
+void BetweenNodes::step(int index, uint32_t signature, Enqueue&& enqueue) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (nccl_aborted_)
+    throw Error(ErrorCode::kAborted, "all_gather(hierarchical): NCCL between nodes was aborted after a failure: " +
+                                         failure_text());
+  DeviceGuard guard(device_);
+  const NcclLibrary& nccl = NcclLibrary::get();
+  mark(kStepEntered, static_cast<uint32_t>(index), signature);
+  ncclResult_t result = nccl.group_start();
+  if (result == ncclSuccess) {
+    enqueue(nccl, result);
+    const ncclResult_t end = nccl.group_end();  // always closes the group opened above
+    if (result == ncclSuccess) result = end;
+  }
+  settle(result, "all_gather(hierarchical) between nodes");
+  mark(kStepPassed, static_cast<uint32_t>(index), signature);
+  SYMMEM_CUDA_CHECK(cudaEventRecord(pieces_[index], stream_));
+}
+
+void BetweenNodes::exchange(const HierPiece& piece, int index, const void* in, void* out, uint32_t signature) {
+  step(index, signature, [&](const NcclLibrary& nccl, ncclResult_t& result) {
+    for (const HierTransfer& t : piece.sends)
+      if (result == ncclSuccess)
+        result = nccl.send(static_cast<const char*>(in) + t.offset, t.bytes, ncclUint8, t.node, comm_, stream_);
+    for (const HierTransfer& t : piece.receives)
+      if (result == ncclSuccess)
+        result = nccl.recv(static_cast<char*>(out) + t.offset, t.bytes, ncclUint8, t.node, comm_, stream_);
+  });
+}
+
+void BetweenNodes::all_gather(const void* in, void* out, size_t bytes, uint32_t signature) {
+  step(0, signature, [&](const NcclLibrary& nccl, ncclResult_t& result) {
+    result = nccl.all_gather(in, out, bytes, ncclUint8, comm_, stream_);
+  });
+}
+
+std::string BetweenNodes::failure_text() const {
+  const char* text = page_->net_failure;
+  return std::string(text, strnlen(text, sizeof(page_->net_failure)));
+}
+
+void BetweenNodes::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!comm_ || nccl_aborted_) return;
+  DeviceGuard guard(device_);
+  const NcclLibrary& nccl = NcclLibrary::get();
+  settle(nccl.comm_finalize(comm_), "closing the NCCL communicator between nodes");
+  nccl.comm_destroy(comm_);
+  comm_ = nullptr;
+}
+
+std::string BetweenNodes::column_ranks() const {
+  std::string s = "the ranks of local rank " + std::to_string(layout_.local_rank) + " on the other nodes:";
+  for (int m = 0; m < layout_.nodes; ++m)
+    if (m != layout_.node) s += " " + std::to_string(layout_.global_rank(m, layout_.local_rank));
+  return s;
+}
+
+void BetweenNodes::fail(uint32_t code, int peer, uint32_t piece, uint32_t signature,
+                        const std::string& text) noexcept {
+  if (peer < 0 && layout_.nodes == 2) peer = layout_.global_rank(1 - layout_.node, layout_.local_rank);
+  DeviceStatus* status = &page_->status;
+  uint32_t ok = kStatusOk;
+  if (__atomic_compare_exchange_n(&status->code, &ok, code, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    if (!text.empty() && page_->net_failure[0] == '\0')
+      std::strncpy(page_->net_failure, text.c_str(), sizeof(page_->net_failure) - 1);
+    status->op = kOpBetweenNodes;
+    status->rank = layout_.local_rank;
+    status->peer = peer;
+    status->block = -1;
+    status->phase = static_cast<int32_t>(piece);
+    status->signature = signature;
+    status->peer_signature = 0;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // the record is visible before the abort word
+  }
+  __atomic_store_n(abort_word_, 1u, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+void BetweenNodes::abort_nccl() noexcept {
+  if (!comm_ || nccl_aborted_) return;
+  // Makes NCCL's kernels return, so the stream and what waits on its events drain.
+  NcclLibrary::get().comm_abort(comm_);
+  nccl_aborted_ = true;
+  comm_ = nullptr;
+}
+
+void BetweenNodes::watchdog_loop() noexcept {
+  std::unique_lock<std::mutex> lock(wake_mutex_);
+  while (!stop_) {
+    lock.unlock();
+    const Clock::duration sleep = poll(Clock::now());
+    lock.lock();
+    wake_.wait_for(lock, sleep, [this] { return stop_; });
+  }
+}
+
+BetweenNodes::Clock::duration BetweenNodes::poll(Clock::time_point now) noexcept {
+  const uint32_t piece = load(&page_->net_piece);
+  const uint32_t signature = load(&page_->net_signature);
+  {
+    // NCCL's verdict (thread-safe in NCCL); skipped while the calling thread is inside NCCL, which
+    // bounds its own waits. A remote rank's death shows up here.
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock() && comm_ && !nccl_aborted_) {
+      ncclResult_t async = ncclSuccess;
+      NcclLibrary::get().comm_get_async_error(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        fail(kStatusNetwork, -1, piece, signature,
+             "NCCL between nodes: " + nccl_error_text(async, comm_) + " (" + column_ranks() + ")");
+        abort_nccl();
+        return kPollStep;
+      }
+    }
+    // Any failure on this node ends NCCL too: the remote ranks then learn it from their
+    // connections instead of their deadline, and a blocked step drains.
+    const bool aborted = load(abort_word_) != 0 || load(&page_->status.code) != kStatusOk;
+    if (aborted && lock.owns_lock() && comm_ && !nccl_aborted_) {
+      if (load(&page_->net_wait_state) == kStepWatched) fail(kStatusAborted, -1, piece, signature, "");
+      abort_nccl();
+    }
+  }
+  uint32_t* state = &page_->net_wait_state;
+  uint32_t seen = load(state);
+  if (seen == kStepEntered && swap(state, kStepEntered, kStepWatched)) {
+    timing_ = true;  // the stream reached a step since the last look: the clock starts now
+    since_ = now;
+    return kPollStep;
+  }
+  if (seen == kStepPassed) swap(state, kStepPassed, kStepIdle);
+  if (seen != kStepWatched) {
+    timing_ = false;
+    return seen == kStepEntered ? Clock::duration(kPollStep) : Clock::duration(kPollIdle);
+  }
+  if (!timing_) {  // cannot happen (this thread wrote the 3); start the clock rather than trust it
+    timing_ = true;
+    since_ = now;
+  }
+  if (now - since_ > timeout_) {
+    fail(kStatusTimeout, -1, piece, signature,
+         "an NCCL step between nodes did not finish within " +
+             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count()) + " ms (" +
+             column_ranks() + ")");
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_nccl();
+  }
+  return kPollStep;
+}
+
+}  // namespace symmem::detail
