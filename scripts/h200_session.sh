@@ -8,6 +8,8 @@
 #   scripts/h200_session.sh torch_pdl   SYMMEM_PDL=1/0 A/B (vLLM table, graph), then the torch stage
 #   scripts/h200_session.sh scatter_ab | tune_medium | final_torch   (see each stage)
 #   scripts/h200_session.sh single_gpu | chunked_gemm   world-1 GPU tests, memcheck, host cost; chunked GEMM (one GPU)
+#   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
+#                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -106,6 +108,29 @@ kill_tests_into_final() {
 }
 
 case "$1" in
+hierarchical)
+  # Tests: one node (the hierarchical cases of the suite), two simulated nodes (each rank its own
+  # NCCL_HOSTID), a dead rank behind NCCL, symmem.torch unchanged across nodes.
+  timeout 300 "$B/symmem-run" -n 2 --timeout 290 "$B/symmem_gpu_tests" hierarchical > "$OUT/hier_tests_1x2.log" 2>&1
+  echo "hierarchical tests 1x2 rc=$?" >> "$OUT/summary.txt"
+  timeout 300 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 290 "$B/symmem_gpu_tests" hierarchical \
+    > "$OUT/hier_tests_2x1.log" 2>&1
+  echo "hierarchical tests 2x1 rc=$?" >> "$OUT/summary.txt"
+  timeout 60 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" hierarchical \
+    > "$OUT/kill_hierarchical.log" 2>&1
+  echo "kill hierarchical rc=$?" >> "$OUT/summary.txt"
+  SYMMEM_LIBRARY=$B/libsymmem_capi.so SYMMEM_NODE_SIZE=1 timeout 300 tests/python/gpu/run.sh 2 -k simulated_nodes \
+    > "$OUT/torch_nodes.log" 2>&1
+  echo "torch across nodes rc=$?" >> "$OUT/summary.txt"
+  # The bar's sweeps (16 MiB per rank up), every NCCL row interleaved with symmem's.
+  for layout in 1x2 2x1; do
+    sim=""; [ $layout = 2x1 ] && sim="--simulate-nodes 2"
+    timeout ${HIER_BENCH_S:-150} "$B/symmem-bench" all_gather --gpus 2 $sim -b 1M -e 256M -f 2 -n 10 -w 3 --reps 5 \
+      --algos copy_engine,hierarchical --csv "$OUT/hierarchical_$layout.csv" --json /dev/null \
+      > "$OUT/hierarchical_$layout.txt" 2>&1
+    echo "bench hierarchical $layout rc=$?" >> "$OUT/summary.txt"
+  done
+  ;;
 torch)
   torch_stage
   ;;

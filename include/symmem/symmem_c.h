@@ -42,6 +42,7 @@ void symmem_comm_destroy(symmem_comm* comm);
 int symmem_comm_close(symmem_comm* comm); /* collective teardown */
 int symmem_comm_rank(const symmem_comm* comm);
 int symmem_comm_world(const symmem_comm* comm);
+int symmem_comm_nodes(const symmem_comm* comm); /* nodes the ranks span (1: one NVLink domain) */
 int symmem_comm_device(const symmem_comm* comm);
 int symmem_comm_check(symmem_comm* comm);
 int symmem_comm_aborted(const symmem_comm* comm);

@@ -40,6 +40,7 @@ _SIGNATURES = {
     "symmem_comm_close": (c_int, [c_void_p]),
     "symmem_comm_rank": (c_int, [c_void_p]),
     "symmem_comm_world": (c_int, [c_void_p]),
+    "symmem_comm_nodes": (c_int, [c_void_p]),
     "symmem_comm_device": (c_int, [c_void_p]),
     "symmem_comm_check": (c_int, [c_void_p]),
     "symmem_comm_aborted": (c_int, [c_void_p]),

@@ -96,6 +96,11 @@ class Communicator:
         return lib.symmem_comm_world(self.handle)
 
     @property
+    def nodes(self):
+        """Nodes the ranks span: 1 for one NVLink domain; more, and only all_gather is served."""
+        return lib.symmem_comm_nodes(self.handle)
+
+    @property
     def device(self):
         return lib.symmem_comm_device(self.handle)
 

@@ -135,6 +135,7 @@ int symmem_comm_close(symmem_comm* comm) {
 
 int symmem_comm_rank(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->rank() : -1; }
 int symmem_comm_world(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->world() : -1; }
+int symmem_comm_nodes(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->nodes() : -1; }
 int symmem_comm_device(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->device() : -1; }
 int symmem_comm_aborted(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->aborted() : 1; }
 

@@ -56,11 +56,14 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
   Algo algo = r.options.algo;
   if (r.nodes > 1 || algo == Algo::kHierarchical) {
     // Across nodes only the hierarchical all-gather runs (SYMMEM_ALGO and the table name
-    // single-node algorithms and do not apply); it uses no SMs, so an SM budget binds nothing.
-    if (algo != Algo::kAuto && algo != Algo::kHierarchical)
+    // single-node algorithms and do not apply). It uses no SMs, so an SM budget binds nothing, and
+    // a request for the copy engine (zero SMs) is one for it: inside each node it is the copy
+    // engine's all-gather, so code written for one node runs unchanged on several.
+    if (algo != Algo::kAuto && algo != Algo::kHierarchical && algo != Algo::kCopyEngine)
       throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +
                                                    " runs inside one node, and this communicator spans " +
-                                                   std::to_string(r.nodes) + " nodes; use auto or hierarchical");
+                                                   std::to_string(r.nodes) +
+                                                   " nodes; use auto, hierarchical or copy_engine");
     plan.algo = Algo::kHierarchical;
     plan.blocks = 0;
     plan.vector_bytes = 1;
@@ -68,7 +71,7 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     // (the shards it received from other nodes): both must be in the heap when it has peers.
     plan.stage_input = r.world > 1 && !r.in_symmetric;
     plan.stage_output = r.world > 1 && !r.out_symmetric;
-    return plan;
+    return plan;  // (asked for by name on one node: the copy engine's pull all-gather, scheduled alike)
   }
   if (algo != Algo::kAuto && !is_all_gather_algo(algo))
     throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +

@@ -471,3 +471,43 @@ TEST(low_latency_two_shot_holds_slices_up_to_half_a_slot) {
   r.options.algo = Algo::kLowLatencyTwoShot;
   EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kLowLatencyTwoShot);
 }
+
+TEST(all_gather_across_nodes_plans_the_hierarchical_all_gather) {
+  AllGatherRequest r;
+  r.bytes_per_rank = 1 << 20;
+  r.world = 2;  // GPUs of this node
+  r.nodes = 2;
+  r.in_symmetric = r.out_symmetric = true;
+  r.forced = Algo::kPull;  // SYMMEM_ALGO names a single-node algorithm: it does not apply
+  TuningTable table;
+  EXPECT(plan_all_gather(r, table).algo == Algo::kHierarchical);
+  // The copy engine (zero SMs) and an SM budget of zero are requests it serves.
+  r.options.algo = Algo::kCopyEngine;
+  EXPECT(plan_all_gather(r, table).algo == Algo::kHierarchical);
+  r.options.algo = Algo::kAuto;
+  r.options.max_blocks = 0;
+  const AllGatherPlan p = plan_all_gather(r, table);
+  EXPECT(p.algo == Algo::kHierarchical && p.blocks == 0 && !p.stage_input && !p.stage_output);
+  for (Algo sm : {Algo::kPull, Algo::kPush, Algo::kLowLatency}) {
+    r.options.algo = sm;
+    EXPECT_ERROR(plan_all_gather(r, table), ErrorCode::kInvalidArgument, "runs inside one node");
+  }
+  // Local operands are staged when local peers must read them; with one GPU per node nothing is.
+  r.options.algo = Algo::kAuto;
+  r.in_symmetric = r.out_symmetric = false;
+  const AllGatherPlan staged = plan_all_gather(r, table);
+  EXPECT(staged.stage_input && staged.stage_output);
+  // The staged output holds every rank of the job: chunks shrink with the job's world.
+  WorkspaceLimits limits;
+  limits.staging = size_t(64) << 20;
+  EXPECT_EQ(all_gather_chunk_elements(staged, 1, 4, limits), size_t(16) << 20);
+  r.world = 1;
+  const AllGatherPlan alone = plan_all_gather(r, table);
+  EXPECT(!alone.stage_input && !alone.stage_output);
+  // On one node it runs only when asked for by name.
+  r.nodes = 1;
+  r.world = 2;
+  EXPECT(plan_all_gather(r, table).algo != Algo::kHierarchical);
+  r.options.algo = Algo::kHierarchical;
+  EXPECT(plan_all_gather(r, table).algo == Algo::kHierarchical);
+}

@@ -108,7 +108,7 @@ TEST(spread_is_the_median_and_extremes_without_nans) {
 
 TEST(reports_carry_the_required_columns) {
   const std::string header = csv_header();
-  for (const char* column : {"op", "impl", "mode", "world", "dtype", "bytes_per_rank", "blocks", "time_us",
+  for (const char* column : {"op", "impl", "mode", "world", "nodes", "dtype", "bytes_per_rank", "blocks", "time_us",
                              "time_min_us", "time_max_us", "algbw_gbs", "busbw_gbs", "wrong", "gpu", "commit", "date"})
     EXPECT(header.find(column) != std::string::npos);
   std::vector<Row> rows(2);

@@ -81,6 +81,8 @@ std::string usage() {
          "  --nccl-ctas LIST  extra NCCL rows with a fixed CTA count each\n"
          "  --graph           time CUDA-graph replays instead of eager launches\n"
          "  --gpus N          ranks to start (default: every GPU) when not under a launcher\n"
+         "  --simulate-nodes K  start the ranks as K nodes of one host (symmem-run --simulate-nodes):\n"
+         "                    symmem and NCCL both move data between them over the network\n"
          "  --csv FILE --json FILE   result files (default symmem_bench.csv/.json)\n"
          "  --tune FILE       write the tuning table (JSON) chosen from this run\n"
          "  --vllm-table      all_reduce: vLLM-style table over T x 8192 bf16: nccl, nccl_symmetric\n"
@@ -149,6 +151,8 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
         a->graph = true;
       else if (f == "--gpus")
         a->gpus = std::stoi(value());
+      else if (f == "--simulate-nodes")
+        a->simulate_nodes = std::stoi(value());
       else if (f == "--csv")
         a->csv = value();
       else if (f == "--json")

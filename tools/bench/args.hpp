@@ -27,6 +27,7 @@ struct Args {
   std::vector<int> nccl_ctas;              // --nccl-ctas 4,8,16: extra NCCL comms with min=max CTAs
   bool graph = false;                      // --graph: time CUDA-graph replays of n calls
   int gpus = 0;                            // --gpus N: ranks to start when not launched (0: every GPU)
+  int simulate_nodes = 0;                  // --simulate-nodes K: ranks started in K simulated nodes
   std::string csv = "symmem_bench.csv";    // --csv
   std::string json = "symmem_bench.json";  // --json
   std::string tune;                        // --tune FILE: write the tuning table from this run

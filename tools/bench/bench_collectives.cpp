@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <stdexcept>
 
 namespace symmem::bench {
 namespace {
@@ -24,7 +25,7 @@ std::vector<std::pair<Algo, int>> variants(const Args& a, const std::vector<Algo
   if (a.algos.empty()) algos = defaults;
   std::vector<std::pair<Algo, int>> out;
   for (Algo algo : algos) {
-    if (algo == Algo::kCopyEngine || a.blocks.empty())
+    if (algo == Algo::kCopyEngine || algo == Algo::kHierarchical || a.blocks.empty())
       out.push_back({algo, 0});
     else
       for (int b : a.blocks) out.push_back({algo, b});
@@ -82,7 +83,8 @@ bool register_heap_windows(BenchContext& ctx, std::initializer_list<Buffer*> buf
 
 void print_header(BenchContext& ctx, const std::string& op) {
   if (ctx.rank() != 0) return;
-  std::printf("# symmem-bench %s: %d ranks, %s, %s\n", op.c_str(), ctx.world(), ctx.meta().gpu.c_str(),
+  std::printf("# symmem-bench %s: %d ranks in %d node%s, %s, %s\n", op.c_str(), ctx.world(), ctx.comm().nodes(),
+              ctx.comm().nodes() > 1 ? "s" : "", ctx.meta().gpu.c_str(),
               ctx.args().graph ? "CUDA graph replay" : "eager launches");
   std::printf("%s\n", table_header().c_str());
 }
@@ -100,7 +102,9 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
   Buffer* out = comm.allocate(max_bytes * world);
   void* expected = nullptr;
   BENCH_CUDA_CHECK(cudaMalloc(&expected, max_bytes * world));
-  const bool windows = a.nccl && register_heap_windows(ctx, {in, out});
+  // NCCL's symmetric kernels serve one node; across (simulated) nodes the plain NCCL row is the
+  // reference.
+  const bool windows = a.nccl && comm.nodes() == 1 && register_heap_windows(ctx, {in, out});
   print_header(ctx, "all_gather");
   std::vector<Row> rows;
   for (size_t si = 0; si < sizes.size(); ++si) {
@@ -144,7 +148,8 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
       cases.push_back(
           {"symmem_auto", blocks_of(plan), [=, &comm](cudaStream_t s) { all_gather(out, in, count, type, comm, s); }});
     }
-    for (auto [algo, blocks] : variants(a, {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency})) {
+    for (auto [algo, blocks] :
+         variants(a, {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency, Algo::kHierarchical})) {
       CollectiveOptions o;
       o.algo = algo;
       o.blocks = blocks;
@@ -174,6 +179,9 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
   const auto sizes = sweep_sizes(a);
   const size_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
   Communicator& comm = ctx.comm();
+  if (comm.nodes() > 1)
+    throw std::runtime_error(op + ": symmem's reductions run inside one node; across nodes symmem-bench measures "
+                                  "all_gather only");
   const size_t in_max = reduce_scatter ? max_bytes * world : max_bytes;
   Buffer* in = comm.allocate(in_max);
   Buffer* out = comm.allocate(max_bytes);
@@ -264,7 +272,10 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
 std::vector<detail::TuningEntry> tuning_entries(const std::vector<Row>& rows) {
   std::map<std::pair<std::string, size_t>, const Row*> best;
   for (const auto& r : rows) {
-    if (r.impl.rfind("symmem_", 0) != 0 || r.impl == "symmem_auto" || r.wrong > 0) continue;
+    // The table serves one node's planner: not the hierarchical all-gather, not runs across nodes.
+    if (r.impl.rfind("symmem_", 0) != 0 || r.impl == "symmem_auto" || r.impl == "symmem_hierarchical" ||
+        r.nodes > 1 || r.wrong > 0)
+      continue;
     auto& b = best[{r.op, r.bytes_per_rank}];
     if (!b || r.time_us < b->time_us) b = &r;
   }

@@ -268,6 +268,7 @@ Row new_row(const BenchContext& ctx, const std::string& op, const std::string& i
   r.impl = impl;
   r.mode = ctx.args().graph ? "graph" : "eager";
   r.world = ctx.world();
+  r.nodes = ctx.nodes();
   r.dtype = dtype_name(type);
   r.bytes_per_rank = bytes_per_rank;
   r.count = count;

@@ -57,6 +57,7 @@ class BenchContext {
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->world(); }
   Communicator& comm() { return *comm_; }
+  int nodes() const { return comm_->nodes(); }
   cudaStream_t stream() const { return stream_; }
   const Args& args() const { return args_; }
   Meta meta() const;

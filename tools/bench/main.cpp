@@ -34,6 +34,7 @@ int self_launch(const Args& args, int argc, char** argv) {
   }
   symmem::launch::LaunchOptions options;
   options.processes = args.gpus > 0 ? std::min(args.gpus, gpus) : gpus;
+  options.simulate_nodes = args.simulate_nodes;
   std::vector<std::string> command{"/proc/self/exe"};
   for (int i = 1; i < argc; ++i) command.push_back(argv[i]);
   std::fprintf(stderr, "symmem-bench: starting %d ranks, one per GPU\n", options.processes);

@@ -83,8 +83,8 @@ std::string table_row(const Row& r) {
 }
 
 std::string csv_header() {
-  return "op,impl,mode,world,dtype,bytes_per_rank,count,blocks,time_us,time_min_us,time_max_us,algbw_gbs,busbw_gbs,"
-         "wrong,vs_best_nccl,gpu,commit,date";
+  return "op,impl,mode,world,nodes,dtype,bytes_per_rank,count,blocks,time_us,time_min_us,time_max_us,algbw_gbs,"
+         "busbw_gbs,wrong,vs_best_nccl,gpu,commit,date";
 }
 
 static std::string csv_field(const std::string& s) {
@@ -107,8 +107,8 @@ Spread spread_of(std::vector<double> v) {
 
 std::string csv_row(const Row& r, const Meta& m) {
   char buf[512];
-  std::snprintf(buf, sizeof(buf), "%s,%s,%s,%d,%s,%zu,%zu,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%ld,%.4f,", r.op.c_str(),
-                r.impl.c_str(), r.mode.c_str(), r.world, r.dtype.c_str(), r.bytes_per_rank, r.count, r.blocks,
+  std::snprintf(buf, sizeof(buf), "%s,%s,%s,%d,%d,%s,%zu,%zu,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%ld,%.4f,", r.op.c_str(),
+                r.impl.c_str(), r.mode.c_str(), r.world, r.nodes, r.dtype.c_str(), r.bytes_per_rank, r.count, r.blocks,
                 r.time_us, r.time_min_us, r.time_max_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.vs_best_nccl);
   return buf + csv_field(m.gpu) + "," + csv_field(m.commit) + "," + csv_field(m.date);
 }
@@ -135,11 +135,11 @@ std::string to_json(const std::vector<Row>& rows, const Meta& m) {
     const Row& r = rows[i];
     char buf[512];
     std::snprintf(buf, sizeof(buf),
-                  "{\"op\": \"%s\", \"impl\": \"%s\", \"mode\": \"%s\", \"world\": %d, \"dtype\": \"%s\", "
+                  "{\"op\": \"%s\", \"impl\": \"%s\", \"mode\": \"%s\", \"world\": %d, \"nodes\": %d, \"dtype\": \"%s\", "
                   "\"bytes_per_rank\": %zu, \"count\": %zu, \"blocks\": %d, \"time_us\": %.3f, \"time_min_us\": %.3f, "
                   "\"time_max_us\": %.3f, \"algbw_gbs\": %.3f, \"busbw_gbs\": %.3f, \"wrong\": %ld, "
                   "\"vs_best_nccl\": %.4f}",
-                  r.op.c_str(), r.impl.c_str(), r.mode.c_str(), r.world, r.dtype.c_str(), r.bytes_per_rank, r.count,
+                  r.op.c_str(), r.impl.c_str(), r.mode.c_str(), r.world, r.nodes, r.dtype.c_str(), r.bytes_per_rank, r.count,
                   r.blocks, r.time_us, r.time_min_us, r.time_max_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.vs_best_nccl);
     o << "    " << buf << (i + 1 < rows.size() ? "," : "") << "\n";
   }

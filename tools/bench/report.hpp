@@ -21,6 +21,7 @@ struct Row {
   std::string impl;            // nccl, nccl_symmetric, nccl_ce, symmem_pull, symmem_copy_engine, ...
   std::string mode = "eager";  // eager | graph
   int world = 1;
+  int nodes = 1;  // nodes the ranks span (simulated ones included: symmem-bench --simulate-nodes)
   std::string dtype;
   size_t bytes_per_rank = 0;  // all_reduce: the whole tensor
   size_t count = 0;           // elements per rank

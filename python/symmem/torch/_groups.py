@@ -3,7 +3,6 @@ collective call of the group's ranks), cached by group name as torch.ops.symm_me
 group info, and built over the group's c10d Store."""
 import datetime
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -43,15 +42,6 @@ def _agree_on_outcome(store, rank, world, mine, timeout_ms):
     return None
 
 
-def _node_identity():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
 def group_name_of(group):
     """The name of `group`, or of the default (world) group for None."""
     return (group if group is not None else c10d._get_default_group()).group_name
@@ -66,9 +56,10 @@ class Communicator:
     """The symmem communicator of a process group (default: the world group).
 
     ``Communicator(group)`` is collective the first time it is called for a group, then returns
-    the cached instance. The ranks must be one process per GPU of one node, each on its
-    ``torch.cuda.current_device()``; a group that spans nodes raises SymmemError(kUnsupported)
-    (the torch.distributed-style functions fall back to torch.distributed for it).
+    the cached instance. The ranks are one process per GPU, each on its
+    ``torch.cuda.current_device()``. A group that spans nodes gets a communicator of several nodes
+    (``nodes > 1``): all_gather runs hierarchically (NCCL between nodes, copy engines inside each);
+    the torch.distributed-style reductions fall back to torch.distributed for it.
     """
 
     def __new__(cls, group=None):
@@ -109,12 +100,8 @@ class Communicator:
         timeout_ms = _creation_timeout_ms()
         exchange = StoreExchange(store, self.rank, self.world, "x", timeout_ms,
                                  what=f"building the symmem communicator of group {self.group_name!r}")
-        nodes = exchange.all_gather(_node_identity().encode())
-        if len(set(nodes)) != 1:
-            reason = (f"process group {self.group_name!r} spans {len(set(nodes))} nodes; symmem serves the ranks of "
-                      "one node (NVLink) only")
-            _unavailable[self.group_name] = reason
-            raise SymmemError("kUnsupported", reason)
+        # Which ranks share a node is the core's decision (LOCAL_WORLD_SIZE for the world group,
+        # host names for others, SYMMEM_NODE_SIZE to simulate nodes), taken alike on every rank.
         failure, built = None, None
         try:
             built = core.Communicator(self.rank, self.world, self.device, exchange)
@@ -129,6 +116,7 @@ class Communicator:
             raise SymmemError(failure.code if failure is not None else "kBootstrap",
                               f"symmem communicator of group {self.group_name!r} not built: {why}") from failure
         self.core = built
+        self.nodes = built.nodes
 
     def close(self):
         """Collective: closes the communicator; its symmetric tensors and pool become invalid."""

@@ -137,7 +137,9 @@ class _Comm:
 
 class SymmemAllGather(_Comm, _AllGatherBase):
     """FSDP2's all-gather on symmem. ``algo``: "copy_engine" (default, no SMs), "auto", "push",
-    "pull" (SM kernels). ``group``: FSDP's shard group (enable() passes it)."""
+    "pull" (SM kernels). ``group``: FSDP's shard group (enable() passes it). Across nodes the same
+    object runs the hierarchical all-gather (NCCL between nodes, copy engines inside each) for
+    "copy_engine" and "auto"."""
 
     def __init__(self, group=None, algo="copy_engine"):
         super().__init__(group, algo)
@@ -184,6 +186,9 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
         if comm is not None and (name is None or dtype is None):
             _say_once(f"reduce-scatter op {op} or dtype {input_tensor.dtype} (symmem: sum, avg of "
                       "float32/float16/bfloat16)")
+            comm = None
+        if comm is not None and comm.nodes > 1:
+            _say_once(f"reduce-scatter across {comm.nodes} nodes (symmem's reductions run inside one node)")
             comm = None
         if comm is None:
             return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import ops
-from ._groups import _by_argument, _by_name, group_name_of, unavailable_reason
+from ._groups import _by_argument, _by_name, existing, group_name_of, unavailable_reason
 
 _warned = set()
 _OP_NAMES = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.MAX, "max"),
@@ -49,7 +49,13 @@ def _why_not(function, tensors, group, reduce_op=None):
             return f"reduce op {reduce_op} is not served (sum, avg, max, min)"
         if name == "avg" and not dtype.is_floating_point:
             return f"avg of {dtype} is not served"
-    return unavailable_reason(group)
+    reason = unavailable_reason(group)
+    if reason is None and reduce_op is not None:
+        comm = existing(group)
+        if comm is not None and comm.nodes > 1:
+            return (f"group {comm.group_name!r} spans {comm.nodes} nodes; symmem's reductions run inside one node "
+                    "(its all_gather runs across nodes)")
+    return reason
 
 
 class _QueuedWork(dist.Work):
@@ -98,8 +104,8 @@ def _served_in_place(tensor, op, group):
     this_group = group if group is not None else c10d.GroupMember.WORLD
     if comm is None or comm.group is not this_group:
         comm = _by_name.get(group_name_of(group))
-        if comm is None or comm.group is not this_group:
-            return None
+        if comm is None or comm.group is not this_group or comm.nodes > 1:
+            return None  # (reductions across nodes fall back: the full checks say why)
         _by_argument[group] = comm
     # By identity (the enum values are singletons): 0.04 us, where == or a hash costs 0.4-0.8 us.
     # Anything else (a ReduceOp object, e.g. a premultiplied sum) takes the full checks.

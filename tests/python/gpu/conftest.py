@@ -25,6 +25,13 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def group():
     if not dist.is_initialized():
+        # Simulated nodes (tests/python/gpu/run.sh with SYMMEM_NODE_SIZE): each group of ranks
+        # gets its own NCCL host id before NCCL starts, so NCCL too moves data between them over
+        # its network transport, as symmem-run --simulate-nodes does.
+        node_size = int(os.environ.get("SYMMEM_NODE_SIZE", "0") or 0)
+        if node_size > 0:
+            os.environ["NCCL_HOSTID"] = f"symmem-simulated-node-{int(os.environ['RANK']) // node_size}"
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         local = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
