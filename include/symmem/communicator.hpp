@@ -81,8 +81,8 @@ struct CommConfig {
   // than their workspace run in chunks; algorithms whose receive area is too small are not chosen
   // (or, when forced, fail with an error naming this budget). 0: SYMMEM_WORKSPACE_MB (256 MiB).
   size_t workspace_bytes = 0;
-  // Ranks per node (NVLink domain). 0: SYMMEM_NODE_SIZE, else LOCAL_WORLD_SIZE when the bootstrap
-  // covers the whole job (WORLD_SIZE ranks), else the ranks' host names. Every rank must see the
+  // Ranks per node (NVLink domain). 0: when the bootstrap covers the whole job (WORLD_SIZE ranks),
+  // SYMMEM_NODE_SIZE, else LOCAL_WORLD_SIZE; otherwise the ranks' host names. Every rank must see the
   // same value (checked at creation).
   int node_size = 0;
 };

@@ -179,7 +179,11 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   st.record_call(signature, p.call);
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, detail::describe(p.plan).c_str());
   const size_t elem = dtype_size(type);
-  const size_t limit = detail::all_gather_chunk_elements(p.plan, elem, st.layout.world, st.workspaces->limits());
+  // Across nodes every node must cut the call alike (NCCL matches transfers by size and order),
+  // whatever operands each passed: chunk as if staged, staged or not.
+  detail::AllGatherPlan chunking = p.plan;
+  if (st.layout.spans_nodes() && st.world > 1) chunking.stage_input = chunking.stage_output = true;
+  const size_t limit = detail::all_gather_chunk_elements(chunking, elem, st.layout.world, st.workspaces->limits());
   for (const auto& chunk : detail::plan_chunks(count, limit))
     run_chunk(p, st, signature, chunk.begin * elem, chunk.count * elem, stream);
 }

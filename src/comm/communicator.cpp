@@ -116,7 +116,7 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
     const std::string peer = s.peer >= 0 ? st.layout.describe_rank(s.peer) : "a rank of equal local rank on another node";
     const std::string what = s.code == kStatusNetwork ? " failed between nodes in " : " timed out between nodes in ";
     return me + what + mine + " (piece " + std::to_string(s.phase) + ") exchanging with " + peer +
-           (nccl.empty() ? "" : ": " + nccl) + "; " + peer + " is dead or stalled, or the network failed";
+           (nccl.empty() ? "" : ": " + nccl) + "; " + peer + " is dead or stalled, or the network or NCCL failed";
   }
   const std::string peer = name(s.peer);
   if (s.code == kStatusMismatch) {
@@ -323,8 +323,8 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.bootstrap->all_gather(&mine, ids.data(), sizeof(DeviceIdentity));
   for (int r = 0; r < world; ++r)
     if (r != st.rank && std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0)
-      throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(r) + " and " +
-                                                   std::to_string(st.rank) + " use the same GPU");
+      throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(st.job_rank(r)) +
+                                                   " and " + std::to_string(layout.rank) + " use the same GPU");
 
   st.tuning = &detail::tuning_table_for(st.gpu_name);
   st.settings = read_settings(config, *st.tuning);
@@ -368,9 +368,9 @@ Buffer* Communicator::allocate(size_t bytes) {
   st.bootstrap->all_gather(&mine, sizes.data(), sizeof(uint64_t));
   for (int r = 0; r < st.world; ++r)
     if (sizes[r] != mine)
-      throw Error(ErrorCode::kInvalidArgument, "allocate: rank " + std::to_string(r) + " asked for " +
+      throw Error(ErrorCode::kInvalidArgument, "allocate: rank " + std::to_string(st.job_rank(r)) + " asked for " +
                                                    std::to_string(sizes[r]) + " bytes, rank " +
-                                                   std::to_string(st.rank) + " for " + std::to_string(mine));
+                                                   std::to_string(st.layout.rank) + " for " + std::to_string(mine));
   const size_t offset = st.heap->allocate(range_bytes(bytes), *st.bootstrap, *st.exchange);
   std::unique_ptr<Buffer> buffer(new Buffer());
   buffer->comm_ = this;

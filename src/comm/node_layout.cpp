@@ -73,9 +73,11 @@ NodeLayout agree_on_layout(int node_size, Bootstrap& job) {
   Claim mine{};
   const std::string host = local_host_identity();
   std::strncpy(mine.host, host.c_str(), sizeof(mine.host) - 1);
-  mine.node_size = node_size > 0 ? node_size : env::node_size();
-  if (mine.node_size <= 0 && env::get_int("WORLD_SIZE", 0) == world)
-    mine.node_size = static_cast<int32_t>(env::get_int("LOCAL_WORLD_SIZE", 0));
+  // The job's variables describe the job: they apply to a communicator of the whole job only (a
+  // subgroup's ranks are grouped by host).
+  const bool whole_job = env::get_int("WORLD_SIZE", 0) == world;
+  mine.node_size = node_size > 0 ? node_size : whole_job ? env::node_size() : 0;
+  if (mine.node_size <= 0 && whole_job) mine.node_size = static_cast<int32_t>(env::get_int("LOCAL_WORLD_SIZE", 0));
   std::vector<Claim> all(world);
   job.all_gather(&mine, all.data(), sizeof(Claim));
   std::vector<std::string> hosts(world);

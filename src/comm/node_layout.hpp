@@ -37,9 +37,9 @@ NodeLayout layout_by_node_size(int rank, int world, int node_size);
 NodeLayout layout_by_host(int rank, const std::vector<std::string>& hosts);
 
 // Collective over the job's bootstrap: every rank's host identity and node size wish are exchanged,
-// so every rank decides from the same values. The wish is `node_size` if positive, else
-// SYMMEM_NODE_SIZE, else LOCAL_WORLD_SIZE when the bootstrap covers the whole job (WORLD_SIZE
-// ranks), else 0 (group by host). Throws kInvalidArgument when the ranks wish different sizes and
+// so every rank decides from the same values. The wish is `node_size` if positive; else, when the
+// bootstrap covers the whole job (WORLD_SIZE ranks), SYMMEM_NODE_SIZE, else LOCAL_WORLD_SIZE; else 0
+// (group by host). Throws kInvalidArgument when the ranks wish different sizes and
 // kUnsupported when a node would hold ranks of different hosts.
 NodeLayout agree_on_layout(int node_size, Bootstrap& job);
 

@@ -42,9 +42,9 @@ bool copy_engine_batch();
 // (measured on H200: one large copy per peer is fastest).
 size_t copy_engine_piece_bytes();
 
-// SYMMEM_NODE_SIZE (default 0 = detect): ranks per node (NVLink domain). Unset, the nodes come from
-// LOCAL_WORLD_SIZE when the communicator covers the whole job (WORLD_SIZE ranks), else from host
-// names. Set it to simulate several nodes on one host (docs/hierarchical.md).
+// SYMMEM_NODE_SIZE (default 0 = detect): ranks per node (NVLink domain) of a communicator covering
+// the whole job (WORLD_SIZE ranks). Unset, such a communicator's nodes come from LOCAL_WORLD_SIZE;
+// others' from host names. Set it to simulate several nodes on one host (docs/hierarchical.md).
 int node_size();
 // SYMMEM_NCCL_LIBRARY (default libnccl.so.2): the NCCL loaded for communicators spanning nodes.
 std::string nccl_library();

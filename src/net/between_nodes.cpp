@@ -62,6 +62,7 @@ BetweenNodes::BetweenNodes(const NodeLayout& layout, Bootstrap& job, int device,
     std::lock_guard<std::mutex> lock(mutex_);
     settle(nccl.comm_init_rank_config(&comm_, layout.nodes, id, layout.node, &config),
            "creating the NCCL communicator between nodes");
+    connect_eagerly();
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -96,6 +97,46 @@ BetweenNodes::~BetweenNodes() {
     if (e) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));
   if (fork_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(fork_));
   if (stream_) SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
+}
+
+void BetweenNodes::connect_eagerly() {
+  // NCCL connects peers lazily, inside the group end of their first transfer, which settle()
+  // would time from the host call: a node whose host reaches its first all-gather a deadline
+  // later would fail the others. Connecting here, under the creation deadline every rank is in,
+  // makes later steps wait only for data. Both kinds: the all-gather ring and send/recv.
+  const NcclLibrary& nccl = NcclLibrary::get();
+  const size_t slot = 16;
+  void* scratch = nullptr;
+  SYMMEM_CUDA_CHECK(cudaMalloc(&scratch, slot * (layout_.nodes + 1)));
+  char* bytes = static_cast<char*>(scratch);
+  try {
+    settle(nccl.all_gather(bytes, bytes + slot, 1, ncclUint8, comm_, stream_),
+           "connecting the nodes (all-gather)");
+    ncclResult_t result = nccl.group_start();
+    for (int k = 1; k < layout_.nodes && result == ncclSuccess; ++k) {
+      const int to = (layout_.node + k) % layout_.nodes, from = (layout_.node - k + layout_.nodes) % layout_.nodes;
+      result = nccl.send(bytes, slot, ncclUint8, to, comm_, stream_);
+      if (result == ncclSuccess) result = nccl.recv(bytes + slot * k, slot, ncclUint8, from, comm_, stream_);
+    }
+    const ncclResult_t end = nccl.group_end();
+    settle(result == ncclSuccess ? end : result, "connecting the nodes (send/recv)");
+    const auto deadline = Clock::now() + timeout_;
+    cudaError_t done = cudaErrorNotReady;
+    while ((done = cudaStreamQuery(stream_)) == cudaErrorNotReady) {
+      if (Clock::now() > deadline) {
+        abort_nccl();
+        throw Error(ErrorCode::kTimeout, "creating the communicator between nodes: the first exchange with " +
+                                             column_ranks() + " did not finish within the deadline");
+      }
+      std::this_thread::sleep_for(kSettlePoll);
+    }
+    SYMMEM_CUDA_CHECK(done);
+  } catch (...) {
+    // NCCL may still hold the scratch (its abort runs on a thread of its own): leak these bytes
+    // rather than wait here.
+    throw;
+  }
+  SYMMEM_CUDA_CHECK(cudaFree(scratch));
 }
 
 void BetweenNodes::fork_from(cudaStream_t caller) {
@@ -164,7 +205,15 @@ void BetweenNodes::step(int index, uint32_t signature, Enqueue&& enqueue) {
     const ncclResult_t end = nccl.group_end();  // always closes the group opened above
     if (result == ncclSuccess) result = end;
   }
-  settle(result, "all_gather(hierarchical) between nodes");
+  try {
+    settle(result, "all_gather(hierarchical) between nodes");
+  } catch (...) {
+    // Close the step on the stream anyway (the watchdog then sees it end, and the caller's stream
+    // can still join the piece): the communicator has failed and NCCL is aborted.
+    mark(kStepPassed, static_cast<uint32_t>(index), signature);
+    cudaEventRecord(pieces_[index], stream_);
+    throw;
+  }
   mark(kStepPassed, static_cast<uint32_t>(index), signature);
   SYMMEM_CUDA_CHECK(cudaEventRecord(pieces_[index], stream_));
 }
@@ -197,7 +246,7 @@ void BetweenNodes::close() {
   DeviceGuard guard(device_);
   const NcclLibrary& nccl = NcclLibrary::get();
   settle(nccl.comm_finalize(comm_), "closing the NCCL communicator between nodes");
-  nccl.comm_destroy(comm_);
+  release_detached(comm_, /*abort=*/false);  // destroy waits for live graphs: see release_detached
   comm_ = nullptr;
 }
 
@@ -231,10 +280,29 @@ void BetweenNodes::fail(uint32_t code, int peer, uint32_t piece, uint32_t signat
 
 void BetweenNodes::abort_nccl() noexcept {
   if (!comm_ || nccl_aborted_) return;
-  // Makes NCCL's kernels return, so the stream and what waits on its events drain.
-  NcclLibrary::get().comm_abort(comm_);
+  release_detached(comm_, /*abort=*/true);
   nccl_aborted_ = true;
   comm_ = nullptr;
+}
+
+void BetweenNodes::release_detached(ncclComm_t comm, bool abort) noexcept {
+  // ncclCommAbort sets NCCL's abort flag first (its kernels return, so the stream and what waits
+  // on its events drain), then, like ncclCommDestroy, waits until every CUDA graph that captured
+  // the communicator's work is destroyed. A graph the caller still holds would make that wait, in
+  // this thread, a hang (a destructor, close(), or the watchdog holding mutex_). So the release
+  // runs on a thread of its own that nobody joins; it ends when the last such graph dies.
+  try {
+    std::thread([comm, abort, device = device_] {
+      cudaSetDevice(device);
+      const NcclLibrary& nccl = NcclLibrary::get();
+      if (abort)
+        nccl.comm_abort(comm);
+      else
+        nccl.comm_destroy(comm);
+    }).detach();
+  } catch (const std::exception& e) {  // no thread: leak the communicator rather than hang
+    log_warning(std::string("between nodes: could not start the thread releasing NCCL: ") + e.what());
+  }
 }
 
 void BetweenNodes::watchdog_loop() noexcept {
@@ -248,6 +316,10 @@ void BetweenNodes::watchdog_loop() noexcept {
 }
 
 BetweenNodes::Clock::duration BetweenNodes::poll(Clock::time_point now) noexcept {
+  // The state first: the stream writes piece and signature before its (fenced) 1, so fields read
+  // after a 1 or 3 are that step's.
+  uint32_t* state = &page_->net_wait_state;
+  uint32_t seen = load(state);
   const uint32_t piece = load(&page_->net_piece);
   const uint32_t signature = load(&page_->net_signature);
   {
@@ -268,12 +340,10 @@ BetweenNodes::Clock::duration BetweenNodes::poll(Clock::time_point now) noexcept
     // connections instead of their deadline, and a blocked step drains.
     const bool aborted = load(abort_word_) != 0 || load(&page_->status.code) != kStatusOk;
     if (aborted && lock.owns_lock() && comm_ && !nccl_aborted_) {
-      if (load(&page_->net_wait_state) == kStepWatched) fail(kStatusAborted, -1, piece, signature, "");
+      if (seen == kStepWatched) fail(kStatusAborted, -1, piece, signature, "");
       abort_nccl();
     }
   }
-  uint32_t* state = &page_->net_wait_state;
-  uint32_t seen = load(state);
   if (seen == kStepEntered && swap(state, kStepEntered, kStepWatched)) {
     timing_ = true;  // the stream reached a step since the last look: the clock starts now
     since_ = now;

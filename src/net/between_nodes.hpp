@@ -82,7 +82,9 @@ class BetweenNodes {
   void watchdog_loop() noexcept;
   Clock::duration poll(Clock::time_point now) noexcept;
   void fail(uint32_t code, int peer, uint32_t piece, uint32_t signature, const std::string& text) noexcept;
-  void abort_nccl() noexcept;  // with mutex_ held
+  void abort_nccl() noexcept;  // with mutex_ held; never blocks (release_detached)
+  void release_detached(ncclComm_t comm, bool abort) noexcept;
+  void connect_eagerly();
   std::string column_ranks() const;
 
   NodeLayout layout_;

@@ -1,8 +1,12 @@
-// The hierarchical all-gather. On one node (symmem-run -n 2) it runs when asked for by name; across
-// nodes (symmem-run -n 2 --simulate-nodes 2: every rank its own node, NCCL between them over its
-// network transport) it is what kAuto runs, and the node-only collectives fail at the call.
-// Oracles: NCCL's all-gather on the same inputs (bit-exact, every type) and patterns whose every
-// byte is known (on the device, for thousands of calls and graph replays).
+// The hierarchical all-gather. On one node (symmem-run -n 2) it runs when asked for by name (the
+// copy engine's schedule); across nodes (symmem-run -n N --simulate-nodes K: NCCL between the
+// groups over its network transport) it is what kAuto runs, and the node-only collectives fail at
+// the call. What each layout exercises: 2 x 1 the one-GPU-per-node schedule (one NCCL all-gather,
+// plus symmem's operands, in place and staging plumbing); 2 x 2 (4 GPUs) the send/recv pieces,
+// broadcasts, handshakes with the network stream and staged chunks.
+// Oracles: NCCL's flat all-gather on the same inputs (bit-exact, every type; across simulated
+// nodes NCCL under the same simulation) and patterns whose every byte is known (on the device,
+// for thousands of calls and graph replays).
 #include <cstdio>
 #include <vector>
 

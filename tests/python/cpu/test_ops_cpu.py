@@ -126,6 +126,7 @@ def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, 
     class FakeComm:
         group_name = "fake-world"
         group = dist.group.WORLD
+        nodes = 1
 
     comm = FakeComm()
     _groups._by_argument.clear()
@@ -158,6 +159,14 @@ def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, 
     assert served(fake, dist.ReduceOp.SUM, None) is None
     with Watch():
         assert served(bf16, dist.ReduceOp.SUM, None) is None
+    # A communicator spanning nodes runs no reductions: the fast path is never taken, and the
+    # full checks give the reason the fallback warns with.
+    comm.nodes = 2
+    _groups._by_argument.clear()
+    assert served(bf16, dist.ReduceOp.SUM, None) is None
+    assert "spans 2 nodes" in functional._why_not("all_reduce", [bf16], None, dist.ReduceOp.SUM)
+    assert functional._why_not("all_gather_into_tensor", [bf16, bf16], None) is None  # served across nodes
+    comm.nodes = 1
     # A communicator of another group under this name (torch reuses the names of destroyed
     # groups) is never served, from the cache or from the name.
     comm.group = object()
@@ -238,7 +247,7 @@ def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, monkeypat
     from symmem.torch import _groups, ops
 
     class FakeComm:
-        device, world, group_name = -1, 4, "fake"
+        device, world, group_name, nodes = -1, 4, "fake", 1
         core = _RecordingCore()
 
     comm = FakeComm()
