@@ -98,8 +98,8 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const;   // in the job
-  int world() const;  // ranks in the job
+  int rank() const;         // in the job
+  int world() const;        // ranks in the job
   int local_rank() const;   // in this node: the index of Buffer peers
   int local_world() const;  // ranks of this node
   int nodes() const;

@@ -18,9 +18,9 @@ void require_valid(const JobInfo& job) {
   const std::string world = "WORLD_SIZE=" + std::to_string(job.world);
   SYMMEM_REQUIRE(job.world >= 1 && job.rank >= 0 && job.rank < job.world,
                  "make_store_bootstrap: RANK=" + std::to_string(job.rank) + " is outside " + world);
-  SYMMEM_REQUIRE(job.local_world >= 1 && job.world % job.local_world == 0,
-                 "make_store_bootstrap: LOCAL_WORLD_SIZE=" + std::to_string(job.local_world) + " does not divide " +
-                     world);
+  SYMMEM_REQUIRE(
+      job.local_world >= 1 && job.world % job.local_world == 0,
+      "make_store_bootstrap: LOCAL_WORLD_SIZE=" + std::to_string(job.local_world) + " does not divide " + world);
 }
 
 class StoreBootstrap final : public Bootstrap {

@@ -71,7 +71,8 @@ void all_gather_hierarchical(CommunicatorState& st, const HierarchicalCall& call
   if (layout.spans_nodes() && !st.between_nodes)
     throw Error(ErrorCode::kInternal, "all_gather(hierarchical): the communicator between nodes is missing");
 
-  const HierarchicalSchedule schedule = plan_hierarchical_all_gather(layout, call.bytes, call.slot_stride, call.copy_own);
+  const HierarchicalSchedule schedule =
+      plan_hierarchical_all_gather(layout, call.bytes, call.slot_stride, call.copy_own);
   CopyEngineState& ce = *st.copy_engine;
   const HostBoard& board = *st.board;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

@@ -105,7 +105,9 @@ namespace {
 std::string describe_failure(const CommunicatorState& st, int who, const DeviceStatus& s) {
   const bool spans = st.layout.spans_nodes();
   // Failure records name local ranks, except the between-nodes step's peer, a job rank.
-  auto name = [&](int local) { return spans ? st.layout.describe_rank(st.job_rank(local)) : "rank " + std::to_string(local); };
+  auto name = [&](int local) {
+    return spans ? st.layout.describe_rank(st.job_rank(local)) : "rank " + std::to_string(local);
+  };
   const std::string me = name(s.rank);
   const std::string op = op_code_name(s.op);
   std::string mine = st.board->lookup_call(who, s.signature);
@@ -113,7 +115,8 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
   if (s.op == kOpBetweenNodes) {
     const char* text = st.board->page(who)->net_failure;
     const std::string nccl(text, strnlen(text, sizeof(st.board->page(who)->net_failure)));
-    const std::string peer = s.peer >= 0 ? st.layout.describe_rank(s.peer) : "a rank of equal local rank on another node";
+    const std::string peer =
+        s.peer >= 0 ? st.layout.describe_rank(s.peer) : "a rank of equal local rank on another node";
     const std::string what = s.code == kStatusNetwork ? " failed between nodes in " : " timed out between nodes in ";
     return me + what + mine + " (piece " + std::to_string(s.phase) + ") exchanging with " + peer +
            (nccl.empty() ? "" : ": " + nccl) + "; " + peer + " is dead or stalled, or the network or NCCL failed";
@@ -193,8 +196,8 @@ void CommunicatorState::require_one_node(const char* op) const {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": this communicator spans " + std::to_string(layout.nodes) + " nodes of " +
                     std::to_string(layout.local_world) + " GPUs, and symmem's " + op +
-                    " runs inside one node; across nodes symmem offers all_gather (hierarchical): use NCCL for " +
-                    op + ", or a communicator per node");
+                    " runs inside one node; across nodes symmem offers all_gather (hierarchical): use NCCL for " + op +
+                    ", or a communicator per node");
 }
 
 }  // namespace detail
@@ -306,8 +309,8 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.owner = comm.get();
   st.layout = layout;
   st.job_bootstrap = std::move(bootstrap);
-  st.bootstrap = layout.spans_nodes() ? std::make_shared<detail::NodeBootstrap>(st.job_bootstrap, layout)
-                                      : st.job_bootstrap;
+  st.bootstrap =
+      layout.spans_nodes() ? std::make_shared<detail::NodeBootstrap>(st.job_bootstrap, layout) : st.job_bootstrap;
   st.device = device;
   st.rank = layout.local_rank;
   st.world = world;

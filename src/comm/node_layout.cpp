@@ -21,9 +21,8 @@ std::string NodeLayout::describe_rank(int global) const {
 NodeLayout layout_by_node_size(int rank, int world, int node_size) {
   SYMMEM_REQUIRE(world >= 1 && rank >= 0 && rank < world,
                  "node layout: rank " + std::to_string(rank) + " is outside world " + std::to_string(world));
-  SYMMEM_REQUIRE(node_size >= 1 && world % node_size == 0, "node layout: a node size of " +
-                                                               std::to_string(node_size) + " does not divide world " +
-                                                               std::to_string(world));
+  SYMMEM_REQUIRE(node_size >= 1 && world % node_size == 0, "node layout: a node size of " + std::to_string(node_size) +
+                                                               " does not divide world " + std::to_string(world));
   NodeLayout l;
   l.rank = rank;
   l.world = world;

@@ -122,8 +122,9 @@ const char* algo_name(Algo algo) {
 
 bool parse_algo(const std::string& name, Algo* algo) {
   const std::string n = lower(name);
-  for (Algo a : {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kOneShotPush,
-                 Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kHierarchical}) {
+  for (Algo a :
+       {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kOneShotPush, Algo::kTwoShot,
+        Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kHierarchical}) {
     if (n == algo_name(a)) {
       *algo = a;
       return true;

@@ -47,8 +47,8 @@ BetweenNodes::BetweenNodes(const NodeLayout& layout, Bootstrap& job, int device,
   if (layout.node == 0) {
     const ncclResult_t r = nccl.get_unique_id(&mine);
     if (r != ncclSuccess)
-      throw Error(ErrorCode::kBootstrap, "hierarchical communicator: ncclGetUniqueId failed: " +
-                                             std::string(nccl.get_error_string(r)));
+      throw Error(ErrorCode::kBootstrap,
+                  "hierarchical communicator: ncclGetUniqueId failed: " + std::string(nccl.get_error_string(r)));
   }
   std::vector<ncclUniqueId> ids(layout.world);
   job.all_gather(&mine, ids.data(), sizeof(ncclUniqueId));
@@ -110,8 +110,7 @@ void BetweenNodes::connect_eagerly() {
   SYMMEM_CUDA_CHECK(cudaMalloc(&scratch, slot * (layout_.nodes + 1)));
   char* bytes = static_cast<char*>(scratch);
   try {
-    settle(nccl.all_gather(bytes, bytes + slot, 1, ncclUint8, comm_, stream_),
-           "connecting the nodes (all-gather)");
+    settle(nccl.all_gather(bytes, bytes + slot, 1, ncclUint8, comm_, stream_), "connecting the nodes (all-gather)");
     ncclResult_t result = nccl.group_start();
     for (int k = 1; k < layout_.nodes && result == ncclSuccess; ++k) {
       const int to = (layout_.node + k) % layout_.nodes, from = (layout_.node - k + layout_.nodes) % layout_.nodes;
@@ -194,8 +193,8 @@ template <typename Enqueue>
 void BetweenNodes::step(int index, uint32_t signature, Enqueue&& enqueue) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (nccl_aborted_)
-    throw Error(ErrorCode::kAborted, "all_gather(hierarchical): NCCL between nodes was aborted after a failure: " +
-                                         failure_text());
+    throw Error(ErrorCode::kAborted,
+                "all_gather(hierarchical): NCCL between nodes was aborted after a failure: " + failure_text());
   DeviceGuard guard(device_);
   const NcclLibrary& nccl = NcclLibrary::get();
   mark(kStepEntered, static_cast<uint32_t>(index), signature);
@@ -257,8 +256,7 @@ std::string BetweenNodes::column_ranks() const {
   return s;
 }
 
-void BetweenNodes::fail(uint32_t code, int peer, uint32_t piece, uint32_t signature,
-                        const std::string& text) noexcept {
+void BetweenNodes::fail(uint32_t code, int peer, uint32_t piece, uint32_t signature, const std::string& text) noexcept {
   if (peer < 0 && layout_.nodes == 2) peer = layout_.global_rank(1 - layout_.node, layout_.local_rank);
   DeviceStatus* status = &page_->status;
   uint32_t ok = kStatusOk;

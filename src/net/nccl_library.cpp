@@ -16,8 +16,8 @@ template <typename F>
 void resolve(void* handle, const std::string& path, const char* name, F* fn) {
   *fn = reinterpret_cast<F>(dlsym(handle, name));
   if (!*fn)
-    throw Error(ErrorCode::kUnsupported, "NCCL (" + path + ") has no " + name +
-                                             "; symmem needs NCCL 2.18 or newer between nodes");
+    throw Error(ErrorCode::kUnsupported,
+                "NCCL (" + path + ") has no " + name + "; symmem needs NCCL 2.18 or newer between nodes");
 }
 
 NcclLibrary load() {
@@ -28,10 +28,11 @@ NcclLibrary load() {
   if (!handle) handle = dlopen(lib.path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char* why = dlerror();
-    throw Error(ErrorCode::kUnsupported, "this communicator spans several nodes, and symmem moves data between nodes "
-                                         "with NCCL, but " +
-                                             lib.path + " could not be loaded (" + (why ? why : "unknown") +
-                                             "); install NCCL 2.18+ or point SYMMEM_NCCL_LIBRARY at libnccl.so.2");
+    throw Error(ErrorCode::kUnsupported,
+                "this communicator spans several nodes, and symmem moves data between nodes "
+                "with NCCL, but " +
+                    lib.path + " could not be loaded (" + (why ? why : "unknown") +
+                    "); install NCCL 2.18+ or point SYMMEM_NCCL_LIBRARY at libnccl.so.2");
   }
   resolve(handle, lib.path, "ncclGetVersion", &lib.get_version);
   resolve(handle, lib.path, "ncclGetUniqueId", &lib.get_unique_id);

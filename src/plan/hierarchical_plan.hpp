@@ -53,7 +53,7 @@ struct HierPiece {
 };
 
 struct HierarchicalSchedule {
-  std::vector<HierCopy> own_node;  // copy engine, first
+  std::vector<HierCopy> own_node;   // copy engine, first
   bool network_all_gather = false;  // one NCCL all-gather over the job replaces the pieces' transfers
   std::vector<HierPiece> pieces;    // empty on one node
 };
@@ -65,7 +65,6 @@ constexpr int kHierMaxPieces = 8;
 constexpr size_t kHierMinPieceBytes = size_t(1) << 20;
 
 // `copy_own`: copy this rank's input into its own slot (out of place, or a staged output).
-HierarchicalSchedule plan_hierarchical_all_gather(const NodeLayout& layout, size_t bytes, size_t stride,
-                                                  bool copy_own);
+HierarchicalSchedule plan_hierarchical_all_gather(const NodeLayout& layout, size_t bytes, size_t stride, bool copy_own);
 
 }  // namespace symmem::detail

@@ -210,12 +210,14 @@ TEST(hierarchical_communicator_refuses_node_only_collectives) {
              .find("hierarchical") != std::string::npos);
   CollectiveOptions pull;
   pull.algo = Algo::kPull;
-  EXPECT_ERROR(all_gather(buffer, Operand(buffer, fx.rank() * count), count, DataType::kUInt8, *fx.comm, fx.stream, pull),
-               ErrorCode::kInvalidArgument, "runs inside one node");
+  EXPECT_ERROR(
+      all_gather(buffer, Operand(buffer, fx.rank() * count), count, DataType::kUInt8, *fx.comm, fx.stream, pull),
+      ErrorCode::kInvalidArgument, "runs inside one node");
   EXPECT_ERROR(all_reduce(buffer, buffer, count, DataType::kFloat32, ReduceOp::kSum, *fx.comm, fx.stream),
                ErrorCode::kUnsupported, "spans");
-  EXPECT_ERROR(reduce_scatter(buffer, buffer, count / fx.world(), DataType::kFloat32, ReduceOp::kSum, *fx.comm, fx.stream),
-               ErrorCode::kUnsupported, "spans");
+  EXPECT_ERROR(
+      reduce_scatter(buffer, buffer, count / fx.world(), DataType::kFloat32, ReduceOp::kSum, *fx.comm, fx.stream),
+      ErrorCode::kUnsupported, "spans");
   EXPECT_ERROR(fx.comm->barrier(fx.stream), ErrorCode::kUnsupported, "spans");
   // Nothing was launched and the communicator is still usable.
   all_gather(buffer, Operand(buffer, fx.rank() * count), count, DataType::kUInt8, *fx.comm, fx.stream);

@@ -43,8 +43,8 @@ void simulate(int nodes, int local_world, size_t bytes, size_t stride, bool in_p
       for (size_t i = 0; i < bytes; ++i) mem[g].out[g * stride + i] = shard_byte(g, i);
     plan[g] = plan_hierarchical_all_gather(layout[g], bytes, stride, !in_place);
   }
-  const std::string where = std::to_string(nodes) + "x" + std::to_string(local_world) + " bytes=" +
-                            std::to_string(bytes) + " stride=" + std::to_string(stride) +
+  const std::string where = std::to_string(nodes) + "x" + std::to_string(local_world) +
+                            " bytes=" + std::to_string(bytes) + " stride=" + std::to_string(stride) +
                             (in_place ? " in place" : "");
   auto write = [&](int g, size_t dst, const uint8_t* src, size_t n) {
     EXPECT(dst + n <= mem[g].out.size());
@@ -130,9 +130,9 @@ void simulate(int nodes, int local_world, size_t bytes, size_t stride, bool in_p
                                where + ": rank " + std::to_string(g) + " byte " + std::to_string(i) + " of slot " +
                                    std::to_string(from) + " written " + std::to_string(mem[g].writes[at]) + " times");
         if (i < bytes && mem[g].out[at] != shard_byte(from, i))
-          ::symmem::test::fail(__FILE__, __LINE__, where + ": rank " + std::to_string(g) + " slot " +
-                                                       std::to_string(from) + " byte " + std::to_string(i) +
-                                                       " holds another rank's data");
+          ::symmem::test::fail(__FILE__, __LINE__,
+                               where + ": rank " + std::to_string(g) + " slot " + std::to_string(from) + " byte " +
+                                   std::to_string(i) + " holds another rank's data");
       }
 }
 

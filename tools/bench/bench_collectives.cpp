@@ -150,6 +150,8 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
     }
     for (auto [algo, blocks] :
          variants(a, {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency, Algo::kHierarchical})) {
+      // Across nodes every request runs the hierarchical all-gather: one row, under its name.
+      if (comm.nodes() > 1 && algo != Algo::kHierarchical) continue;
       CollectiveOptions o;
       o.algo = algo;
       o.blocks = blocks;
@@ -180,8 +182,9 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
   const size_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
   Communicator& comm = ctx.comm();
   if (comm.nodes() > 1)
-    throw std::runtime_error(op + ": symmem's reductions run inside one node; across nodes symmem-bench measures "
-                                  "all_gather only");
+    throw std::runtime_error(op +
+                             ": symmem's reductions run inside one node; across nodes symmem-bench measures "
+                             "all_gather only");
   const size_t in_max = reduce_scatter ? max_bytes * world : max_bytes;
   Buffer* in = comm.allocate(in_max);
   Buffer* out = comm.allocate(max_bytes);
@@ -273,8 +276,8 @@ std::vector<detail::TuningEntry> tuning_entries(const std::vector<Row>& rows) {
   std::map<std::pair<std::string, size_t>, const Row*> best;
   for (const auto& r : rows) {
     // The table serves one node's planner: not the hierarchical all-gather, not runs across nodes.
-    if (r.impl.rfind("symmem_", 0) != 0 || r.impl == "symmem_auto" || r.impl == "symmem_hierarchical" ||
-        r.nodes > 1 || r.wrong > 0)
+    if (r.impl.rfind("symmem_", 0) != 0 || r.impl == "symmem_auto" || r.impl == "symmem_hierarchical" || r.nodes > 1 ||
+        r.wrong > 0)
       continue;
     auto& b = best[{r.op, r.bytes_per_rank}];
     if (!b || r.time_us < b->time_us) b = &r;

@@ -134,13 +134,14 @@ std::string to_json(const std::vector<Row>& rows, const Meta& m) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "{\"op\": \"%s\", \"impl\": \"%s\", \"mode\": \"%s\", \"world\": %d, \"nodes\": %d, \"dtype\": \"%s\", "
-                  "\"bytes_per_rank\": %zu, \"count\": %zu, \"blocks\": %d, \"time_us\": %.3f, \"time_min_us\": %.3f, "
-                  "\"time_max_us\": %.3f, \"algbw_gbs\": %.3f, \"busbw_gbs\": %.3f, \"wrong\": %ld, "
-                  "\"vs_best_nccl\": %.4f}",
-                  r.op.c_str(), r.impl.c_str(), r.mode.c_str(), r.world, r.nodes, r.dtype.c_str(), r.bytes_per_rank, r.count,
-                  r.blocks, r.time_us, r.time_min_us, r.time_max_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.vs_best_nccl);
+    std::snprintf(
+        buf, sizeof(buf),
+        "{\"op\": \"%s\", \"impl\": \"%s\", \"mode\": \"%s\", \"world\": %d, \"nodes\": %d, \"dtype\": \"%s\", "
+        "\"bytes_per_rank\": %zu, \"count\": %zu, \"blocks\": %d, \"time_us\": %.3f, \"time_min_us\": %.3f, "
+        "\"time_max_us\": %.3f, \"algbw_gbs\": %.3f, \"busbw_gbs\": %.3f, \"wrong\": %ld, "
+        "\"vs_best_nccl\": %.4f}",
+        r.op.c_str(), r.impl.c_str(), r.mode.c_str(), r.world, r.nodes, r.dtype.c_str(), r.bytes_per_rank, r.count,
+        r.blocks, r.time_us, r.time_min_us, r.time_max_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.vs_best_nccl);
     o << "    " << buf << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   o << "  ]\n}\n";
