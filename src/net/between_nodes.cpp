@@ -197,6 +197,9 @@ void BetweenNodes::step(int index, uint32_t signature, Enqueue&& enqueue) {
                 "all_gather(hierarchical): NCCL between nodes was aborted after a failure: " + failure_text());
   DeviceGuard guard(device_);
   const NcclLibrary& nccl = NcclLibrary::get();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) captured_.store(true);
   mark(kStepEntered, static_cast<uint32_t>(index), signature);
   ncclResult_t result = nccl.group_start();
   if (result == ncclSuccess) {
@@ -287,8 +290,19 @@ void BetweenNodes::release_detached(ncclComm_t comm, bool abort) noexcept {
   // ncclCommAbort sets NCCL's abort flag first (its kernels return, so the stream and what waits
   // on its events drain), then, like ncclCommDestroy, waits until every CUDA graph that captured
   // the communicator's work is destroyed. A graph the caller still holds would make that wait, in
-  // this thread, a hang (a destructor, close(), or the watchdog holding mutex_). So the release
-  // runs on a thread of its own that nobody joins; it ends when the last such graph dies.
+  // this thread, a hang (a destructor, close(), or the watchdog holding mutex_). So once a step was
+  // captured the release runs on a thread of its own that nobody joins; it ends when the last such
+  // graph dies. Without captures there is nothing to wait for: release here, so that nothing of
+  // NCCL's still runs when the process exits.
+  if (!captured_.load()) {
+    DeviceGuard guard(device_);
+    const NcclLibrary& nccl = NcclLibrary::get();
+    if (abort)
+      nccl.comm_abort(comm);
+    else
+      nccl.comm_destroy(comm);
+    return;
+  }
   try {
     std::thread([comm, abort, device = device_] {
       cudaSetDevice(device);

@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -96,6 +97,7 @@ class BetweenNodes {
 
   ncclComm_t comm_ = nullptr;
   bool nccl_aborted_ = false;
+  std::atomic<bool> captured_{false};  // a step was captured into a CUDA graph (release_detached)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t pieces_[kHierMaxPieces] = {};
