@@ -97,20 +97,7 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
   // In place the own slot already holds the data, unless the output is staged.
   const bool copy_own = !p.in_place || plan.stage_output;
 
-  if (plan.algo == Algo::kHierarchical) {
-    detail::HierarchicalCall call{};
-    call.out = out_local;
-    call.slot_stride = stride;
-    call.in = in_local;
-    call.bytes = bytes;
-    for (int r = 0; r < detail::kMaxWorld; ++r) {
-      call.in_peers[r] = in_peers[r];
-      call.out_peers[r] = out_peers[r];
-    }
-    call.copy_own = copy_own;
-    call.signature = signature;
-    detail::all_gather_hierarchical(st, call, stream);
-  } else if (plan.algo == Algo::kCopyEngine) {
+  if (plan.algo == Algo::kHierarchical || plan.algo == Algo::kCopyEngine) {
     detail::CopyEngineCall call{};
     call.out = out_local;
     call.slot_stride = stride;
@@ -123,7 +110,10 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
     call.push = plan.copy_engine_push;
     call.copy_own = copy_own;
     call.signature = signature;
-    detail::all_gather_copy_engine(st, call, stream);
+    if (plan.algo == Algo::kHierarchical)
+      detail::all_gather_hierarchical(st, call, stream);
+    else
+      detail::all_gather_copy_engine(st, call, stream);
   } else {
     detail::AllGatherKernelArgs args{};
     args.in = in_local;

@@ -37,11 +37,6 @@ constexpr size_t kSmallestPieceSetting = 4096;
 
 CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
-uint32_t load(const uint32_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
-
-bool swap(uint32_t* word, uint32_t from, uint32_t to) {
-  return __atomic_compare_exchange_n(word, &from, to, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
 
 // This rank's handshake words of one phase in a page (host or device address alike).
 uint32_t* phase_words(BoardPage* page, uint32_t phase) {
@@ -62,13 +57,7 @@ void enqueue_handshake(const HostBoard& board, int rank, int world, uint32_t pha
   CUstreamBatchMemOpParams ops[3 * (kMaxWorld - 1) + 4] = {};
   unsigned count = 0;
   // Every write is the default one: preceded by a system-scope fence.
-  auto write = [&](const uint32_t* address, uint32_t value) {
-    ops[count].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    ops[count].writeValue.address = dptr(address);
-    ops[count].writeValue.value = value;
-    ops[count].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-    ++count;
-  };
+  auto write = [&](const uint32_t* address, uint32_t value) { ops[count++] = stream_write_op(address, value); };
   BoardPage* mine = board.device_page(rank);
   for (int k = 1; k < world; ++k) {
     const int p = (rank + k) % world;
@@ -114,7 +103,7 @@ CopyEngineState::CopyEngineState(CommunicatorState& state)
     SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     for (int i = 0; i < streams_count_; ++i)
       SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
-    thread_ = std::thread([this] { watchdog_loop(); });
+    watchdog_.start([this](Clock::time_point now) { return poll(now); });
   } catch (...) {
     destroy_cuda_objects();
     throw;
@@ -122,16 +111,7 @@ CopyEngineState::CopyEngineState(CommunicatorState& state)
 }
 
 CopyEngineState::~CopyEngineState() {
-  try {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  } catch (const std::exception& e) {
-    log_warning(std::string("copy-engine watchdog: stopping it failed: ") + e.what());
-  }
+  watchdog_.stop();
   destroy_cuda_objects();
 }
 
@@ -146,23 +126,13 @@ void CopyEngineState::destroy_cuda_objects() noexcept {
   fork_ = nullptr;
 }
 
-void CopyEngineState::watchdog_loop() noexcept {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_) {
-    lock.unlock();
-    const Clock::duration sleep = poll(Clock::now());
-    lock.lock();
-    wake_.wait_for(lock, sleep, [this] { return stop_; });
-  }
-}
-
 CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) noexcept {
   uint32_t* state = &page_->ce_wait_state;
   // Any rank's failure (the abort word), or this rank's own (an SM wait may have recorded one).
-  const bool aborted = load(abort_) != 0 || load(&page_->status.code) != kStatusOk;
-  uint32_t seen = load(state);
+  const bool aborted = load_word(abort_) != 0 || load_word(&page_->status.code) != kStatusOk;
+  uint32_t seen = load_word(state);
   if (seen == kWaitEntered) {
-    if (swap(state, kWaitEntered, kWaitWatched)) {
+    if (swap_word(state, kWaitEntered, kWaitWatched)) {
       // The stream reached a wait since the last look: the clock starts now.
       timing_ = true;
       since_ = now;
@@ -175,7 +145,7 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
   if (seen != kWaitWatched) {
     // 2: acknowledge, so that the next wait shows up as a change. A failed swap means the stream
     // already wrote the next wait's 1, which the next look handles. 0 (or anything else): idle.
-    if (seen == kWaitPassed) swap(state, kWaitPassed, kWaitIdle);
+    if (seen == kWaitPassed) swap_word(state, kWaitPassed, kWaitIdle);
     timing_ = false;
     if (seen == kWaitPassed && aborted) last_busy_ = now;
     const bool draining = aborted && last_busy_ != Clock::time_point{} && now - last_busy_ < kAbortLinger;
@@ -190,14 +160,14 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
     released_at_ = {};
   }
   if (aborted) last_busy_ = now;
-  const uint32_t phase = load(&page_->ce_phase);
-  const uint32_t signature = load(&page_->ce_signature);
+  const uint32_t phase = load_word(&page_->ce_phase);
+  const uint32_t signature = load_word(&page_->ce_signature);
   const uint32_t* words = phase_words(page_, phase);
   int missing = -1, foreign = -1;
   uint32_t foreign_signature = 0;
   for (int k = 1; k < world_; ++k) {
     const int p = (rank_ + k) % world_;
-    const uint32_t w = load(&words[p]);
+    const uint32_t w = load_word(&words[p]);
     if (w == 0) {
       if (missing < 0) missing = p;
     } else if (w != signature && foreign < 0) {
@@ -209,7 +179,7 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
   // The reads above are separate loads: had the stream passed this wait meanwhile (it overwrites
   // the 3), the words may already hold the next call's signatures. Decide only on a still-blocked
   // wait (a 3 now means none of the stream's stores came in between).
-  if (load(state) != kWaitWatched) return kPollBlocked;
+  if (load_word(state) != kWaitWatched) return kPollBlocked;
   const Clock::duration blocked = now - since_;
   bool release = false;
   if (released_at_ != Clock::time_point{}) {
@@ -241,21 +211,9 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
 
 void CopyEngineState::record(uint32_t code, int peer, uint32_t phase, uint32_t signature,
                              uint32_t peer_signature) noexcept {
-  DeviceStatus* status = &page_->status;
-  // The first failure of this rank wins (a device wait of this rank may have recorded one).
-  if (swap(&status->code, kStatusOk, code)) {
-    status->op = kOpCopyEngine;
-    status->rank = rank_;
-    status->peer = peer;
-    status->block = -1;
-    status->phase = static_cast<int32_t>(phase);
-    status->signature = signature;
-    status->peer_signature = peer_signature;
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // the record is visible before the abort word
-  }
-  // Every wait of every rank (device spin-waits and the other watchdogs) polls this word.
-  __atomic_store_n(abort_, 1u, __ATOMIC_SEQ_CST);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  record_failure(page_, abort_,
+                 {code, kOpCopyEngine, rank_, peer, -1, static_cast<int32_t>(phase), signature, peer_signature},
+                 nullptr);
 }
 
 void CopyEngineState::release_wait(uint32_t phase, uint32_t signature) noexcept {

@@ -31,7 +31,7 @@
 namespace symmem::detail {
 namespace {
 
-std::vector<EngineCopy> engine_copies(const std::vector<HierCopy>& copies, const HierarchicalCall& call,
+std::vector<EngineCopy> engine_copies(const std::vector<HierCopy>& copies, const CopyEngineCall& call,
                                       const EngineCopy** own, EngineCopy* own_storage) {
   std::vector<EngineCopy> side;
   *own = nullptr;
@@ -57,7 +57,7 @@ std::vector<EngineCopy> engine_copies(const std::vector<HierCopy>& copies, const
 
 }  // namespace
 
-void all_gather_hierarchical(CommunicatorState& st, const HierarchicalCall& call, cudaStream_t stream) {
+void all_gather_hierarchical(CommunicatorState& st, const CopyEngineCall& call, cudaStream_t stream) {
   if (!st.copy_engine || !st.board)
     throw Error(ErrorCode::kInternal, "all_gather(hierarchical): the copy-engine state is missing");
   if (call.signature == 0)

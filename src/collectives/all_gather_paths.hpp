@@ -25,24 +25,13 @@ struct CopyEngineCall {
   uint32_t signature;               // the call's signature (nonzero): the handshake flags carry it
 };
 
-// One hierarchical all-gather (or one chunk of a staged one) on a communicator's node layout:
-// schedule in src/plan/hierarchical_plan.hpp. Out and in as for CopyEngineCall; in_peers and
-// out_peers are the local ranks' inputs and outputs (both needed when the node has several GPUs).
-struct HierarchicalCall {
-  void* out;
-  size_t slot_stride;
-  const void* in;
-  size_t bytes;
-  const void* in_peers[kMaxWorld];
-  void* out_peers[kMaxWorld];
-  bool copy_own;
-  uint32_t signature;
-};
-
-// Network steps on the between-nodes stream, copy-engine steps on `stream`; zero SMs. Never blocks
-// forever: the copy-engine watchdog (copy_engine_state.hpp) and the network watchdog
-// (src/net/between_nodes.hpp) bound every wait.
-void all_gather_hierarchical(CommunicatorState& state, const HierarchicalCall& call, cudaStream_t stream);
+// One hierarchical all-gather (or one chunk of a staged one) on the communicator's node layout,
+// described as a copy-engine call (push is not used: inside the node it always pulls, from the
+// local peers' inputs and outputs, which both must be set when the node has several GPUs). The
+// schedule is in src/plan/hierarchical_plan.hpp. Network steps on the between-nodes stream,
+// copy-engine steps (zero SMs) on `stream`. Never blocks forever: the copy-engine watchdog (copy_engine_state.hpp) and
+// the network watchdog (src/net/between_nodes.hpp) bound every wait.
+void all_gather_hierarchical(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream);
 
 // Zero SMs: handshake (stream memory operations on the host board), copies on the copy engines,
 // handshake. Never blocks forever: see copy_engine_state.hpp.

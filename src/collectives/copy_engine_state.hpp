@@ -86,13 +86,11 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
-#include <thread>
 
 #include "comm/host_board.hpp"
+#include "common/polling_thread.hpp"
 
 namespace symmem::detail {
 
@@ -126,9 +124,8 @@ class CopyEngineState {
   cudaEvent_t join_event(int i) const { return joins_[i]; }
 
  private:
-  using Clock = std::chrono::steady_clock;
+  using Clock = PollingThread::Clock;
 
-  void watchdog_loop() noexcept;
   // One look at the wait state; returns how long to sleep before the next.
   Clock::duration poll(Clock::time_point now) noexcept;
   void record(uint32_t code, int peer, uint32_t phase, uint32_t signature, uint32_t peer_signature) noexcept;
@@ -149,15 +146,12 @@ class CopyEngineState {
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t joins_[kMaxStreams] = {};
 
-  // Watchdog thread state (touched by that thread only, except stop_).
+  // Watchdog thread state (touched by that thread only).
   bool timing_ = false;              // a blocked wait is being timed (this thread wrote its 3)
   Clock::time_point since_{};        // when this thread first saw that wait
   Clock::time_point released_at_{};  // last release of that wait (0: none)
   Clock::time_point last_busy_{};    // last time a wait was seen while the abort word was set
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread thread_;
+  PollingThread watchdog_;           // last: stopped first, while what poll() reads still exists
 };
 
 }  // namespace symmem::detail

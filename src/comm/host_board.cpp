@@ -184,4 +184,22 @@ std::string HostBoard::lookup_call(int rank, uint32_t signature) const {
   return "";
 }
 
+void record_failure(BoardPage* page, uint32_t* abort_word, const DeviceStatus& failure, const char* text) noexcept {
+  DeviceStatus* status = &page->status;
+  if (swap_word(&status->code, kStatusOk, failure.code)) {
+    if (text && *text && page->net_failure[0] == '\0')
+      std::strncpy(page->net_failure, text, sizeof(page->net_failure) - 1);
+    status->op = failure.op;
+    status->rank = failure.rank;
+    status->peer = failure.peer;
+    status->block = failure.block;
+    status->phase = failure.phase;
+    status->signature = failure.signature;
+    status->peer_signature = failure.peer_signature;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // the record is visible before the abort word
+  }
+  __atomic_store_n(abort_word, 1u, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
 }  // namespace symmem::detail

@@ -102,4 +102,16 @@ class HostBoard {
   int fd_ = -1;  // this rank's memfd: closed once the peers hold theirs (the mappings keep it alive)
 };
 
+// Host-side access to board words, which GPUs write concurrently (the watchdogs' reads and swaps).
+inline uint32_t load_word(const uint32_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+inline bool swap_word(uint32_t* word, uint32_t from, uint32_t to) {
+  return __atomic_compare_exchange_n(word, &from, to, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+// A watchdog's failure, from the host: records `failure` in `page`'s failure record unless one is
+// there already (the first failure of a rank wins: a device wait may have recorded one), with
+// `text` (may be null) in page->net_failure, then sets the abort word that every wait of every
+// local rank polls. The record is visible before the abort word. Never blocks.
+void record_failure(BoardPage* page, uint32_t* abort_word, const DeviceStatus& failure, const char* text) noexcept;
+
 }  // namespace symmem::detail

@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <string>
 
 namespace symmem::detail {
@@ -30,6 +31,16 @@ struct DriverApi {
   // missing or too old.
   static const DriverApi& get();
 };
+
+// A default (system-fenced) 32-bit stream write, as one operation of a cuStreamBatchMemOp batch.
+inline CUstreamBatchMemOpParams stream_write_op(const uint32_t* address, uint32_t value) {
+  CUstreamBatchMemOpParams op{};
+  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  op.writeValue.address = reinterpret_cast<CUdeviceptr>(address);
+  op.writeValue.value = value;
+  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  return op;
+}
 
 [[noreturn]] void throw_cu(CUresult result, const char* expr, const char* file, int line);
 std::string cu_error_name(CUresult result);

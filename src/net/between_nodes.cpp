@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "common/check.hpp"
@@ -24,11 +25,6 @@ constexpr uint32_t kStepWatched = 3;  // written by the watchdog over a 1
 constexpr auto kPollStep = 1ms;       // a step is in progress
 constexpr auto kPollIdle = 5ms;
 constexpr auto kSettlePoll = 200us;
-
-uint32_t load(const uint32_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
-bool swap(uint32_t* word, uint32_t from, uint32_t to) {
-  return __atomic_compare_exchange_n(word, &from, to, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
 
 }  // namespace
 
@@ -74,20 +70,11 @@ BetweenNodes::BetweenNodes(const NodeLayout& layout, Bootstrap& job, int device,
     if (stream_) SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
     throw;
   }
-  thread_ = std::thread([this] { watchdog_loop(); });
+  watchdog_.start([this](Clock::time_point now) { return poll(now); });
 }
 
 BetweenNodes::~BetweenNodes() {
-  try {
-    {
-      std::lock_guard<std::mutex> lock(wake_mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  } catch (const std::exception& e) {
-    log_warning(std::string("between-nodes watchdog: stopping it failed: ") + e.what());
-  }
+  watchdog_.stop();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     abort_nccl();  // a no-op after close()
@@ -152,13 +139,7 @@ void BetweenNodes::mark(uint32_t state, uint32_t piece, uint32_t signature) {
   // signature, and the 2 follows the NCCL kernels' completion.
   CUstreamBatchMemOpParams ops[3] = {};
   unsigned count = 0;
-  auto write = [&](const uint32_t* address, uint32_t value) {
-    ops[count].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    ops[count].writeValue.address = reinterpret_cast<CUdeviceptr>(address);
-    ops[count].writeValue.value = value;
-    ops[count].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-    ++count;
-  };
+  auto write = [&](const uint32_t* address, uint32_t value) { ops[count++] = stream_write_op(address, value); };
   if (state == kStepEntered) {
     write(&device_page_->net_piece, piece);
     write(&device_page_->net_signature, signature);
@@ -175,7 +156,7 @@ void BetweenNodes::settle(ncclResult_t result, const char* what) {
       const std::string text = std::string(what) + ": NCCL did not finish within " +
                                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count()) +
                                " ms (" + column_ranks() + ")";
-      fail(kStatusTimeout, -1, load(&page_->net_piece), load(&page_->net_signature), text);
+      fail(kStatusTimeout, -1, load_word(&page_->net_piece), load_word(&page_->net_signature), text);
       abort_nccl();
       throw Error(ErrorCode::kTimeout, text);
     }
@@ -184,7 +165,7 @@ void BetweenNodes::settle(ncclResult_t result, const char* what) {
   }
   if (result == ncclSuccess) return;
   const std::string text = std::string(what) + ": " + nccl_error_text(result, comm_) + " (" + column_ranks() + ")";
-  fail(kStatusNetwork, -1, load(&page_->net_piece), load(&page_->net_signature), text);
+  fail(kStatusNetwork, -1, load_word(&page_->net_piece), load_word(&page_->net_signature), text);
   abort_nccl();
   throw Error(ErrorCode::kTimeout, text);
 }
@@ -261,22 +242,9 @@ std::string BetweenNodes::column_ranks() const {
 
 void BetweenNodes::fail(uint32_t code, int peer, uint32_t piece, uint32_t signature, const std::string& text) noexcept {
   if (peer < 0 && layout_.nodes == 2) peer = layout_.global_rank(1 - layout_.node, layout_.local_rank);
-  DeviceStatus* status = &page_->status;
-  uint32_t ok = kStatusOk;
-  if (__atomic_compare_exchange_n(&status->code, &ok, code, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-    if (!text.empty() && page_->net_failure[0] == '\0')
-      std::strncpy(page_->net_failure, text.c_str(), sizeof(page_->net_failure) - 1);
-    status->op = kOpBetweenNodes;
-    status->rank = layout_.local_rank;
-    status->peer = peer;
-    status->block = -1;
-    status->phase = static_cast<int32_t>(piece);
-    status->signature = signature;
-    status->peer_signature = 0;
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // the record is visible before the abort word
-  }
-  __atomic_store_n(abort_word_, 1u, __ATOMIC_SEQ_CST);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  record_failure(page_, abort_word_,
+                 {code, kOpBetweenNodes, layout_.local_rank, peer, -1, static_cast<int32_t>(piece), signature, 0},
+                 text.c_str());
 }
 
 void BetweenNodes::abort_nccl() noexcept {
@@ -317,23 +285,13 @@ void BetweenNodes::release_detached(ncclComm_t comm, bool abort) noexcept {
   }
 }
 
-void BetweenNodes::watchdog_loop() noexcept {
-  std::unique_lock<std::mutex> lock(wake_mutex_);
-  while (!stop_) {
-    lock.unlock();
-    const Clock::duration sleep = poll(Clock::now());
-    lock.lock();
-    wake_.wait_for(lock, sleep, [this] { return stop_; });
-  }
-}
-
 BetweenNodes::Clock::duration BetweenNodes::poll(Clock::time_point now) noexcept {
   // The state first: the stream writes piece and signature before its (fenced) 1, so fields read
   // after a 1 or 3 are that step's.
   uint32_t* state = &page_->net_wait_state;
-  uint32_t seen = load(state);
-  const uint32_t piece = load(&page_->net_piece);
-  const uint32_t signature = load(&page_->net_signature);
+  uint32_t seen = load_word(state);
+  const uint32_t piece = load_word(&page_->net_piece);
+  const uint32_t signature = load_word(&page_->net_signature);
   {
     // NCCL's verdict (thread-safe in NCCL); skipped while the calling thread is inside NCCL, which
     // bounds its own waits. A remote rank's death shows up here.
@@ -350,18 +308,18 @@ BetweenNodes::Clock::duration BetweenNodes::poll(Clock::time_point now) noexcept
     }
     // Any failure on this node ends NCCL too: the remote ranks then learn it from their
     // connections instead of their deadline, and a blocked step drains.
-    const bool aborted = load(abort_word_) != 0 || load(&page_->status.code) != kStatusOk;
+    const bool aborted = load_word(abort_word_) != 0 || load_word(&page_->status.code) != kStatusOk;
     if (aborted && lock.owns_lock() && comm_ && !nccl_aborted_) {
       if (seen == kStepWatched) fail(kStatusAborted, -1, piece, signature, "");
       abort_nccl();
     }
   }
-  if (seen == kStepEntered && swap(state, kStepEntered, kStepWatched)) {
+  if (seen == kStepEntered && swap_word(state, kStepEntered, kStepWatched)) {
     timing_ = true;  // the stream reached a step since the last look: the clock starts now
     since_ = now;
     return kPollStep;
   }
-  if (seen == kStepPassed) swap(state, kStepPassed, kStepIdle);
+  if (seen == kStepPassed) swap_word(state, kStepPassed, kStepIdle);
   if (seen != kStepWatched) {
     timing_ = false;
     return seen == kStepEntered ? Clock::duration(kPollStep) : Clock::duration(kPollIdle);

@@ -32,14 +32,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "comm/host_board.hpp"
 #include "comm/node_layout.hpp"
+#include "common/polling_thread.hpp"
 #include "plan/hierarchical_plan.hpp"
 #include "symmem/bootstrap.hpp"
 
@@ -73,14 +72,13 @@ class BetweenNodes {
   void close();
 
  private:
-  using Clock = std::chrono::steady_clock;
+  using Clock = PollingThread::Clock;
 
   template <typename Enqueue>
   void step(int index, uint32_t signature, Enqueue&& enqueue);
   void mark(uint32_t state, uint32_t piece, uint32_t signature);
   // Waits out ncclInProgress (bounded); throws after failing the communicator on an error.
   void settle(ncclResult_t result, const char* what);
-  void watchdog_loop() noexcept;
   Clock::duration poll(Clock::time_point now) noexcept;
   void fail(uint32_t code, int peer, uint32_t piece, uint32_t signature, const std::string& text) noexcept;
   void abort_nccl() noexcept;  // with mutex_ held; never blocks (release_detached)
@@ -104,13 +102,10 @@ class BetweenNodes {
 
   mutable std::mutex mutex_;  // NCCL calls of the calling thread vs the watchdog's abort; failure_
   std::string failure_;
-  // Watchdog state (its thread only, except stop_).
+  // Watchdog state (its thread only).
   bool timing_ = false;
   Clock::time_point since_{};
-  std::condition_variable wake_;
-  std::mutex wake_mutex_;
-  bool stop_ = false;
-  std::thread thread_;
+  PollingThread watchdog_;  // last: stopped first, while what poll() reads still exists
 };
 
 }  // namespace symmem::detail
