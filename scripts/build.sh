@@ -15,8 +15,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
   else sudo apt-get update -qq && sudo apt-get install -y -qq "${need_apt[@]}"; fi
 fi
-if ! python3 -c "import matplotlib, torch, pytest, scikit_build_core" 2>/dev/null; then
-  echo "symmem: installing requirements.txt (matplotlib, torch 2.11.0, pytest, scikit-build-core)" >&2
+if ! python3 -c "import matplotlib, torch, pytest, scikit_build_core, cutlass_library" 2>/dev/null; then
+  echo "symmem: installing requirements.txt (matplotlib, torch 2.11.0, pytest, scikit-build-core, nvidia-cutlass)" >&2
   python3 -m pip install -q -r requirements.txt ||
     echo "symmem: could not install requirements.txt (plots, symmem.torch and its tests need them)" >&2
 fi

@@ -3,6 +3,7 @@
 
 #include "symmem/bootstrap.hpp"
 #include "symmem/collectives.hpp"
+#include "symmem/fused.hpp"
 #include "symmem/communicator.hpp"
 #include "symmem/error.hpp"
 #include "symmem/types.hpp"

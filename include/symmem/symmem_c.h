@@ -62,6 +62,10 @@ int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count
                       int algo, int blocks, int max_blocks);
 int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, int op,
                           void* stream, int algo, int blocks, int max_blocks);
+/* symmem::all_gather_matmul (symmem/fused.hpp): c [m x n] = all_gather(a_shard) [m x k] * b [k x n].
+ * gathered_a: m * k elements inside one heap buffer (symmetric: the same offset on every rank). */
+int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const void* a_shard, const void* b,
+                             int64_t m, int64_t n, int64_t k, int dtype, void* stream);
 /* The plan a call would run (collective: 0 all_gather, 1 all_reduce, 2 reduce_scatter), or the
  * error it would raise; nothing is launched. */
 int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in, size_t count, int dtype, int algo,

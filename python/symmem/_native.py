@@ -53,6 +53,8 @@ _SIGNATURES = {
                                   c_int]),
     "symmem_reduce_scatter": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_int, c_int,
                                       c_int]),
+    "symmem_all_gather_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64,
+                                         c_int, c_void_p]),
     "symmem_describe": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_int,
                                 c_char_p, c_size_t]),
     "symmem_parse_algo": (c_int, [c_char_p, ctypes.POINTER(c_int)]),

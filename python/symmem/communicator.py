@@ -133,6 +133,13 @@ class Communicator:
         if rc:
             self._call(rc)
 
+    def all_gather_matmul(self, c, gathered_a, a_shard, b, m, n, k, dtype, stream):
+        """c [m x n] = all_gather(a_shard) [m x k] @ b [k x n] (symmem/fused.hpp); gathered_a: m * k
+        elements inside one heap buffer, at the same offset on every rank."""
+        rc = lib.symmem_all_gather_matmul(self._handle, c, gathered_a, a_shard, b, m, n, k, dtype, stream)
+        if rc:
+            self._call(rc)
+
     def describe(self, collective, out, inp, count, dtype, algo=0, blocks=0, max_blocks=-1):
         """The plan the call would run, e.g. 'all_reduce low_latency blocks=8 ...' (nothing runs)."""
         text = ctypes.create_string_buffer(512)

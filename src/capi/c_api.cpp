@@ -2,6 +2,7 @@
 // language bindings. Each entry point is a thin guard around the C++ API.
 #include "symmem/symmem_c.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -25,6 +26,18 @@ Operand operand_at(Communicator& comm, const void* ptr, size_t bytes) {
   Buffer* buffer = comm.find(ptr, bytes ? bytes : 1);
   if (buffer && buffer->ptr() == ptr && buffer->size() == bytes) return Operand(buffer, 0);
   return Operand(ptr);
+}
+
+// An operand that must be symmetric (all_gather_matmul's gathered_a): the heap buffer holding
+// [ptr, ptr + bytes) at ptr's offset in it. A view whose offset differs by rank is caught on the
+// device (the offset is in the call's signature: kMismatch), never used.
+Operand symmetric_operand_at(Communicator& comm, const void* ptr, size_t bytes) {
+  Buffer* buffer = comm.find(ptr, bytes ? bytes : 1);
+  if (!buffer)
+    throw Error(ErrorCode::kInvalidArgument, "the operand at " + std::to_string(reinterpret_cast<uintptr_t>(ptr)) +
+                                                 " (" + std::to_string(bytes) +
+                                                 " bytes) is not inside one heap buffer of this communicator");
+  return Operand(buffer, static_cast<size_t>(static_cast<const char*>(ptr) - static_cast<const char*>(buffer->ptr())));
 }
 
 enum Collective { kAllGather = 0, kAllReduce = 1, kReduceScatter = 2 };  // symmem_describe's numbering
@@ -82,6 +95,7 @@ using symmem::detail::c_api_guard;
 using symmem::detail::comm_of;
 using symmem::detail::dtype_of;
 using symmem::detail::operands_of;
+using symmem::detail::symmetric_operand_at;
 using symmem::detail::op_of;
 using symmem::detail::options_of;
 using symmem::detail::stream_of;
@@ -170,6 +184,17 @@ int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count
     const symmem::DataType type = dtype_of(dtype);
     auto [o, i] = operands_of(symmem::detail::kAllGather, c, out, in, count, type);
     symmem::all_gather(o, i, count, type, c, stream_of(stream), options_of(algo, blocks, max_blocks));
+  });
+}
+
+int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const void* a_shard, const void* b,
+                             int64_t m, int64_t n, int64_t k, int dtype, void* stream) {
+  return c_api_guard([&] {
+    symmem::Communicator& cm = comm_of(comm);
+    const symmem::DataType type = dtype_of(dtype);
+    const size_t a_bytes = size_t(std::max<int64_t>(m, 0)) * size_t(std::max<int64_t>(k, 0)) * dtype_size(type);
+    symmem::all_gather_matmul(c, symmetric_operand_at(cm, gathered_a, a_bytes), a_shard, b, m, n, k, type, cm,
+                              stream_of(stream));
   });
 }
 

@@ -27,6 +27,8 @@ struct CallDescriptor {
   bool out_symmetric = false;
   uint64_t in_heap_offset = 0;   // symmetric and out of place only
   uint64_t out_heap_offset = 0;  // symmetric only
+  // Matmuls: the GEMM's n and k (count holds m * k, the elements of the gathered A).
+  int64_t n = 0, k = 0;
 };
 
 // The descriptor of a planned call. Pass 0 as the offset of the operand that in place derives

@@ -48,6 +48,7 @@ enum OpCode : uint32_t {
   kOpReduceScatter = 4,
   kOpCopyEngine = 5,
   kOpBetweenNodes = 6,  // the NCCL step of a hierarchical all-gather (peer: a job rank)
+  kOpAllGatherMatmul = 7,  // the GEMM of all_gather_matmul waiting for a shard (peer: its rank)
 };
 
 inline const char* op_code_name(uint32_t op) {
@@ -58,6 +59,7 @@ inline const char* op_code_name(uint32_t op) {
     case kOpReduceScatter: return "reduce_scatter";
     case kOpCopyEngine: return "all_gather(copy_engine)";
     case kOpBetweenNodes: return "all_gather(hierarchical, between nodes)";
+    case kOpAllGatherMatmul: return "all_gather_matmul";
     default: return "collective";
   }
 }

@@ -29,6 +29,11 @@ class Workspaces {
 
   // Barrier flags and nothing else (64-bit flags, device_types.hpp), zeroed once. Fixed size.
   Buffer* control() const { return control_; }
+  // all_gather_matmul's piece flags live in the control buffer's signal pad (kSignalFlagCount
+  // 32-bit words per rank, zeroed at allocation, unused otherwise): a peer sets this rank's flags
+  // of a call only after that call's ready handshake, and this rank resets them to 0 after the
+  // call's done handshake, before its next ready (src/fused/all_gather_matmul.cpp).
+  Buffer* gather_flags() const { return control_; }
 
   // Local operands that peers must read (pull all-gather, copy-engine pull, one-/two-shot
   // reductions): this rank copies them in before the kernel; peers read between barriers.

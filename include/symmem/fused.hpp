@@ -1,0 +1,37 @@
+// Fused all-gather + GEMM (the column-parallel half of tensor parallelism).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "symmem/collectives.hpp"
+
+namespace symmem {
+
+// c [m x n] = A [m x k] * b [k x n], where A is the ranks' shards of m / world rows each stacked in
+// rank order (the all-gather of a_shard). Row-major and contiguous, as torch lays them out;
+// float16 or bfloat16 in and out, float32 accumulation; k and n multiples of 8, m a multiple of
+// world. One node (kUnsupported across nodes).
+//
+// `gathered_a` is a symmetric operand of m * k elements (a heap Buffer and an offset equal on
+// every rank): the peers' copy engines write their shards into it (zero SMs), and after the call
+// it holds A. `a_shard` is any device memory of this rank; when it is this rank's slot of
+// gathered_a the own shard is not copied. `b` and `c` are local; c may not overlap A or b.
+// While the shards arrive, one persistent GEMM computes the own shard's rows first and every
+// other tile as soon as the rows it needs have landed (docs/fused.md).
+//
+// Asynchronous on `stream`, capturable in CUDA graphs. Every rank must make the same call (m, n,
+// k, type and gathered_a's offset are in the call's signature: a mismatch raises kMismatch on
+// every rank); a dead or stalled peer raises kTimeout, never a hang. kUnsupported when this build
+// has no fused GEMM (CUTLASS headers missing at build time) or the GPU is not sm_90.
+void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const void* b, int64_t m, int64_t n,
+                       int64_t k, DataType type, Communicator& comm, cudaStream_t stream);
+
+// Empty when all_gather_matmul can run these arguments, else the reason (what the call would
+// throw). Nothing is launched or exchanged.
+std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t n, int64_t k, DataType type,
+                                          Communicator& comm);
+
+}  // namespace symmem

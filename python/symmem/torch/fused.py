@@ -1,0 +1,106 @@
+"""The fused all-gather + GEMM as a torch op (symmem/fused.hpp):
+
+  symmem::all_gather_matmul(Tensor a_shard, Tensor b, str group_name, bool return_a=False) -> (Tensor, Tensor?)
+
+C = all_gather(a_shard) @ b, with a_shard [m / world, k] and b [k, n] (float16 or bfloat16,
+contiguous, on the group's device); returns (C [m, n], A [m, k] when return_a else None). The
+shards arrive by copy engine (zero SMs) into a symmetric workspace of the group's communicator
+while one persistent GEMM computes the own shard first and every other tile as its rows land
+(docs/fused.md). Runs on torch.cuda.current_stream(), capturable in CUDA graphs once the
+workspace is large enough (the first call of the largest shape must be eager: growing it is
+collective). The CPU kernel gathers with torch.distributed and multiplies, so that the op runs,
+and passes opcheck, on any machine.
+
+``all_gather_matmul(a_shard, b, group=None, return_a=False)`` is the Python entry point.
+"""
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from .. import _native
+from ._groups import communicator_of, group_name_of
+from .memory import _HeapSpan
+
+_lib = torch.library.Library("symmem", "FRAGMENT")
+_lib.define("all_gather_matmul(Tensor a_shard, Tensor b, str group_name, bool return_a=False) -> (Tensor, Tensor?)")
+
+_TYPES = {torch.float16: _native.DTYPES["float16"], torch.bfloat16: _native.DTYPES["bfloat16"]}
+_stream_of = torch._C._cuda_getCurrentRawStream
+
+
+def _check(a_shard, b, world):
+    if a_shard.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"symmem.all_gather_matmul: a_shard and b must be 2-D, got {tuple(a_shard.shape)} and "
+                         f"{tuple(b.shape)}")
+    if a_shard.shape[1] != b.shape[0]:
+        raise ValueError(f"symmem.all_gather_matmul: a_shard is {tuple(a_shard.shape)} and b {tuple(b.shape)}: "
+                         "a_shard's columns must equal b's rows")
+    if a_shard.dtype != b.dtype or a_shard.dtype not in _TYPES:
+        raise TypeError(f"symmem.all_gather_matmul: a_shard ({a_shard.dtype}) and b ({b.dtype}) must both be "
+                        "float16 or bfloat16")
+    for name, t in (("a_shard", a_shard), ("b", b)):
+        if not t.is_contiguous():
+            raise ValueError(f"symmem.all_gather_matmul: {name} must be contiguous (strides {t.stride()}); call "
+                             ".contiguous() first")
+    return a_shard.shape[0] * world, b.shape[1], a_shard.shape[1]
+
+
+def _workspace(comm, nbytes):
+    """This communicator's gathered-A workspace of at least nbytes (heap memory, symmetric).
+    Growing it is collective (every rank makes the same calls, so every rank grows alike) and never
+    frees the old one (a CUDA graph may reference it)."""
+    ws = getattr(comm, "_gather_workspace", None)
+    if ws is not None and ws[1] >= nbytes:
+        return ws[0]
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"symmem.all_gather_matmul: the workspace of group {comm.group_name!r} holds "
+                           f"{ws[1] if ws else 0} bytes, {nbytes} needed; growing it is collective and cannot run "
+                           "during CUDA graph capture: make one eager call of the largest shape first")
+    ptr = comm.core.allocate(nbytes)
+    comm._gather_workspace = (ptr, nbytes)
+    return ptr
+
+
+def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
+    comm = communicator_of(group_name)
+    m, n, k = _check(a_shard, b, comm.world)
+    for name, t in (("a_shard", a_shard), ("b", b)):
+        if t.get_device() != comm.device:
+            raise ValueError(f"symmem.all_gather_matmul: {name} is on {t.device}, the communicator of group "
+                             f"{group_name!r} on cuda:{comm.device}")
+    c = a_shard.new_empty((m, n))
+    a_bytes = m * k * a_shard.element_size()
+    gathered = _workspace(comm, a_bytes)
+    comm.core.all_gather_matmul(c.data_ptr(), gathered, a_shard.data_ptr(), b.data_ptr(), m, n, k,
+                                _TYPES[a_shard.dtype], _stream_of(comm.device))
+    a = None
+    if return_a:
+        # The workspace is overwritten by the next call: hand out a copy.
+        a = a_shard.new_empty((m, k))
+        a.view(-1).view(torch.uint8).copy_(torch.as_tensor(_HeapSpan(comm, gathered, a_bytes), device=c.device))
+    return c, a
+
+
+def _all_gather_matmul_cpu(a_shard, b, group_name, return_a=False):
+    group = c10d._resolve_process_group(group_name)
+    m, n, k = _check(a_shard, b, group.size())
+    a = a_shard.new_empty((m, k))
+    dist.all_gather(list(a.chunk(group.size())), a_shard, group=group)
+    c = (a.float() @ b.float()).to(a_shard.dtype)
+    return c, (a if return_a else None)
+
+
+def _all_gather_matmul_fake(a_shard, b, group_name, return_a=False):
+    world = c10d._resolve_process_group(group_name).size()
+    m, n, k = _check(a_shard, b, world)
+    return a_shard.new_empty((m, n)), (a_shard.new_empty((m, k)) if return_a else None)
+
+
+_lib.impl("all_gather_matmul", _all_gather_matmul_cuda, "CUDA")
+_lib.impl("all_gather_matmul", _all_gather_matmul_cpu, "CPU")
+torch.library.register_fake("symmem::all_gather_matmul", _all_gather_matmul_fake, lib=_lib)
+
+
+def all_gather_matmul(a_shard, b, group=None, return_a=False):
+    """(C, A or None): C = all_gather(a_shard) @ b over `group` (default: the world group)."""
+    return torch.ops.symmem.all_gather_matmul(a_shard, b, group_name_of(group), return_a)

@@ -1,0 +1,126 @@
+// A CUTLASS sm90 persistent tile scheduler whose tiles wait for their rows of A to arrive.
+//
+// It is CUTLASS's static persistent scheduler (raster along N: every N tile of an M band before
+// the next band) with two changes, both made where a warp asks for its next tile, so that the
+// producer (TMA loads of A), the consumers and the epilogue of a CTA all see the same tile:
+//   - the M index is rotated so that the own shard's bands come first, then the next ranks' shards
+//     in the order their pieces arrive (chunk_flags.hpp);
+//   - before returning a tile, lane 0 of each asking warp waits until the flags of every piece of
+//     A that the tile's rows touch are set. The wait is an acquire load at system scope (the flags
+//     are written by stream memory operations of this GPU and of peers, after their copies),
+//     followed by a proxy fence so that the TMA loads issued after it (async proxy) see the copied
+//     rows. It has the library's deadline: after the communicator's timeout, or once any rank
+//     failed (abort word), it records the failure and lets the tile run on garbage; the host
+//     raises the error and the result is undefined. Never a hang.
+// Selected by the tag symmem::detail::FlagWaitingScheduler in GemmUniversal.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
+
+#include "device/ptx.cuh"
+#include "device/wait.cuh"
+#include "fused/chunk_flags.hpp"
+
+namespace symmem::detail {
+
+struct FlagWaitingScheduler {};  // the tag
+
+class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
+  using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
+
+ public:
+  using BaseParams = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params;
+  using WorkTileInfo = typename Base::WorkTileInfo;
+
+  struct Arguments : Base::Arguments {
+    ChunkFlags chunks{};
+  };
+  struct Params : BaseParams {
+    ChunkFlags chunks{};
+  };
+
+  template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
+  static Params to_underlying_arguments(ProblemShapeMNKL problem_shape_mnkl, TileShape tile_shape,
+                                        ClusterShape cluster_shape, cutlass::KernelHardwareInfo const& hw_info,
+                                        Arguments const& arguments, void* workspace = nullptr,
+                                        const uint32_t epilogue_subtile = 1,
+                                        uint32_t ktile_start_alignment_count = 1u) {
+    Params params;
+    static_cast<BaseParams&>(params) =
+        Base::to_underlying_arguments(problem_shape_mnkl, tile_shape, cluster_shape, hw_info, arguments, workspace,
+                                      epilogue_subtile, ktile_start_alignment_count);
+    params.chunks = arguments.chunks;
+    return params;
+  }
+
+  CUTLASS_HOST_DEVICE FlagWaitingTileScheduler() {}
+  CUTLASS_DEVICE explicit FlagWaitingTileScheduler(Params const& params) : Base(params), chunks_(params.chunks) {}
+
+  template <class ClusterShape>
+  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
+    return get_current_work();
+  }
+
+  CUTLASS_DEVICE WorkTileInfo get_current_work() const {
+    WorkTileInfo work = Base::get_current_work();
+    if (work.is_valid()) {
+      work.M_idx = rotated_tile(chunks_, work.M_idx);
+      wait_for_rows(work.M_idx);
+    }
+    return work;
+  }
+
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo) {
+    Base::advance_to_next_work();
+    return cute::make_tuple(get_current_work(), true);
+  }
+
+  template <class TileSchedulerPipeline, class TileSchedulerPipelineState>
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work, TileSchedulerPipeline&, TileSchedulerPipelineState) {
+    return fetch_next_work(work);
+  }
+
+ private:
+  CUTLASS_DEVICE void wait_for_rows(int tile) const {
+    const int first_row = tile * chunks_.tile_rows;
+    if (first_row >= chunks_.rows) return;  // cluster padding: the TMA clips it
+    if ((threadIdx.x & 31) == 0) {
+      const int last_row = min(first_row + chunks_.tile_rows, chunks_.rows) - 1;
+      const int last = chunk_of_row(chunks_, last_row);
+      for (int chunk = chunk_of_row(chunks_, first_row); chunk <= last; ++chunk) {
+        if (!wait_for_flag(chunk)) break;
+      }
+      // The copied rows were written by copy engines; the TMA loads that follow read through the
+      // async proxy.
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+    }
+    __syncwarp();
+  }
+
+  // False when the wait failed (recorded; the tile runs on whatever the rows hold).
+  CUTLASS_DEVICE bool wait_for_flag(int chunk) const {
+    const uint32_t* flag = chunks_.flags + chunk;
+    if (symmem::device::ld_acquire_sys(flag) != 0u) return true;
+    const uint64_t start = symmem::device::global_timer_ns();
+    const int shard = chunk / chunks_.pieces;
+    for (uint32_t spins = 1;; ++spins) {
+      if (symmem::device::ld_acquire_sys(flag) != 0u) return true;
+      if ((spins & 255u) == 0u && !symmem::device::keep_waiting(chunks_.sync, start, shard, chunk)) return false;
+    }
+  }
+
+  ChunkFlags chunks_{};
+};
+
+}  // namespace symmem::detail
+
+namespace cutlass::gemm::kernel::detail {
+
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<symmem::detail::FlagWaitingScheduler, ArchTag, TileShape, ClusterShape,
+                             SchedulerPipelineStageCount> {
+  using Scheduler = symmem::detail::FlagWaitingTileScheduler;
+};
+
+}  // namespace cutlass::gemm::kernel::detail

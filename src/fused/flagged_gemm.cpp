@@ -1,0 +1,37 @@
+// Dispatch of the persistent flag-waiting GEMM by element type. The kernels exist only when the
+// build found CUTLASS's headers (SYMMEM_HAVE_FUSED_GEMM); otherwise every call says so.
+#include "fused/flagged_gemm.hpp"
+
+#include "common/check.hpp"
+
+namespace symmem::detail {
+
+#ifdef SYMMEM_HAVE_FUSED_GEMM
+namespace flagged_gemm {
+constexpr int kTileM = 128;  // flagged_gemm.cuh
+void run_fp16(const FlaggedGemm& gemm, cudaStream_t stream);
+void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream);
+}  // namespace flagged_gemm
+
+bool flagged_gemm_supported(const FlaggedGemm&, std::string*) { return true; }
+int flagged_gemm_tile_rows() { return flagged_gemm::kTileM; }
+
+void run_flagged_gemm(FlaggedGemm gemm, cudaStream_t stream) {
+  switch (gemm.type) {
+    case DataType::kFloat16: return flagged_gemm::run_fp16(gemm, stream);
+    case DataType::kBFloat16: return flagged_gemm::run_bf16(gemm, stream);
+    default: throw Error(ErrorCode::kInvalidArgument, std::string("all_gather_matmul: no GEMM for ") + dtype_name(gemm.type));
+  }
+}
+#else
+bool flagged_gemm_supported(const FlaggedGemm&, std::string* why) {
+  if (why) *why = "this build has no fused GEMM (CUTLASS headers were not found at build time: pip install nvidia-cutlass)";
+  return false;
+}
+int flagged_gemm_tile_rows() { return 128; }
+void run_flagged_gemm(FlaggedGemm, cudaStream_t) {
+  throw Error(ErrorCode::kUnsupported, "all_gather_matmul: this build has no fused GEMM");
+}
+#endif
+
+}  // namespace symmem::detail

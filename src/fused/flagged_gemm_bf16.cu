@@ -1,0 +1,8 @@
+// The persistent flag-waiting GEMM for bfloat16 (flagged_gemm.cuh).
+#include "fused/flagged_gemm.cuh"
+
+namespace symmem::detail::flagged_gemm {
+
+void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream) { run<cutlass::bfloat16_t>(gemm, stream); }
+
+}  // namespace symmem::detail::flagged_gemm

@@ -1,0 +1,88 @@
+"""CPU tests of symmem::all_gather_matmul: schema, fake and CPU kernels (opcheck), argument errors,
+and what the CUDA kernel's Python side hands to the core (a recording core, world 4)."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="symmem.torch tests need torch (pip install torch==2.11.0)")
+
+
+def _ints(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("return_a", [False, True])
+def test_opcheck(group_name, dtype, return_a):
+    a, b = _ints((32, 64), dtype, 1), _ints((64, 24), dtype, 2)
+    torch.library.opcheck(torch.ops.symmem.all_gather_matmul.default, (a, b, group_name, return_a))
+
+
+def test_result_and_gathered_a_on_one_rank(group_name):
+    import symmem.torch as st
+    a, b = _ints((40, 16), torch.bfloat16, 3), _ints((16, 8), torch.bfloat16, 4)
+    c, gathered = st.all_gather_matmul(a, b, return_a=True)
+    assert torch.equal(gathered, a)
+    assert torch.equal(c, (a.float() @ b.float()).to(torch.bfloat16))  # small integers: exact
+    c2, none = st.all_gather_matmul(a, b)
+    assert none is None and torch.equal(c2, c)
+
+
+def test_bad_arguments(group_name):
+    op = torch.ops.symmem.all_gather_matmul
+    a = torch.ones(8, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        op(a.view(2, 4, 16), torch.ones(16, 8, dtype=torch.float16), group_name)
+    with pytest.raises(ValueError, match="columns must equal b's rows"):
+        op(a, torch.ones(8, 8, dtype=torch.float16), group_name)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        op(a.float(), torch.ones(16, 8), group_name)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        op(a, torch.ones(16, 8, dtype=torch.bfloat16), group_name)
+    with pytest.raises(ValueError, match="contiguous"):
+        op(a, torch.ones(8, 16, dtype=torch.float16).t(), group_name)
+
+
+def test_compile_traces_the_op(group_name):
+    import symmem.torch as st
+    a, b = _ints((8, 16), torch.float16, 5), _ints((16, 8), torch.float16, 6)
+    torch._dynamo.reset()
+    got = torch.compile(lambda x, w: st.all_gather_matmul(x, w)[0] * 1, fullgraph=True, backend="aot_eager")(a, b)
+    assert torch.equal(got, (a.float() @ b.float()).to(torch.float16))
+
+
+class _RecordingCore:
+    def __init__(self):
+        self.calls = []
+
+    def allocate(self, nbytes):
+        self.calls.append(("allocate", nbytes))
+        return 4096 * len(self.calls)
+
+    def all_gather_matmul(self, *args):
+        self.calls.append(("all_gather_matmul",) + args)
+
+
+def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(monkeypatch):
+    from symmem import _native
+    from symmem.torch import _groups, fused
+
+    class FakeComm:
+        device, world, group_name, nodes = -1, 4, "fake-fused", 1
+        core = _RecordingCore()
+
+    comm = FakeComm()
+    monkeypatch.setitem(_groups._by_name, "fake-fused", comm)
+    monkeypatch.setattr(fused, "_stream_of", lambda device: 99)
+    a, b = torch.empty(8, 16, dtype=torch.bfloat16), torch.empty(16, 24, dtype=torch.bfloat16)
+    c, none = fused._all_gather_matmul_cuda(a, b, "fake-fused")
+    assert c.shape == (32, 24) and none is None
+    assert comm.core.calls[0] == ("allocate", 32 * 16 * 2)
+    workspace = 4096
+    assert comm.core.calls[1] == ("all_gather_matmul", c.data_ptr(), workspace, a.data_ptr(), b.data_ptr(), 32, 24,
+                                  16, _native.DTYPES["bfloat16"], 99)
+    # The same or a smaller shape reuses the workspace; a larger one grows it (collective, eager).
+    fused._all_gather_matmul_cuda(a[:4], b, "fake-fused")
+    assert [x[0] for x in comm.core.calls] == ["allocate", "all_gather_matmul", "all_gather_matmul"]
+    assert comm.core.calls[-1][2] == workspace
+    fused._all_gather_matmul_cuda(torch.empty(16, 16, dtype=torch.bfloat16), b, "fake-fused")
+    assert comm.core.calls[-2] == ("allocate", 64 * 16 * 2)
