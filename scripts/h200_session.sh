@@ -8,6 +8,8 @@
 #   scripts/h200_session.sh torch_pdl   SYMMEM_PDL=1/0 A/B (vLLM table, graph), then the torch stage
 #   scripts/h200_session.sh scatter_ab | tune_medium | final_torch   (see each stage)
 #   scripts/h200_session.sh single_gpu | chunked_gemm   world-1 GPU tests, memcheck, host cost; chunked GEMM (one GPU)
+#   scripts/h200_session.sh fused    issue 12: all_gather_matmul GPU tests (torchrun, 2 ranks), then its
+#                                    benchmark against gemm_alone, nccl_then_gemm and torch's fused op
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -144,6 +146,16 @@ torch_tuned)
     "$FINAL/NVIDIA_H200.json" >> "$FINAL/summary.txt" 2>&1
   export SYMMEM_TUNING_FILE="$FINAL/NVIDIA_H200.json"
   torch_stage
+  ;;
+fused)
+  # Issue 12: the fused op's GPU tests first (a wrong or hung GEMM shows there, bounded), then the
+  # issue's shapes (K = 16384, N = 6656, M = 4096 / 8192 / 16384), fp16 and bf16, interleaved.
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  timeout ${FUSED_TESTS_S:-240} tests/python/gpu/run.sh 2 -k "fused or matmul" -x > "$FINAL/fused_tests_2_ranks.log" 2>&1
+  echo "fused tests rc=$?" >> "$FINAL/summary.txt"
+  timeout ${FUSED_BENCH_S:-300} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
+    --out "$FINAL/fused" ${FUSED_BENCH_ARGS:-} > "$FINAL/fused_bench_2.log" 2>&1
+  echo "fused bench rc=$?" >> "$FINAL/summary.txt"
   ;;
 fsdp)
   # FSDP2 on symmem: its GPU tests (torchrun, 2 ranks) and the training-step benchmark.

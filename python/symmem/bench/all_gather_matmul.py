@@ -1,0 +1,190 @@
+"""Fused all-gather + GEMM against its references, under torchrun (one process per GPU):
+
+    torchrun --nproc-per-node 2 -m symmem.bench.all_gather_matmul --out bench/results/h200/fused
+
+C [M x N] = all_gather(A_shard) [M x K] @ B [K x N], M = rows gathered over the ranks. Rows:
+  gemm_alone      torch.mm of the whole A (already gathered) by B: the floor
+  nccl_then_gemm  NCCL all_gather_into_tensor, then torch.mm, on one stream
+  torch_fused     torch.ops.symm_mem.fused_all_gather_matmul (torch's symmetric-memory op)
+  symmem_fused    symmem.torch.all_gather_matmul (copy-engine shards, one persistent GEMM)
+Every configuration runs `--calls` back-to-back calls per sample, configurations interleaved
+round after round (clocks drift); the time of a configuration is the slowest rank's median over
+`--reps` samples, with the fastest and slowest sample. Random normal inputs (power depends on the
+data); `wrong` counts elements of C farther from a float32 reference than the output type's
+rounding allows. CSV op=all_gather_matmul, shape MxNxK.
+"""
+import argparse
+import datetime
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from ._results import write_results
+from ._torchrun import init_nccl
+from .torch import _commit
+
+IMPLS = ("gemm_alone", "nccl_then_gemm", "torch_fused", "symmem_fused")
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+RTOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+FIELDS = ["op", "impl", "world", "dtype", "shape", "m", "n", "k", "time_us", "time_min_us", "time_max_us",
+          "vs_gemm_alone", "tflops", "wrong", "gpu", "commit", "date"]
+
+
+def _cases(m, n, k, dtype, group, torch_fused):
+    """impl -> (call, output getter) on shared inputs; plus the float32 reference of C."""
+    import symmem.torch as st
+    world, rank = group.size(), group.rank()
+    g = torch.Generator(device="cuda").manual_seed(1000 + rank)
+    a_shard = torch.randn(m // world, k, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    gb = torch.Generator(device="cuda").manual_seed(7)
+    b = torch.randn(k, n, generator=gb, device="cuda", dtype=torch.float32).to(dtype)
+    a = torch.empty(m, k, device="cuda", dtype=dtype)
+    dist.all_gather_into_tensor(a, a_shard, group=group)
+    reference = a.float() @ b.float()
+    c = {impl: torch.empty(m, n, device="cuda", dtype=dtype) for impl in IMPLS}
+    a_nccl = torch.empty_like(a)
+
+    def gemm_alone():
+        torch.mm(a, b, out=c["gemm_alone"])
+
+    def nccl_then_gemm():
+        dist.all_gather_into_tensor(a_nccl, a_shard, group=group)
+        torch.mm(a_nccl, b, out=c["nccl_then_gemm"])
+
+    def torch_fused_call():
+        _, outs = torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [b], 0, group.group_name, return_A=False)
+        c["torch_fused"] = outs[0]
+
+    def symmem_fused():
+        c["symmem_fused"] = st.all_gather_matmul(a_shard, b, group=group)[0]
+
+    calls = {"gemm_alone": gemm_alone, "nccl_then_gemm": nccl_then_gemm, "symmem_fused": symmem_fused}
+    if torch_fused:
+        calls["torch_fused"] = torch_fused_call
+    return calls, (lambda impl: c[impl]), reference
+
+
+def _time(call, calls):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / calls
+
+
+def _wrong(c, reference, dtype, k):
+    bound = RTOL[dtype] * reference.abs() + 1e-3 * (k ** 0.5)
+    return int(((c.float() - reference).abs() > bound).sum().item())
+
+
+def _plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4.5), squeeze=False)
+    for ax, dt in zip(axes[0], dtypes):
+        shapes = sorted({(r["m"], r["shape"]) for r in rows if r["dtype"] == dt})
+        impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+        width = 0.8 / len(impls)
+        for j, impl in enumerate(impls):
+            sel = {r["shape"]: r for r in rows if r["dtype"] == dt and r["impl"] == impl}
+            xs = [i + j * width for i, _ in enumerate(shapes)]
+            ys = [sel[s]["vs_gemm_alone"] if s in sel else float("nan") for _, s in shapes]
+            ax.bar(xs, ys, width, label=impl)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
+        ax.set_xticklabels([s for _, s in shapes], fontsize=8)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_ylim(0.9, max(1.6, max(r["vs_gemm_alone"] for r in rows if r["dtype"] == dt) + 0.05))
+        ax.set_ylabel("time / gemm_alone (median of the slowest rank)")
+        ax.set_title(f"all_gather_matmul, {dt}, world {rows[0]['world']}")
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="directory for the CSV, the table and the PNG")
+    parser.add_argument("--m", type=int, nargs="*", default=[4096, 8192, 16384], help="rows gathered (all ranks)")
+    parser.add_argument("--n", type=int, default=6656)
+    parser.add_argument("--k", type=int, default=16384)
+    parser.add_argument("--dtypes", nargs="*", default=["fp16", "bf16"], choices=sorted(DTYPES))
+    parser.add_argument("--reps", type=int, default=9, help="samples per configuration, interleaved")
+    parser.add_argument("--calls", type=int, default=5, help="back-to-back calls per sample")
+    parser.add_argument("--impls", nargs="*", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument("--stem", default="all_gather_matmul")
+    args = parser.parse_args(argv)
+
+    init_nccl()
+    group = dist.group.WORLD
+    world, rank = group.size(), group.rank()
+    torch_fused = "torch_fused" in args.impls
+    if torch_fused:
+        import torch.distributed._symmetric_memory as symm_mem
+        symm_mem.enable_symm_mem_for_group(group.group_name)
+
+    rows, date, commit, gpu = [], datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), \
+        _commit(), torch.cuda.get_device_name()
+    for dname in args.dtypes:
+        dtype = DTYPES[dname]
+        for m in args.m:
+            calls, output, reference = _cases(m, args.n, args.k, dtype, group, torch_fused)
+            calls = {i: calls[i] for i in args.impls if i in calls}
+            wrong = {}
+            for impl, call in calls.items():  # warm-up (and the workspaces), then the check
+                call()
+                call()
+                torch.cuda.synchronize()
+                wrong[impl] = _wrong(output(impl), reference, dtype, args.k)
+            samples = {impl: [] for impl in calls}
+            for _ in range(args.reps):  # interleaved: every configuration once per round
+                for impl, call in calls.items():
+                    samples[impl].append(_time(call, args.calls))
+            shape = f"{m}x{args.n}x{args.k}"
+            for impl in calls:
+                stats = torch.tensor([statistics.median(samples[impl]), min(samples[impl]), max(samples[impl])],
+                                     device="cuda", dtype=torch.float64)
+                dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
+                w = torch.tensor([wrong[impl]], device="cuda")
+                dist.all_reduce(w, group=group)
+                t = stats[0].item()
+                rows.append({"op": "all_gather_matmul", "impl": impl, "world": world, "dtype": dname, "shape": shape,
+                             "m": m, "n": args.n, "k": args.k, "time_us": t, "time_min_us": stats[1].item(),
+                             "time_max_us": stats[2].item(), "tflops": 2.0 * m * args.n * args.k / t / 1e6,
+                             "wrong": int(w.item()), "gpu": gpu, "commit": commit, "date": date})
+            del calls, output, reference
+            torch.cuda.empty_cache()
+    for r in rows:
+        base = [x for x in rows if x["shape"] == r["shape"] and x["dtype"] == r["dtype"] and x["impl"] == "gemm_alone"]
+        r["vs_gemm_alone"] = r["time_us"] / base[0]["time_us"] if base else float("nan")
+    if rank == 0:
+        lines = [f"{'dtype':5} {'shape':>18} " + " ".join(f"{i:>22}" for i in args.impls)]
+        for dname in args.dtypes:
+            for m in args.m:
+                shape = f"{m}x{args.n}x{args.k}"
+                cells = []
+                for impl in args.impls:
+                    r = [x for x in rows if x["shape"] == shape and x["dtype"] == dname and x["impl"] == impl]
+                    cells.append(f"{r[0]['time_us']:9.1f} us {r[0]['vs_gemm_alone']:5.3f}x" if r else "-")
+                lines.append(f"{dname:5} {shape:>18} " + " ".join(f"{c:>22}" for c in cells))
+        lines.append(f"world {world}, {gpu}, commit {commit}, {date}; median of {args.reps} interleaved samples of "
+                     f"{args.calls} calls (slowest rank); wrong elements in all rows: {sum(r['wrong'] for r in rows)}")
+        text = "\n".join(lines)
+        print(text, flush=True)
+        if args.out:
+            write_results(args.out, args.stem, FIELDS, rows, text, _plot)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""symmem::all_gather_matmul on every rank's GPU, against torch.distributed (NCCL) + torch.matmul:
+C within the rounding of the output type of a float32 reference on random data, and bit-exact on
+small integers (exact in float32 in any order); the gathered A bit-exact; shards that are not whole
+tiles, partial tiles in n and k, tiny shapes; back-to-back calls of changing shape; CUDA graph
+replay after the inputs change in place; an input produced on another stream; one rank delayed by
+a sleep kernel (its shards arrive late); a killed rank raising on the survivor."""
+import os
+import zlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmem.torch as st
+
+# (rows per rank, n, k): whole tiles; shards that are not whole 128-row tiles with n and k not
+# multiples of the 256 x 64 tile; tiny; a tensor-parallel layer.
+SHAPES = [(256, 512, 1024), (200, 264, 520), (8, 8, 8), (1024, 6656, 2048)]
+DTYPES = [torch.float16, torch.bfloat16]
+# Half a unit in the last place of the output type, plus slack for float32 accumulation order.
+RTOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def _seed(case):
+    return zlib.crc32(repr((case, dist.get_rank())).encode()) & 0x7FFFFFFF
+
+
+def _random(shape, dtype, case, integers=False):
+    g = torch.Generator(device="cuda").manual_seed(_seed(case))
+    if integers:
+        return torch.randint(-3, 4, shape, generator=g, device="cuda").to(dtype)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def _shared_random(shape, dtype, case, integers=False):
+    """The same tensor on every rank (b is replicated in tensor parallelism)."""
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(case).encode()))
+    if integers:
+        return torch.randint(-3, 4, shape, generator=g, device="cuda").to(dtype)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def _reference(a_shard, b):
+    a = torch.empty(dist.get_world_size() * a_shard.shape[0], a_shard.shape[1], dtype=a_shard.dtype, device="cuda")
+    dist.all_gather_into_tensor(a, a_shard)
+    return a, a.float() @ b.float()
+
+
+def _check(c, a, ref, dtype, k):
+    err = (c.float() - ref).abs()
+    bound = RTOL[dtype] * ref.abs() + 1e-3 * (k ** 0.5)
+    bad = (err > bound).sum().item()
+    assert bad == 0, f"{bad} of {c.numel()} elements out of tolerance, worst {err.max().item():.4g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_nccl_and_matmul(group, shape, dtype):
+    rows, n, k = shape
+    a_shard = _random((rows, k), dtype, ("a", shape, dtype))
+    b = _shared_random((k, n), dtype, ("b", shape, dtype))
+    c, gathered = st.all_gather_matmul(a_shard, b, return_a=True)
+    a, ref = _reference(a_shard, b)
+    assert torch.equal(gathered, a), "the gathered A differs from NCCL's all-gather"
+    _check(c, a, ref, dtype, k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_small_integers_are_exact(group, dtype):
+    rows, n, k = 384, 520, 1032
+    a_shard = _random((rows, k), dtype, ("ai", dtype), integers=True)
+    b = _shared_random((k, n), dtype, ("bi", dtype), integers=True)
+    c, _ = st.all_gather_matmul(a_shard, b)
+    _, ref = _reference(a_shard, b)
+    assert torch.equal(c, ref.to(dtype)), f"{(c != ref.to(dtype)).sum().item()} elements differ"
+
+
+def test_back_to_back_calls_of_changing_shape(group):
+    dtype = torch.bfloat16
+    cases = []
+    for i, (rows, n, k) in enumerate([(256, 512, 1024), (200, 264, 520), (128, 1024, 256)]):
+        a_shard = _random((rows, k), dtype, ("bb", i), integers=True)
+        b = _shared_random((k, n), dtype, ("bbb", i), integers=True)
+        cases.append((a_shard, b, _reference(a_shard, b)[1].to(dtype)))
+    wrong = torch.zeros((), dtype=torch.int64, device="cuda")
+    for call in range(600):
+        a_shard, b, expected = cases[(call * 7 + call // 5) % len(cases)]
+        c, _ = st.all_gather_matmul(a_shard, b)
+        wrong += (c != expected).sum()
+    assert wrong.item() == 0
+
+
+def test_graph_replay_follows_inputs_changed_in_place(group):
+    dtype = torch.float16
+    rows, n, k = 256, 768, 512
+    a_shard = _random((rows, k), dtype, ("g1",), integers=True)
+    b = _shared_random((k, n), dtype, ("g2",), integers=True)
+    st.all_gather_matmul(a_shard, b)  # eager first: the workspace exists before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c, _ = st.all_gather_matmul(a_shard, b)
+    for replay in range(5):
+        a_shard.copy_(_random((rows, k), dtype, ("g3", replay), integers=True))
+        b.copy_(_shared_random((k, n), dtype, ("g4", replay), integers=True))
+        c.fill_(float("nan"))
+        graph.replay()
+        expected = _reference(a_shard, b)[1].to(dtype)
+        assert torch.equal(c, expected), f"replay {replay}: {(c != expected).sum().item()} elements differ"
+    st.Communicator().core.check()
+
+
+def test_input_produced_on_another_stream(group):
+    dtype = torch.bfloat16
+    rows, n, k = 512, 512, 2048
+    b = _shared_random((k, n), dtype, ("s1",), integers=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)  # the producer is still running when the op is enqueued
+        a_shard = _random((rows, k), dtype, ("s2",), integers=True)
+    torch.cuda.current_stream().wait_stream(side)
+    c, _ = st.all_gather_matmul(a_shard, b)
+    a_shard.record_stream(torch.cuda.current_stream())
+    assert torch.equal(c, _reference(a_shard, b)[1].to(dtype))
+
+
+def test_a_delayed_rank_delivers_late_and_right(group):
+    dtype = torch.float16
+    rows, n, k = 1024, 1024, 1024
+    b = _shared_random((k, n), dtype, ("d1",), integers=True)
+    for slow in range(dist.get_world_size()):
+        a_shard = _random((rows, k), dtype, ("d2", slow), integers=True)
+        if dist.get_rank() == slow:
+            torch.cuda._sleep(200_000_000)  # ~0.1 s: the other ranks' GEMMs wait for its shard
+        c, _ = st.all_gather_matmul(a_shard, b)
+        assert torch.equal(c, _reference(a_shard, b)[1].to(dtype)), f"rank {slow} delayed"
+
+
+def test_killed_rank_during_all_gather_matmul_raises_naming_it(group, tmp_path):
+    from conftest import run_killed_rank_job
+    run_killed_rank_job(group, os.path.join(os.path.dirname(__file__), "fused_kill_worker.py"), tmp_path)

@@ -1,0 +1,76 @@
+// The fused all-gather + GEMM's row bookkeeping, on the CPU: the pieces every shard is cut into,
+// the copies that carry them, the flag every row of A maps to, and the order the GEMM takes its M
+// tiles in. For many shapes: every row is copied exactly once under the flag that the GEMM's tiles
+// wait for, and every tile of the schedule appears exactly once.
+#include <vector>
+
+#include "fused/chunk_flags.hpp"
+#include "plan/fused_plan.hpp"
+#include "test.hpp"
+
+using namespace symmem::detail;
+
+namespace {
+
+ChunkFlags chunks_of(int world, int shard_rows, const GatherPieces& pieces, int tile_rows, int rank) {
+  ChunkFlags c{};
+  c.rows = world * shard_rows;
+  c.shard_rows = shard_rows;
+  c.piece_rows = pieces.piece_rows;
+  c.pieces = pieces.pieces;
+  c.tile_rows = tile_rows;
+  c.tiles = (c.rows + tile_rows - 1) / tile_rows;
+  c.first_tile = rank * shard_rows / tile_rows;
+  return c;
+}
+
+}  // namespace
+
+TEST(gather_pieces_cover_every_row_once_under_the_flag_the_gemm_waits_for) {
+  const int tile = 128;
+  int layouts = 0;
+  for (int world : {1, 2, 3, 4, 8}) {
+    for (int shard_rows : {1, 7, 127, 128, 200, 1000, 2048, 4096, 8192}) {
+      for (size_t row_bytes : {size_t(16), size_t(4096), size_t(32768)}) {
+        const GatherPieces p = plan_gather_pieces(shard_rows, row_bytes, tile);
+        EXPECT(p.pieces >= 1 && p.pieces <= kMaxGatherPieces);
+        EXPECT(p.piece_rows >= 1 && p.piece_rows <= shard_rows);
+        EXPECT(p.piece_rows == shard_rows || p.piece_rows % tile == 0);  // whole tiles, or the whole shard
+        EXPECT((p.pieces - 1) * p.piece_rows < shard_rows && p.pieces * p.piece_rows >= shard_rows);
+        for (int rank = 0; rank < world; ++rank) {
+          const ChunkFlags c = chunks_of(world, shard_rows, p, tile, rank);
+          std::vector<int> copied(shard_rows, 0);
+          int last_end = 0;
+          for (const GatherCopy& copy : plan_gather_copies(rank, shard_rows, p)) {
+            EXPECT_EQ(copy.shard, rank);
+            EXPECT_EQ(copy.first_row, last_end);  // in row order, no gap
+            last_end = copy.first_row + copy.rows;
+            for (int r = copy.first_row; r < last_end; ++r) {
+              ++copied[r];
+              // The GEMM waits for this row under the flag its copy sets.
+              EXPECT_EQ(chunk_of_row(c, rank * shard_rows + r), copy.chunk);
+            }
+          }
+          for (int r = 0; r < shard_rows; ++r) EXPECT_EQ(copied[r], 1);
+          // The schedule visits every M tile once, the own shard's first tile first.
+          std::vector<int> seen(c.tiles, 0);
+          for (int position = 0; position < c.tiles; ++position) ++seen[rotated_tile(c, position)];
+          for (int t = 0; t < c.tiles; ++t) EXPECT_EQ(seen[t], 1);
+          EXPECT_EQ(rotated_tile(c, 0), rank * shard_rows / tile);
+          EXPECT_EQ(rotated_tile(c, c.tiles), c.tiles);  // cluster padding stays put
+          ++layouts;
+        }
+      }
+    }
+  }
+  EXPECT(layouts > 100);
+}
+
+TEST(gather_pieces_are_about_the_target_size) {
+  // 2 ranks, M = 4096, K = 16384, 16-bit: 64 MiB shards in 8 pieces of 8 MiB (256 rows).
+  const GatherPieces p = plan_gather_pieces(2048, 16384 * 2, 128);
+  EXPECT_EQ(p.pieces, 8);
+  EXPECT_EQ(p.piece_rows, 256);
+  // A small shard is one piece.
+  EXPECT_EQ(plan_gather_pieces(64, 1024, 128).pieces, 1);
+}
