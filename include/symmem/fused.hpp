@@ -16,15 +16,18 @@ namespace symmem {
 // world. One node (kUnsupported across nodes).
 //
 // `gathered_a` is a symmetric operand of m * k elements (a heap Buffer and an offset equal on
-// every rank): the peers' copy engines write their shards into it (zero SMs), and after the call
-// it holds A. `a_shard` is any device memory of this rank; when it is this rank's slot of
-// gathered_a the own shard is not copied. `b` and `c` are local; c may not overlap A or b.
+// every rank): each rank copies its shard into its own slot, then pulls the peers' slots from
+// their gathered_a with the copy engines (zero SMs); after the call it holds A. `a_shard` is any
+// device memory of this rank; when it is this rank's slot of gathered_a it is not copied. `b` and
+// `c` are local; c may overlap none of A, a_shard and b, and b may not overlap A.
 // While the shards arrive, one persistent GEMM computes the own shard's rows first and every
 // other tile as soon as the rows it needs have landed (docs/fused.md).
 //
 // Asynchronous on `stream`, capturable in CUDA graphs. Every rank must make the same call (m, n,
 // k, type and gathered_a's offset are in the call's signature: a mismatch raises kMismatch on
-// every rank); a dead or stalled peer raises kTimeout, never a hang. kUnsupported when this build
+// every rank); a dead or stalled peer raises kTimeout, never a hang. Such errors surface at the
+// next call, check() or synchronize(): the call itself returns, and c is then undefined (as any
+// output of a failed collective). kUnsupported when this build
 // has no fused GEMM (CUTLASS headers missing at build time) or the GPU is not sm_90.
 void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const void* b, int64_t m, int64_t n,
                        int64_t k, DataType type, Communicator& comm, cudaStream_t stream);

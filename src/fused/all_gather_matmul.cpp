@@ -1,42 +1,44 @@
 // all_gather_matmul: the shards of A arrive by copy engine while one persistent GEMM computes.
 //
-// DATA MOVEMENT (rank r of W, shard = m / W rows; docs/fused.md has the diagram).
+// DATA MOVEMENT (rank r of W, shard = m / W rows; docs/fused.md has the diagram). Pull: every
+// copy writes only this rank's memory.
 //   side stream 1:  own shard -> gathered_a slot r, piece by piece, each followed by a stream
 //                   write of its flag (skipped when a_shard already is slot r). Needs no handshake:
-//                   the last reader of this rank's gathered_a, its previous GEMM, precedes the fork.
-//   side stream 0:  ready handshake (copy_engine_steps.hpp): every peer is in this call, so its
-//                   previous GEMM finished reading its gathered_a, and our calls match (signature).
-//                   Then this rank PUSHES its shard into every peer's slot r, piece by piece, each
-//                   piece followed by a stream write of the peer's flag for it (over NVLink; the
-//                   write's fence orders it after the copy). Peers in the order they need the
-//                   shard: rank r - 1 first (it computes shard r right after its own).
-//                   Then the done handshake: every peer finished pushing into this rank.
+//                   the peers finished reading slot r of the previous call (its done handshake
+//                   precedes the fork).
+//   side stream 0:  after the own copy, the ready handshake (copy_engine_steps.hpp): every peer's
+//                   slot holds its shard of this call, and our calls match (the signature). Then
+//                   this rank PULLS every peer's slot into its own, piece by piece (peers r+1,
+//                   r+2, ... first: the GEMM needs them in that order), each piece followed by a
+//                   stream write of this rank's flag for it. Then the done handshake: no peer reads
+//                   this rank's slot any more.
 //   caller's stream: the persistent GEMM (fused/flagged_gemm.hpp), own shard's tiles first, each
 //                   tile waiting for the flags of its rows; then it joins side stream 0 and resets
 //                   the flags to 0.
-// Push reads a_shard where it is, so nothing is staged.
-//
-// WHY THE FLAGS ARE RIGHT. A peer sets this rank's flags of call n only after passing call n's
-// ready handshake, which needs this rank's ready write of call n, issued (side stream forked from
-// the caller's stream) after this rank's reset of call n - 1's flags; and this rank resets only
-// after its done handshake of call n, which needs every peer's done write, issued after that
-// peer's pushes and flag writes of call n. So a flag is 0 when a call starts, and set exactly
-// when its rows hold this call's data. The same holds for graph replays (the order is in the
-// graph), and the handshakes carry the call's signature, so a peer in another call is a
-// kMismatch, not a wrong product.
+// Every flag is this rank's and written by this rank's streams only, so the reset after the join
+// cannot race with anything, and the next call's writes follow it in stream order (graph replays
+// included). After a failure the watchdog releases the handshakes; the pulls that follow read
+// peers' memory and write only this rank's, which the error declares undefined.
 //
 // ORDER OF ENQUEUE. All side-stream work is enqueued before the GEMM: streams may share a hardware
 // queue (more streams than connections, CUDA_DEVICE_MAX_CONNECTIONS=1), and a GEMM queued ahead
-// of the copies it waits for would wait for its own deadline.
+// of the copies it waits for would wait for its deadline. Inside a CUDA graph the order of
+// independent nodes is the driver's: with CUDA_DEVICE_MAX_CONNECTIONS=1 a captured call makes the
+// GEMM wait for every copy (no overlap, no risk).
 //
 // FAILURE. Every wait is bounded: the handshakes by the copy-engine watchdog, the GEMM's flag waits
-// by the communicator's deadline and abort word (flag_waiting_scheduler.cuh). After a failure the
-// GEMM completes on whatever rows it has and the error is raised at the next call or check().
+// by twice the communicator's deadline (so that the watchdog, which knows which peer is missing,
+// records the failure first) and the abort word (flag_waiting_scheduler.cuh). After a failure the
+// GEMM completes on whatever rows it has; C is undefined and the error is raised at the next call
+// or check(). A CUDA error while enqueuing joins what was forked, resets the flags and poisons the
+// communicator (the handshake sequence may be broken), then throws.
+
 #include "symmem/fused.hpp"
 
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -89,8 +91,7 @@ std::string build_problem(CommunicatorState& st) {
   SYMMEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st.device));
   if (major != 9) return "all_gather_matmul: the fused GEMM needs an sm_90 GPU (Hopper)";
   std::string why;
-  detail::FlaggedGemm probe{};
-  if (!detail::flagged_gemm_supported(probe, &why)) return "all_gather_matmul: " + why;
+  if (!detail::flagged_gemm_built(&why)) return "all_gather_matmul: " + why;
   return {};
 }
 
@@ -101,6 +102,7 @@ struct Prepared {
   size_t row_bytes = 0;
   detail::GatherPieces pieces;
   detail::CallDescriptor call;
+  detail::FlaggedGemm gemm{};  // everything but chunks.sync (needs the signature)
 };
 
 Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b, int64_t m, int64_t n, int64_t k,
@@ -132,17 +134,45 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   const size_t c_bytes = size_t(m) * size_t(n) * elem;
   detail::require_device_pointer(b, b_bytes, "b", kOp, comm);
   detail::require_device_pointer(c, c_bytes, "c", kOp, comm);
+  // C is written while the copies read a_shard and the GEMM reads A and b; b is read while A fills.
   detail::require_no_partial_overlap(c, c_bytes, p.gathered.local, a_bytes, false, kOp);
   detail::require_no_partial_overlap(c, c_bytes, b, b_bytes, false, kOp);
+  detail::require_no_partial_overlap(c, c_bytes, a_shard, shard_bytes, false, kOp);
+  detail::require_no_partial_overlap(b, b_bytes, p.gathered.local, a_bytes, false, kOp);
   for (const auto& [ptr, what] : {std::pair<const void*, const char*>{b, "b"}, {c, "c"}, {a_shard, "a_shard"}}) {
     if (detail::address_alignment(ptr) < 16)
       throw Error(ErrorCode::kInvalidArgument, std::string("all_gather_matmul: ") + what + " must be 16-byte aligned");
   }
   p.pieces = detail::plan_gather_pieces(p.shard_rows, p.row_bytes, detail::flagged_gemm_tile_rows());
   p.call = detail::make_call_descriptor(detail::kOpAllGatherMatmul, type, ReduceOp::kSum, size_t(m) * size_t(k),
-                                        Algo::kCopyEngine, 0, p.in_place, false, 0, true, p.gathered.heap_offset);
+                                        Algo::kCopyEngine, 0, false, false, 0, true, p.gathered.heap_offset);
+  // (in place or not is this rank's own affair: it changes no peer's work, so it is not signed)
   p.call.n = n;
   p.call.k = k;
+
+  detail::FlaggedGemm& g = p.gemm;
+  g.a = p.gathered.local;
+  g.b = b;
+  g.c = c;
+  g.m = static_cast<int>(m);
+  g.n = static_cast<int>(n);
+  g.k = static_cast<int>(k);
+  g.type = type;
+  g.sm_count = st.sm_count;
+  detail::ChunkFlags& chunks = g.chunks;
+  chunks.flags = st.workspaces->gather_flags()->signal_pad();
+  chunks.rows = g.m;
+  chunks.shard_rows = p.shard_rows;
+  chunks.piece_rows = p.pieces.piece_rows;
+  chunks.pieces = p.pieces.pieces;
+  chunks.tile_rows = detail::flagged_gemm_tile_rows();
+  chunks.tiles = (g.m + chunks.tile_rows - 1) / chunks.tile_rows;
+  // The first tile wholly inside the own shard (rounded down, it would hold the previous shard's
+  // tail, which arrives last).
+  chunks.first_tile = static_cast<int>((int64_t(st.rank) * p.shard_rows + chunks.tile_rows - 1) / chunks.tile_rows) %
+                      chunks.tiles;
+  why = detail::flagged_gemm_problem(g);
+  if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, "all_gather_matmul: " + why);
   return p;
 }
 
@@ -151,17 +181,21 @@ void write_flag(const uint32_t* flag, cudaStream_t stream) {
   SYMMEM_CU_CHECK(detail::DriverApi::get().stream_batch_mem_op(stream, 1, &op, 0));
 }
 
-// Copies of this rank's shard into `slot` (rank `dst`'s gathered_a slot of this rank, as mapped
-// here), each followed by the write of `flags` (rank dst's flags, as mapped here).
-void enqueue_shard_copies(const Prepared& p, int rank, const void* a_shard, char* slot, const uint32_t* flags,
-                          bool copy, cudaStream_t stream) {
-  for (const detail::GatherCopy& piece : detail::plan_gather_copies(rank, p.shard_rows, p.pieces)) {
+// Copies of shard `shard` from `from` into `to` (both the shard's first row), piece by piece, each
+// followed by the write of this rank's flag for the piece.
+void enqueue_shard_copies(const Prepared& p, int shard, const void* from, void* to, bool copy, cudaStream_t stream) {
+  for (const detail::GatherCopy& piece : detail::plan_gather_copies(shard, p.shard_rows, p.pieces)) {
     const size_t at = size_t(piece.first_row) * p.row_bytes;
     if (copy)
-      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(slot + at, static_cast<const char*>(a_shard) + at,
+      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(to) + at, static_cast<const char*>(from) + at,
                                         size_t(piece.rows) * p.row_bytes, cudaMemcpyDeviceToDevice, stream));
-    write_flag(flags + piece.chunk, stream);
+    write_flag(p.gemm.chunks.flags + piece.chunk, stream);
   }
+}
+
+bool single_hardware_queue() {
+  const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return v && std::atoi(v) == 1;
 }
 
 }  // namespace
@@ -188,82 +222,89 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
-  const Prepared p = prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
+  Prepared p = prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "all_gather_matmul: no copy-engine state");
   const uint32_t signature = detail::signature_of(p.call);
   st.record_call(signature, p.call);
+  detail::ChunkFlags& chunks = p.gemm.chunks;
+  chunks.sync = st.sync_args(detail::kOpAllGatherMatmul, signature);
+  chunks.sync.timeout_ns = 2 * chunks.sync.timeout_ns + 1'000'000'000ull;
+
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
 
   const int rank = st.rank, world = st.world;
   detail::CopyEngineState& ce = *st.copy_engine;
-  Buffer* flag_area = st.workspaces->gather_flags();
-  const Buffer::DeviceHandle flags = flag_area->device_handle();
   const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
+  char* gathered = static_cast<char*>(p.gathered.local);
   const int streams = ce.streams();
   cudaStream_t control = ce.side_stream(0);
   cudaStream_t own_stream = streams > 1 ? ce.side_stream(1) : control;
+  bool forked = false;
+  try {
+    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
+    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.fork_event(), 0));
+    forked = true;
+    if (own_stream != control) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(own_stream, ce.fork_event(), 0));
 
-  SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
-  SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.fork_event(), 0));
-  if (own_stream != control) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(own_stream, ce.fork_event(), 0));
-
-  // The own shard (no handshake: see the top of the file).
-  char* own_slot = static_cast<char*>(p.gathered.local) + size_t(rank) * shard_bytes;
-  enqueue_shard_copies(p, rank, a_shard, own_slot, flags.signal_pad, !p.in_place, own_stream);
-
-  // The peers' slots.
-  std::vector<int> used{0};
-  if (own_stream != control) used.push_back(1);
-  if (world > 1) {
-    detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
-    // Invariant: every peer is in this call and may be written.
-    std::vector<cudaStream_t> push_streams{control};
-    for (int s = 2; s < streams; ++s) push_streams.push_back(ce.side_stream(s));
-    if (push_streams.size() > 1) SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), control));
-    for (int k_back = world - 1, i = 0; k_back >= 1; --k_back, ++i) {
-      const int peer = (rank + k_back) % world;
-      const int s = i % static_cast<int>(push_streams.size());
-      if (s > 0 && i < static_cast<int>(push_streams.size())) {
-        SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(push_streams[s], ce.fork_event(), 0));
-        used.push_back(s + 1);
-      }
-      char* peer_slot = static_cast<char*>(p.gathered.peer(peer)) + size_t(rank) * shard_bytes;
-      enqueue_shard_copies(p, rank, a_shard, peer_slot, flags.peer_signal_pads[peer], true, push_streams[s]);
+    // The own shard (no handshake: see the top of the file).
+    enqueue_shard_copies(p, rank, a_shard, gathered + size_t(rank) * shard_bytes, !p.in_place, own_stream);
+    if (own_stream != control) {
+      SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(1), own_stream));
+      SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.join_event(1), 0));
     }
-  }
-  for (int s : used) {
-    if (s == 0) continue;
-    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), ce.side_stream(s)));
-    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.join_event(s), 0));
-  }
-  if (world > 1)
-    detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
-  // Invariant (control stream): every copy into and out of this rank is complete.
+    // Invariant (control stream): this rank's slot holds its shard.
 
-  detail::FlaggedGemm gemm{};
-  gemm.a = p.gathered.local;
-  gemm.b = b;
-  gemm.c = c;
-  gemm.m = static_cast<int>(m);
-  gemm.n = static_cast<int>(n);
-  gemm.k = static_cast<int>(k);
-  gemm.type = type;
-  gemm.sm_count = st.sm_count;
-  detail::ChunkFlags& chunks = gemm.chunks;
-  chunks.flags = flags.signal_pad;
-  chunks.rows = gemm.m;
-  chunks.shard_rows = p.shard_rows;
-  chunks.piece_rows = p.pieces.piece_rows;
-  chunks.pieces = p.pieces.pieces;
-  chunks.tile_rows = detail::flagged_gemm_tile_rows();
-  chunks.tiles = (gemm.m + chunks.tile_rows - 1) / chunks.tile_rows;
-  chunks.first_tile = static_cast<int>(int64_t(rank) * p.shard_rows / chunks.tile_rows);
-  chunks.sync = st.sync_args(detail::kOpAllGatherMatmul, signature);
-  detail::run_flagged_gemm(gemm, stream);
+    if (world > 1) {
+      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
+      // Invariant: every peer's slot holds its shard of this call.
+      std::vector<cudaStream_t> pull_streams{control};
+      for (int s = 1; s < streams; ++s) pull_streams.push_back(ce.side_stream(s));
+      const int lanes = std::min<int>(static_cast<int>(pull_streams.size()), world - 1);
+      if (lanes > 1) {
+        SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), control));
+        for (int s = 1; s < lanes; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(pull_streams[s], ce.fork_event(), 0));
+      }
+      for (int i = 0; i < world - 1; ++i) {
+        const int peer = (rank + 1 + i) % world;
+        const size_t slot = size_t(peer) * shard_bytes;
+        enqueue_shard_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, true, pull_streams[i % lanes]);
+      }
+      for (int s = 1; s < lanes; ++s) {
+        SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), pull_streams[s]));
+        SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.join_event(s), 0));
+      }
+      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
+      // Invariant (control stream): every slot holds its shard; no peer reads this rank's slot any more.
+    }
 
-  SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(0), control));
-  SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
-  SYMMEM_CUDA_CHECK(cudaMemsetAsync(flags.signal_pad, 0, size_t(world) * p.pieces.pieces * sizeof(uint32_t), stream));
-  // Invariant: this rank's flags are 0 again; no peer writes them before this rank's next ready.
+    if (capturing && single_hardware_queue()) {
+      // One hardware queue in a graph: nothing orders the GEMM after the copies it waits for.
+      SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(0), control));
+      SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
+    }
+    detail::run_flagged_gemm(p.gemm, stream);
+
+    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(0), control));
+    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
+    forked = false;
+    SYMMEM_CUDA_CHECK(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0,
+                                      size_t(world) * p.pieces.pieces * sizeof(uint32_t), stream));
+    // Invariant: this rank's flags are 0 again, before anything of the next call.
+  } catch (const std::exception& e) {
+    // Leave no stream forked (a capture would fail to end) and no flag set; the handshake
+    // sequence may be broken, so the communicator is unusable from here on, on every rank.
+    if (forked) {
+      SYMMEM_CUDA_CHECK_NOTHROW(cudaEventRecord(ce.join_event(0), control));
+      SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
+    }
+    SYMMEM_CUDA_CHECK_NOTHROW(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0,
+                                              size_t(world) * p.pieces.pieces * sizeof(uint32_t), stream));
+    st.abort_reason = std::string("all_gather_matmul failed while enqueuing its work: ") + e.what();
+    __atomic_store_n(st.board->abort_word(), 1u, __ATOMIC_RELEASE);
+    throw;
+  }
 }
 
 }  // namespace symmem

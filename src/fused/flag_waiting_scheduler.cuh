@@ -5,11 +5,12 @@
 // producer (TMA loads of A), the consumers and the epilogue of a CTA all see the same tile:
 //   - the M index is rotated so that the own shard's bands come first, then the next ranks' shards
 //     in the order their pieces arrive (chunk_flags.hpp);
-//   - before returning a tile, lane 0 of each asking warp waits until the flags of every piece of
-//     A that the tile's rows touch are set. The wait is an acquire load at system scope (the flags
-//     are written by stream memory operations of this GPU and of peers, after their copies),
-//     followed by a proxy fence so that the TMA loads issued after it (async proxy) see the copied
-//     rows. It has the library's deadline: after the communicator's timeout, or once any rank
+//   - before returning a tile to warp 0 of the CTA (the cooperative kernel's mainloop producer, the
+//     only warp that loads A: flagged_gemm.cuh asserts there is no auxiliary load warp), lane 0
+//     waits until the flags of every piece of A that the tile's rows touch are set; the other
+//     warps wait on the mainloop pipeline as usual. The wait is an acquire load at system scope
+//     (the flags are written by stream memory operations after the copies), then every lane
+//     fences the async proxy so that the TMA loads issued after it see the copied rows. It has the library's deadline: after the communicator's timeout, or once any rank
 //     failed (abort word), it records the failure and lets the tile run on garbage; the host
 //     raises the error and the result is undefined. Never a hang.
 // Selected by the tag symmem::detail::FlagWaitingScheduler in GemmUniversal.
@@ -83,6 +84,7 @@ class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::Persisten
 
  private:
   CUTLASS_DEVICE void wait_for_rows(int tile) const {
+    if (cutlass::canonical_warp_idx_sync() != 0) return;  // not the warp that loads A
     const int first_row = tile * chunks_.tile_rows;
     if (first_row >= chunks_.rows) return;  // cluster padding: the TMA clips it
     if ((threadIdx.x & 31) == 0) {
@@ -91,11 +93,11 @@ class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::Persisten
       for (int chunk = chunk_of_row(chunks_, first_row); chunk <= last; ++chunk) {
         if (!wait_for_flag(chunk)) break;
       }
-      // The copied rows were written by copy engines; the TMA loads that follow read through the
-      // async proxy.
-      asm volatile("fence.proxy.async.global;" ::: "memory");
     }
     __syncwarp();
+    // The copied rows were written by copy engines; the TMA loads that follow (issued by whichever
+    // lane the mainloop elects) read through the async proxy.
+    asm volatile("fence.proxy.async.global;" ::: "memory");
   }
 
   // False when the wait failed (recorded; the tile runs on whatever the rows hold).
@@ -106,6 +108,7 @@ class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::Persisten
     const int shard = chunk / chunks_.pieces;
     for (uint32_t spins = 1;; ++spins) {
       if (symmem::device::ld_acquire_sys(flag) != 0u) return true;
+      if (spins > 64) __nanosleep(100);  // a piece takes microseconds: leave the issue slots to the MMA warps
       if ((spins & 255u) == 0u && !symmem::device::keep_waiting(chunks_.sync, start, shard, chunk)) return false;
     }
   }

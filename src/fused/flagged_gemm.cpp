@@ -11,9 +11,19 @@ namespace flagged_gemm {
 constexpr int kTileM = 128;  // flagged_gemm.cuh
 void run_fp16(const FlaggedGemm& gemm, cudaStream_t stream);
 void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream);
+std::string problem_fp16(const FlaggedGemm& gemm);
+std::string problem_bf16(const FlaggedGemm& gemm);
 }  // namespace flagged_gemm
 
-bool flagged_gemm_supported(const FlaggedGemm&, std::string*) { return true; }
+bool flagged_gemm_built(std::string*) { return true; }
+
+std::string flagged_gemm_problem(const FlaggedGemm& gemm) {
+  switch (gemm.type) {
+    case DataType::kFloat16: return flagged_gemm::problem_fp16(gemm);
+    case DataType::kBFloat16: return flagged_gemm::problem_bf16(gemm);
+    default: return std::string("no GEMM for ") + dtype_name(gemm.type);
+  }
+}
 int flagged_gemm_tile_rows() { return flagged_gemm::kTileM; }
 
 void run_flagged_gemm(FlaggedGemm gemm, cudaStream_t stream) {
@@ -24,10 +34,11 @@ void run_flagged_gemm(FlaggedGemm gemm, cudaStream_t stream) {
   }
 }
 #else
-bool flagged_gemm_supported(const FlaggedGemm&, std::string* why) {
+bool flagged_gemm_built(std::string* why) {
   if (why) *why = "this build has no fused GEMM (CUTLASS headers were not found at build time: pip install nvidia-cutlass)";
   return false;
 }
+std::string flagged_gemm_problem(const FlaggedGemm&) { return "this build has no fused GEMM"; }
 int flagged_gemm_tile_rows() { return 128; }
 void run_flagged_gemm(FlaggedGemm, cudaStream_t) {
   throw Error(ErrorCode::kUnsupported, "all_gather_matmul: this build has no fused GEMM");

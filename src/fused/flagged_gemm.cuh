@@ -42,29 +42,25 @@ struct Kernel {
                                                           symmem::detail::FlagWaitingScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   static_assert(size<0>(TileShape{}) == kTileM);
+  // The scheduler makes only warp 0 (the mainloop producer) wait for rows of A.
+  static_assert(!GemmKernel::IsMainloopAuxiliaryLoadNeeded, "a second warp would load A without waiting");
 };
 
 template <class Element>
-void run(const FlaggedGemm& g, cudaStream_t stream) {
-  using K = Kernel<Element>;
-  using Gemm = typename K::Gemm;
-  using GemmKernel = typename K::GemmKernel;
-  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(g.m, g.k, 1));
-  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(g.n, g.k, 1));
-  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(g.m, g.n, 1));
-
-  typename Gemm::Arguments args{};
+typename Kernel<Element>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {
+  using GemmKernel = typename Kernel<Element>::GemmKernel;
+  typename Kernel<Element>::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {g.m, g.n, g.k};
   args.mainloop.ptr_A = static_cast<const Element*>(g.a);
-  args.mainloop.dA = stride_a;
+  args.mainloop.dA = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(g.m, g.k, 1));
   args.mainloop.ptr_B = static_cast<const Element*>(g.b);
-  args.mainloop.dB = stride_b;
+  args.mainloop.dB = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(g.n, g.k, 1));
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
   args.epilogue.ptr_C = nullptr;
   args.epilogue.ptr_D = static_cast<Element*>(g.c);
-  args.epilogue.dD = stride_d;
+  args.epilogue.dD = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(g.m, g.n, 1));
   args.hw_info.device_id = 0;
   args.hw_info.sm_count = g.sm_count;
   // Band after band: every N tile of an M band before the next one, so that tiles are taken in the
@@ -72,18 +68,29 @@ void run(const FlaggedGemm& g, cudaStream_t stream) {
   args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
   args.scheduler.max_swizzle_size = 1;
   args.scheduler.chunks = g.chunks;
+  return args;
+}
 
-  Gemm gemm;
-  cutlass::Status status = gemm.can_implement(args);
+// Empty when the kernel can run `g`, else why (nothing is launched).
+template <class Element>
+std::string problem(const FlaggedGemm& g) {
+  using Gemm = typename Kernel<Element>::Gemm;
+  const auto args = arguments_of<Element>(g);
+  const cutlass::Status status = Gemm::can_implement(args);
   if (status != cutlass::Status::kSuccess)
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("all_gather_matmul: the GEMM cannot run this shape: ") + cutlassGetStatusString(status));
-  if (Gemm::get_workspace_size(args) != 0)
-    throw Error(ErrorCode::kInternal, "all_gather_matmul: the persistent GEMM unexpectedly needs a workspace");
-  status = gemm.initialize(args, nullptr, stream);
+    return std::string("the GEMM cannot run this shape: ") + cutlassGetStatusString(status);
+  if (Gemm::get_workspace_size(args) != 0) return "the persistent GEMM unexpectedly needs a workspace";
+  return {};
+}
+
+template <class Element>
+void run(const FlaggedGemm& g, cudaStream_t stream) {
+  using Gemm = typename Kernel<Element>::Gemm;
+  Gemm gemm;
+  cutlass::Status status = gemm.initialize(arguments_of<Element>(g), nullptr, stream);
   if (status != cutlass::Status::kSuccess)
     throw Error(ErrorCode::kCudaError, std::string("all_gather_matmul: GEMM initialisation failed: ") +
-                                      cutlassGetStatusString(status));
+                                           cutlassGetStatusString(status));
   status = gemm.run(stream);
   SYMMEM_CUDA_CHECK(cudaGetLastError());
   if (status != cutlass::Status::kSuccess)

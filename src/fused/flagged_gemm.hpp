@@ -23,9 +23,10 @@ struct FlaggedGemm {
   int sm_count;       // SMs the persistent grid may use
 };
 
-// False (with the reason) when the kernels were not built (no CUTLASS at build time) or the shape
-// is not supported (k and n must be multiples of 8 elements: 16-byte TMA rows).
-bool flagged_gemm_supported(const FlaggedGemm& gemm, std::string* why);
+// False (with the reason) when the kernels were not built (no CUTLASS at build time).
+bool flagged_gemm_built(std::string* why);
+// Empty when the kernel can run `gemm` (CUTLASS's can_implement), else why. Launches nothing.
+std::string flagged_gemm_problem(const FlaggedGemm& gemm);
 // The M tile height of the kernel (the granularity at which rows are waited for).
 int flagged_gemm_tile_rows();
 // Launches on `stream` (capturable). Throws symmem::Error on a launch failure.

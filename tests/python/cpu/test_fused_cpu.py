@@ -84,5 +84,7 @@ def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(monkeypa
     fused._all_gather_matmul_cuda(a[:4], b, "fake-fused")
     assert [x[0] for x in comm.core.calls] == ["allocate", "all_gather_matmul", "all_gather_matmul"]
     assert comm.core.calls[-1][2] == workspace
-    fused._all_gather_matmul_cuda(torch.empty(16, 16, dtype=torch.bfloat16), b, "fake-fused")
-    assert comm.core.calls[-2] == ("allocate", 64 * 16 * 2)
+    fused._all_gather_matmul_cuda(torch.empty(9, 16, dtype=torch.bfloat16), b, "fake-fused")
+    assert comm.core.calls[-2] == ("allocate", 2 * 32 * 16 * 2)  # at least doubles
+    fused._all_gather_matmul_cuda(torch.empty(40, 16, dtype=torch.bfloat16), b, "fake-fused")
+    assert comm.core.calls[-2] == ("allocate", 160 * 16 * 2)  # or exactly what is needed
