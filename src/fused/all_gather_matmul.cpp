@@ -23,8 +23,11 @@
 // ORDER OF ENQUEUE. All side-stream work is enqueued before the GEMM: streams may share a hardware
 // queue (more streams than connections, CUDA_DEVICE_MAX_CONNECTIONS=1), and a GEMM queued ahead
 // of the copies it waits for would wait for its deadline. Inside a CUDA graph the order of
-// independent nodes is the driver's: with CUDA_DEVICE_MAX_CONNECTIONS=1 a captured call makes the
-// GEMM wait for every copy (no overlap, no risk).
+// independent nodes is the driver's: with CUDA_DEVICE_MAX_CONNECTIONS=1 (as read when the call is
+// made) a captured call makes the GEMM wait for every copy (no overlap). Otherwise the graph's
+// branches are trusted to run concurrently; if they did not, the GEMM's bounded wait would end the
+// call with an error, never a hang. Consecutive calls must be ordered on the caller's stream (as
+// for every collective): the handshakes' argument assumes it.
 //
 // FAILURE. Every wait is bounded: the handshakes by the copy-engine watchdog, the GEMM's flag waits
 // by twice the communicator's deadline (so that the watchdog, which knows which peer is missing,
@@ -241,18 +244,25 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   const int streams = ce.streams();
   cudaStream_t control = ce.side_stream(0);
   cudaStream_t own_stream = streams > 1 ? ce.side_stream(1) : control;
-  bool forked = false;
+  std::vector<int> forked;  // side streams forked from the caller's and not joined back yet
+  auto join_into = [&](int side, cudaStream_t into) {
+    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(side), ce.side_stream(side)));
+    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(into, ce.join_event(side), 0));
+  };
   try {
     SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
     SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.fork_event(), 0));
-    forked = true;
-    if (own_stream != control) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(own_stream, ce.fork_event(), 0));
+    forked.push_back(0);
+    if (own_stream != control) {
+      SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(own_stream, ce.fork_event(), 0));
+      forked.push_back(1);
+    }
 
     // The own shard (no handshake: see the top of the file).
     enqueue_shard_copies(p, rank, a_shard, gathered + size_t(rank) * shard_bytes, !p.in_place, own_stream);
     if (own_stream != control) {
-      SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(1), own_stream));
-      SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.join_event(1), 0));
+      join_into(1, control);
+      forked.pop_back();
     }
     // Invariant (control stream): this rank's slot holds its shard.
 
@@ -264,45 +274,54 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
       const int lanes = std::min<int>(static_cast<int>(pull_streams.size()), world - 1);
       if (lanes > 1) {
         SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), control));
-        for (int s = 1; s < lanes; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(pull_streams[s], ce.fork_event(), 0));
+        for (int s = 1; s < lanes; ++s) {
+          SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(pull_streams[s], ce.fork_event(), 0));
+          forked.push_back(s);
+        }
       }
       for (int i = 0; i < world - 1; ++i) {
         const int peer = (rank + 1 + i) % world;
         const size_t slot = size_t(peer) * shard_bytes;
         enqueue_shard_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, true, pull_streams[i % lanes]);
       }
-      for (int s = 1; s < lanes; ++s) {
-        SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), pull_streams[s]));
-        SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.join_event(s), 0));
-      }
+      for (int s = 1; s < lanes; ++s) join_into(s, control);
+      forked.resize(1);
       detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
       // Invariant (control stream): every slot holds its shard; no peer reads this rank's slot any more.
     }
 
     if (capturing && single_hardware_queue()) {
       // One hardware queue in a graph: nothing orders the GEMM after the copies it waits for.
-      SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(0), control));
-      SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
+      join_into(0, stream);
     }
     detail::run_flagged_gemm(p.gemm, stream);
 
-    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(0), control));
-    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
-    forked = false;
+    join_into(0, stream);
+    forked.clear();
     SYMMEM_CUDA_CHECK(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0,
                                       size_t(world) * p.pieces.pieces * sizeof(uint32_t), stream));
     // Invariant: this rank's flags are 0 again, before anything of the next call.
   } catch (const std::exception& e) {
-    // Leave no stream forked (a capture would fail to end) and no flag set; the handshake
-    // sequence may be broken, so the communicator is unusable from here on, on every rank.
-    if (forked) {
+    // Leave no side stream forked (a capture would fail to end) and no flag set: every forked side
+    // stream joins side stream 0, which joins the caller's, and the flags are reset after them.
+    for (int side : forked) {
+      if (side == 0) continue;
+      SYMMEM_CUDA_CHECK_NOTHROW(cudaEventRecord(ce.join_event(side), ce.side_stream(side)));
+      SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(control, ce.join_event(side), 0));
+    }
+    if (!forked.empty()) {
       SYMMEM_CUDA_CHECK_NOTHROW(cudaEventRecord(ce.join_event(0), control));
       SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
     }
     SYMMEM_CUDA_CHECK_NOTHROW(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0,
                                               size_t(world) * p.pieces.pieces * sizeof(uint32_t), stream));
-    st.abort_reason = std::string("all_gather_matmul failed while enqueuing its work: ") + e.what();
-    __atomic_store_n(st.board->abort_word(), 1u, __ATOMIC_RELEASE);
+    // Eagerly, a handshake may have been enqueued without its partner: the sequence every rank
+    // relies on is broken, so the communicator is unusable from here on, on every rank. Under
+    // capture nothing ran (the graph is the caller's to discard).
+    if (!capturing) {
+      st.abort_reason = std::string("all_gather_matmul failed while enqueuing its work: ") + e.what();
+      __atomic_store_n(st.board->abort_word(), 1u, __ATOMIC_RELEASE);
+    }
     throw;
   }
 }

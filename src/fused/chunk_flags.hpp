@@ -1,10 +1,9 @@
 // Where the rows of the gathered A come from, as the persistent GEMM of all_gather_matmul sees them:
 // A [rows x k] is `world` shards of `shard_rows` rows; each shard arrives in `pieces` pieces of
 // `piece_rows` rows (the last one shorter), and piece j of shard s is present once
-// flags[s * pieces + j] != 0. The flags are set by stream memory operations after each piece's
-// copy (by the copy's owner: this rank for its own shard, the pushing peer for the others) and
-// reset to 0 on this rank's stream after the GEMM (src/fused/all_gather_matmul.cpp). Plain struct
-// for host and device.
+// flags[s * pieces + j] != 0. The flags are set by this rank's stream memory operations after each
+// piece's copy (its own shard's, and the pulls of the peers') and reset to 0 on this rank's stream
+// after the GEMM (src/fused/all_gather_matmul.cpp). Plain struct for host and device.
 #pragma once
 
 #include <cstdint>

@@ -30,9 +30,9 @@ class Workspaces {
   // Barrier flags and nothing else (64-bit flags, device_types.hpp), zeroed once. Fixed size.
   Buffer* control() const { return control_; }
   // all_gather_matmul's piece flags live in the control buffer's signal pad (kSignalFlagCount
-  // 32-bit words per rank, zeroed at allocation, unused otherwise): a peer sets this rank's flags
-  // of a call only after that call's ready handshake, and this rank resets them to 0 after the
-  // call's done handshake, before its next ready (src/fused/all_gather_matmul.cpp).
+  // 32-bit words per rank, zeroed at allocation, unused otherwise). Only this rank's streams
+  // write them: set after each piece's copy, reset to 0 on the caller's stream after the copies
+  // joined it, before anything of the next call (src/fused/all_gather_matmul.cpp).
   Buffer* gather_flags() const { return control_; }
 
   // Local operands that peers must read (pull all-gather, copy-engine pull, one-/two-shot

@@ -48,8 +48,8 @@ def _check(a_shard, b, world):
 def _workspace(comm, nbytes):
     """This communicator's gathered-A workspace of at least nbytes (heap memory, symmetric).
     Growing it is collective (every rank makes the same calls, so every rank grows alike) and never
-    frees the old one (a CUDA graph may reference it): it at least doubles, so that a growing shape
-    keeps a few dead workspaces, not one per size."""
+    frees the old one (a CUDA graph may reference it): it grows in steps of 32 MiB, so that a
+    slowly growing shape does not leave one dead workspace per size."""
     ws = getattr(comm, "_gather_workspace", None)
     if ws is not None and ws[1] >= nbytes:
         return ws[0]
@@ -57,7 +57,8 @@ def _workspace(comm, nbytes):
         raise RuntimeError(f"symmem.all_gather_matmul: the workspace of group {comm.group_name!r} holds "
                            f"{ws[1] if ws else 0} bytes, {nbytes} needed; growing it is collective and cannot run "
                            "during CUDA graph capture: make one eager call of the largest shape first")
-    nbytes = max(nbytes, 2 * ws[1]) if ws is not None else nbytes
+    step = 32 << 20
+    nbytes = (nbytes + step - 1) // step * step
     ptr = comm.core.allocate(nbytes)
     comm._gather_workspace = (ptr, nbytes)
     return ptr
