@@ -125,8 +125,6 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
   const size_t a_bytes = size_t(m) * p.row_bytes;
   p.gathered = detail::resolve(gathered_a, a_bytes, "gathered_a", kOp, st);
-  if (detail::address_alignment(p.gathered.local) < 16)
-    throw Error(ErrorCode::kInvalidArgument, "all_gather_matmul: gathered_a must be 16-byte aligned");
   char* own_slot = static_cast<char*>(p.gathered.local) + size_t(st.rank) * shard_bytes;
   p.in_place = a_shard == own_slot;
   if (!p.in_place) {
@@ -142,11 +140,12 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   detail::require_no_partial_overlap(c, c_bytes, b, b_bytes, false, kOp);
   detail::require_no_partial_overlap(c, c_bytes, a_shard, shard_bytes, false, kOp);
   detail::require_no_partial_overlap(b, b_bytes, p.gathered.local, a_bytes, false, kOp);
-  for (const auto& [ptr, what] : {std::pair<const void*, const char*>{b, "b"}, {c, "c"}, {a_shard, "a_shard"}}) {
+  for (const auto& [ptr, what] : {std::pair<const void*, const char*>{p.gathered.local, "gathered_a"},
+                                  {b, "b"}, {c, "c"}, {a_shard, "a_shard"}}) {
     if (detail::address_alignment(ptr) < 16)
       throw Error(ErrorCode::kInvalidArgument, std::string("all_gather_matmul: ") + what + " must be 16-byte aligned");
   }
-  p.pieces = detail::plan_gather_pieces(p.shard_rows, p.row_bytes, detail::flagged_gemm_tile_rows());
+  p.pieces = detail::plan_gather_pieces(p.shard_rows, p.row_bytes, detail::kFlaggedGemmTileRows);
   p.call = detail::make_call_descriptor(detail::kOpAllGatherMatmul, type, ReduceOp::kSum, size_t(m) * size_t(k),
                                         Algo::kCopyEngine, 0, false, false, 0, true, p.gathered.heap_offset);
   // (in place or not is this rank's own affair: it changes no peer's work, so it is not signed)
@@ -168,7 +167,7 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   chunks.shard_rows = p.shard_rows;
   chunks.piece_rows = p.pieces.piece_rows;
   chunks.pieces = p.pieces.pieces;
-  chunks.tile_rows = detail::flagged_gemm_tile_rows();
+  chunks.tile_rows = detail::kFlaggedGemmTileRows;
   chunks.tiles = (g.m + chunks.tile_rows - 1) / chunks.tile_rows;
   // The first tile wholly inside the own shard (rounded down, it would hold the previous shard's
   // tail, which arrives last).
@@ -240,6 +239,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   const int rank = st.rank, world = st.world;
   detail::CopyEngineState& ce = *st.copy_engine;
   const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
+  const size_t flag_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
   char* gathered = static_cast<char*>(p.gathered.local);
   const int streams = ce.streams();
   cudaStream_t control = ce.side_stream(0);
@@ -298,8 +298,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
 
     join_into(0, stream);
     forked.clear();
-    SYMMEM_CUDA_CHECK(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0,
-                                      size_t(world) * p.pieces.pieces * sizeof(uint32_t), stream));
+    SYMMEM_CUDA_CHECK(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0, flag_bytes, stream));
     // Invariant: this rank's flags are 0 again, before anything of the next call.
   } catch (const std::exception& e) {
     // Leave no side stream forked (a capture would fail to end) and no flag set: every forked side
@@ -313,8 +312,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
       SYMMEM_CUDA_CHECK_NOTHROW(cudaEventRecord(ce.join_event(0), control));
       SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
     }
-    SYMMEM_CUDA_CHECK_NOTHROW(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0,
-                                              size_t(world) * p.pieces.pieces * sizeof(uint32_t), stream));
+    SYMMEM_CUDA_CHECK_NOTHROW(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0, flag_bytes, stream));
     // Eagerly, a handshake may have been enqueued without its partner: the sequence every rank
     // relies on is broken, so the communicator is unusable from here on, on every rank. Under
     // capture nothing ran (the graph is the caller's to discard).

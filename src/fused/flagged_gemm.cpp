@@ -8,7 +8,6 @@ namespace symmem::detail {
 
 #ifdef SYMMEM_HAVE_FUSED_GEMM
 namespace flagged_gemm {
-constexpr int kTileM = 128;  // flagged_gemm.cuh
 void run_fp16(const FlaggedGemm& gemm, cudaStream_t stream);
 void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream);
 std::string problem_fp16(const FlaggedGemm& gemm);
@@ -24,7 +23,6 @@ std::string flagged_gemm_problem(const FlaggedGemm& gemm) {
     default: return std::string("no GEMM for ") + dtype_name(gemm.type);
   }
 }
-int flagged_gemm_tile_rows() { return flagged_gemm::kTileM; }
 
 void run_flagged_gemm(FlaggedGemm gemm, cudaStream_t stream) {
   switch (gemm.type) {
@@ -39,7 +37,6 @@ bool flagged_gemm_built(std::string* why) {
   return false;
 }
 std::string flagged_gemm_problem(const FlaggedGemm&) { return "this build has no fused GEMM"; }
-int flagged_gemm_tile_rows() { return 128; }
 void run_flagged_gemm(FlaggedGemm, cudaStream_t) {
   throw Error(ErrorCode::kUnsupported, "all_gather_matmul: this build has no fused GEMM");
 }

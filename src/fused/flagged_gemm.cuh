@@ -21,8 +21,6 @@ namespace symmem::detail::flagged_gemm {
 
 using namespace cute;
 
-constexpr int kTileM = 128;  // flagged_gemm.cpp hands this to the planner
-
 template <class Element>
 struct Kernel {
   using Layout = cutlass::layout::RowMajor;
@@ -41,7 +39,7 @@ struct Kernel {
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int>, Mainloop, Epilogue,
                                                           symmem::detail::FlagWaitingScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-  static_assert(size<0>(TileShape{}) == kTileM);
+  static_assert(size<0>(TileShape{}) == kFlaggedGemmTileRows);
   // The scheduler makes only warp 0 (the mainloop producer) wait for rows of A.
   static_assert(!GemmKernel::IsMainloopAuxiliaryLoadNeeded, "a second warp would load A without waiting");
 };

@@ -19,7 +19,7 @@ struct FlaggedGemm {
   void* c;
   int m, n, k;
   DataType type;
-  ChunkFlags chunks;  // tile_rows must be flagged_gemm_tile_rows()
+  ChunkFlags chunks;  // tile_rows must be kFlaggedGemmTileRows
   int sm_count;       // SMs the persistent grid may use
 };
 
@@ -28,7 +28,7 @@ bool flagged_gemm_built(std::string* why);
 // Empty when the kernel can run `gemm` (CUTLASS's can_implement), else why. Launches nothing.
 std::string flagged_gemm_problem(const FlaggedGemm& gemm);
 // The M tile height of the kernel (the granularity at which rows are waited for).
-int flagged_gemm_tile_rows();
+constexpr int kFlaggedGemmTileRows = 128;
 // Launches on `stream` (capturable). Throws symmem::Error on a launch failure.
 void run_flagged_gemm(FlaggedGemm gemm, cudaStream_t stream);
 

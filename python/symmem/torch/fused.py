@@ -20,12 +20,12 @@ import torch.distributed.distributed_c10d as c10d
 from .. import _native
 from ._groups import communicator_of, group_name_of
 from .memory import _HeapSpan
+from .ops import _check_contiguous, _check_operand, _stream_of
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
 _lib.define("all_gather_matmul(Tensor a_shard, Tensor b, str group_name, bool return_a=False) -> (Tensor, Tensor?)")
 
 _TYPES = {torch.float16: _native.DTYPES["float16"], torch.bfloat16: _native.DTYPES["bfloat16"]}
-_stream_of = torch._C._cuda_getCurrentRawStream
 
 
 def _check(a_shard, b, world):
@@ -38,10 +38,8 @@ def _check(a_shard, b, world):
     if a_shard.dtype != b.dtype or a_shard.dtype not in _TYPES:
         raise TypeError(f"symmem.all_gather_matmul: a_shard ({a_shard.dtype}) and b ({b.dtype}) must both be "
                         "float16 or bfloat16")
-    for name, t in (("a_shard", a_shard), ("b", b)):
-        if not t.is_contiguous():
-            raise ValueError(f"symmem.all_gather_matmul: {name} must be contiguous (strides {t.stride()}); call "
-                             ".contiguous() first")
+    _check_contiguous(a_shard, "a_shard", "all_gather_matmul")
+    _check_contiguous(b, "b", "all_gather_matmul")
     return a_shard.shape[0] * world, b.shape[1], a_shard.shape[1]
 
 
@@ -67,10 +65,8 @@ def _workspace(comm, nbytes):
 def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
     comm = communicator_of(group_name)
     m, n, k = _check(a_shard, b, comm.world)
-    for name, t in (("a_shard", a_shard), ("b", b)):
-        if t.get_device() != comm.device:
-            raise ValueError(f"symmem.all_gather_matmul: {name} is on {t.device}, the communicator of group "
-                             f"{group_name!r} on cuda:{comm.device}")
+    _check_operand(a_shard, "a_shard", "all_gather_matmul", comm)
+    _check_operand(b, "b", "all_gather_matmul", comm)
     c = a_shard.new_empty((m, n))
     a_bytes = m * k * a_shard.element_size()
     gathered = _workspace(comm, a_bytes)
