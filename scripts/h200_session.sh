@@ -10,6 +10,8 @@
 #   scripts/h200_session.sh single_gpu | chunked_gemm   world-1 GPU tests, memcheck, host cost; chunked GEMM (one GPU)
 #   scripts/h200_session.sh fused    issue 12: all_gather_matmul GPU tests (torchrun, 2 ranks), then its
 #                                    benchmark against gemm_alone, nccl_then_gemm and torch's fused op
+#   scripts/h200_session.sh fused_single   issue 12 on one GPU: tests, bench and memcheck at world 1
+#   scripts/h200_session.sh fused_gemm_tiles   the fused GEMM's tile configurations against cuBLASLt (one GPU)
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -156,6 +158,41 @@ fused)
   timeout ${FUSED_BENCH_S:-300} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
     --out "$FINAL/fused" ${FUSED_BENCH_ARGS:-} > "$FINAL/fused_bench_2.log" 2>&1
   echo "fused bench rc=$?" >> "$FINAL/summary.txt"
+  ;;
+fused_single)
+  # Issue 12 on one GPU (world 1): which copies progress while a kernel holds every SM; the test
+  # that fills every SM with the binary before the fix (negative control: must fail, by deadline);
+  # the fused op's tests (every copy and flag is local); the bench at world 1 (symmem_fused against
+  # torch.mm of the same A: the GEMM's own cost plus the own shard's copy); memcheck of a few calls.
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  timeout 60 "$B/symmem-copy-probe" > "$FINAL/copy_probe_1.txt" 2>&1
+  echo "copy probe rc=$?" >> "$FINAL/summary.txt"
+  if [ -f "$B/old_libsymmem_capi.so" ]; then
+    SYMMEM_LIBRARY="$PWD/$B/old_libsymmem_capi.so" SYMMEM_TIMEOUT_MS=5000 timeout 120 tests/python/gpu/run.sh 1 \
+      -k fill_every_sm > "$FINAL/fused_negative_control_1.log" 2>&1
+    echo "fused negative control (old library, expect failure) rc=$?" >> "$FINAL/summary.txt"
+  fi
+  timeout ${FUSED_TESTS_S:-200} tests/python/gpu/run.sh 1 -k "fused and not killed" > "$FINAL/fused_tests_1_rank.log" 2>&1
+  echo "fused tests (1 rank) rc=$?" >> "$FINAL/summary.txt"
+  timeout ${FUSED_BENCH_S:-200} python3 -m torch.distributed.run --nproc-per-node 1 -m symmem.bench.all_gather_matmul \
+    --out "$FINAL/fused_1" --reps 7 ${FUSED_BENCH_ARGS:-} > "$FINAL/fused_bench_1.log" 2>&1
+  echo "fused bench (1 rank) rc=$?" >> "$FINAL/summary.txt"
+  [ -n "${SKIP_MEMCHECK:-}" ] || { timeout 240 compute-sanitizer --report-api-errors no --error-exitcode 3 --tool memcheck \
+    --target-processes all python3 -m torch.distributed.run --nproc-per-node 1 -m pytest tests/python/gpu \
+    -p no:cacheprovider -q -k "test_matches_nccl_and_matmul" > "$FINAL/fused_memcheck_1.log" 2>&1
+  echo "fused memcheck (1 rank) rc=$?" >> "$FINAL/summary.txt"; }
+  ;;
+fused_gemm_tiles)
+  # The fused op's GEMM without communication (every flag set) in each tile configuration and tile
+  # order, against cuBLASLt, interleaved: needs a build with -DSYMMEM_BUILD_GEMM_VARIANTS=ON.
+  mkdir -p "$FINAL/fused_gemm_tiles"
+  for d in fp16 bf16; do
+    for m in 4096 8192 16384; do
+      timeout 120 "$B/symmem-bench" chunked_gemm --gpus 1 -d $d --gemm ${m}x6656x16384 --chunks 2 -n 10 --reps 7 \
+        --csv "$FINAL/fused_gemm_tiles/${d}_$m.csv" --json /dev/null > "$FINAL/fused_gemm_tiles/${d}_$m.txt" 2>&1
+      echo "fused_gemm_tiles $d $m rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
   ;;
 fsdp)
   # FSDP2 on symmem: its GPU tests (torchrun, 2 ranks) and the training-step benchmark.

@@ -2,16 +2,21 @@
 //
 // DATA MOVEMENT (rank r of W, shard = m / W rows; docs/fused.md has the diagram). Pull: every
 // copy writes only this rank's memory.
-//   side stream 1:  own shard -> gathered_a slot r, piece by piece, each followed by a stream
-//                   write of its flag (skipped when a_shard already is slot r). Needs no handshake:
-//                   the peers finished reading slot r of the previous call (its done handshake
-//                   precedes the fork).
-//   side stream 0:  after the own copy, the ready handshake (copy_engine_steps.hpp): every peer's
-//                   slot holds its shard of this call, and our calls match (the signature). Then
-//                   this rank PULLS every peer's slot into its own, piece by piece (peers r+1,
-//                   r+2, ... first: the GEMM needs them in that order), each piece followed by a
-//                   stream write of this rank's flag for it. Then the done handshake: no peer reads
-//                   this rank's slot any more.
+//   caller's stream: own shard -> gathered_a slot r, piece by piece, each followed by a stream
+//                   write of its flag (skipped when a_shard already is slot r). This copy runs on
+//                   SMs: the driver copies within one GPU with a kernel, whatever the API
+//                   (cudaMemcpyAsync, cuMemcpyBatchAsync, cudaMemcpyPeerAsync: measured on H200,
+//                   tools/copy_engine_probe.cu), and a kernel queued beside the persistent GEMM
+//                   that waits for it gets no SM: a deadlock until the deadline. So it precedes
+//                   the GEMM in stream order. Needs no handshake: the peers finished reading slot r
+//                   of the previous call (its done handshake precedes this call on this stream).
+//   side stream 0:  forked after the own copy: the ready handshake (copy_engine_steps.hpp): every
+//                   peer's slot holds its shard of this call, and our calls match (the signature).
+//                   Then this rank PULLS every peer's slot into its own over NVLink (copy engines,
+//                   zero SMs), piece by piece, on up to `streams` lanes (peers r+1, r+2, ...
+//                   first: the GEMM needs them in that order), each piece followed by a stream
+//                   write of this rank's flag for it. Then the done handshake: no peer reads this
+//                   rank's slot any more.
 //   caller's stream: the persistent GEMM (fused/flagged_gemm.hpp), own shard's tiles first, each
 //                   tile waiting for the flags of its rows; then it joins side stream 0 and resets
 //                   the flags to 0.
@@ -243,28 +248,18 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   char* gathered = static_cast<char*>(p.gathered.local);
   const int streams = ce.streams();
   cudaStream_t control = ce.side_stream(0);
-  cudaStream_t own_stream = streams > 1 ? ce.side_stream(1) : control;
   std::vector<int> forked;  // side streams forked from the caller's and not joined back yet
   auto join_into = [&](int side, cudaStream_t into) {
     SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(side), ce.side_stream(side)));
     SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(into, ce.join_event(side), 0));
   };
   try {
+    // The own shard, on SMs before the GEMM takes them (no handshake: see the top of the file).
+    enqueue_shard_copies(p, rank, a_shard, gathered + size_t(rank) * shard_bytes, !p.in_place, stream);
+    // Invariant (caller's stream): this rank's slot holds its shard.
     SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
     SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.fork_event(), 0));
     forked.push_back(0);
-    if (own_stream != control) {
-      SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(own_stream, ce.fork_event(), 0));
-      forked.push_back(1);
-    }
-
-    // The own shard (no handshake: see the top of the file).
-    enqueue_shard_copies(p, rank, a_shard, gathered + size_t(rank) * shard_bytes, !p.in_place, own_stream);
-    if (own_stream != control) {
-      join_into(1, control);
-      forked.pop_back();
-    }
-    // Invariant (control stream): this rank's slot holds its shard.
 
     if (world > 1) {
       detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);

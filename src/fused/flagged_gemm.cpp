@@ -2,9 +2,23 @@
 // build found CUTLASS's headers (SYMMEM_HAVE_FUSED_GEMM); otherwise every call says so.
 #include "fused/flagged_gemm.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "common/check.hpp"
 
 namespace symmem::detail {
+
+int flagged_gemm_tile_n(int m, int n, int sm_count) {
+  constexpr int kClusterRows = 2 * kFlaggedGemmTileRows;  // clusters of 2 tiles along M
+  const int64_t bands = (int64_t(m) + kClusterRows - 1) / kClusterRows;
+  const int64_t slots = std::max(1, sm_count / 2);
+  auto cost = [&](int64_t width) {
+    const int64_t clusters = bands * ((n + width - 1) / width);
+    return (clusters + slots - 1) / slots * width;
+  };
+  return cost(192) < cost(256) ? 192 : 256;
+}
 
 #ifdef SYMMEM_HAVE_FUSED_GEMM
 namespace flagged_gemm {

@@ -1,6 +1,6 @@
 // The CUTLASS instantiation behind flagged_gemm.hpp, included by one .cu per element type (two
-// translation units compile in parallel). Cooperative warp-specialised kernel, 128 x 256 x 64
-// tiles, clusters of 2 along M (the B tile is multicast to both CTAs), TMA epilogue.
+// translation units compile in parallel). Shipped: cooperative warp-specialised kernels, 128 x 256
+// or 128 x 192 tiles (K step 64), clusters of 2 along M, TMA epilogue.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,33 +21,52 @@ namespace symmem::detail::flagged_gemm {
 
 using namespace cute;
 
-template <class Element>
+// The shipped tile configurations (flagged_gemm_tile_n picks one per shape): 128 x 256 and 128 x
+// 192, clusters of 2 along M (the B tile is multicast to both CTAs). On one H200 (N = 6656, K =
+// 16384, bench/results/h200/fused_gemm_tiles/) 128 x 192 took 8 / 5 / 1 % less time than 128 x 256
+// at M = 4096 / 8192 / 16384 (fewer idle SMs in the last wave); clusters along N were no faster
+// and 128 x 128 ping-pong was slower at M = 16384.
+struct Cooperative128x256Cluster2x1 {
+  using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+struct Cooperative128x192Cluster2x1 {
+  using TileShape = Shape<_128, _192, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+
+template <class Element, class Config = Cooperative128x256Cluster2x1>
 struct Kernel {
   using Layout = cutlass::layout::RowMajor;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
+  using TileShape = typename Config::TileShape;
+  using ClusterShape = typename Config::ClusterShape;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlignment, Element, Layout,
-      kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
+      kAlignment, typename Config::EpilogueSchedule>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, Layout, kAlignment, Element, Layout, kAlignment,
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Config::MainloopSchedule>::CollectiveOp;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int>, Mainloop, Epilogue,
                                                           symmem::detail::FlagWaitingScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-  static_assert(size<0>(TileShape{}) == kFlaggedGemmTileRows);
   // The scheduler makes only warp 0 (the mainloop producer) wait for rows of A.
   static_assert(!GemmKernel::IsMainloopAuxiliaryLoadNeeded, "a second warp would load A without waiting");
 };
+static_assert(size<0>(Cooperative128x256Cluster2x1::TileShape{}) == kFlaggedGemmTileRows);
+static_assert(size<0>(Cooperative128x192Cluster2x1::TileShape{}) == kFlaggedGemmTileRows);
 
-template <class Element>
-typename Kernel<Element>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {
-  using GemmKernel = typename Kernel<Element>::GemmKernel;
-  typename Kernel<Element>::Gemm::Arguments args{};
+template <class Element, class Config = Cooperative128x256Cluster2x1>
+typename Kernel<Element, Config>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {
+  using GemmKernel = typename Kernel<Element, Config>::GemmKernel;
+  typename Kernel<Element, Config>::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {g.m, g.n, g.k};
   args.mainloop.ptr_A = static_cast<const Element*>(g.a);
@@ -63,17 +82,18 @@ typename Kernel<Element>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {
   args.hw_info.sm_count = g.sm_count;
   // Band after band: every N tile of an M band before the next one, so that tiles are taken in the
   // order their rows arrive (the scheduler rotates the bands).
-  args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
-  args.scheduler.max_swizzle_size = 1;
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = g.raster_along_m ? Raster::AlongM : Raster::AlongN;
+  args.scheduler.max_swizzle_size = g.swizzle;
   args.scheduler.chunks = g.chunks;
   return args;
 }
 
 // Empty when the kernel can run `g`, else why (nothing is launched).
-template <class Element>
+template <class Element, class Config = Cooperative128x256Cluster2x1>
 std::string problem(const FlaggedGemm& g) {
-  using Gemm = typename Kernel<Element>::Gemm;
-  const auto args = arguments_of<Element>(g);
+  using Gemm = typename Kernel<Element, Config>::Gemm;
+  const auto args = arguments_of<Element, Config>(g);
   const cutlass::Status status = Gemm::can_implement(args);
   if (status != cutlass::Status::kSuccess)
     return std::string("the GEMM cannot run this shape: ") + cutlassGetStatusString(status);
@@ -81,11 +101,11 @@ std::string problem(const FlaggedGemm& g) {
   return {};
 }
 
-template <class Element>
+template <class Element, class Config = Cooperative128x256Cluster2x1>
 void run(const FlaggedGemm& g, cudaStream_t stream) {
-  using Gemm = typename Kernel<Element>::Gemm;
+  using Gemm = typename Kernel<Element, Config>::Gemm;
   Gemm gemm;
-  cutlass::Status status = gemm.initialize(arguments_of<Element>(g), nullptr, stream);
+  cutlass::Status status = gemm.initialize(arguments_of<Element, Config>(g), nullptr, stream);
   if (status != cutlass::Status::kSuccess)
     throw Error(ErrorCode::kCudaError, std::string("all_gather_matmul: GEMM initialisation failed: ") +
                                            cutlassGetStatusString(status));
@@ -94,6 +114,24 @@ void run(const FlaggedGemm& g, cudaStream_t stream) {
   if (status != cutlass::Status::kSuccess)
     throw Error(ErrorCode::kCudaError,
                 std::string("all_gather_matmul: GEMM launch failed: ") + cutlassGetStatusString(status));
+}
+
+// The shipped configuration for g's shape (g.tile_n, else flagged_gemm_tile_n's choice).
+template <class Element>
+std::string problem_of_shipped(const FlaggedGemm& g) {
+  const int width = g.tile_n ? g.tile_n : flagged_gemm_tile_n(g.m, g.n, g.sm_count);
+  if (width != 192 && width != 256) return "tile_n must be 192 or 256";
+  return width == 192 ? problem<Element, Cooperative128x192Cluster2x1>(g)
+                      : problem<Element, Cooperative128x256Cluster2x1>(g);
+}
+
+template <class Element>
+void run_shipped(const FlaggedGemm& g, cudaStream_t stream) {
+  const int width = g.tile_n ? g.tile_n : flagged_gemm_tile_n(g.m, g.n, g.sm_count);
+  if (width == 192)
+    run<Element, Cooperative128x192Cluster2x1>(g, stream);
+  else
+    run<Element, Cooperative128x256Cluster2x1>(g, stream);
 }
 
 }  // namespace symmem::detail::flagged_gemm

@@ -21,7 +21,17 @@ struct FlaggedGemm {
   DataType type;
   ChunkFlags chunks;  // tile_rows must be kFlaggedGemmTileRows
   int sm_count;       // SMs the persistent grid may use
+  // The tile order inside the rotated schedule: M bands taken `swizzle` at a time (1, 2, 4, 8),
+  // rasterised along N (every N tile of the bands before the next bands) unless raster_along_m.
+  int swizzle = 1;
+  bool raster_along_m = false;
+  int tile_n = 0;  // the tiles' width, 256 or 192; 0: flagged_gemm_tile_n's choice
 };
+
+// The tile width (256 or 192 columns; both 128 rows, clusters of 2 along M) that leaves the fewest
+// SMs idle in the last wave: the smaller (waves x width), 256 on a tie (its tiles reuse more).
+// At N = 6656 that is 192 for M = 4096 to 16384, as cuBLASLt's 192 x 192 tiles.
+int flagged_gemm_tile_n(int m, int n, int sm_count);
 
 // False (with the reason) when the kernels were not built (no CUTLASS at build time).
 bool flagged_gemm_built(std::string* why);

@@ -3,7 +3,7 @@
 
 namespace symmem::detail::flagged_gemm {
 
-void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream) { run<cutlass::bfloat16_t>(gemm, stream); }
-std::string problem_bf16(const FlaggedGemm& gemm) { return problem<cutlass::bfloat16_t>(gemm); }
+void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream) { run_shipped<cutlass::bfloat16_t>(gemm, stream); }
+std::string problem_bf16(const FlaggedGemm& gemm) { return problem_of_shipped<cutlass::bfloat16_t>(gemm); }
 
 }  // namespace symmem::detail::flagged_gemm

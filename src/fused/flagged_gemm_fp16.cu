@@ -3,7 +3,7 @@
 
 namespace symmem::detail::flagged_gemm {
 
-void run_fp16(const FlaggedGemm& gemm, cudaStream_t stream) { run<cutlass::half_t>(gemm, stream); }
-std::string problem_fp16(const FlaggedGemm& gemm) { return problem<cutlass::half_t>(gemm); }
+void run_fp16(const FlaggedGemm& gemm, cudaStream_t stream) { run_shipped<cutlass::half_t>(gemm, stream); }
+std::string problem_fp16(const FlaggedGemm& gemm) { return problem_of_shipped<cutlass::half_t>(gemm); }
 
 }  // namespace symmem::detail::flagged_gemm

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "fused/chunk_flags.hpp"
+#include "fused/flagged_gemm.hpp"
 #include "plan/fused_plan.hpp"
 #include "test.hpp"
 
@@ -73,4 +74,16 @@ TEST(gather_pieces_are_about_the_target_size) {
   EXPECT_EQ(p.piece_rows, 256);
   // A small shard is one piece.
   EXPECT_EQ(plan_gather_pieces(64, 1024, 128).pieces, 1);
+}
+
+TEST(gemm_tile_width_leaves_the_fewest_sms_idle) {
+  // N = 6656 on 132 SMs: 192-wide tiles fill the last wave better at every M of the issue
+  // (M = 4096: 7 waves of 256 against 9 of 192, 1792 against 1728 columns).
+  for (int m : {4096, 8192, 16384}) EXPECT_EQ(flagged_gemm_tile_n(m, 6656, 132), 192);
+  // N = 4096, M = 4096: 4 waves of 256 against 6 of 192.
+  EXPECT_EQ(flagged_gemm_tile_n(4096, 4096, 132), 256);
+  // A tie (M = 2048, N = 5120: 3 waves of 256 or 4 of 192): 256, whose tiles reuse more.
+  EXPECT_EQ(flagged_gemm_tile_n(2048, 5120, 132), 256);
+  // One wave either way: the narrower tiles end it sooner.
+  EXPECT_EQ(flagged_gemm_tile_n(256, 768, 132), 192);
 }

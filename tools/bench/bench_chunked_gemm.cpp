@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <string>
 
+#include "flagged_gemm_variants.hpp"
+#include "fused/flagged_gemm.hpp"
 #include "gemm.hpp"
 
 namespace symmem::bench {
@@ -50,6 +52,64 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
       BENCH_CUDA_CHECK(cudaStreamWaitEvent(s, join, 0));
     };
   }
+  // The fused op's persistent GEMM with every flag already set (its cost without communication),
+  // in the tile width it chooses for the shape, in each tile order: M bands taken 1 or 2 at a time (4 and 8 measured slower), rasterised along N or M.
+  uint32_t* flags = nullptr;
+  std::string flagged_gemm_why;
+  if (detail::flagged_gemm_built(&flagged_gemm_why)) {
+    const int tiles = (a.gemm_m + detail::kFlaggedGemmTileRows - 1) / detail::kFlaggedGemmTileRows;
+    BENCH_CUDA_CHECK(cudaMalloc(&flags, sizeof(uint32_t) * tiles));
+    BENCH_CUDA_CHECK(cudaMemset(flags, 0x01, sizeof(uint32_t) * tiles));  // nonzero: arrived
+    detail::FlaggedGemm fg{};
+    fg.a = gemm.a();
+    fg.b = gemm.b();
+    fg.c = gemm.c();
+    fg.m = a.gemm_m;
+    fg.n = a.gemm_n;
+    fg.k = a.gemm_k;
+    fg.type = type;
+    int device = 0;
+    BENCH_CUDA_CHECK(cudaGetDevice(&device));
+    BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&fg.sm_count, cudaDevAttrMultiProcessorCount, device));
+    fg.chunks.flags = flags;
+    fg.chunks.rows = fg.m;
+    fg.chunks.shard_rows = fg.m;
+    fg.chunks.piece_rows = detail::kFlaggedGemmTileRows;
+    fg.chunks.pieces = tiles;
+    fg.chunks.tile_rows = detail::kFlaggedGemmTileRows;
+    fg.chunks.tiles = tiles;
+    const std::string why = detail::flagged_gemm_problem(fg);
+    for (bool along_m : {false, true}) {
+      for (int swizzle : {1, 2}) {
+        if (!why.empty()) break;
+        fg.raster_along_m = along_m;
+        fg.swizzle = swizzle;
+        names.push_back(std::string("flagged_raster_") + (along_m ? "m" : "n") + "_swizzle" + std::to_string(swizzle));
+        configs.push_back({});
+        configs.back().launch = [fg](cudaStream_t s) { detail::run_flagged_gemm(fg, s); };
+      }
+    }
+    for (const GemmVariant& v : type == DataType::kFloat16 ? flagged_gemm_variants() : std::vector<GemmVariant>{}) {
+      detail::FlaggedGemm vg = fg;
+      vg.chunks.tile_rows = v.tile_rows;
+      vg.chunks.tiles = (vg.m + v.tile_rows - 1) / v.tile_rows;
+      const std::string problem = v.problem(vg);
+      if (!problem.empty()) {
+        if (ctx.rank() == 0) std::printf("# %s skipped: %s\n", v.name.c_str(), problem.c_str());
+        continue;
+      }
+      for (bool along_m : {false, true}) {
+        vg.raster_along_m = along_m;
+        vg.swizzle = 1;
+        names.push_back(v.name + "_raster_" + (along_m ? "m" : "n"));
+        configs.push_back({});
+        configs.back().launch = [vg, run = v.run](cudaStream_t s) { run(vg, s); };
+      }
+    }
+    if (!why.empty() && ctx.rank() == 0) std::printf("# flagged GEMM rows skipped: %s\n", why.c_str());
+  } else if (ctx.rank() == 0) {
+    std::printf("# flagged GEMM rows skipped: %s\n", flagged_gemm_why.c_str());
+  }
   for (Config& c : configs) {
     c.out = gemm.c();
     c.out_bytes = gemm.c_bytes();
@@ -62,6 +122,13 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
   if (ctx.rank() == 0)
     std::printf("# chunked_gemm %s (MxNxK, row-major), %s, %d ranks; median of %d batches of %d calls [min, max]\n",
                 shape.c_str(), dtype_name(type), ctx.world(), a.reps, a.iters);
+  if (ctx.rank() == 0) {
+    int device = 0, sms = 0;
+    BENCH_CUDA_CHECK(cudaGetDevice(&device));
+    BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    std::printf("# cuBLASLt's choice: %s; the flagged GEMM's tiles: 128 x %d\n",
+                gemm.algo_description(a.gemm_m).c_str(), detail::flagged_gemm_tile_n(a.gemm_m, a.gemm_n, sms));
+  }
   for (size_t i = 0; i < configs.size(); ++i) {
     Row r = new_row(ctx, "chunked_gemm_" + shape, names[i], type, 0, 0, 0);
     apply(measured[i], &r);
@@ -72,6 +139,7 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
   }
   std::fflush(stdout);
   BENCH_CUDA_CHECK(cudaFree(expected));
+  if (flags) BENCH_CUDA_CHECK(cudaFree(flags));
   cudaEventDestroy(fork);
   cudaEventDestroy(join);
   cudaStreamDestroy(second);

@@ -65,6 +65,26 @@ Gemm::Shape& Gemm::shape(int rows) {
   return shapes_.emplace(rows, s).first->second;
 }
 
+std::string Gemm::algo_description(int rows) {
+  const cublasLtMatmulAlgo_t& algo = shape(rows).heuristic.algo;
+  std::string out;
+  for (auto [attribute, name] : {std::pair{CUBLASLT_ALGO_CONFIG_ID, "algo"}, {CUBLASLT_ALGO_CONFIG_TILE_ID, "tile"},
+                                 {CUBLASLT_ALGO_CONFIG_STAGES_ID, "stages"},
+                                 {CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, "cluster"},
+                                 {CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, "inner"},
+                                 {CUBLASLT_ALGO_CONFIG_SPLITK_NUM, "splitk"},
+                                 {CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, "swizzle"},
+                                 {CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, "custom"}}) {
+    uint64_t value = 0;  // the attributes are 16- or 32-bit (little-endian: a zeroed slot reads either)
+    size_t size = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, nullptr, 0, &size) == CUBLAS_STATUS_SUCCESS &&
+        size <= sizeof(value) &&
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &value, size, &size) == CUBLAS_STATUS_SUCCESS)
+      out += std::string(out.empty() ? "" : " ") + name + "=" + std::to_string(value);
+  }
+  return out;
+}
+
 void Gemm::run_rows(int first, int rows, cudaStream_t stream, int workspace) {
   if (first < 0 || rows <= 0 || first + rows > m_) throw std::invalid_argument("Gemm::run_rows: rows out of range");
   if (workspace < 0 || workspace > 1) throw std::invalid_argument("Gemm::run_rows: workspace slot 0 or 1");

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <string>
 
 #include "symmem/types.hpp"
 
@@ -26,6 +27,10 @@ class Gemm {
   // in the workspace (stream-K tile counters), and two that share one corrupt each other's work.
   void run_rows(int first, int rows, cudaStream_t stream, int workspace = 0);
   int m() const { return m_; }
+  // cuBLASLt's choice for `rows` rows: "algo=.. tile=.. stages=.. cluster=.. ..." (cublasLt.h enum values).
+  std::string algo_description(int rows);
+  const void* a() const { return a_; }
+  const void* b() const { return b_; }
   void* c() const { return c_; }
   size_t c_bytes() const { return size_t(m_) * n_ * elem_; }
 

@@ -90,6 +90,23 @@ def test_back_to_back_calls_of_changing_shape(group):
     assert wrong.item() == 0
 
 
+def test_back_to_back_calls_that_fill_every_sm(group):
+    """Enough tiles that the persistent GEMM holds every SM while it waits: anything it waits for
+    that needs an SM (a copy within the GPU is a kernel) must be ahead of it in stream order, or
+    the calls deadlock until the deadline (seen with the own shard's copy beside the GEMM)."""
+    dtype = torch.float16
+    rows, n, k = 4096 // dist.get_world_size(), 4096, 2048
+    a_shard = _random((rows, k), dtype, ("full",), integers=True)
+    b = _shared_random((k, n), dtype, ("fullb",), integers=True)
+    expected = _reference(a_shard, b)[1].to(dtype)
+    wrong = torch.zeros((), dtype=torch.int64, device="cuda")
+    for _ in range(40):
+        c, _ = st.all_gather_matmul(a_shard, b)
+        wrong += (c != expected).sum()
+    assert wrong.item() == 0
+    st.Communicator().core.check()
+
+
 def test_graph_replay_follows_inputs_changed_in_place(group):
     dtype = torch.float16
     rows, n, k = 256, 768, 512
