@@ -153,6 +153,9 @@ fused)
   # Issue 12: the fused op's GPU tests first (a wrong or hung GEMM shows there, bounded), then the
   # issue's shapes (K = 16384, N = 6656, M = 4096 / 8192 / 16384), fp16 and bf16, interleaved.
   export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  # First: do copies between GPUs progress while a kernel holds every SM (the pulls rest on it)?
+  timeout 60 "$B/symmem-copy-probe" > "$FINAL/copy_probe_2.txt" 2>&1
+  echo "copy probe (2 GPUs) rc=$?" >> "$FINAL/summary.txt"
   timeout ${FUSED_TESTS_S:-240} tests/python/gpu/run.sh 2 -k "fused or matmul" -x > "$FINAL/fused_tests_2_ranks.log" 2>&1
   echo "fused tests rc=$?" >> "$FINAL/summary.txt"
   timeout ${FUSED_BENCH_S:-300} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \

@@ -2,8 +2,8 @@
 //
 // DATA MOVEMENT (rank r of W, shard = m / W rows; docs/fused.md has the diagram). Pull: every
 // copy writes only this rank's memory.
-//   caller's stream: own shard -> gathered_a slot r, piece by piece, each followed by a stream
-//                   write of its flag (skipped when a_shard already is slot r). This copy runs on
+//   caller's stream: own shard -> gathered_a slot r in one copy (skipped when a_shard already is
+//                   slot r), then stream writes of its pieces' flags. This copy runs on
 //                   SMs: the driver copies within one GPU with a kernel, whatever the API
 //                   (cudaMemcpyAsync, cuMemcpyBatchAsync, cudaMemcpyPeerAsync: measured on H200,
 //                   tools/copy_engine_probe.cu), and a kernel queued beside the persistent GEMM
@@ -32,7 +32,9 @@
 // made) a captured call makes the GEMM wait for every copy (no overlap). Otherwise the graph's
 // branches are trusted to run concurrently; if they did not, the GEMM's bounded wait would end the
 // call with an error, never a hang. Consecutive calls must be ordered on the caller's stream (as
-// for every collective): the handshakes' argument assumes it.
+// for every collective): the handshakes' argument assumes it. Nor may another kernel that holds
+// every SM until something on a peer happens (a second fused call on another stream or
+// communicator) run beside it: each rank's GEMM would keep the other's own copy from starting.
 //
 // FAILURE. Every wait is bounded: the handshakes by the copy-engine watchdog, the GEMM's flag waits
 // by twice the communicator's deadline (so that the watchdog, which knows which peer is missing,
@@ -188,16 +190,25 @@ void write_flag(const uint32_t* flag, cudaStream_t stream) {
   SYMMEM_CU_CHECK(detail::DriverApi::get().stream_batch_mem_op(stream, 1, &op, 0));
 }
 
-// Copies of shard `shard` from `from` into `to` (both the shard's first row), piece by piece, each
-// followed by the write of this rank's flag for the piece.
-void enqueue_shard_copies(const Prepared& p, int shard, const void* from, void* to, bool copy, cudaStream_t stream) {
+// Copies of a peer's shard from `from` into `to` (both the shard's first row), piece by piece,
+// each followed by the write of this rank's flag for the piece.
+void enqueue_peer_copies(const Prepared& p, int shard, const void* from, void* to, cudaStream_t stream) {
   for (const detail::GatherCopy& piece : detail::plan_gather_copies(shard, p.shard_rows, p.pieces)) {
     const size_t at = size_t(piece.first_row) * p.row_bytes;
-    if (copy)
-      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(to) + at, static_cast<const char*>(from) + at,
-                                        size_t(piece.rows) * p.row_bytes, cudaMemcpyDeviceToDevice, stream));
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(to) + at, static_cast<const char*>(from) + at,
+                                      size_t(piece.rows) * p.row_bytes, cudaMemcpyDeviceToDevice, stream));
     write_flag(p.gemm.chunks.flags + piece.chunk, stream);
   }
+}
+
+// The own shard into its slot in one copy (the GEMM starts after all of it: pieces would gain
+// nothing), then the flags of all its pieces.
+void enqueue_own_shard(const Prepared& p, int rank, const void* a_shard, void* slot, cudaStream_t stream) {
+  if (!p.in_place)
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(slot, a_shard, size_t(p.shard_rows) * p.row_bytes, cudaMemcpyDeviceToDevice,
+                                      stream));
+  for (const detail::GatherCopy& piece : detail::plan_gather_copies(rank, p.shard_rows, p.pieces))
+    write_flag(p.gemm.chunks.flags + piece.chunk, stream);
 }
 
 bool single_hardware_queue() {
@@ -255,7 +266,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   };
   try {
     // The own shard, on SMs before the GEMM takes them (no handshake: see the top of the file).
-    enqueue_shard_copies(p, rank, a_shard, gathered + size_t(rank) * shard_bytes, !p.in_place, stream);
+    enqueue_own_shard(p, rank, a_shard, gathered + size_t(rank) * shard_bytes, stream);
     // Invariant (caller's stream): this rank's slot holds its shard.
     SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
     SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.fork_event(), 0));
@@ -277,7 +288,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
       for (int i = 0; i < world - 1; ++i) {
         const int peer = (rank + 1 + i) % world;
         const size_t slot = size_t(peer) * shard_bytes;
-        enqueue_shard_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, true, pull_streams[i % lanes]);
+        enqueue_peer_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, pull_streams[i % lanes]);
       }
       for (int s = 1; s < lanes; ++s) join_into(s, control);
       forked.resize(1);

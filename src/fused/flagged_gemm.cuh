@@ -23,9 +23,9 @@ using namespace cute;
 
 // The shipped tile configurations (flagged_gemm_tile_n picks one per shape): 128 x 256 and 128 x
 // 192, clusters of 2 along M (the B tile is multicast to both CTAs). On one H200 (N = 6656, K =
-// 16384, bench/results/h200/fused_gemm_tiles/) 128 x 192 took 8 / 5 / 1 % less time than 128 x 256
-// at M = 4096 / 8192 / 16384 (fewer idle SMs in the last wave); clusters along N were no faster
-// and 128 x 128 ping-pong was slower at M = 16384.
+// 16384, bench/results/h200/fused_gemm_tiles/, runs b and c) 128 x 192 took 5-8 / 3-5 / 1-3 % less
+// time than 128 x 256 at M = 4096 / 8192 / 16384 (fewer idle SMs in the last wave). Clusters along
+// N and 256 x 128 tiles were also faster than 128 x 256 along M, but not than 128 x 192.
 struct Cooperative128x256Cluster2x1 {
   using TileShape = Shape<_128, _256, _64>;
   using ClusterShape = Shape<_2, _1, _1>;
@@ -116,22 +116,31 @@ void run(const FlaggedGemm& g, cudaStream_t stream) {
                 std::string("all_gather_matmul: GEMM launch failed: ") + cutlassGetStatusString(status));
 }
 
-// The shipped configuration for g's shape (g.tile_n, else flagged_gemm_tile_n's choice).
+// The shipped configuration's width for g (g.tile_n, else flagged_gemm_tile_n's choice), or 0 when
+// g.tile_n is neither 192 nor 256. problem and run both go through it: they agree by construction.
+inline int shipped_width(const FlaggedGemm& g) {
+  const int width = g.tile_n ? g.tile_n : flagged_gemm_tile_n(g.m, g.n, g.sm_count);
+  return width == 192 || width == 256 ? width : 0;
+}
+
 template <class Element>
 std::string problem_of_shipped(const FlaggedGemm& g) {
-  const int width = g.tile_n ? g.tile_n : flagged_gemm_tile_n(g.m, g.n, g.sm_count);
-  if (width != 192 && width != 256) return "tile_n must be 192 or 256";
-  return width == 192 ? problem<Element, Cooperative128x192Cluster2x1>(g)
-                      : problem<Element, Cooperative128x256Cluster2x1>(g);
+  switch (shipped_width(g)) {
+    case 192: return problem<Element, Cooperative128x192Cluster2x1>(g);
+    case 256: return problem<Element, Cooperative128x256Cluster2x1>(g);
+    default: return "tile_n must be 192 or 256, got " + std::to_string(g.tile_n);
+  }
 }
 
 template <class Element>
 void run_shipped(const FlaggedGemm& g, cudaStream_t stream) {
-  const int width = g.tile_n ? g.tile_n : flagged_gemm_tile_n(g.m, g.n, g.sm_count);
-  if (width == 192)
-    run<Element, Cooperative128x192Cluster2x1>(g, stream);
-  else
-    run<Element, Cooperative128x256Cluster2x1>(g, stream);
+  switch (shipped_width(g)) {
+    case 192: return run<Element, Cooperative128x192Cluster2x1>(g, stream);
+    case 256: return run<Element, Cooperative128x256Cluster2x1>(g, stream);
+    default:
+      throw Error(ErrorCode::kInvalidArgument,
+                  "all_gather_matmul: tile_n must be 192 or 256, got " + std::to_string(g.tile_n));
+  }
 }
 
 }  // namespace symmem::detail::flagged_gemm

@@ -29,8 +29,9 @@ struct FlaggedGemm {
 };
 
 // The tile width (256 or 192 columns; both 128 rows, clusters of 2 along M) that leaves the fewest
-// SMs idle in the last wave: the smaller (waves x width), 256 on a tie (its tiles reuse more).
-// At N = 6656 that is 192 for M = 4096 to 16384, as cuBLASLt's 192 x 192 tiles.
+// SMs idle in the last wave: the smaller (waves x width), 256 on a tie (its tiles reuse more). At
+// N = 6656 that is 192 for M = 4096 to 16384 (cuBLASLt picks 192 x 192 tiles at M = 4096 and
+// 16384). When both widths fit in one wave it picks 192 (less work per tile): not measured.
 int flagged_gemm_tile_n(int m, int n, int sm_count);
 
 // False (with the reason) when the kernels were not built (no CUTLASS at build time).

@@ -93,18 +93,24 @@ def test_back_to_back_calls_of_changing_shape(group):
 def test_back_to_back_calls_that_fill_every_sm(group):
     """Enough tiles that the persistent GEMM holds every SM while it waits: anything it waits for
     that needs an SM (a copy within the GPU is a kernel) must be ahead of it in stream order, or
-    the calls deadlock until the deadline (seen with the own shard's copy beside the GEMM)."""
+    the calls deadlock until the deadline (seen with the own shard's copy beside the GEMM). 4096
+    rows per rank at every world size (own shard of two pieces), both tile widths (n = 4096 takes
+    256, n = 6656 takes 192), and the shards alternate so that a stale slot shows as wrong data."""
     dtype = torch.float16
-    rows, n, k = 4096 // dist.get_world_size(), 4096, 2048
-    a_shard = _random((rows, k), dtype, ("full",), integers=True)
-    b = _shared_random((k, n), dtype, ("fullb",), integers=True)
-    expected = _reference(a_shard, b)[1].to(dtype)
+    rows, k = 4096, 2048
+    cases = []
+    for i, n in enumerate((4096, 6656, 4096, 6656)):
+        a_shard = _random((rows, k), dtype, ("full", i), integers=True)
+        b = _shared_random((k, n), dtype, ("fullb", n), integers=True)
+        cases.append((a_shard, b, _reference(a_shard, b)[1].to(dtype)))
     wrong = torch.zeros((), dtype=torch.int64, device="cuda")
-    for _ in range(40):
+    for call in range(40):
+        a_shard, b, expected = cases[call % len(cases)]
         c, _ = st.all_gather_matmul(a_shard, b)
         wrong += (c != expected).sum()
+    torch.cuda.synchronize()
+    st.Communicator().core.check()  # a deadline reached raises here, naming the wait
     assert wrong.item() == 0
-    st.Communicator().core.check()
 
 
 def test_graph_replay_follows_inputs_changed_in_place(group):
