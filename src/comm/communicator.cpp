@@ -129,6 +129,15 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
     return me + " called " + mine + " but " + peer + " called " + theirs +
            "; every rank must make the same collective calls with the same arguments";
   }
+  if (s.op == kOpAllGatherMatmul && s.block >= 0) {
+    // The fused GEMM's wait for rows of A (fused/flag_waiting_scheduler.cuh): its deadline is twice
+    // the communicator's plus 1 s, and what it waits for may also be this rank's own copy.
+    return me + " timed out after " + std::to_string(2 * st.timeout_ms() + 1000) + " ms in " + mine +
+           ": its GEMM waited for rows of " + (s.peer == s.rank ? "its own shard" : peer + "'s shard") +
+           " (flag " + std::to_string(s.phase) + ") that never arrived; " +
+           (s.peer == s.rank ? "the copy could not start (another kernel holding every SM beside the GEMM?)"
+                             : peer + " is dead or stalled, or its copy could not start");
+  }
   return me + " timed out after " + std::to_string(st.timeout_ms()) + " ms in " + mine + " waiting for " + peer +
          (s.block >= 0 ? " (block " + std::to_string(s.block) + ", phase " + std::to_string(s.phase) + ")"
                        : " (copy-engine handshake " + std::to_string(s.phase) + ")") +
