@@ -21,23 +21,23 @@ namespace symmem::detail::flagged_gemm {
 
 using namespace cute;
 
+// A cooperative warp-specialised configuration: 128-row tiles TileN wide (K step 64), clusters of
+// ClusterM x ClusterN tiles.
+template <int TileN, int ClusterM, int ClusterN>
+struct Cooperative {
+  using TileShape = Shape<Int<kFlaggedGemmTileRows>, Int<TileN>, _64>;
+  using ClusterShape = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
+  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+
 // The shipped tile configurations (flagged_gemm_tile_n picks one per shape): 128 x 256 and 128 x
 // 192, clusters of 2 along M (the B tile is multicast to both CTAs). On one H200 (N = 6656, K =
 // 16384, bench/results/h200/fused_gemm_tiles/, runs b and c) 128 x 192 took 5-8 / 3-5 / 1-3 % less
 // time than 128 x 256 at M = 4096 / 8192 / 16384 (fewer idle SMs in the last wave). Clusters along
 // N and 256 x 128 tiles were also faster than 128 x 256 along M, but not than 128 x 192.
-struct Cooperative128x256Cluster2x1 {
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
-struct Cooperative128x192Cluster2x1 {
-  using TileShape = Shape<_128, _192, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
+using Cooperative128x256Cluster2x1 = Cooperative<256, 2, 1>;
+using Cooperative128x192Cluster2x1 = Cooperative<192, 2, 1>;
 
 template <class Element, class Config = Cooperative128x256Cluster2x1>
 struct Kernel {
@@ -61,7 +61,6 @@ struct Kernel {
   static_assert(!GemmKernel::IsMainloopAuxiliaryLoadNeeded, "a second warp would load A without waiting");
 };
 static_assert(size<0>(Cooperative128x256Cluster2x1::TileShape{}) == kFlaggedGemmTileRows);
-static_assert(size<0>(Cooperative128x192Cluster2x1::TileShape{}) == kFlaggedGemmTileRows);
 
 template <class Element, class Config = Cooperative128x256Cluster2x1>
 typename Kernel<Element, Config>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {

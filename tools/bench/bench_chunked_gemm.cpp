@@ -53,7 +53,11 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
     };
   }
   // The fused op's persistent GEMM with every flag already set (its cost without communication),
-  // in the tile width it chooses for the shape, in each tile order: M bands taken 1 or 2 at a time (4 and 8 measured slower), rasterised along N or M.
+  // in the tile width it chooses for the shape, in each tile order: M bands taken 1 or 2 at a time
+  // (4 and 8 measured slower), rasterised along N or M.
+  int device = 0, sms = 0;
+  BENCH_CUDA_CHECK(cudaGetDevice(&device));
+  BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   uint32_t* flags = nullptr;
   std::string flagged_gemm_why;
   if (detail::flagged_gemm_built(&flagged_gemm_why)) {
@@ -68,9 +72,7 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
     fg.n = a.gemm_n;
     fg.k = a.gemm_k;
     fg.type = type;
-    int device = 0;
-    BENCH_CUDA_CHECK(cudaGetDevice(&device));
-    BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&fg.sm_count, cudaDevAttrMultiProcessorCount, device));
+    fg.sm_count = sms;
     fg.chunks.flags = flags;
     fg.chunks.rows = fg.m;
     fg.chunks.shard_rows = fg.m;
@@ -91,8 +93,6 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
     }
     for (const GemmVariant& v : type == DataType::kFloat16 ? flagged_gemm_variants() : std::vector<GemmVariant>{}) {
       detail::FlaggedGemm vg = fg;
-      vg.chunks.tile_rows = v.tile_rows;
-      vg.chunks.tiles = (vg.m + v.tile_rows - 1) / v.tile_rows;
       const std::string problem = v.problem(vg);
       if (!problem.empty()) {
         if (ctx.rank() == 0) std::printf("# %s skipped: %s\n", v.name.c_str(), problem.c_str());
@@ -123,9 +123,6 @@ std::vector<Row> run_chunked_gemm(BenchContext& ctx) {
     std::printf("# chunked_gemm %s (MxNxK, row-major), %s, %d ranks; median of %d batches of %d calls [min, max]\n",
                 shape.c_str(), dtype_name(type), ctx.world(), a.reps, a.iters);
   if (ctx.rank() == 0) {
-    int device = 0, sms = 0;
-    BENCH_CUDA_CHECK(cudaGetDevice(&device));
-    BENCH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     std::printf("# cuBLASLt's choice: %s; the flagged GEMM's tiles: 128 x %d\n",
                 gemm.algo_description(a.gemm_m).c_str(), detail::flagged_gemm_tile_n(a.gemm_m, a.gemm_n, sms));
   }

@@ -14,7 +14,6 @@ namespace symmem::bench {
 
 struct GemmVariant {
   std::string name;
-  int tile_rows;
   std::function<std::string(const detail::FlaggedGemm&)> problem;
   std::function<void(const detail::FlaggedGemm&, cudaStream_t)> run;
 };
