@@ -11,6 +11,7 @@
 #   scripts/h200_session.sh fused    issue 12: all_gather_matmul GPU tests (torchrun, 2 ranks), then its
 #                                    benchmark against gemm_alone, nccl_then_gemm and torch's fused op
 #   scripts/h200_session.sh fused_single   issue 12 on one GPU: tests, bench and memcheck at world 1
+#   scripts/h200_session.sh reduce_single  issue 12's matmul_reduce_scatter on one GPU: tests, bench, memcheck
 #   scripts/h200_session.sh fused_gemm_tiles   the fused GEMM's tile configurations against cuBLASLt (one GPU)
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
@@ -161,6 +162,24 @@ fused)
   timeout ${FUSED_BENCH_S:-300} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
     --out "$FINAL/fused" ${FUSED_BENCH_ARGS:-} > "$FINAL/fused_bench_2.log" 2>&1
   echo "fused bench rc=$?" >> "$FINAL/summary.txt"
+  timeout ${FUSED_BENCH_S:-300} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
+    --op matmul_reduce_scatter --out "$FINAL/fused" ${FUSED_BENCH_ARGS:-} > "$FINAL/reduce_bench_2.log" 2>&1
+  echo "matmul_reduce_scatter bench rc=$?" >> "$FINAL/summary.txt"
+  ;;
+reduce_single)
+  # matmul_reduce_scatter on one GPU (world 1: the GEMM with float32 output and its tile counters,
+  # then the sums; no copies): its tests, the bench against torch.mm, memcheck of a few calls.
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  timeout ${FUSED_TESTS_S:-200} tests/python/gpu/run.sh 1 -k "matmul_reduce_scatter and not killed" \
+    > "$FINAL/reduce_tests_1_rank.log" 2>&1
+  echo "matmul_reduce_scatter tests (1 rank) rc=$?" >> "$FINAL/summary.txt"
+  timeout ${FUSED_BENCH_S:-200} python3 -m torch.distributed.run --nproc-per-node 1 -m symmem.bench.all_gather_matmul \
+    --op matmul_reduce_scatter --out "$FINAL/reduce_1" --reps 7 ${FUSED_BENCH_ARGS:-} > "$FINAL/reduce_bench_1.log" 2>&1
+  echo "matmul_reduce_scatter bench (1 rank) rc=$?" >> "$FINAL/summary.txt"
+  [ -n "${SKIP_MEMCHECK:-}" ] || { timeout 240 compute-sanitizer --report-api-errors no --error-exitcode 3 --tool memcheck \
+    --target-processes all python3 -m torch.distributed.run --nproc-per-node 1 -m pytest tests/python/gpu \
+    -p no:cacheprovider -q -k "matmul_reduce_scatter and test_matches_nccl_and_matmul" > "$FINAL/reduce_memcheck_1.log" 2>&1
+  echo "matmul_reduce_scatter memcheck (1 rank) rc=$?" >> "$FINAL/summary.txt"; }
   ;;
 fused_single)
   # Issue 12 on one GPU (world 1): which copies progress while a kernel holds every SM; the test

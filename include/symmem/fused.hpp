@@ -37,4 +37,32 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
 std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t n, int64_t k, DataType type,
                                           Communicator& comm);
 
+// c_shard [m / world x n] = this rank's rows of the sum over ranks of a [m x k] * b [k x n]: the
+// row-parallel half of tensor parallelism (each rank holds a k-slice of the layer: its a and b).
+// Row-major and contiguous, float16 or bfloat16 in and out; the products accumulate in float32,
+// the ranks' float32 partial sums are added in rank order and rounded once, so a shard does not
+// depend on which rank computes it. k and n multiples of 8, m a multiple of world. One node.
+//
+// `workspace` is a symmetric operand of matmul_reduce_scatter_workspace_bytes(m, n) bytes: this
+// rank's partial products (m x n float32), then the peers' partial products of its rows (world
+// slots of m / world x n float32). One persistent GEMM computes the rows of rank r+1 first, then
+// r+2, ..., its own last; each piece of rows, once its tiles are written, is pushed into its
+// owner's workspace by the copy engines (zero SMs) while the GEMM goes on; then one kernel adds
+// the partial sums (docs/fused.md). a, b and c_shard are local and overlap neither each other
+// (c_shard and a, b) nor the workspace.
+//
+// Asynchronous on `stream`, capturable in CUDA graphs (a captured call overlaps nothing: its copies
+// wait for the whole GEMM). Every rank must make the same call (m, n, k, type and the workspace's
+// offset are signed: a mismatch is kMismatch on every rank); a dead peer is kTimeout, never a hang;
+// errors surface at the next call, check() or synchronize(), and c_shard is then undefined.
+void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, const void* b, int64_t m, int64_t n,
+                           int64_t k, DataType type, Communicator& comm, cudaStream_t stream);
+
+// The workspace matmul_reduce_scatter needs: 2 * m * n * 4 bytes.
+size_t matmul_reduce_scatter_workspace_bytes(int64_t m, int64_t n);
+
+// Empty when matmul_reduce_scatter can run these arguments, else the reason. Launches nothing.
+std::string matmul_reduce_scatter_unsupported(Operand workspace, int64_t m, int64_t n, int64_t k, DataType type,
+                                              Communicator& comm);
+
 }  // namespace symmem

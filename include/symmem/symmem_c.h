@@ -66,6 +66,12 @@ int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t c
  * gathered_a: m * k elements inside one heap buffer (symmetric: the same offset on every rank). */
 int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const void* a_shard, const void* b,
                              int64_t m, int64_t n, int64_t k, int dtype, void* stream);
+/* symmem::matmul_reduce_scatter (symmem/fused.hpp): c_shard [m / world x n] = this rank's rows of
+ * the sum over ranks of a [m x k] * b [k x n]. workspace: symmem_matmul_reduce_scatter_workspace_bytes(m, n)
+ * bytes inside one heap buffer (symmetric: the same offset on every rank). */
+int symmem_matmul_reduce_scatter(symmem_comm* comm, void* c_shard, void* workspace, const void* a, const void* b,
+                                 int64_t m, int64_t n, int64_t k, int dtype, void* stream);
+size_t symmem_matmul_reduce_scatter_workspace_bytes(int64_t m, int64_t n);
 /* The plan a call would run (collective: 0 all_gather, 1 all_reduce, 2 reduce_scatter), or the
  * error it would raise; nothing is launched. */
 int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in, size_t count, int dtype, int algo,

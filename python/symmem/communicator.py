@@ -140,6 +140,18 @@ class Communicator:
         if rc:
             self._call(rc)
 
+    def matmul_reduce_scatter(self, c_shard, workspace, a, b, m, n, k, dtype, stream):
+        """c_shard [m / world x n] = this rank's rows of the sum over ranks of a [m x k] @ b [k x n]
+        (symmem/fused.hpp); workspace: matmul_reduce_scatter_workspace_bytes(m, n) bytes inside one
+        heap buffer, at the same offset on every rank."""
+        rc = lib.symmem_matmul_reduce_scatter(self._handle, c_shard, workspace, a, b, m, n, k, dtype, stream)
+        if rc:
+            self._call(rc)
+
+    @staticmethod
+    def matmul_reduce_scatter_workspace_bytes(m, n):
+        return lib.symmem_matmul_reduce_scatter_workspace_bytes(m, n)
+
     def describe(self, collective, out, inp, count, dtype, algo=0, blocks=0, max_blocks=-1):
         """The plan the call would run, e.g. 'all_reduce low_latency blocks=8 ...' (nothing runs)."""
         text = ctypes.create_string_buffer(512)

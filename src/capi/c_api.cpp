@@ -28,7 +28,7 @@ Operand operand_at(Communicator& comm, const void* ptr, size_t bytes) {
   return Operand(ptr);
 }
 
-// An operand that must be symmetric (all_gather_matmul's gathered_a): the heap buffer holding
+// An operand that must be symmetric (all_gather_matmul's gathered_a, matmul_reduce_scatter's workspace): the heap buffer holding
 // [ptr, ptr + bytes) at ptr's offset in it. A view whose offset differs by rank is caught on the
 // device (the offset is in the call's signature: kMismatch), never used.
 Operand symmetric_operand_at(Communicator& comm, const void* ptr, size_t bytes) {
@@ -196,6 +196,21 @@ int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const
     symmem::all_gather_matmul(c, symmetric_operand_at(cm, gathered_a, a_bytes), a_shard, b, m, n, k, type, cm,
                               stream_of(stream));
   });
+}
+
+int symmem_matmul_reduce_scatter(symmem_comm* comm, void* c_shard, void* workspace, const void* a, const void* b,
+                                 int64_t m, int64_t n, int64_t k, int dtype, void* stream) {
+  return c_api_guard([&] {
+    symmem::Communicator& cm = comm_of(comm);
+    const symmem::DataType type = dtype_of(dtype);
+    symmem::matmul_reduce_scatter(
+        c_shard, symmetric_operand_at(cm, workspace, symmem::matmul_reduce_scatter_workspace_bytes(m, n)), a, b, m, n,
+        k, type, cm, stream_of(stream));
+  });
+}
+
+size_t symmem_matmul_reduce_scatter_workspace_bytes(int64_t m, int64_t n) {
+  return symmem::matmul_reduce_scatter_workspace_bytes(m, n);
 }
 
 int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, int op, void* stream,

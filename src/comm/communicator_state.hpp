@@ -79,6 +79,13 @@ struct CommunicatorState {
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;
   // Throws if the communicator is closed or aborted, or if any rank recorded a failure.
   void ensure_usable(const char* op);
+  // Makes the communicator unusable on every rank (a call failed half-enqueued: the handshake
+  // sequence the ranks share is broken): later calls here fail with `reason`, the peers' waits
+  // are released by the abort word and their calls fail too.
+  void poison(const std::string& reason) {
+    abort_reason = reason;
+    __atomic_store_n(board->abort_word(), 1u, __ATOMIC_RELEASE);
+  }
   // Remembers this call's description under its signature in the host board (for mismatch
   // messages on any rank). Formats it only for a signature the board has not logged recently.
   void record_call(uint32_t signature, const CallDescriptor& call) {

@@ -49,6 +49,7 @@ enum OpCode : uint32_t {
   kOpCopyEngine = 5,
   kOpBetweenNodes = 6,  // the NCCL step of a hierarchical all-gather (peer: a job rank)
   kOpAllGatherMatmul = 7,  // the GEMM of all_gather_matmul waiting for a shard (peer: its rank)
+  kOpMatmulReduceScatter = 8,  // matmul_reduce_scatter (its waits are the copy-engine handshakes)
 };
 
 inline const char* op_code_name(uint32_t op) {
@@ -60,6 +61,7 @@ inline const char* op_code_name(uint32_t op) {
     case kOpCopyEngine: return "all_gather(copy_engine)";
     case kOpBetweenNodes: return "all_gather(hierarchical, between nodes)";
     case kOpAllGatherMatmul: return "all_gather_matmul";
+    case kOpMatmulReduceScatter: return "matmul_reduce_scatter";
     default: return "collective";
   }
 }

@@ -62,6 +62,8 @@
 #include "common/device_guard.hpp"
 #include "common/driver_api.hpp"
 #include "fused/flagged_gemm.hpp"
+#include "fused/fused_problems.hpp"
+#include "fused/side_streams.hpp"
 #include "plan/fused_plan.hpp"
 
 static_assert(symmem::detail::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::kSignalFlagCount,
@@ -73,37 +75,6 @@ namespace {
 using detail::CommunicatorState;
 
 constexpr const char* kOp = "all_gather_matmul";
-
-// What the arguments are, before anything is resolved: the reason they cannot run, or "".
-std::string shape_problem(int64_t m, int64_t n, int64_t k, DataType type, int world) {
-  if (type != DataType::kFloat16 && type != DataType::kBFloat16)
-    return std::string("all_gather_matmul: type ") + dtype_name(type) + " is not supported (float16, bfloat16)";
-  if (m <= 0 || n <= 0 || k <= 0)
-    return "all_gather_matmul: m, n and k must be positive (m=" + std::to_string(m) + ", n=" + std::to_string(n) +
-           ", k=" + std::to_string(k) + ")";
-  if (m % world != 0)
-    return "all_gather_matmul: m=" + std::to_string(m) + " is not a multiple of the " + std::to_string(world) +
-           " ranks (every shard has m / world rows)";
-  if (k % 8 != 0 || n % 8 != 0)
-    return "all_gather_matmul: k=" + std::to_string(k) + " and n=" + std::to_string(n) +
-           " must be multiples of 8 (16-byte rows for the tensor-memory loads)";
-  constexpr int64_t kMaxExtent = int64_t(1) << 30;
-  if (m > kMaxExtent || n > kMaxExtent || k > kMaxExtent)
-    return "all_gather_matmul: extents above 2^30 are not supported";
-  return {};
-}
-
-std::string build_problem(CommunicatorState& st) {
-  if (st.layout.spans_nodes())
-    return "all_gather_matmul: the communicator spans " + std::to_string(st.layout.nodes) +
-           " nodes; the fused GEMM runs inside one node";
-  int major = 0;
-  SYMMEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st.device));
-  if (major != 9) return "all_gather_matmul: the fused GEMM needs an sm_90 GPU (Hopper)";
-  std::string why;
-  if (!detail::flagged_gemm_built(&why)) return "all_gather_matmul: " + why;
-  return {};
-}
 
 struct Prepared {
   detail::Resolved gathered;
@@ -117,9 +88,9 @@ struct Prepared {
 
 Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b, int64_t m, int64_t n, int64_t k,
                  DataType type, CommunicatorState& st, Communicator& comm) {
-  std::string why = build_problem(st);
+  std::string why = detail::fused_build_problem(kOp, st);
   if (!why.empty()) throw Error(ErrorCode::kUnsupported, why);
-  why = shape_problem(m, n, k, type, st.world);
+  why = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
   if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, why);
   if (!gathered_a.symmetric())
     throw Error(ErrorCode::kInvalidArgument,
@@ -211,19 +182,14 @@ void enqueue_own_shard(const Prepared& p, int rank, const void* a_shard, void* s
     write_flag(p.gemm.chunks.flags + piece.chunk, stream);
 }
 
-bool single_hardware_queue() {
-  const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  return v && std::atoi(v) == 1;
-}
-
 }  // namespace
 
 std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t n, int64_t k, DataType type,
                                           Communicator& comm) {
   CommunicatorState& st = detail::state_of(comm);
   detail::DeviceGuard guard(st.device);
-  std::string why = build_problem(st);
-  if (why.empty()) why = shape_problem(m, n, k, type, st.world);
+  std::string why = detail::fused_build_problem(kOp, st);
+  if (why.empty()) why = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
   if (why.empty() && !gathered_a.symmetric()) why = "all_gather_matmul: gathered_a must be a symmetric operand";
   if (why.empty()) {
     try {
@@ -257,75 +223,43 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
   const size_t flag_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
   char* gathered = static_cast<char*>(p.gathered.local);
-  const int streams = ce.streams();
-  cudaStream_t control = ce.side_stream(0);
-  std::vector<int> forked;  // side streams forked from the caller's and not joined back yet
-  auto join_into = [&](int side, cudaStream_t into) {
-    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(side), ce.side_stream(side)));
-    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(into, ce.join_event(side), 0));
-  };
+  detail::SideStreams sides(ce, stream);
   try {
     // The own shard, on SMs before the GEMM takes them (no handshake: see the top of the file).
     enqueue_own_shard(p, rank, a_shard, gathered + size_t(rank) * shard_bytes, stream);
     // Invariant (caller's stream): this rank's slot holds its shard.
-    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
-    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control, ce.fork_event(), 0));
-    forked.push_back(0);
+    sides.fork_control();
 
     if (world > 1) {
+      cudaStream_t control = sides.control();
       detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
       // Invariant: every peer's slot holds its shard of this call.
-      std::vector<cudaStream_t> pull_streams{control};
-      for (int s = 1; s < streams; ++s) pull_streams.push_back(ce.side_stream(s));
-      const int lanes = std::min<int>(static_cast<int>(pull_streams.size()), world - 1);
-      if (lanes > 1) {
-        SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), control));
-        for (int s = 1; s < lanes; ++s) {
-          SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(pull_streams[s], ce.fork_event(), 0));
-          forked.push_back(s);
-        }
-      }
+      const std::vector<cudaStream_t> lanes = sides.fork_lanes(world - 1);
       for (int i = 0; i < world - 1; ++i) {
         const int peer = (rank + 1 + i) % world;
         const size_t slot = size_t(peer) * shard_bytes;
-        enqueue_peer_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, pull_streams[i % lanes]);
+        enqueue_peer_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, lanes[i % lanes.size()]);
       }
-      for (int s = 1; s < lanes; ++s) join_into(s, control);
-      forked.resize(1);
+      sides.join_lanes();
       detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
       // Invariant (control stream): every slot holds its shard; no peer reads this rank's slot any more.
     }
 
-    if (capturing && single_hardware_queue()) {
-      // One hardware queue in a graph: nothing orders the GEMM after the copies it waits for.
-      join_into(0, stream);
-    }
+    // One hardware queue in a graph: nothing orders the GEMM after the copies it waits for.
+    if (capturing && detail::single_hardware_queue()) sides.join_control();
     detail::run_flagged_gemm(p.gemm, stream);
 
-    join_into(0, stream);
-    forked.clear();
+    sides.join_control();
     SYMMEM_CUDA_CHECK(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0, flag_bytes, stream));
     // Invariant: this rank's flags are 0 again, before anything of the next call.
   } catch (const std::exception& e) {
-    // Leave no side stream forked (a capture would fail to end) and no flag set: every forked side
-    // stream joins side stream 0, which joins the caller's, and the flags are reset after them.
-    for (int side : forked) {
-      if (side == 0) continue;
-      SYMMEM_CUDA_CHECK_NOTHROW(cudaEventRecord(ce.join_event(side), ce.side_stream(side)));
-      SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(control, ce.join_event(side), 0));
-    }
-    if (!forked.empty()) {
-      SYMMEM_CUDA_CHECK_NOTHROW(cudaEventRecord(ce.join_event(0), control));
-      SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(stream, ce.join_event(0), 0));
-    }
+    // Leave no side stream forked (a capture would fail to end) and no flag set.
+    sides.unwind();
     SYMMEM_CUDA_CHECK_NOTHROW(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0, flag_bytes, stream));
     // Eagerly, a handshake may have been enqueued without its partner: the sequence every rank
     // relies on is broken, so the communicator is unusable from here on, on every rank. Under
     // capture nothing ran (the graph is the caller's to discard).
-    if (!capturing) {
-      st.abort_reason = std::string("all_gather_matmul failed while enqueuing its work: ") + e.what();
-      __atomic_store_n(st.board->abort_word(), 1u, __ATOMIC_RELEASE);
-    }
+    if (!capturing) st.poison(std::string("all_gather_matmul failed while enqueuing its work: ") + e.what());
     throw;
   }
 }

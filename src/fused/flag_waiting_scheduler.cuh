@@ -1,10 +1,10 @@
-// A CUTLASS sm90 persistent tile scheduler whose tiles wait for their rows of A to arrive.
+// A CUTLASS sm90 persistent tile scheduler whose tiles wait for their rows of A to arrive
+// (all_gather_matmul) or announce that their rows of C have left (matmul_reduce_scatter).
 //
 // It is CUTLASS's static persistent scheduler (raster along N: every N tile of an M band before
-// the next band) with two changes, both made where a warp asks for its next tile, so that the
+// the next band) with three changes, all made where a warp asks for its next tile, so that the
 // producer (TMA loads of A), the consumers and the epilogue of a CTA all see the same tile:
-//   - the M index is rotated so that the own shard's bands come first, then the next ranks' shards
-//     in the order their pieces arrive (chunk_flags.hpp);
+//   - the M index is rotated so that the bands are taken from first_tile on (chunk_flags.hpp);
 //   - before returning a tile to warp 0 of the CTA (the cooperative kernel's mainloop producer, the
 //     only warp that loads A: flagged_gemm.cuh asserts there is no auxiliary load warp), lane 0
 //     waits until the flags of every piece of A that the tile's rows touch are set; the other
@@ -13,6 +13,11 @@
 //     fences the async proxy so that the TMA loads issued after it see the copied rows. It has the library's deadline: after the communicator's timeout, or once any rank
 //     failed (abort word), it records the failure and lets the tile run on garbage; the host
 //     raises the error and the result is undefined. Never a hang.
+//   - when chunks.done is set, a consumer warp group that finished a tile's epilogue waits for its
+//     TMA stores to complete (not only to have read shared memory), fences the async proxy, and
+//     after a barrier of both consumer warp groups one thread adds 1 at system scope, with
+//     release, to done[] of every chunk the tile's rows touch: the copy engine that waits for the
+//     count (a stream memory operation) then reads the finished rows.
 // Selected by the tag symmem::detail::FlagWaitingScheduler in GemmUniversal.
 #pragma once
 
@@ -31,6 +36,11 @@ class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::Persisten
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
 
  public:
+  // The cooperative kernel: one producer warp group, then two consumer (MMA + epilogue) warp groups
+  // (flagged_gemm.cuh asserts it).
+  static constexpr int kLoadWarpGroups = 1;
+  static constexpr int kConsumerThreads = 256;
+
   using BaseParams = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params;
   using WorkTileInfo = typename Base::WorkTileInfo;
 
@@ -72,7 +82,8 @@ class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::Persisten
     return work;
   }
 
-  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo) {
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo finished) {
+    if (chunks_.done != nullptr && cutlass::canonical_warp_group_idx() >= kLoadWarpGroups) announce_rows(finished);
     Base::advance_to_next_work();
     return cute::make_tuple(get_current_work(), true);
   }
@@ -83,7 +94,28 @@ class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::Persisten
   }
 
  private:
+  CUTLASS_DEVICE void announce_rows(const WorkTileInfo& tile) const {
+    if (!tile.is_valid()) return;
+    // The epilogue's TMA stores of this tile (issued by one consumer warp) must have landed, not
+    // only have read shared memory (the epilogue's own waits are .read); a thread without pending
+    // bulk stores passes at once.
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, kAnnounceBarrier);
+    const int first_row = tile.M_idx * chunks_.tile_rows;
+    if (first_row >= chunks_.rows) return;  // cluster padding: no rows
+    if (threadIdx.x != kLoadWarpGroups * cutlass::NumThreadsPerWarpGroup) return;  // the first consumer thread
+    const int last_row = min(first_row + chunks_.tile_rows, chunks_.rows) - 1;
+    const int last = chunk_of_row(chunks_, last_row);
+    __threadfence_system();
+    for (int chunk = chunk_of_row(chunks_, first_row); chunk <= last; ++chunk)
+      asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(chunks_.done + chunk) : "memory");
+  }
+  // A named barrier of the consumer threads, after CUTLASS's reserved ones.
+  static constexpr uint32_t kAnnounceBarrier = 0;  // NamedBarrier adds the reserved count
+
   CUTLASS_DEVICE void wait_for_rows(int tile) const {
+    if (chunks_.flags == nullptr) return;                 // nothing arrives: every row is local
     if (cutlass::canonical_warp_idx_sync() != 0) return;  // not the warp that loads A
     const int first_row = tile * chunks_.tile_rows;
     if (first_row >= chunks_.rows) return;  // cluster padding: the TMA clips it

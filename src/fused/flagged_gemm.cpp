@@ -24,25 +24,33 @@ int flagged_gemm_tile_n(int m, int n, int sm_count) {
 namespace flagged_gemm {
 void run_fp16(const FlaggedGemm& gemm, cudaStream_t stream);
 void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream);
+void run_fp16_float_out(const FlaggedGemm& gemm, cudaStream_t stream);
+void run_bf16_float_out(const FlaggedGemm& gemm, cudaStream_t stream);
 std::string problem_fp16(const FlaggedGemm& gemm);
 std::string problem_bf16(const FlaggedGemm& gemm);
+std::string problem_fp16_float_out(const FlaggedGemm& gemm);
+std::string problem_bf16_float_out(const FlaggedGemm& gemm);
 }  // namespace flagged_gemm
 
 bool flagged_gemm_built(std::string*) { return true; }
 
 std::string flagged_gemm_problem(const FlaggedGemm& gemm) {
   switch (gemm.type) {
-    case DataType::kFloat16: return flagged_gemm::problem_fp16(gemm);
-    case DataType::kBFloat16: return flagged_gemm::problem_bf16(gemm);
+    case DataType::kFloat16:
+      return gemm.float_out ? flagged_gemm::problem_fp16_float_out(gemm) : flagged_gemm::problem_fp16(gemm);
+    case DataType::kBFloat16:
+      return gemm.float_out ? flagged_gemm::problem_bf16_float_out(gemm) : flagged_gemm::problem_bf16(gemm);
     default: return std::string("no GEMM for ") + dtype_name(gemm.type);
   }
 }
 
 void run_flagged_gemm(FlaggedGemm gemm, cudaStream_t stream) {
   switch (gemm.type) {
-    case DataType::kFloat16: return flagged_gemm::run_fp16(gemm, stream);
-    case DataType::kBFloat16: return flagged_gemm::run_bf16(gemm, stream);
-    default: throw Error(ErrorCode::kInvalidArgument, std::string("all_gather_matmul: no GEMM for ") + dtype_name(gemm.type));
+    case DataType::kFloat16:
+      return gemm.float_out ? flagged_gemm::run_fp16_float_out(gemm, stream) : flagged_gemm::run_fp16(gemm, stream);
+    case DataType::kBFloat16:
+      return gemm.float_out ? flagged_gemm::run_bf16_float_out(gemm, stream) : flagged_gemm::run_bf16(gemm, stream);
+    default: throw Error(ErrorCode::kInvalidArgument, std::string("fused GEMM: no GEMM for ") + dtype_name(gemm.type));
   }
 }
 #else
@@ -52,7 +60,7 @@ bool flagged_gemm_built(std::string* why) {
 }
 std::string flagged_gemm_problem(const FlaggedGemm&) { return "this build has no fused GEMM"; }
 void run_flagged_gemm(FlaggedGemm, cudaStream_t) {
-  throw Error(ErrorCode::kUnsupported, "all_gather_matmul: this build has no fused GEMM");
+  throw Error(ErrorCode::kUnsupported, "this build has no fused GEMM");
 }
 #endif
 

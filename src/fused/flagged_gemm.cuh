@@ -1,6 +1,6 @@
-// The CUTLASS instantiation behind flagged_gemm.hpp, included by one .cu per element type (two
-// translation units compile in parallel). Shipped: cooperative warp-specialised kernels, 128 x 256
-// or 128 x 192 tiles (K step 64), clusters of 2 along M, TMA epilogue.
+// The CUTLASS instantiation behind flagged_gemm.hpp, included by one .cu per (input, output) type
+// pair (the translation units compile in parallel). Shipped: cooperative warp-specialised kernels,
+// 128 x 256 or 128 x 192 tiles (K step 64), clusters of 2 along M, TMA epilogue.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -39,16 +39,18 @@ struct Cooperative {
 using Cooperative128x256Cluster2x1 = Cooperative<256, 2, 1>;
 using Cooperative128x192Cluster2x1 = Cooperative<192, 2, 1>;
 
-template <class Element, class Config = Cooperative128x256Cluster2x1>
+// Element: A and B; ElementOut: C (Element, or float for matmul_reduce_scatter's partial sums).
+template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element>
 struct Kernel {
   using Layout = cutlass::layout::RowMajor;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
+  static constexpr int kAlignmentOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
   using TileShape = typename Config::TileShape;
   using ClusterShape = typename Config::ClusterShape;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlignment, Element, Layout,
-      kAlignment, typename Config::EpilogueSchedule>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlignmentOut, ElementOut, Layout,
+      kAlignmentOut, typename Config::EpilogueSchedule>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, Layout, kAlignment, Element, Layout, kAlignment,
       float, TileShape, ClusterShape,
@@ -59,13 +61,17 @@ struct Kernel {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   // The scheduler makes only warp 0 (the mainloop producer) wait for rows of A.
   static_assert(!GemmKernel::IsMainloopAuxiliaryLoadNeeded, "a second warp would load A without waiting");
+  // The scheduler's barrier of the consumer threads when it announces finished tiles.
+  static_assert(GemmKernel::NumMMAThreads == FlagWaitingTileScheduler::kConsumerThreads &&
+                    GemmKernel::NumLoadWarpGroups == FlagWaitingTileScheduler::kLoadWarpGroups,
+                "the scheduler's announcement assumes the cooperative kernel's warp groups");
 };
 static_assert(size<0>(Cooperative128x256Cluster2x1::TileShape{}) == kFlaggedGemmTileRows);
 
-template <class Element, class Config = Cooperative128x256Cluster2x1>
-typename Kernel<Element, Config>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {
-  using GemmKernel = typename Kernel<Element, Config>::GemmKernel;
-  typename Kernel<Element, Config>::Gemm::Arguments args{};
+template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element>
+typename Kernel<Element, Config, ElementOut>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {
+  using GemmKernel = typename Kernel<Element, Config, ElementOut>::GemmKernel;
+  typename Kernel<Element, Config, ElementOut>::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {g.m, g.n, g.k};
   args.mainloop.ptr_A = static_cast<const Element*>(g.a);
@@ -75,7 +81,7 @@ typename Kernel<Element, Config>::Gemm::Arguments arguments_of(const FlaggedGemm
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
   args.epilogue.ptr_C = nullptr;
-  args.epilogue.ptr_D = static_cast<Element*>(g.c);
+  args.epilogue.ptr_D = static_cast<ElementOut*>(g.c);
   args.epilogue.dD = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(g.m, g.n, 1));
   args.hw_info.device_id = 0;
   args.hw_info.sm_count = g.sm_count;
@@ -89,10 +95,10 @@ typename Kernel<Element, Config>::Gemm::Arguments arguments_of(const FlaggedGemm
 }
 
 // Empty when the kernel can run `g`, else why (nothing is launched).
-template <class Element, class Config = Cooperative128x256Cluster2x1>
+template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element>
 std::string problem(const FlaggedGemm& g) {
-  using Gemm = typename Kernel<Element, Config>::Gemm;
-  const auto args = arguments_of<Element, Config>(g);
+  using Gemm = typename Kernel<Element, Config, ElementOut>::Gemm;
+  const auto args = arguments_of<Element, Config, ElementOut>(g);
   const cutlass::Status status = Gemm::can_implement(args);
   if (status != cutlass::Status::kSuccess)
     return std::string("the GEMM cannot run this shape: ") + cutlassGetStatusString(status);
@@ -100,19 +106,18 @@ std::string problem(const FlaggedGemm& g) {
   return {};
 }
 
-template <class Element, class Config = Cooperative128x256Cluster2x1>
+template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element>
 void run(const FlaggedGemm& g, cudaStream_t stream) {
-  using Gemm = typename Kernel<Element, Config>::Gemm;
+  using Gemm = typename Kernel<Element, Config, ElementOut>::Gemm;
   Gemm gemm;
-  cutlass::Status status = gemm.initialize(arguments_of<Element, Config>(g), nullptr, stream);
+  cutlass::Status status = gemm.initialize(arguments_of<Element, Config, ElementOut>(g), nullptr, stream);
   if (status != cutlass::Status::kSuccess)
-    throw Error(ErrorCode::kCudaError, std::string("all_gather_matmul: GEMM initialisation failed: ") +
+    throw Error(ErrorCode::kCudaError, std::string("fused GEMM initialisation failed: ") +
                                            cutlassGetStatusString(status));
   status = gemm.run(stream);
   SYMMEM_CUDA_CHECK(cudaGetLastError());
   if (status != cutlass::Status::kSuccess)
-    throw Error(ErrorCode::kCudaError,
-                std::string("all_gather_matmul: GEMM launch failed: ") + cutlassGetStatusString(status));
+    throw Error(ErrorCode::kCudaError, std::string("fused GEMM launch failed: ") + cutlassGetStatusString(status));
 }
 
 // The shipped configuration's width for g (g.tile_n, else flagged_gemm_tile_n's choice), or 0 when
@@ -122,23 +127,22 @@ inline int shipped_width(const FlaggedGemm& g) {
   return width == 192 || width == 256 ? width : 0;
 }
 
-template <class Element>
+template <class Element, class ElementOut = Element>
 std::string problem_of_shipped(const FlaggedGemm& g) {
   switch (shipped_width(g)) {
-    case 192: return problem<Element, Cooperative128x192Cluster2x1>(g);
-    case 256: return problem<Element, Cooperative128x256Cluster2x1>(g);
+    case 192: return problem<Element, Cooperative128x192Cluster2x1, ElementOut>(g);
+    case 256: return problem<Element, Cooperative128x256Cluster2x1, ElementOut>(g);
     default: return "tile_n must be 192 or 256, got " + std::to_string(g.tile_n);
   }
 }
 
-template <class Element>
+template <class Element, class ElementOut = Element>
 void run_shipped(const FlaggedGemm& g, cudaStream_t stream) {
   switch (shipped_width(g)) {
-    case 192: return run<Element, Cooperative128x192Cluster2x1>(g, stream);
-    case 256: return run<Element, Cooperative128x256Cluster2x1>(g, stream);
+    case 192: return run<Element, Cooperative128x192Cluster2x1, ElementOut>(g, stream);
+    case 256: return run<Element, Cooperative128x256Cluster2x1, ElementOut>(g, stream);
     default:
-      throw Error(ErrorCode::kInvalidArgument,
-                  "all_gather_matmul: tile_n must be 192 or 256, got " + std::to_string(g.tile_n));
+      throw Error(ErrorCode::kInvalidArgument, "fused GEMM: tile_n must be 192 or 256, got " + std::to_string(g.tile_n));
   }
 }
 

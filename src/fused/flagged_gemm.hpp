@@ -1,7 +1,8 @@
-// The GEMM of all_gather_matmul: one persistent CUTLASS kernel (sm90, TMA, warp-specialised) over
-// all of C = A B whose tiles wait for their rows of A to arrive (flag_waiting_scheduler.cuh).
-// Row-major A [m x k], B [k x n], C [m x n] (torch's layout), fp16 or bf16 in and out, fp32
-// accumulation. Host interface only; the kernels are in flagged_gemm_*.cu.
+// The GEMM of the fused ops: one persistent CUTLASS kernel (sm90, TMA, warp-specialised) over all of
+// C = A B whose tiles wait for their rows of A to arrive (all_gather_matmul) or announce their rows
+// of C (matmul_reduce_scatter; flag_waiting_scheduler.cuh). Row-major A [m x k], B [k x n],
+// C [m x n] (torch's layout), fp16 or bf16 in, the same type or float32 out, fp32 accumulation.
+// Host interface only; the kernels are in flagged_gemm_*.cu.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,7 +19,8 @@ struct FlaggedGemm {
   const void* b;
   void* c;
   int m, n, k;
-  DataType type;
+  DataType type;        // of A and B
+  bool float_out = false;  // C is float32 (else `type`)
   ChunkFlags chunks;  // tile_rows must be kFlaggedGemmTileRows
   int sm_count;       // SMs the persistent grid may use
   // The tile order inside the rotated schedule: M bands taken `swizzle` at a time (1, 2, 4, 8),

@@ -75,6 +75,17 @@ void launch_reduce_scatter_low_latency(DataType type, ReduceOp op, const ReduceK
 // A device barrier among all ranks (one block); used by Communicator::barrier.
 void launch_barrier(const SyncArgs& sync, cudaStream_t stream);
 
+// matmul_reduce_scatter's last step, local: out[i] = sources[0][i] + ... + sources[world-1][i] in
+// float32, added in rank order (so the result does not depend on which rank computes it), rounded
+// once to `type` (float16 or bfloat16). count is a multiple of 8; every pointer 16-byte aligned.
+struct PartialSumsArgs {
+  const float* sources[kMaxWorld];
+  void* out;
+  size_t count;
+  int world;
+};
+void launch_partial_sums(DataType type, const PartialSumsArgs& args, int sm_count, cudaStream_t stream);
+
 // Two-shot slicing: rank r reduces elements [r * slice, min((r + 1) * slice, count)); slices are
 // whole 16-byte vectors so that every slice start stays aligned.
 SYMMEM_HOST_DEVICE inline size_t two_shot_slice(size_t count, int world, size_t elem_bytes) {

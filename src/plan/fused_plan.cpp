@@ -30,4 +30,9 @@ std::vector<GatherCopy> plan_gather_copies(int rank, int shard_rows, const Gathe
   return copies;
 }
 
+int tiles_over_rows(int first_row, int rows, int tile_rows) {
+  if (rows <= 0 || tile_rows <= 0) return 0;
+  return (first_row + rows - 1) / tile_rows - first_row / tile_rows + 1;
+}
+
 }  // namespace symmem::detail

@@ -33,4 +33,9 @@ struct GatherCopy {
 // this rank itself for the own copy). Every row of the shard exactly once, in row order.
 std::vector<GatherCopy> plan_gather_copies(int rank, int shard_rows, const GatherPieces& pieces);
 
+// How many `tile_rows`-row tiles (tile t: rows [t * tile_rows, (t + 1) * tile_rows)) hold a row of
+// [first_row, first_row + rows); 0 when rows <= 0. matmul_reduce_scatter's GEMM announces each tile
+// once to every piece its rows touch, so a piece is complete after this many tiles per N column.
+int tiles_over_rows(int first_row, int rows, int tile_rows);
+
 }  // namespace symmem::detail

@@ -32,7 +32,9 @@ class Workspaces {
   // all_gather_matmul's piece flags live in the control buffer's signal pad (kSignalFlagCount
   // 32-bit words per rank, zeroed at allocation, unused otherwise). Only this rank's streams
   // write them: set after each piece's copy, reset to 0 on the caller's stream after the copies
-  // joined it, before anything of the next call (src/fused/all_gather_matmul.cpp).
+  // joined it, before anything of the next call (src/fused/all_gather_matmul.cpp). After them,
+  // matmul_reduce_scatter's tile counters: incremented by this rank's GEMM, waited on by its copy
+  // streams, reset on its caller's stream after they joined (src/fused/matmul_reduce_scatter.cpp).
   Buffer* gather_flags() const { return control_; }
 
   // Local operands that peers must read (pull all-gather, copy-engine pull, one-/two-shot

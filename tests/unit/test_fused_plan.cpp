@@ -2,6 +2,7 @@
 // the copies that carry them, the flag every row of A maps to, and the order the GEMM takes its M
 // tiles in. For many shapes: every row is copied exactly once under the flag that the GEMM's tiles
 // wait for, and every tile of the schedule appears exactly once.
+#include <algorithm>
 #include <vector>
 
 #include "fused/chunk_flags.hpp"
@@ -86,4 +87,37 @@ TEST(gemm_tile_width_leaves_the_fewest_sms_idle) {
   EXPECT_EQ(flagged_gemm_tile_n(2048, 5120, 132), 256);
   // One wave either way: the narrower tiles end it sooner.
   EXPECT_EQ(flagged_gemm_tile_n(256, 768, 132), 192);
+}
+
+// matmul_reduce_scatter: the copy of piece j of shard d waits until done[d * pieces + j] reaches
+// tiles_over_rows(...) * n_tiles. Replays the GEMM's announcements (every tile once, to every
+// chunk chunk_of_row gives its first to last row) and checks each piece's count is exactly that:
+// one less and the copy would read rows not written yet, one more and it would wait forever.
+TEST(every_piece_hears_from_exactly_the_tiles_the_copy_waits_for) {
+  const int tile = 128;
+  int layouts = 0;
+  for (int world : {1, 2, 3, 4, 8}) {
+    for (int shard_rows : {1, 7, 127, 128, 200, 1000, 2048, 4096}) {
+      for (size_t row_bytes : {size_t(32), size_t(26624), size_t(65536)}) {
+        const GatherPieces p = plan_gather_pieces(shard_rows, row_bytes, tile);
+        const ChunkFlags c = chunks_of(world, shard_rows, p, tile, 0);
+        std::vector<int> heard(size_t(world) * p.pieces, 0);
+        for (int t = 0; t < c.tiles; ++t) {
+          const int first = t * tile, last = std::min(first + tile, c.rows) - 1;
+          for (int chunk = chunk_of_row(c, first); chunk <= chunk_of_row(c, last); ++chunk) ++heard[chunk];
+        }
+        for (int shard = 0; shard < world; ++shard) {
+          for (const GatherCopy& piece : plan_gather_copies(shard, shard_rows, p)) {
+            const int first_row = shard * shard_rows + piece.first_row;
+            EXPECT(heard[piece.chunk] == tiles_over_rows(first_row, piece.rows, tile));
+          }
+        }
+        ++layouts;
+      }
+    }
+  }
+  EXPECT(layouts == 5 * 8 * 3);
+  EXPECT(tiles_over_rows(0, 128, 128) == 1);
+  EXPECT(tiles_over_rows(127, 2, 128) == 2);
+  EXPECT(tiles_over_rows(100, 0, 128) == 0);
 }

@@ -1,17 +1,27 @@
-"""Fused all-gather + GEMM against its references, under torchrun (one process per GPU):
+"""The fused ops of tensor parallelism against their references, under torchrun (one process per GPU):
 
     torchrun --nproc-per-node 2 -m symmem.bench.all_gather_matmul --out bench/results/h200/fused
+    torchrun --nproc-per-node 2 -m symmem.bench.all_gather_matmul --op matmul_reduce_scatter --out ...
 
-C [M x N] = all_gather(A_shard) [M x K] @ B [K x N], M = rows gathered over the ranks. Rows:
+--op all_gather_matmul (default): C [M x N] = all_gather(A_shard) [M x K] @ B [K x N], M = rows
+gathered over the ranks. Rows:
   gemm_alone      torch.mm of the whole A (already gathered) by B: the floor
   nccl_then_gemm  NCCL all_gather_into_tensor, then torch.mm, on one stream
   torch_fused     torch.ops.symm_mem.fused_all_gather_matmul (torch's symmetric-memory op)
   symmem_fused    symmem.torch.all_gather_matmul (copy-engine shards, one persistent GEMM)
+--op matmul_reduce_scatter: C_shard [M / world x N] = this rank's rows of the sum over ranks of
+A [M x K] @ B [K x N] (every rank's own A and B: K is each rank's slice). Rows:
+  gemm_alone      torch.mm(A, B) [M x N]: the floor
+  gemm_then_nccl  torch.mm, then NCCL reduce_scatter_tensor of the product (in the output type)
+  torch_fused     torch.ops.symm_mem.fused_matmul_reduce_scatter (torch's symmetric-memory op)
+  symmem_fused    symmem.torch.matmul_reduce_scatter (one persistent GEMM, float32 partial sums
+                  pushed by copy engine)
 Every configuration runs `--calls` back-to-back calls per sample, configurations interleaved
 round after round (clocks drift); the time of a configuration is the slowest rank's median over
 `--reps` samples, with the fastest and slowest sample. Random normal inputs (power depends on the
 data); `wrong` counts elements of C farther from a float32 reference than the output type's
-rounding allows. CSV op=all_gather_matmul, shape MxNxK.
+rounding allows (the reference of matmul_reduce_scatter: float32 products reduce-scattered in
+float32 by NCCL). CSV op=all_gather_matmul or matmul_reduce_scatter, shape MxNxK.
 """
 import argparse
 import datetime
@@ -25,7 +35,8 @@ from ._results import write_results
 from ._torchrun import init_nccl
 from .torch import _commit
 
-IMPLS = ("gemm_alone", "nccl_then_gemm", "torch_fused", "symmem_fused")
+IMPLS = {"all_gather_matmul": ("gemm_alone", "nccl_then_gemm", "torch_fused", "symmem_fused"),
+         "matmul_reduce_scatter": ("gemm_alone", "gemm_then_nccl", "torch_fused", "symmem_fused")}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 RTOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 FIELDS = ["op", "impl", "world", "dtype", "shape", "m", "n", "k", "time_us", "time_min_us", "time_max_us",
@@ -43,7 +54,7 @@ def _cases(m, n, k, dtype, group, torch_fused):
     a = torch.empty(m, k, device="cuda", dtype=dtype)
     dist.all_gather_into_tensor(a, a_shard, group=group)
     reference = a.float() @ b.float()
-    c = {impl: torch.empty(m, n, device="cuda", dtype=dtype) for impl in IMPLS}
+    c = {impl: torch.empty(m, n, device="cuda", dtype=dtype) for impl in IMPLS["all_gather_matmul"]}
     a_nccl = torch.empty_like(a)
 
     def gemm_alone():
@@ -66,6 +77,46 @@ def _cases(m, n, k, dtype, group, torch_fused):
     return calls, (lambda impl: c[impl]), reference
 
 
+def _reduce_scatter_cases(m, n, k, dtype, group, torch_fused):
+    """As _cases, for matmul_reduce_scatter: every rank's own A [m x k] and B [k x n]."""
+    import symmem.torch as st
+    world, rank = group.size(), group.rank()
+    g = torch.Generator(device="cuda").manual_seed(2000 + rank)
+    a = torch.randn(m, k, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    b = torch.randn(k, n, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    reference = torch.empty(m // world, n, device="cuda", dtype=torch.float32)
+    dist.reduce_scatter_tensor(reference, a.float() @ b.float(), group=group)
+    product = torch.empty(m, n, device="cuda", dtype=dtype)
+    c = {"gemm_alone": product, "gemm_then_nccl": torch.empty(m // world, n, device="cuda", dtype=dtype)}
+
+    def gemm_alone():
+        torch.mm(a, b, out=product)
+
+    def gemm_then_nccl():
+        torch.mm(a, b, out=product)
+        dist.reduce_scatter_tensor(c["gemm_then_nccl"], product, group=group)
+
+    def torch_fused_call():
+        c["torch_fused"] = torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group.group_name)
+
+    def symmem_fused():
+        c["symmem_fused"] = st.matmul_reduce_scatter(a, b, group=group)
+
+    calls = {"gemm_alone": gemm_alone, "gemm_then_nccl": gemm_then_nccl, "symmem_fused": symmem_fused}
+    if torch_fused:
+        calls["torch_fused"] = torch_fused_call
+    # gemm_alone's product is the whole M x N: checked against the product, not the shard.
+    full = a.float() @ b.float()
+
+    def check(impl):
+        """(output, its float32 reference, rounding steps allowed): the references that add the
+        partial products in the output type round once per rank, symmem and the product once."""
+        if impl == "gemm_alone":
+            return c[impl], full, 1
+        return c[impl], reference, 1 if impl == "symmem_fused" else world + 1
+    return calls, check, None
+
+
 def _time(call, calls):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -76,8 +127,8 @@ def _time(call, calls):
     return start.elapsed_time(end) * 1000 / calls
 
 
-def _wrong(c, reference, dtype, k):
-    bound = RTOL[dtype] * reference.abs() + 1e-3 * (k ** 0.5)
+def _wrong(c, reference, dtype, k, roundings=1):
+    bound = roundings * RTOL[dtype] * reference.abs() + 1e-3 * (k ** 0.5)
     return int(((c.float() - reference).abs() > bound).sum().item())
 
 
@@ -92,7 +143,7 @@ def _plot(rows, path):
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4.5), squeeze=False)
     for ax, dt in zip(axes[0], dtypes):
         shapes = sorted({(r["m"], r["shape"]) for r in rows if r["dtype"] == dt})
-        impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+        impls = [i for i in IMPLS[rows[0]["op"]] if any(r["impl"] == i for r in rows)]
         width = 0.8 / len(impls)
         for j, impl in enumerate(impls):
             sel = {r["shape"]: r for r in rows if r["dtype"] == dt and r["impl"] == impl}
@@ -104,7 +155,7 @@ def _plot(rows, path):
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_ylim(0.9, max(1.6, max(r["vs_gemm_alone"] for r in rows if r["dtype"] == dt) + 0.05))
         ax.set_ylabel("time / gemm_alone (median of the slowest rank)")
-        ax.set_title(f"all_gather_matmul, {dt}, world {rows[0]['world']}")
+        ax.set_title(f"{rows[0]['op']}, {dt}, world {rows[0]['world']}")
         ax.legend(fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -114,15 +165,20 @@ def _plot(rows, path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="directory for the CSV, the table and the PNG")
-    parser.add_argument("--m", type=int, nargs="*", default=[4096, 8192, 16384], help="rows gathered (all ranks)")
+    parser.add_argument("--op", default="all_gather_matmul", choices=sorted(IMPLS))
+    parser.add_argument("--m", type=int, nargs="*", default=[4096, 8192, 16384],
+                        help="rows of C (gathered over the ranks, or scattered to them)")
     parser.add_argument("--n", type=int, default=6656)
     parser.add_argument("--k", type=int, default=16384)
     parser.add_argument("--dtypes", nargs="*", default=["fp16", "bf16"], choices=sorted(DTYPES))
     parser.add_argument("--reps", type=int, default=9, help="samples per configuration, interleaved")
     parser.add_argument("--calls", type=int, default=5, help="back-to-back calls per sample")
-    parser.add_argument("--impls", nargs="*", default=list(IMPLS), choices=IMPLS)
-    parser.add_argument("--stem", default="all_gather_matmul")
+    parser.add_argument("--impls", nargs="*", default=None,
+                        choices=sorted({i for impls in IMPLS.values() for i in impls}), help="default: every row")
+    parser.add_argument("--stem", default=None, help="file name stem (default: the op)")
     args = parser.parse_args(argv)
+    args.impls = [i for i in (args.impls or IMPLS[args.op]) if i in IMPLS[args.op]]
+    args.stem = args.stem or args.op
 
     init_nccl()
     group = dist.group.WORLD
@@ -137,14 +193,20 @@ def main(argv=None):
     for dname in args.dtypes:
         dtype = DTYPES[dname]
         for m in args.m:
-            calls, output, reference = _cases(m, args.n, args.k, dtype, group, torch_fused)
+            if args.op == "all_gather_matmul":
+                calls, output, reference = _cases(m, args.n, args.k, dtype, group, torch_fused)
+                checked = lambda impl: (output(impl), reference, 1)  # noqa: E731
+            else:
+                calls, checked, _ = _reduce_scatter_cases(m, args.n, args.k, dtype, group, torch_fused)
             calls = {i: calls[i] for i in args.impls if i in calls}
             wrong = {}
             for impl, call in calls.items():  # warm-up (and the workspaces), then the check
                 call()
                 call()
                 torch.cuda.synchronize()
-                wrong[impl] = _wrong(output(impl), reference, dtype, args.k)
+                out, ref, roundings = checked(impl)
+                wrong[impl] = _wrong(out, ref, dtype, args.k, roundings)
+                del out, ref
             samples = {impl: [] for impl in calls}
             for _ in range(args.reps):  # interleaved: every configuration once per round
                 for impl, call in calls.items():
@@ -157,11 +219,11 @@ def main(argv=None):
                 w = torch.tensor([wrong[impl]], device="cuda")
                 dist.all_reduce(w, group=group)
                 t = stats[0].item()
-                rows.append({"op": "all_gather_matmul", "impl": impl, "world": world, "dtype": dname, "shape": shape,
+                rows.append({"op": args.op, "impl": impl, "world": world, "dtype": dname, "shape": shape,
                              "m": m, "n": args.n, "k": args.k, "time_us": t, "time_min_us": stats[1].item(),
                              "time_max_us": stats[2].item(), "tflops": 2.0 * m * args.n * args.k / t / 1e6,
                              "wrong": int(w.item()), "gpu": gpu, "commit": commit, "date": date})
-            del calls, output, reference
+            del calls, checked
             torch.cuda.empty_cache()
     for r in rows:
         base = [x for x in rows if x["shape"] == r["shape"] and x["dtype"] == r["dtype"] and x["impl"] == "gemm_alone"]

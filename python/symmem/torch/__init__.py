@@ -6,16 +6,17 @@
     buf = st.empty(4096, 8192, dtype=torch.bfloat16)        # symmetric: zero-copy collectives
     ar = st.TPAllReduce(tp_group); y = ar.all_reduce(x)     # vLLM-style
     c, _ = st.all_gather_matmul(a_shard, w, group=tp_group)  # fused all-gather + GEMM
+    c_shard = st.matmul_reduce_scatter(a, w, group=tp_group)  # fused GEMM + reduce-scatter
 
 See docs/torch.md. Every rank must be one process per GPU of one node, with its device set
 (torch.cuda.set_device) before the first call on a group.
 """
 from . import fused, ops  # register torch.ops.symmem.*
 from ._groups import Communicator, close_all
-from .fused import all_gather_matmul
+from .fused import all_gather_matmul, matmul_reduce_scatter
 from .functional import all_gather, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 from .memory import empty, in_heap, is_symmetric, mem_pool
 from .tp_all_reduce import TPAllReduce
 
 __all__ = ["Communicator", "TPAllReduce", "all_gather", "all_gather_matmul", "all_gather_into_tensor", "all_reduce", "close_all", "empty",
-           "in_heap", "is_symmetric", "mem_pool", "ops", "reduce_scatter_tensor"]
+           "in_heap", "is_symmetric", "matmul_reduce_scatter", "mem_pool", "ops", "reduce_scatter_tensor"]

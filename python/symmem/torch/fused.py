@@ -1,6 +1,7 @@
-"""The fused all-gather + GEMM as a torch op (symmem/fused.hpp):
+"""The fused ops of tensor parallelism as torch ops (symmem/fused.hpp):
 
   symmem::all_gather_matmul(Tensor a_shard, Tensor b, str group_name, bool return_a=False) -> (Tensor, Tensor?)
+  symmem::matmul_reduce_scatter(Tensor a, Tensor b, str group_name) -> Tensor
 
 C = all_gather(a_shard) @ b, with a_shard [m / world, k] and b [k, n] (float16 or bfloat16,
 contiguous, on the group's device); returns (C [m, n], A [m, k] when return_a else None). The
@@ -11,7 +12,15 @@ workspace is large enough (the first call of the largest shape must be eager: gr
 collective). The CPU kernel gathers with torch.distributed and multiplies, so that the op runs,
 and passes opcheck, on any machine.
 
-``all_gather_matmul(a_shard, b, group=None, return_a=False)`` is the Python entry point.
+matmul_reduce_scatter: C_shard [m / world, n] = this rank's rows of the sum over the group of
+a [m, k] @ b [k, n] (the row-parallel layer: each rank holds a k-slice). float32 partial sums,
+added in rank order and rounded once; the partial products of the other ranks' rows are pushed to
+them by copy engine while the GEMM computes the rest. Its symmetric workspace (2 m n float32) grows
+as the gather workspace does. The CPU kernel reduce-scatters float32 products with
+torch.distributed.
+
+``all_gather_matmul(a_shard, b, group=None, return_a=False)`` and
+``matmul_reduce_scatter(a, b, group=None)`` are the Python entry points.
 """
 import torch
 import torch.distributed as dist
@@ -24,41 +33,53 @@ from .ops import _check_contiguous, _check_operand, _stream_of
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
 _lib.define("all_gather_matmul(Tensor a_shard, Tensor b, str group_name, bool return_a=False) -> (Tensor, Tensor?)")
+_lib.define("matmul_reduce_scatter(Tensor a, Tensor b, str group_name) -> Tensor")
 
 _TYPES = {torch.float16: _native.DTYPES["float16"], torch.bfloat16: _native.DTYPES["bfloat16"]}
 
 
+def _check_pair(a, b, op, a_name):
+    """a [rows, k] and b [k, n], 2-D, contiguous, of one type float16 or bfloat16."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"symmem.{op}: {a_name} and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"symmem.{op}: {a_name} is {tuple(a.shape)} and b {tuple(b.shape)}: {a_name}'s columns "
+                         "must equal b's rows")
+    if a.dtype != b.dtype or a.dtype not in _TYPES:
+        raise TypeError(f"symmem.{op}: {a_name} ({a.dtype}) and b ({b.dtype}) must both be float16 or bfloat16")
+    _check_contiguous(a, a_name, op)
+    _check_contiguous(b, "b", op)
+
+
 def _check(a_shard, b, world):
-    if a_shard.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"symmem.all_gather_matmul: a_shard and b must be 2-D, got {tuple(a_shard.shape)} and "
-                         f"{tuple(b.shape)}")
-    if a_shard.shape[1] != b.shape[0]:
-        raise ValueError(f"symmem.all_gather_matmul: a_shard is {tuple(a_shard.shape)} and b {tuple(b.shape)}: "
-                         "a_shard's columns must equal b's rows")
-    if a_shard.dtype != b.dtype or a_shard.dtype not in _TYPES:
-        raise TypeError(f"symmem.all_gather_matmul: a_shard ({a_shard.dtype}) and b ({b.dtype}) must both be "
-                        "float16 or bfloat16")
-    _check_contiguous(a_shard, "a_shard", "all_gather_matmul")
-    _check_contiguous(b, "b", "all_gather_matmul")
+    _check_pair(a_shard, b, "all_gather_matmul", "a_shard")
     return a_shard.shape[0] * world, b.shape[1], a_shard.shape[1]
 
 
-def _workspace(comm, nbytes):
-    """This communicator's gathered-A workspace of at least nbytes (heap memory, symmetric).
+def _check_reduce_scatter(a, b, world):
+    _check_pair(a, b, "matmul_reduce_scatter", "a")
+    if a.shape[0] % world:
+        raise ValueError(f"symmem.matmul_reduce_scatter: a has {a.shape[0]} rows, not a multiple of the group's "
+                         f"{world} ranks (each rank receives rows / world of them)")
+    return a.shape[0], b.shape[1], a.shape[1]
+
+
+def _workspace(comm, nbytes, purpose="_gather_workspace", op="all_gather_matmul"):
+    """This communicator's workspace for `purpose` of at least nbytes (heap memory, symmetric).
     Growing it is collective (every rank makes the same calls, so every rank grows alike) and never
     frees the old one (a CUDA graph may reference it): it grows in steps of 32 MiB, so that a
     slowly growing shape does not leave one dead workspace per size."""
-    ws = getattr(comm, "_gather_workspace", None)
+    ws = getattr(comm, purpose, None)
     if ws is not None and ws[1] >= nbytes:
         return ws[0]
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"symmem.all_gather_matmul: the workspace of group {comm.group_name!r} holds "
+        raise RuntimeError(f"symmem.{op}: the workspace of group {comm.group_name!r} holds "
                            f"{ws[1] if ws else 0} bytes, {nbytes} needed; growing it is collective and cannot run "
                            "during CUDA graph capture: make one eager call of the largest shape first")
     step = 32 << 20
     nbytes = (nbytes + step - 1) // step * step
     ptr = comm.core.allocate(nbytes)
-    comm._gather_workspace = (ptr, nbytes)
+    setattr(comm, purpose, (ptr, nbytes))
     return ptr
 
 
@@ -100,6 +121,44 @@ _lib.impl("all_gather_matmul", _all_gather_matmul_cpu, "CPU")
 torch.library.register_fake("symmem::all_gather_matmul", _all_gather_matmul_fake, lib=_lib)
 
 
+def _matmul_reduce_scatter_cuda(a, b, group_name):
+    comm = communicator_of(group_name)
+    m, n, k = _check_reduce_scatter(a, b, comm.world)
+    _check_operand(a, "a", "matmul_reduce_scatter", comm)
+    _check_operand(b, "b", "matmul_reduce_scatter", comm)
+    c_shard = a.new_empty((m // comm.world, n))
+    workspace = _workspace(comm, comm.core.matmul_reduce_scatter_workspace_bytes(m, n), "_reduce_workspace",
+                           "matmul_reduce_scatter")
+    comm.core.matmul_reduce_scatter(c_shard.data_ptr(), workspace, a.data_ptr(), b.data_ptr(), m, n, k,
+                                    _TYPES[a.dtype], _stream_of(comm.device))
+    return c_shard
+
+
+def _matmul_reduce_scatter_cpu(a, b, group_name):
+    group = c10d._resolve_process_group(group_name)
+    m, n, _ = _check_reduce_scatter(a, b, group.size())
+    partial = a.float() @ b.float()
+    c_shard = partial.new_empty((m // group.size(), n))
+    dist.reduce_scatter_tensor(c_shard, partial, group=group)
+    return c_shard.to(a.dtype)
+
+
+def _matmul_reduce_scatter_fake(a, b, group_name):
+    world = c10d._resolve_process_group(group_name).size()
+    m, n, _ = _check_reduce_scatter(a, b, world)
+    return a.new_empty((m // world, n))
+
+
+_lib.impl("matmul_reduce_scatter", _matmul_reduce_scatter_cuda, "CUDA")
+_lib.impl("matmul_reduce_scatter", _matmul_reduce_scatter_cpu, "CPU")
+torch.library.register_fake("symmem::matmul_reduce_scatter", _matmul_reduce_scatter_fake, lib=_lib)
+
+
 def all_gather_matmul(a_shard, b, group=None, return_a=False):
     """(C, A or None): C = all_gather(a_shard) @ b over `group` (default: the world group)."""
     return torch.ops.symmem.all_gather_matmul(a_shard, b, group_name_of(group), return_a)
+
+
+def matmul_reduce_scatter(a, b, group=None):
+    """C_shard = this rank's rows of the sum over `group` (default: the world group) of a @ b."""
+    return torch.ops.symmem.matmul_reduce_scatter(a, b, group_name_of(group))

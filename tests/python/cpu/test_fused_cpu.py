@@ -90,3 +90,61 @@ def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(monkeypa
     bigger = torch.empty((1 << 18) + 1, 16, dtype=torch.bfloat16)
     fused._all_gather_matmul_cuda(bigger, torch.empty(16, 8, dtype=torch.bfloat16), "fake-fused")
     assert comm.core.calls[-2] == ("allocate", 64 << 20)
+
+
+# matmul_reduce_scatter
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reduce_scatter_opcheck(group_name, dtype):
+    a, b = _ints((32, 64), dtype, 7), _ints((64, 24), dtype, 8)
+    torch.library.opcheck(torch.ops.symmem.matmul_reduce_scatter.default, (a, b, group_name))
+
+
+def test_reduce_scatter_result_on_one_rank(group_name):
+    import symmem.torch as st
+    a, b = _ints((40, 16), torch.bfloat16, 9), _ints((16, 8), torch.bfloat16, 10)
+    assert torch.equal(st.matmul_reduce_scatter(a, b), (a.float() @ b.float()).to(torch.bfloat16))
+
+
+def test_reduce_scatter_bad_arguments(group_name):
+    op = torch.ops.symmem.matmul_reduce_scatter
+    a = torch.ones(8, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        op(a.view(2, 4, 16), torch.ones(16, 8, dtype=torch.float16), group_name)
+    with pytest.raises(ValueError, match="columns must equal b's rows"):
+        op(a, torch.ones(8, 8, dtype=torch.float16), group_name)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        op(a, torch.ones(16, 8, dtype=torch.bfloat16), group_name)
+    with pytest.raises(ValueError, match="contiguous"):
+        op(a, torch.ones(8, 16, dtype=torch.float16).t(), group_name)
+
+
+def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(monkeypatch):
+    from symmem import _native
+    from symmem.torch import _groups, fused
+
+    class Core(_RecordingCore):
+        @staticmethod
+        def matmul_reduce_scatter_workspace_bytes(m, n):
+            return 2 * m * n * 4
+
+        def matmul_reduce_scatter(self, *args):
+            self.calls.append(("matmul_reduce_scatter",) + args)
+
+    class FakeComm:
+        device, world, group_name, nodes = -1, 4, "fake-fused-rs", 1
+        core = Core()
+
+    comm = FakeComm()
+    monkeypatch.setitem(_groups._by_name, "fake-fused-rs", comm)
+    monkeypatch.setattr(fused, "_stream_of", lambda device: 77)
+    a, b = torch.empty(32, 16, dtype=torch.float16), torch.empty(16, 24, dtype=torch.float16)
+    c = fused._matmul_reduce_scatter_cuda(a, b, "fake-fused-rs")
+    assert c.shape == (8, 24)
+    assert comm.core.calls[0] == ("allocate", 32 << 20)
+    assert comm.core.calls[1] == ("matmul_reduce_scatter", c.data_ptr(), 4096, a.data_ptr(), b.data_ptr(), 32, 24,
+                                  16, _native.DTYPES["float16"], 77)
+    with pytest.raises(ValueError, match="not a multiple of the group's 4 ranks"):
+        fused._matmul_reduce_scatter_cuda(torch.empty(30, 16, dtype=torch.float16), b, "fake-fused-rs")
+    # Its workspace is its own: the gather workspace is never handed to it.
+    assert getattr(comm, "_gather_workspace", None) is None and comm._reduce_workspace == (4096, 32 << 20)

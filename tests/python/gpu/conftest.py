@@ -45,7 +45,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run_killed_rank_job(group, worker, tmp_path):
+def run_killed_rank_job(group, worker, tmp_path, extra_args=()):
     """Runs `worker` (RANK PORT RESULT_FILE) as a job of its own, two fresh processes on GPUs 0 and
     1 (torchrun would stop our ranks as soon as one of them died): rank 1 kills itself, rank 0
     must raise a SymmemError naming it, in bounded time. Rank 0 of the test runs it; the others
@@ -62,7 +62,7 @@ def run_killed_rank_job(group, worker, tmp_path):
         port, result = _free_port(), tmp_path / "survivor.txt"
         logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(2)]
         start = time.monotonic()
-        procs = [subprocess.Popen([sys.executable, worker, str(r), str(port), str(result)], env=env,
+        procs = [subprocess.Popen([sys.executable, worker, str(r), str(port), str(result), *extra_args], env=env,
                                   stdout=logs[r], stderr=subprocess.STDOUT) for r in range(2)]
         try:
             procs[0].wait(timeout=100)

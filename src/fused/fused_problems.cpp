@@ -1,0 +1,49 @@
+#include "fused/fused_problems.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+
+#include "comm/communicator_state.hpp"
+#include "common/check.hpp"
+#include "fused/flagged_gemm.hpp"
+
+namespace symmem::detail {
+
+std::string fused_shape_problem(const char* op, int64_t m, int64_t n, int64_t k, DataType type, int world) {
+  const std::string name = op;
+  if (type != DataType::kFloat16 && type != DataType::kBFloat16)
+    return name + ": type " + dtype_name(type) + " is not supported (float16, bfloat16)";
+  if (m <= 0 || n <= 0 || k <= 0)
+    return name + ": m, n and k must be positive (m=" + std::to_string(m) + ", n=" + std::to_string(n) +
+           ", k=" + std::to_string(k) + ")";
+  if (m % world != 0)
+    return name + ": m=" + std::to_string(m) + " is not a multiple of the " + std::to_string(world) +
+           " ranks (every shard has m / world rows)";
+  if (k % 8 != 0 || n % 8 != 0)
+    return name + ": k=" + std::to_string(k) + " and n=" + std::to_string(n) +
+           " must be multiples of 8 (16-byte rows for the tensor-memory loads)";
+  constexpr int64_t kMaxExtent = int64_t(1) << 30;
+  if (m > kMaxExtent || n > kMaxExtent || k > kMaxExtent) return name + ": extents above 2^30 are not supported";
+  return {};
+}
+
+std::string fused_build_problem(const char* op, CommunicatorState& st) {
+  const std::string name = op;
+  if (st.layout.spans_nodes())
+    return name + ": the communicator spans " + std::to_string(st.layout.nodes) +
+           " nodes; the fused GEMM runs inside one node";
+  int major = 0;
+  SYMMEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st.device));
+  if (major != 9) return name + ": the fused GEMM needs an sm_90 GPU (Hopper)";
+  std::string why;
+  if (!flagged_gemm_built(&why)) return name + ": " + why;
+  return {};
+}
+
+bool single_hardware_queue() {
+  const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return v && std::atoi(v) == 1;
+}
+
+}  // namespace symmem::detail

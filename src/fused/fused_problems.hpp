@@ -1,0 +1,22 @@
+// What the fused ops (all_gather_matmul, matmul_reduce_scatter) can run, checked before anything
+// is resolved or launched: the reason they cannot, or "".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "symmem/types.hpp"
+
+namespace symmem::detail {
+
+struct CommunicatorState;
+
+// The shape and type: float16 / bfloat16, positive extents, m a multiple of world, k and n
+// multiples of 8 (16-byte rows for the tensor-memory loads), extents at most 2^30.
+std::string fused_shape_problem(const char* op, int64_t m, int64_t n, int64_t k, DataType type, int world);
+// The communicator and build: one node, an sm_90 GPU, the CUTLASS kernels built.
+std::string fused_build_problem(const char* op, CommunicatorState& st);
+// CUDA_DEVICE_MAX_CONNECTIONS=1 (as read now): every stream shares one hardware queue.
+bool single_hardware_queue();
+
+}  // namespace symmem::detail

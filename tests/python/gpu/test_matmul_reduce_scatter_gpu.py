@@ -1,0 +1,161 @@
+"""symmem::matmul_reduce_scatter on every rank's GPU, against torch.matmul + torch.distributed (NCCL)
+reducing float32 products: within the rounding of the output type on random data; bit-exact on
+small integers (float32 sums of them are exact in any order); the same bits on every repeat; shards
+that are not whole tiles, partial tiles in n and k, tiny shapes; back-to-back calls of changing
+shape interleaved with all_gather_matmul (their counters and flags share a pad); enough tiles to
+fill every SM; CUDA graph replay after the inputs change in place; an input produced on another
+stream; one rank delayed by a sleep kernel (its partial sums arrive late); a killed rank raising on
+the survivor."""
+import os
+import zlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmem.torch as st
+
+# (rows per rank of C, n, k): whole tiles; shards that are not whole 128-row tiles with n and k not
+# multiples of the tile; tiny; a tensor-parallel layer.
+SHAPES = [(256, 512, 1024), (200, 264, 520), (8, 8, 8), (1024, 6656, 2048)]
+DTYPES = [torch.float16, torch.bfloat16]
+RTOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def _random(shape, dtype, case, integers=False):
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr((case, dist.get_rank())).encode()) & 0x7FFFFFFF)
+    if integers:
+        return torch.randint(-3, 4, shape, generator=g, device="cuda").to(dtype)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def _inputs(rows, n, k, dtype, case, integers=False):
+    world = dist.get_world_size()
+    return _random((rows * world, k), dtype, ("a", case), integers), _random((k, n), dtype, ("b", case), integers)
+
+
+def _reference(a, b):
+    """This rank's rows of the float32 sum over ranks of a @ b."""
+    world = dist.get_world_size()
+    out = torch.empty(a.shape[0] // world, b.shape[1], device="cuda", dtype=torch.float32)
+    dist.reduce_scatter_tensor(out, a.float() @ b.float())
+    return out
+
+
+def _check(c, ref, dtype, k):
+    err = (c.float() - ref).abs()
+    bound = RTOL[dtype] * ref.abs() + 1e-3 * ((k * dist.get_world_size()) ** 0.5)
+    bad = (err > bound).sum().item()
+    assert bad == 0, f"{bad} of {c.numel()} elements out of tolerance, worst {err.max().item():.4g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_nccl_and_matmul(group, shape, dtype):
+    rows, n, k = shape
+    a, b = _inputs(rows, n, k, dtype, (shape, dtype))
+    c = st.matmul_reduce_scatter(a, b)
+    assert c.shape == (rows, n) and c.dtype == dtype
+    _check(c, _reference(a, b), dtype, k)
+    again = st.matmul_reduce_scatter(a, b)
+    assert torch.equal(again, c), "two calls on the same inputs differ: the sum is not deterministic"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_small_integers_are_exact(group, dtype):
+    rows, n, k = 384, 520, 1032
+    a, b = _inputs(rows, n, k, dtype, ("ints", dtype), integers=True)
+    c = st.matmul_reduce_scatter(a, b)
+    expected = _reference(a, b).to(dtype)
+    assert torch.equal(c, expected), f"{(c != expected).sum().item()} elements differ"
+
+
+def test_back_to_back_calls_of_changing_shape_beside_all_gather_matmul(group):
+    dtype = torch.bfloat16
+    cases = []
+    for i, (rows, n, k) in enumerate([(256, 512, 1024), (200, 264, 520), (128, 1024, 256)]):
+        a, b = _inputs(rows, n, k, dtype, ("bb", i), integers=True)
+        cases.append((a, b, _reference(a, b).to(dtype)))
+    gather_a = _random((64, 256), dtype, "ga", integers=True)
+    gather_b = _random((256, 128), dtype, "gb", integers=True)
+    gathered = torch.empty(64 * dist.get_world_size(), 256, device="cuda", dtype=dtype)
+    dist.all_gather_into_tensor(gathered, gather_a)
+    gather_b_all = gather_b.clone()
+    dist.broadcast(gather_b_all, 0)
+    gather_expected = (gathered.float() @ gather_b_all.float()).to(dtype)
+    wrong = torch.zeros((), dtype=torch.int64, device="cuda")
+    for call in range(600):
+        a, b, expected = cases[(call * 7 + call // 5) % len(cases)]
+        wrong += (st.matmul_reduce_scatter(a, b) != expected).sum()
+        if call % 3 == 0:
+            wrong += (st.all_gather_matmul(gather_a, gather_b_all)[0] != gather_expected).sum()
+    assert wrong.item() == 0
+
+
+def test_back_to_back_calls_that_fill_every_sm(group):
+    """4096 rows of C per rank at every world size, both tile widths (n = 4096 takes 256, n = 6656
+    takes 192): the GEMM holds every SM while the copies wait for its counters."""
+    dtype = torch.float16
+    rows, k = 4096, 2048
+    cases = []
+    for i, n in enumerate((4096, 6656)):
+        a, b = _inputs(rows, n, k, dtype, ("full", i), integers=True)
+        cases.append((a, b, _reference(a, b).to(dtype)))
+    wrong = torch.zeros((), dtype=torch.int64, device="cuda")
+    for call in range(20):
+        a, b, expected = cases[call % len(cases)]
+        wrong += (st.matmul_reduce_scatter(a, b) != expected).sum()
+    torch.cuda.synchronize()
+    st.Communicator().core.check()
+    assert wrong.item() == 0
+
+
+def test_graph_replay_follows_inputs_changed_in_place(group):
+    dtype = torch.float16
+    rows, n, k = 256, 768, 512
+    a, b = _inputs(rows, n, k, dtype, "g", integers=True)
+    st.matmul_reduce_scatter(a, b)  # eager first: the workspace exists before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c = st.matmul_reduce_scatter(a, b)
+    for replay in range(5):
+        new_a, new_b = _inputs(rows, n, k, dtype, ("g", replay), integers=True)
+        a.copy_(new_a)
+        b.copy_(new_b)
+        c.fill_(float("nan"))
+        graph.replay()
+        expected = _reference(a, b).to(dtype)
+        assert torch.equal(c, expected), f"replay {replay}: {(c != expected).sum().item()} elements differ"
+    st.Communicator().core.check()
+
+
+def test_input_produced_on_another_stream(group):
+    dtype = torch.bfloat16
+    rows, n, k = 512, 512, 2048
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)  # the producer is still running when the op is enqueued
+        a, b = _inputs(rows, n, k, dtype, "s", integers=True)
+    torch.cuda.current_stream().wait_stream(side)
+    c = st.matmul_reduce_scatter(a, b)
+    a.record_stream(torch.cuda.current_stream())
+    b.record_stream(torch.cuda.current_stream())
+    assert torch.equal(c, _reference(a, b).to(dtype))
+
+
+def test_a_delayed_rank_delivers_late_and_right(group):
+    dtype = torch.float16
+    rows, n, k = 1024, 1024, 1024
+    for slow in range(dist.get_world_size()):
+        a, b = _inputs(rows, n, k, dtype, ("d", slow), integers=True)
+        if dist.get_rank() == slow:
+            torch.cuda._sleep(200_000_000)  # ~0.1 s: the other ranks wait for its partial sums
+        c = st.matmul_reduce_scatter(a, b)
+        assert torch.equal(c, _reference(a, b).to(dtype)), f"rank {slow} delayed"
+
+
+def test_killed_rank_during_matmul_reduce_scatter_raises_naming_it(group, tmp_path):
+    from conftest import run_killed_rank_job
+    worker = os.path.join(os.path.dirname(__file__), "fused_kill_worker.py")
+    run_killed_rank_job(group, worker, tmp_path, extra_args=["matmul_reduce_scatter"])
