@@ -1,0 +1,97 @@
+// The persistent GEMM of the fused ops on one GPU, without communication: matmul_reduce_scatter's
+// copies wait until done[piece] reaches tiles_over_rows(piece) x (N tiles), so every tile must be
+// announced exactly once to every piece its rows touch, never to another, whatever the rotation,
+// tile width, cluster padding (an odd number of M tiles) or shard edge inside a tile. A count
+// short of its target would stall a push until the GEMM ends (too low: forever); one above it
+// would let a push read rows not written yet. Each rank checks the counters after the GEMM.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "fixture.hpp"
+#include "fused/flagged_gemm.hpp"
+#include "plan/fused_plan.hpp"
+#include "test.hpp"
+
+using namespace symmem;
+using namespace symmem::test;
+
+TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
+  Fixture& fx = Fixture::get();
+  std::string why;
+  if (!detail::flagged_gemm_built(&why)) SKIP(why);
+  int device = 0, major = 0;
+  TEST_CUDA(cudaGetDevice(&device));
+  TEST_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) SKIP("the fused GEMM needs an sm_90 GPU");
+  struct Case {
+    int world, shard_rows, n, k, tile_n;
+  };
+  // Shards of whole tiles; shard edges inside tiles; an odd number of M tiles (a padded cluster);
+  // one tile in all; both widths; more tiles than SMs.
+  const std::vector<Case> cases = {{2, 256, 512, 64, 256},  {2, 200, 264, 64, 192}, {3, 200, 264, 128, 256},
+                                   {4, 8, 8, 8, 192},       {1, 384, 520, 64, 256}, {8, 100, 1024, 64, 192},
+                                   {2, 4096, 6656, 64, 192}};
+  constexpr int kMaxChunks = detail::kMaxWorld * detail::kMaxGatherPieces;
+  DeviceBuffer done(kMaxChunks * sizeof(uint32_t));
+  int checked = 0;
+  for (const Case& c : cases) {
+    const int m = c.world * c.shard_rows;
+    DeviceBuffer a(size_t(m) * c.k * 2), b(size_t(c.k) * c.n * 2), out(size_t(m) * c.n * sizeof(float));
+    TEST_CUDA(cudaMemsetAsync(a.ptr, 0, size_t(m) * c.k * 2, fx.stream));
+    TEST_CUDA(cudaMemsetAsync(b.ptr, 0, size_t(c.k) * c.n * 2, fx.stream));
+    const detail::GatherPieces pieces =
+        detail::plan_gather_pieces(c.shard_rows, size_t(c.n) * sizeof(float), detail::kFlaggedGemmTileRows);
+    for (int rank = 0; rank < c.world; ++rank) {  // every rotation the ranks would use
+      TEST_CUDA(cudaMemsetAsync(done.ptr, 0, kMaxChunks * sizeof(uint32_t), fx.stream));
+      detail::FlaggedGemm g{};
+      g.a = a.ptr;
+      g.b = b.ptr;
+      g.c = out.ptr;
+      g.m = m;
+      g.n = c.n;
+      g.k = c.k;
+      g.type = DataType::kFloat16;
+      g.float_out = true;
+      g.sm_count = fx.sm_count;
+      g.tile_n = c.tile_n;
+      detail::ChunkFlags& ch = g.chunks;
+      ch.flags = nullptr;
+      ch.done = static_cast<uint32_t*>(done.ptr);
+      ch.rows = m;
+      ch.shard_rows = c.shard_rows;
+      ch.piece_rows = pieces.piece_rows;
+      ch.pieces = pieces.pieces;
+      ch.tile_rows = detail::kFlaggedGemmTileRows;
+      ch.tiles = (m + ch.tile_rows - 1) / ch.tile_rows;
+      ch.first_tile = ((rank + 1) % c.world) * c.shard_rows / ch.tile_rows;
+      const std::string problem = detail::flagged_gemm_problem(g);
+      EXPECT_EQ(problem, std::string());
+      if (!problem.empty()) continue;
+      detail::run_flagged_gemm(g, fx.stream);
+      std::vector<uint32_t> counts(kMaxChunks);
+      TEST_CUDA(cudaMemcpyAsync(counts.data(), done.ptr, counts.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                                fx.stream));
+      TEST_CUDA(cudaStreamSynchronize(fx.stream));
+      const uint32_t n_tiles = uint32_t((c.n + c.tile_n - 1) / c.tile_n);
+      std::vector<uint32_t> expected(kMaxChunks, 0);
+      for (int shard = 0; shard < c.world; ++shard) {
+        for (const detail::GatherCopy& piece : detail::plan_gather_copies(shard, c.shard_rows, pieces))
+          expected[piece.chunk] = uint32_t(detail::tiles_over_rows(shard * c.shard_rows + piece.first_row, piece.rows,
+                                                                   detail::kFlaggedGemmTileRows)) * n_tiles;
+      }
+      for (int i = 0; i < kMaxChunks; ++i) {
+        if (counts[i] != expected[i]) {
+          fail(__FILE__, __LINE__, "world " + std::to_string(c.world) + " shard_rows " + std::to_string(c.shard_rows) +
+                                       " n " + std::to_string(c.n) + " rotation " + std::to_string(rank) + ": piece " +
+                                       std::to_string(i) + " heard " + std::to_string(counts[i]) + " tiles, expected " +
+                                       std::to_string(expected[i]));
+        }
+      }
+      ++checked;
+    }
+  }
+  EXPECT(checked == 2 + 2 + 3 + 4 + 1 + 8 + 2);
+}
