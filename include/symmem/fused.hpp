@@ -46,9 +46,9 @@ std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t
 // `workspace` is a symmetric operand of matmul_reduce_scatter_workspace_bytes(m, n) bytes: this
 // rank's partial products (m x n float32), then the peers' partial products of its rows (world
 // slots of m / world x n float32). One persistent GEMM computes the rows of rank r+1 first, then
-// r+2, ..., its own last; each piece of rows, once its tiles are written, is pushed into its
-// owner's workspace by the copy engines (zero SMs) while the GEMM goes on; then one kernel adds
-// the partial sums (docs/fused.md). a, b and c_shard are local and overlap neither each other
+// r+2, ..., its own last; each piece of rows, once its tiles are written, is signalled to its
+// owner, which pulls it into its workspace with the copy engines (zero SMs) while the GEMMs go on;
+// then one kernel adds the partial sums (docs/fused.md). a, b and c_shard are local and overlap neither each other
 // (c_shard and a, b) nor the workspace.
 //
 // Asynchronous on `stream`, capturable in CUDA graphs (a captured call overlaps nothing: its copies

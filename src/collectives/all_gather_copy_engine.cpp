@@ -38,9 +38,24 @@ constexpr size_t kSmallestPieceSetting = 4096;
 CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
 
-// This rank's handshake words of one phase in a page (host or device address alike).
-uint32_t* phase_words(BoardPage* page, uint32_t phase) {
-  return phase == CopyEngineState::kPhaseDone ? page->ce_done : page->ce_ready;
+// The word of `page` that peer p writes for a wait of `phase` (host or device address alike): its
+// handshake word, or its signal of piece `piece`.
+uint32_t* awaited_word(BoardPage* page, uint32_t phase, uint32_t piece, int p) {
+  switch (phase) {
+    case CopyEngineState::kPhaseDone: return &page->ce_done[p];
+    case CopyEngineState::kPhasePiece: return &page->ce_piece[p * BoardPage::kPieceSignals + piece];
+    default: return &page->ce_ready[p];
+  }
+}
+
+// The peers a wait awaits: every other rank, or the one a piece wait names (-1: none valid).
+template <typename Visit>
+void for_each_awaited_peer(int rank, int world, uint32_t wait_peer, Visit visit) {
+  if (wait_peer != BoardPage::kEveryPeer) {
+    if (wait_peer < uint32_t(world) && int(wait_peer) != rank) visit(int(wait_peer));
+    return;
+  }
+  for (int k = 1; k < world; ++k) visit((rank + k) % world);
 }
 
 const HostBoard& board_of(const CommunicatorState& state) {
@@ -54,30 +69,54 @@ const HostBoard& board_of(const CommunicatorState& state) {
 // tell every peer, publish this wait, wait for every peer, mark the wait passed, reset.
 void enqueue_handshake(const HostBoard& board, int rank, int world, uint32_t phase, uint32_t signature,
                        cudaStream_t stream) {
-  CUstreamBatchMemOpParams ops[3 * (kMaxWorld - 1) + 4] = {};
+  CUstreamBatchMemOpParams ops[3 * (kMaxWorld - 1) + 6] = {};
   unsigned count = 0;
   // Every write is the default one: preceded by a system-scope fence.
   auto write = [&](const uint32_t* address, uint32_t value) { ops[count++] = stream_write_op(address, value); };
   BoardPage* mine = board.device_page(rank);
   for (int k = 1; k < world; ++k) {
     const int p = (rank + k) % world;
-    write(&phase_words(board.device_page(p), phase)[rank], signature);
+    write(awaited_word(board.device_page(p), phase, 0, rank), signature);
   }
+  enqueue_watched_wait(mine, rank, world, phase, BoardPage::kEveryPeer, 0, signature, ops, count);
+  SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream, count, ops, 0));
+}
+
+// The watched wait of one batch (copy_engine_state.hpp): publish which wait it is, mark it entered,
+// wait for every awaited word, mark it passed, reset the words. A peer writes a word again only
+// after this rank's next write to it, whose fence orders these resets first.
+void enqueue_watched_wait(BoardPage* mine, int rank, int world, uint32_t phase, uint32_t wait_peer, uint32_t piece,
+                          uint32_t signature, CUstreamBatchMemOpParams* ops, unsigned& count) {
+  auto write = [&](const uint32_t* address, uint32_t value) { ops[count++] = stream_write_op(address, value); };
   write(&mine->ce_phase, phase);
   write(&mine->ce_signature, signature);
-  write(&mine->ce_wait_state, CopyEngineState::kWaitEntered);  // after the two above: the watchdog reads them
-  for (int k = 1; k < world; ++k) {
-    const int p = (rank + k) % world;
+  write(&mine->ce_wait_peer, wait_peer);
+  write(&mine->ce_wait_piece, piece);
+  write(&mine->ce_wait_state, CopyEngineState::kWaitEntered);  // after the four above: the watchdog reads them
+  for_each_awaited_peer(rank, world, wait_peer, [&](int p) {
     ops[count].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    ops[count].waitValue.address = dptr(&phase_words(mine, phase)[p]);
+    ops[count].waitValue.address = dptr(awaited_word(mine, phase, piece, p));
     ops[count].waitValue.value = signature;
     ops[count].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
     ++count;
-  }
+  });
   write(&mine->ce_wait_state, CopyEngineState::kWaitPassed);
-  // Reset for the next call. A peer writes these again only after this rank's next write to it
-  // (copy_engine_state.hpp), whose fence orders these resets first.
-  for (int k = 1; k < world; ++k) write(&phase_words(mine, phase)[(rank + k) % world], 0);
+  for_each_awaited_peer(rank, world, wait_peer, [&](int p) { write(awaited_word(mine, phase, piece, p), 0); });
+}
+
+void enqueue_piece_signal(const HostBoard& board, int rank, int peer, int piece, uint32_t signature,
+                          cudaStream_t stream) {
+  CUstreamBatchMemOpParams op =
+      stream_write_op(awaited_word(board.device_page(peer), CopyEngineState::kPhasePiece, piece, rank), signature);
+  SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream, 1, &op, 0));
+}
+
+void enqueue_piece_wait(const HostBoard& board, int rank, int world, int peer, int piece, uint32_t signature,
+                        cudaStream_t stream) {
+  CUstreamBatchMemOpParams ops[8] = {};
+  unsigned count = 0;
+  enqueue_watched_wait(board.device_page(rank), rank, world, CopyEngineState::kPhasePiece, uint32_t(peer),
+                       uint32_t(piece), signature, ops, count);
   SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream, count, ops, 0));
 }
 
@@ -162,19 +201,19 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
   if (aborted) last_busy_ = now;
   const uint32_t phase = load_word(&page_->ce_phase);
   const uint32_t signature = load_word(&page_->ce_signature);
-  const uint32_t* words = phase_words(page_, phase);
+  const uint32_t wait_peer = load_word(&page_->ce_wait_peer);
+  const uint32_t piece = std::min<uint32_t>(load_word(&page_->ce_wait_piece), BoardPage::kPieceSignals - 1);
   int missing = -1, foreign = -1;
   uint32_t foreign_signature = 0;
-  for (int k = 1; k < world_; ++k) {
-    const int p = (rank_ + k) % world_;
-    const uint32_t w = load_word(&words[p]);
+  for_each_awaited_peer(rank_, world_, wait_peer, [&](int p) {
+    const uint32_t w = load_word(awaited_word(page_, phase, piece, p));
     if (w == 0) {
       if (missing < 0) missing = p;
     } else if (w != signature && foreign < 0) {
       foreign = p;
       foreign_signature = w;
     }
-  }
+  });
 
   // The reads above are separate loads: had the stream passed this wait meanwhile (it overwrites
   // the 3), the words may already hold the next call's signatures. Decide only on a still-blocked
@@ -202,7 +241,7 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
     release = true;
   }
   if (release) {
-    release_wait(phase, signature);
+    release_wait(phase, wait_peer, piece, signature);
     released_at_ = now;
   }
   if (aborted || release) return kPollBlocked;
@@ -216,11 +255,12 @@ void CopyEngineState::record(uint32_t code, int peer, uint32_t phase, uint32_t s
                  nullptr);
 }
 
-void CopyEngineState::release_wait(uint32_t phase, uint32_t signature) noexcept {
+void CopyEngineState::release_wait(uint32_t phase, uint32_t wait_peer, uint32_t piece, uint32_t signature) noexcept {
   // CPU stores into this rank's own page, which the blocked stream polls: no CUDA call, so nothing
   // can queue them behind the blocked stream (CUDA_DEVICE_MAX_CONNECTIONS=1 included).
-  uint32_t* words = phase_words(page_, phase);
-  for (int k = 1; k < world_; ++k) __atomic_store_n(&words[(rank_ + k) % world_], signature, __ATOMIC_RELEASE);
+  for_each_awaited_peer(rank_, world_, wait_peer, [&](int p) {
+    __atomic_store_n(awaited_word(page_, phase, piece, p), signature, __ATOMIC_RELEASE);
+  });
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 

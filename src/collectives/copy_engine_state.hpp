@@ -25,6 +25,16 @@
 //          done write makes the copies' writes visible before it)
 //          -> every peer finished reading my input (pull); my output holds every slot (push)
 //
+// PIECES (matmul_reduce_scatter, between a ready and a done handshake). Peer p's stream writes S
+// into page(me).ce_piece[p][j] once piece j of what it made for me may be read; my stream writes
+// ce_phase = 2, S, ce_wait_peer = p, ce_wait_piece = j, then ce_wait_state = 1, waits until that
+// one word is S, writes ce_wait_state = 2 and resets the word. The watchdog times and releases it
+// as a handshake wait (the same words of this rank's page: a failed or released piece wait reads
+// a dead peer's memory into this rank's own, never writes a peer). Only one stream of a rank
+// waits at a time (side stream 0), as ce_wait_state requires. A peer writes piece j's word of
+// the next call only after passing that call's ready handshake, which needs my ready write of
+// that call, which my stream issues after this call's piece resets: no signal is lost or misread.
+//
 // WHY FLAGS ARE NEVER LOST OR MISREAD. Peer p writes its next call's ready into my page only after
 // passing this call's done wait, which needs my done write, which my stream issues after
 // resetting my ready words (and the fence before that done write orders the resets before it).
@@ -108,6 +118,7 @@ class CopyEngineState {
   // BoardPage::ce_phase
   static constexpr uint32_t kPhaseReady = 0;
   static constexpr uint32_t kPhaseDone = 1;
+  static constexpr uint32_t kPhasePiece = 2;  // one peer's signal of one piece (see PIECES above)
 
   // Needs state.board; the communicator constructs this after the board and destroys it before.
   // Creates the side streams and events on state.device and starts the watchdog.
@@ -129,7 +140,7 @@ class CopyEngineState {
   // One look at the wait state; returns how long to sleep before the next.
   Clock::duration poll(Clock::time_point now) noexcept;
   void record(uint32_t code, int peer, uint32_t phase, uint32_t signature, uint32_t peer_signature) noexcept;
-  void release_wait(uint32_t phase, uint32_t signature) noexcept;
+  void release_wait(uint32_t phase, uint32_t wait_peer, uint32_t piece, uint32_t signature) noexcept;
   void destroy_cuda_objects() noexcept;
 
   const HostBoard& board_;

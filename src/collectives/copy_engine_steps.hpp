@@ -3,6 +3,7 @@
 // spread over the copy engines. Zero SMs.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -18,6 +19,21 @@ class HostBoard;
 // one batch of stream memory operations on `stream`. A ready and a done handshake alternate.
 void enqueue_handshake(const HostBoard& board, int rank, int world, uint32_t phase, uint32_t signature,
                        cudaStream_t stream);
+
+struct BoardPage;
+
+// The stream memory operations of one watched wait (copy_engine_state.hpp), appended to ops[count...]
+// (6 + 2 * (world - 1) of them at most): of `phase` for every peer (wait_peer ==
+// BoardPage::kEveryPeer) or for peer wait_peer's signal of `piece` (phase kPhasePiece).
+void enqueue_watched_wait(BoardPage* mine, int rank, int world, uint32_t phase, uint32_t wait_peer, uint32_t piece,
+                          uint32_t signature, CUstreamBatchMemOpParams* ops, unsigned& count);
+
+// matmul_reduce_scatter's piece signals: tell `peer` that piece `piece` of what this rank made for it
+// may be read; and wait (watched, bounded) for peer `peer`'s signal of `piece` to this rank.
+void enqueue_piece_signal(const HostBoard& board, int rank, int peer, int piece, uint32_t signature,
+                          cudaStream_t stream);
+void enqueue_piece_wait(const HostBoard& board, int rank, int world, int peer, int piece, uint32_t signature,
+                        cudaStream_t stream);
 
 struct EngineCopy {
   void* dst;

@@ -47,10 +47,19 @@ struct alignas(64) BoardPage {
   // (src/collectives/copy_engine_state.hpp).
   alignas(64) uint32_t ce_wait_state;
   // Which wait that is, written by the stream before the (fenced) write of ce_wait_state = 1, so
-  // the watchdog that reads 1 also reads these: 0 ready handshake, 1 done handshake; the
-  // signature the wait expects in every peer's word.
+  // the watchdog that reads 1 also reads these: 0 ready handshake, 1 done handshake, 2 piece; the
+  // signature the wait expects in every awaited word; for a piece, the one peer and piece awaited
+  // (kEveryPeer for the handshakes, which await every peer).
   uint32_t ce_phase;
   uint32_t ce_signature;
+  uint32_t ce_wait_peer;
+  uint32_t ce_wait_piece;
+  // Piece signals addressed to this rank: ce_piece[p * kPieceSignals + j] is written by peer p's
+  // stream with the call's signature once piece j of what p made for this rank may be read
+  // (matmul_reduce_scatter's partial sums), waited on by this rank's stream and reset to 0 after.
+  static constexpr uint32_t kEveryPeer = 0xFFFFFFFFu;
+  static constexpr int kPieceSignals = 8;
+  alignas(64) uint32_t ce_piece[kMaxWorld * kPieceSignals];
   // Between-nodes wait state of this rank's network stream (src/net/between_nodes.hpp), the same
   // protocol as ce_wait_state: the stream writes net_piece and net_signature, then 1 before an NCCL
   // step and 2 after it; the network watchdog swaps 1 for 3 (clock started) and 2 for 0.

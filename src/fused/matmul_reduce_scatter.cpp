@@ -1,41 +1,43 @@
 // matmul_reduce_scatter: one persistent GEMM computes every rank's rows of the partial product while
-// the copy engines push the finished pieces to their owners; one kernel adds them up.
+// the copy engines pull each finished piece to its owner; one kernel adds them up.
 //
 // DATA MOVEMENT (rank r of W, shard = m / W rows; workspace = P [m x n] float32, this rank's partial
 // products, then R [W slots of shard x n] float32, slot s receiving rank s's partial products of
-// this rank's rows; docs/fused.md has the diagram). Push: the copies write into the peers' R.
+// this rank's rows; docs/fused.md has the diagram). Pull: every copy writes only this rank's memory.
 //   caller's stream: the persistent GEMM P = a b (fused/flagged_gemm.hpp), M bands from rank r+1's
 //                   first tile on, its own shard last; after a tile's stores have landed it adds 1
 //                   to done[] of every piece its rows touch (flag_waiting_scheduler.cuh).
-//   side stream 0:  forked before the GEMM (eager) or after it (under capture: see below). The ready
-//                   handshake (copy_engine_steps.hpp): every peer has made this call (signature),
-//                   so it has finished its previous call, whose partial-sums kernel was the last
-//                   reader of its R (stream order on the peer: that kernel, then the fork of this
-//                   call, then its ready write). Then for peers d = r+1, r+2, ... on up to
-//                   `streams` lanes, piece by piece: a stream wait until done[] of the piece
-//                   reaches its tile count, then a copy of its rows of P into slot r of d's R over
-//                   NVLink (copy engines, zero SMs). Then the done handshake: every peer's pushes
-//                   into this rank's R have landed.
+//   side stream 0:  forked before the GEMM (eagerly) or after it (under capture: see WAITS). The ready
+//                   handshake (copy_engine_steps.hpp): every peer made this call (signature).
+//   side stream 1:  forked from side stream 0 after it: for peers d = r+1, r+2, ..., piece by piece,
+//                   a stream wait until done[] of the piece reaches its tile count, then a piece
+//                   signal into d's board page (copy_engine_state.hpp, PIECES): d may read it.
+//   side stream 0:  for peers p = r-1, r-2, ... (the order they compute this rank's rows in), piece
+//                   by piece: a watched wait for p's signal, then a pull of the piece from p's P into
+//                   slot p of this rank's R over NVLink (copy engines, zero SMs). Joins side stream
+//                   1, then the done handshake: no peer reads this rank's P any more.
 //   caller's stream: joins side stream 0; the partial sums c_shard = sum over s in rank order of
 //                   (s == r ? P's rows of shard r : R slot s) (kernels/partial_sums.cu); done[]
 //                   reset to 0.
-// P is rewritten only by the next call's GEMM, which follows the join (every push of P is done).
-// done[] lives in the control buffer's signal pad after all_gather_matmul's flags; only this rank
-// writes it (its GEMM and its reset), and the reset follows the join, before the next call.
+// P is rewritten only by the next call's GEMM, after the join, i.e. after the done handshake, which
+// every peer enters after its last pull. R is written by this rank's pulls and read by its sums,
+// in stream order. done[] lives in the control buffer's signal pad after all_gather_matmul's
+// flags; only this rank writes it (its GEMM and the reset after the join).
 //
-// WAITS. The counts are this rank's own GEMM's, which waits for nothing, so the stream waits on
-// them end once the GEMM runs. Eagerly the GEMM is enqueued first: if streams share a hardware
-// queue (CUDA_DEVICE_MAX_CONNECTIONS=1) the waits queue behind it. In a CUDA graph the driver
-// orders independent nodes, and a wait placed before the GEMM in one queue would never end: so a
-// captured call forks its side stream after the GEMM (its copies then wait for the whole GEMM: no
-// overlap, but nothing can hang). The handshakes are watched by the copy-engine watchdog.
+// WAITS. The piece signals and handshakes are watched waits on the host board: a dead or stalled
+// peer is kTimeout (naming it) within the deadline, never a hang. done[] counts this rank's own
+// GEMM's tiles, and that GEMM waits for nothing, so a wait on it ends once the GEMM runs. Eagerly
+// the GEMM is enqueued first, so streams sharing one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)
+// hold the waits behind it; side stream 1's signals are enqueued before side stream 0's piece waits
+// for the same reason. In a CUDA graph the driver orders independent nodes, and a wait on done[]
+// placed ahead of the GEMM in one queue would never end: a captured call forks its side streams
+// after the GEMM (no overlap in graphs, nothing can hang).
 //
-// FAILURE. A dead peer: the watchdog releases the handshakes and records kTimeout naming it; the
-// error is raised on every rank at the next call or check(), and c_shard is undefined. Pushes
-// released after an expiry write into the peer's R (as the copy-engine all-gather's push
-// direction does): a peer slower than the deadline, not dead, may see its previous shard
-// overwritten, and it raises the error at its next call or check() too. A CUDA error while
-// enqueuing joins what was forked, resets done[] and poisons the communicator, then throws.
+// FAILURE. After a released wait (dead peer, mismatch, abort) the pulls that follow read a peer's
+// memory, which stays mapped, and write only this rank's R; the error is raised on every rank at
+// the next call or check(), and c_shard is undefined. Nothing is ever written into a peer's memory
+// but its board words. A CUDA error while enqueuing joins what was forked, resets done[] and
+// poisons the communicator, then throws.
 
 #include <cuda.h>
 
@@ -69,6 +71,7 @@ constexpr const char* kOp = "matmul_reduce_scatter";
 constexpr size_t kDoneOffset = size_t(detail::kMaxWorld) * detail::kMaxGatherPieces;
 static_assert(kDoneOffset + detail::kMaxWorld * detail::kMaxGatherPieces <= detail::kSignalFlagCount,
               "the tile counters must fit in the control buffer's signal pad");
+static_assert(detail::kMaxGatherPieces <= detail::BoardPage::kPieceSignals, "a piece signal per piece");
 
 struct Prepared {
   detail::Resolved workspace;
@@ -144,7 +147,7 @@ Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b,
   chunks.pieces = p.pieces.pieces;
   chunks.tile_rows = detail::kFlaggedGemmTileRows;
   chunks.tiles = (g.m + chunks.tile_rows - 1) / chunks.tile_rows;
-  // The next rank's rows first (its pushes start earliest), the own shard last (rounded down: a
+  // The next rank's rows first (its pulls can start earliest), the own shard last (rounded down: a
   // tile shared with the previous shard is computed first, which that shard needs early too).
   chunks.first_tile = static_cast<int>(int64_t((st.rank + 1) % st.world) * p.shard_rows / chunks.tile_rows);
   why = detail::flagged_gemm_problem(g);
@@ -152,20 +155,35 @@ Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b,
   return p;
 }
 
-// Pushes of this rank's partial products of shard `peer` into the peer's R slot `rank`, piece by
-// piece, each after the GEMM has announced every tile of the piece.
-void enqueue_pushes(const Prepared& p, int rank, int peer, cudaStream_t stream) {
-  const char* partials = static_cast<const char*>(p.workspace.local) + size_t(peer) * p.shard_bytes;
+// The tile count piece `piece` of shard `shard` is complete at.
+uint32_t tiles_of(const Prepared& p, int shard, const detail::GatherCopy& piece) {
+  const int first_row = shard * p.shard_rows + piece.first_row;
+  return uint32_t(detail::tiles_over_rows(first_row, piece.rows, detail::kFlaggedGemmTileRows)) * uint32_t(p.n_tiles);
+}
+
+// Signals to `peer` of every piece of its rows in this rank's P, each once the GEMM has announced
+// all of the piece's tiles.
+void enqueue_signals(const Prepared& p, const detail::HostBoard& board, int rank, int peer, uint32_t signature,
+                     cudaStream_t stream) {
   for (const detail::GatherCopy& piece : detail::plan_gather_copies(peer, p.shard_rows, p.pieces)) {
-    const int first_row = peer * p.shard_rows + piece.first_row;
-    const uint32_t tiles =
-        uint32_t(detail::tiles_over_rows(first_row, piece.rows, detail::kFlaggedGemmTileRows)) * uint32_t(p.n_tiles);
-    CUstreamBatchMemOpParams wait = detail::stream_wait_at_least_op(p.gemm.chunks.done + piece.chunk, tiles);
+    CUstreamBatchMemOpParams wait = detail::stream_wait_at_least_op(p.gemm.chunks.done + piece.chunk,
+                                                                    tiles_of(p, peer, piece));
     SYMMEM_CU_CHECK(detail::DriverApi::get().stream_batch_mem_op(stream, 1, &wait, 0));
+    detail::enqueue_piece_signal(board, rank, peer, piece.chunk - peer * p.pieces.pieces, signature, stream);
+  }
+}
+
+// Pulls of `peer`'s partial products of this rank's rows into slot `peer` of R, each piece after
+// the peer's signal.
+void enqueue_pulls(const Prepared& p, const detail::HostBoard& board, int rank, int world, int peer,
+                   uint32_t signature, cudaStream_t stream) {
+  char* slot = static_cast<char*>(p.workspace.local) + p.partials_bytes + size_t(peer) * p.shard_bytes;
+  const size_t from = size_t(rank) * p.shard_bytes;  // this rank's rows in the peer's P
+  for (const detail::GatherCopy& piece : detail::plan_gather_copies(rank, p.shard_rows, p.pieces)) {
+    detail::enqueue_piece_wait(board, rank, world, peer, piece.chunk - rank * p.pieces.pieces, signature, stream);
     const size_t at = size_t(piece.first_row) * p.row_bytes;
-    void* to = p.workspace.peer(peer, p.partials_bytes + size_t(rank) * p.shard_bytes + at);
-    SYMMEM_CUDA_CHECK(
-        cudaMemcpyAsync(to, partials + at, size_t(piece.rows) * p.row_bytes, cudaMemcpyDeviceToDevice, stream));
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(slot + at, p.workspace.peer(peer, from + at), size_t(piece.rows) * p.row_bytes,
+                                      cudaMemcpyDeviceToDevice, stream));
   }
 }
 
@@ -227,20 +245,26 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
   const size_t done_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
   detail::SideStreams sides(*st.copy_engine, stream);
   try {
-    // Eagerly the side stream forks before the GEMM, so its pushes overlap it; under capture after it.
+    // Eagerly the side streams fork before the GEMM, so the copies overlap it; under capture after it.
     if (!capturing) sides.fork_control();
     detail::run_flagged_gemm(p.gemm, stream);
     if (capturing) sides.fork_control();
 
     if (world > 1) {
+      const detail::HostBoard& board = *st.board;
       cudaStream_t control = sides.control();
-      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
-      // Invariant: every peer's R may be written (its previous call's sums have read it).
-      const std::vector<cudaStream_t> lanes = sides.fork_lanes(world - 1);
-      for (int i = 0; i < world - 1; ++i) enqueue_pushes(p, rank, (rank + 1 + i) % world, lanes[i % lanes.size()]);
+      detail::enqueue_handshake(board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
+      // Invariant: every peer made this call.
+      // The signals go on a lane of their own (or on side stream 0 when the communicator has one
+      // stream), enqueued before the piece waits (see WAITS).
+      const std::vector<cudaStream_t> lanes = sides.fork_lanes(2);
+      cudaStream_t signals = lanes.back();
+      for (int i = 1; i < world; ++i) enqueue_signals(p, board, rank, (rank + i) % world, signature, signals);
+      for (int i = 1; i < world; ++i) enqueue_pulls(p, board, rank, world, (rank - i + world) % world, signature, control);
       sides.join_lanes();
-      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
-      // Invariant (control stream): every peer's partial sums of this rank's rows are in R.
+      detail::enqueue_handshake(board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
+      // Invariant (control stream): every peer's partial sums of this rank's rows are in R, and no
+      // peer reads this rank's P any more.
     }
     sides.join_control();
     enqueue_partial_sums(p, c_shard, type, rank, world, st.sm_count, stream);

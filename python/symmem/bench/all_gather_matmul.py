@@ -15,7 +15,7 @@ A [M x K] @ B [K x N] (every rank's own A and B: K is each rank's slice). Rows:
   gemm_then_nccl  torch.mm, then NCCL reduce_scatter_tensor of the product (in the output type)
   torch_fused     torch.ops.symm_mem.fused_matmul_reduce_scatter (torch's symmetric-memory op)
   symmem_fused    symmem.torch.matmul_reduce_scatter (one persistent GEMM, float32 partial sums
-                  pushed by copy engine)
+                  pulled by copy engine)
 Every configuration runs `--calls` back-to-back calls per sample, configurations interleaved
 round after round (clocks drift); the time of a configuration is the slowest rank's median over
 `--reps` samples, with the fastest and slowest sample. Random normal inputs (power depends on the

@@ -14,8 +14,8 @@ and passes opcheck, on any machine.
 
 matmul_reduce_scatter: C_shard [m / world, n] = this rank's rows of the sum over the group of
 a [m, k] @ b [k, n] (the row-parallel layer: each rank holds a k-slice). float32 partial sums,
-added in rank order and rounded once; the partial products of the other ranks' rows are pushed to
-them by copy engine while the GEMM computes the rest. Its symmetric workspace (2 m n float32) grows
+added in rank order and rounded once; each rank pulls the peers' partial products of its rows by
+copy engine while the GEMMs compute the rest. Its symmetric workspace (2 m n float32) grows
 as the gather workspace does. The CPU kernel reduce-scatters float32 products with
 torch.distributed.
 
