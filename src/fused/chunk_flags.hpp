@@ -27,6 +27,8 @@ struct ChunkFlags {
   int tile_rows;          // the GEMM's tile height
   int tiles;              // ceil(rows / tile_rows)
   int first_tile;         // the tile the GEMM computes first (then first_tile + 1, ..., wrapping)
+  int n_tiles;            // done only: the GEMM's tiles along N (the scheduler may pad beyond them)
+  int store_groups;       // done only: bulk store groups the epilogue commits per tile (flagged_gemm.cuh)
   SyncArgs sync;          // deadline, abort word and failure record of the waits (no barrier flags)
 };
 

@@ -61,6 +61,14 @@ struct Kernel {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   // The scheduler makes only warp 0 (the mainloop producer) wait for rows of A.
   static_assert(!GemmKernel::IsMainloopAuxiliaryLoadNeeded, "a second warp would load A without waiting");
+  // What the scheduler's announcements count on (flag_waiting_scheduler.cuh): one TMA store group
+  // committed per epilogue subtile, subtiles that tile the tile.
+  using EpilogueTile = typename Epilogue::EpilogueTile;
+  static constexpr int kStoreGroupsPerTile =
+      (size<0>(TileShape{}) / size<0>(EpilogueTile{})) * (size<1>(TileShape{}) / size<1>(EpilogueTile{}));
+  static_assert(size<0>(TileShape{}) % size<0>(EpilogueTile{}) == 0 &&
+                    size<1>(TileShape{}) % size<1>(EpilogueTile{}) == 0,
+                "epilogue subtiles must tile the tile");
   // The scheduler's barrier of the consumer threads when it announces finished tiles.
   static_assert(GemmKernel::NumMMAThreads == FlagWaitingTileScheduler::kConsumerThreads &&
                     GemmKernel::NumLoadWarpGroups == FlagWaitingTileScheduler::kLoadWarpGroups,
@@ -91,6 +99,7 @@ typename Kernel<Element, Config, ElementOut>::Gemm::Arguments arguments_of(const
   args.scheduler.raster_order = g.raster_along_m ? Raster::AlongM : Raster::AlongN;
   args.scheduler.max_swizzle_size = g.swizzle;
   args.scheduler.chunks = g.chunks;
+  args.scheduler.chunks.store_groups = Kernel<Element, Config, ElementOut>::kStoreGroupsPerTile;
   return args;
 }
 

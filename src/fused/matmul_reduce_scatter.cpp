@@ -150,6 +150,7 @@ Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b,
   // The next rank's rows first (its pulls can start earliest), the own shard last (rounded down: a
   // tile shared with the previous shard is computed first, which that shard needs early too).
   chunks.first_tile = static_cast<int>(int64_t((st.rank + 1) % st.world) * p.shard_rows / chunks.tile_rows);
+  chunks.n_tiles = p.n_tiles;
   why = detail::flagged_gemm_problem(g);
   if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, std::string(kOp) + ": " + why);
   return p;

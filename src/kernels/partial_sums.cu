@@ -43,6 +43,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) partial_sums_kernel(PartialS
 }  // namespace
 
 void launch_partial_sums(DataType type, const PartialSumsArgs& args, int sm_count, cudaStream_t stream) {
+  if (args.count % 8 != 0)
+    throw Error(ErrorCode::kInternal, "partial sums: count " + std::to_string(args.count) + " is not a multiple of 8");
   const size_t groups = args.count / 8;
   if (groups == 0) return;
   // Memory-bound: a few resident blocks per SM stream every source at full bandwidth.

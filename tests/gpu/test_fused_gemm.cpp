@@ -1,9 +1,10 @@
 // The persistent GEMM of the fused ops on one GPU, without communication: matmul_reduce_scatter's
 // copies wait until done[piece] reaches tiles_over_rows(piece) x (N tiles), so every tile must be
 // announced exactly once to every piece its rows touch, never to another, whatever the rotation,
-// tile width, cluster padding (an odd number of M tiles) or shard edge inside a tile. A count
-// short of its target would stall a push until the GEMM ends (too low: forever); one above it
-// would let a push read rows not written yet. Each rank checks the counters after the GEMM.
+// tile width, padding (an odd number of M tiles in clusters of 2; N tiles rounded up to the
+// swizzle) or shard edge inside a tile. A count short of its target would stall a pull until the
+// GEMM ends (too low: forever); one above it would let a pull read rows not written yet. Each rank
+// checks the counters after the GEMM (their order against the stores cannot be seen on one GPU).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -27,13 +28,13 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
   TEST_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major != 9) SKIP("the fused GEMM needs an sm_90 GPU");
   struct Case {
-    int world, shard_rows, n, k, tile_n;
+    int world, shard_rows, n, k, tile_n, swizzle;
   };
   // Shards of whole tiles; shard edges inside tiles; an odd number of M tiles (a padded cluster);
-  // one tile in all; both widths; more tiles than SMs.
-  const std::vector<Case> cases = {{2, 256, 512, 64, 256},  {2, 200, 264, 64, 192}, {3, 200, 264, 128, 256},
-                                   {4, 8, 8, 8, 192},       {1, 384, 520, 64, 256}, {8, 100, 1024, 64, 192},
-                                   {2, 4096, 6656, 64, 192}};
+  // one tile in all; both widths; more tiles than SMs; N tiles padded by the swizzle (3 of 4 real).
+  const std::vector<Case> cases = {{2, 256, 512, 64, 256, 1},   {2, 200, 264, 64, 192, 1}, {3, 200, 264, 128, 256, 1},
+                                   {4, 8, 8, 8, 192, 1},        {1, 384, 520, 64, 256, 1}, {8, 100, 1024, 64, 192, 1},
+                                   {2, 4096, 6656, 64, 192, 1}, {2, 512, 520, 64, 256, 2}};
   constexpr int kMaxChunks = detail::kMaxWorld * detail::kMaxGatherPieces;
   DeviceBuffer done(kMaxChunks * sizeof(uint32_t));
   int checked = 0;
@@ -57,6 +58,7 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
       g.float_out = true;
       g.sm_count = fx.sm_count;
       g.tile_n = c.tile_n;
+      g.swizzle = c.swizzle;
       detail::ChunkFlags& ch = g.chunks;
       ch.flags = nullptr;
       ch.done = static_cast<uint32_t*>(done.ptr);
@@ -67,6 +69,7 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
       ch.tile_rows = detail::kFlaggedGemmTileRows;
       ch.tiles = (m + ch.tile_rows - 1) / ch.tile_rows;
       ch.first_tile = ((rank + 1) % c.world) * c.shard_rows / ch.tile_rows;
+      ch.n_tiles = (c.n + c.tile_n - 1) / c.tile_n;
       const std::string problem = detail::flagged_gemm_problem(g);
       EXPECT_EQ(problem, std::string());
       if (!problem.empty()) continue;
@@ -93,5 +96,5 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
       ++checked;
     }
   }
-  EXPECT(checked == 2 + 2 + 3 + 4 + 1 + 8 + 2);
+  EXPECT(checked == 2 + 2 + 3 + 4 + 1 + 8 + 2 + 2);
 }

@@ -166,10 +166,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="directory for the CSV, the table and the PNG")
     parser.add_argument("--op", default="all_gather_matmul", choices=sorted(IMPLS))
-    parser.add_argument("--m", type=int, nargs="*", default=[4096, 8192, 16384],
+    # Upper case: torchrun, which parses these arguments first, takes --m, --n as abbreviations of its own.
+    parser.add_argument("--M", dest="m", type=int, nargs="*", default=[4096, 8192, 16384],
                         help="rows of C (gathered over the ranks, or scattered to them)")
-    parser.add_argument("--n", type=int, default=6656)
-    parser.add_argument("--k", type=int, default=16384)
+    parser.add_argument("--N", dest="n", type=int, default=6656)
+    parser.add_argument("--K", dest="k", type=int, default=16384)
     parser.add_argument("--dtypes", nargs="*", default=["fp16", "bf16"], choices=sorted(DTYPES))
     parser.add_argument("--reps", type=int, default=9, help="samples per configuration, interleaved")
     parser.add_argument("--calls", type=int, default=5, help="back-to-back calls per sample")
