@@ -52,7 +52,8 @@ std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t
 // (c_shard and a, b) nor the workspace.
 //
 // Asynchronous on `stream`, capturable in CUDA graphs (a captured call overlaps nothing: its copies
-// wait for the whole GEMM). Every rank must make the same call (m, n, k, type and the workspace's
+// wait for the whole GEMM). Consecutive fused calls on one communicator must be ordered (stream
+// order or events), as for every collective. Every rank must make the same call (m, n, k, type and the workspace's
 // offset are signed: a mismatch is kMismatch on every rank); a dead peer is kTimeout, never a hang;
 // errors surface at the next call, check() or synchronize(), and c_shard is then undefined.
 void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, const void* b, int64_t m, int64_t n,

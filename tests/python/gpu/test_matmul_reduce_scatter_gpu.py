@@ -159,3 +159,44 @@ def test_killed_rank_during_matmul_reduce_scatter_raises_naming_it(group, tmp_pa
     from conftest import run_killed_rank_job
     worker = os.path.join(os.path.dirname(__file__), "fused_kill_worker.py")
     run_killed_rank_job(group, worker, tmp_path, extra_args=["matmul_reduce_scatter"])
+
+
+def test_calls_on_two_streams_ordered_by_events(group):
+    """Consecutive calls must be ordered (every fused call shares the communicator's counters and
+    side streams): here by events between two streams, as torch code does across streams."""
+    dtype = torch.bfloat16
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    cases = [_inputs(256, 512, 1024, dtype, ("streams", i), integers=True) for i in range(2)]
+    expected = [_reference(a, b).to(dtype) for a, b in cases]
+    torch.cuda.synchronize()
+    wrong = 0
+    for call in range(50):
+        stream = first if call % 2 == 0 else second
+        stream.wait_stream(second if call % 2 == 0 else first)
+        with torch.cuda.stream(stream):
+            a, b = cases[call % 2]
+            c = st.matmul_reduce_scatter(a, b)
+            wrong += int((c != expected[call % 2]).sum().item())
+    torch.cuda.synchronize()
+    assert wrong == 0
+
+
+def test_ranks_calling_different_shapes_all_raise(group):
+    """n differs between ranks: the call's signature differs, so the ready handshake fails on every
+    rank (kMismatch where it is seen, kAborted where the other rank's record came first), at the
+    next check(), instead of summing partial products of different shapes. Its own group: the
+    communicator is unusable afterwards."""
+    import symmem
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world < 2:
+        pytest.skip("needs two ranks: a mismatch is between ranks")
+    sub = dist.new_group(list(range(world)))
+    n = 512 if rank == 0 else 520
+    a = _random((256 * world, 512), torch.float16, "mismatch")
+    b = _random((512, n), torch.float16, ("mismatch", n))
+    with pytest.raises(symmem.SymmemError) as raised:
+        st.matmul_reduce_scatter(a, b, group=sub)
+        torch.cuda.synchronize()
+        st.Communicator(sub).core.check()
+    assert raised.value.code in ("kMismatch", "kAborted"), (raised.value.code, str(raised.value))
+    dist.barrier()
