@@ -48,7 +48,8 @@ uint32_t* awaited_word(BoardPage* page, uint32_t phase, uint32_t piece, int p) {
   }
 }
 
-// The peers a wait awaits: every other rank, or the one a piece wait names (-1: none valid).
+// The peers a wait awaits: every other rank (kEveryPeer), or the one a piece wait names (none
+// when that is out of range or this rank).
 template <typename Visit>
 void for_each_awaited_peer(int rank, int world, uint32_t wait_peer, Visit visit) {
   if (wait_peer != BoardPage::kEveryPeer) {
@@ -104,15 +105,26 @@ void enqueue_watched_wait(BoardPage* mine, int rank, int world, uint32_t phase, 
   for_each_awaited_peer(rank, world, wait_peer, [&](int p) { write(awaited_word(mine, phase, piece, p), 0); });
 }
 
+namespace {
+void require_piece(int rank, int world, int peer, int piece) {
+  if (peer < 0 || peer >= world || peer == rank || piece < 0 || piece >= BoardPage::kPieceSignals)
+    throw Error(ErrorCode::kInternal, "piece signal: peer " + std::to_string(peer) + " or piece " +
+                                          std::to_string(piece) + " out of range");
+}
+}  // namespace
+
 void enqueue_piece_signal(const HostBoard& board, int rank, int peer, int piece, uint32_t signature,
-                          cudaStream_t stream) {
-  CUstreamBatchMemOpParams op =
-      stream_write_op(awaited_word(board.device_page(peer), CopyEngineState::kPhasePiece, piece, rank), signature);
-  SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream, 1, &op, 0));
+                          const uint32_t* count, uint32_t at_least, cudaStream_t stream) {
+  require_piece(rank, kMaxWorld, peer, piece);
+  CUstreamBatchMemOpParams ops[2] = {
+      stream_wait_at_least_op(count, at_least),
+      stream_write_op(awaited_word(board.device_page(peer), CopyEngineState::kPhasePiece, piece, rank), signature)};
+  SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream, 2, ops, 0));
 }
 
 void enqueue_piece_wait(const HostBoard& board, int rank, int world, int peer, int piece, uint32_t signature,
                         cudaStream_t stream) {
+  require_piece(rank, world, peer, piece);
   CUstreamBatchMemOpParams ops[8] = {};
   unsigned count = 0;
   enqueue_watched_wait(board.device_page(rank), rank, world, CopyEngineState::kPhasePiece, uint32_t(peer),

@@ -28,10 +28,11 @@ struct BoardPage;
 void enqueue_watched_wait(BoardPage* mine, int rank, int world, uint32_t phase, uint32_t wait_peer, uint32_t piece,
                           uint32_t signature, CUstreamBatchMemOpParams* ops, unsigned& count);
 
-// matmul_reduce_scatter's piece signals: tell `peer` that piece `piece` of what this rank made for it
-// may be read; and wait (watched, bounded) for peer `peer`'s signal of `piece` to this rank.
+// matmul_reduce_scatter's piece signals: once *count >= at_least (this rank's GEMM has stored the
+// piece), tell `peer` that piece `piece` of what this rank made for it may be read (one batch);
+// and wait (watched, bounded) for peer `peer`'s signal of `piece` to this rank.
 void enqueue_piece_signal(const HostBoard& board, int rank, int peer, int piece, uint32_t signature,
-                          cudaStream_t stream);
+                          const uint32_t* count, uint32_t at_least, cudaStream_t stream);
 void enqueue_piece_wait(const HostBoard& board, int rank, int world, int peer, int piece, uint32_t signature,
                         cudaStream_t stream);
 

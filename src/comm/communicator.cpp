@@ -140,7 +140,8 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
   }
   return me + " timed out after " + std::to_string(st.timeout_ms()) + " ms in " + mine + " waiting for " + peer +
          (s.block >= 0 ? " (block " + std::to_string(s.block) + ", phase " + std::to_string(s.phase) + ")"
-                       : s.phase == 2 ? std::string(" (its signal that a piece of partial sums is ready)")
+                       : s.op == kOpCopyEngine && s.phase == 2
+                           ? std::string(" (its signal that a piece of partial sums is ready)")
                                       : " (copy-engine handshake " + std::to_string(s.phase) + ")") +
          "; " + peer + " is dead, stalled, or called a different collective";
 }

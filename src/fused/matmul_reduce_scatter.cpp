@@ -29,9 +29,10 @@
 // GEMM's tiles, and that GEMM waits for nothing, so a wait on it ends once the GEMM runs. Eagerly
 // the GEMM is enqueued first, so streams sharing one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)
 // hold the waits behind it; side stream 1's signals are enqueued before side stream 0's piece waits
-// for the same reason. In a CUDA graph the driver orders independent nodes, and a wait on done[]
-// placed ahead of the GEMM in one queue would never end: a captured call forks its side streams
-// after the GEMM (no overlap in graphs, nothing can hang).
+// for the same reason. In a CUDA graph nothing but dependencies orders the nodes, and a wait on
+// done[] placed ahead of the GEMM in one queue would never end: a captured call forks its side
+// streams after the GEMM (no overlap in graphs, nothing can hang), and its signals precede its
+// piece waits on side stream 0 (as with CUDA_DEVICE_MAX_CONNECTIONS=1).
 //
 // FAILURE. After a released wait (dead peer, mismatch, abort) the pulls that follow read a peer's
 // memory, which stays mapped, and write only this rank's R; the error is raised on every rank at
@@ -94,7 +95,7 @@ Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b,
   if (!workspace.symmetric())
     throw Error(ErrorCode::kInvalidArgument,
                 "matmul_reduce_scatter: workspace must be a symmetric operand (a heap Buffer and offset): the peers "
-                "write their partial sums into it");
+                "read their partial sums of this rank's rows from it");
   Prepared p;
   const size_t elem = dtype_size(type);
   p.shard_rows = static_cast<int>(m / st.world);
@@ -109,7 +110,7 @@ Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b,
   detail::require_device_pointer(a, a_bytes, "a", kOp, comm);
   detail::require_device_pointer(b, b_bytes, "b", kOp, comm);
   detail::require_device_pointer(c_shard, c_bytes, "c_shard", kOp, comm);
-  // The GEMM reads a and b while it writes P and the peers write R; the sums write c_shard.
+  // The GEMM reads a and b while it writes P and this rank's pulls write R; the sums write c_shard.
   detail::require_no_partial_overlap(c_shard, c_bytes, a, a_bytes, false, kOp);
   detail::require_no_partial_overlap(c_shard, c_bytes, b, b_bytes, false, kOp);
   detail::require_no_partial_overlap(c_shard, c_bytes, p.workspace.local, ws_bytes, false, kOp);
@@ -167,10 +168,8 @@ uint32_t tiles_of(const Prepared& p, int shard, const detail::GatherCopy& piece)
 void enqueue_signals(const Prepared& p, const detail::HostBoard& board, int rank, int peer, uint32_t signature,
                      cudaStream_t stream) {
   for (const detail::GatherCopy& piece : detail::plan_gather_copies(peer, p.shard_rows, p.pieces)) {
-    CUstreamBatchMemOpParams wait = detail::stream_wait_at_least_op(p.gemm.chunks.done + piece.chunk,
-                                                                    tiles_of(p, peer, piece));
-    SYMMEM_CU_CHECK(detail::DriverApi::get().stream_batch_mem_op(stream, 1, &wait, 0));
-    detail::enqueue_piece_signal(board, rank, peer, piece.chunk - peer * p.pieces.pieces, signature, stream);
+    detail::enqueue_piece_signal(board, rank, peer, piece.chunk - peer * p.pieces.pieces, signature,
+                                 p.gemm.chunks.done + piece.chunk, tiles_of(p, peer, piece), stream);
   }
 }
 
@@ -256,9 +255,14 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
       cudaStream_t control = sides.control();
       detail::enqueue_handshake(board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
       // Invariant: every peer made this call.
-      // The signals go on a lane of their own (or on side stream 0 when the communicator has one
-      // stream), enqueued before the piece waits (see WAITS).
-      const std::vector<cudaStream_t> lanes = sides.fork_lanes(2);
+      // The signals go on a lane of their own, enqueued before the piece waits (see WAITS). In a
+      // graph, or with one hardware queue, they go ahead of the piece waits on side stream 0
+      // instead: there nothing but stream order keeps a rank's piece wait from being queued
+      // before its own signals (seen on an H100: graph branches queue in capture order), and
+      // under capture the GEMM they wait for has finished anyway. Also when the communicator has
+      // one side stream.
+      const bool one_queue = capturing || detail::single_hardware_queue();
+      const std::vector<cudaStream_t> lanes = sides.fork_lanes(one_queue ? 1 : 2);
       cudaStream_t signals = lanes.back();
       for (int i = 1; i < world; ++i) enqueue_signals(p, board, rank, (rank + i) % world, signature, signals);
       for (int i = 1; i < world; ++i) enqueue_pulls(p, board, rank, world, (rank - i + world) % world, signature, control);

@@ -3,18 +3,20 @@
 // announced exactly once to every piece its rows touch, never to another, whatever the rotation,
 // tile width, padding (an odd number of M tiles in clusters of 2; N tiles rounded up to the
 // swizzle) or shard edge inside a tile. A count short of its target would stall a pull until the
-// GEMM ends (too low: forever); one above it would let a pull read rows not written yet. Each rank
-// checks the counters after the GEMM (their order against the stores cannot be seen on one GPU).
+// GEMM ends (too low: forever); one above it would let a pull read rows not written yet. The first
+// test checks the final counts, the second their order against the stores.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "common/driver_api.hpp"
 #include "fixture.hpp"
 #include "fused/flagged_gemm.hpp"
 #include "plan/fused_plan.hpp"
 #include "test.hpp"
+#include "test_kernels.hpp"
 
 using namespace symmem;
 using namespace symmem::test;
@@ -97,4 +99,88 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
     }
   }
   EXPECT(checked == 2 + 2 + 3 + 4 + 1 + 8 + 2 + 2);
+}
+
+// The order of the announcements against the stores: the GEMM runs on half the SMs while another
+// stream, for every piece, waits until its counter reaches its target and then copies the piece's
+// rows of C (a copy within the GPU is a kernel: it runs on the SMs the GEMM leaves free). C starts
+// as NaN; a piece announced before all its rows had landed would leave NaN or old rows in the
+// snapshot. Every rotation, 3 rounds each, integer inputs (C is exact). It catches an announcement
+// made before a tile's epilogue; not one made right after it without waiting for the stores (the
+// negative control of bench/results/h200/matmul_reduce_scatter_single_gpu passed it: a store
+// lands within about a microsecond, less than a stream wait plus a copy launch).
+TEST(fused_gemm_announces_a_piece_only_after_its_rows_landed) {
+  Fixture& fx = Fixture::get();
+  std::string why;
+  if (!detail::flagged_gemm_built(&why)) SKIP(why);
+  int device = 0, major = 0;
+  TEST_CUDA(cudaGetDevice(&device));
+  TEST_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) SKIP("the fused GEMM needs an sm_90 GPU");
+  const int world = 2, shard_rows = 2048, n = 4096, k = 1024, m = world * shard_rows;
+  const size_t c_bytes = size_t(m) * n * sizeof(float);
+  DeviceBuffer a(size_t(m) * k * 2), b(size_t(k) * n * 2), c(c_bytes), snapshot(c_bytes);
+  constexpr int kMaxChunks = detail::kMaxWorld * detail::kMaxGatherPieces;
+  DeviceBuffer done(kMaxChunks * sizeof(uint32_t));
+  fill_small_integers(a.ptr, size_t(m) * k, DataType::kFloat16, 11, fx.stream);
+  fill_small_integers(b.ptr, size_t(k) * n, DataType::kFloat16, 12, fx.stream);
+  cudaStream_t copies = nullptr;
+  TEST_CUDA(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking));
+  const detail::GatherPieces pieces =
+      detail::plan_gather_pieces(shard_rows, size_t(n) * sizeof(float), detail::kFlaggedGemmTileRows);
+  EXPECT(pieces.pieces > 1);
+  long stale = 0;
+  for (int round = 0; round < 3 * world; ++round) {
+    const int rank = round % world;
+    TEST_CUDA(cudaMemsetAsync(c.ptr, 0xFF, c_bytes, fx.stream));  // NaN
+    TEST_CUDA(cudaMemsetAsync(snapshot.ptr, 0, c_bytes, fx.stream));
+    TEST_CUDA(cudaMemsetAsync(done.ptr, 0, kMaxChunks * sizeof(uint32_t), fx.stream));
+    detail::FlaggedGemm g{};
+    g.a = a.ptr;
+    g.b = b.ptr;
+    g.c = c.ptr;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.type = DataType::kFloat16;
+    g.float_out = true;
+    g.sm_count = std::max(2, fx.sm_count / 2 / 2 * 2);  // whole clusters of 2
+    g.tile_n = 256;
+    detail::ChunkFlags& ch = g.chunks;
+    ch.done = static_cast<uint32_t*>(done.ptr);
+    ch.rows = m;
+    ch.shard_rows = shard_rows;
+    ch.piece_rows = pieces.piece_rows;
+    ch.pieces = pieces.pieces;
+    ch.tile_rows = detail::kFlaggedGemmTileRows;
+    ch.tiles = (m + ch.tile_rows - 1) / ch.tile_rows;
+    ch.first_tile = ((rank + 1) % world) * shard_rows / ch.tile_rows;
+    ch.n_tiles = n / g.tile_n;
+    cudaEvent_t ready = nullptr;
+    TEST_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    TEST_CUDA(cudaEventRecord(ready, fx.stream));  // the resets above precede the copies' waits
+    TEST_CUDA(cudaStreamWaitEvent(copies, ready, 0));
+    detail::run_flagged_gemm(g, fx.stream);  // first: the waits below are behind it in any queue
+    for (int shard = 0; shard < world; ++shard) {
+      for (const detail::GatherCopy& piece : detail::plan_gather_copies(shard, shard_rows, pieces)) {
+        const int first_row = shard * shard_rows + piece.first_row;
+        CUstreamBatchMemOpParams wait = detail::stream_wait_at_least_op(
+            ch.done + piece.chunk,
+            uint32_t(detail::tiles_over_rows(first_row, piece.rows, ch.tile_rows)) * uint32_t(ch.n_tiles));
+        if (detail::DriverApi::get().stream_batch_mem_op(copies, 1, &wait, 0) != CUDA_SUCCESS)
+          fail(__FILE__, __LINE__, "cuStreamBatchMemOp failed");
+        const size_t at = size_t(first_row) * n * sizeof(float);
+        TEST_CUDA(cudaMemcpyAsync(static_cast<char*>(snapshot.ptr) + at, static_cast<char*>(c.ptr) + at,
+                                  size_t(piece.rows) * n * sizeof(float), cudaMemcpyDeviceToDevice, copies));
+      }
+    }
+    TEST_CUDA(cudaStreamSynchronize(copies));
+    TEST_CUDA(cudaStreamSynchronize(fx.stream));
+    TEST_CUDA(cudaEventDestroy(ready));
+    MismatchCounter differences;
+    count_differences(snapshot.ptr, c.ptr, c_bytes, differences.get(), fx.stream);
+    stale += differences.read(fx.stream);
+  }
+  TEST_CUDA(cudaStreamDestroy(copies));
+  EXPECT_EQ(stale, 0L);
 }

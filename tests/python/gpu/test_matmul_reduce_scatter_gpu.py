@@ -169,16 +169,18 @@ def test_calls_on_two_streams_ordered_by_events(group):
     cases = [_inputs(256, 512, 1024, dtype, ("streams", i), integers=True) for i in range(2)]
     expected = [_reference(a, b).to(dtype) for a, b in cases]
     torch.cuda.synchronize()
-    wrong = 0
-    for call in range(50):
+    wrong = torch.zeros((), dtype=torch.int64, device="cuda")
+    for call in range(50):  # no host wait in the loop: the calls queue up, ordered only by events
         stream = first if call % 2 == 0 else second
         stream.wait_stream(second if call % 2 == 0 else first)
         with torch.cuda.stream(stream):
             a, b = cases[call % 2]
             c = st.matmul_reduce_scatter(a, b)
-            wrong += int((c != expected[call % 2]).sum().item())
+            wrong += (c != expected[call % 2]).sum()
+        for t in (a, b, c, wrong, expected[call % 2]):
+            t.record_stream(stream)
     torch.cuda.synchronize()
-    assert wrong == 0
+    assert wrong.item() == 0
 
 
 def test_ranks_calling_different_shapes_all_raise(group):
