@@ -202,3 +202,71 @@ def test_ranks_calling_different_shapes_all_raise(group):
         st.Communicator(sub).core.check()
     assert raised.value.code in ("kMismatch", "kAborted"), (raised.value.code, str(raised.value))
     dist.barrier()
+
+
+def test_back_to_back_with_copy_engine_all_gathers(group):
+    """The piece waits share the copy-engine watchdog's wait word, the board's handshake words and
+    the side streams with the copy-engine all-gather: 300 rounds of both, alternating shapes, with no
+    host wait between calls."""
+    from symmem import _native
+    core = st.Communicator().core
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dtype = torch.bfloat16
+    cases = []
+    for i, (rows, n, k) in enumerate([(256, 512, 1024), (200, 264, 520)]):
+        a, b = _inputs(rows, n, k, dtype, ("ce", i), integers=True)
+        cases.append((a, b, _reference(a, b).to(dtype)))
+    gathers = []
+    for i, count in enumerate((4096, 1 << 20)):
+        x = _random((count,), dtype, ("ceg", i), integers=True)
+        expected = torch.empty(world * count, dtype=dtype, device="cuda")
+        dist.all_gather_into_tensor(expected, x)
+        gathers.append((x, torch.empty_like(expected), expected))
+    algo = _native.algo_code("copy_engine")
+    stream = torch.cuda.current_stream().cuda_stream
+    wrong = torch.zeros((), dtype=torch.int64, device="cuda")
+    for call in range(300):
+        a, b, expected = cases[call % 2]
+        wrong += (st.matmul_reduce_scatter(a, b) != expected).sum()
+        x, out, gathered = gathers[(call // 2) % 2]
+        out.fill_(float("nan"))
+        core.all_gather(out.data_ptr(), x.data_ptr(), x.numel(), _native.DTYPES["bfloat16"], stream, algo=algo)
+        wrong += (out != gathered).sum()
+    torch.cuda.synchronize()
+    core.check()
+    assert wrong.item() == 0, f"rank {rank}: {wrong.item()} wrong elements"
+
+
+def test_one_graph_of_several_fused_calls(group):
+    """Two matmul_reduce_scatter calls of different shapes and an all_gather_matmul in one CUDA
+    graph (their counters, flags and handshakes follow one another inside it), replayed after eager
+    calls with the inputs changed in place."""
+    dtype = torch.float16
+    world = dist.get_world_size()
+    a1, b1 = _inputs(256, 768, 512, dtype, "graph1", integers=True)
+    a2, b2 = _inputs(200, 264, 520, dtype, "graph2", integers=True)
+    x = _random((128, 256), dtype, "graphx", integers=True)
+    w = _random((256, 384), dtype, "graphw", integers=True)
+    dist.broadcast(w, 0)
+    for _ in range(2):  # eager first: the workspaces exist before capture
+        st.matmul_reduce_scatter(a1, b1), st.matmul_reduce_scatter(a2, b2), st.all_gather_matmul(x, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c1 = st.matmul_reduce_scatter(a1, b1)
+        g, _ = st.all_gather_matmul(x, w)
+        c2 = st.matmul_reduce_scatter(a2, b2)
+    for replay in range(5):
+        for t, new in ((a1, _inputs(256, 768, 512, dtype, ("graph1", replay), integers=True)[0]),
+                       (a2, _inputs(200, 264, 520, dtype, ("graph2", replay), integers=True)[0]),
+                       (x, _random((128, 256), dtype, ("graphx", replay), integers=True))):
+            t.copy_(new)
+        for out in (c1, c2, g):
+            out.fill_(float("nan"))
+        graph.replay()
+        gathered = torch.empty(world * 128, 256, dtype=dtype, device="cuda")
+        dist.all_gather_into_tensor(gathered, x)
+        assert torch.equal(c1, _reference(a1, b1).to(dtype)), f"replay {replay}: first reduce-scatter"
+        assert torch.equal(c2, _reference(a2, b2).to(dtype)), f"replay {replay}: second reduce-scatter"
+        assert torch.equal(g, (gathered.float() @ w.float()).to(dtype)), f"replay {replay}: all-gather matmul"
+    st.Communicator().core.check()
