@@ -32,8 +32,9 @@ namespace symmem {
 void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const void* b, int64_t m, int64_t n,
                        int64_t k, DataType type, Communicator& comm, cudaStream_t stream);
 
-// Empty when all_gather_matmul can run these arguments, else the reason (what the call would
-// throw). Nothing is launched or exchanged.
+// Empty when all_gather_matmul can run this shape, type and gathered_a on this build and GPU, else
+// the reason (what the call would throw); the pointers and the GEMM's own limits are checked by
+// the call. Nothing is launched or exchanged.
 std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t n, int64_t k, DataType type,
                                           Communicator& comm);
 
@@ -62,7 +63,7 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
 // The workspace matmul_reduce_scatter needs: 2 * m * n * 4 bytes.
 size_t matmul_reduce_scatter_workspace_bytes(int64_t m, int64_t n);
 
-// Empty when matmul_reduce_scatter can run these arguments, else the reason. Launches nothing.
+// As all_gather_matmul_unsupported, for matmul_reduce_scatter and its workspace.
 std::string matmul_reduce_scatter_unsupported(Operand workspace, int64_t m, int64_t n, int64_t k, DataType type,
                                               Communicator& comm);
 

@@ -86,6 +86,9 @@ def _workspace(comm, nbytes, purpose="_gather_workspace", op="all_gather_matmul"
 def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
     comm = communicator_of(group_name)
     m, n, k = _check(a_shard, b, comm.world)
+    if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
+        a = a_shard.new_empty((m, k)) if return_a else None
+        return a_shard.new_zeros((m, n)), a
     _check_operand(a_shard, "a_shard", "all_gather_matmul", comm)
     _check_operand(b, "b", "all_gather_matmul", comm)
     c = a_shard.new_empty((m, n))
@@ -124,6 +127,8 @@ torch.library.register_fake("symmem::all_gather_matmul", _all_gather_matmul_fake
 def _matmul_reduce_scatter_cuda(a, b, group_name):
     comm = communicator_of(group_name)
     m, n, k = _check_reduce_scatter(a, b, comm.world)
+    if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
+        return a.new_zeros((m // comm.world, n))
     _check_operand(a, "a", "matmul_reduce_scatter", comm)
     _check_operand(b, "b", "matmul_reduce_scatter", comm)
     c_shard = a.new_empty((m // comm.world, n))

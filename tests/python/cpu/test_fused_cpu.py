@@ -148,3 +148,29 @@ def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(monkeypatch):
         fused._matmul_reduce_scatter_cuda(torch.empty(30, 16, dtype=torch.float16), b, "fake-fused-rs")
     # Its workspace is its own: the gather workspace is never handed to it.
     assert getattr(comm, "_gather_workspace", None) is None and comm._reduce_workspace == (4096, 32 << 20)
+
+
+def test_empty_shapes_need_no_communication(monkeypatch):
+    """m, n or k of 0 (an empty micro-batch): empty or zero results, nothing handed to the core."""
+    from symmem.torch import _groups, fused
+
+    class FakeComm:
+        device, world, group_name, nodes = -1, 2, "fake-fused-empty", 1
+        core = _RecordingCore()
+
+    comm = FakeComm()
+    monkeypatch.setitem(_groups._by_name, "fake-fused-empty", comm)
+    half = torch.float16
+    c, a = fused._all_gather_matmul_cuda(torch.empty(0, 16, dtype=half), torch.empty(16, 8, dtype=half),
+                                          "fake-fused-empty", True)
+    assert c.shape == (0, 8) and a.shape == (0, 16)
+    c, _ = fused._all_gather_matmul_cuda(torch.empty(4, 0, dtype=half), torch.empty(0, 8, dtype=half),
+                                         "fake-fused-empty")
+    assert c.shape == (8, 8) and torch.equal(c, torch.zeros(8, 8, dtype=half))
+    c = fused._matmul_reduce_scatter_cuda(torch.empty(0, 16, dtype=half), torch.empty(16, 8, dtype=half),
+                                          "fake-fused-empty")
+    assert c.shape == (0, 8)
+    c = fused._matmul_reduce_scatter_cuda(torch.empty(6, 0, dtype=half), torch.empty(0, 8, dtype=half),
+                                          "fake-fused-empty")
+    assert c.shape == (3, 8) and torch.equal(c, torch.zeros(3, 8, dtype=half))
+    assert comm.core.calls == []
