@@ -9,6 +9,8 @@ gathered over the ranks. Rows:
   nccl_then_gemm  NCCL all_gather_into_tensor, then torch.mm, on one stream
   torch_fused     torch.ops.symm_mem.fused_all_gather_matmul (torch's symmetric-memory op)
   symmem_fused    symmem.torch.all_gather_matmul (copy-engine shards, one persistent GEMM)
+  symmem_fused_in_place  the same with A_shard already in the workspace (all_gather_matmul_input):
+                  no own-shard copy before the GEMM
 --op matmul_reduce_scatter: C_shard [M / world x N] = this rank's rows of the sum over ranks of
 A [M x K] @ B [K x N] (every rank's own A and B: K is each rank's slice). Rows:
   gemm_alone      torch.mm(A, B) [M x N]: the floor
@@ -35,7 +37,7 @@ from ._results import write_results
 from ._torchrun import init_nccl
 from .torch import _commit
 
-IMPLS = {"all_gather_matmul": ("gemm_alone", "nccl_then_gemm", "torch_fused", "symmem_fused"),
+IMPLS = {"all_gather_matmul": ("gemm_alone", "nccl_then_gemm", "torch_fused", "symmem_fused", "symmem_fused_in_place"),
          "matmul_reduce_scatter": ("gemm_alone", "gemm_then_nccl", "torch_fused", "symmem_fused")}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 RTOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
@@ -71,7 +73,14 @@ def _cases(m, n, k, dtype, group, torch_fused):
     def symmem_fused():
         c["symmem_fused"] = st.all_gather_matmul(a_shard, b, group=group)[0]
 
-    calls = {"gemm_alone": gemm_alone, "nccl_then_gemm": nccl_then_gemm, "symmem_fused": symmem_fused}
+    a_in_place = st.all_gather_matmul_input(m // world, k, dtype, group=group)
+    a_in_place.copy_(a_shard)
+
+    def symmem_fused_in_place():
+        c["symmem_fused_in_place"] = st.all_gather_matmul(a_in_place, b, group=group)[0]
+
+    calls = {"gemm_alone": gemm_alone, "nccl_then_gemm": nccl_then_gemm, "symmem_fused": symmem_fused,
+             "symmem_fused_in_place": symmem_fused_in_place}
     if torch_fused:
         calls["torch_fused"] = torch_fused_call
     return calls, (lambda impl: c[impl]), reference

@@ -13,10 +13,11 @@ See docs/torch.md. Every rank must be one process per GPU of one node, with its 
 """
 from . import fused, ops  # register torch.ops.symmem.*
 from ._groups import Communicator, close_all
-from .fused import all_gather_matmul, matmul_reduce_scatter
+from .fused import all_gather_matmul, all_gather_matmul_input, matmul_reduce_scatter
 from .functional import all_gather, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 from .memory import empty, in_heap, is_symmetric, mem_pool
 from .tp_all_reduce import TPAllReduce
 
-__all__ = ["Communicator", "TPAllReduce", "all_gather", "all_gather_matmul", "all_gather_into_tensor", "all_reduce", "close_all", "empty",
+__all__ = ["Communicator", "TPAllReduce", "all_gather", "all_gather_matmul", "all_gather_matmul_input",
+           "all_gather_into_tensor", "all_reduce", "close_all", "empty",
            "in_heap", "is_symmetric", "matmul_reduce_scatter", "mem_pool", "ops", "reduce_scatter_tensor"]

@@ -124,6 +124,28 @@ _lib.impl("all_gather_matmul", _all_gather_matmul_cpu, "CPU")
 torch.library.register_fake("symmem::all_gather_matmul", _all_gather_matmul_fake, lib=_lib)
 
 
+def all_gather_matmul_input(rows, k, dtype=torch.bfloat16, group=None):
+    """A [rows, k] tensor over this rank's slot of `group`'s gather workspace. An a_shard written
+    there (e.g. as the out= of the op that produces it) is not copied by the next all_gather_matmul
+    of rows x world rows: the peers pull it and the GEMM reads it where it is, which saves the own
+    shard's copy (an SM pass over rows x k elements before the GEMM, docs/fused.md).
+
+    Collective (every rank, same arguments: it may grow the workspace). Valid until the workspace
+    grows for a larger shape; a stale one still works, through the copy. After an all_gather_matmul
+    the slot may be rewritten for the next call in stream order (the call ends only once no peer
+    reads it); the call itself must not run concurrently with a write to it."""
+    if rows < 0 or k < 0:
+        raise ValueError(f"symmem.all_gather_matmul_input: negative shape ({rows}, {k})")
+    if dtype not in _TYPES:
+        raise TypeError(f"symmem.all_gather_matmul_input: dtype {dtype} is not float16 or bfloat16")
+    comm = communicator_of(group_name_of(group))
+    element = torch.empty((), dtype=dtype).element_size()
+    slot_bytes = rows * k * element
+    workspace = _workspace(comm, max(1, slot_bytes * comm.world))
+    span = _HeapSpan(comm, workspace + comm.rank * slot_bytes, slot_bytes)
+    return torch.as_tensor(span, device=torch.device("cuda", comm.device)).view(dtype).view(rows, k)
+
+
 def _matmul_reduce_scatter_cuda(a, b, group_name):
     comm = communicator_of(group_name)
     m, n, k = _check_reduce_scatter(a, b, comm.world)

@@ -19,6 +19,12 @@ DIMS = dict(vocab=101, dim=64, layers=3, heads=4, hidden=96)
 RS_RTOL = 4 * 2.0 ** -8
 
 
+@pytest.fixture(autouse=True)
+def _two_ranks(group):
+    if dist.get_world_size() < 2:
+        pytest.skip("needs two ranks: with one, FSDP2 shards nothing and calls no collective")
+
+
 def _train(group, *, symmem_ag=None, symmem_rs=False, prefetch="implicit", mixed=False, async_unshard=False,
            compiled=False, steps=STEPS):
     from torch.distributed.fsdp import fully_shard

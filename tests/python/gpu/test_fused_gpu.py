@@ -159,6 +159,30 @@ def test_a_delayed_rank_delivers_late_and_right(group):
         assert torch.equal(c, _reference(a_shard, b)[1].to(dtype)), f"rank {slow} delayed"
 
 
+def test_input_written_into_the_workspace_is_used_in_place(group):
+    """a_shard in this rank's slot of the gather workspace (all_gather_matmul_input): no own copy,
+    the same results; the slot rewritten between back-to-back calls, in stream order; a second
+    shape, then the first again (its view may be stale once the workspace grew: still right)."""
+    dtype = torch.float16
+    rows, n, k = 512, 768, 1024
+    b = _shared_random((k, n), dtype, ("inplace-b",), integers=True)
+    x = st.all_gather_matmul_input(rows, k, dtype)
+    assert x.shape == (rows, k) and x.dtype == dtype and x.is_cuda
+    wrong = torch.zeros((), dtype=torch.int64, device="cuda")
+    for call in range(30):
+        shard = _random((rows, k), dtype, ("inplace", call % 3), integers=True)
+        x.copy_(shard)
+        c, gathered = st.all_gather_matmul(x, b, return_a=True)
+        a, ref = _reference(shard, b)
+        wrong += (gathered != a).sum() + (c != ref.to(dtype)).sum()
+        if call == 10:  # another shape, larger: the workspace grows and x may be stale
+            big = st.all_gather_matmul_input(2 * rows, k, dtype)
+            big.copy_(_random((2 * rows, k), dtype, "inplace-big", integers=True))
+            c2, _ = st.all_gather_matmul(big, b)
+            wrong += (c2 != _reference(big.clone(), b)[1].to(dtype)).sum()
+    assert wrong.item() == 0
+
+
 def test_killed_rank_during_all_gather_matmul_raises_naming_it(group, tmp_path):
     from conftest import run_killed_rank_job
     run_killed_rank_job(group, os.path.join(os.path.dirname(__file__), "fused_kill_worker.py"), tmp_path)
