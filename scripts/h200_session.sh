@@ -157,7 +157,7 @@ fused)
   # First: do copies between GPUs progress while a kernel holds every SM (the pulls rest on it)?
   timeout 60 "$B/symmem-copy-probe" > "$FINAL/copy_probe_2.txt" 2>&1
   echo "copy probe (2 GPUs) rc=$?" >> "$FINAL/summary.txt"
-  timeout ${FUSED_TESTS_S:-240} tests/python/gpu/run.sh 2 -k "fused or matmul" -x > "$FINAL/fused_tests_2_ranks.log" 2>&1
+  timeout ${FUSED_TESTS_S:-420} tests/python/gpu/run.sh 2 -k "fused or matmul" -x > "$FINAL/fused_tests_2_ranks.log" 2>&1
   echo "fused tests rc=$?" >> "$FINAL/summary.txt"
   timeout ${FUSED_BENCH_S:-300} python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
     --out "$FINAL/fused" ${FUSED_BENCH_ARGS:-} > "$FINAL/fused_bench_2.log" 2>&1
