@@ -13,6 +13,7 @@
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/driver_api.hpp"
+#include "common/stream_capture.hpp"
 #include "plan/plan.hpp"
 
 namespace symmem::detail {
@@ -34,9 +35,6 @@ constexpr auto kNoCulpritGrace = 1s;
 // SYMMEM_CE_PIECE_KB = 0 means no cutting; smaller pieces than a page are never useful.
 constexpr size_t kNoCutting = size_t(1) << 40;
 constexpr size_t kSmallestPieceSetting = 4096;
-
-CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
-
 
 // The word of `page` that peer p writes for a wait of `phase` (host or device address alike): its
 // handshake word, or its signal of piece `piece`.
@@ -95,11 +93,7 @@ void enqueue_watched_wait(BoardPage* mine, int rank, int world, uint32_t phase, 
   write(&mine->ce_wait_piece, piece);
   write(&mine->ce_wait_state, CopyEngineState::kWaitEntered);  // after the four above: the watchdog reads them
   for_each_awaited_peer(rank, world, wait_peer, [&](int p) {
-    ops[count].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    ops[count].waitValue.address = dptr(awaited_word(mine, phase, piece, p));
-    ops[count].waitValue.value = signature;
-    ops[count].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
-    ++count;
+    ops[count++] = stream_wait_op(awaited_word(mine, phase, piece, p), signature, CU_STREAM_WAIT_VALUE_EQ);
   });
   write(&mine->ce_wait_state, CopyEngineState::kWaitPassed);
   for_each_awaited_peer(rank, world, wait_peer, [&](int p) { write(awaited_word(mine, phase, piece, p), 0); });
@@ -117,7 +111,7 @@ void enqueue_piece_signal(const HostBoard& board, int rank, int peer, int piece,
                           const uint32_t* count, uint32_t at_least, cudaStream_t stream) {
   require_piece(rank, kMaxWorld, peer, piece);
   CUstreamBatchMemOpParams ops[2] = {
-      stream_wait_at_least_op(count, at_least),
+      stream_wait_op(count, at_least, CU_STREAM_WAIT_VALUE_GEQ),
       stream_write_op(awaited_word(board.device_page(peer), CopyEngineState::kPhasePiece, piece, rank), signature)};
   SYMMEM_CU_CHECK(DriverApi::get().stream_batch_mem_op(stream, 2, ops, 0));
 }
@@ -333,9 +327,7 @@ void all_gather_copy_engine(CommunicatorState& state, const CopyEngineCall& call
                                             " address of rank " + std::to_string(p));
   }
 
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  const bool capturing = stream_is_capturing(stream);
 
   if (world > 1) enqueue_handshake(board, rank, world, CopyEngineState::kPhaseReady, call.signature, stream);
   // Invariant: every peer's input holds this call's data and its output may be overwritten.

@@ -25,6 +25,7 @@
 #include "collectives/copy_engine_steps.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/check.hpp"
+#include "common/stream_capture.hpp"
 #include "net/between_nodes.hpp"
 #include "plan/hierarchical_plan.hpp"
 
@@ -75,9 +76,7 @@ void all_gather_hierarchical(CommunicatorState& st, const CopyEngineCall& call, 
       plan_hierarchical_all_gather(layout, call.bytes, call.slot_stride, call.copy_own);
   CopyEngineState& ce = *st.copy_engine;
   const HostBoard& board = *st.board;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const bool batchable = ce.batch() && capture == cudaStreamCaptureStatusNone;
+  const bool batchable = ce.batch() && !stream_is_capturing(stream);
 
   // Network first: the between-nodes stream runs ahead through every piece.
   BetweenNodes* net = st.between_nodes.get();

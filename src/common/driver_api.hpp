@@ -42,13 +42,15 @@ inline CUstreamBatchMemOpParams stream_write_op(const uint32_t* address, uint32_
   return op;
 }
 
-// A 32-bit stream wait until *address >= value (cyclic: (int32_t)(*address - value) >= 0).
-inline CUstreamBatchMemOpParams stream_wait_at_least_op(const uint32_t* address, uint32_t value) {
+// A 32-bit stream wait, as one operation of a cuStreamBatchMemOp batch: until *address == value
+// (CU_STREAM_WAIT_VALUE_EQ) or *address >= value (CU_STREAM_WAIT_VALUE_GEQ, cyclic:
+// (int32_t)(*address - value) >= 0).
+inline CUstreamBatchMemOpParams stream_wait_op(const uint32_t* address, uint32_t value, unsigned flags) {
   CUstreamBatchMemOpParams op{};
   op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
   op.waitValue.address = reinterpret_cast<CUdeviceptr>(address);
   op.waitValue.value = value;
-  op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  op.waitValue.flags = flags;
   return op;
 }
 

@@ -47,8 +47,6 @@
 
 #include <cuda.h>
 
-#include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -61,6 +59,7 @@
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/driver_api.hpp"
+#include "common/stream_capture.hpp"
 #include "fused/flagged_gemm.hpp"
 #include "fused/fused_problems.hpp"
 #include "fused/side_streams.hpp"
@@ -118,11 +117,7 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   detail::require_no_partial_overlap(c, c_bytes, b, b_bytes, false, kOp);
   detail::require_no_partial_overlap(c, c_bytes, a_shard, shard_bytes, false, kOp);
   detail::require_no_partial_overlap(b, b_bytes, p.gathered.local, a_bytes, false, kOp);
-  for (const auto& [ptr, what] : {std::pair<const void*, const char*>{p.gathered.local, "gathered_a"},
-                                  {b, "b"}, {c, "c"}, {a_shard, "a_shard"}}) {
-    if (detail::address_alignment(ptr) < 16)
-      throw Error(ErrorCode::kInvalidArgument, std::string("all_gather_matmul: ") + what + " must be 16-byte aligned");
-  }
+  detail::require_16_byte_aligned(kOp, {{p.gathered.local, "gathered_a"}, {b, "b"}, {c, "c"}, {a_shard, "a_shard"}});
   p.pieces = detail::plan_gather_pieces(p.shard_rows, p.row_bytes, detail::kFlaggedGemmTileRows);
   p.call = detail::make_call_descriptor(detail::kOpAllGatherMatmul, type, ReduceOp::kSum, size_t(m) * size_t(k),
                                         Algo::kCopyEngine, 0, false, false, 0, true, p.gathered.heap_offset);
@@ -130,23 +125,11 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   p.call.n = n;
   p.call.k = k;
 
+  p.gemm = detail::flagged_gemm_of(p.gathered.local, b, c, static_cast<int>(m), static_cast<int>(n),
+                                   static_cast<int>(k), type, st.sm_count, p.shard_rows, p.pieces);
   detail::FlaggedGemm& g = p.gemm;
-  g.a = p.gathered.local;
-  g.b = b;
-  g.c = c;
-  g.m = static_cast<int>(m);
-  g.n = static_cast<int>(n);
-  g.k = static_cast<int>(k);
-  g.type = type;
-  g.sm_count = st.sm_count;
   detail::ChunkFlags& chunks = g.chunks;
   chunks.flags = st.workspaces->gather_flags()->signal_pad();
-  chunks.rows = g.m;
-  chunks.shard_rows = p.shard_rows;
-  chunks.piece_rows = p.pieces.piece_rows;
-  chunks.pieces = p.pieces.pieces;
-  chunks.tile_rows = detail::kFlaggedGemmTileRows;
-  chunks.tiles = (g.m + chunks.tile_rows - 1) / chunks.tile_rows;
   // The first tile wholly inside the own shard (rounded down, it would hold the previous shard's
   // tail, which arrives last).
   chunks.first_tile = static_cast<int>((int64_t(st.rank) * p.shard_rows + chunks.tile_rows - 1) / chunks.tile_rows) %
@@ -186,19 +169,8 @@ void enqueue_own_shard(const Prepared& p, int rank, const void* a_shard, void* s
 
 std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t n, int64_t k, DataType type,
                                           Communicator& comm) {
-  CommunicatorState& st = detail::state_of(comm);
-  detail::DeviceGuard guard(st.device);
-  std::string why = detail::fused_build_problem(kOp, st);
-  if (why.empty()) why = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
-  if (why.empty() && !gathered_a.symmetric()) why = "all_gather_matmul: gathered_a must be a symmetric operand";
-  if (why.empty()) {
-    try {
-      detail::resolve(gathered_a, size_t(m) * size_t(k) * dtype_size(type), "gathered_a", kOp, st);
-    } catch (const Error& e) {
-      why = e.what();
-    }
-  }
-  return why;
+  const size_t bytes = m > 0 && k > 0 ? size_t(m) * size_t(k) * dtype_size(type) : 0;
+  return detail::fused_unsupported(kOp, comm, gathered_a, "gathered_a", bytes, m, n, k, type);
 }
 
 void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const void* b, int64_t m, int64_t n,
@@ -214,9 +186,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   chunks.sync = st.sync_args(detail::kOpAllGatherMatmul, signature);
   chunks.sync.timeout_ns = 2 * chunks.sync.timeout_ns + 1'000'000'000ull;
 
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  const bool capturing = detail::stream_is_capturing(stream);
 
   const int rank = st.rank, world = st.world;
   detail::CopyEngineState& ce = *st.copy_engine;

@@ -9,6 +9,27 @@
 
 namespace symmem::detail {
 
+FlaggedGemm flagged_gemm_of(const void* a, const void* b, void* c, int m, int n, int k, DataType type, int sm_count,
+                            int shard_rows, const GatherPieces& pieces) {
+  FlaggedGemm g{};
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.type = type;
+  g.sm_count = sm_count;
+  ChunkFlags& chunks = g.chunks;
+  chunks.rows = m;
+  chunks.shard_rows = shard_rows;
+  chunks.piece_rows = pieces.piece_rows;
+  chunks.pieces = pieces.pieces;
+  chunks.tile_rows = kFlaggedGemmTileRows;
+  chunks.tiles = (m + chunks.tile_rows - 1) / chunks.tile_rows;
+  return g;
+}
+
 int flagged_gemm_tile_n(int m, int n, int sm_count) {
   constexpr int kClusterRows = 2 * kFlaggedGemmTileRows;  // clusters of 2 tiles along M
   const int64_t bands = (int64_t(m) + kClusterRows - 1) / kClusterRows;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fused/chunk_flags.hpp"
+#include "plan/fused_plan.hpp"
 #include "symmem/types.hpp"
 
 namespace symmem::detail {
@@ -29,6 +30,12 @@ struct FlaggedGemm {
   bool raster_along_m = false;
   int tile_n = 0;  // the tiles' width, 256 or 192; 0: flagged_gemm_tile_n's choice
 };
+
+// C [m x n] = A [m x k] B [k x n] on `sm_count` SMs, the M rows cut into shards of `shard_rows`
+// rows in `pieces` (the ChunkFlags geometry at the GEMM's tile height). The op's own parts are the
+// caller's to set: chunks.flags or chunks.done, chunks.first_tile, float_out, tile_n.
+FlaggedGemm flagged_gemm_of(const void* a, const void* b, void* c, int m, int n, int k, DataType type, int sm_count,
+                            int shard_rows, const GatherPieces& pieces);
 
 // The tile width (256 or 192 columns; both 128 rows, clusters of 2 along M) that leaves the fewest
 // SMs idle in the last wave: the smaller (waves x width), 256 on a tie (its tiles reuse more). At

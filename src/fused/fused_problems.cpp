@@ -4,8 +4,10 @@
 
 #include <cstdlib>
 
+#include "collectives/operands.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/check.hpp"
+#include "common/device_guard.hpp"
 #include "fused/flagged_gemm.hpp"
 
 namespace symmem::detail {
@@ -39,6 +41,30 @@ std::string fused_build_problem(const char* op, CommunicatorState& st) {
   std::string why;
   if (!flagged_gemm_built(&why)) return name + ": " + why;
   return {};
+}
+
+std::string fused_unsupported(const char* op, Communicator& comm, const Operand& operand, const char* what,
+                              size_t bytes, int64_t m, int64_t n, int64_t k, DataType type) {
+  CommunicatorState& st = state_of(comm);
+  DeviceGuard guard(st.device);
+  std::string why = fused_build_problem(op, st);
+  if (why.empty()) why = fused_shape_problem(op, m, n, k, type, st.world);
+  if (why.empty() && !operand.symmetric()) why = std::string(op) + ": " + what + " must be a symmetric operand";
+  if (why.empty()) {
+    try {
+      resolve(operand, bytes, what, op, st);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  return why;
+}
+
+void require_16_byte_aligned(const char* op, std::initializer_list<std::pair<const void*, const char*>> operands) {
+  for (const auto& [ptr, what] : operands) {
+    if (address_alignment(ptr) < 16)
+      throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what + " must be 16-byte aligned");
+  }
 }
 
 bool single_hardware_queue() {

@@ -42,7 +42,6 @@
 
 #include <cuda.h>
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -55,6 +54,7 @@
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/driver_api.hpp"
+#include "common/stream_capture.hpp"
 #include "fused/flagged_gemm.hpp"
 #include "fused/fused_problems.hpp"
 #include "fused/side_streams.hpp"
@@ -80,7 +80,6 @@ struct Prepared {
   size_t row_bytes = 0;    // of a partial-product row: n float32
   size_t shard_bytes = 0;  // of a shard of partial products
   size_t partials_bytes = 0;  // of P; R follows it
-  int n_tiles = 0;
   detail::GatherPieces pieces;
   detail::CallDescriptor call;
   detail::FlaggedGemm gemm{};
@@ -116,51 +115,28 @@ Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b,
   detail::require_no_partial_overlap(c_shard, c_bytes, p.workspace.local, ws_bytes, false, kOp);
   detail::require_no_partial_overlap(a, a_bytes, p.workspace.local, ws_bytes, false, kOp);
   detail::require_no_partial_overlap(b, b_bytes, p.workspace.local, ws_bytes, false, kOp);
-  for (const auto& [ptr, what] : {std::pair<const void*, const char*>{p.workspace.local, "workspace"},
-                                  {a, "a"}, {b, "b"}, {c_shard, "c_shard"}}) {
-    if (detail::address_alignment(ptr) < 16)
-      throw Error(ErrorCode::kInvalidArgument, std::string("matmul_reduce_scatter: ") + what + " must be 16-byte aligned");
-  }
+  detail::require_16_byte_aligned(kOp, {{p.workspace.local, "workspace"}, {a, "a"}, {b, "b"}, {c_shard, "c_shard"}});
   p.pieces = detail::plan_gather_pieces(p.shard_rows, p.row_bytes, detail::kFlaggedGemmTileRows);
   p.call = detail::make_call_descriptor(detail::kOpMatmulReduceScatter, type, ReduceOp::kSum, size_t(m) * size_t(n),
                                         Algo::kCopyEngine, 0, false, false, 0, true, p.workspace.heap_offset);
   p.call.n = n;
   p.call.k = k;
 
+  p.gemm = detail::flagged_gemm_of(a, b, p.workspace.local, static_cast<int>(m), static_cast<int>(n),
+                                   static_cast<int>(k), type, st.sm_count, p.shard_rows, p.pieces);
   detail::FlaggedGemm& g = p.gemm;
-  g.a = a;
-  g.b = b;
-  g.c = p.workspace.local;
-  g.m = static_cast<int>(m);
-  g.n = static_cast<int>(n);
-  g.k = static_cast<int>(k);
-  g.type = type;
   g.float_out = true;
-  g.sm_count = st.sm_count;
   g.tile_n = detail::flagged_gemm_tile_n(g.m, g.n, g.sm_count);  // the copies count its tiles
-  p.n_tiles = (g.n + g.tile_n - 1) / g.tile_n;
   detail::ChunkFlags& chunks = g.chunks;
   chunks.flags = nullptr;  // every row of a is local: no tile waits
   chunks.done = st.workspaces->gather_flags()->signal_pad() + kDoneOffset;
-  chunks.rows = g.m;
-  chunks.shard_rows = p.shard_rows;
-  chunks.piece_rows = p.pieces.piece_rows;
-  chunks.pieces = p.pieces.pieces;
-  chunks.tile_rows = detail::kFlaggedGemmTileRows;
-  chunks.tiles = (g.m + chunks.tile_rows - 1) / chunks.tile_rows;
   // The next rank's rows first (its pulls can start earliest), the own shard last (rounded down: a
   // tile shared with the previous shard is computed first, which that shard needs early too).
   chunks.first_tile = static_cast<int>(int64_t((st.rank + 1) % st.world) * p.shard_rows / chunks.tile_rows);
-  chunks.n_tiles = p.n_tiles;
+  chunks.n_tiles = (g.n + g.tile_n - 1) / g.tile_n;
   why = detail::flagged_gemm_problem(g);
   if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, std::string(kOp) + ": " + why);
   return p;
-}
-
-// The tile count piece `piece` of shard `shard` is complete at.
-uint32_t tiles_of(const Prepared& p, int shard, const detail::GatherCopy& piece) {
-  const int first_row = shard * p.shard_rows + piece.first_row;
-  return uint32_t(detail::tiles_over_rows(first_row, piece.rows, detail::kFlaggedGemmTileRows)) * uint32_t(p.n_tiles);
 }
 
 // Signals to `peer` of every piece of its rows in this rank's P, each once the GEMM has announced
@@ -169,7 +145,10 @@ void enqueue_signals(const Prepared& p, const detail::HostBoard& board, int rank
                      cudaStream_t stream) {
   for (const detail::GatherCopy& piece : detail::plan_gather_copies(peer, p.shard_rows, p.pieces)) {
     detail::enqueue_piece_signal(board, rank, peer, piece.chunk - peer * p.pieces.pieces, signature,
-                                 p.gemm.chunks.done + piece.chunk, tiles_of(p, peer, piece), stream);
+                                 p.gemm.chunks.done + piece.chunk,
+                                 detail::piece_tile_count(peer, p.shard_rows, piece, p.gemm.chunks.tile_rows,
+                                                          p.gemm.chunks.n_tiles),
+                                 stream);
   }
 }
 
@@ -210,19 +189,8 @@ size_t matmul_reduce_scatter_workspace_bytes(int64_t m, int64_t n) {
 
 std::string matmul_reduce_scatter_unsupported(Operand workspace, int64_t m, int64_t n, int64_t k, DataType type,
                                               Communicator& comm) {
-  CommunicatorState& st = detail::state_of(comm);
-  detail::DeviceGuard guard(st.device);
-  std::string why = detail::fused_build_problem(kOp, st);
-  if (why.empty()) why = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
-  if (why.empty() && !workspace.symmetric()) why = "matmul_reduce_scatter: workspace must be a symmetric operand";
-  if (why.empty()) {
-    try {
-      detail::resolve(workspace, matmul_reduce_scatter_workspace_bytes(m, n), "workspace", kOp, st);
-    } catch (const Error& e) {
-      why = e.what();
-    }
-  }
-  return why;
+  return detail::fused_unsupported(kOp, comm, workspace, "workspace", matmul_reduce_scatter_workspace_bytes(m, n), m,
+                                   n, k, type);
 }
 
 void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, const void* b, int64_t m, int64_t n,
@@ -236,9 +204,7 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
   st.record_call(signature, p.call);
   p.gemm.chunks.sync = st.sync_args(detail::kOpMatmulReduceScatter, signature);  // (nothing waits in the GEMM)
 
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  const bool capturing = detail::stream_is_capturing(stream);
 
   const int rank = st.rank, world = st.world;
   uint32_t* done = p.gemm.chunks.done;

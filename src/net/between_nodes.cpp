@@ -10,6 +10,7 @@
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/driver_api.hpp"
+#include "common/stream_capture.hpp"
 #include "device/device_types.hpp"
 #include "net/nccl_library.hpp"
 
@@ -178,9 +179,7 @@ void BetweenNodes::step(int index, uint32_t signature, Enqueue&& enqueue) {
                 "all_gather(hierarchical): NCCL between nodes was aborted after a failure: " + failure_text());
   DeviceGuard guard(device_);
   const NcclLibrary& nccl = NcclLibrary::get();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMEM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  if (capture != cudaStreamCaptureStatusNone) captured_.store(true);
+  if (stream_is_capturing(stream_)) captured_.store(true);
   mark(kStepEntered, static_cast<uint32_t>(index), signature);
   ncclResult_t result = nccl.group_start();
   if (result == ncclSuccess) {

@@ -35,4 +35,9 @@ int tiles_over_rows(int first_row, int rows, int tile_rows) {
   return (first_row + rows - 1) / tile_rows - first_row / tile_rows + 1;
 }
 
+uint32_t piece_tile_count(int shard, int shard_rows, const GatherCopy& piece, int tile_rows, int n_tiles) {
+  const int first_row = shard * shard_rows + piece.first_row;
+  return uint32_t(tiles_over_rows(first_row, piece.rows, tile_rows)) * uint32_t(n_tiles);
+}
+
 }  // namespace symmem::detail

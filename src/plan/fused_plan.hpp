@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace symmem::detail {
@@ -37,5 +38,8 @@ std::vector<GatherCopy> plan_gather_copies(int rank, int shard_rows, const Gathe
 // [first_row, first_row + rows); 0 when rows <= 0. matmul_reduce_scatter's GEMM announces each tile
 // once to every piece its rows touch, so a piece is complete after this many tiles per N column.
 int tiles_over_rows(int first_row, int rows, int tile_rows);
+// The count done[] of piece `piece` of shard `shard` reaches once all its tiles are announced:
+// tiles_over_rows of its rows times the GEMM's tiles along N.
+uint32_t piece_tile_count(int shard, int shard_rows, const GatherCopy& piece, int tile_rows, int n_tiles);
 
 }  // namespace symmem::detail

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/driver_api.hpp"
@@ -21,14 +22,55 @@
 using namespace symmem;
 using namespace symmem::test;
 
-TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
-  Fixture& fx = Fixture::get();
+namespace {
+
+constexpr int kMaxChunks = detail::kMaxWorld * detail::kMaxGatherPieces;
+
+void skip_without_fused_gemm() {
   std::string why;
   if (!detail::flagged_gemm_built(&why)) SKIP(why);
   int device = 0, major = 0;
   TEST_CUDA(cudaGetDevice(&device));
   TEST_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major != 9) SKIP("the fused GEMM needs an sm_90 GPU");
+}
+
+// matmul_reduce_scatter's GEMM as rank `rank` of `world` runs it (fp16 in, float32 out, the
+// rotation starting at rank + 1's rows), announcing into `done`.
+detail::FlaggedGemm announcing_gemm(const void* a, const void* b, void* c, int world, int shard_rows, int n, int k,
+                                    int tile_n, int rank, int sm_count, uint32_t* done) {
+  const detail::GatherPieces pieces =
+      detail::plan_gather_pieces(shard_rows, size_t(n) * sizeof(float), detail::kFlaggedGemmTileRows);
+  detail::FlaggedGemm g = detail::flagged_gemm_of(a, b, c, world * shard_rows, n, k, DataType::kFloat16, sm_count,
+                                                  shard_rows, pieces);
+  g.float_out = true;
+  g.tile_n = tile_n;
+  detail::ChunkFlags& ch = g.chunks;
+  ch.done = done;
+  ch.first_tile = ((rank + 1) % world) * shard_rows / ch.tile_rows;
+  ch.n_tiles = (n + tile_n - 1) / tile_n;
+  return g;
+}
+
+// The pieces of every shard, as (shard, piece) pairs, in the GEMM's geometry.
+std::vector<std::pair<int, detail::GatherCopy>> pieces_of(const detail::FlaggedGemm& g, int world) {
+  const detail::GatherPieces pieces{g.chunks.pieces, g.chunks.piece_rows};
+  std::vector<std::pair<int, detail::GatherCopy>> all;
+  for (int shard = 0; shard < world; ++shard)
+    for (const detail::GatherCopy& piece : detail::plan_gather_copies(shard, g.chunks.shard_rows, pieces))
+      all.emplace_back(shard, piece);
+  return all;
+}
+
+uint32_t target_of(const detail::FlaggedGemm& g, int shard, const detail::GatherCopy& piece) {
+  return detail::piece_tile_count(shard, g.chunks.shard_rows, piece, g.chunks.tile_rows, g.chunks.n_tiles);
+}
+
+}  // namespace
+
+TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
+  Fixture& fx = Fixture::get();
+  skip_without_fused_gemm();
   struct Case {
     int world, shard_rows, n, k, tile_n, swizzle;
   };
@@ -37,7 +79,6 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
   const std::vector<Case> cases = {{2, 256, 512, 64, 256, 1},   {2, 200, 264, 64, 192, 1}, {3, 200, 264, 128, 256, 1},
                                    {4, 8, 8, 8, 192, 1},        {1, 384, 520, 64, 256, 1}, {8, 100, 1024, 64, 192, 1},
                                    {2, 4096, 6656, 64, 192, 1}, {2, 512, 520, 64, 256, 2}};
-  constexpr int kMaxChunks = detail::kMaxWorld * detail::kMaxGatherPieces;
   DeviceBuffer done(kMaxChunks * sizeof(uint32_t));
   int checked = 0;
   for (const Case& c : cases) {
@@ -45,33 +86,11 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
     DeviceBuffer a(size_t(m) * c.k * 2), b(size_t(c.k) * c.n * 2), out(size_t(m) * c.n * sizeof(float));
     TEST_CUDA(cudaMemsetAsync(a.ptr, 0, size_t(m) * c.k * 2, fx.stream));
     TEST_CUDA(cudaMemsetAsync(b.ptr, 0, size_t(c.k) * c.n * 2, fx.stream));
-    const detail::GatherPieces pieces =
-        detail::plan_gather_pieces(c.shard_rows, size_t(c.n) * sizeof(float), detail::kFlaggedGemmTileRows);
     for (int rank = 0; rank < c.world; ++rank) {  // every rotation the ranks would use
       TEST_CUDA(cudaMemsetAsync(done.ptr, 0, kMaxChunks * sizeof(uint32_t), fx.stream));
-      detail::FlaggedGemm g{};
-      g.a = a.ptr;
-      g.b = b.ptr;
-      g.c = out.ptr;
-      g.m = m;
-      g.n = c.n;
-      g.k = c.k;
-      g.type = DataType::kFloat16;
-      g.float_out = true;
-      g.sm_count = fx.sm_count;
-      g.tile_n = c.tile_n;
+      detail::FlaggedGemm g = announcing_gemm(a.ptr, b.ptr, out.ptr, c.world, c.shard_rows, c.n, c.k, c.tile_n, rank,
+                                              fx.sm_count, static_cast<uint32_t*>(done.ptr));
       g.swizzle = c.swizzle;
-      detail::ChunkFlags& ch = g.chunks;
-      ch.flags = nullptr;
-      ch.done = static_cast<uint32_t*>(done.ptr);
-      ch.rows = m;
-      ch.shard_rows = c.shard_rows;
-      ch.piece_rows = pieces.piece_rows;
-      ch.pieces = pieces.pieces;
-      ch.tile_rows = detail::kFlaggedGemmTileRows;
-      ch.tiles = (m + ch.tile_rows - 1) / ch.tile_rows;
-      ch.first_tile = ((rank + 1) % c.world) * c.shard_rows / ch.tile_rows;
-      ch.n_tiles = (c.n + c.tile_n - 1) / c.tile_n;
       const std::string problem = detail::flagged_gemm_problem(g);
       EXPECT_EQ(problem, std::string());
       if (!problem.empty()) continue;
@@ -80,13 +99,8 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
       TEST_CUDA(cudaMemcpyAsync(counts.data(), done.ptr, counts.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost,
                                 fx.stream));
       TEST_CUDA(cudaStreamSynchronize(fx.stream));
-      const uint32_t n_tiles = uint32_t((c.n + c.tile_n - 1) / c.tile_n);
       std::vector<uint32_t> expected(kMaxChunks, 0);
-      for (int shard = 0; shard < c.world; ++shard) {
-        for (const detail::GatherCopy& piece : detail::plan_gather_copies(shard, c.shard_rows, pieces))
-          expected[piece.chunk] = uint32_t(detail::tiles_over_rows(shard * c.shard_rows + piece.first_row, piece.rows,
-                                                                   detail::kFlaggedGemmTileRows)) * n_tiles;
-      }
+      for (const auto& [shard, piece] : pieces_of(g, c.world)) expected[piece.chunk] = target_of(g, shard, piece);
       for (int i = 0; i < kMaxChunks; ++i) {
         if (counts[i] != expected[i]) {
           fail(__FILE__, __LINE__, "world " + std::to_string(c.world) + " shard_rows " + std::to_string(c.shard_rows) +
@@ -111,68 +125,39 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
 // lands within about a microsecond, less than a stream wait plus a copy launch).
 TEST(fused_gemm_announces_a_piece_only_after_its_rows_landed) {
   Fixture& fx = Fixture::get();
-  std::string why;
-  if (!detail::flagged_gemm_built(&why)) SKIP(why);
-  int device = 0, major = 0;
-  TEST_CUDA(cudaGetDevice(&device));
-  TEST_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major != 9) SKIP("the fused GEMM needs an sm_90 GPU");
+  skip_without_fused_gemm();
   const int world = 2, shard_rows = 2048, n = 4096, k = 1024, m = world * shard_rows;
   const size_t c_bytes = size_t(m) * n * sizeof(float);
   DeviceBuffer a(size_t(m) * k * 2), b(size_t(k) * n * 2), c(c_bytes), snapshot(c_bytes);
-  constexpr int kMaxChunks = detail::kMaxWorld * detail::kMaxGatherPieces;
   DeviceBuffer done(kMaxChunks * sizeof(uint32_t));
   fill_small_integers(a.ptr, size_t(m) * k, DataType::kFloat16, 11, fx.stream);
   fill_small_integers(b.ptr, size_t(k) * n, DataType::kFloat16, 12, fx.stream);
   cudaStream_t copies = nullptr;
   TEST_CUDA(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking));
-  const detail::GatherPieces pieces =
-      detail::plan_gather_pieces(shard_rows, size_t(n) * sizeof(float), detail::kFlaggedGemmTileRows);
-  EXPECT(pieces.pieces > 1);
   long stale = 0;
   for (int round = 0; round < 3 * world; ++round) {
     const int rank = round % world;
     TEST_CUDA(cudaMemsetAsync(c.ptr, 0xFF, c_bytes, fx.stream));  // NaN
     TEST_CUDA(cudaMemsetAsync(snapshot.ptr, 0, c_bytes, fx.stream));
     TEST_CUDA(cudaMemsetAsync(done.ptr, 0, kMaxChunks * sizeof(uint32_t), fx.stream));
-    detail::FlaggedGemm g{};
-    g.a = a.ptr;
-    g.b = b.ptr;
-    g.c = c.ptr;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.type = DataType::kFloat16;
-    g.float_out = true;
-    g.sm_count = std::max(2, fx.sm_count / 2 / 2 * 2);  // whole clusters of 2
-    g.tile_n = 256;
-    detail::ChunkFlags& ch = g.chunks;
-    ch.done = static_cast<uint32_t*>(done.ptr);
-    ch.rows = m;
-    ch.shard_rows = shard_rows;
-    ch.piece_rows = pieces.piece_rows;
-    ch.pieces = pieces.pieces;
-    ch.tile_rows = detail::kFlaggedGemmTileRows;
-    ch.tiles = (m + ch.tile_rows - 1) / ch.tile_rows;
-    ch.first_tile = ((rank + 1) % world) * shard_rows / ch.tile_rows;
-    ch.n_tiles = n / g.tile_n;
+    const int sm_count = std::max(2, fx.sm_count / 2 / 2 * 2);  // half the SMs, whole clusters of 2
+    const detail::FlaggedGemm g =
+        announcing_gemm(a.ptr, b.ptr, c.ptr, world, shard_rows, n, k, 256, rank, sm_count,
+                        static_cast<uint32_t*>(done.ptr));
+    EXPECT(g.chunks.pieces > 1);
     cudaEvent_t ready = nullptr;
     TEST_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     TEST_CUDA(cudaEventRecord(ready, fx.stream));  // the resets above precede the copies' waits
     TEST_CUDA(cudaStreamWaitEvent(copies, ready, 0));
     detail::run_flagged_gemm(g, fx.stream);  // first: the waits below are behind it in any queue
-    for (int shard = 0; shard < world; ++shard) {
-      for (const detail::GatherCopy& piece : detail::plan_gather_copies(shard, shard_rows, pieces)) {
-        const int first_row = shard * shard_rows + piece.first_row;
-        CUstreamBatchMemOpParams wait = detail::stream_wait_at_least_op(
-            ch.done + piece.chunk,
-            uint32_t(detail::tiles_over_rows(first_row, piece.rows, ch.tile_rows)) * uint32_t(ch.n_tiles));
-        if (detail::DriverApi::get().stream_batch_mem_op(copies, 1, &wait, 0) != CUDA_SUCCESS)
-          fail(__FILE__, __LINE__, "cuStreamBatchMemOp failed");
-        const size_t at = size_t(first_row) * n * sizeof(float);
-        TEST_CUDA(cudaMemcpyAsync(static_cast<char*>(snapshot.ptr) + at, static_cast<char*>(c.ptr) + at,
-                                  size_t(piece.rows) * n * sizeof(float), cudaMemcpyDeviceToDevice, copies));
-      }
+    for (const auto& [shard, piece] : pieces_of(g, world)) {
+      CUstreamBatchMemOpParams wait =
+          detail::stream_wait_op(g.chunks.done + piece.chunk, target_of(g, shard, piece), CU_STREAM_WAIT_VALUE_GEQ);
+      if (detail::DriverApi::get().stream_batch_mem_op(copies, 1, &wait, 0) != CUDA_SUCCESS)
+        fail(__FILE__, __LINE__, "cuStreamBatchMemOp failed");
+      const size_t at = size_t(shard * shard_rows + piece.first_row) * n * sizeof(float);
+      TEST_CUDA(cudaMemcpyAsync(static_cast<char*>(snapshot.ptr) + at, static_cast<char*>(c.ptr) + at,
+                                size_t(piece.rows) * n * sizeof(float), cudaMemcpyDeviceToDevice, copies));
     }
     TEST_CUDA(cudaStreamSynchronize(copies));
     TEST_CUDA(cudaStreamSynchronize(fx.stream));
