@@ -32,6 +32,24 @@ gpu_tests() {
   echo "gpu tests rc=$?" >> "$OUT/summary.txt"
 }
 
+# A fused op's bench at world 1: fused_bench_1 NAME [bench args] -> $FINAL/NAME_1/, NAME_bench_1.log.
+fused_bench_1() {
+  local name=$1; shift
+  timeout ${FUSED_BENCH_S:-200} python3 -m torch.distributed.run --nproc-per-node 1 -m symmem.bench.all_gather_matmul \
+    "$@" --out "$FINAL/${name}_1" --reps 7 ${FUSED_BENCH_ARGS:-} > "$FINAL/${name}_bench_1.log" 2>&1
+  echo "$name bench (1 rank) rc=$?" >> "$FINAL/summary.txt"
+}
+
+# Memcheck of the fused GPU tests a pytest -k selection picks, at world 1 (unless SKIP_MEMCHECK):
+# fused_memcheck_1 NAME SELECTION -> $FINAL/NAME_memcheck_1.log.
+fused_memcheck_1() {
+  [ -n "${SKIP_MEMCHECK:-}" ] && return
+  timeout 240 compute-sanitizer --report-api-errors no --error-exitcode 3 --tool memcheck \
+    --target-processes all python3 -m torch.distributed.run --nproc-per-node 1 -m pytest tests/python/gpu \
+    -p no:cacheprovider -q -k "$2" > "$FINAL/$1_memcheck_1.log" 2>&1
+  echo "$1 memcheck (1 rank) rc=$?" >> "$FINAL/summary.txt"
+}
+
 # Chunked GEMM (issue 12's floor): the issue's shapes, fp16 and bf16, every layout checked.
 chunked_gemms() {
   for d in fp16 bf16; do
@@ -173,13 +191,8 @@ reduce_single)
   timeout ${FUSED_TESTS_S:-200} tests/python/gpu/run.sh 1 -k "matmul_reduce_scatter and not killed" \
     > "$FINAL/reduce_tests_1_rank.log" 2>&1
   echo "matmul_reduce_scatter tests (1 rank) rc=$?" >> "$FINAL/summary.txt"
-  timeout ${FUSED_BENCH_S:-200} python3 -m torch.distributed.run --nproc-per-node 1 -m symmem.bench.all_gather_matmul \
-    --op matmul_reduce_scatter --out "$FINAL/reduce_1" --reps 7 ${FUSED_BENCH_ARGS:-} > "$FINAL/reduce_bench_1.log" 2>&1
-  echo "matmul_reduce_scatter bench (1 rank) rc=$?" >> "$FINAL/summary.txt"
-  [ -n "${SKIP_MEMCHECK:-}" ] || { timeout 240 compute-sanitizer --report-api-errors no --error-exitcode 3 --tool memcheck \
-    --target-processes all python3 -m torch.distributed.run --nproc-per-node 1 -m pytest tests/python/gpu \
-    -p no:cacheprovider -q -k "matmul_reduce_scatter and test_matches_nccl_and_matmul" > "$FINAL/reduce_memcheck_1.log" 2>&1
-  echo "matmul_reduce_scatter memcheck (1 rank) rc=$?" >> "$FINAL/summary.txt"; }
+  fused_bench_1 reduce --op matmul_reduce_scatter
+  fused_memcheck_1 reduce "matmul_reduce_scatter and test_matches_nccl_and_matmul"
   ;;
 fused_single)
   # Issue 12 on one GPU (world 1): which copies progress while a kernel holds every SM; the test
@@ -196,13 +209,8 @@ fused_single)
   fi
   timeout ${FUSED_TESTS_S:-200} tests/python/gpu/run.sh 1 -k "fused and not killed" > "$FINAL/fused_tests_1_rank.log" 2>&1
   echo "fused tests (1 rank) rc=$?" >> "$FINAL/summary.txt"
-  timeout ${FUSED_BENCH_S:-200} python3 -m torch.distributed.run --nproc-per-node 1 -m symmem.bench.all_gather_matmul \
-    --out "$FINAL/fused_1" --reps 7 ${FUSED_BENCH_ARGS:-} > "$FINAL/fused_bench_1.log" 2>&1
-  echo "fused bench (1 rank) rc=$?" >> "$FINAL/summary.txt"
-  [ -n "${SKIP_MEMCHECK:-}" ] || { timeout 240 compute-sanitizer --report-api-errors no --error-exitcode 3 --tool memcheck \
-    --target-processes all python3 -m torch.distributed.run --nproc-per-node 1 -m pytest tests/python/gpu \
-    -p no:cacheprovider -q -k "test_matches_nccl_and_matmul" > "$FINAL/fused_memcheck_1.log" 2>&1
-  echo "fused memcheck (1 rank) rc=$?" >> "$FINAL/summary.txt"; }
+  fused_bench_1 fused
+  fused_memcheck_1 fused "test_matches_nccl_and_matmul"
   ;;
 fused_gemm_tiles)
   # The fused op's GEMM without communication (every flag set) in each tile configuration and tile

@@ -27,8 +27,9 @@ def test_result_and_gathered_a_on_one_rank(group_name):
     assert none is None and torch.equal(c2, c)
 
 
-def test_bad_arguments(group_name):
-    op = torch.ops.symmem.all_gather_matmul
+@pytest.mark.parametrize("name", ["all_gather_matmul", "matmul_reduce_scatter"])
+def test_bad_arguments(group_name, name):
+    op = getattr(torch.ops.symmem, name)
     a = torch.ones(8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="must be 2-D"):
         op(a.view(2, 4, 16), torch.ones(16, 8, dtype=torch.float16), group_name)
@@ -61,18 +62,34 @@ class _RecordingCore:
     def all_gather_matmul(self, *args):
         self.calls.append(("all_gather_matmul",) + args)
 
+    @staticmethod
+    def matmul_reduce_scatter_workspace_bytes(m, n):
+        return 2 * m * n * 4
 
-def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(monkeypatch):
-    from symmem import _native
+    def matmul_reduce_scatter(self, *args):
+        self.calls.append(("matmul_reduce_scatter",) + args)
+
+
+def _fake_group(monkeypatch, name, world, stream=None):
+    """A communicator of `world` ranks with a recording core, registered as group `name`; the CUDA
+    kernels' stream is `stream`."""
     from symmem.torch import _groups, fused
 
     class FakeComm:
-        device, world, group_name, nodes = -1, 4, "fake-fused", 1
-        core = _RecordingCore()
+        device, group_name, nodes = -1, name, 1
 
     comm = FakeComm()
-    monkeypatch.setitem(_groups._by_name, "fake-fused", comm)
-    monkeypatch.setattr(fused, "_stream_of", lambda device: 99)
+    comm.world, comm.core = world, _RecordingCore()
+    monkeypatch.setitem(_groups._by_name, name, comm)
+    monkeypatch.setattr(fused, "_stream_of", lambda device: stream)
+    return comm
+
+
+def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(monkeypatch):
+    from symmem import _native
+    from symmem.torch import fused
+
+    comm = _fake_group(monkeypatch, "fake-fused", 4, stream=99)
     a, b = torch.empty(8, 16, dtype=torch.bfloat16), torch.empty(16, 24, dtype=torch.bfloat16)
     c, none = fused._all_gather_matmul_cuda(a, b, "fake-fused")
     assert c.shape == (32, 24) and none is None
@@ -106,38 +123,11 @@ def test_reduce_scatter_result_on_one_rank(group_name):
     assert torch.equal(st.matmul_reduce_scatter(a, b), (a.float() @ b.float()).to(torch.bfloat16))
 
 
-def test_reduce_scatter_bad_arguments(group_name):
-    op = torch.ops.symmem.matmul_reduce_scatter
-    a = torch.ones(8, 16, dtype=torch.float16)
-    with pytest.raises(ValueError, match="must be 2-D"):
-        op(a.view(2, 4, 16), torch.ones(16, 8, dtype=torch.float16), group_name)
-    with pytest.raises(ValueError, match="columns must equal b's rows"):
-        op(a, torch.ones(8, 8, dtype=torch.float16), group_name)
-    with pytest.raises(TypeError, match="float16 or bfloat16"):
-        op(a, torch.ones(16, 8, dtype=torch.bfloat16), group_name)
-    with pytest.raises(ValueError, match="contiguous"):
-        op(a, torch.ones(8, 16, dtype=torch.float16).t(), group_name)
-
-
 def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(monkeypatch):
     from symmem import _native
-    from symmem.torch import _groups, fused
+    from symmem.torch import fused
 
-    class Core(_RecordingCore):
-        @staticmethod
-        def matmul_reduce_scatter_workspace_bytes(m, n):
-            return 2 * m * n * 4
-
-        def matmul_reduce_scatter(self, *args):
-            self.calls.append(("matmul_reduce_scatter",) + args)
-
-    class FakeComm:
-        device, world, group_name, nodes = -1, 4, "fake-fused-rs", 1
-        core = Core()
-
-    comm = FakeComm()
-    monkeypatch.setitem(_groups._by_name, "fake-fused-rs", comm)
-    monkeypatch.setattr(fused, "_stream_of", lambda device: 77)
+    comm = _fake_group(monkeypatch, "fake-fused-rs", 4, stream=77)
     a, b = torch.empty(32, 16, dtype=torch.float16), torch.empty(16, 24, dtype=torch.float16)
     c = fused._matmul_reduce_scatter_cuda(a, b, "fake-fused-rs")
     assert c.shape == (8, 24)
@@ -152,14 +142,9 @@ def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(monkeypatch):
 
 def test_empty_shapes_need_no_communication(monkeypatch):
     """m, n or k of 0 (an empty micro-batch): empty or zero results, nothing handed to the core."""
-    from symmem.torch import _groups, fused
+    from symmem.torch import fused
 
-    class FakeComm:
-        device, world, group_name, nodes = -1, 2, "fake-fused-empty", 1
-        core = _RecordingCore()
-
-    comm = FakeComm()
-    monkeypatch.setitem(_groups._by_name, "fake-fused-empty", comm)
+    comm = _fake_group(monkeypatch, "fake-fused-empty", 2)
     half = torch.float16
     c, a = fused._all_gather_matmul_cuda(torch.empty(0, 16, dtype=half), torch.empty(16, 8, dtype=half),
                                           "fake-fused-empty", True)

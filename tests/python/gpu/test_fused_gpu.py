@@ -5,52 +5,21 @@ tiles, partial tiles in n and k, tiny shapes; back-to-back calls of changing sha
 replay after the inputs change in place; an input produced on another stream; one rank delayed by
 a sleep kernel (its shards arrive late); a killed rank raising on the survivor."""
 import os
-import zlib
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import symmem.torch as st
-
-# (rows per rank, n, k): whole tiles; shards that are not whole 128-row tiles with n and k not
-# multiples of the 256 x 64 tile; tiny; a tensor-parallel layer.
-SHAPES = [(256, 512, 1024), (200, 264, 520), (8, 8, 8), (1024, 6656, 2048)]
-DTYPES = [torch.float16, torch.bfloat16]
-# Half a unit in the last place of the output type, plus slack for float32 accumulation order.
-RTOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
-
-
-def _seed(case):
-    return zlib.crc32(repr((case, dist.get_rank())).encode()) & 0x7FFFFFFF
-
-
-def _random(shape, dtype, case, integers=False):
-    g = torch.Generator(device="cuda").manual_seed(_seed(case))
-    if integers:
-        return torch.randint(-3, 4, shape, generator=g, device="cuda").to(dtype)
-    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
-
-
-def _shared_random(shape, dtype, case, integers=False):
-    """The same tensor on every rank (b is replicated in tensor parallelism)."""
-    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(case).encode()))
-    if integers:
-        return torch.randint(-3, 4, shape, generator=g, device="cuda").to(dtype)
-    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+from fused_cases import DTYPES, SHAPES, check_close
+from fused_cases import random_tensor as _random
+from fused_cases import shared_random as _shared_random
 
 
 def _reference(a_shard, b):
     a = torch.empty(dist.get_world_size() * a_shard.shape[0], a_shard.shape[1], dtype=a_shard.dtype, device="cuda")
     dist.all_gather_into_tensor(a, a_shard)
     return a, a.float() @ b.float()
-
-
-def _check(c, a, ref, dtype, k):
-    err = (c.float() - ref).abs()
-    bound = RTOL[dtype] * ref.abs() + 1e-3 * (k ** 0.5)
-    bad = (err > bound).sum().item()
-    assert bad == 0, f"{bad} of {c.numel()} elements out of tolerance, worst {err.max().item():.4g}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -62,7 +31,7 @@ def test_matches_nccl_and_matmul(group, shape, dtype):
     c, gathered = st.all_gather_matmul(a_shard, b, return_a=True)
     a, ref = _reference(a_shard, b)
     assert torch.equal(gathered, a), "the gathered A differs from NCCL's all-gather"
-    _check(c, a, ref, dtype, k)
+    check_close(c, ref, dtype, k)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
