@@ -335,7 +335,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   DeviceIdentity mine{};
   std::memcpy(mine.uuid, prop.uuid.bytes, sizeof(mine.uuid));
   st.bootstrap->all_gather(&mine, ids.data(), sizeof(DeviceIdentity));
-  for (int r = 0; r < world; ++r)
+  for (int r = 0; r < world && !env::ranks_may_share_gpu(); ++r)
     if (r != st.rank && std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0)
       throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(st.job_rank(r)) +
                                                    " and " + std::to_string(layout.rank) + " use the same GPU");

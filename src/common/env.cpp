@@ -38,6 +38,7 @@ std::string copy_engine_direction() { return get_string("SYMMEM_CE_DIRECTION", "
 bool copy_engine_batch() { return get_int("SYMMEM_CE_BATCH", 1) != 0; }
 int node_size() { return static_cast<int>(get_int("SYMMEM_NODE_SIZE", 0)); }
 std::string nccl_library() { return get_string("SYMMEM_NCCL_LIBRARY", "libnccl.so.2"); }
+bool ranks_may_share_gpu() { return get_int("SYMMEM_TEST_SHARED_GPU", 0) != 0; }
 size_t copy_engine_piece_bytes() { return static_cast<size_t>(get_int("SYMMEM_CE_PIECE_KB", 1 << 20)) << 10; }
 
 }  // namespace symmem::env

@@ -49,6 +49,12 @@ int node_size();
 // SYMMEM_NCCL_LIBRARY (default libnccl.so.2): the NCCL loaded for communicators spanning nodes.
 std::string nccl_library();
 
+// SYMMEM_TEST_SHARED_GPU (default 0): for tests only. Lets several ranks of one process (threads
+// with make_thread_bootstrap) use the same GPU, which a real job must never do: their kernels
+// would wait for each other unless they all fit on the GPU at once. tests/gpu/shared_gpu_tests.cpp
+// runs the multi-rank protocols this way on a one-GPU machine.
+bool ranks_may_share_gpu();
+
 // Read a variable with a default; exposed for tests and the tools.
 std::string get_string(const char* name, const std::string& fallback);
 int64_t get_int(const char* name, int64_t fallback);

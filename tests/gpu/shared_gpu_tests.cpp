@@ -1,0 +1,452 @@
+// The multi-rank protocols on ONE GPU: W ranks as threads of this process, each with its own
+// communicator on device 0 (SYMMEM_TEST_SHARED_GPU=1 lifts the one-rank-per-GPU rule), every call
+// held to at most sm_count / (2 W) blocks so that every rank's kernel, and the next one each rank
+// launches early (PDL), are resident at once. Run: symmem_shared_gpu_tests [filter] (worlds 2, 3,
+// 4 and 8; SYMMEM_SHARED_GPU_WORLDS="2 4" picks others).
+//
+// What it covers on a one-GPU machine: the plans, signatures, workspaces and parity halves of every
+// SM algorithm and of the copy-engine handshakes, the low-latency line protocol, CUDA graph replays
+// between eager calls, and the failure paths (a mismatched call, a rank that never comes), at
+// world sizes up to 8, all through the public API. What it cannot: NVLink's memory ordering (all
+// traffic stays in one L2), timing, and the copy engines themselves (copies within one GPU run as
+// kernels). Results are checked on the device against exact references (pattern bytes, sums of
+// small integers, exact in every type and order), with the output poisoned before every call.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "symmem/symmem.hpp"
+#include "test.hpp"
+#include "test_kernels.hpp"
+
+using namespace symmem;
+using namespace symmem::test;
+
+namespace {
+
+#define SHARED_CUDA(expr)                                                                                              \
+  do {                                                                                                                 \
+    cudaError_t e_ = (expr);                                                                                           \
+    if (e_ != cudaSuccess) ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + cudaGetErrorName(e_)); \
+  } while (0)
+
+constexpr size_t kMiB = size_t(1) << 20;
+constexpr size_t kMaxRankBytes = 2 * kMiB;                  // largest message per rank
+constexpr size_t kOperandBytes = 8 * kMaxRankBytes + 4096;  // a world of 8 such slots, plus offsets
+
+std::vector<int> worlds() {
+  const char* text = std::getenv("SYMMEM_SHARED_GPU_WORLDS");
+  std::istringstream in(text && *text ? text : "2 3 4 8");
+  std::vector<int> result;
+  for (int w; in >> w;)
+    if (w >= 2 && w <= 8) result.push_back(w);
+  return result;
+}
+
+int sm_count() {
+  int sms = 0;
+  SHARED_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  return sms;
+}
+
+// One simulated rank: its communicator, stream and operands (symmetric and local).
+struct Rank {
+  int rank = 0;
+  int world = 0;
+  std::unique_ptr<Communicator> comm;
+  cudaStream_t stream = nullptr;
+  Buffer* heap_in = nullptr;
+  Buffer* heap_out = nullptr;
+  void* local_in = nullptr;
+  void* local_out = nullptr;
+
+  ~Rank() {
+    if (local_in) cudaFree(local_in);
+    if (local_out) cudaFree(local_out);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+// Runs body(rank) on `world` threads, each with its own communicator on device 0, and closes them.
+// Rethrows the first rank's failure (a Failure keeps its message, with the rank).
+void run_ranks(int world, const std::function<void(Rank&)>& body, int64_t timeout_ms = 20000) {
+  auto group = make_thread_group(world, 120000);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        SHARED_CUDA(cudaSetDevice(0));
+        Rank rank;
+        rank.rank = r;
+        rank.world = world;
+        CommConfig config;
+        config.timeout_ms = timeout_ms;
+        config.workspace_bytes = 64 * kMiB;
+        rank.comm = Communicator::create(make_thread_bootstrap(group, r), 0, config);
+        SHARED_CUDA(cudaStreamCreateWithFlags(&rank.stream, cudaStreamNonBlocking));
+        rank.heap_in = rank.comm->allocate(kOperandBytes);
+        rank.heap_out = rank.comm->allocate(kOperandBytes);
+        SHARED_CUDA(cudaMalloc(&rank.local_in, kOperandBytes));
+        SHARED_CUDA(cudaMalloc(&rank.local_out, kOperandBytes));
+        body(rank);
+        SHARED_CUDA(cudaStreamSynchronize(rank.stream));
+        if (rank.comm) rank.comm->close();  // (a test may have released a failed one)
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r)
+    if (!errors[r].empty())
+      throw Failure("world " + std::to_string(world) + ", rank " + std::to_string(r) + ": " + errors[r]);
+}
+
+enum class Collective { kAllGather, kAllReduce, kReduceScatter };
+
+// One call of the random sequence every rank draws identically.
+struct Step {
+  Collective collective = Collective::kAllGather;
+  Algo algo = Algo::kAuto;
+  DataType type = DataType::kUInt8;
+  size_t count = 0;  // all-gather, reduce-scatter: per rank
+  bool local = false;
+  bool in_place = false;
+  size_t in_offset = 0;
+  size_t out_offset = 0;
+  int blocks = 0;
+  bool barrier_after = false;
+};
+
+std::string describe(const Step& s) {
+  static const char* names[] = {"all_gather", "all_reduce", "reduce_scatter"};
+  std::ostringstream o;
+  o << names[int(s.collective)] << " " << algo_name(s.algo) << " " << dtype_name(s.type) << " count=" << s.count
+    << (s.local ? " local" : " heap") << (s.in_place ? " in place" : "") << " offsets " << s.in_offset << "/"
+    << s.out_offset << " blocks=" << s.blocks;
+  return o.str();
+}
+
+Step random_step(std::mt19937_64& rng, int world, int block_budget) {
+  auto pick = [&](int n) { return static_cast<int>(rng() % uint64_t(n)); };
+  Step s;
+  s.collective = static_cast<Collective>(pick(3));
+  static const Algo gather_algos[] = {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency};
+  static const Algo reduce_algos[] = {Algo::kAuto,        Algo::kOneShot,    Algo::kOneShotPush,
+                                      Algo::kTwoShot,     Algo::kTwoShotPush, Algo::kLowLatency,
+                                      Algo::kLowLatencyTwoShot};
+  static const Algo scatter_algos[] = {Algo::kAuto, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency};
+  static const DataType gather_types[] = {DataType::kUInt8, DataType::kFloat16, DataType::kFloat32};
+  static const DataType reduce_types[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
+                                          DataType::kInt32};
+  switch (s.collective) {
+    case Collective::kAllGather:
+      s.algo = gather_algos[pick(5)];
+      s.type = gather_types[pick(3)];
+      break;
+    case Collective::kAllReduce:
+      s.algo = reduce_algos[pick(7)];
+      s.type = reduce_types[pick(4)];
+      break;
+    case Collective::kReduceScatter:
+      s.algo = scatter_algos[pick(4)];
+      s.type = reduce_types[pick(4)];
+      break;
+  }
+  // Message bytes log-uniform in [1, kMaxRankBytes]: mostly small (the low-latency range).
+  const double log_bytes = std::uniform_real_distribution<double>(0.0, std::log2(double(kMaxRankBytes)))(rng);
+  const size_t elem = dtype_size(s.type);
+  s.count = std::max<size_t>(1, static_cast<size_t>(std::exp2(log_bytes)) / elem);
+  s.local = pick(3) == 0;
+  s.in_place = pick(4) == 0;
+  s.in_offset = pick(2) ? 0 : elem * pick(256 / int(elem));
+  s.out_offset = pick(2) ? 0 : elem * pick(256 / int(elem));
+  s.blocks = pick(3) == 0 ? 1 + pick(block_budget) : 0;
+  s.barrier_after = pick(16) == 0;
+  (void)world;
+  return s;
+}
+
+struct Operands {
+  Operand out;
+  Operand in;
+};
+
+// The operands of `s` on `r`. In place: all-gather's input is this rank's slot of the output,
+// reduce-scatter's output this rank's slice of the input, all-reduce's output its input.
+Operands place(const Step& s, const Rank& r) {
+  const size_t bytes = s.count * dtype_size(s.type);
+  auto in_at = [&](size_t offset) {
+    return s.local ? Operand(static_cast<char*>(r.local_in) + offset) : Operand(*r.heap_in, offset);
+  };
+  auto out_at = [&](size_t offset) {
+    return s.local ? Operand(static_cast<char*>(r.local_out) + offset) : Operand(*r.heap_out, offset);
+  };
+  if (!s.in_place) return {out_at(s.out_offset), in_at(s.in_offset)};
+  switch (s.collective) {
+    case Collective::kAllGather: return {out_at(s.out_offset), out_at(s.out_offset + r.rank * bytes)};
+    case Collective::kAllReduce: return {in_at(s.in_offset), in_at(s.in_offset)};
+    case Collective::kReduceScatter: return {in_at(s.in_offset + r.rank * bytes), in_at(s.in_offset)};
+  }
+  throw Failure("place: unknown collective");
+}
+
+CollectiveOptions options_of(const Step& s, int block_budget) {
+  CollectiveOptions o;
+  o.algo = s.algo;
+  o.blocks = s.blocks;
+  o.max_blocks = block_budget;
+  return o;
+}
+
+bool plannable(const Step& s, const Rank& r, int block_budget) {
+  const Operands ops = place(s, r);
+  const CollectiveOptions o = options_of(s, block_budget);
+  try {
+    switch (s.collective) {
+      case Collective::kAllGather: describe_all_gather(ops.out, ops.in, s.count, s.type, *r.comm, o); break;
+      case Collective::kAllReduce: describe_all_reduce(ops.out, ops.in, s.count, s.type, *r.comm, o); break;
+      case Collective::kReduceScatter: describe_reduce_scatter(ops.out, ops.in, s.count, s.type, *r.comm, o); break;
+    }
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
+}
+
+// Poison the output, fill the input for (rank, iteration), run, count wrong output elements into
+// *mismatches: all on the rank's stream, no host synchronisation.
+void run_step(const Step& s, Rank& r, uint64_t iteration, int block_budget, unsigned long long* mismatches) {
+  const Operands ops = place(s, r);
+  const size_t elem = dtype_size(s.type);
+  const size_t bytes = s.count * elem;
+  const int world = r.world;
+  const uint64_t seed = pattern_seed(r.rank, iteration);
+  void* out = ops.out.ptr();
+  void* in = ops.in.ptr();
+  const CollectiveOptions o = options_of(s, block_budget);
+  switch (s.collective) {
+    case Collective::kAllGather:
+      SHARED_CUDA(cudaMemsetAsync(out, 0xA5, bytes * world, r.stream));
+      fill_pattern(in, bytes, seed, r.stream);
+      all_gather(ops.out, ops.in, s.count, s.type, *r.comm, r.stream, o);
+      count_gather_mismatches(out, bytes, world, iteration, mismatches, r.stream);
+      break;
+    case Collective::kAllReduce:
+      if (!s.in_place) SHARED_CUDA(cudaMemsetAsync(out, 0xFF, bytes, r.stream));
+      fill_small_integers(in, s.count, s.type, seed, r.stream);
+      all_reduce(ops.out, ops.in, s.count, s.type, ReduceOp::kSum, *r.comm, r.stream, o);
+      count_sum_mismatches(out, s.count, 0, s.type, world, iteration, mismatches, r.stream);
+      break;
+    case Collective::kReduceScatter:
+      if (!s.in_place) SHARED_CUDA(cudaMemsetAsync(out, 0xFF, bytes, r.stream));
+      fill_small_integers(in, s.count * world, s.type, seed, r.stream);
+      reduce_scatter(ops.out, ops.in, s.count, s.type, ReduceOp::kSum, *r.comm, r.stream, o);
+      count_sum_mismatches(out, s.count, size_t(r.rank) * s.count, s.type, world, iteration, mismatches, r.stream);
+      break;
+  }
+  if (s.barrier_after) r.comm->barrier(r.stream);
+}
+
+// Per-call device counters of one rank.
+struct Counters {
+  unsigned long long* device = nullptr;
+  size_t n = 0;
+  explicit Counters(size_t count) : n(count) {
+    SHARED_CUDA(cudaMalloc(reinterpret_cast<void**>(&device), n * sizeof(unsigned long long)));
+    SHARED_CUDA(cudaMemset(device, 0, n * sizeof(unsigned long long)));
+  }
+  ~Counters() { cudaFree(device); }
+  std::vector<unsigned long long> read(cudaStream_t stream) const {
+    std::vector<unsigned long long> host(n);
+    SHARED_CUDA(cudaMemcpyAsync(host.data(), device, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+    SHARED_CUDA(cudaStreamSynchronize(stream));
+    return host;
+  }
+};
+
+// The steps every rank runs (identical on every rank: drawn from the same seed, filtered by
+// describe_*, whose answer depends only on what every rank shares).
+std::vector<Step> draw_steps(size_t n, uint64_t seed, const Rank& r, int block_budget) {
+  std::mt19937_64 rng(seed);
+  std::vector<Step> steps;
+  while (steps.size() < n) {
+    Step s = random_step(rng, r.world, block_budget);
+    if (!plannable(s, r, block_budget)) {
+      s.algo = Algo::kAuto;
+      if (!plannable(s, r, block_budget)) continue;
+    }
+    steps.push_back(s);
+  }
+  return steps;
+}
+
+void expect_no_mismatches(const std::vector<Step>& steps, const std::vector<unsigned long long>& counts,
+                          const Rank& r, const std::string& what) {
+  std::string report;
+  int shown = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (counts[i] == 0) continue;
+    ++bad;
+    if (shown++ < 5) report += "\n  call " + std::to_string(i) + " (" + describe(steps[i]) + "): " +
+                                std::to_string(counts[i]) + " wrong";
+  }
+  if (bad)
+    throw Failure(what + ": rank " + std::to_string(r.rank) + ": " + std::to_string(bad) + " of " +
+                  std::to_string(steps.size()) + " calls wrong" + report);
+}
+
+// SYMMEM_SHARED_GPU_BLOCKS overrides (to tell a residency problem from a protocol one).
+int block_budget_for(int world) {
+  const char* forced = std::getenv("SYMMEM_SHARED_GPU_BLOCKS");
+  if (forced && *forced) return std::max(1, std::atoi(forced));
+  return std::max(1, sm_count() / (2 * world));
+}
+
+// Thousands of back-to-back calls per world: every collective and algorithm, sizes from 1 byte
+// to 2 MiB per rank, every type, heap and local operands, in place or not, odd offsets, forced
+// block counts, barriers in between, all checked exactly on the device.
+TEST(shared_gpu_random_calls_match_references) {
+  for (int world : worlds()) {
+    const int budget = block_budget_for(world);
+    const size_t calls = world >= 8 ? 600 : 1200;
+    run_ranks(world, [&](Rank& r) {
+      const std::vector<Step> steps = draw_steps(calls, 0x5EED0000ull + world, r, budget);
+      Counters counters(steps.size());
+      // Synchronised every kWindow calls: the ranks share one CUDA context, whose launch queue a
+      // rank far ahead can fill with work that waits for a rank behind it, which then cannot
+      // launch (seen at world 8 without the windows; separate processes have separate queues).
+      // A failure also names the calls it happened among.
+      constexpr size_t kWindow = 50;
+      for (size_t begin = 0; begin < steps.size(); begin += kWindow) {
+        const size_t end = std::min(steps.size(), begin + kWindow);
+        for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, budget, counters.device + i);
+        try {
+          r.comm->synchronize(r.stream);
+        } catch (const Error& e) {
+          std::string calls;
+          for (size_t i = begin; i < end; ++i) calls += "\n  call " + std::to_string(i) + ": " + describe(steps[i]);
+          throw Failure(std::string(e.what()) + "\n among calls " + std::to_string(begin) + ".." +
+                        std::to_string(end - 1) + calls);
+        }
+      }
+      expect_no_mismatches(steps, counters.read(r.stream), r, "random calls");
+    });
+  }
+}
+
+// Graph replays between eager calls: a captured sequence (poison, fill, call, check in the graph)
+// replayed 30 times, with eager calls of other algorithms before every replay, so that the call
+// counter's parity, the epochs and the handshakes advance differently between replays.
+TEST(shared_gpu_graph_replays_between_eager_calls) {
+  for (int world : worlds()) {
+    const int budget = block_budget_for(world);
+    run_ranks(world, [&](Rank& r) {
+      const std::vector<Step> captured = draw_steps(8, 0x6AA9ull + world, r, budget);
+      const std::vector<Step> eager = draw_steps(3 * 30, 0xEA6E6ull + world, r, budget);
+      Counters graph_counters(captured.size());
+      Counters eager_counters(eager.size());
+      // Warm up eagerly (workspaces, first calls), then capture.
+      for (size_t i = 0; i < 3; ++i) run_step(eager[i], r, 1000 + i, budget, eager_counters.device + i);
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      SHARED_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+      for (size_t i = 0; i < captured.size(); ++i) run_step(captured[i], r, i, budget, graph_counters.device + i);
+      SHARED_CUDA(cudaStreamEndCapture(r.stream, &graph));
+      SHARED_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 30; ++replay) {
+        for (size_t j = 0; j < 3; ++j) {
+          const size_t i = size_t(replay) * 3 + j;
+          if (replay > 0) run_step(eager[i], r, 1000 + i, budget, eager_counters.device + i);
+        }
+        SHARED_CUDA(cudaGraphLaunch(exec, r.stream));
+      }
+      r.comm->synchronize(r.stream);
+      SHARED_CUDA(cudaGraphExecDestroy(exec));
+      SHARED_CUDA(cudaGraphDestroy(graph));
+      expect_no_mismatches(captured, graph_counters.read(r.stream), r, "captured calls");
+      expect_no_mismatches(eager, eager_counters.read(r.stream), r, "eager calls between replays");
+    });
+  }
+}
+
+// A call that differs on one rank (its count) fails on every rank, with an error, in time.
+TEST(shared_gpu_mismatched_call_fails_everywhere) {
+  for (int world : worlds()) {
+    for (Algo algo : {Algo::kLowLatency, Algo::kOneShot, Algo::kTwoShotPush}) {
+      std::mutex mutex;
+      std::vector<std::string> outcomes(world);
+      run_ranks(
+          world,
+          [&](Rank& r) {
+            const size_t count = 4096 + (r.rank == world - 1 ? 8 : 0);
+            CollectiveOptions o;
+            o.algo = algo;
+            o.max_blocks = block_budget_for(world);
+            const auto start = std::chrono::steady_clock::now();
+            std::string outcome = "no error";
+            try {
+              all_reduce(Operand(*r.heap_out), Operand(*r.heap_in), count, DataType::kFloat32, ReduceOp::kSum,
+                         *r.comm, r.stream, o);
+              r.comm->synchronize(r.stream);
+            } catch (const Error& e) {
+              outcome = e.code() == ErrorCode::kMismatch || e.code() == ErrorCode::kAborted ||
+                                e.code() == ErrorCode::kTimeout
+                            ? "error"
+                            : std::string("unexpected error: ") + e.what();
+            }
+            const double seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (seconds > 15) outcome += " after " + std::to_string(seconds) + " s";
+            std::lock_guard<std::mutex> lock(mutex);
+            outcomes[r.rank] = outcome;
+            // The communicator is unusable now: release it without the collective close.
+            SHARED_CUDA(cudaStreamSynchronize(r.stream));
+            r.comm.reset();
+          },
+          5000);
+      for (int r = 0; r < world; ++r)
+        if (outcomes[r] != "error")
+          throw Failure(std::string("all_reduce ") + algo_name(algo) + ", world " + std::to_string(world) +
+                        ", rank " + std::to_string(r) + ": " + outcomes[r]);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
+  setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+  setenv("SYMMEM_TEST_SHARED_GPU", "1", 1);
+  // Every rank's streams on their own hardware queue: a rank's work queued behind another's
+  // waiting kernel (or stream wait) would wait for its own peer, until the deadline.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  setenv("SYMMEM_CE_STREAMS", "1", 0);
+  // Lazy loading loads a kernel at its first launch, which may wait for the context to be idle:
+  // for a rank whose peer's kernel is already waiting for it, that is forever.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  int gpus = 0;
+  const cudaError_t err = cudaGetDeviceCount(&gpus);
+  if (err != cudaSuccess || gpus < 1) {
+    std::printf("SKIPPED: the shared-GPU tests need a CUDA GPU, found none (%s)\n",
+                err == cudaSuccess ? "cudaGetDeviceCount" : cudaGetErrorString(err));
+    std::printf("0 passed, 0 failed, 1 skipped\n");
+    return 77;
+  }
+  return run_all(argc, argv);
+}
