@@ -3,6 +3,7 @@
 // collective teardown.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -335,10 +336,18 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   DeviceIdentity mine{};
   std::memcpy(mine.uuid, prop.uuid.bytes, sizeof(mine.uuid));
   st.bootstrap->all_gather(&mine, ids.data(), sizeof(DeviceIdentity));
-  for (int r = 0; r < world && !env::ranks_may_share_gpu(); ++r)
-    if (r != st.rank && std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0)
+  int ranks_on_this_gpu = 0;
+  for (int r = 0; r < world; ++r) {
+    if (std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) != 0) continue;
+    ++ranks_on_this_gpu;
+    if (r != st.rank && !env::ranks_may_share_gpu())
       throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(st.job_rank(r)) +
                                                    " and " + std::to_string(layout.rank) + " use the same GPU");
+  }
+  // Tests only (SYMMEM_TEST_SHARED_GPU): ranks on one GPU share its SMs. Each plans with a share,
+  // and one share stays free for what runs beside their kernels (copies within a GPU are kernels):
+  // a fused GEMM's persistent grid on every SM would keep the copies it waits for from starting.
+  if (ranks_on_this_gpu > 1) st.sm_count = std::max(1, st.sm_count / (ranks_on_this_gpu + 1));
 
   st.tuning = &detail::tuning_table_for(st.gpu_name);
   st.settings = read_settings(config, *st.tuning);

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "symmem/fused.hpp"
 #include "symmem/symmem.hpp"
 #include "test.hpp"
 #include "test_kernels.hpp"
@@ -424,6 +425,148 @@ TEST(shared_gpu_mismatched_call_fails_everywhere) {
                         ", rank " + std::to_string(r) + ": " + outcomes[r]);
     }
   }
+}
+
+// The fused ops' shapes (rows per rank, n, k): whole 128 x 256 tiles; shards and n, k off the
+// tile grid; tiny. Small integers keep every sum exact, so results compare bit by bit.
+struct FusedShape {
+  int rows, n, k;
+};
+constexpr FusedShape kFusedShapes[] = {{256, 512, 1024}, {200, 264, 520}, {8, 8, 8}};
+constexpr DataType kFusedTypes[] = {DataType::kFloat16, DataType::kBFloat16};
+constexpr int kFusedRepeats = 3;  // back to back, reusing flags and counters
+
+// Device memory of one rank, freed with it.
+struct Scratch {
+  void* ptr = nullptr;
+  explicit Scratch(size_t bytes) { SHARED_CUDA(cudaMalloc(&ptr, std::max<size_t>(bytes, 16))); }
+  ~Scratch() { cudaFree(ptr); }
+};
+
+// Runs `body` on every world, skipping (with the reason) when this build or GPU has no fused GEMM.
+void for_fused_worlds(const char* what, const std::function<void(Rank&, std::string* unsupported)>& body) {
+  for (int world : worlds()) {
+    std::mutex mutex;
+    std::string unsupported;
+    run_ranks(world, [&](Rank& r) {
+      std::string why;
+      body(r, &why);
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!why.empty()) unsupported = why;
+    });
+    if (!unsupported.empty()) SKIP(std::string(what) + ": " + unsupported);
+  }
+}
+
+// all_gather_matmul between ranks on one GPU: the copies, handshakes, piece flags and the
+// GEMM's waits; A local or in place (a_shard = this rank's slot), eager and replayed from a graph.
+TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
+  for_fused_worlds("all_gather_matmul", [](Rank& r, std::string* unsupported) {
+    uint64_t iteration = 0;
+    for (const FusedShape& shape : kFusedShapes) {
+      for (DataType type : kFusedTypes) {
+        const int m = shape.rows * r.world;
+        const size_t elem = dtype_size(type);
+        Buffer* gathered = r.comm->allocate(size_t(m) * shape.k * elem);
+        *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
+        if (!unsupported->empty()) return;
+        Scratch a_shard(size_t(shape.rows) * shape.k * elem), b(size_t(shape.k) * shape.n * elem),
+            c(size_t(m) * shape.n * elem);
+        Counters wrong(2 * 2 * kFusedRepeats);
+        char* own_slot = static_cast<char*>(gathered->ptr()) + size_t(r.rank) * shape.rows * shape.k * elem;
+        const uint64_t b_seed = pattern_seed(99, 7);
+        fill_small_integers(b.ptr, size_t(shape.k) * shape.n, type, b_seed, r.stream);
+        size_t check = 0;
+        for (bool in_place : {false, true}) {
+          void* input = in_place ? static_cast<void*>(own_slot) : a_shard.ptr;
+          auto one_call = [&](uint64_t it, size_t slot) {
+            SHARED_CUDA(cudaMemsetAsync(c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
+            fill_small_integers(input, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+            all_gather_matmul(c.ptr, *gathered, input, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream);
+            count_gathered_product_mismatches(c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed,
+                                              wrong.device + slot, r.stream);
+            for (int s = 0; s < r.world; ++s)
+              count_small_integer_mismatches(static_cast<char*>(gathered->ptr()) + size_t(s) * shape.rows * shape.k * elem,
+                                             size_t(shape.rows) * shape.k, type, pattern_seed(s, it),
+                                             wrong.device + slot, r.stream);
+          };
+          for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, check++);
+          // Captured once, replayed: the same inputs, a fresh poison each replay.
+          const uint64_t captured_iteration = ++iteration;
+          cudaGraph_t graph = nullptr;
+          cudaGraphExec_t exec = nullptr;
+          const size_t graph_slot = check;
+          check += kFusedRepeats;
+          SHARED_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+          one_call(captured_iteration, graph_slot);
+          SHARED_CUDA(cudaStreamEndCapture(r.stream, &graph));
+          SHARED_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+          for (int i = 0; i < kFusedRepeats; ++i) SHARED_CUDA(cudaGraphLaunch(exec, r.stream));
+          r.comm->synchronize(r.stream);
+          SHARED_CUDA(cudaGraphExecDestroy(exec));
+          SHARED_CUDA(cudaGraphDestroy(graph));
+        }
+        const std::vector<unsigned long long> counts = wrong.read(r.stream);
+        for (size_t i = 0; i < counts.size(); ++i)
+          if (counts[i] != 0)
+            throw Failure("all_gather_matmul " + std::string(dtype_name(type)) + " rows=" +
+                          std::to_string(shape.rows) + " n=" + std::to_string(shape.n) + " k=" +
+                          std::to_string(shape.k) + (i >= size_t(2 * kFusedRepeats) ? " in place" : "") +
+                          (i % (2 * kFusedRepeats) >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
+                          std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
+        r.comm->free(gathered);
+      }
+    }
+  });
+}
+
+// matmul_reduce_scatter between ranks on one GPU: the announcements, signals, pulls, handshakes
+// and the sums in rank order; eager and replayed from a graph.
+TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
+  for_fused_worlds("matmul_reduce_scatter", [](Rank& r, std::string* unsupported) {
+    uint64_t iteration = 0;
+    for (const FusedShape& shape : kFusedShapes) {
+      for (DataType type : kFusedTypes) {
+        const int m = shape.rows * r.world;
+        const size_t elem = dtype_size(type);
+        Buffer* workspace = r.comm->allocate(matmul_reduce_scatter_workspace_bytes(m, shape.n));
+        *unsupported = matmul_reduce_scatter_unsupported(*workspace, m, shape.n, shape.k, type, *r.comm);
+        if (!unsupported->empty()) return;
+        Scratch a(size_t(m) * shape.k * elem), b(size_t(shape.k) * shape.n * elem),
+            c_shard(size_t(shape.rows) * shape.n * elem);
+        Counters wrong(2 * kFusedRepeats);
+        auto one_call = [&](uint64_t it, size_t slot) {
+          SHARED_CUDA(cudaMemsetAsync(c_shard.ptr, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
+          fill_small_integers(a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+          fill_small_integers(b.ptr, size_t(shape.k) * shape.n, type, pattern_seed(r.rank, it + kSecondOperand),
+                              r.stream);
+          matmul_reduce_scatter(c_shard.ptr, *workspace, a.ptr, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream);
+          count_summed_product_mismatches(c_shard.ptr, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
+                                          type, it, wrong.device + slot, r.stream);
+        };
+        for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, size_t(i));
+        const uint64_t captured_iteration = ++iteration;
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        SHARED_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+        one_call(captured_iteration, kFusedRepeats);
+        SHARED_CUDA(cudaStreamEndCapture(r.stream, &graph));
+        SHARED_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        for (int i = 0; i < kFusedRepeats; ++i) SHARED_CUDA(cudaGraphLaunch(exec, r.stream));
+        r.comm->synchronize(r.stream);
+        SHARED_CUDA(cudaGraphExecDestroy(exec));
+        SHARED_CUDA(cudaGraphDestroy(graph));
+        const std::vector<unsigned long long> counts = wrong.read(r.stream);
+        for (size_t i = 0; i < counts.size(); ++i)
+          if (counts[i] != 0)
+            throw Failure("matmul_reduce_scatter " + std::string(dtype_name(type)) + " rows=" +
+                          std::to_string(shape.rows) + " n=" + std::to_string(shape.n) + " k=" +
+                          std::to_string(shape.k) + (i >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
+                          std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
+        r.comm->free(workspace);
+      }
+    }
+  });
 }
 
 }  // namespace

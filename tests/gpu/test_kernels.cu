@@ -117,6 +117,51 @@ __global__ void sum_check_kernel(const T* out, size_t count, size_t first, int w
   if (bad) atomicAdd(mismatches, bad);
 }
 
+// One thread per output element (grid-stride): the exact float32 sum of products, rounded once.
+template <typename T>
+__global__ void gathered_product_check_kernel(const T* c, int m, int n, int k, int shard_rows, uint64_t iteration,
+                                              uint64_t b_seed, unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (size_t e = blockIdx.x * size_t(blockDim.x) + threadIdx.x; e < size_t(m) * n; e += size_t(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(e / n), j = static_cast<int>(e % n);
+    const int shard = i / shard_rows;
+    const uint64_t a_seed = mix(uint64_t(shard + 1) * 0x100000001b3ull ^ iteration);
+    const size_t a_row = size_t(i % shard_rows) * k;
+    float sum = 0.0f;
+    for (int kk = 0; kk < k; ++kk)
+      sum += float(small_integer(a_seed, a_row + kk)) * float(small_integer(b_seed, size_t(kk) * n + j));
+    bad += !same_bits(c[e], from_int<T>(static_cast<int>(sum)));  // (sum is an exact integer)
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+template <typename T>
+__global__ void summed_product_check_kernel(const T* c, int first_row, int rows, int n, int k, int world,
+                                            uint64_t iteration, unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (size_t e = blockIdx.x * size_t(blockDim.x) + threadIdx.x; e < size_t(rows) * n;
+       e += size_t(gridDim.x) * blockDim.x) {
+    const int i = first_row + static_cast<int>(e / n), j = static_cast<int>(e % n);
+    float sum = 0.0f;
+    for (int r = 0; r < world; ++r) {
+      const uint64_t a_seed = mix(uint64_t(r + 1) * 0x100000001b3ull ^ iteration);
+      const uint64_t b_seed = mix(uint64_t(r + 1) * 0x100000001b3ull ^ (iteration + kSecondOperand));
+      for (int kk = 0; kk < k; ++kk)
+        sum += float(small_integer(a_seed, size_t(i) * k + kk)) * float(small_integer(b_seed, size_t(kk) * n + j));
+    }
+    bad += !same_bits(c[e], from_int<T>(static_cast<int>(sum)));  // (sum is an exact integer)
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+template <typename T>
+__global__ void small_integer_check_kernel(const T* p, size_t count, uint64_t seed, unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    bad += !same_bits(p[i], from_int<T>(small_integer(seed, i)));
+  if (bad) atomicAdd(mismatches, bad);
+}
+
 __global__ void hog_kernel(const volatile int* release, uint64_t ns) {
   uint64_t start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -253,6 +298,37 @@ void count_sum_mismatches(const void* out, size_t count, size_t first, DataType 
     using T = decltype(t);
     sum_check_kernel<T>
         <<<kBlocks, kThreads, 0, stream>>>(static_cast<const T*>(out), count, first, world, iteration, mismatches);
+  });
+  check(cudaGetLastError());
+}
+
+void count_gathered_product_mismatches(const void* c, int m, int n, int k, int shard_rows, DataType type,
+                                       uint64_t iteration, uint64_t b_seed, unsigned long long* mismatches,
+                                       cudaStream_t stream) {
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    gathered_product_check_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<const T*>(c), m, n, k, shard_rows,
+                                                                        iteration, b_seed, mismatches);
+  });
+  check(cudaGetLastError());
+}
+
+void count_summed_product_mismatches(const void* c_shard, int first_row, int rows, int n, int k, int world,
+                                     DataType type, uint64_t iteration, unsigned long long* mismatches,
+                                     cudaStream_t stream) {
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    summed_product_check_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<const T*>(c_shard), first_row, rows,
+                                                                      n, k, world, iteration, mismatches);
+  });
+  check(cudaGetLastError());
+}
+
+void count_small_integer_mismatches(const void* p, size_t count, DataType type, uint64_t seed,
+                                    unsigned long long* mismatches, cudaStream_t stream) {
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    small_integer_check_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<const T*>(p), count, seed, mismatches);
   });
   check(cudaGetLastError());
 }

@@ -24,6 +24,28 @@ void fill_small_integers(void* p, size_t count, DataType type, uint64_t seed, cu
 // (mix(r, iteration), first + i).
 void count_sum_mismatches(const void* out, size_t count, size_t first, DataType type, int world, uint64_t iteration,
                           unsigned long long* mismatches, cudaStream_t stream);
+// Products of small-integer matrices (a rows x cols matrix filled by fill_small_integers(p,
+// rows * cols, type, seed) holds small_integer(seed, i * cols + j) at (i, j)): with k * world * 64
+// below 2^24 every float32 sum of products is exact in any order, so a GEMM that accumulates in
+// float32 and rounds once has exactly one right answer (compared bit by bit).
+//
+// all_gather_matmul: *mismatches += elements of c [m x n] != (A @ B) rounded to `type`, where the
+// shard_rows rows of A from s * shard_rows on are rank s's shard (seed pattern_seed(s, iteration))
+// and B [k x n] has seed b_seed.
+void count_gathered_product_mismatches(const void* c, int m, int n, int k, int shard_rows, DataType type,
+                                       uint64_t iteration, uint64_t b_seed, unsigned long long* mismatches,
+                                       cudaStream_t stream);
+// matmul_reduce_scatter: *mismatches += elements of c_shard [rows x n] != rows first_row.. of the
+// sum over r < world of A_r [. x k] @ B_r [k x n], rounded once to `type`; A_r has seed
+// pattern_seed(r, iteration), B_r seed pattern_seed(r, iteration + kSecondOperand).
+constexpr uint64_t kSecondOperand = uint64_t(1) << 40;
+void count_summed_product_mismatches(const void* c_shard, int first_row, int rows, int n, int k, int world,
+                                     DataType type, uint64_t iteration, unsigned long long* mismatches,
+                                     cudaStream_t stream);
+// *mismatches += elements i < count of p != small_integer(seed, i) as `type` (fill_small_integers).
+void count_small_integer_mismatches(const void* p, size_t count, DataType type, uint64_t seed,
+                                    unsigned long long* mismatches, cudaStream_t stream);
+
 // Seed of rank r for iteration `iteration` as the checks above compute it.
 uint64_t pattern_seed(int rank, uint64_t iteration);
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Negative control of the shared-GPU tests (tests/gpu/shared_gpu_tests.cpp): each mutant puts one
+# protocol bug back into the library, and the test that guards against it must fail.
+#
+#   tests/gpu/shared_gpu_mutants.sh build   # here: one test binary per mutant, in build-mutants/
+#   tests/gpu/shared_gpu_mutants.sh run     # on a GPU machine: runs each, says caught or NOT CAUGHT
+#
+# build edits the source tree in place, one mutant at a time, builds the test target
+# incrementally, and restores the file (also on failure or interrupt); the last step rebuilds the
+# unmutated target. Exit status of run: 0 when every mutant was caught.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=build-mutants
+
+# name | file | the text the mutant removes or replaces | its replacement | test filter | worlds
+mutants=(
+  # Low latency: a receiver that never clears the lines it took leaves stale lines behind for
+  # the call two counted calls later.
+  "ll_no_clear|src/device/low_latency.cuh|        st_relaxed_sys_u64(slots + r * slot_words + w, 0);||random|2 4"
+  # matmul_reduce_scatter: the owner pulls a piece without waiting for the peer's GEMM to finish it.
+  "mrs_no_piece_wait|src/fused/matmul_reduce_scatter.cpp|    detail::enqueue_piece_wait(board, rank, world, peer, piece.chunk - rank * p.pieces.pieces, signature, stream);||matmul_reduce_scatter|2 3"
+  # all_gather_matmul: the pulls start without the ready handshake (a peer's slot may still hold
+  # the previous call's shard).
+  "agm_no_ready|src/fused/all_gather_matmul.cpp|      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);||all_gather_matmul|2 3"
+)
+
+mutate() {  # file old new: replaces the one occurrence of old (fails if it is not there once)
+  python3 - "$@" <<'EOF'
+import sys
+path, old, new = sys.argv[1], sys.argv[2], sys.argv[3]
+text = open(path).read()
+if text.count(old) != 1:
+    sys.exit(f"mutant: {path} holds the text {text.count(old)} times, not once")
+open(path, "w").write(text.replace(old, new))
+EOF
+}
+
+case "${1:-}" in
+  build)
+    mkdir -p "$out"
+    for m in "${mutants[@]}"; do
+      IFS='|' read -r name file old new filter worlds <<<"$m"
+      cp "$file" "$out/$name.orig"
+      trap 'cp "$out/'"$name"'.orig" "'"$file"'"' EXIT INT TERM
+      mutate "$file" "$old" "$new"
+      cmake --build build --target symmem_shared_gpu_tests >/dev/null
+      cp build/tests/symmem_shared_gpu_tests "$out/$name"
+      cp "$out/$name.orig" "$file" && rm "$out/$name.orig"
+      trap - EXIT INT TERM
+      echo "built mutant $name"
+    done
+    cmake --build build --target symmem_shared_gpu_tests >/dev/null
+    ;;
+  run)
+    dir=${MUTANTS_DIR:-$out}
+    missed=0
+    for m in "${mutants[@]}"; do
+      IFS='|' read -r name file old new filter worlds <<<"$m"
+      if SYMMEM_SHARED_GPU_WORLDS="$worlds" SYMMEM_TIMEOUT_MS=10000 timeout 300 "$dir/$name" "$filter" \
+          >"$dir/$name.log" 2>&1; then
+        echo "mutant $name: NOT CAUGHT (test '$filter' passed)"; missed=1
+      else
+        echo "mutant $name: caught ($(grep -m1 -o 'FAIL.*' "$dir/$name.log" | cut -c1-300))"
+      fi
+    done
+    exit $missed
+    ;;
+  *) echo "usage: $0 build|run" >&2; exit 2 ;;
+esac
