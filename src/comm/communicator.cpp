@@ -354,9 +354,10 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.debug = env::debug();
   agree_on_settings(st.settings, *st.job_bootstrap, layout.rank, layout.world);
 
-  // Per-block epochs, then the parity kernels' call counter and its finished-block count.
-  SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st.epochs), (kMaxBlocks + 2) * sizeof(uint32_t)));
-  SYMMEM_CUDA_CHECK(cudaMemset(st.epochs, 0, (kMaxBlocks + 2) * sizeof(uint32_t)));
+  // Per-block epochs, then the parity kernels' call counter and its finished-block count, then
+  // the word a failing wait claims before it writes the failure record.
+  SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st.epochs), (kMaxBlocks + 3) * sizeof(uint32_t)));
+  SYMMEM_CUDA_CHECK(cudaMemset(st.epochs, 0, (kMaxBlocks + 3) * sizeof(uint32_t)));
 
   st.exchange = std::make_unique<detail::FdExchange>(*st.bootstrap, st.timeout_ms());
   st.board = std::make_unique<detail::HostBoard>(st.rank, world, *st.bootstrap, *st.exchange);
@@ -374,6 +375,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   for (int r = 0; r < world; ++r) s.peer_pads[r] = static_cast<uint64_t*>(control->peer_ptr(r));
   s.epochs = st.epochs;
   s.call_counter = st.epochs + kMaxBlocks;
+  s.failure_claim = st.epochs + kMaxBlocks + 2;
   s.status = &st.board->device_page(st.rank)->status;
   s.abort = st.board->device_abort_word();
   s.timeout_ns = static_cast<uint64_t>(st.timeout_ms()) * 1000000ull;

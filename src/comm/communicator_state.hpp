@@ -60,7 +60,7 @@ struct CommunicatorState {
   std::unique_ptr<CopyEngineState> copy_engine;
   std::unique_ptr<BetweenNodes> between_nodes;  // only when the job spans nodes
 
-  uint32_t* epochs = nullptr;  // per-block epochs, then the call counter pair (local device memory)
+  uint32_t* epochs = nullptr;  // per-block epochs, the call counter pair, the failure claim (device memory)
   SyncArgs sync_template{};    // sync_args() without the op and signature
   std::string abort_reason;    // set once a failure was seen; every later call fails with it
   bool closed = false;

@@ -31,12 +31,18 @@ using detail::SyncArgs;
 
 // Records this rank's failure; the first failure of this rank wins (a later one changes nothing).
 // A timeout or a mismatch also sets the abort word; `aborted` does not (it was set already).
+// The winner is elected on a word in device memory: the record lives in host memory, where an
+// atomic is atomic only on hosts with native host atomics (not x86 over PCIe; compute-sanitizer
+// rejects it there). The record's code is written last, so a host that sees it sees the rest.
+// (The copy-engine watchdog records host-side failures into the same record with a CPU atomic;
+// both ask whether the code is still 0 first, so at worst two failures at the same instant mix.)
 __device__ __forceinline__ void record_failure(const SyncArgs& s, uint32_t code, int peer, int phase,
                                                uint32_t peer_signature) {
   // Cheap test first: after an abort every waiting thread comes here; one volatile read each
-  // instead of a storm of host-memory atomics on the same word.
+  // instead of a storm of atomics on the same word.
   if (ld_volatile_u32(&s.status->code) != detail::kStatusOk) return;
-  if (atomicCAS_system(&s.status->code, detail::kStatusOk, code) != detail::kStatusOk) return;
+  if (atomicCAS(s.failure_claim, 0u, 1u) != 0u) return;
+  if (ld_volatile_u32(&s.status->code) != detail::kStatusOk) return;  // the watchdog's, meanwhile
   s.status->op = s.op;
   s.status->rank = s.rank;
   s.status->peer = peer;
@@ -44,6 +50,8 @@ __device__ __forceinline__ void record_failure(const SyncArgs& s, uint32_t code,
   s.status->phase = phase;
   s.status->signature = s.signature;
   s.status->peer_signature = peer_signature;
+  fence_acq_rel_sys();
+  st_volatile_u32(&s.status->code, code);
   // Publishes the record (to every host, and before the abort word below).
   fence_acq_rel_sys();
   if (code != detail::kStatusAborted) {

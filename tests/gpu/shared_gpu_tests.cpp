@@ -65,6 +65,7 @@ int sm_count() {
 struct Rank {
   int rank = 0;
   int world = 0;
+  std::shared_ptr<Bootstrap> bootstrap;  // the communicator's, also the test's (it outlives a failure)
   std::unique_ptr<Communicator> comm;
   cudaStream_t stream = nullptr;
   Buffer* heap_in = nullptr;
@@ -79,6 +80,12 @@ struct Rank {
   }
 };
 
+// Returns once every rank of r's group got here (its bootstrap, which outlives a failure). A rank
+// must not tear its communicator down while a peer's kernel still waits: releasing its memory
+// waits for the GPU, which the ranks share here, and holds up the peer's next launches (it would
+// look like a dead peer).
+void wait_for_every_rank(Rank& r) { r.bootstrap->barrier(); }
+
 // Runs body(rank) on `world` threads, each with its own communicator on device 0, and closes them.
 // Rethrows the first rank's failure (a Failure keeps its message, with the rank).
 void run_ranks(int world, const std::function<void(Rank&)>& body, int64_t timeout_ms = 20000) {
@@ -92,17 +99,22 @@ void run_ranks(int world, const std::function<void(Rank&)>& body, int64_t timeou
         Rank rank;
         rank.rank = r;
         rank.world = world;
+        SHARED_CUDA(cudaMalloc(&rank.local_in, kOperandBytes));
+        SHARED_CUDA(cudaMalloc(&rank.local_out, kOperandBytes));
+        SHARED_CUDA(cudaStreamCreateWithFlags(&rank.stream, cudaStreamNonBlocking));
         CommConfig config;
         config.timeout_ms = timeout_ms;
         config.workspace_bytes = 64 * kMiB;
-        rank.comm = Communicator::create(make_thread_bootstrap(group, r), 0, config);
-        SHARED_CUDA(cudaStreamCreateWithFlags(&rank.stream, cudaStreamNonBlocking));
+        rank.bootstrap = make_thread_bootstrap(group, r);
+        rank.comm = Communicator::create(rank.bootstrap, 0, config);
         rank.heap_in = rank.comm->allocate(kOperandBytes);
         rank.heap_out = rank.comm->allocate(kOperandBytes);
-        SHARED_CUDA(cudaMalloc(&rank.local_in, kOperandBytes));
-        SHARED_CUDA(cudaMalloc(&rank.local_out, kOperandBytes));
+        // Nobody launches before everybody is set up: a rank still allocating (which may wait for
+        // the shared GPU to be idle) would stall a peer whose first call already waits for it.
+        wait_for_every_rank(rank);
         body(rank);
         SHARED_CUDA(cudaStreamSynchronize(rank.stream));
+        wait_for_every_rank(rank);
         if (rank.comm) rank.comm->close();  // (a test may have released a failed one)
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -114,6 +126,7 @@ void run_ranks(int world, const std::function<void(Rank&)>& body, int64_t timeou
     if (!errors[r].empty())
       throw Failure("world " + std::to_string(world) + ", rank " + std::to_string(r) + ": " + errors[r]);
 }
+
 
 enum class Collective { kAllGather, kAllReduce, kReduceScatter };
 
@@ -423,6 +436,85 @@ TEST(shared_gpu_mismatched_call_fails_everywhere) {
         if (outcomes[r] != "error")
           throw Failure(std::string("all_reduce ") + algo_name(algo) + ", world " + std::to_string(world) +
                         ", rank " + std::to_string(r) + ": " + outcomes[r]);
+    }
+  }
+}
+
+// A rank that never comes: every other rank's call fails with an error that names it (kTimeout
+// where the wait was on it, kAborted where another rank's failure released the wait), in time.
+TEST(shared_gpu_missing_rank_is_named_in_time) {
+  struct Case {
+    const char* name;
+    std::function<void(Rank&)> call;
+  };
+  const Case cases[] = {
+      {"all_gather low_latency",
+       [](Rank& r) {
+         CollectiveOptions o;
+         o.algo = Algo::kLowLatency;
+         all_gather(Operand(*r.heap_out), Operand(*r.heap_in), 1024, DataType::kFloat32, *r.comm, r.stream, o);
+       }},
+      {"reduce_scatter low_latency",
+       [](Rank& r) {
+         CollectiveOptions o;
+         o.algo = Algo::kLowLatency;
+         reduce_scatter(Operand(*r.heap_out), Operand(*r.heap_in), 1024, DataType::kBFloat16, ReduceOp::kSum, *r.comm,
+                        r.stream, o);
+       }},
+      {"all_gather pull",
+       [](Rank& r) {
+         CollectiveOptions o;
+         o.algo = Algo::kPull;
+         all_gather(Operand(*r.heap_out), Operand(*r.heap_in), 4096, DataType::kFloat32, *r.comm, r.stream, o);
+       }},
+      {"all_gather copy_engine",
+       [](Rank& r) {
+         CollectiveOptions o;
+         o.algo = Algo::kCopyEngine;
+         all_gather(Operand(*r.heap_out), Operand(*r.heap_in), 4096, DataType::kFloat32, *r.comm, r.stream, o);
+       }},
+  };
+  constexpr int64_t kTimeoutMs = 3000;
+  for (int world : worlds()) {
+    for (const Case& c : cases) {
+      // Beyond 4 ranks in one process the ranks' streams share hardware queues, and a rank's ready
+      // write can queue behind another rank's stream wait for the absent rank (seen at 8: the
+      // waits then name that rank). Separate processes have queues of their own.
+      if (world > 4 && std::string(c.name) == "all_gather copy_engine") continue;
+      std::mutex mutex;
+      std::vector<std::string> outcomes(world);
+      run_ranks(
+          world,
+          [&](Rank& r) {
+            const int missing = world - 1;
+            std::string outcome = "absent";
+            if (r.rank != missing) {
+              const auto start = std::chrono::steady_clock::now();
+              try {
+                c.call(r);
+                r.comm->synchronize(r.stream);
+                outcome = "no error";
+              } catch (const Error& e) {
+                const std::string text = e.what();
+                const bool named = text.find("rank " + std::to_string(missing)) != std::string::npos;
+                outcome = (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kAborted) && named
+                              ? "error"
+                              : "unexpected error: " + text;
+              }
+              const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              if (seconds > 3.0 * kTimeoutMs / 1000) outcome += " after " + std::to_string(seconds) + " s";
+            }
+            // Every communicator of the group is unusable now: release it without the collective close.
+            SHARED_CUDA(cudaStreamSynchronize(r.stream));
+            r.comm.reset();
+            std::lock_guard<std::mutex> lock(mutex);
+            outcomes[r.rank] = outcome;
+          },
+          kTimeoutMs);
+      for (int r = 0; r + 1 < world; ++r)
+        if (outcomes[r] != "error")
+          throw Failure(std::string(c.name) + ", world " + std::to_string(world) + ", rank " + std::to_string(r) +
+                        " (rank " + std::to_string(world - 1) + " absent): " + outcomes[r]);
     }
   }
 }
