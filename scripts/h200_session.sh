@@ -13,6 +13,7 @@
 #   scripts/h200_session.sh fused_single   issue 12 on one GPU: tests, bench and memcheck at world 1
 #   scripts/h200_session.sh reduce_single  issue 12's matmul_reduce_scatter on one GPU: tests, bench, memcheck
 #   scripts/h200_session.sh fused_gemm_tiles   the fused GEMM's tile configurations against cuBLASLt (one GPU)
+#   scripts/h200_session.sh shared_gpu   one GPU: the shared-GPU tests (2-8 ranks as threads) and their mutants
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -131,6 +132,14 @@ kill_tests_into_final() {
 }
 
 case "$1" in
+shared_gpu)
+  # One GPU: the multi-rank protocols with 2-8 ranks as threads (tests/gpu/shared_gpu_tests.cpp),
+  # then the mutants (carry build-mutants/ from tests/gpu/shared_gpu_mutants.sh build).
+  timeout 300 "$B/symmem_shared_gpu_tests" > "$FINAL/shared_gpu_tests.log" 2>&1
+  echo "shared-GPU tests rc=$?" >> "$FINAL/summary.txt"
+  [ -d build-mutants ] && bash tests/gpu/shared_gpu_mutants.sh run > "$FINAL/shared_gpu_mutants.log" 2>&1
+  echo "shared-GPU mutants rc=$?" >> "$FINAL/summary.txt"
+  ;;
 hierarchical)
   # Tests: one node (the hierarchical cases of the suite), two simulated nodes (each rank its own
   # NCCL_HOSTID), a dead rank behind NCCL, symmem.torch unchanged across nodes.
