@@ -535,6 +535,25 @@ struct Scratch {
   ~Scratch() { cudaFree(ptr); }
 };
 
+// Captures record() on r's stream, replays the graph `replays` times and waits for it.
+void replay_captured(Rank& r, const std::function<void()>& record, int replays) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  SHARED_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+  record();
+  SHARED_CUDA(cudaStreamEndCapture(r.stream, &graph));
+  SHARED_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < replays; ++i) SHARED_CUDA(cudaGraphLaunch(exec, r.stream));
+  r.comm->synchronize(r.stream);
+  SHARED_CUDA(cudaGraphExecDestroy(exec));
+  SHARED_CUDA(cudaGraphDestroy(graph));
+}
+
+std::string fused_case(const char* op, DataType type, const FusedShape& shape) {
+  return std::string(op) + " " + dtype_name(type) + " rows=" + std::to_string(shape.rows) +
+         " n=" + std::to_string(shape.n) + " k=" + std::to_string(shape.k);
+}
+
 // Runs `body` on every world, skipping (with the reason) when this build or GPU has no fused GEMM.
 void for_fused_worlds(const char* what, const std::function<void(Rank&, std::string* unsupported)>& body) {
   for (int world : worlds()) {
@@ -585,25 +604,15 @@ TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
           for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, check++);
           // Captured once, replayed: the same inputs, a fresh poison each replay.
           const uint64_t captured_iteration = ++iteration;
-          cudaGraph_t graph = nullptr;
-          cudaGraphExec_t exec = nullptr;
           const size_t graph_slot = check;
           check += kFusedRepeats;
-          SHARED_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
-          one_call(captured_iteration, graph_slot);
-          SHARED_CUDA(cudaStreamEndCapture(r.stream, &graph));
-          SHARED_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-          for (int i = 0; i < kFusedRepeats; ++i) SHARED_CUDA(cudaGraphLaunch(exec, r.stream));
-          r.comm->synchronize(r.stream);
-          SHARED_CUDA(cudaGraphExecDestroy(exec));
-          SHARED_CUDA(cudaGraphDestroy(graph));
+          replay_captured(r, [&] { one_call(captured_iteration, graph_slot); }, kFusedRepeats);
         }
         const std::vector<unsigned long long> counts = wrong.read(r.stream);
         for (size_t i = 0; i < counts.size(); ++i)
           if (counts[i] != 0)
-            throw Failure("all_gather_matmul " + std::string(dtype_name(type)) + " rows=" +
-                          std::to_string(shape.rows) + " n=" + std::to_string(shape.n) + " k=" +
-                          std::to_string(shape.k) + (i >= size_t(2 * kFusedRepeats) ? " in place" : "") +
+            throw Failure(fused_case("all_gather_matmul", type, shape) +
+                          (i >= size_t(2 * kFusedRepeats) ? " in place" : "") +
                           (i % (2 * kFusedRepeats) >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
                           std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
         r.comm->free(gathered);
@@ -638,22 +647,12 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
         };
         for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, size_t(i));
         const uint64_t captured_iteration = ++iteration;
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        SHARED_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
-        one_call(captured_iteration, kFusedRepeats);
-        SHARED_CUDA(cudaStreamEndCapture(r.stream, &graph));
-        SHARED_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < kFusedRepeats; ++i) SHARED_CUDA(cudaGraphLaunch(exec, r.stream));
-        r.comm->synchronize(r.stream);
-        SHARED_CUDA(cudaGraphExecDestroy(exec));
-        SHARED_CUDA(cudaGraphDestroy(graph));
+        replay_captured(r, [&] { one_call(captured_iteration, kFusedRepeats); }, kFusedRepeats);
         const std::vector<unsigned long long> counts = wrong.read(r.stream);
         for (size_t i = 0; i < counts.size(); ++i)
           if (counts[i] != 0)
-            throw Failure("matmul_reduce_scatter " + std::string(dtype_name(type)) + " rows=" +
-                          std::to_string(shape.rows) + " n=" + std::to_string(shape.n) + " k=" +
-                          std::to_string(shape.k) + (i >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
+            throw Failure(fused_case("matmul_reduce_scatter", type, shape) +
+                          (i >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
                           std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
         r.comm->free(workspace);
       }
