@@ -158,8 +158,8 @@ void CommunicatorState::ensure_usable(const char* op) {
   const bool failed_here = __atomic_load_n(&own.code, __ATOMIC_ACQUIRE) != kStatusOk;
   const bool failed_anywhere = __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) != 0;
   if (!failed_here && !failed_anywhere) return;
-  // A recorder claims its record (code) before it fills the fields and sets the abort word after
-  // them: give it a moment to finish, so the fields read below are the final ones.
+  // A recorder sets the abort word after its record (a device wait writes the code last, the host
+  // watchdog claims the code first): give it a moment to finish, so the fields read below are final.
   for (int i = 0; i < 2000 && __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0; ++i)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
@@ -184,8 +184,8 @@ void CommunicatorState::ensure_usable(const char* op) {
   if (s.code == kStatusTimeout && s.op != kOpBetweenNodes && s.peer >= 0 && s.peer < world) {
     const DeviceStatus& theirs = board->page(s.peer)->status;
     // A live peer records its own failure within a poll interval of the abort word; a dead one
-    // never does. Wait that long, on this error path only, for the whole record (its code is
-    // claimed before its fields are written, the signature among them).
+    // never does. Wait that long, on this error path only, for the whole record (code and
+    // signature both set, whichever order its recorder wrote them in).
     auto recorded = [&] {
       return __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk &&
              __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE) != 0;
@@ -336,26 +336,31 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   DeviceIdentity mine{};
   std::memcpy(mine.uuid, prop.uuid.bytes, sizeof(mine.uuid));
   st.bootstrap->all_gather(&mine, ids.data(), sizeof(DeviceIdentity));
-  int ranks_on_this_gpu = 0;
-  for (int r = 0; r < world; ++r) {
-    if (std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) != 0) continue;
-    ++ranks_on_this_gpu;
-    if (r != st.rank && !env::ranks_may_share_gpu())
+  for (int r = 0; r < world; ++r)
+    if (r != st.rank && std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0 && !env::ranks_may_share_gpu())
       throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(st.job_rank(r)) +
                                                    " and " + std::to_string(layout.rank) + " use the same GPU");
-  }
   // Tests only (SYMMEM_TEST_SHARED_GPU): ranks on one GPU share its SMs. Each plans with a share,
   // and one share stays free for what runs beside their kernels (copies within a GPU are kernels):
   // a fused GEMM's persistent grid on every SM would keep the copies it waits for from starting.
-  if (ranks_on_this_gpu > 1) st.sm_count = std::max(1, st.sm_count / (ranks_on_this_gpu + 1));
+  // The share comes from the most crowded GPU (every rank sees every identity), so that plans,
+  // which depend on the SM count, agree on every rank.
+  int most_on_one_gpu = 1;
+  for (int r = 0; r < world; ++r) {
+    int same = 0;
+    for (int q = 0; q < world; ++q) same += std::memcmp(ids[r].uuid, ids[q].uuid, sizeof(mine.uuid)) == 0;
+    most_on_one_gpu = std::max(most_on_one_gpu, same);
+  }
+  if (most_on_one_gpu > 1) st.sm_count = std::max(1, st.sm_count / (most_on_one_gpu + 1));
 
   st.tuning = &detail::tuning_table_for(st.gpu_name);
   st.settings = read_settings(config, *st.tuning);
   st.debug = env::debug();
   agree_on_settings(st.settings, *st.job_bootstrap, layout.rank, layout.world);
 
-  // Per-block epochs, then the parity kernels' call counter and its finished-block count, then
-  // the word a failing wait claims before it writes the failure record.
+  // Per-block epochs (blocks < kMaxBlocks: every plan clamps to it), then the parity kernels'
+  // call counter and its finished-block count, then the word a failing wait claims before it
+  // writes the failure record.
   SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st.epochs), (kMaxBlocks + 3) * sizeof(uint32_t)));
   SYMMEM_CUDA_CHECK(cudaMemset(st.epochs, 0, (kMaxBlocks + 3) * sizeof(uint32_t)));
 

@@ -2,7 +2,7 @@
 //
 // A wait spins on one acquire load (the only instruction of its hot loop); every 256 spins it also
 // reads the communicator's abort word and the clock. It fails in three ways, each recorded in this
-// rank's DeviceStatus by the first wait of this rank that fails (atomicCAS on `code` from 0):
+// rank's DeviceStatus by the first wait of this rank that fails (record_failure below):
 //   - timeout:  the peer's flag did not come before the deadline;
 //   - mismatch: the peer's flag came, but from a different call (its signature differs);
 //   - aborted:  the abort word is set, another rank (or this rank's copy-engine watchdog) failed.
@@ -41,7 +41,14 @@ __device__ __forceinline__ void record_failure(const SyncArgs& s, uint32_t code,
   // Cheap test first: after an abort every waiting thread comes here; one volatile read each
   // instead of a storm of atomics on the same word.
   if (ld_volatile_u32(&s.status->code) != detail::kStatusOk) return;
-  if (atomicCAS(s.failure_claim, 0u, 1u) != 0u) return;
+  if (atomicCAS(s.failure_claim, 0u, 1u) != 0u) {
+    // Another wait of this rank is writing the record: return only once it is visible, or a
+    // kernel of another stream could end first and its stream pass synchronize() unreported.
+    // Bounded: the winner stores the code straight away (or found one the watchdog stored).
+    while (ld_volatile_u32(&s.status->code) == detail::kStatusOk) {
+    }
+    return;
+  }
   if (ld_volatile_u32(&s.status->code) != detail::kStatusOk) return;  // the watchdog's, meanwhile
   s.status->op = s.op;
   s.status->rank = s.rank;

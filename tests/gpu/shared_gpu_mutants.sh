@@ -42,7 +42,8 @@ case "${1:-}" in
     for m in "${mutants[@]}"; do
       IFS='|' read -r name file old new filter worlds <<<"$m"
       cp "$file" "$out/$name.orig"
-      trap 'cp "$out/'"$name"'.orig" "'"$file"'"' EXIT INT TERM
+      trap 'cp "$out/'"$name"'.orig" "'"$file"'"' EXIT
+      trap 'cp "$out/'"$name"'.orig" "'"$file"'"; exit 130' INT TERM
       mutate "$file" "$old" "$new"
       cmake --build build --target symmem_shared_gpu_tests >/dev/null
       cp build/tests/symmem_shared_gpu_tests "$out/$name"
@@ -57,11 +58,14 @@ case "${1:-}" in
     missed=0
     for m in "${mutants[@]}"; do
       IFS='|' read -r name file old new filter worlds <<<"$m"
-      if SYMMEM_SHARED_GPU_WORLDS="$worlds" SYMMEM_TIMEOUT_MS=10000 timeout 300 "$dir/$name" "$filter" \
-          >"$dir/$name.log" 2>&1; then
-        echo "mutant $name: NOT CAUGHT (test '$filter' passed)"; missed=1
-      else
+      rc=0
+      SYMMEM_SHARED_GPU_WORLDS="$worlds" timeout 300 "$dir/$name" "$filter" >"$dir/$name.log" 2>&1 || rc=$?
+      # Caught: the test ran and failed (exit 1 with a FAIL line), not skipped (77), timed out (124)
+      # or missing (127).
+      if [[ $rc == 1 ]] && grep -q '\[ FAIL \]' "$dir/$name.log"; then
         echo "mutant $name: caught ($(grep -m1 -o 'FAIL.*' "$dir/$name.log" | cut -c1-300))"
+      else
+        echo "mutant $name: NOT CAUGHT (test '$filter' exit $rc)"; missed=1
       fi
     done
     exit $missed
