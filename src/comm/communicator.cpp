@@ -345,13 +345,15 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   // a fused GEMM's persistent grid on every SM would keep the copies it waits for from starting.
   // The share comes from the most crowded GPU (every rank sees every identity), so that plans,
   // which depend on the SM count, agree on every rank.
-  int most_on_one_gpu = 1;
-  for (int r = 0; r < world; ++r) {
-    int same = 0;
-    for (int q = 0; q < world; ++q) same += std::memcmp(ids[r].uuid, ids[q].uuid, sizeof(mine.uuid)) == 0;
-    most_on_one_gpu = std::max(most_on_one_gpu, same);
+  if (env::ranks_may_share_gpu()) {
+    int most_on_one_gpu = 1;
+    for (int r = 0; r < world; ++r) {
+      int same = 0;
+      for (int q = 0; q < world; ++q) same += std::memcmp(ids[r].uuid, ids[q].uuid, sizeof(mine.uuid)) == 0;
+      most_on_one_gpu = std::max(most_on_one_gpu, same);
+    }
+    if (most_on_one_gpu > 1) st.sm_count = std::max(1, st.sm_count / (most_on_one_gpu + 1));
   }
-  if (most_on_one_gpu > 1) st.sm_count = std::max(1, st.sm_count / (most_on_one_gpu + 1));
 
   st.tuning = &detail::tuning_table_for(st.gpu_name);
   st.settings = read_settings(config, *st.tuning);
@@ -361,8 +363,9 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   // Per-block epochs (blocks < kMaxBlocks: every plan clamps to it), then the parity kernels'
   // call counter and its finished-block count, then the word a failing wait claims before it
   // writes the failure record.
-  SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st.epochs), (kMaxBlocks + 3) * sizeof(uint32_t)));
-  SYMMEM_CUDA_CHECK(cudaMemset(st.epochs, 0, (kMaxBlocks + 3) * sizeof(uint32_t)));
+  constexpr size_t kEpochWords = kMaxBlocks + 3;
+  SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st.epochs), kEpochWords * sizeof(uint32_t)));
+  SYMMEM_CUDA_CHECK(cudaMemset(st.epochs, 0, kEpochWords * sizeof(uint32_t)));
 
   st.exchange = std::make_unique<detail::FdExchange>(*st.bootstrap, st.timeout_ms());
   st.board = std::make_unique<detail::HostBoard>(st.rank, world, *st.bootstrap, *st.exchange);

@@ -87,16 +87,4 @@ void check_against_nccl(const Call& c, NcclOracle& oracle, unsigned long long* m
   oracle.count_differences(address_of(c.out), output_bytes(c, fx.world()), mismatches, fx.stream);
 }
 
-Counters::Counters(size_t n) : buffer_(n * sizeof(unsigned long long)), n_(n) {
-  TEST_CUDA(cudaMemset(buffer_.ptr, 0, n * sizeof(unsigned long long)));
-  TEST_CUDA(cudaDeviceSynchronize());
-}
-
-std::vector<unsigned long long> Counters::read(cudaStream_t stream) const {
-  std::vector<unsigned long long> host(n_);
-  TEST_CUDA(cudaMemcpyAsync(host.data(), buffer_.ptr, n_ * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
-  TEST_CUDA(cudaStreamSynchronize(stream));
-  return host;
-}
-
 }  // namespace symmem::test

@@ -44,16 +44,4 @@ void prepare(const Call& c, uint64_t seed, NcclOracle& oracle, cudaStream_t stre
 // NCCL on the input `prepare` handed over, then *mismatches += output bytes that differ from it.
 void check_against_nccl(const Call& c, NcclOracle& oracle, unsigned long long* mismatches, Fixture& fx);
 
-// Device counters, one per case or call, read back at the end without a host sync per call.
-class Counters {
- public:
-  explicit Counters(size_t n);
-  unsigned long long* at(size_t i) const { return static_cast<unsigned long long*>(buffer_.ptr) + i; }
-  std::vector<unsigned long long> read(cudaStream_t stream) const;  // synchronises the stream
-
- private:
-  DeviceBuffer buffer_;
-  size_t n_;
-};
-
 }  // namespace symmem::test

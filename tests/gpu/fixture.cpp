@@ -44,32 +44,6 @@ bool Fixture::same_everywhere(uint64_t value) {
 
 void Fixture::sync() const { TEST_CUDA(cudaStreamSynchronize(stream)); }
 
-DeviceBuffer::DeviceBuffer(size_t n) : bytes(n) { TEST_CUDA(cudaMalloc(&ptr, std::max<size_t>(n, 1))); }
-DeviceBuffer::~DeviceBuffer() { cudaFree(ptr); }
-
-CapturedGraph::CapturedGraph(cudaStream_t stream, const std::function<void()>& record) {
-  TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    record();
-  } catch (...) {
-    // End the capture, so that the stream is usable again, and let the error through.
-    cudaGraph_t partial = nullptr;
-    cudaStreamEndCapture(stream, &partial);
-    if (partial) cudaGraphDestroy(partial);
-    cudaGetLastError();
-    throw;
-  }
-  TEST_CUDA(cudaStreamEndCapture(stream, &graph_));
-  TEST_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
-}
-
-CapturedGraph::~CapturedGraph() {
-  if (exec_) cudaGraphExecDestroy(exec_);
-  if (graph_) cudaGraphDestroy(graph_);
-}
-
-void CapturedGraph::launch(cudaStream_t stream) { TEST_CUDA(cudaGraphLaunch(exec_, stream)); }
-
 MismatchCounter::MismatchCounter() {
   TEST_CUDA(cudaMalloc(&count_, sizeof(*count_)));
   TEST_CUDA(cudaMemset(count_, 0, sizeof(*count_)));

@@ -11,15 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "device_memory.hpp"
 #include "symmem/symmem.hpp"
 
 namespace symmem::test {
-
-#define TEST_CUDA(expr)                                                                                                \
-  do {                                                                                                                 \
-    cudaError_t e_ = (expr);                                                                                           \
-    if (e_ != cudaSuccess) ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + cudaGetErrorName(e_)); \
-  } while (0)
 
 #define TEST_NCCL(expr)                                                                             \
   do {                                                                                              \
@@ -46,16 +41,6 @@ struct Fixture {
   void sync() const;                     // stream synchronize (throws on CUDA errors)
 };
 
-// Device memory that frees itself.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n);
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
 // A device counter that the check kernels add mismatches to without synchronising, so that
 // thousands of calls can be checked back to back.
 class MismatchCounter {
@@ -70,21 +55,6 @@ class MismatchCounter {
 
  private:
   unsigned long long* count_ = nullptr;
-};
-
-// A CUDA graph of what `record` enqueues on `stream` (captured thread-locally), instantiated and
-// destroyed with its owner. If `record` throws, the capture is ended and the exception passes on.
-class CapturedGraph {
- public:
-  CapturedGraph(cudaStream_t stream, const std::function<void()>& record);
-  ~CapturedGraph();
-  CapturedGraph(const CapturedGraph&) = delete;
-  CapturedGraph& operator=(const CapturedGraph&) = delete;
-  void launch(cudaStream_t stream);
-
- private:
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
 };
 
 uint64_t mix_seed(int rank, uint64_t a, uint64_t b = 0);

@@ -33,7 +33,7 @@ find_package(CUDAToolkit REQUIRED)
 add_subdirectory(old)
 find_library(NCCL_LIBRARY nccl HINTS \${CUDAToolkit_LIBRARY_DIR} REQUIRED)
 add_executable(old_api_gpu_tests
-  $gpu/main.cpp $gpu/fixture.cpp $gpu/oracle.cpp $gpu/calls.cpp $gpu/test_kernels.cu
+  $gpu/main.cpp $gpu/fixture.cpp $gpu/device_memory.cpp $gpu/oracle.cpp $gpu/calls.cpp $gpu/test_kernels.cu
   $gpu/test_ownership.cpp $gpu/test_mismatch.cpp $gpu/test_stress.cpp $root/tests/harness/test_main.cpp)
 target_include_directories(old_api_gpu_tests PRIVATE $work/old/src $gpu $root/tests/harness)
 target_compile_definitions(old_api_gpu_tests PRIVATE SYMMEM_TEST_OLD_API=1)

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "device_memory.hpp"
 #include "symmem/fused.hpp"
 #include "symmem/symmem.hpp"
 #include "test.hpp"
@@ -35,12 +36,6 @@ using namespace symmem;
 using namespace symmem::test;
 
 namespace {
-
-#define SHARED_CUDA(expr)                                                                                              \
-  do {                                                                                                                 \
-    cudaError_t e_ = (expr);                                                                                           \
-    if (e_ != cudaSuccess) ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + cudaGetErrorName(e_)); \
-  } while (0)
 
 constexpr size_t kMiB = size_t(1) << 20;
 constexpr size_t kMaxRankBytes = 2 * kMiB;                  // largest message per rank
@@ -57,7 +52,7 @@ std::vector<int> worlds() {
 
 int sm_count() {
   int sms = 0;
-  SHARED_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  TEST_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   return sms;
 }
 
@@ -70,12 +65,10 @@ struct Rank {
   cudaStream_t stream = nullptr;
   Buffer* heap_in = nullptr;
   Buffer* heap_out = nullptr;
-  void* local_in = nullptr;
-  void* local_out = nullptr;
+  DeviceBuffer local_in{kOperandBytes};
+  DeviceBuffer local_out{kOperandBytes};
 
   ~Rank() {
-    if (local_in) cudaFree(local_in);
-    if (local_out) cudaFree(local_out);
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -95,13 +88,11 @@ void run_ranks(int world, const std::function<void(Rank&)>& body, int64_t timeou
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        SHARED_CUDA(cudaSetDevice(0));
+        TEST_CUDA(cudaSetDevice(0));
         Rank rank;
         rank.rank = r;
         rank.world = world;
-        SHARED_CUDA(cudaMalloc(&rank.local_in, kOperandBytes));
-        SHARED_CUDA(cudaMalloc(&rank.local_out, kOperandBytes));
-        SHARED_CUDA(cudaStreamCreateWithFlags(&rank.stream, cudaStreamNonBlocking));
+        TEST_CUDA(cudaStreamCreateWithFlags(&rank.stream, cudaStreamNonBlocking));
         CommConfig config;
         config.timeout_ms = timeout_ms;
         config.workspace_bytes = 64 * kMiB;
@@ -113,7 +104,7 @@ void run_ranks(int world, const std::function<void(Rank&)>& body, int64_t timeou
         // the shared GPU to be idle) would stall a peer whose first call already waits for it.
         wait_for_every_rank(rank);
         body(rank);
-        SHARED_CUDA(cudaStreamSynchronize(rank.stream));
+        TEST_CUDA(cudaStreamSynchronize(rank.stream));
         wait_for_every_rank(rank);
         if (rank.comm) rank.comm->close();  // (a test may have released a failed one)
       } catch (const std::exception& e) {
@@ -153,7 +144,7 @@ std::string describe(const Step& s) {
   return o.str();
 }
 
-Step random_step(std::mt19937_64& rng, int world, int block_budget) {
+Step random_step(std::mt19937_64& rng, int block_budget) {
   auto pick = [&](int n) { return static_cast<int>(rng() % uint64_t(n)); };
   Step s;
   s.collective = static_cast<Collective>(pick(3));
@@ -189,7 +180,6 @@ Step random_step(std::mt19937_64& rng, int world, int block_budget) {
   s.out_offset = pick(2) ? 0 : elem * pick(256 / int(elem));
   s.blocks = pick(3) == 0 ? 1 + pick(block_budget) : 0;
   s.barrier_after = pick(16) == 0;
-  (void)world;
   return s;
 }
 
@@ -203,10 +193,10 @@ struct Operands {
 Operands place(const Step& s, const Rank& r) {
   const size_t bytes = s.count * dtype_size(s.type);
   auto in_at = [&](size_t offset) {
-    return s.local ? Operand(static_cast<char*>(r.local_in) + offset) : Operand(*r.heap_in, offset);
+    return s.local ? Operand(static_cast<char*>(r.local_in.ptr) + offset) : Operand(*r.heap_in, offset);
   };
   auto out_at = [&](size_t offset) {
-    return s.local ? Operand(static_cast<char*>(r.local_out) + offset) : Operand(*r.heap_out, offset);
+    return s.local ? Operand(static_cast<char*>(r.local_out.ptr) + offset) : Operand(*r.heap_out, offset);
   };
   if (!s.in_place) return {out_at(s.out_offset), in_at(s.in_offset)};
   switch (s.collective) {
@@ -218,11 +208,7 @@ Operands place(const Step& s, const Rank& r) {
 }
 
 CollectiveOptions options_of(const Step& s, int block_budget) {
-  CollectiveOptions o;
-  o.algo = s.algo;
-  o.blocks = s.blocks;
-  o.max_blocks = block_budget;
-  return o;
+  return CollectiveOptions{s.algo, s.blocks, block_budget};
 }
 
 bool plannable(const Step& s, const Rank& r, int block_budget) {
@@ -253,19 +239,19 @@ void run_step(const Step& s, Rank& r, uint64_t iteration, int block_budget, unsi
   const CollectiveOptions o = options_of(s, block_budget);
   switch (s.collective) {
     case Collective::kAllGather:
-      SHARED_CUDA(cudaMemsetAsync(out, 0xA5, bytes * world, r.stream));
+      TEST_CUDA(cudaMemsetAsync(out, 0xA5, bytes * world, r.stream));
       fill_pattern(in, bytes, seed, r.stream);
       all_gather(ops.out, ops.in, s.count, s.type, *r.comm, r.stream, o);
       count_gather_mismatches(out, bytes, world, iteration, mismatches, r.stream);
       break;
     case Collective::kAllReduce:
-      if (!s.in_place) SHARED_CUDA(cudaMemsetAsync(out, 0xFF, bytes, r.stream));
+      if (!s.in_place) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, r.stream));
       fill_small_integers(in, s.count, s.type, seed, r.stream);
       all_reduce(ops.out, ops.in, s.count, s.type, ReduceOp::kSum, *r.comm, r.stream, o);
       count_sum_mismatches(out, s.count, 0, s.type, world, iteration, mismatches, r.stream);
       break;
     case Collective::kReduceScatter:
-      if (!s.in_place) SHARED_CUDA(cudaMemsetAsync(out, 0xFF, bytes, r.stream));
+      if (!s.in_place) TEST_CUDA(cudaMemsetAsync(out, 0xFF, bytes, r.stream));
       fill_small_integers(in, s.count * world, s.type, seed, r.stream);
       reduce_scatter(ops.out, ops.in, s.count, s.type, ReduceOp::kSum, *r.comm, r.stream, o);
       count_sum_mismatches(out, s.count, size_t(r.rank) * s.count, s.type, world, iteration, mismatches, r.stream);
@@ -274,30 +260,13 @@ void run_step(const Step& s, Rank& r, uint64_t iteration, int block_budget, unsi
   if (s.barrier_after) r.comm->barrier(r.stream);
 }
 
-// Per-call device counters of one rank.
-struct Counters {
-  unsigned long long* device = nullptr;
-  size_t n = 0;
-  explicit Counters(size_t count) : n(count) {
-    SHARED_CUDA(cudaMalloc(reinterpret_cast<void**>(&device), n * sizeof(unsigned long long)));
-    SHARED_CUDA(cudaMemset(device, 0, n * sizeof(unsigned long long)));
-  }
-  ~Counters() { cudaFree(device); }
-  std::vector<unsigned long long> read(cudaStream_t stream) const {
-    std::vector<unsigned long long> host(n);
-    SHARED_CUDA(cudaMemcpyAsync(host.data(), device, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
-    SHARED_CUDA(cudaStreamSynchronize(stream));
-    return host;
-  }
-};
-
 // The steps every rank runs (identical on every rank: drawn from the same seed, filtered by
 // describe_*, whose answer depends only on what every rank shares).
 std::vector<Step> draw_steps(size_t n, uint64_t seed, const Rank& r, int block_budget) {
   std::mt19937_64 rng(seed);
   std::vector<Step> steps;
   while (steps.size() < n) {
-    Step s = random_step(rng, r.world, block_budget);
+    Step s = random_step(rng, block_budget);
     if (!plannable(s, r, block_budget)) {
       s.algo = Algo::kAuto;
       if (!plannable(s, r, block_budget)) continue;
@@ -339,7 +308,7 @@ TEST(shared_gpu_random_calls_match_references) {
     const size_t calls = world >= 8 ? 600 : 1200;
     run_ranks(world, [&](Rank& r) {
       const std::vector<Step> steps = draw_steps(calls, 0x5EED0000ull + world, r, budget);
-      Counters counters(steps.size());
+      Counters counters(steps.size(), r.stream);
       // Synchronised every kWindow calls: the ranks share one CUDA context, whose launch queue a
       // rank far ahead can fill with work that waits for a rank behind it, which then cannot
       // launch (seen at world 8 without the windows; separate processes have separate queues).
@@ -347,7 +316,7 @@ TEST(shared_gpu_random_calls_match_references) {
       constexpr size_t kWindow = 50;
       for (size_t begin = 0; begin < steps.size(); begin += kWindow) {
         const size_t end = std::min(steps.size(), begin + kWindow);
-        for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, budget, counters.device + i);
+        for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, budget, counters.at(i));
         try {
           r.comm->synchronize(r.stream);
         } catch (const Error& e) {
@@ -371,26 +340,21 @@ TEST(shared_gpu_graph_replays_between_eager_calls) {
     run_ranks(world, [&](Rank& r) {
       const std::vector<Step> captured = draw_steps(8, 0x6AA9ull + world, r, budget);
       const std::vector<Step> eager = draw_steps(3 * 30, 0xEA6E6ull + world, r, budget);
-      Counters graph_counters(captured.size());
-      Counters eager_counters(eager.size());
+      Counters graph_counters(captured.size(), r.stream);
+      Counters eager_counters(eager.size(), r.stream);
       // Warm up eagerly (workspaces, first calls), then capture.
-      for (size_t i = 0; i < 3; ++i) run_step(eager[i], r, 1000 + i, budget, eager_counters.device + i);
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      SHARED_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
-      for (size_t i = 0; i < captured.size(); ++i) run_step(captured[i], r, i, budget, graph_counters.device + i);
-      SHARED_CUDA(cudaStreamEndCapture(r.stream, &graph));
-      SHARED_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      for (size_t i = 0; i < 3; ++i) run_step(eager[i], r, 1000 + i, budget, eager_counters.at(i));
+      CapturedGraph graph(r.stream, [&] {
+        for (size_t i = 0; i < captured.size(); ++i) run_step(captured[i], r, i, budget, graph_counters.at(i));
+      });
       for (int replay = 0; replay < 30; ++replay) {
         for (size_t j = 0; j < 3; ++j) {
           const size_t i = size_t(replay) * 3 + j;
-          if (replay > 0) run_step(eager[i], r, 1000 + i, budget, eager_counters.device + i);
+          if (replay > 0) run_step(eager[i], r, 1000 + i, budget, eager_counters.at(i));
         }
-        SHARED_CUDA(cudaGraphLaunch(exec, r.stream));
+        graph.launch(r.stream);
       }
       r.comm->synchronize(r.stream);
-      SHARED_CUDA(cudaGraphExecDestroy(exec));
-      SHARED_CUDA(cudaGraphDestroy(graph));
       expect_no_mismatches(captured, graph_counters.read(r.stream), r, "captured calls");
       expect_no_mismatches(eager, eager_counters.read(r.stream), r, "eager calls between replays");
     });
@@ -407,9 +371,7 @@ TEST(shared_gpu_mismatched_call_fails_everywhere) {
           world,
           [&](Rank& r) {
             const size_t count = 4096 + (r.rank == world - 1 ? 8 : 0);
-            CollectiveOptions o;
-            o.algo = algo;
-            o.max_blocks = block_budget_for(world);
+            const CollectiveOptions o{algo, 0, block_budget_for(world)};
             const auto start = std::chrono::steady_clock::now();
             std::string outcome = "no error";
             try {
@@ -428,7 +390,7 @@ TEST(shared_gpu_mismatched_call_fails_everywhere) {
             std::lock_guard<std::mutex> lock(mutex);
             outcomes[r.rank] = outcome;
             // The communicator is unusable now: release it without the collective close.
-            SHARED_CUDA(cudaStreamSynchronize(r.stream));
+            TEST_CUDA(cudaStreamSynchronize(r.stream));
             r.comm.reset();
           },
           5000);
@@ -450,27 +412,23 @@ TEST(shared_gpu_missing_rank_is_named_in_time) {
   const Case cases[] = {
       {"all_gather low_latency",
        [](Rank& r) {
-         CollectiveOptions o;
-         o.algo = Algo::kLowLatency;
+         const CollectiveOptions o{Algo::kLowLatency};
          all_gather(Operand(*r.heap_out), Operand(*r.heap_in), 1024, DataType::kFloat32, *r.comm, r.stream, o);
        }},
       {"reduce_scatter low_latency",
        [](Rank& r) {
-         CollectiveOptions o;
-         o.algo = Algo::kLowLatency;
+         const CollectiveOptions o{Algo::kLowLatency};
          reduce_scatter(Operand(*r.heap_out), Operand(*r.heap_in), 1024, DataType::kBFloat16, ReduceOp::kSum, *r.comm,
                         r.stream, o);
        }},
       {"all_gather pull",
        [](Rank& r) {
-         CollectiveOptions o;
-         o.algo = Algo::kPull;
+         const CollectiveOptions o{Algo::kPull};
          all_gather(Operand(*r.heap_out), Operand(*r.heap_in), 4096, DataType::kFloat32, *r.comm, r.stream, o);
        }},
       {"all_gather copy_engine",
        [](Rank& r) {
-         CollectiveOptions o;
-         o.algo = Algo::kCopyEngine;
+         const CollectiveOptions o{Algo::kCopyEngine};
          all_gather(Operand(*r.heap_out), Operand(*r.heap_in), 4096, DataType::kFloat32, *r.comm, r.stream, o);
        }},
   };
@@ -505,7 +463,7 @@ TEST(shared_gpu_missing_rank_is_named_in_time) {
               if (seconds > 3.0 * kTimeoutMs / 1000) outcome += " after " + std::to_string(seconds) + " s";
             }
             // Every communicator of the group is unusable now: release it without the collective close.
-            SHARED_CUDA(cudaStreamSynchronize(r.stream));
+            TEST_CUDA(cudaStreamSynchronize(r.stream));
             r.comm.reset();
             std::lock_guard<std::mutex> lock(mutex);
             outcomes[r.rank] = outcome;
@@ -528,25 +486,11 @@ constexpr FusedShape kFusedShapes[] = {{256, 512, 1024}, {200, 264, 520}, {8, 8,
 constexpr DataType kFusedTypes[] = {DataType::kFloat16, DataType::kBFloat16};
 constexpr int kFusedRepeats = 3;  // back to back, reusing flags and counters
 
-// Device memory of one rank, freed with it.
-struct Scratch {
-  void* ptr = nullptr;
-  explicit Scratch(size_t bytes) { SHARED_CUDA(cudaMalloc(&ptr, std::max<size_t>(bytes, 16))); }
-  ~Scratch() { cudaFree(ptr); }
-};
-
 // Captures record() on r's stream, replays the graph `replays` times and waits for it.
 void replay_captured(Rank& r, const std::function<void()>& record, int replays) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  SHARED_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
-  record();
-  SHARED_CUDA(cudaStreamEndCapture(r.stream, &graph));
-  SHARED_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < replays; ++i) SHARED_CUDA(cudaGraphLaunch(exec, r.stream));
+  CapturedGraph graph(r.stream, record);
+  for (int i = 0; i < replays; ++i) graph.launch(r.stream);
   r.comm->synchronize(r.stream);
-  SHARED_CUDA(cudaGraphExecDestroy(exec));
-  SHARED_CUDA(cudaGraphDestroy(graph));
 }
 
 std::string fused_case(const char* op, DataType type, const FusedShape& shape) {
@@ -581,9 +525,9 @@ TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
         Buffer* gathered = r.comm->allocate(size_t(m) * shape.k * elem);
         *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
         if (!unsupported->empty()) return;
-        Scratch a_shard(size_t(shape.rows) * shape.k * elem), b(size_t(shape.k) * shape.n * elem),
+        DeviceBuffer a_shard(size_t(shape.rows) * shape.k * elem), b(size_t(shape.k) * shape.n * elem),
             c(size_t(m) * shape.n * elem);
-        Counters wrong(2 * 2 * kFusedRepeats);
+        Counters wrong(2 * 2 * kFusedRepeats, r.stream);
         char* own_slot = static_cast<char*>(gathered->ptr()) + size_t(r.rank) * shape.rows * shape.k * elem;
         const uint64_t b_seed = pattern_seed(99, 7);
         fill_small_integers(b.ptr, size_t(shape.k) * shape.n, type, b_seed, r.stream);
@@ -591,15 +535,15 @@ TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
         for (bool in_place : {false, true}) {
           void* input = in_place ? static_cast<void*>(own_slot) : a_shard.ptr;
           auto one_call = [&](uint64_t it, size_t slot) {
-            SHARED_CUDA(cudaMemsetAsync(c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
+            TEST_CUDA(cudaMemsetAsync(c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
             fill_small_integers(input, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
             all_gather_matmul(c.ptr, *gathered, input, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream);
             count_gathered_product_mismatches(c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed,
-                                              wrong.device + slot, r.stream);
+                                              wrong.at(slot), r.stream);
             for (int s = 0; s < r.world; ++s)
               count_small_integer_mismatches(static_cast<char*>(gathered->ptr()) + size_t(s) * shape.rows * shape.k * elem,
                                              size_t(shape.rows) * shape.k, type, pattern_seed(s, it),
-                                             wrong.device + slot, r.stream);
+                                             wrong.at(slot), r.stream);
           };
           for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, check++);
           // Captured once, replayed: the same inputs, a fresh poison each replay.
@@ -633,17 +577,17 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
         Buffer* workspace = r.comm->allocate(matmul_reduce_scatter_workspace_bytes(m, shape.n));
         *unsupported = matmul_reduce_scatter_unsupported(*workspace, m, shape.n, shape.k, type, *r.comm);
         if (!unsupported->empty()) return;
-        Scratch a(size_t(m) * shape.k * elem), b(size_t(shape.k) * shape.n * elem),
+        DeviceBuffer a(size_t(m) * shape.k * elem), b(size_t(shape.k) * shape.n * elem),
             c_shard(size_t(shape.rows) * shape.n * elem);
-        Counters wrong(2 * kFusedRepeats);
+        Counters wrong(2 * kFusedRepeats, r.stream);
         auto one_call = [&](uint64_t it, size_t slot) {
-          SHARED_CUDA(cudaMemsetAsync(c_shard.ptr, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
+          TEST_CUDA(cudaMemsetAsync(c_shard.ptr, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
           fill_small_integers(a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
           fill_small_integers(b.ptr, size_t(shape.k) * shape.n, type, pattern_seed(r.rank, it + kSecondOperand),
                               r.stream);
           matmul_reduce_scatter(c_shard.ptr, *workspace, a.ptr, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream);
           count_summed_product_mismatches(c_shard.ptr, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
-                                          type, it, wrong.device + slot, r.stream);
+                                          type, it, wrong.at(slot), r.stream);
         };
         for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, size_t(i));
         const uint64_t captured_iteration = ++iteration;
