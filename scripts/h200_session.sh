@@ -14,6 +14,7 @@
 #   scripts/h200_session.sh reduce_single  issue 12's matmul_reduce_scatter on one GPU: tests, bench, memcheck
 #   scripts/h200_session.sh fused_gemm_tiles   the fused GEMM's tile configurations against cuBLASLt (one GPU)
 #   scripts/h200_session.sh shared_gpu   one GPU: the shared-GPU tests (2-8 ranks as threads) and their mutants
+#   scripts/h200_session.sh survey   first 2-GPU call: small-message sweeps, GPU tests, fused, hierarchical (one deadline)
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -132,6 +133,50 @@ kill_tests_into_final() {
 }
 
 case "$1" in
+survey)
+  # First 2-GPU call of a session, most wanted first, under one deadline (SURVEY_S, default 570 s),
+  # everything written straight into $FINAL so that what finished comes back: issue 14's
+  # small-message sweeps (every low-latency and SM block count against NCCL, eager and graph, with
+  # the tuning table they pick), every C++ GPU test, issue 12's tests and benches, issue 13's stage.
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  deadline=$((SECONDS + ${SURVEY_S:-570}))
+  left() { local l=$((deadline - SECONDS)); [ $l -gt $1 ] && echo $1 || echo $((l > 5 ? l : 5)); }
+  timeout $(left 30) "$B/symmem-copy-probe" > "$FINAL/copy_probe_2.txt" 2>&1
+  echo "copy probe (2 GPUs) rc=$?" >> "$FINAL/summary.txt"
+  mkdir -p "$FINAL/small"
+  for op in all_gather reduce_scatter; do
+    algos=low_latency,push,pull; [ $op = reduce_scatter ] && algos=low_latency,two_shot_push,two_shot
+    for g in "" --graph; do
+      name=${op}${g:+_graph}_2
+      timeout $(left 90) "$B/symmem-bench" $op --gpus 2 -b 1K -e 256K -f 2 -n 50 -w 10 --reps 5 $g \
+        --algos $algos --blocks 4,8,16,32,64,128 --csv "$FINAL/small/$name.csv" --json /dev/null \
+        --tune "$FINAL/small/tune_$name.json" > "$FINAL/small/$name.txt" 2>&1
+      echo "small $name rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
+  timeout $(left 200) "$B/symmem-run" -n 2 --timeout $(($(left 200) - 10)) "$B/symmem_gpu_tests" \
+    > "$FINAL/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 150) tests/python/gpu/run.sh 2 -k "fused or matmul" > "$FINAL/fused_tests_2_ranks.log" 2>&1
+  echo "fused tests rc=$?" >> "$FINAL/summary.txt"
+  for op in all_gather_matmul matmul_reduce_scatter; do
+    timeout $(left 120) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
+      --op $op --out "$FINAL/fused" > "$FINAL/${op}_bench_2.log" 2>&1
+    echo "$op bench rc=$?" >> "$FINAL/summary.txt"
+  done
+  timeout $(left 120) "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical > "$FINAL/hier_tests_1x2.log" 2>&1
+  echo "hierarchical tests 1x2 rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 120) "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical \
+    > "$FINAL/hier_tests_2x1.log" 2>&1
+  echo "hierarchical tests 2x1 rc=$?" >> "$FINAL/summary.txt"
+  for layout in 1x2 2x1; do
+    sim=""; [ $layout = 2x1 ] && sim="--simulate-nodes 2"
+    timeout $(left 100) "$B/symmem-bench" all_gather --gpus 2 $sim -b 1M -e 256M -f 4 -n 10 -w 3 --reps 5 \
+      --algos copy_engine,hierarchical --csv "$FINAL/hierarchical_$layout.csv" --json /dev/null \
+      > "$FINAL/hierarchical_$layout.txt" 2>&1
+    echo "bench hierarchical $layout rc=$?" >> "$FINAL/summary.txt"
+  done
+  ;;
 shared_gpu)
   # One GPU: the multi-rank protocols with 2-8 ranks as threads (tests/gpu/shared_gpu_tests.cpp),
   # then the mutants (carry build-mutants/ from tests/gpu/shared_gpu_mutants.sh build).
