@@ -15,6 +15,7 @@
 #   scripts/h200_session.sh fused_gemm_tiles   the fused GEMM's tile configurations against cuBLASLt (one GPU)
 #   scripts/h200_session.sh shared_gpu   one GPU: the shared-GPU tests (2-8 ranks as threads) and their mutants
 #   scripts/h200_session.sh survey   first 2-GPU call: small-message sweeps, GPU tests, fused, hierarchical (one deadline)
+#   scripts/h200_session.sh final_two_gpu   the committed 2-GPU figures after a survey (one deadline)
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -184,6 +185,70 @@ shared_gpu)
   echo "shared-GPU tests rc=$?" >> "$FINAL/summary.txt"
   [ -d build-mutants ] && bash tests/gpu/shared_gpu_mutants.sh run > "$FINAL/shared_gpu_mutants.log" 2>&1
   echo "shared-GPU mutants rc=$?" >> "$FINAL/summary.txt"
+  ;;
+final_two_gpu)
+  # The committed 2-GPU figures after a survey, most wanted first, under one deadline (SURVEY_S):
+  # issue 14's small-message rows with the tuned table (auto), the copy-engine / hierarchical
+  # all-gather against the binary before this tree's change ($B/old-symmem-bench, ABAB) and its
+  # sweeps for issue 13 (1 node x 2, 2 simulated nodes x 1), every GPU test, both fused ops, the
+  # kill paths the change touches, symmem.torch across nodes, the overlap phases, then FSDP2.
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  deadline=$((SECONDS + ${SURVEY_S:-575}))
+  left() { local l=$((deadline - SECONDS)); [ $l -gt $1 ] && echo $1 || echo $((l > 5 ? l : 5)); }
+  mkdir -p "$FINAL/small" "$FINAL/hier_ab" "$FINAL/hierarchical"
+  for op in all_gather reduce_scatter; do
+    algos=low_latency,push,pull; [ $op = reduce_scatter ] && algos=low_latency,two_shot_push,two_shot
+    for g in "" --graph; do
+      name=${op}${g:+_graph}_2
+      timeout $(left 60) "$B/symmem-bench" $op --gpus 2 -b 1K -e 256K -f 2 -n 50 -w 10 --reps 7 $g \
+        --algos $algos --csv "$FINAL/small/$name.csv" --json /dev/null > "$FINAL/small/$name.txt" 2>&1
+      echo "small $name rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
+  for rep in 1 2; do
+    for which in new old; do
+      bench="$B/symmem-bench"; commit=$SYMMEM_COMMIT
+      [ $which = old ] && bench="$B/old-symmem-bench" && commit=$(cat "$B/OLD_COMMIT" 2>/dev/null || echo old)
+      SYMMEM_COMMIT=$commit timeout $(left 45) "$bench" all_gather --gpus 2 -b 1M -e 64M -f 4 -n 10 -w 3 --reps 5 \
+        --algos copy_engine,hierarchical --csv "$FINAL/hier_ab/${which}_$rep.csv" --json /dev/null \
+        > "$FINAL/hier_ab/${which}_$rep.txt" 2>&1
+      echo "ce ab $which $rep rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
+  for layout in 1x2 2x1; do
+    sim=""; [ $layout = 2x1 ] && sim="--simulate-nodes 2"
+    timeout $(left 60) "$B/symmem-bench" all_gather --gpus 2 $sim -b 16M -e 256M -f 2 -n 10 -w 3 --reps 5 \
+      --algos copy_engine,hierarchical --csv "$FINAL/hierarchical/all_gather_$layout.csv" --json /dev/null \
+      > "$FINAL/hierarchical/all_gather_$layout.txt" 2>&1
+    echo "bench hierarchical $layout rc=$?" >> "$FINAL/summary.txt"
+  done
+  timeout $(left 120) "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 100) tests/python/gpu/run.sh 2 -k "fused or matmul" > "$FINAL/fused_tests_2_ranks.log" 2>&1
+  echo "fused tests rc=$?" >> "$FINAL/summary.txt"
+  for op in all_gather_matmul matmul_reduce_scatter; do
+    timeout $(left 90) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
+      --op $op --out "$FINAL/fused" > "$FINAL/${op}_bench_2.log" 2>&1
+    echo "$op bench rc=$?" >> "$FINAL/summary.txt"
+  done
+  for conn in "" 1; do
+    env ${conn:+CUDA_DEVICE_MAX_CONNECTIONS=$conn} timeout $(left 40) "$B/symmem-run" -n 2 --timeout 35 --expect-killed 1 \
+      "$B/symmem_kill_tests" copy_engine > "$FINAL/kill_copy_engine${conn:+_max_connections_1}.log" 2>&1
+    echo "kill copy_engine ${conn:+max_connections_1} rc=$?" >> "$FINAL/summary.txt"
+  done
+  timeout $(left 40) "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 35 --expect-killed 1 "$B/symmem_kill_tests" hierarchical \
+    > "$FINAL/kill_hierarchical.log" 2>&1
+  echo "kill hierarchical rc=$?" >> "$FINAL/summary.txt"
+  SYMMEM_NODE_SIZE=1 timeout $(left 60) tests/python/gpu/run.sh 2 -k simulated_nodes > "$FINAL/torch_nodes.log" 2>&1
+  echo "torch across nodes rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 60) "$B/symmem-bench" overlap --gpus 2 -n 10 --reps 5 --csv "$FINAL/overlap_2.csv" --json /dev/null \
+    > "$FINAL/overlap_2.txt" 2>&1
+  echo "overlap rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 80) tests/python/gpu/run.sh 2 -k fsdp > "$FINAL/fsdp_tests_2_ranks.log" 2>&1
+  echo "fsdp tests rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 300) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.fsdp \
+    --out "$FINAL/fsdp" --steps 24 > "$FINAL/fsdp_bench_2.log" 2>&1
+  echo "fsdp bench rc=$?" >> "$FINAL/summary.txt"
   ;;
 hierarchical)
   # Tests: one node (the hierarchical cases of the suite), two simulated nodes (each rank its own

@@ -273,16 +273,24 @@ void CopyEngineState::release_wait(uint32_t phase, uint32_t wait_peer, uint32_t 
 void enqueue_copies(CopyEngineState& ce, const std::vector<EngineCopy>& copies, const EngineCopy* own, bool batchable,
                     cudaStream_t stream) {
   const bool batch = batchable && copies.size() > 1;
-  // The peer copies fork onto side streams (one batch on the first, or one stream per piece) and
-  // join back; the own slot's local copy runs meanwhile on the caller's stream. Inside one batch
-  // the local copy delayed the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched with
-  // it, 333 beside it; bench/results/h200/README.md).
-  int used = 0;
-  for (const EngineCopy& c : copies) used = std::max(used, batch ? 1 : c.stream % ce.streams() + 1);
-  if (used > 0) {
-    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
-    for (int s = 0; s < used; ++s) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
-  }
+  // Share 0 of the peer copies (all of them when batched or on one stream) runs on the caller's
+  // stream itself: a fork and a join on the path every byte takes cost microseconds per call. The
+  // other shares fork onto side streams 0 .. n - 2, and the own slot's local copy (a kernel, no
+  // peer involved) onto side stream n - 1 beside them. Inside one batch the local copy delayed
+  // the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched with it, 333 beside it;
+  // bench/results/h200/README.md).
+  const int n = batch ? 1 : ce.streams();
+  bool forked[CopyEngineState::kMaxStreams] = {};
+  for (const EngineCopy& c : copies)
+    if (int share = batch ? 0 : c.stream % n; share > 0) forked[share - 1] = true;
+  if (own) forked[ce.streams() - 1] = true;
+  const bool any_fork = std::any_of(std::begin(forked), std::end(forked), [](bool f) { return f; });
+  if (any_fork) SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
+  for (int s = 0; s < ce.streams(); ++s)
+    if (forked[s]) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
+  if (own)
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(own->dst, own->src, own->bytes, cudaMemcpyDeviceToDevice,
+                                      ce.side_stream(ce.streams() - 1)));
   if (batch) {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
@@ -297,15 +305,17 @@ void enqueue_copies(CopyEngineState& ce, const std::vector<EngineCopy>& copies, 
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_index = 0;
-    SYMMEM_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1,
-                                           ce.side_stream(0)));
+    SYMMEM_CUDA_CHECK(
+        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1, stream));
   } else {
-    for (const EngineCopy& c : copies)
-      SYMMEM_CUDA_CHECK(
-          cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, ce.side_stream(c.stream % ce.streams())));
+    for (const EngineCopy& c : copies) {
+      const int share = c.stream % n;
+      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice,
+                                        share == 0 ? stream : ce.side_stream(share - 1)));
+    }
   }
-  if (own) SYMMEM_CUDA_CHECK(cudaMemcpyAsync(own->dst, own->src, own->bytes, cudaMemcpyDeviceToDevice, stream));
-  for (int s = 0; s < used; ++s) {
+  for (int s = 0; s < ce.streams(); ++s) {
+    if (!forked[s]) continue;
     SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), ce.side_stream(s)));
     SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(s), 0));
   }

@@ -43,9 +43,10 @@ struct EngineCopy {
   int stream;  // side stream index (modulo the side streams) when the copies are not batched
 };
 
-// Forks `copies` onto the side streams (one cudaMemcpyBatchAsync when `batchable` and there are
-// several; batching cannot be captured), runs `own` (may be null) on `stream` beside them, and
-// joins every side stream back into `stream`.
+// Enqueues `copies` (one cudaMemcpyBatchAsync when `batchable` and there are several; batching
+// cannot be captured): the first stream's share on `stream` itself, the other shares forked onto
+// side streams, `own` (may be null) on a side stream beside them; every side stream used is
+// joined back into `stream` before this returns.
 void enqueue_copies(CopyEngineState& ce, const std::vector<EngineCopy>& copies, const EngineCopy* own, bool batchable,
                     cudaStream_t stream);
 

@@ -3,7 +3,9 @@
 // DATA MOVEMENT (rank r of W, shard = m / W rows; docs/fused.md has the diagram). Pull: every
 // copy writes only this rank's memory.
 //   caller's stream: own shard -> gathered_a slot r in one copy (skipped when a_shard already is
-//                   slot r), then stream writes of its pieces' flags. This copy runs on
+//                   slot r); its flags are neither written nor waited for (ChunkFlags::ready_shard:
+//                   the copy precedes the GEMM on this stream; a stream write each cost
+//                   microseconds before the GEMM could start). This copy runs on
 //                   SMs: the driver copies within one GPU with a kernel, whatever the API
 //                   (cudaMemcpyAsync, cuMemcpyBatchAsync, cudaMemcpyPeerAsync: measured on H200,
 //                   tools/copy_engine_probe.cu), and a kernel queued beside the persistent GEMM
@@ -130,6 +132,7 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   detail::FlaggedGemm& g = p.gemm;
   detail::ChunkFlags& chunks = g.chunks;
   chunks.flags = st.workspaces->gather_flags()->signal_pad();
+  chunks.ready_shard = st.rank;
   // The first tile wholly inside the own shard (rounded down, it would hold the previous shard's
   // tail, which arrives last).
   chunks.first_tile = static_cast<int>((int64_t(st.rank) * p.shard_rows + chunks.tile_rows - 1) / chunks.tile_rows) %
@@ -156,13 +159,11 @@ void enqueue_peer_copies(const Prepared& p, int shard, const void* from, void* t
 }
 
 // The own shard into its slot in one copy (the GEMM starts after all of it: pieces would gain
-// nothing), then the flags of all its pieces.
-void enqueue_own_shard(const Prepared& p, int rank, const void* a_shard, void* slot, cudaStream_t stream) {
+// nothing); the GEMM does not wait for its flags (ChunkFlags::ready_shard).
+void enqueue_own_shard(const Prepared& p, const void* a_shard, void* slot, cudaStream_t stream) {
   if (!p.in_place)
     SYMMEM_CUDA_CHECK(cudaMemcpyAsync(slot, a_shard, size_t(p.shard_rows) * p.row_bytes, cudaMemcpyDeviceToDevice,
                                       stream));
-  for (const detail::GatherCopy& piece : detail::plan_gather_copies(rank, p.shard_rows, p.pieces))
-    write_flag(p.gemm.chunks.flags + piece.chunk, stream);
 }
 
 }  // namespace
@@ -196,7 +197,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   detail::SideStreams sides(ce, stream);
   try {
     // The own shard, on SMs before the GEMM takes them (no handshake: see the top of the file).
-    enqueue_own_shard(p, rank, a_shard, gathered + size_t(rank) * shard_bytes, stream);
+    enqueue_own_shard(p, a_shard, gathered + size_t(rank) * shard_bytes, stream);
     // Invariant (caller's stream): this rank's slot holds its shard.
     sides.fork_control();
 

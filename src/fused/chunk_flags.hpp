@@ -4,6 +4,7 @@
 //   all_gather_matmul (flags set, done null): the rows of A arrive. Piece j of shard s is present
 // once flags[chunk] != 0; the flags are set by this rank's stream memory operations after each
 // piece's copy and reset to 0 on this rank's stream after the GEMM (src/fused/all_gather_matmul.cpp).
+// The shard ready_shard is in place before the GEMM starts: its flags are neither waited for nor set.
 //   matmul_reduce_scatter (flags null, done set): the rows of C leave. After a tile's output is in
 // global memory, done[chunk] is incremented once for every chunk the tile's rows touch; the copy
 // streams wait until it reaches the chunk's tile count (tiles_over_rows) and reset it after the
@@ -29,6 +30,9 @@ struct ChunkFlags {
   int first_tile;         // the tile the GEMM computes first (then first_tile + 1, ..., wrapping)
   int n_tiles;            // done only: the GEMM's tiles along N (the scheduler may pad beyond them)
   int store_groups;       // done only: bulk store groups the epilogue commits per tile (flagged_gemm.cuh)
+  // flags only: the shard whose rows precede the GEMM on its own stream (all_gather_matmul: this
+  // rank's own), so its tiles wait for no flag and nothing writes its flags; -1: none.
+  int ready_shard = -1;
   SyncArgs sync;          // deadline, abort word and failure record of the waits (no barrier flags)
 };
 

@@ -159,6 +159,7 @@ class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::Persisten
       const int last_row = min(first_row + chunks_.tile_rows, chunks_.rows) - 1;
       const int last = chunk_of_row(chunks_, last_row);
       for (int chunk = chunk_of_row(chunks_, first_row); chunk <= last; ++chunk) {
+        if (chunk / chunks_.pieces == chunks_.ready_shard) continue;  // in place before the GEMM
         if (!wait_for_flag(chunk)) break;
       }
     }

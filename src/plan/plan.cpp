@@ -42,6 +42,22 @@ int blocks_for(size_t traffic_bytes, size_t bytes_per_block, int lo, int hi) {
 // its own thread, within 4 to 128 blocks, as the H200 sweeps favour.
 int low_latency_blocks(size_t words) { return blocks_for(words, kThreadsPerBlock, 4, 128); }
 
+// Built-in rule for the low-latency all-gather and reduce-scatter, for GPUs without a table row:
+// while what each rank stores to its peers, (world - 1) x bytes, stays within 256 KiB. On 2 x H200
+// it won from 1 to 256 KiB per rank, eager and replayed, against every SM algorithm and NCCL
+// (bench/results/h200/small_messages); past two ranks the bound is scaled, not measured.
+// Low latency gives every word its own thread: an SM budget below that slows it in proportion
+// (2 x H200, 256 KiB per rank: 42 us on 4 blocks, 5.7 on 128), so a chosen (not asked-for) low
+// latency yields to the SM algorithms when the budget binds.
+bool low_latency_budget_binds(int max_blocks, int blocks, size_t bytes) {
+  return max_blocks > 0 && max_blocks < (blocks > 0 ? blocks : low_latency_blocks((bytes + 3) / 4));
+}
+
+constexpr size_t kLowLatencyAutoPeerBytes = size_t(256) << 10;
+bool low_latency_by_rule(size_t bytes_per_rank, int world, bool fits) {
+  return fits && bytes_per_rank * static_cast<size_t>(std::max(1, world - 1)) <= kLowLatencyAutoPeerBytes;
+}
+
 }  // namespace
 
 int common_vector_bytes(std::initializer_list<uint64_t> values) {
@@ -97,9 +113,11 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
       algo = e->algo;
       if (blocks <= 0) blocks = e->blocks;
     } else {
-      // Built-in rule, for GPUs without a table: push (one-way stores, lower latency) while the
-      // message is small, pull beyond, with blocks growing with the traffic.
-      algo = r.bytes_per_rank <= (size_t(1) << 20) ? Algo::kPush : Algo::kPull;
+      // Built-in rule, for GPUs without a table: low latency while the message is small, then push
+      // (one-way stores), pull beyond, with blocks growing with the traffic.
+      algo = low_latency_by_rule(r.bytes_per_rank, r.world, ll_fits) ? Algo::kLowLatency
+             : r.bytes_per_rank <= (size_t(1) << 20)                 ? Algo::kPush
+                                                                     : Algo::kPull;
     }
     // The table may pick an SM algorithm beyond a caller's SM budget: honour the budget. When
     // the budget binds on a large message, pull moves more per block than push (2 x H200, 16
@@ -107,6 +125,8 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     if (algo == Algo::kPush && r.options.max_blocks > 0 && r.options.max_blocks < blocks &&
         r.bytes_per_rank >= kPullUnderBudgetBytes)
       algo = Algo::kPull;
+    if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, r.bytes_per_rank))
+      algo = Algo::kPush;
   }
   if (algo == Algo::kLowLatency) {
     // Peers touch neither operand: nothing is staged, whatever the buffers.
@@ -193,10 +213,12 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
       algo = e->algo;
       if (blocks <= 0) blocks = e->blocks;
     } else if (r.reduce_scatter) {
-      algo = Algo::kTwoShot;
+      algo = low_latency_by_rule(bytes, r.world, ll_fits) ? Algo::kLowLatency : Algo::kTwoShot;
     } else {
       algo = bytes <= (size_t(64) << 10) && ll_fits ? Algo::kLowLatency : Algo::kTwoShot;
     }
+    if (r.reduce_scatter && algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, bytes))
+      algo = Algo::kTwoShotPush;
     if (needs_heap_output(algo, r.reduce_scatter) && !r.out_symmetric) algo = Algo::kTwoShot;
   }
   if (algo == Algo::kLowLatencyTwoShot && !ll2_fits)

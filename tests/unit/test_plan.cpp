@@ -511,3 +511,53 @@ TEST(all_gather_across_nodes_plans_the_hierarchical_all_gather) {
   r.options.algo = Algo::kHierarchical;
   EXPECT(plan_all_gather(r, table).algo == Algo::kHierarchical);
 }
+
+TEST(small_all_gathers_and_reduce_scatters_take_low_latency_by_rule_and_table) {
+  // Built-in rule (no table row): low latency while (world - 1) x bytes per rank <= 256 KiB.
+  AllGatherRequest g;
+  g.low_latency_capacity = 1 << 20;
+  g.in_symmetric = g.out_symmetric = true;
+  ReduceRequest s;
+  s.reduce_scatter = true;
+  s.elem_bytes = 2;
+  s.low_latency_capacity = 1 << 20;
+  s.in_symmetric = s.out_symmetric = true;
+  for (int world : {2, 4, 8}) {
+    g.world = s.world = world;
+    const size_t bound = (size_t(256) << 10) / size_t(world - 1);
+    g.bytes_per_rank = bound;
+    EXPECT(plan_all_gather(g, TuningTable{}).algo == Algo::kLowLatency);
+    g.bytes_per_rank = bound + 1;
+    EXPECT(plan_all_gather(g, TuningTable{}).algo == Algo::kPush);
+    s.count = bound / 2;
+    EXPECT(plan_reduce(s, TuningTable{}).algo == Algo::kLowLatency);
+    s.count = bound / 2 + 1;
+    EXPECT(plan_reduce(s, TuningTable{}).algo != Algo::kLowLatency);
+  }
+  // A table row with blocks 0 leaves the block count to the rule: a thread per word.
+  TuningTable t;
+  t.entries.push_back({"all_gather", 2, 262144, Algo::kLowLatency, 0});
+  t.entries.push_back({"reduce_scatter", 2, 262144, Algo::kLowLatency, 0});
+  g.world = s.world = 2;
+  g.bytes_per_rank = 64 << 10;
+  AllGatherPlan gp = plan_all_gather(g, t);
+  EXPECT(gp.algo == Algo::kLowLatency);
+  EXPECT_EQ(gp.blocks, 32);
+  s.count = 32 << 10;
+  ReducePlan sp = plan_reduce(s, t);
+  EXPECT(sp.algo == Algo::kLowLatency);
+  EXPECT_EQ(sp.blocks, 32);
+  // An SM budget below a thread per word turns the choice (not a caller's request) to the SM
+  // algorithms, which slow less with fewer blocks.
+  g.options.max_blocks = s.options.max_blocks = 8;
+  EXPECT(plan_all_gather(g, t).algo == Algo::kPush);
+  EXPECT(plan_reduce(s, t).algo == Algo::kTwoShotPush);
+  g.options.max_blocks = s.options.max_blocks = 32;
+  EXPECT(plan_all_gather(g, t).algo == Algo::kLowLatency);
+  EXPECT(plan_reduce(s, t).algo == Algo::kLowLatency);
+  g.options.max_blocks = s.options.max_blocks = 8;
+  g.options.algo = s.options.algo = Algo::kLowLatency;
+  EXPECT(plan_all_gather(g, t).algo == Algo::kLowLatency);
+  EXPECT_EQ(plan_all_gather(g, t).blocks, 8);
+  EXPECT(plan_reduce(s, t).algo == Algo::kLowLatency);
+}

@@ -34,6 +34,19 @@ BenchContext::BenchContext(const Args& args) : args_(args) {
     nccl_sym_ = init_nccl(NCCL_CTA_POLICY_DEFAULT, 0);
     nccl_ce_ = init_nccl(NCCL_CTA_POLICY_ZERO, 0);
   }
+  if (comm_->nodes() > 1) {
+    line_up_comm_ = nccl_ ? nccl_ : init_nccl(NCCL_CTA_POLICY_DEFAULT, 0);
+    BENCH_CUDA_CHECK(cudaMalloc(&line_up_, sizeof(float)));
+    BENCH_CUDA_CHECK(cudaMemset(line_up_, 0, sizeof(float)));
+  }
+}
+
+void BenchContext::device_barrier(cudaStream_t stream) {
+  if (!line_up_comm_) {
+    comm_->barrier(stream);
+    return;
+  }
+  BENCH_NCCL_CHECK(ncclAllReduce(line_up_, line_up_, 1, ncclFloat, ncclSum, line_up_comm_, stream));
 }
 
 BenchContext::~BenchContext() {
@@ -43,6 +56,8 @@ BenchContext::~BenchContext() {
   if (nccl_ce_) ncclCommDestroy(nccl_ce_);
   if (nccl_sym_) ncclCommDestroy(nccl_sym_);
   if (nccl_) ncclCommDestroy(nccl_);
+  if (line_up_comm_ && line_up_comm_ != nccl_) ncclCommDestroy(line_up_comm_);
+  if (line_up_) cudaFree(line_up_);
   try {
     comm_->close();
   } catch (const std::exception& e) {
@@ -196,7 +211,7 @@ std::vector<Measurement> BenchContext::measure(const std::vector<Config>& config
       const Config& c = configs[i];
       if (checked(c)) poison_output(c);  // before the start event: not timed
       host_barrier();
-      comm_->barrier(stream_);  // line the ranks up on the device
+      device_barrier(stream_);
       BENCH_CUDA_CHECK(cudaEventRecord(start_, stream_));
       if (graph)
         BENCH_CUDA_CHECK(cudaGraphLaunch(execs[i], stream_));

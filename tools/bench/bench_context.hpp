@@ -80,6 +80,9 @@ class BenchContext {
   long sum_over_ranks(long mine);
   bool same_on_all_ranks(uint64_t value);
   void host_barrier() { comm_->bootstrap().barrier(); }
+  // Lines the ranks up on the device: symmem's barrier inside one node; across nodes, where symmem
+  // offers no barrier, a one-element NCCL all-reduce.
+  void device_barrier(cudaStream_t stream);
   void progress(const std::string& what) const;  // rank 0, stderr
 
  private:
@@ -90,6 +93,8 @@ class BenchContext {
   ncclComm_t nccl_ = nullptr;
   ncclComm_t nccl_sym_ = nullptr;
   ncclComm_t nccl_ce_ = nullptr;
+  ncclComm_t line_up_comm_ = nullptr;  // across nodes: the device barrier's (nccl_ unless --nccl 0)
+  float* line_up_ = nullptr;           // its one element
   std::map<int, ncclComm_t> nccl_ctas_;
   ncclUniqueId make_unique_id();
   ncclComm_t init_nccl(int cta_policy, int ctas);

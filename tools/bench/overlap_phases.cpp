@@ -87,7 +87,7 @@ std::vector<PhaseFigures> measure_phases(BenchContext& ctx, const std::function<
   for (int rep = 0; rep < reps; ++rep) {
     for (size_t i = 0; i < rows.size(); ++i) {
       ctx.host_barrier();
-      ctx.comm().barrier(main);
+      ctx.device_barrier(main);
       for (int it = 0; it < iters; ++it) enqueue_iteration(rows[i], gemm, events[it], main, side, fork, join);
       BENCH_CUDA_CHECK(cudaStreamSynchronize(main));
       std::vector<double> iteration, g, a, h;
