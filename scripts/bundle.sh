@@ -11,6 +11,8 @@ cp build/libsymmem_capi.so build-bundle/  # the Python package's native library 
 [ -n "${WITH_OLD:-}" ] && [ -d build-negctl/build ] && cp build-negctl/build/old_api_gpu_tests build-negctl/build/old_api_kill_tests build-bundle/
 [ -n "${OLD_BENCH:-}" ] && cp "$OLD_BENCH" build-bundle/old-symmem-bench
 [ -n "${OLD_BENCH:-}" ] && [ -n "${OLD_COMMIT:-}" ] && echo "$OLD_COMMIT" > build-bundle/OLD_COMMIT
+[ -n "${MID_BENCH:-}" ] && cp "$MID_BENCH" build-bundle/mid-symmem-bench
+[ -n "${MID_BENCH:-}" ] && [ -n "${MID_COMMIT:-}" ] && echo "$MID_COMMIT" > build-bundle/MID_COMMIT
 strip build-bundle/* 2>/dev/null || true
 # The commit the binaries were built from (the bench writes it into every CSV row).
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests || echo -dirty)" > build-bundle/COMMIT

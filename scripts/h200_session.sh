@@ -16,6 +16,7 @@
 #   scripts/h200_session.sh shared_gpu   one GPU: the shared-GPU tests (2-8 ranks as threads) and their mutants
 #   scripts/h200_session.sh survey   first 2-GPU call: small-message sweeps, GPU tests, fused, hierarchical (one deadline)
 #   scripts/h200_session.sh final_two_gpu   the committed 2-GPU figures after a survey (one deadline)
+#   scripts/h200_session.sh copy_engine_ab   the copy-engine fixed cost against two earlier binaries, then its tests
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -249,6 +250,55 @@ final_two_gpu)
   timeout $(left 300) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.fsdp \
     --out "$FINAL/fsdp" --steps 24 > "$FINAL/fsdp_bench_2.log" 2>&1
   echo "fsdp bench rc=$?" >> "$FINAL/summary.txt"
+  ;;
+copy_engine_ab)
+  # The copy-engine fixed cost: this tree against $B/mid-symmem-bench and $B/old-symmem-bench
+  # (MID_COMMIT, OLD_COMMIT), ABC x 2; the hierarchical sweeps (issue 13); the tests the watchdog
+  # change touches (kill paths, every GPU test, both fused ops, symmem.torch across nodes, the
+  # shared-GPU tests); the fused all-gather bench again. One deadline (SURVEY_S).
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  deadline=$((SECONDS + ${SURVEY_S:-575}))
+  left() { local l=$((deadline - SECONDS)); [ $l -gt $1 ] && echo $1 || echo $((l > 5 ? l : 5)); }
+  mkdir -p "$FINAL/ce_ab" "$FINAL/hierarchical"
+  for rep in 1 2; do
+    for which in new mid old; do
+      bench="$B/symmem-bench"; commit=$SYMMEM_COMMIT
+      [ $which != new ] && bench="$B/$which-symmem-bench" && commit=$(cat "$B/${which^^}_COMMIT" 2>/dev/null || echo $which)
+      SYMMEM_COMMIT=$commit timeout $(left 45) "$bench" all_gather --gpus 2 -b 1M -e 16M -f 4 -n 10 -w 3 --reps 5 \
+        --algos copy_engine,hierarchical --csv "$FINAL/ce_ab/${which}_$rep.csv" --json /dev/null \
+        > "$FINAL/ce_ab/${which}_$rep.txt" 2>&1
+      echo "ce ab $which $rep rc=$?" >> "$FINAL/summary.txt"
+    done
+  done
+  for layout in 1x2 2x1; do
+    sim=""; [ $layout = 2x1 ] && sim="--simulate-nodes 2"
+    timeout $(left 60) "$B/symmem-bench" all_gather --gpus 2 $sim -b 16M -e 256M -f 2 -n 10 -w 3 --reps 5 \
+      --algos copy_engine,hierarchical --csv "$FINAL/hierarchical/all_gather_$layout.csv" --json /dev/null \
+      > "$FINAL/hierarchical/all_gather_$layout.txt" 2>&1
+    echo "bench hierarchical $layout rc=$?" >> "$FINAL/summary.txt"
+  done
+  for conn in "" 1; do
+    env ${conn:+CUDA_DEVICE_MAX_CONNECTIONS=$conn} timeout $(left 40) "$B/symmem-run" -n 2 --timeout 35 --expect-killed 1 \
+      "$B/symmem_kill_tests" copy_engine > "$FINAL/kill_copy_engine${conn:+_max_connections_1}.log" 2>&1
+    echo "kill copy_engine ${conn:+max_connections_1} rc=$?" >> "$FINAL/summary.txt"
+  done
+  timeout $(left 40) "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 35 --expect-killed 1 "$B/symmem_kill_tests" hierarchical \
+    > "$FINAL/kill_hierarchical.log" 2>&1
+  echo "kill hierarchical rc=$?" >> "$FINAL/summary.txt"
+  SYMMEM_NODE_SIZE=1 timeout $(left 60) tests/python/gpu/run.sh 2 -k simulated_nodes > "$FINAL/torch_nodes.log" 2>&1
+  echo "torch across nodes rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 120) "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
+  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 100) tests/python/gpu/run.sh 2 -k "fused or matmul" > "$FINAL/fused_tests_2_ranks.log" 2>&1
+  echo "fused tests rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 90) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
+    --reps 15 --out "$FINAL/fused" > "$FINAL/all_gather_matmul_bench_2.log" 2>&1
+  echo "all_gather_matmul bench rc=$?" >> "$FINAL/summary.txt"
+  timeout $(left 90) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
+    --op matmul_reduce_scatter --reps 15 --out "$FINAL/fused" > "$FINAL/matmul_reduce_scatter_bench_2.log" 2>&1
+  echo "matmul_reduce_scatter bench rc=$?" >> "$FINAL/summary.txt"
+  SYMMEM_SHARED_GPU_WORLDS="${SHARED_WORLDS:-2 4}" timeout $(left 200) "$B/symmem_shared_gpu_tests" > "$FINAL/shared_gpu_tests.log" 2>&1
+  echo "shared-GPU tests rc=$?" >> "$FINAL/summary.txt"
   ;;
 hierarchical)
   # Tests: one node (the hierarchical cases of the suite), two simulated nodes (each rank its own

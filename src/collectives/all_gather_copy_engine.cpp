@@ -87,11 +87,9 @@ void enqueue_handshake(const HostBoard& board, int rank, int world, uint32_t pha
 void enqueue_watched_wait(BoardPage* mine, int rank, int world, uint32_t phase, uint32_t wait_peer, uint32_t piece,
                           uint32_t signature, CUstreamBatchMemOpParams* ops, unsigned& count) {
   auto write = [&](const uint32_t* address, uint32_t value) { ops[count++] = stream_write_op(address, value); };
-  write(&mine->ce_phase, phase);
   write(&mine->ce_signature, signature);
-  write(&mine->ce_wait_peer, wait_peer);
-  write(&mine->ce_wait_piece, piece);
-  write(&mine->ce_wait_state, CopyEngineState::kWaitEntered);  // after the four above: the watchdog reads them
+  // After S (fenced): the watchdog that reads the 1 reads S and, in the same word, which wait.
+  write(&mine->ce_wait_state, CopyEngineState::wait_word(CopyEngineState::kWaitEntered, phase, wait_peer, piece));
   for_each_awaited_peer(rank, world, wait_peer, [&](int p) {
     ops[count++] = stream_wait_op(awaited_word(mine, phase, piece, p), signature, CU_STREAM_WAIT_VALUE_EQ);
   });
@@ -176,18 +174,19 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
   // Any rank's failure (the abort word), or this rank's own (an SM wait may have recorded one).
   const bool aborted = load_word(abort_) != 0 || load_word(&page_->status.code) != kStatusOk;
   uint32_t seen = load_word(state);
-  if (seen == kWaitEntered) {
-    if (swap_word(state, kWaitEntered, kWaitWatched)) {
+  if (state_of(seen) == kWaitEntered) {
+    const uint32_t watched = (seen & ~kStateMask) | kWaitWatched;
+    if (swap_word(state, seen, watched)) {
       // The stream reached a wait since the last look: the clock starts now.
       timing_ = true;
       since_ = now;
       released_at_ = {};
-      seen = kWaitWatched;
+      seen = watched;
     } else {
       return kPollBlocked;  // the stream moved on meanwhile; see where next time
     }
   }
-  if (seen != kWaitWatched) {
+  if (state_of(seen) != kWaitWatched) {
     // 2: acknowledge, so that the next wait shows up as a change. A failed swap means the stream
     // already wrote the next wait's 1, which the next look handles. 0 (or anything else): idle.
     if (seen == kWaitPassed) swap_word(state, kWaitPassed, kWaitIdle);
@@ -205,10 +204,10 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
     released_at_ = {};
   }
   if (aborted) last_busy_ = now;
-  const uint32_t phase = load_word(&page_->ce_phase);
+  const uint32_t phase = phase_of(seen);
   const uint32_t signature = load_word(&page_->ce_signature);
-  const uint32_t wait_peer = load_word(&page_->ce_wait_peer);
-  const uint32_t piece = std::min<uint32_t>(load_word(&page_->ce_wait_piece), BoardPage::kPieceSignals - 1);
+  const uint32_t wait_peer = wait_peer_of(seen);
+  const uint32_t piece = std::min<uint32_t>(piece_of(seen), BoardPage::kPieceSignals - 1);
   int missing = -1, foreign = -1;
   uint32_t foreign_signature = 0;
   for_each_awaited_peer(rank_, world_, wait_peer, [&](int p) {
@@ -223,8 +222,8 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
 
   // The reads above are separate loads: had the stream passed this wait meanwhile (it overwrites
   // the 3), the words may already hold the next call's signatures. Decide only on a still-blocked
-  // wait (a 3 now means none of the stream's stores came in between).
-  if (load_word(state) != kWaitWatched) return kPollBlocked;
+  // wait (the same 3 now means none of the stream's stores came in between).
+  if (load_word(state) != seen) return kPollBlocked;
   const Clock::duration blocked = now - since_;
   bool release = false;
   if (released_at_ != Clock::time_point{}) {

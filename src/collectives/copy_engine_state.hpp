@@ -10,7 +10,7 @@
 // (the v2 API the driver gives us has no unfenced write), so each write is visible only after
 // everything this stream wrote before it.
 //   ready: write S into page(p).ce_ready[me] for every peer p         (my input is visible first)
-//          write ce_phase = 0, ce_signature = S, ce_wait_state = 1 into page(me)
+//          write ce_signature = S, then ce_wait_state = 1 | which wait (phase 0) into page(me)
 //                                                                     (a watchdog that reads the 1
 //                                                                      reads this wait's phase and S)
 //          wait until page(me).ce_ready[p] == S for every peer p
@@ -22,13 +22,13 @@
 //          cudaMemcpyAsync per piece under capture (the first stream's share on the caller's
 //          stream, the others on side streams); the own slot is copied on a side stream beside
 //          them (never inside the batch: it delayed the NVLink copies).
-//   done:  the same with ce_done and ce_phase = 1, after the copies joined (the fence of the first
+//   done:  the same with ce_done and phase 1, after the copies joined (the fence of the first
 //          done write makes the copies' writes visible before it)
 //          -> every peer finished reading my input (pull); my output holds every slot (push)
 //
 // PIECES (matmul_reduce_scatter, between a ready and a done handshake). Peer p's stream writes S
 // into page(me).ce_piece[p][j] once piece j of what it made for me may be read; my stream writes
-// ce_phase = 2, S, ce_wait_peer = p, ce_wait_piece = j, then ce_wait_state = 1, waits until that
+// S, then ce_wait_state = 1 | (phase 2, peer p, piece j), waits until that
 // one word is S, writes ce_wait_state = 2 and resets the word. The watchdog times and releases it
 // as a handshake wait (the same words of this rank's page: a failed or released piece wait reads
 // a dead peer's memory into this rank's own, never writes a peer). Only one stream of a rank
@@ -49,6 +49,7 @@
 // WATCHDOG (one thread per communicator, host memory only). ce_wait_state of this rank's page:
 //   0 idle          1 the stream reached a wait     2 the stream passed it
 //   3 the watchdog saw that 1 and started the clock (its CAS 1 -> 3)
+// (These are the low byte; a 1 carries which wait in the upper bytes, and the 3 keeps them.)
 // The GPU only ever stores 1 and 2; the watchdog only CASes 1 -> 3 and 2 -> 0 (__atomic builtins on
 // the host page; a failed CAS means the GPU moved on, and the next poll sees where). Seeing 3 means
 // the same wait is still blocked: 3 is written by the watchdog alone, only over a 1, and any
@@ -116,7 +117,21 @@ class CopyEngineState {
   static constexpr uint32_t kWaitEntered = 1;  // written by the stream before a handshake wait
   static constexpr uint32_t kWaitPassed = 2;   // written by the stream after it
   static constexpr uint32_t kWaitWatched = 3;  // written by the watchdog over a 1
-  // BoardPage::ce_phase
+  // ce_wait_state: the state in the low byte, which wait in the others (host_board.hpp).
+  static constexpr uint32_t kStateMask = 0xFFu;
+  static constexpr uint32_t kEveryPeerCode = 0xFFu;
+  static constexpr uint32_t wait_word(uint32_t state, uint32_t phase, uint32_t wait_peer, uint32_t piece) {
+    const uint32_t peer = wait_peer == BoardPage::kEveryPeer ? kEveryPeerCode : (wait_peer & 0xFFu);
+    return (state & kStateMask) | (phase & 0xFFu) << 8 | peer << 16 | (piece & 0xFFu) << 24;
+  }
+  static constexpr uint32_t state_of(uint32_t word) { return word & kStateMask; }
+  static constexpr uint32_t phase_of(uint32_t word) { return (word >> 8) & 0xFFu; }
+  static constexpr uint32_t wait_peer_of(uint32_t word) {
+    const uint32_t peer = (word >> 16) & 0xFFu;
+    return peer == kEveryPeerCode ? BoardPage::kEveryPeer : peer;
+  }
+  static constexpr uint32_t piece_of(uint32_t word) { return word >> 24; }
+  // The phase of a wait (wait_word)
   static constexpr uint32_t kPhaseReady = 0;
   static constexpr uint32_t kPhaseDone = 1;
   static constexpr uint32_t kPhasePiece = 2;  // one peer's signal of one piece (see PIECES above)

@@ -44,16 +44,13 @@ struct alignas(64) BoardPage {
   // Copy-engine wait state of this rank's stream: the stream writes 1 before a handshake wait and
   // 2 after it; the watchdog acknowledges a 1 by swapping it for 3 (starting the clock) and a 2 by
   // swapping it for 0. A 3 that stays means the same wait is still blocked
-  // (src/collectives/copy_engine_state.hpp).
+  // (src/collectives/copy_engine_state.hpp). The low byte is the state; with a 1 (and the 3 that
+  // replaces it) the upper bytes say which wait it is (CopyEngineState::wait_word): the phase (0
+  // ready handshake, 1 done handshake, 2 piece), the one peer a piece wait awaits (0xFF: every
+  // peer, the handshakes) and the piece. One word: every stream write costs a system-scope fence.
   alignas(64) uint32_t ce_wait_state;
-  // Which wait that is, written by the stream before the (fenced) write of ce_wait_state = 1, so
-  // the watchdog that reads 1 also reads these: 0 ready handshake, 1 done handshake, 2 piece; the
-  // signature the wait expects in every awaited word; for a piece, the one peer and piece awaited
-  // (kEveryPeer for the handshakes, which await every peer).
-  uint32_t ce_phase;
+  // The signature the wait expects in every awaited word, written before the (fenced) 1.
   uint32_t ce_signature;
-  uint32_t ce_wait_peer;
-  uint32_t ce_wait_piece;
   // Piece signals addressed to this rank: ce_piece[p * kPieceSignals + j] is written by peer p's
   // stream with the call's signature once piece j of what p made for this rank may be read
   // (matmul_reduce_scatter's partial sums), waited on by this rank's stream and reset to 0 after.

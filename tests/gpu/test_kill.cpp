@@ -110,7 +110,7 @@ int run(const std::string& path) {
         reduce_scatter(sym(out), sym(in), kLowLatencyCount / world, DataType::kFloat32, ReduceOp::kSum, *comm, stream,
                        low_latency);
     };
-#ifndef SYMMEM_TEST_OLD_API  // (the negative control's old API has no hierarchical all-gather)
+#if !SYMMEM_TEST_OLD_API  // (the negative control's old API has no hierarchical all-gather)
   } else if (path == "hierarchical") {
     // Under symmem-run --simulate-nodes 2: the dead rank is on another node, behind NCCL.
     CollectiveOptions hierarchical;

@@ -12,7 +12,9 @@ torch = pytest.importorskip("torch", reason="needs torch")
 import torch.distributed as dist  # noqa: E402
 
 import symmem.torch as st  # noqa: E402
-from symmem.torch import fsdp, memory, ops  # noqa: E402
+from symmem.torch import fsdp, memory  # noqa: E402
+
+ops = torch.ops.symmem
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.uint8]
 SIZES = [1, 3, 4097, 1 << 20, (5 << 20) + 3]
