@@ -17,6 +17,7 @@
 #   scripts/h200_session.sh survey   first 2-GPU call: small-message sweeps, GPU tests, fused, hierarchical (one deadline)
 #   scripts/h200_session.sh final_two_gpu   the committed 2-GPU figures after a survey (one deadline)
 #   scripts/h200_session.sh copy_engine_ab   the copy-engine fixed cost against two earlier binaries, then its tests
+#   scripts/h200_session.sh across_nodes_checks   kill and torch paths across simulated nodes, torch tests
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -299,6 +300,23 @@ copy_engine_ab)
   echo "matmul_reduce_scatter bench rc=$?" >> "$FINAL/summary.txt"
   SYMMEM_SHARED_GPU_WORLDS="${SHARED_WORLDS:-2 4}" timeout $(left 200) "$B/symmem_shared_gpu_tests" > "$FINAL/shared_gpu_tests.log" 2>&1
   echo "shared-GPU tests rc=$?" >> "$FINAL/summary.txt"
+  ;;
+across_nodes_checks)
+  # The failure path and the torch package across (simulated) nodes, after their fixes; the
+  # hierarchical GPU tests in both layouts; every symmem.torch GPU test (2 ranks).
+  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
+  timeout 60 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" hierarchical \
+    > "$FINAL/kill_hierarchical.log" 2>&1
+  echo "kill hierarchical rc=$?" >> "$FINAL/summary.txt"
+  SYMMEM_NODE_SIZE=1 timeout 90 tests/python/gpu/run.sh 2 -k simulated_nodes > "$FINAL/torch_nodes.log" 2>&1
+  echo "torch across nodes rc=$?" >> "$FINAL/summary.txt"
+  timeout 120 "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical > "$FINAL/hier_tests_1x2.log" 2>&1
+  echo "hierarchical tests 1x2 rc=$?" >> "$FINAL/summary.txt"
+  timeout 120 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical \
+    > "$FINAL/hier_tests_2x1.log" 2>&1
+  echo "hierarchical tests 2x1 rc=$?" >> "$FINAL/summary.txt"
+  timeout 200 tests/python/gpu/run.sh 2 > "$FINAL/torch_tests_2_ranks.log" 2>&1
+  echo "torch tests rc=$?" >> "$FINAL/summary.txt"
   ;;
 hierarchical)
   # Tests: one node (the hierarchical cases of the suite), two simulated nodes (each rank its own

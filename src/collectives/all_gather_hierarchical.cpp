@@ -82,11 +82,19 @@ void all_gather_hierarchical(CommunicatorState& st, const CopyEngineCall& call, 
   BetweenNodes* net = st.between_nodes.get();
   if (!schedule.pieces.empty()) {
     net->fork_from(stream);
-    if (schedule.network_all_gather) {
-      net->all_gather(call.in, call.out, call.bytes, call.signature);
-    } else {
-      for (size_t k = 0; k < schedule.pieces.size(); ++k)
-        net->exchange(schedule.pieces[k], static_cast<int>(k), call.in, call.out, call.signature);
+    try {
+      if (schedule.network_all_gather) {
+        net->all_gather(call.in, call.out, call.bytes, call.signature);
+      } else {
+        for (size_t k = 0; k < schedule.pieces.size(); ++k)
+          net->exchange(schedule.pieces[k], static_cast<int>(k), call.in, call.out, call.signature);
+      }
+    } catch (const Error&) {
+      // A failed step recorded the failure (BetweenNodes::fail) before throwing: raise the record
+      // as every collective raises one, naming the failed rank, so that later calls find the
+      // communicator aborted; NCCL's own text stays in the record.
+      st.ensure_usable("all_gather");
+      throw;
     }
   }
 

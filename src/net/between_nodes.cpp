@@ -233,9 +233,10 @@ void BetweenNodes::close() {
 }
 
 std::string BetweenNodes::column_ranks() const {
-  std::string s = "the ranks of local rank " + std::to_string(layout_.local_rank) + " on the other nodes:";
+  std::string s = "peers of local rank " + std::to_string(layout_.local_rank) + " on the other nodes:";
   for (int m = 0; m < layout_.nodes; ++m)
-    if (m != layout_.node) s += " " + std::to_string(layout_.global_rank(m, layout_.local_rank));
+    if (m != layout_.node)
+      s += " rank " + std::to_string(layout_.global_rank(m, layout_.local_rank)) + " (node " + std::to_string(m) + ")";
   return s;
 }
 

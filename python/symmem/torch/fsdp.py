@@ -123,7 +123,10 @@ class _Comm:
             return torch.empty(*size, dtype=dtype, device=device)  # staged or fallback buffers
         if self._lender is None:
             comm = Communicator(self._group)
-            if torch.device(device) != comm.torch_device:
+            device = torch.device(device)
+            if device.index is None:  # "cuda": the current device, as torch.empty reads it
+                device = torch.device("cuda", torch.cuda.current_device())
+            if device != comm.torch_device:
                 raise ValueError(f"symmem.torch.fsdp: buffers asked for on {device}, the communicator is on "
                                  f"{comm.torch_device}")
             self._lender = _Lender(comm)
