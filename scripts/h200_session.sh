@@ -18,6 +18,7 @@
 #   scripts/h200_session.sh final_two_gpu   the committed 2-GPU figures after a survey (one deadline)
 #   scripts/h200_session.sh copy_engine_ab   the copy-engine fixed cost against two earlier binaries, then its tests
 #   scripts/h200_session.sh across_nodes_checks   kill and torch paths across simulated nodes, torch tests
+#   scripts/h200_session.sh final_checks   the last 2-GPU checks of session 14 (tests, failure paths, copy engine A/B)
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -135,50 +136,106 @@ kill_tests_into_final() {
   done
 }
 
-case "$1" in
-survey)
-  # First 2-GPU call of a session, most wanted first, under one deadline (SURVEY_S, default 570 s),
-  # everything written straight into $FINAL so that what finished comes back: issue 14's
-  # small-message sweeps (every low-latency and SM block count against NCCL, eager and graph, with
-  # the tuning table they pick), every C++ GPU test, issue 12's tests and benches, issue 13's stage.
+# The 2-GPU stages of session 14 run under one deadline and write straight into $FINAL, so that
+# what finished comes back. start_deadline DEFAULT_S (SURVEY_S overrides); left N: N seconds, or
+# what is left of the deadline (at least 5).
+start_deadline() {
   export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
-  deadline=$((SECONDS + ${SURVEY_S:-570}))
-  left() { local l=$((deadline - SECONDS)); [ $l -gt $1 ] && echo $1 || echo $((l > 5 ? l : 5)); }
-  timeout $(left 30) "$B/symmem-copy-probe" > "$FINAL/copy_probe_2.txt" 2>&1
-  echo "copy probe (2 GPUs) rc=$?" >> "$FINAL/summary.txt"
+  deadline=$((SECONDS + ${SURVEY_S:-$1}))
+}
+left() { local l=$((deadline - SECONDS)); [ $l -gt $1 ] && echo $1 || echo $((l > 5 ? l : 5)); }
+# run_logged NAME LIMIT_S LOG command...: the command under the deadline, its rc in the summary.
+run_logged() {
+  local name=$1 limit=$2 log=$3; shift 3
+  timeout $(left $limit) "$@" > "$log" 2>&1
+  echo "$name rc=$?" >> "$FINAL/summary.txt"
+}
+
+# Issue 14: all-gather and reduce-scatter, 1 KiB to 256 KiB per rank, low latency and the SM
+# algorithms against NCCL, eager and graph, into $FINAL/small: small_sweeps REPS [bench args].
+small_sweeps() {
+  local reps=$1; shift
   mkdir -p "$FINAL/small"
   for op in all_gather reduce_scatter; do
-    algos=low_latency,push,pull; [ $op = reduce_scatter ] && algos=low_latency,two_shot_push,two_shot
+    local algos=low_latency,push,pull; [ $op = reduce_scatter ] && algos=low_latency,two_shot_push,two_shot
     for g in "" --graph; do
-      name=${op}${g:+_graph}_2
-      timeout $(left 90) "$B/symmem-bench" $op --gpus 2 -b 1K -e 256K -f 2 -n 50 -w 10 --reps 5 $g \
-        --algos $algos --blocks 4,8,16,32,64,128 --csv "$FINAL/small/$name.csv" --json /dev/null \
-        --tune "$FINAL/small/tune_$name.json" > "$FINAL/small/$name.txt" 2>&1
-      echo "small $name rc=$?" >> "$FINAL/summary.txt"
+      local name=${op}${g:+_graph}_2
+      run_logged "small $name" 90 "$FINAL/small/$name.txt" "$B/symmem-bench" $op --gpus 2 -b 1K -e 256K -f 2 \
+        -n 50 -w 10 --reps $reps $g --algos $algos --csv "$FINAL/small/$name.csv" --json /dev/null "$@"
     done
   done
-  timeout $(left 200) "$B/symmem-run" -n 2 --timeout $(($(left 200) - 10)) "$B/symmem_gpu_tests" \
-    > "$FINAL/gpu_tests_2_ranks.log" 2>&1
-  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 150) tests/python/gpu/run.sh 2 -k "fused or matmul" > "$FINAL/fused_tests_2_ranks.log" 2>&1
-  echo "fused tests rc=$?" >> "$FINAL/summary.txt"
-  for op in all_gather_matmul matmul_reduce_scatter; do
-    timeout $(left 120) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
-      --op $op --out "$FINAL/fused" > "$FINAL/${op}_bench_2.log" 2>&1
-    echo "$op bench rc=$?" >> "$FINAL/summary.txt"
-  done
-  timeout $(left 120) "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical > "$FINAL/hier_tests_1x2.log" 2>&1
-  echo "hierarchical tests 1x2 rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 120) "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical \
-    > "$FINAL/hier_tests_2x1.log" 2>&1
-  echo "hierarchical tests 2x1 rc=$?" >> "$FINAL/summary.txt"
+}
+
+# Issue 13: the copy-engine and hierarchical all-gather on 1 node x 2 and 2 simulated nodes x 1,
+# every NCCL row interleaved: hier_sweeps FROM DIR -> DIR/all_gather_<layout>.{csv,txt}.
+hier_sweeps() {
+  mkdir -p "$2"
   for layout in 1x2 2x1; do
-    sim=""; [ $layout = 2x1 ] && sim="--simulate-nodes 2"
-    timeout $(left 100) "$B/symmem-bench" all_gather --gpus 2 $sim -b 1M -e 256M -f 4 -n 10 -w 3 --reps 5 \
-      --algos copy_engine,hierarchical --csv "$FINAL/hierarchical_$layout.csv" --json /dev/null \
-      > "$FINAL/hierarchical_$layout.txt" 2>&1
-    echo "bench hierarchical $layout rc=$?" >> "$FINAL/summary.txt"
+    local sim=""; [ $layout = 2x1 ] && sim="--simulate-nodes 2"
+    run_logged "bench hierarchical $layout" 100 "$2/all_gather_$layout.txt" "$B/symmem-bench" all_gather --gpus 2 \
+      $sim -b $1 -e 256M -f 2 -n 10 -w 3 --reps 5 --algos copy_engine,hierarchical \
+      --csv "$2/all_gather_$layout.csv" --json /dev/null
   done
+}
+
+# The copy-engine all-gather of this tree and of earlier binaries ($B/<which>-symmem-bench, their
+# commits in $B/<WHICH>_COMMIT), interleaved, 2 rounds: ce_ab DIR LARGEST which...
+ce_ab() {
+  local dir=$1 largest=$2; shift 2
+  mkdir -p "$dir"
+  for rep in 1 2; do
+    for which in "$@"; do
+      local bench="$B/symmem-bench" commit=$SYMMEM_COMMIT
+      [ $which != new ] && bench="$B/$which-symmem-bench" && commit=$(cat "$B/${which^^}_COMMIT" 2>/dev/null || echo $which)
+      SYMMEM_COMMIT=$commit run_logged "ce ab $which $rep" 45 "$dir/${which}_$rep.txt" "$bench" all_gather --gpus 2 \
+        -b 1M -e $largest -f 4 -n 10 -w 3 --reps 5 --algos copy_engine,hierarchical --csv "$dir/${which}_$rep.csv" \
+        --json /dev/null
+    done
+  done
+}
+
+# The hierarchical GPU tests in both layouts.
+hier_tests() {
+  run_logged "hierarchical tests 1x2" 120 "$FINAL/hier_tests_1x2.log" \
+    "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical
+  run_logged "hierarchical tests 2x1" 120 "$FINAL/hier_tests_2x1.log" \
+    "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical
+}
+
+# The failure paths of the copy engine (also with one hardware queue) and across nodes, and
+# symmem.torch across simulated nodes.
+copy_engine_and_node_checks() {
+  run_logged "kill copy_engine" 40 "$FINAL/kill_copy_engine.log" \
+    "$B/symmem-run" -n 2 --timeout 35 --expect-killed 1 "$B/symmem_kill_tests" copy_engine
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run_logged "kill copy_engine max_connections_1" 40 \
+    "$FINAL/kill_copy_engine_max_connections_1.log" \
+    "$B/symmem-run" -n 2 --timeout 35 --expect-killed 1 "$B/symmem_kill_tests" copy_engine
+  run_logged "kill hierarchical" 50 "$FINAL/kill_hierarchical.log" \
+    "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 45 --expect-killed 1 "$B/symmem_kill_tests" hierarchical
+  SYMMEM_NODE_SIZE=1 run_logged "torch across nodes" 90 "$FINAL/torch_nodes.log" tests/python/gpu/run.sh 2 -k simulated_nodes
+}
+
+# Every C++ GPU test, both fused ops' tests and their benches (REPS samples each) on 2 ranks.
+gpu_and_fused() {
+  run_logged "gpu tests" 120 "$FINAL/gpu_tests_2_ranks.log" "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests"
+  run_logged "fused tests" 120 "$FINAL/fused_tests_2_ranks.log" tests/python/gpu/run.sh 2 -k "fused or matmul"
+  for op in all_gather_matmul matmul_reduce_scatter; do
+    run_logged "$op bench" 120 "$FINAL/${op}_bench_2.log" python3 -m torch.distributed.run --nproc-per-node 2 \
+      -m symmem.bench.all_gather_matmul --op $op --reps $1 --out "$FINAL/fused"
+  done
+}
+
+case "$1" in
+survey)
+  # First 2-GPU call of a session (tree 2768618 in session 14): the copy probe, issue 14's sweeps
+  # over every block count with the tuning table they pick, every GPU test, both fused ops,
+  # issue 13's tests and sweeps.
+  start_deadline 570
+  run_logged "copy probe (2 GPUs)" 30 "$FINAL/copy_probe_2.txt" "$B/symmem-copy-probe"
+  small_sweeps 5 --blocks 4,8,16,32,64,128 --tune "$FINAL/small/tune.json"
+  gpu_and_fused 9
+  hier_tests
+  hier_sweeps 1M "$FINAL/hierarchical"
   ;;
 shared_gpu)
   # One GPU: the multi-rank protocols with 2-8 ranks as threads (tests/gpu/shared_gpu_tests.cpp),
@@ -189,134 +246,54 @@ shared_gpu)
   echo "shared-GPU mutants rc=$?" >> "$FINAL/summary.txt"
   ;;
 final_two_gpu)
-  # The committed 2-GPU figures after a survey, most wanted first, under one deadline (SURVEY_S):
-  # issue 14's small-message rows with the tuned table (auto), the copy-engine / hierarchical
-  # all-gather against the binary before this tree's change ($B/old-symmem-bench, ABAB) and its
-  # sweeps for issue 13 (1 node x 2, 2 simulated nodes x 1), every GPU test, both fused ops, the
-  # kill paths the change touches, symmem.torch across nodes, the overlap phases, then FSDP2.
-  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
-  deadline=$((SECONDS + ${SURVEY_S:-575}))
-  left() { local l=$((deadline - SECONDS)); [ $l -gt $1 ] && echo $1 || echo $((l > 5 ? l : 5)); }
-  mkdir -p "$FINAL/small" "$FINAL/hier_ab" "$FINAL/hierarchical"
-  for op in all_gather reduce_scatter; do
-    algos=low_latency,push,pull; [ $op = reduce_scatter ] && algos=low_latency,two_shot_push,two_shot
-    for g in "" --graph; do
-      name=${op}${g:+_graph}_2
-      timeout $(left 60) "$B/symmem-bench" $op --gpus 2 -b 1K -e 256K -f 2 -n 50 -w 10 --reps 7 $g \
-        --algos $algos --csv "$FINAL/small/$name.csv" --json /dev/null > "$FINAL/small/$name.txt" 2>&1
-      echo "small $name rc=$?" >> "$FINAL/summary.txt"
-    done
-  done
-  for rep in 1 2; do
-    for which in new old; do
-      bench="$B/symmem-bench"; commit=$SYMMEM_COMMIT
-      [ $which = old ] && bench="$B/old-symmem-bench" && commit=$(cat "$B/OLD_COMMIT" 2>/dev/null || echo old)
-      SYMMEM_COMMIT=$commit timeout $(left 45) "$bench" all_gather --gpus 2 -b 1M -e 64M -f 4 -n 10 -w 3 --reps 5 \
-        --algos copy_engine,hierarchical --csv "$FINAL/hier_ab/${which}_$rep.csv" --json /dev/null \
-        > "$FINAL/hier_ab/${which}_$rep.txt" 2>&1
-      echo "ce ab $which $rep rc=$?" >> "$FINAL/summary.txt"
-    done
-  done
-  for layout in 1x2 2x1; do
-    sim=""; [ $layout = 2x1 ] && sim="--simulate-nodes 2"
-    timeout $(left 60) "$B/symmem-bench" all_gather --gpus 2 $sim -b 16M -e 256M -f 2 -n 10 -w 3 --reps 5 \
-      --algos copy_engine,hierarchical --csv "$FINAL/hierarchical/all_gather_$layout.csv" --json /dev/null \
-      > "$FINAL/hierarchical/all_gather_$layout.txt" 2>&1
-    echo "bench hierarchical $layout rc=$?" >> "$FINAL/summary.txt"
-  done
-  timeout $(left 120) "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
-  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 100) tests/python/gpu/run.sh 2 -k "fused or matmul" > "$FINAL/fused_tests_2_ranks.log" 2>&1
-  echo "fused tests rc=$?" >> "$FINAL/summary.txt"
-  for op in all_gather_matmul matmul_reduce_scatter; do
-    timeout $(left 90) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
-      --op $op --out "$FINAL/fused" > "$FINAL/${op}_bench_2.log" 2>&1
-    echo "$op bench rc=$?" >> "$FINAL/summary.txt"
-  done
-  for conn in "" 1; do
-    env ${conn:+CUDA_DEVICE_MAX_CONNECTIONS=$conn} timeout $(left 40) "$B/symmem-run" -n 2 --timeout 35 --expect-killed 1 \
-      "$B/symmem_kill_tests" copy_engine > "$FINAL/kill_copy_engine${conn:+_max_connections_1}.log" 2>&1
-    echo "kill copy_engine ${conn:+max_connections_1} rc=$?" >> "$FINAL/summary.txt"
-  done
-  timeout $(left 40) "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 35 --expect-killed 1 "$B/symmem_kill_tests" hierarchical \
-    > "$FINAL/kill_hierarchical.log" 2>&1
-  echo "kill hierarchical rc=$?" >> "$FINAL/summary.txt"
-  SYMMEM_NODE_SIZE=1 timeout $(left 60) tests/python/gpu/run.sh 2 -k simulated_nodes > "$FINAL/torch_nodes.log" 2>&1
-  echo "torch across nodes rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 60) "$B/symmem-bench" overlap --gpus 2 -n 10 --reps 5 --csv "$FINAL/overlap_2.csv" --json /dev/null \
-    > "$FINAL/overlap_2.txt" 2>&1
-  echo "overlap rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 80) tests/python/gpu/run.sh 2 -k fsdp > "$FINAL/fsdp_tests_2_ranks.log" 2>&1
-  echo "fsdp tests rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 300) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.fsdp \
-    --out "$FINAL/fsdp" --steps 24 > "$FINAL/fsdp_bench_2.log" 2>&1
-  echo "fsdp bench rc=$?" >> "$FINAL/summary.txt"
+  # The committed small-message figures with the tuned table (auto), the copy engine against the
+  # binary before (ABAB), issue 13's sweeps, every test the tree touched, the overlap phases, FSDP2.
+  start_deadline 575
+  small_sweeps 7
+  ce_ab "$FINAL/hier_ab" 64M new old
+  hier_sweeps 16M "$FINAL/hierarchical"
+  gpu_and_fused 9
+  copy_engine_and_node_checks
+  run_logged overlap 60 "$FINAL/overlap_2.txt" "$B/symmem-bench" overlap --gpus 2 -n 10 --reps 5 \
+    --csv "$FINAL/overlap_2.csv" --json /dev/null
+  run_logged "fsdp tests" 80 "$FINAL/fsdp_tests_2_ranks.log" tests/python/gpu/run.sh 2 -k fsdp
+  run_logged "fsdp bench" 300 "$FINAL/fsdp_bench_2.log" python3 -m torch.distributed.run --nproc-per-node 2 \
+    -m symmem.bench.fsdp --out "$FINAL/fsdp" --steps 24
   ;;
 copy_engine_ab)
-  # The copy-engine fixed cost: this tree against $B/mid-symmem-bench and $B/old-symmem-bench
-  # (MID_COMMIT, OLD_COMMIT), ABC x 2; the hierarchical sweeps (issue 13); the tests the watchdog
-  # change touches (kill paths, every GPU test, both fused ops, symmem.torch across nodes, the
-  # shared-GPU tests); the fused all-gather bench again. One deadline (SURVEY_S).
-  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
-  deadline=$((SECONDS + ${SURVEY_S:-575}))
-  left() { local l=$((deadline - SECONDS)); [ $l -gt $1 ] && echo $1 || echo $((l > 5 ? l : 5)); }
-  mkdir -p "$FINAL/ce_ab" "$FINAL/hierarchical"
-  for rep in 1 2; do
-    for which in new mid old; do
-      bench="$B/symmem-bench"; commit=$SYMMEM_COMMIT
-      [ $which != new ] && bench="$B/$which-symmem-bench" && commit=$(cat "$B/${which^^}_COMMIT" 2>/dev/null || echo $which)
-      SYMMEM_COMMIT=$commit timeout $(left 45) "$bench" all_gather --gpus 2 -b 1M -e 16M -f 4 -n 10 -w 3 --reps 5 \
-        --algos copy_engine,hierarchical --csv "$FINAL/ce_ab/${which}_$rep.csv" --json /dev/null \
-        > "$FINAL/ce_ab/${which}_$rep.txt" 2>&1
-      echo "ce ab $which $rep rc=$?" >> "$FINAL/summary.txt"
-    done
-  done
-  for layout in 1x2 2x1; do
-    sim=""; [ $layout = 2x1 ] && sim="--simulate-nodes 2"
-    timeout $(left 60) "$B/symmem-bench" all_gather --gpus 2 $sim -b 16M -e 256M -f 2 -n 10 -w 3 --reps 5 \
-      --algos copy_engine,hierarchical --csv "$FINAL/hierarchical/all_gather_$layout.csv" --json /dev/null \
-      > "$FINAL/hierarchical/all_gather_$layout.txt" 2>&1
-    echo "bench hierarchical $layout rc=$?" >> "$FINAL/summary.txt"
-  done
-  for conn in "" 1; do
-    env ${conn:+CUDA_DEVICE_MAX_CONNECTIONS=$conn} timeout $(left 40) "$B/symmem-run" -n 2 --timeout 35 --expect-killed 1 \
-      "$B/symmem_kill_tests" copy_engine > "$FINAL/kill_copy_engine${conn:+_max_connections_1}.log" 2>&1
-    echo "kill copy_engine ${conn:+max_connections_1} rc=$?" >> "$FINAL/summary.txt"
-  done
-  timeout $(left 40) "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 35 --expect-killed 1 "$B/symmem_kill_tests" hierarchical \
-    > "$FINAL/kill_hierarchical.log" 2>&1
-  echo "kill hierarchical rc=$?" >> "$FINAL/summary.txt"
-  SYMMEM_NODE_SIZE=1 timeout $(left 60) tests/python/gpu/run.sh 2 -k simulated_nodes > "$FINAL/torch_nodes.log" 2>&1
-  echo "torch across nodes rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 120) "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" > "$FINAL/gpu_tests_2_ranks.log" 2>&1
-  echo "gpu tests rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 100) tests/python/gpu/run.sh 2 -k "fused or matmul" > "$FINAL/fused_tests_2_ranks.log" 2>&1
-  echo "fused tests rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 90) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
-    --reps 15 --out "$FINAL/fused" > "$FINAL/all_gather_matmul_bench_2.log" 2>&1
-  echo "all_gather_matmul bench rc=$?" >> "$FINAL/summary.txt"
-  timeout $(left 90) python3 -m torch.distributed.run --nproc-per-node 2 -m symmem.bench.all_gather_matmul \
-    --op matmul_reduce_scatter --reps 15 --out "$FINAL/fused" > "$FINAL/matmul_reduce_scatter_bench_2.log" 2>&1
-  echo "matmul_reduce_scatter bench rc=$?" >> "$FINAL/summary.txt"
-  SYMMEM_SHARED_GPU_WORLDS="${SHARED_WORLDS:-2 4}" timeout $(left 200) "$B/symmem_shared_gpu_tests" > "$FINAL/shared_gpu_tests.log" 2>&1
-  echo "shared-GPU tests rc=$?" >> "$FINAL/summary.txt"
+  # The copy engine's fixed cost against two earlier binaries (ABC x 2), issue 13's sweeps, the
+  # tests the watchdog change touches, both fused ops (15 samples), the shared-GPU tests.
+  start_deadline 575
+  ce_ab "$FINAL/ce_ab" 16M new mid old
+  hier_sweeps 16M "$FINAL/hierarchical"
+  copy_engine_and_node_checks
+  gpu_and_fused 15
+  SYMMEM_SHARED_GPU_WORLDS="${SHARED_WORLDS:-2 4}" run_logged "shared-GPU tests" 200 "$FINAL/shared_gpu_tests.log" \
+    "$B/symmem_shared_gpu_tests"
   ;;
 across_nodes_checks)
-  # The failure path and the torch package across (simulated) nodes, after their fixes; the
-  # hierarchical GPU tests in both layouts; every symmem.torch GPU test (2 ranks).
-  export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
-  timeout 60 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" hierarchical \
-    > "$FINAL/kill_hierarchical.log" 2>&1
-  echo "kill hierarchical rc=$?" >> "$FINAL/summary.txt"
-  SYMMEM_NODE_SIZE=1 timeout 90 tests/python/gpu/run.sh 2 -k simulated_nodes > "$FINAL/torch_nodes.log" 2>&1
-  echo "torch across nodes rc=$?" >> "$FINAL/summary.txt"
-  timeout 120 "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical > "$FINAL/hier_tests_1x2.log" 2>&1
-  echo "hierarchical tests 1x2 rc=$?" >> "$FINAL/summary.txt"
-  timeout 120 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical \
-    > "$FINAL/hier_tests_2x1.log" 2>&1
-  echo "hierarchical tests 2x1 rc=$?" >> "$FINAL/summary.txt"
-  timeout 200 tests/python/gpu/run.sh 2 > "$FINAL/torch_tests_2_ranks.log" 2>&1
-  echo "torch tests rc=$?" >> "$FINAL/summary.txt"
+  # After the fixes of the failure path across nodes: those checks, the hierarchical tests, every
+  # symmem.torch GPU test (2 ranks).
+  start_deadline 575
+  copy_engine_and_node_checks
+  hier_tests
+  run_logged "torch tests" 200 "$FINAL/torch_tests_2_ranks.log" tests/python/gpu/run.sh 2
+  ;;
+final_checks)
+  # After the review fixes (batch on a side stream for default streams, the own copy on a stream
+  # of default priority, the network stream joined after a failure): every GPU test, the failure
+  # paths, the copy engine against 2768618 and issue 13's sweeps again, the fused and torch tests,
+  # the shared-GPU tests.
+  start_deadline 540
+  run_logged "gpu tests" 120 "$FINAL/gpu_tests_2_ranks.log" "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests"
+  copy_engine_and_node_checks
+  hier_tests
+  ce_ab "$FINAL/ce_ab" 16M new old
+  hier_sweeps 16M "$FINAL/hierarchical"
+  run_logged "fused tests" 120 "$FINAL/fused_tests_2_ranks.log" tests/python/gpu/run.sh 2 -k "fused or matmul"
+  run_logged "torch tests" 150 "$FINAL/torch_tests_2_ranks.log" tests/python/gpu/run.sh 2
+  SYMMEM_SHARED_GPU_WORLDS="${SHARED_WORLDS:-2 3 4}" run_logged "shared-GPU tests" 200 "$FINAL/shared_gpu_tests.log" \
+    "$B/symmem_shared_gpu_tests"
   ;;
 hierarchical)
   # Tests: one node (the hierarchical cases of the suite), two simulated nodes (each rank its own

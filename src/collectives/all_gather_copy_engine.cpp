@@ -138,11 +138,14 @@ CopyEngineState::CopyEngineState(CommunicatorState& state)
   batch_ = state.settings.copy_engine_batch;
   DeviceGuard guard(state.device);
   try {
-    // Highest priority: the copies are short and the GEMMs they overlap should not delay them.
+    // Highest priority for the side streams: their copies and waits are short and the GEMMs they
+    // overlap should not delay them (the own slot's copy, a kernel, gets the lowest: own_stream).
     int least = 0, greatest = 0;
     SYMMEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     for (int i = 0; i < streams_count_; ++i)
       SYMMEM_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[i], cudaStreamNonBlocking, greatest));
+    SYMMEM_CUDA_CHECK(cudaStreamCreateWithPriority(&own_stream_, cudaStreamNonBlocking, least));
+    SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&own_join_, cudaEventDisableTiming));
     SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     for (int i = 0; i < streams_count_; ++i)
       SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
@@ -167,6 +170,10 @@ void CopyEngineState::destroy_cuda_objects() noexcept {
   }
   if (fork_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(fork_));
   fork_ = nullptr;
+  if (own_stream_) SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(own_stream_));
+  if (own_join_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(own_join_));
+  own_stream_ = nullptr;
+  own_join_ = nullptr;
 }
 
 CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) noexcept {
@@ -175,7 +182,7 @@ CopyEngineState::Clock::duration CopyEngineState::poll(Clock::time_point now) no
   const bool aborted = load_word(abort_) != 0 || load_word(&page_->status.code) != kStatusOk;
   uint32_t seen = load_word(state);
   if (state_of(seen) == kWaitEntered) {
-    const uint32_t watched = (seen & ~kStateMask) | kWaitWatched;
+    const uint32_t watched = watched_of(seen);
     if (swap_word(state, seen, watched)) {
       // The stream reached a wait since the last look: the clock starts now.
       timing_ = true;
@@ -273,23 +280,27 @@ void enqueue_copies(CopyEngineState& ce, const std::vector<EngineCopy>& copies, 
                     cudaStream_t stream) {
   const bool batch = batchable && copies.size() > 1;
   // Share 0 of the peer copies (all of them when batched or on one stream) runs on the caller's
-  // stream itself: a fork and a join on the path every byte takes cost microseconds per call. The
-  // other shares fork onto side streams 0 .. n - 2, and the own slot's local copy (a kernel, no
-  // peer involved) onto side stream n - 1 beside them. Inside one batch the local copy delayed
-  // the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched with it, 333 beside it;
-  // bench/results/h200/README.md).
+  // stream itself: a fork and a join on the path every byte takes cost microseconds per call
+  // (bench/results/h200/copy_engine_ab). The other shares fork onto side streams 0 .. n - 2, and
+  // the own slot's local copy (a kernel, no peer involved) onto its own stream beside them; inside
+  // one batch it delayed the NVLink copies (2 x H200, 64 MiB per rank: 287 GB/s batched with it,
+  // 333 beside it; bench/results/h200/README.md). cudaMemcpyBatchAsync refuses the legacy default
+  // stream: a batch for a default stream runs on side stream 0.
+  const bool default_stream = stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
   const int n = batch ? 1 : ce.streams();
+  auto share_of = [&](const EngineCopy& c) { return batch ? (default_stream ? 1 : 0) : c.stream % n; };
+  auto stream_of = [&](int share) { return share == 0 ? stream : ce.side_stream(share - 1); };
   bool forked[CopyEngineState::kMaxStreams] = {};
   for (const EngineCopy& c : copies)
-    if (int share = batch ? 0 : c.stream % n; share > 0) forked[share - 1] = true;
-  if (own) forked[ce.streams() - 1] = true;
-  const bool any_fork = std::any_of(std::begin(forked), std::end(forked), [](bool f) { return f; });
+    if (const int share = share_of(c); share > 0) forked[share - 1] = true;
+  const bool any_fork = own != nullptr || std::any_of(std::begin(forked), std::end(forked), [](bool f) { return f; });
   if (any_fork) SYMMEM_CUDA_CHECK(cudaEventRecord(ce.fork_event(), stream));
   for (int s = 0; s < ce.streams(); ++s)
     if (forked[s]) SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.side_stream(s), ce.fork_event(), 0));
-  if (own)
-    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(own->dst, own->src, own->bytes, cudaMemcpyDeviceToDevice,
-                                      ce.side_stream(ce.streams() - 1)));
+  if (own) {
+    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(ce.own_stream(), ce.fork_event(), 0));
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(own->dst, own->src, own->bytes, cudaMemcpyDeviceToDevice, ce.own_stream()));
+  }
   if (batch) {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
@@ -304,19 +315,20 @@ void enqueue_copies(CopyEngineState& ce, const std::vector<EngineCopy>& copies, 
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_index = 0;
-    SYMMEM_CUDA_CHECK(
-        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1, stream));
+    SYMMEM_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1,
+                                           stream_of(share_of(copies.front()))));
   } else {
-    for (const EngineCopy& c : copies) {
-      const int share = c.stream % n;
-      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice,
-                                        share == 0 ? stream : ce.side_stream(share - 1)));
-    }
+    for (const EngineCopy& c : copies)
+      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream_of(share_of(c))));
   }
   for (int s = 0; s < ce.streams(); ++s) {
     if (!forked[s]) continue;
     SYMMEM_CUDA_CHECK(cudaEventRecord(ce.join_event(s), ce.side_stream(s)));
     SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.join_event(s), 0));
+  }
+  if (own) {
+    SYMMEM_CUDA_CHECK(cudaEventRecord(ce.own_join_event(), ce.own_stream()));
+    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ce.own_join_event(), 0));
   }
 }
 

@@ -90,9 +90,10 @@ void all_gather_hierarchical(CommunicatorState& st, const CopyEngineCall& call, 
           net->exchange(schedule.pieces[k], static_cast<int>(k), call.in, call.out, call.signature);
       }
     } catch (const Error&) {
-      // A failed step recorded the failure (BetweenNodes::fail) before throwing: raise the record
-      // as every collective raises one, naming the failed rank, so that later calls find the
-      // communicator aborted; NCCL's own text stays in the record.
+      // A failed step recorded the failure (BetweenNodes::fail) before throwing: join the network
+      // stream, then raise the record as every collective raises one, naming the failed rank, so
+      // that later calls find the communicator aborted; NCCL's own text stays in the record.
+      net->join_all(stream);
       st.ensure_usable("all_gather");
       throw;
     }

@@ -124,7 +124,10 @@ class CopyEngineState {
     const uint32_t peer = wait_peer == BoardPage::kEveryPeer ? kEveryPeerCode : (wait_peer & 0xFFu);
     return (state & kStateMask) | (phase & 0xFFu) << 8 | peer << 16 | (piece & 0xFFu) << 24;
   }
+  static_assert(kMaxWorld < kEveryPeerCode && BoardPage::kPieceSignals <= 256, "wait_word packs peer and piece in a byte");
   static constexpr uint32_t state_of(uint32_t word) { return word & kStateMask; }
+  // The watchdog's acknowledgement of an entered wait: the same wait, state 3.
+  static constexpr uint32_t watched_of(uint32_t word) { return (word & ~kStateMask) | kWaitWatched; }
   static constexpr uint32_t phase_of(uint32_t word) { return (word >> 8) & 0xFFu; }
   static constexpr uint32_t wait_peer_of(uint32_t word) {
     const uint32_t peer = (word >> 16) & 0xFFu;
@@ -149,6 +152,10 @@ class CopyEngineState {
   cudaStream_t side_stream(int i) const { return streams_[i]; }
   cudaEvent_t fork_event() const { return fork_; }
   cudaEvent_t join_event(int i) const { return joins_[i]; }
+  // The own slot's local copy (a kernel): a stream of default priority, so that it does not
+  // take SMs ahead of the caller's kernels as the highest-priority side streams would.
+  cudaStream_t own_stream() const { return own_stream_; }
+  cudaEvent_t own_join_event() const { return own_join_; }
 
  private:
   using Clock = PollingThread::Clock;
@@ -172,6 +179,8 @@ class CopyEngineState {
   cudaStream_t streams_[kMaxStreams] = {};
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t joins_[kMaxStreams] = {};
+  cudaStream_t own_stream_ = nullptr;
+  cudaEvent_t own_join_ = nullptr;
 
   // Watchdog thread state (touched by that thread only).
   bool timing_ = false;              // a blocked wait is being timed (this thread wrote its 3)

@@ -131,13 +131,12 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
            "; every rank must make the same collective calls with the same arguments";
   }
   if (s.op == kOpAllGatherMatmul && s.block >= 0) {
-    // The fused GEMM's wait for rows of A (fused/flag_waiting_scheduler.cuh): its deadline is twice
-    // the communicator's plus 1 s, and what it waits for may also be this rank's own copy.
+    // The fused GEMM's wait for rows of a peer's shard (fused/flag_waiting_scheduler.cuh; the own
+    // shard's rows precede the GEMM and are never waited for): its deadline is twice the
+    // communicator's plus 1 s.
     return me + " timed out after " + std::to_string(2 * st.timeout_ms() + 1000) + " ms in " + mine +
-           ": its GEMM waited for rows of " + (s.peer == s.rank ? "its own shard" : peer + "'s shard") +
-           " (flag " + std::to_string(s.phase) + ") that never arrived; " +
-           (s.peer == s.rank ? "the copy could not start (another kernel holding every SM beside the GEMM?)"
-                             : peer + " is dead or stalled, or its copy could not start");
+           ": its GEMM waited for rows of " + peer + "'s shard (flag " + std::to_string(s.phase) +
+           ") that never arrived; " + peer + " is dead or stalled, or its copy could not start";
   }
   return me + " timed out after " + std::to_string(st.timeout_ms()) + " ms in " + mine + " waiting for " + peer +
          (s.block >= 0 ? " (block " + std::to_string(s.block) + ", phase " + std::to_string(s.phase) + ")"

@@ -135,6 +135,12 @@ void BetweenNodes::join_piece(int index, cudaStream_t caller) {
   SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(caller, pieces_[index], 0));
 }
 
+void BetweenNodes::join_all(cudaStream_t caller) noexcept {
+  // fork_ was last waited on when the call forked: recording it again is safe.
+  SYMMEM_CUDA_CHECK_NOTHROW(cudaEventRecord(fork_, stream_));
+  SYMMEM_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(caller, fork_, 0));
+}
+
 void BetweenNodes::mark(uint32_t state, uint32_t piece, uint32_t signature) {
   // Default writes: each is fenced, so the watchdog that reads the 1 reads this step's piece and
   // signature, and the 2 follows the NCCL kernels' completion.

@@ -58,6 +58,9 @@ class BetweenNodes {
   void fork_from(cudaStream_t caller);
   // Join: `caller` waits for piece `index`'s step (0 <= index < kHierMaxPieces).
   void join_piece(int index, cudaStream_t caller);
+  // After a failed step: `caller` waits for everything on stream() (what NCCL still had queued
+  // writes the caller's output; a capture ends only once every fork is joined). Never throws.
+  void join_all(cudaStream_t caller) noexcept;
 
   // One piece's network step on stream(): its sends of `in` and receives into `out`, then its
   // event. Throws (and fails the communicator) when NCCL refuses the calls.

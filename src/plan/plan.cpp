@@ -49,8 +49,8 @@ int low_latency_blocks(size_t words) { return blocks_for(words, kThreadsPerBlock
 // Low latency gives every word its own thread: an SM budget below that slows it in proportion
 // (2 x H200, 256 KiB per rank: 42 us on 4 blocks, 5.7 on 128), so a chosen (not asked-for) low
 // latency yields to the SM algorithms when the budget binds.
-bool low_latency_budget_binds(int max_blocks, int blocks, size_t bytes) {
-  return max_blocks > 0 && max_blocks < (blocks > 0 ? blocks : low_latency_blocks((bytes + 3) / 4));
+bool low_latency_budget_binds(int max_blocks, int blocks, size_t words) {
+  return max_blocks > 0 && max_blocks < (blocks > 0 ? blocks : low_latency_blocks(words));
 }
 
 constexpr size_t kLowLatencyAutoPeerBytes = size_t(256) << 10;
@@ -125,7 +125,7 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     if (algo == Algo::kPush && r.options.max_blocks > 0 && r.options.max_blocks < blocks &&
         r.bytes_per_rank >= kPullUnderBudgetBytes)
       algo = Algo::kPull;
-    if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, r.bytes_per_rank))
+    if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, (r.bytes_per_rank + 3) / 4))
       algo = Algo::kPush;
   }
   if (algo == Algo::kLowLatency) {
@@ -217,7 +217,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
     } else {
       algo = bytes <= (size_t(64) << 10) && ll_fits ? Algo::kLowLatency : Algo::kTwoShot;
     }
-    if (r.reduce_scatter && algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, bytes))
+    if (r.reduce_scatter && algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, bytes / 4))
       algo = Algo::kTwoShotPush;
     if (needs_heap_output(algo, r.reduce_scatter) && !r.out_symmetric) algo = Algo::kTwoShot;
   }

@@ -249,6 +249,42 @@ TEST(all_gather_graph_replays_follow_inputs_changed_in_place) {
   EXPECT_EQ(fx.sum(wrong), 0L);
 }
 
+// The copy engine issues a call's copies as one cudaMemcpyBatchAsync when there are several,
+// and that API refuses the legacy default stream: calls on the default streams (torch's default
+// stream is stream 0) keep the batch on a side stream. SYMMEM_CE_PIECE_KB cuts each peer's copy
+// into pieces so that two ranks batch too. In and out of place, every round new data.
+TEST(copy_engine_all_gather_in_pieces_on_the_default_streams) {
+  Fixture& fx = Fixture::get();
+  const int world = fx.world();
+  setenv("SYMMEM_CE_PIECE_KB", "64", 1);  // read at creation, agreed by every rank
+  auto comm = Communicator::create(fx.bootstrap, fx.job.local_rank);
+  unsetenv("SYMMEM_CE_PIECE_KB");
+  constexpr size_t kBytes = (size_t(1) << 20) + 4096 + 3;  // per rank: 17 pieces, the last one short
+  Buffer* in = comm->allocate(kBytes);
+  Buffer* out = comm->allocate(kBytes * world);
+  DeviceBuffer expected(kBytes * world);
+  CollectiveOptions o;
+  o.algo = Algo::kCopyEngine;
+  long wrong = 0, calls = 0;
+  for (cudaStream_t s : {cudaStream_t(nullptr), cudaStreamLegacy, cudaStreamPerThread}) {
+    for (int round = 0; round < 4; ++round) {
+      const bool in_place = round % 2 == 1;
+      for (int r = 0; r < world; ++r)
+        fill_pattern(static_cast<char*>(expected.ptr) + r * kBytes, kBytes, mix_seed(r, round, 77), s);
+      TEST_CUDA(cudaMemsetAsync(out->ptr(), 0xA5, kBytes * world, s));  // poison
+      const Operand src = in_place ? Operand(out, fx.rank() * kBytes) : Operand(in);
+      fill_pattern(src.ptr(), kBytes, mix_seed(fx.rank(), round, 77), s);
+      all_gather(out, src, kBytes, DataType::kUInt8, *comm, s, o);
+      comm->synchronize(s);
+      if (download(out->ptr(), kBytes * world) != download(expected.ptr, kBytes * world)) ++wrong;
+      ++calls;
+    }
+  }
+  comm->close();
+  EXPECT_EQ(fx.sum(wrong), 0L);
+  EXPECT_EQ(calls, 12L);
+}
+
 TEST(in_process_threads_share_one_job) {
   // One process drives two GPUs on threads (run with one rank on a machine with two GPUs).
   Fixture& fx = Fixture::get();

@@ -211,6 +211,8 @@ def enable(model, all_gather="copy_engine", reduce_scatter=True):
     """Installs symmem's all-gather (``all_gather``: its algorithm, or None to keep FSDP's) and
     reduce-scatter (``reduce_scatter=False`` keeps FSDP's) on every FSDP module of `model` (the
     setters are per module). Modules of one shard group share one comm, and so its buffers.
+    An SM all-gather ("auto", "push", "pull") beside symmem's reduce-scatter is not safe: FSDP
+    runs them on two unordered streams of one communicator (docs/torch.md, FSDP2 "Streams").
     Returns the number of FSDP modules changed."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
