@@ -18,9 +18,10 @@
 //          -> every peer's input holds this call's data (pull); every peer's output may be written (push)
 //   copies: pull (default): read every peer's input, write this rank's own output only. push
 //          (SYMMEM_CE_DIRECTION=push, symmetric outputs only): write this rank's input into every
-//          peer's output. One cudaMemcpyBatchAsync on the caller's stream outside capture, one
+//          peer's output. One cudaMemcpyBatchAsync on the caller's stream outside capture (on
+//          side stream 0 when the caller's is a default stream, which the batch API refuses), one
 //          cudaMemcpyAsync per piece under capture (the first stream's share on the caller's
-//          stream, the others on side streams); the own slot is copied on a side stream beside
+//          stream, the others on side streams); the own slot is copied on own_stream() beside
 //          them (never inside the batch: it delayed the NVLink copies).
 //   done:  the same with ce_done and phase 1, after the copies joined (the fence of the first
 //          done write makes the copies' writes visible before it)

@@ -42,10 +42,6 @@ int blocks_for(size_t traffic_bytes, size_t bytes_per_block, int lo, int hi) {
 // its own thread, within 4 to 128 blocks, as the H200 sweeps favour.
 int low_latency_blocks(size_t words) { return blocks_for(words, kThreadsPerBlock, 4, 128); }
 
-// Built-in rule for the low-latency all-gather and reduce-scatter, for GPUs without a table row:
-// while what each rank stores to its peers, (world - 1) x bytes, stays within 256 KiB. On 2 x H200
-// it won from 1 to 256 KiB per rank, eager and replayed, against every SM algorithm and NCCL
-// (bench/results/h200/small_messages); past two ranks the bound is scaled, not measured.
 // Low latency gives every word its own thread: an SM budget below that slows it in proportion
 // (2 x H200, 256 KiB per rank: 42 us on 4 blocks, 5.7 on 128), so a chosen (not asked-for) low
 // latency yields to the SM algorithms when the budget binds.
@@ -53,6 +49,10 @@ bool low_latency_budget_binds(int max_blocks, int blocks, size_t words) {
   return max_blocks > 0 && max_blocks < (blocks > 0 ? blocks : low_latency_blocks(words));
 }
 
+// Built-in rule for the low-latency all-gather and reduce-scatter, for GPUs without a table row:
+// while what each rank stores to its peers, (world - 1) x bytes, stays within 256 KiB. On 2 x H200
+// it won from 1 to 256 KiB per rank, eager and replayed, against every SM algorithm and NCCL
+// (bench/results/h200/small_messages); past two ranks the bound is scaled, not measured.
 constexpr size_t kLowLatencyAutoPeerBytes = size_t(256) << 10;
 bool low_latency_by_rule(size_t bytes_per_rank, int world, bool fits) {
   return fits && bytes_per_rank * static_cast<size_t>(std::max(1, world - 1)) <= kLowLatencyAutoPeerBytes;
@@ -93,6 +93,7 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     throw Error(ErrorCode::kInvalidArgument, std::string("all_gather: algorithm ") + algo_name(algo) +
                                                  " is not an all-gather algorithm (pull, push, copy_engine, low_latency)");
   const bool ll_fits = r.bytes_per_rank <= r.low_latency_capacity;
+  const size_t ll_words = (r.bytes_per_rank + 3) / 4;  // low latency moves 4-byte words
   auto fits = [&](Algo a) { return a != Algo::kLowLatency || ll_fits; };
   if (!fits(algo))
     throw Error(ErrorCode::kInvalidArgument, "all_gather: low_latency takes up to " +
@@ -125,13 +126,13 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     if (algo == Algo::kPush && r.options.max_blocks > 0 && r.options.max_blocks < blocks &&
         r.bytes_per_rank >= kPullUnderBudgetBytes)
       algo = Algo::kPull;
-    if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, (r.bytes_per_rank + 3) / 4))
+    if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, ll_words))
       algo = Algo::kPush;
   }
   if (algo == Algo::kLowLatency) {
     // Peers touch neither operand: nothing is staged, whatever the buffers.
     plan.algo = algo;
-    if (blocks <= 0) blocks = low_latency_blocks((r.bytes_per_rank + 3) / 4);
+    if (blocks <= 0) blocks = low_latency_blocks(ll_words);
     plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
     plan.vector_bytes = 4;
     return plan;

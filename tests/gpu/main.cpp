@@ -6,12 +6,11 @@
 #include <cstdlib>
 
 #include "fixture.hpp"
+#include "multicast_off.hpp"
 #include "test.hpp"
 
 int main(int argc, char** argv) {
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
-  setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+  symmem::test::keep_multicast_off();
   const int world = std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1;
   int gpus = 0;
   const cudaError_t err = cudaGetDeviceCount(&gpus);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "device_memory.hpp"
+#include "multicast_off.hpp"
 #include "symmem/fused.hpp"
 #include "symmem/symmem.hpp"
 #include "test.hpp"
@@ -607,9 +608,7 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
-  setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+  symmem::test::keep_multicast_off();
   setenv("SYMMEM_TEST_SHARED_GPU", "1", 1);
   // Every rank's streams on their own hardware queue: a rank's work queued behind another's
   // waiting kernel (or stream wait) would wait for its own peer, until the deadline.

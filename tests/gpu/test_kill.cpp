@@ -28,6 +28,7 @@
 #include <string>
 
 #include "api_compat.hpp"
+#include "multicast_off.hpp"
 #include "symmem/symmem.hpp"
 
 using namespace symmem;
@@ -202,9 +203,7 @@ int run(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
-  setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+  symmem::test::keep_multicast_off();
   const std::string path = argc > 1 ? argv[1] : "";
   if (path != "sm" && path != "low_latency" && path != "copy_engine" && path != "graph" && path != "hierarchical") {
     std::fprintf(stderr, "usage: symmem-run -n 2 --expect-killed 1 %s sm|low_latency|copy_engine|graph|hierarchical\n",

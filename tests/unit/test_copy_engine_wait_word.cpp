@@ -16,7 +16,7 @@ TEST(copy_engine_wait_word_carries_the_state_and_which_wait) {
         EXPECT_EQ(CE::wait_peer_of(entered), peer);
         EXPECT_EQ(CE::piece_of(entered), piece);
         // The watchdog's 3 keeps which wait; it never equals a 1, a 2 or a 0 the stream writes.
-        const uint32_t watched = (entered & ~CE::kStateMask) | CE::kWaitWatched;
+        const uint32_t watched = CE::watched_of(entered);
         EXPECT_EQ(CE::state_of(watched), CE::kWaitWatched);
         EXPECT_EQ(CE::phase_of(watched), phase);
         EXPECT(watched != entered && watched != CE::kWaitPassed && watched != CE::kWaitIdle);
