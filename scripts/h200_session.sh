@@ -19,6 +19,7 @@
 #   scripts/h200_session.sh copy_engine_ab   the copy-engine fixed cost against two earlier binaries, then its tests
 #   scripts/h200_session.sh across_nodes_checks   kill and torch paths across simulated nodes, torch tests
 #   scripts/h200_session.sh final_checks   the last 2-GPU checks of session 14 (tests, failure paths, copy engine A/B)
+#   scripts/h200_session.sh fsdp_probe   issue 11: reduce-scatter by SM budget, FSDP2 steps by budget, traced
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -387,6 +388,23 @@ fused_gemm_tiles)
       echo "fused_gemm_tiles $d $m rc=$?" >> "$FINAL/summary.txt"
     done
   done
+  ;;
+fsdp_probe)
+  # Issue 11, where the FSDP2 step's time goes: the reduce-scatter alone by SM budget at layer
+  # sizes, then the step with SM budgets for symmem's collectives, each row traced once.
+  start_deadline 560
+  [ -n "${PROBE_BLOCKS:-}" ] && run_logged "reduce-scatter by blocks" 90 "$FINAL/reduce_scatter_blocks_2.txt" "$B/symmem-bench" reduce_scatter \
+    --gpus 2 -b 32M -e 256M -f 2 -n 10 -w 3 --reps 3 --blocks $PROBE_BLOCKS --algos two_shot \
+    --csv "$FINAL/reduce_scatter_blocks_2.csv" --json /dev/null
+  if [ -n "${FSDP_TESTS:-}" ]; then
+    run_logged "fsdp tests" 120 "$FINAL/fsdp_tests_2_ranks.log" tests/python/gpu/run.sh 2 -k fsdp
+    SYMMEM_TEST_SHARED_FSDP_COMMUNICATOR=1 run_logged "fsdp skewed streams, shared communicator (must fail)" 90 \
+      "$FINAL/fsdp_tests_shared_communicator.log" tests/python/gpu/run.sh 2 -k skewed_streams
+  fi
+  run_logged "fsdp probe" 420 "$FINAL/fsdp_probe_2.log" python3 -m torch.distributed.run --nproc-per-node 2 \
+    -m symmem.bench.fsdp --out "$FINAL/fsdp" ${FSDP_BENCH_ARGS:-}
+  [ -n "${FSDP_BENCH_ARGS2:-}" ] && run_logged "fsdp probe 2" 420 "$FINAL/fsdp_probe_2b.log" python3 -m \
+    torch.distributed.run --nproc-per-node 2 -m symmem.bench.fsdp --out "$FINAL/fsdp2" $FSDP_BENCH_ARGS2
   ;;
 fsdp)
   # FSDP2 on symmem: its GPU tests (torchrun, 2 ranks) and the training-step benchmark.

@@ -7,6 +7,10 @@ Rows (impl):
   nccl           stock FSDP2: NCCL all-gather and reduce-scatter
   symmem         copy-engine all-gather (no SMs) + symmem reduce-scatter (symmem.torch.fsdp.enable)
   symmem_sm      SM all-gather (algorithm auto) + symmem reduce-scatter
+  symmem_ag      copy-engine all-gather + NCCL's reduce-scatter: bit-identical to nccl (wrong counts
+                 any difference), the check that the all-gather moved every byte at this scale
+  +bN (suffix)   enable(max_blocks=N): symmem's SM collectives take at most N blocks (default:
+                 symmem.torch.fsdp.FSDP_MAX_BLOCKS), e.g. symmem+b128 (the tuning table's count)
   nccl_symm_mem  FSDP2 with set_symm_mem_for_comm, where the installed torch has it (>= 2.12)
   no_all_gather  an all-gather that moves nothing (garbage parameters, wrong = -1: not checked),
                  NCCL's reduce-scatter: the nccl step without all-gather cost
@@ -19,13 +23,15 @@ stream with nothing else, so `all_gather_us` is an upper bound of their cost ins
 
 Every row trains its own copy of the model: same initialisation, same tokens (four fixed batches
 in turn: a task the model learns, so that the loss moves), bf16 parameters, AdamW, implicit
-prefetch. After `--warmup` steps per row, one step of every row is timed in turn
-(ABAB...) `--steps` times (CUDA events around the step; the slower rank's time). The CSV has the
-median step time with the fastest and slowest step; `wrong` counts the steps whose loss differs
-from the nccl row's by more than `--loss-rtol` (relative).
+prefetch (or explicit, one layer ahead: --prefetch explicit). After `--warmup` steps per row, one
+step of every row is timed in turn (ABAB...) `--steps` times (CUDA events around the step; the
+slower rank's time). The CSV has the median step time with the fastest and slowest step; `wrong`
+counts the steps (summed over ranks) whose loss leaves the nccl row's: the first step's at all,
+the later ones by more than `--loss-rtol` x loss + `--loss-atol` (see _wrong_steps).
 """
 import argparse
 import datetime
+import gc
 import statistics
 
 import torch
@@ -78,6 +84,8 @@ class Row:
         import symmem.torch.fsdp as sfsdp
         dim, layers, hidden = (int(v) for v in size.split(":"))
         self.impl, self.size = impl, size
+        base, _, budget = impl.partition("+b")  # "symmem+b16": SM budget 16 blocks (enable's max_blocks)
+        budget = {"max_blocks": int(budget)} if budget else {}  # else enable's default
         self.params = parameter_count(args.vocab, dim, layers, hidden)
         torch.manual_seed(0)
         with torch.device("cuda"):
@@ -85,21 +93,29 @@ class Row:
         for layer in self.model.layers:
             fully_shard(layer)
         fully_shard(self.model)
-        if impl == "symmem":
-            sfsdp.enable(self.model, all_gather="copy_engine")
-        elif impl == "symmem_sm":
-            sfsdp.enable(self.model, all_gather="auto")
-        elif impl in ("no_all_gather", "no_all_gather_symmem_rs"):
-            if impl == "no_all_gather_symmem_rs":
-                sfsdp.enable(self.model, all_gather=None)  # symmem's reduce-scatter, as the symmem rows
+        if args.prefetch == "explicit":  # each layer's all-gather issued one layer ahead
+            layers = list(self.model.layers)
+            for i, layer in enumerate(layers[:-1]):
+                layer.set_modules_to_forward_prefetch([layers[i + 1]])
+            for i, layer in enumerate(layers[1:], start=1):
+                layer.set_modules_to_backward_prefetch([layers[i - 1]])
+        if base == "symmem":
+            sfsdp.enable(self.model, all_gather="copy_engine", **budget)
+        elif base == "symmem_ag":
+            sfsdp.enable(self.model, all_gather="copy_engine", reduce_scatter=False)
+        elif base == "symmem_sm":
+            sfsdp.enable(self.model, all_gather="auto", **budget)
+        elif base in ("no_all_gather", "no_all_gather_symmem_rs"):
+            if base == "no_all_gather_symmem_rs":  # symmem's reduce-scatter, as the symmem rows
+                sfsdp.enable(self.model, all_gather=None, **budget)
             for m in self.model.modules():
                 if isinstance(m, FSDPModule):
                     m.set_custom_all_gather(_NoAllGather())
-        elif impl == "nccl_symm_mem":
+        elif base == "nccl_symm_mem":
             for m in self.model.modules():
                 if isinstance(m, FSDPModule):
                     m.set_symm_mem_for_comm()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
         # A learnable task (a few fixed sequences, in turn), so that the loss falls fast and a row
         # whose parameters or gradients went wrong leaves the nccl row's loss curve.
         g = torch.Generator(device="cuda").manual_seed(1000 + dist.get_rank())
@@ -120,6 +136,61 @@ class Row:
         self.losses.append(loss.item())
         if timed:
             self.times.append(start.elapsed_time(end) * 1000)
+
+
+def _trace(rows, size, args, rank):
+    """One profiled step of every row (all ranks step; rank 0 writes): a per-stream summary of the
+    GPU's work (symmem.bench._trace_summary) and, for the first size, the chrome traces (gzip)."""
+    import gzip
+    import os
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from ._trace_summary import summarize
+    os.makedirs(args.trace, exist_ok=True)
+    texts = []
+    for row in rows:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            row.step(args, timed=False)
+        if rank != 0:
+            continue
+        path = os.path.join(args.trace, f"trace_{size.replace(':', '_')}_{row.impl.replace('+', '_')}.json")
+        prof.export_chrome_trace(path)
+        texts.append(summarize(path, f"{size} {row.impl}"))
+        if size == args.sizes[0] and row.impl in ("nccl", "symmem"):
+            with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        os.remove(path)
+    if rank == 0:
+        text = "\n".join(texts)
+        print(text, flush=True)
+        with open(os.path.join(args.trace, f"trace_summary_{size.replace(':', '_')}.txt"), "w") as f:
+            f.write(text + "\n")
+
+
+def _wrong_steps(losses, reference, args):
+    """Steps whose loss leaves the nccl row's: the first step's exactly (its forward ran on the
+    same parameters, gathered), the later ones beyond rtol + atol (the attention's and embedding's
+    backward add with atomics, so even two nccl runs part by rounding after the first step)."""
+    first = int(losses[0] != reference[0])
+    return first + sum(abs(a - b) > args.loss_rtol * abs(b) + args.loss_atol for a, b in zip(losses[1:], reference[1:]))
+
+
+def _table(results, args, world, gpu, commit, date):
+    lines = [f"FSDP2 step, world {world}, {gpu}, seq {args.seq} x batch {args.batch}, bf16, {args.prefetch} "
+             f"prefetch, {args.steps} interleaved steps after {args.warmup} warm-up (median ms [min, max])"]
+    for size in dict.fromkeys(r["model"] for r in results):
+        sel = [r for r in results if r["model"] == size]
+        nccl = next(r for r in sel if r["impl"] == "nccl")["time_us"]
+        lines.append(f"model {size} (dim:layers:hidden), {sel[0]['params'] / 1e9:.2f} B parameters")
+        for r in sel:
+            extra = (f"  all-gathers alone {r['all_gather_us'] / 1e3:.2f} ms, hidden {r['hidden']:.0%}"
+                     if "hidden" in r else "")
+            lines.append(f"  {r['impl']:14s} {r['time_us'] / 1e3:8.2f} [{r['time_min_us'] / 1e3:.2f}, "
+                         f"{r['time_max_us'] / 1e3:.2f}]  nccl/this {nccl / r['time_us']:.3f}  wrong {r['wrong']}"
+                         + extra)
+    return "\n".join(lines) + f"\ncommit {commit}, {date}"
 
 
 def plot(rows, path):
@@ -159,7 +230,14 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=1e-4, help="AdamW's (1e-3 diverges at 4096 wide)")
     parser.add_argument("--loss-rtol", type=float, default=1e-2)
+    parser.add_argument("--loss-atol", type=float, default=2e-2,
+                        help="absolute loss tolerance (the loss nears 0 as the task is learnt: rounding)")
+    parser.add_argument("--prefetch", choices=["implicit", "explicit"], default="implicit",
+                        help="FSDP2's prefetch: implicit (as issued), or explicit one layer ahead")
+    parser.add_argument("--trace", default=None,
+                        help="directory: profile one more step of every row, write what each stream did")
     parser.add_argument("--impls", nargs="*", default=["nccl", "symmem", "symmem_sm", "nccl_symm_mem", "no_all_gather",
                                                        "no_all_gather_symmem_rs"])
     args = parser.parse_args(argv)
@@ -180,16 +258,22 @@ def main(argv=None):
         for _ in range(args.steps):  # interleaved: one step of every row per round
             for row in rows:
                 row.step(args, timed=True)
+        if args.trace:
+            _trace(rows, size, args, rank)
         reference = next(r for r in rows if r.impl == "nccl").losses
+        if rank == 0:  # every third loss of each row, to see how far rounding moves them
+            for row in rows:
+                print(f"losses {size} {row.impl}: " + " ".join(f"{v:.4f}" for v in row.losses[::3]), flush=True)
         free = {r.impl: r for r in rows if r.impl.startswith("no_all_gather")}
         for row in rows:
             stats = torch.tensor([statistics.median(row.times), min(row.times), max(row.times)], dtype=torch.float64,
                                  device="cuda")
             dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-            wrong = sum(abs(a - b) > args.loss_rtol * abs(b) for a, b in zip(row.losses, reference))
-            w = torch.tensor([wrong], device="cuda")
+            w = torch.tensor([_wrong_steps(row.losses, reference, args)], device="cuda")
             dist.all_reduce(w)
             baseline = row.impl.startswith("no_all_gather")
+            gc.collect()  # the previous rows' heap buffers go back before the all-gathers alone lend more
+            torch.cuda.empty_cache()
             ag = torch.tensor([_all_gather_time_us(row.model) if not baseline else 0.0],
                               dtype=torch.float64, device="cuda")
             dist.all_reduce(ag, op=dist.ReduceOp.MAX)
@@ -204,32 +288,23 @@ def main(argv=None):
         for r in results:
             if r["model"] != size or r["all_gather_us"] <= 0:
                 continue
-            base = free.get("no_all_gather" if r["impl"] == "nccl" else "no_all_gather_symmem_rs")
+            budget = r["impl"].partition("+b")[2]
+            nccl_rs = r["impl"].startswith("nccl") or r["impl"] == "symmem_ag"
+            base = free.get("no_all_gather" if nccl_rs else
+                            "no_all_gather_symmem_rs" + (f"+b{budget}" if budget else ""))
             if base is not None:
                 base_us = next(x for x in results if x["model"] == size and x["impl"] == base.impl)["time_us"]
                 r["hidden"] = max(0.0, 1.0 - max(r["time_us"] - base_us, 0.0) / r["all_gather_us"])
-        del rows
+        del rows, free
+        gc.collect()  # FSDP modules hold reference cycles: collect them so their memory returns
         torch.cuda.empty_cache()
-
-    if rank == 0:
-        lines = [f"FSDP2 step, world {world}, {gpu}, seq {args.seq} x batch {args.batch}, bf16, "
-                 f"{args.steps} interleaved steps after {args.warmup} warm-up (median ms [min, max])"]
-        for size in args.sizes:
-            sel = [r for r in results if r["model"] == size]
-            nccl = next(r for r in sel if r["impl"] == "nccl")["time_us"]
-            lines.append(f"model {size} (dim:layers:hidden), {sel[0]['params'] / 1e9:.2f} B parameters")
-            for r in sel:
-                extra = (f"  all-gathers alone {r['all_gather_us'] / 1e3:.2f} ms, hidden {r['hidden']:.0%}"
-                         if "hidden" in r else "")
-                lines.append(f"  {r['impl']:14s} {r['time_us'] / 1e3:8.2f} [{r['time_min_us'] / 1e3:.2f}, "
-                             f"{r['time_max_us'] / 1e3:.2f}]  nccl/this {nccl / r['time_us']:.3f}  wrong {r['wrong']}"
-                             + extra)
-        text = "\n".join(lines) + f"\ncommit {commit}, {date}"
-        print(text, flush=True)
-        if args.out:
-            fields = ["op", "impl", "world", "model", "params", "bytes_per_rank", "time_us", "time_min_us",
-                      "time_max_us", "wrong", "all_gather_us", "hidden", "gpu", "commit", "date"]
-            write_results(args.out, f"fsdp_step_{world}", fields, results, text, plot)
+        if rank == 0:  # after every size, so that a size that fails keeps the ones before it
+            text = _table(results, args, world, gpu, commit, date)
+            print(text, flush=True)
+            if args.out:
+                fields = ["op", "impl", "world", "model", "params", "bytes_per_rank", "time_us", "time_min_us",
+                          "time_max_us", "wrong", "all_gather_us", "hidden", "gpu", "commit", "date"]
+                write_results(args.out, f"fsdp_step_{world}", fields, results, text, plot)
     dist.barrier()
 
 

@@ -57,29 +57,34 @@ class Communicator:
 
     ``Communicator(group)`` is collective the first time it is called for a group, then returns
     the cached instance. The ranks are one process per GPU, each on its
-    ``torch.cuda.current_device()``. A group that spans nodes gets a communicator of several nodes
+    ``torch.cuda.current_device()``. ``purpose`` names a second communicator of the same group,
+    with state of its own, for calls that run on a stream unordered with the group's other symmem
+    calls (FSDP2's all-gathers beside its reduce-scatters): one communicator takes one call at a
+    time. A group that spans nodes gets a communicator of several nodes
     (``nodes > 1``): all_gather runs hierarchically (NCCL between nodes, copy engines inside each);
     the torch.distributed-style reductions fall back to torch.distributed for it.
     """
 
-    def __new__(cls, group=None):
+    def __new__(cls, group=None, purpose=None):
         if group is None:
             group = c10d._get_default_group()
         name = group.group_name
-        comm = _by_name.get(name)
+        key = name if purpose is None else f"{name}#{purpose}"
+        comm = _by_name.get(key)
         if comm is not None and comm.group is group:
             return comm
         if comm is not None:
             # torch reused the name of a destroyed group (destroy_process_group, then new groups):
             # the cached communicator is another group's. It cannot be closed (close is collective
             # over a group that no longer exists); it is forgotten and a new one is built.
-            _by_name.pop(name)
+            _by_name.pop(key)
             _by_argument.clear()
         if name in _unavailable:
             raise SymmemError("kUnsupported", _unavailable[name])
         comm = super().__new__(cls)
         comm._build(group)
-        _by_name[name] = comm
+        comm.key = key
+        _by_name[key] = comm
         return comm
 
     def _build(self, group):
@@ -120,7 +125,7 @@ class Communicator:
 
     def close(self):
         """Collective: closes the communicator; its symmetric tensors and pool become invalid."""
-        _by_name.pop(self.group_name, None)
+        _by_name.pop(self.key, None)
         _by_argument.clear()
         from . import memory
         memory._forget(self)

@@ -24,10 +24,14 @@ allocation: every rank's FSDP makes the same requests in the same order (same mo
 wrapping, and no rank keeps a comm buffer alive longer than the others), and a rank that differs
 fails with an error (kMismatch, or an allocation timeout), never a hang.
 
+Streams. FSDP runs the all-gathers and the reduce-scatters on two streams with no order between
+them; the all-gathers run on a communicator of their own, so any pair of algorithms is safe.
+``max_blocks`` caps the SMs an SM collective takes from the GEMMs it overlaps.
+
 Failures: a dead or stalled peer makes the next symmem call raise (SymmemError naming it), but the
 step in flight may already have consumed a gradient or parameter the failed collective did not
-write. Call ``symmem.torch.Communicator(group).check()`` after the step's synchronisation, before
-a checkpoint.
+write. Call ``symmem.torch.fsdp.check(group)`` after the step's synchronisation, before a
+checkpoint.
 """
 import collections
 import math
@@ -37,7 +41,7 @@ import torch.distributed as dist
 
 from .. import _native
 from . import memory
-from ._groups import Communicator, unavailable_reason
+from ._groups import Communicator, _by_name, group_name_of, unavailable_reason
 from . import functional
 
 try:  # the comm interfaces exist from torch 2.11 on
@@ -93,8 +97,9 @@ class _Lender:
         return torch.as_tensor(memory._HeapSpan(self._comm, ptr, nbytes), device=self._comm.torch_device)
 
 
-def _served(group, tensors):
-    """The communicator of `group` when symmem serves these tensors, else None (after saying why)."""
+def _served(group, purpose, tensors):
+    """The communicator of `group` for `purpose` when symmem serves these tensors, else None
+    (after saying why)."""
     for t in tensors:
         if not t.is_cuda or not t.is_contiguous():
             _say_once("CPU or non-contiguous tensors")
@@ -103,13 +108,20 @@ def _served(group, tensors):
     if reason:
         _say_once(reason)
         return None
-    return Communicator(group)
+    return Communicator(group, purpose)
 
 
 class _Comm:
-    def __init__(self, group, algo):
+    # FSDP runs its all-gathers and its reduce-scatters on two streams with no order between them,
+    # and one communicator takes one call at a time: the all-gathers get a communicator of their
+    # own (the reduce-scatters keep the group's), so neither shares epochs, flags or workspace with
+    # the other. Tests turn this off to see the failure it prevents.
+    _purpose = None
+
+    def __init__(self, group, algo, max_blocks):
         self._group = group
         self._algo = _native.algo_code(algo)
+        self._max_blocks = -1 if max_blocks is None else int(max_blocks)  # -1: no SM budget
         self._lender = None
         self.calls = 0  # collectives symmem ran (the rest fell back to torch.distributed)
 
@@ -122,7 +134,7 @@ class _Comm:
                 or torch.cuda.is_current_stream_capturing()):
             return torch.empty(*size, dtype=dtype, device=device)  # staged or fallback buffers
         if self._lender is None:
-            comm = Communicator(self._group)
+            comm = Communicator(self._group, self._purpose)
             device = torch.device(device)
             if device.index is None:  # "cuda": the current device, as torch.empty reads it
                 device = torch.device("cuda", torch.cuda.current_device())
@@ -144,11 +156,13 @@ class SymmemAllGather(_Comm, _AllGatherBase):
     object runs the hierarchical all-gather (NCCL between nodes, copy engines inside each) for
     "copy_engine" and "auto"."""
 
-    def __init__(self, group=None, algo="copy_engine"):
-        super().__init__(group, algo)
+    _purpose = "fsdp_all_gather"
+
+    def __init__(self, group=None, algo="copy_engine", max_blocks=None):
+        super().__init__(group, algo, max_blocks)
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        comm = _served(group, (output_tensor, input_tensor))
+        comm = _served(group, self._purpose, (output_tensor, input_tensor))
         if comm is None or output_tensor.dtype != input_tensor.dtype:
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
         if output_tensor.numel() != input_tensor.numel() * comm.world:
@@ -156,7 +170,8 @@ class SymmemAllGather(_Comm, _AllGatherBase):
                              f"{input_tensor.numel() * comm.world} expected")
         comm.core.all_gather(output_tensor.data_ptr(), input_tensor.data_ptr(),
                              input_tensor.numel() * input_tensor.element_size(), _UINT8,
-                             torch._C._cuda_getCurrentRawStream(comm.device), self._algo)
+                             torch._C._cuda_getCurrentRawStream(comm.device), self._algo,
+                             max_blocks=self._max_blocks)
         self.calls += 1
         return functional._done(async_op, [output_tensor])
 
@@ -168,8 +183,8 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
     output (1/world of it), which becomes the sharded gradients: that comes from the caching
     allocator, so gradients keep its semantics (record_stream, memory returned when freed)."""
 
-    def __init__(self, group=None, algo="auto"):
-        super().__init__(group, algo)
+    def __init__(self, group=None, algo="auto", max_blocks=None):
+        super().__init__(group, algo, max_blocks)
         self._input_numel = None  # the last lent input, whose output request comes next
 
     def _lends(self, size):
@@ -183,7 +198,7 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         from . import ops
-        comm = _served(group, (output_tensor, input_tensor))
+        comm = _served(group, self._purpose, (output_tensor, input_tensor))
         name = "sum" if op is dist.ReduceOp.SUM else "avg" if op is dist.ReduceOp.AVG else None
         dtype = ops._REDUCIBLE.get(input_tensor.dtype) if output_tensor.dtype == input_tensor.dtype else None
         if comm is not None and (name is None or dtype is None):
@@ -200,19 +215,25 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
                              f"{output_tensor.numel() * comm.world} expected")
         comm.core.reduce_scatter(output_tensor.data_ptr(), input_tensor.data_ptr(), output_tensor.numel(), dtype,
                                  _native.REDUCE_OPS["sum"], torch._C._cuda_getCurrentRawStream(comm.device),
-                                 self._algo)
+                                 self._algo, max_blocks=self._max_blocks)
         if name == "avg":
             output_tensor.div_(comm.world)
         self.calls += 1
         return functional._done(async_op, [output_tensor])
 
 
-def enable(model, all_gather="copy_engine", reduce_scatter=True):
+# The SM budget of FSDP's symmem collectives: they overlap the GEMMs, and every block they take is
+# one the GEMMs lose. 32 is about NCCL's share (its ring kernels run 24 blocks on 2 x H200), and
+# the reduce-scatter alone at 32 blocks is as fast as NCCL's at layer sizes (bench/results/h200/fsdp).
+FSDP_MAX_BLOCKS = 32
+
+
+def enable(model, all_gather="copy_engine", reduce_scatter=True, max_blocks=FSDP_MAX_BLOCKS):
     """Installs symmem's all-gather (``all_gather``: its algorithm, or None to keep FSDP's) and
     reduce-scatter (``reduce_scatter=False`` keeps FSDP's) on every FSDP module of `model` (the
     setters are per module). Modules of one shard group share one comm, and so its buffers.
-    An SM all-gather ("auto", "push", "pull") beside symmem's reduce-scatter is not safe: FSDP
-    runs them on two unordered streams of one communicator (docs/torch.md, FSDP2 "Streams").
+    ``max_blocks``: the SMs (thread blocks) a collective that needs SMs may take (the reduce-scatter,
+    an SM all-gather) while it overlaps the GEMMs (FSDP_MAX_BLOCKS); None: the tuning table's.
     Returns the number of FSDP modules changed."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
@@ -228,11 +249,21 @@ def enable(model, all_gather="copy_engine", reduce_scatter=True):
         if param_group is None or not isinstance(param_group.mesh_info, FSDPMeshInfo):
             continue  # no parameters of its own, or replicated (no all-gather, no reduce-scatter)
         group = param_group.mesh_info.shard_process_group
-        ag, rs = comms.setdefault(group, (SymmemAllGather(group, all_gather) if all_gather else None,
-                                          SymmemReduceScatter(group) if reduce_scatter else None))
+        ag, rs = comms.setdefault(group, (SymmemAllGather(group, all_gather, max_blocks) if all_gather else None,
+                                          SymmemReduceScatter(group, max_blocks=max_blocks) if reduce_scatter else None))
         if ag is not None:
             module.set_custom_all_gather(ag)
         if rs is not None:
             module.set_custom_reduce_scatter(rs)
         changed += 1
     return changed
+
+
+def check(group=None):
+    """Raises the recorded failure (SymmemError naming the rank) of any symmem call FSDP made on
+    `group` (default: the world group), on either of its communicators; never collective."""
+    name = group_name_of(group)
+    for key in (name, f"{name}#{SymmemAllGather._purpose}"):
+        comm = _by_name.get(key)
+        if comm is not None:
+            comm.check()

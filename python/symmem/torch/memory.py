@@ -88,7 +88,7 @@ def mem_pool(group=None):
     ``with torch.cuda.use_mem_pool(symmem.torch.mem_pool(group)): t = torch.empty(...)``
     allocates symmetric tensors. Allocation inside the pool is collective."""
     comm = Communicator(group)
-    entry = _pools.get(comm.group_name)
+    entry = _pools.get(comm.key)
     if entry is None:
         # A slot is never reused in a process: a MemPool the user still holds after its
         # communicator closed must not start allocating on another communicator.
@@ -100,7 +100,7 @@ def mem_pool(group=None):
         allocator = CUDAPluggableAllocator(_native.library_path(), f"symmem_pool_alloc_{slot}",
                                            f"symmem_pool_free_{slot}")
         entry = (slot, MemPool(allocator.allocator()))
-        _pools[comm.group_name] = entry
+        _pools[comm.key] = entry
     return entry[1]
 
 
@@ -111,6 +111,6 @@ def _forget(comm):
     if alive:
         warnings.warn(f"symmem: closing the communicator of group {comm.group_name!r} while {alive} tensors from "
                       "symmem.torch.empty are alive; they become invalid", stacklevel=3)
-    entry = _pools.pop(comm.group_name, None)
+    entry = _pools.pop(comm.key, None)
     if entry is not None:
         _native.lib.symmem_pool_bind(entry[0], None)

@@ -185,12 +185,19 @@ def test_close_forgets_the_drop_ins_cache(group_name, monkeypatch):
             pass
 
     comm = object.__new__(_groups.Communicator)
-    comm.group_name, comm.core = "closing", Core()
+    comm.group_name, comm.key, comm.core = "closing", "closing", Core()
+    # A second communicator of the group (a purpose's, as FSDP's all-gathers have) is its own entry.
+    other = object.__new__(_groups.Communicator)
+    other.group_name, other.key, other.core = "closing", "closing#purpose", Core()
     monkeypatch.setattr(memory, "_forget", lambda c: None)
     _groups._by_name["closing"] = comm
+    _groups._by_name["closing#purpose"] = other
     _groups._by_argument["some group"] = comm
     comm.close()
     assert "closing" not in _groups._by_name and not _groups._by_argument
+    assert _groups._by_name["closing#purpose"] is other
+    other.close()
+    assert "closing#purpose" not in _groups._by_name
 
 
 FAKE_SHAPES = textwrap.dedent("""

@@ -26,7 +26,7 @@ def _two_ranks(group):
 
 
 def _train(group, *, symmem_ag=None, symmem_rs=False, prefetch="implicit", mixed=False, async_unshard=False,
-           compiled=False, steps=STEPS):
+           compiled=False, steps=STEPS, max_blocks=None):
     from torch.distributed.fsdp import fully_shard
 
     import symmem.torch.fsdp as sfsdp
@@ -44,7 +44,8 @@ def _train(group, *, symmem_ag=None, symmem_rs=False, prefetch="implicit", mixed
     fully_shard(model)
     comms = []
     if symmem_ag or symmem_rs:
-        assert sfsdp.enable(model, all_gather=symmem_ag, reduce_scatter=symmem_rs) == len(model.layers) + 1
+        assert sfsdp.enable(model, all_gather=symmem_ag, reduce_scatter=symmem_rs,
+                            max_blocks=max_blocks) == len(model.layers) + 1
         comms = [model.layers[0]._get_fsdp_state()._fsdp_param_group._all_gather_comm]
     if prefetch == "explicit":
         layers = list(model.layers)
@@ -109,6 +110,37 @@ def test_symmem_reduce_scatter_agrees_with_nccl(group):
     torch.testing.assert_close(losses, ref_losses, rtol=RS_RTOL, atol=0)
     for p, q in zip(params, ref_params):
         torch.testing.assert_close(p, q, rtol=RS_RTOL, atol=2.0 ** -12)
+
+
+def _delay(call, rank, cycles=4_000_000):
+    """`call` of a comm, run late on `rank` (a GPU sleep on its stream first, about 2 ms): the two
+    ranks then reach their all-gathers and reduce-scatters in different orders on the device."""
+    def late(self, *args, **kwargs):
+        if dist.get_rank() == rank:
+            torch.cuda._sleep(cycles)
+        return call(self, *args, **kwargs)
+    return late
+
+
+@pytest.mark.parametrize("algo,max_blocks", [("auto", None), ("pull", 8)])
+def test_sm_all_gather_beside_symmem_reduce_scatter_on_skewed_streams(group, monkeypatch, algo, max_blocks):
+    # FSDP runs the all-gathers and reduce-scatters on two unordered streams. Rank 0 runs its
+    # reduce-scatters late and rank 1 its all-gathers, so their device orders differ: on one
+    # shared communicator that is a mismatch (seen with SYMMEM_TEST_SHARED_FSDP_COMMUNICATOR=1,
+    # which puts the all-gathers back on the group's communicator); on their own, it trains as NCCL.
+    import os
+
+    import symmem.torch.fsdp as sfsdp
+    ref_losses, ref_params, _ = _train(group, prefetch="explicit")
+    if os.environ.get("SYMMEM_TEST_SHARED_FSDP_COMMUNICATOR") == "1":
+        monkeypatch.setattr(sfsdp.SymmemAllGather, "_purpose", None)
+    monkeypatch.setattr(sfsdp.SymmemAllGather, "__call__", _delay(sfsdp.SymmemAllGather.__call__, rank=1))
+    monkeypatch.setattr(sfsdp.SymmemReduceScatter, "__call__", _delay(sfsdp.SymmemReduceScatter.__call__, rank=0))
+    losses, params, _ = _train(group, symmem_ag=algo, symmem_rs=True, prefetch="explicit", max_blocks=max_blocks)
+    torch.testing.assert_close(losses, ref_losses, rtol=RS_RTOL, atol=0)
+    for p, q in zip(params, ref_params):
+        torch.testing.assert_close(p, q, rtol=RS_RTOL, atol=2.0 ** -12)
+    sfsdp.check(group)
 
 
 def test_compiled_blocks_are_bit_identical_to_nccl(group):
