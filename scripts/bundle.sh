@@ -14,6 +14,7 @@ cp build/libsymmem_capi.so build-bundle/  # the Python package's native library 
 [ -n "${MID_BENCH:-}" ] && cp "$MID_BENCH" build-bundle/mid-symmem-bench
 [ -n "${MID_BENCH:-}" ] && [ -n "${MID_COMMIT:-}" ] && echo "$MID_COMMIT" > build-bundle/MID_COMMIT
 strip build-bundle/* 2>/dev/null || true
-# The commit the binaries were built from (the bench writes it into every CSV row).
-echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests || echo -dirty)" > build-bundle/COMMIT
+# The commit the binaries and the Python package (carried in the working tree) come from: the benches
+# write it into every CSV row, so a change to either marks it dirty.
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests python || echo -dirty)" > build-bundle/COMMIT
 du -sh build-bundle

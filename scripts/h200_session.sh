@@ -20,6 +20,7 @@
 #   scripts/h200_session.sh across_nodes_checks   kill and torch paths across simulated nodes, torch tests
 #   scripts/h200_session.sh final_checks   the last 2-GPU checks of session 14 (tests, failure paths, copy engine A/B)
 #   scripts/h200_session.sh fsdp_probe   issue 11: reduce-scatter by SM budget, FSDP2 steps by budget, traced
+#   scripts/h200_session.sh fsdp_final   issue 11's committed figures: FSDP tests, step bench (both prefetches)
 #   scripts/h200_session.sh hierarchical   issue 13: its tests on 1 node x 2 and 2 simulated nodes x 1, the
 #                                          kill path, symmem.torch across nodes, and the all-gather sweeps
 # Logs and CSVs go to $OUT/session_<stage>.tgz (or ./session-out).
@@ -405,6 +406,19 @@ fsdp_probe)
     -m symmem.bench.fsdp --out "$FINAL/fsdp" ${FSDP_BENCH_ARGS:-}
   [ -n "${FSDP_BENCH_ARGS2:-}" ] && run_logged "fsdp probe 2" 420 "$FINAL/fsdp_probe_2b.log" python3 -m \
     torch.distributed.run --nproc-per-node 2 -m symmem.bench.fsdp --out "$FINAL/fsdp2" $FSDP_BENCH_ARGS2
+  ;;
+fsdp_final)
+  # Issue 11's committed figures: every FSDP GPU test, the skewed-streams test with the all-gathers
+  # put back on the group's communicator (must fail), then the step benchmark, implicit and
+  # explicit prefetch (each run interleaved).
+  start_deadline 560
+  run_logged "fsdp tests" 150 "$FINAL/fsdp_tests_2_ranks.log" tests/python/gpu/run.sh 2 -k fsdp
+  SYMMEM_TEST_SHARED_FSDP_COMMUNICATOR=1 run_logged "fsdp skewed streams, shared communicator (must fail)" 90 \
+    "$FINAL/fsdp_tests_shared_communicator.log" tests/python/gpu/run.sh 2 -k skewed_streams
+  for p in implicit explicit; do
+    run_logged "fsdp bench $p" 200 "$FINAL/fsdp_bench_$p.log" python3 -m torch.distributed.run --nproc-per-node 2 \
+      -m symmem.bench.fsdp --out "$FINAL/fsdp_$p" --prefetch $p --steps ${FSDP_STEPS:-30} ${FSDP_BENCH_ARGS:-}
+  done
   ;;
 fsdp)
   # FSDP2 on symmem: its GPU tests (torchrun, 2 ranks) and the training-step benchmark.
