@@ -205,7 +205,7 @@ def plot(rows, path):
         return
     models = list(dict.fromkeys(r["model"] for r in rows))
     impls = list(dict.fromkeys(r["impl"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.8), squeeze=False)
     for ax, model in zip(axes[0], models):
         sel = {r["impl"]: r for r in rows if r["model"] == model}
         names = [i for i in impls if i in sel]
@@ -218,6 +218,7 @@ def plot(rows, path):
             ax.text(x, m, f"{m:.1f}" + (f"\n{nccl / m:.3f}x" if nccl else ""), ha="center", va="bottom", fontsize=8)
         ax.set_title(f"{model} ({float(next(iter(sel.values()))['params']) / 1e9:.2f} B params)")
         ax.set_ylabel("ms per step (median; bars: min..max)")
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.suptitle(f"FSDP2 step, world {rows[0]['world']}, {rows[0]['gpu']}, commit {rows[0]['commit']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
