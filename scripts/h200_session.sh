@@ -420,6 +420,13 @@ fsdp_final)
       -m symmem.bench.fsdp --out "$FINAL/fsdp_$p" --prefetch $p --steps ${FSDP_STEPS:-30} ${FSDP_BENCH_ARGS:-}
   done
   ;;
+torch_checks)
+  # Every symmem.torch GPU test (2 ranks), then the ones across 2 simulated nodes (FSDP included).
+  start_deadline 400
+  run_logged "torch tests" 240 "$FINAL/torch_tests_2_ranks.log" tests/python/gpu/run.sh 2
+  SYMMEM_NODE_SIZE=1 run_logged "torch tests, 2 simulated nodes" 120 "$FINAL/torch_nodes.log" \
+    tests/python/gpu/run.sh 2 -k simulated_nodes
+  ;;
 fsdp)
   # FSDP2 on symmem: its GPU tests (torchrun, 2 ranks) and the training-step benchmark.
   export SYMMEM_LIBRARY="$PWD/$B/libsymmem_capi.so" PYTHONPATH="$PWD/python"
