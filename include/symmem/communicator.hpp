@@ -10,8 +10,10 @@
 // with kUnsupported.
 //
 // Collective calls (create, allocate, free, close and every collective) must be made by every
-// rank in the same order. Collectives on one communicator must be ordered on the host as well
-// (one stream, or streams the caller orders), as with NCCL.
+// rank in the same order. Calls run in host order whatever streams they are enqueued on: a call on
+// a stream other than the previous call's first makes its stream wait for what that stream holds
+// (free on one stream; see src/comm/call_order.hpp for capture). A stream passed to a call must
+// stay alive until the communicator's next call on another stream.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -128,6 +130,10 @@ class Communicator {
   void synchronize(cudaStream_t stream) const;
   bool aborted() const;
   int64_t timeout_ms() const;
+  // CUDA graphs that captured a call of this communicator and still exist, or still run: they
+  // reference its heap and workspaces, which must stay mapped while any does (close() does not
+  // wait for them; a binding that releases memory on its own schedule does).
+  int live_graphs() const;
 
   // Collective teardown: synchronises the device, waits for every rank, releases every buffer,
   // mapping and descriptor. The communicator is unusable afterwards.

@@ -30,6 +30,10 @@ typedef int (*symmem_barrier_fn)(void* context);
 const char* symmem_version(void);
 const char* symmem_last_error(void);
 const char* symmem_error_code_name(int code); /* of a return value; "ok" for 0 */
+/* The names of symmem::DataType and symmem::ReduceOp values, in the order of symmem/types.hpp
+ * ("float32", ..., "sum", ...); NULL past the last. Bindings read them instead of copying them. */
+const char* symmem_dtype_name(int dtype);
+const char* symmem_reduce_op_name(int op);
 
 /* Collective. timeout_ms <= 0 and workspace_bytes == 0 take the environment's defaults. The
  * callbacks and their context must outlive the communicator. */
@@ -47,6 +51,9 @@ int symmem_comm_device(const symmem_comm* comm);
 int symmem_comm_check(symmem_comm* comm);
 int symmem_comm_aborted(const symmem_comm* comm);
 int symmem_comm_barrier(symmem_comm* comm, void* stream);
+/* CUDA graphs that captured a call of this communicator and still exist (or still run): its
+ * memory must stay mapped while any does. */
+int symmem_comm_live_graphs(const symmem_comm* comm);
 
 /* Collective: a heap buffer of `bytes`, the same offset on every rank. Lives until close. */
 int symmem_comm_allocate(symmem_comm* comm, size_t bytes, void** ptr);
@@ -84,6 +91,8 @@ int symmem_parse_algo(const char* name, int* algo);
  * segment is retired, not unmapped, so nothing a CUDA graph or a peer may still use goes away
  * before the communicator closes. A failed allocation returns NULL (symmem_last_error says why). */
 int symmem_pool_bind(int slot, symmem_comm* comm); /* comm NULL unbinds */
+/* Segments slot k handed out that its pool has not freed yet (-1 for a slot out of range). */
+long symmem_pool_live_segments(int slot);
 #define SYMMEM_POOL_SLOTS 8
 #define SYMMEM_DECLARE_POOL_SLOT(k)                                                        \
   void* symmem_pool_alloc_##k(ssize_t size, int device, void* stream);                    \

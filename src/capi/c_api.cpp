@@ -110,6 +110,16 @@ const char* symmem_error_code_name(int code) {
   return symmem::error_code_name(static_cast<symmem::ErrorCode>(code - 1));
 }
 
+const char* symmem_dtype_name(int dtype) {
+  if (dtype < 0 || dtype > static_cast<int>(symmem::DataType::kUInt8)) return nullptr;
+  return symmem::dtype_name(static_cast<symmem::DataType>(dtype));
+}
+
+const char* symmem_reduce_op_name(int op) {
+  if (op < 0 || op > static_cast<int>(symmem::ReduceOp::kMin)) return nullptr;
+  return symmem::reduce_op_name(static_cast<symmem::ReduceOp>(op));
+}
+
 int symmem_comm_create(int rank, int world, int device, symmem_all_gather_fn all_gather, symmem_barrier_fn barrier,
                        void* context, int64_t timeout_ms, size_t workspace_bytes, symmem_comm** out) {
   return c_api_guard([&] {
@@ -152,6 +162,10 @@ int symmem_comm_world(const symmem_comm* comm) { return comm && comm->comm ? com
 int symmem_comm_nodes(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->nodes() : -1; }
 int symmem_comm_device(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->device() : -1; }
 int symmem_comm_aborted(const symmem_comm* comm) { return comm && comm->comm ? comm->comm->aborted() : 1; }
+
+int symmem_comm_live_graphs(const symmem_comm* comm) {
+  return comm && comm->comm ? comm->comm->live_graphs() : 0;
+}
 
 int symmem_comm_check(symmem_comm* comm) {
   return c_api_guard([&] { comm_of(comm).check(); });

@@ -5,7 +5,8 @@
 // Lifetime: allocation is collective (Communicator::allocate); a free from the caching allocator
 // retires the segment instead of unmapping it, because freeing is collective too and the caching
 // allocator frees on its own schedule (empty_cache, out-of-memory retries) that differs across
-// ranks. Retired segments return to the heap when the communicator closes.
+// ranks. Retired segments return to the heap when the communicator closes; the slot counts the
+// segments its pool still holds, so that the binding knows when nothing of the pool is in use.
 #include <atomic>
 #include <string>
 
@@ -17,6 +18,9 @@ namespace symmem::detail {
 namespace {
 
 std::atomic<symmem_comm*> pool_slots[SYMMEM_POOL_SLOTS];
+// Segments a slot handed out that its pool has not freed yet: while any lives, tensors of the pool
+// may use the communicator's memory (the binding releases it only then).
+std::atomic<long> live_segments[SYMMEM_POOL_SLOTS];
 
 void* pool_alloc(int slot, ssize_t size, int device) {
   void* ptr = nullptr;
@@ -30,8 +34,13 @@ void* pool_alloc(int slot, ssize_t size, int device) {
                                                    std::to_string(comm->comm->device()));
     if (size <= 0) throw Error(ErrorCode::kInvalidArgument, "symmem pool: allocation of " + std::to_string(size) + " bytes");
     ptr = comm->comm->allocate(static_cast<size_t>(size))->ptr();
+    live_segments[slot].fetch_add(1, std::memory_order_acq_rel);
   });
   return ptr;
+}
+
+void pool_free(int slot, void* ptr) {
+  if (ptr) live_segments[slot].fetch_sub(1, std::memory_order_acq_rel);
 }
 
 }  // namespace
@@ -56,11 +65,18 @@ int symmem_pool_bind(int slot, symmem_comm* comm) {
   });
 }
 
+long symmem_pool_live_segments(int slot) {
+  if (slot < 0 || slot >= SYMMEM_POOL_SLOTS) return -1;
+  return symmem::detail::live_segments[slot].load(std::memory_order_acquire);
+}
+
 #define SYMMEM_DEFINE_POOL_SLOT(k)                                                                   \
   void* symmem_pool_alloc_##k(ssize_t size, int device, void*) {                                    \
     return symmem::detail::pool_alloc(k, size, device);                                               \
   }                                                                                                  \
-  void symmem_pool_free_##k(void*, ssize_t, int, void*) {} /* retired until close (see the top) */
+  void symmem_pool_free_##k(void* ptr, ssize_t, int, void*) { /* retired until close (see the top) */ \
+    symmem::detail::pool_free(k, ptr);                                                               \
+  }
 SYMMEM_DEFINE_POOL_SLOT(0)
 SYMMEM_DEFINE_POOL_SLOT(1)
 SYMMEM_DEFINE_POOL_SLOT(2)

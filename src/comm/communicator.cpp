@@ -87,6 +87,7 @@ CommunicatorState::~CommunicatorState() {
   if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
   between_nodes.reset();
   copy_engine.reset();
+  call_order.reset();
   workspaces.reset();
   buffers.clear();
   heap.reset();
@@ -202,6 +203,16 @@ void CommunicatorState::ensure_usable(const char* op) {
   throw Error(s.code == kStatusMismatch ? ErrorCode::kMismatch : ErrorCode::kTimeout, abort_reason);
 }
 
+void CommunicatorState::before_enqueue(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long capture = 0;
+  cudaGraph_t graph = nullptr;
+  SYMMEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture, &graph));
+  if (status == cudaStreamCaptureStatusNone) capture = 0;
+  if (status == cudaStreamCaptureStatusActive) graphs.hold(graph, capture);
+  call_order->before_call(stream, capture);
+}
+
 void CommunicatorState::require_one_node(const char* op) const {
   if (layout.spans_nodes())
     throw Error(ErrorCode::kUnsupported,
@@ -224,6 +235,7 @@ int Communicator::nodes() const { return state_->layout.nodes; }
 int Communicator::device() const { return state_->device; }
 Bootstrap& Communicator::bootstrap() { return *state_->job_bootstrap; }
 int64_t Communicator::timeout_ms() const { return state_->timeout_ms(); }
+int Communicator::live_graphs() const { return state_->graphs.live(); }
 bool Communicator::aborted() const {
   const auto& st = *state_;
   return !st.abort_reason.empty() || st.closed ||
@@ -372,6 +384,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.heap = std::make_unique<detail::Heap>(device, st.rank, world, reserve);
   st.workspaces = std::make_unique<detail::Workspaces>(*comm, st.settings.workspace_bytes);
   st.copy_engine = std::make_unique<detail::CopyEngineState>(st);
+  st.call_order = std::make_unique<detail::CallOrder>(device);
   if (layout.spans_nodes())
     st.between_nodes =
         std::make_unique<detail::BetweenNodes>(layout, *st.job_bootstrap, device, st.timeout_ms(), *st.board);
@@ -446,6 +459,7 @@ void Communicator::barrier(cudaStream_t stream) {
   state_->ensure_usable("barrier");
   state_->require_one_node("barrier");
   detail::DeviceGuard guard(state_->device);
+  state_->before_enqueue(stream);
   const uint32_t signature = 0x8a11u;  // every barrier is the same call
   state_->board->record_call(signature, "barrier()");
   detail::launch_barrier(state_->sync_args(detail::kOpBarrier, signature), stream);

@@ -8,6 +8,8 @@
 
 #include "bootstrap/fd_exchange.hpp"
 #include "collectives/call_signature.hpp"
+#include "comm/call_order.hpp"
+#include "comm/graph_references.hpp"
 #include "comm/host_board.hpp"
 #include "comm/node_layout.hpp"
 #include "device/device_types.hpp"
@@ -59,6 +61,8 @@ struct CommunicatorState {
   std::unique_ptr<Workspaces> workspaces;
   std::unique_ptr<CopyEngineState> copy_engine;
   std::unique_ptr<BetweenNodes> between_nodes;  // only when the job spans nodes
+  std::unique_ptr<CallOrder> call_order;        // calls in host order whatever their streams
+  GraphReferences graphs;                        // graphs that captured a call (they reference the heap)
 
   uint32_t* epochs = nullptr;  // per-block epochs, the call counter pair, the failure claim (device memory)
   SyncArgs sync_template{};    // sync_args() without the op and signature
@@ -79,6 +83,10 @@ struct CommunicatorState {
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;
   // Throws if the communicator is closed or aborted, or if any rank recorded a failure.
   void ensure_usable(const char* op);
+  // Before a call's first enqueue on `stream` (the device current): orders it after the previous
+  // call of this communicator, whatever stream that took (call_order.hpp), and holds the
+  // communicator for a graph that captures it (graph_references.hpp).
+  void before_enqueue(cudaStream_t stream);
   // Makes the communicator unusable on every rank (a call failed half-enqueued: the handshake
   // sequence the ranks share is broken): later calls here fail with `reason`, the peers' waits
   // are released by the abort word and their calls fail too.

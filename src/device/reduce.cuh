@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "device/copy.cuh"
 #include "device/device_types.hpp"
@@ -49,14 +50,19 @@ __device__ __forceinline__ int32_t from_accum<int32_t>(int32_t x) {
   return x;
 }
 
+// max and min of floating types ignore NaN, as NCCL's (fmaxf / __hmax): NaN only where every rank
+// holds NaN. A comparison (a > b ? a : b) would return NaN or not depending on which rank holds it.
 template <int kOp, typename A>
 __device__ __forceinline__ A combine(A a, A b) {
   if constexpr (kOp == kSum)
     return a + b;
-  else if constexpr (kOp == kMax)
+  else if constexpr (kOp == kMax) {
+    if constexpr (std::is_floating_point_v<A>) return fmaxf(a, b);
     return a > b ? a : b;
-  else
+  } else {
+    if constexpr (std::is_floating_point_v<A>) return fminf(a, b);
     return a < b ? a : b;
+  }
 }
 
 // Reduces n elements starting at vector-aligned offsets: out = op(src[0][i], ..., src[w-1][i]).
