@@ -5,6 +5,7 @@
 #include "common/check.hpp"
 #include "device/device_types.hpp"
 #include "kernels/kernel_args.hpp"
+#include "plan/block_rules.hpp"
 
 namespace symmem::detail {
 namespace {
@@ -25,18 +26,6 @@ bool needs_heap_output(Algo a, bool reduce_scatter) { return a == Algo::kTwoShot
 
 // From this size per rank, pull beats push when the caller's SM budget caps the block count.
 constexpr size_t kPullUnderBudgetBytes = size_t(16) << 20;
-
-int clamp_blocks(int blocks, int sm_count, int max_blocks) {
-  int limit = std::min(kMaxBlocks, sm_count);
-  if (max_blocks > 0) limit = std::min(limit, max_blocks);
-  return std::max(1, std::min(blocks, limit));
-}
-
-// Blocks that keep each one busy with at least `bytes_per_block` of traffic, within [lo, hi].
-int blocks_for(size_t traffic_bytes, size_t bytes_per_block, int lo, int hi) {
-  const size_t want = (traffic_bytes + bytes_per_block - 1) / bytes_per_block;
-  return static_cast<int>(std::clamp<size_t>(want, lo, hi));
-}
 
 // Low latency is latency-bound: each thread waits for its words in turn, so every 4-byte word gets
 // its own thread, within 4 to 128 blocks, as the H200 sweeps favour.
