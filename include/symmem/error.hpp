@@ -18,6 +18,8 @@ enum class ErrorCode {
   kMismatch,         // ranks called different collectives (or the same with different arguments)
   kAborted,          // the communicator failed earlier and can no longer be used
   kInternal,         // a broken invariant of the library itself
+  kCapacity,         // a receiver's buffer (or a sender's input) is too small for a call's rows: found on the
+                     // device, alike on every rank, before any row moved; the communicator is unusable after
 };
 
 const char* error_code_name(ErrorCode code);

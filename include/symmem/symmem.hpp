@@ -1,6 +1,7 @@
 // symmem: GPU collectives on symmetric memory. Include this one header.
 #pragma once
 
+#include "symmem/all_to_all.hpp"
 #include "symmem/bootstrap.hpp"
 #include "symmem/collectives.hpp"
 #include "symmem/fused.hpp"

@@ -85,6 +85,26 @@ int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in
                     int blocks, int max_blocks, char* text, size_t text_bytes);
 int symmem_parse_algo(const char* name, int* algo);
 
+/* All-to-all (symmem/all_to_all.hpp); rows are bytes, so every dtype serves. in and out are
+ * operands as above (a whole heap buffer is symmetric). Splits are int64: host arrays for
+ * symmem_all_to_all_v (world values each), device memory for symmem_all_to_all_vdev (world *
+ * experts values in, 2 x world * experts out). major_align 0 is the plain all_to_all_vdev
+ * (experts must be 1); >= 1 the 2-D, expert-major form. A receiver whose output would overflow
+ * makes every rank fail with kCapacity (code 1 + 9) at its next call or check. */
+int symmem_all_to_all(symmem_comm* comm, void* out, const void* in, size_t bytes_per_pair, void* stream, int algo,
+                      int blocks, int max_blocks);
+int symmem_all_to_all_v(symmem_comm* comm, void* out, size_t out_rows, const void* in, size_t in_rows,
+                        const int64_t* in_splits, const int64_t* out_splits, size_t row_bytes, void* stream, int algo,
+                        int blocks, int max_blocks);
+int symmem_all_to_all_vdev(symmem_comm* comm, void* out, size_t out_rows, const void* in, size_t in_rows,
+                           const int64_t* in_splits, int64_t* out_splits_offsets, size_t row_bytes, int experts,
+                           int64_t major_align, void* stream, int algo, int blocks, int max_blocks);
+/* The plan of an all-to-all (form: 0 uniform, 1 host splits, 2 device splits), or the error it
+ * would raise; nothing is launched. Uniform: out_rows = in_rows = bytes_per_pair, row_bytes 1. */
+int symmem_describe_all_to_all(symmem_comm* comm, int form, void* out, size_t out_rows, const void* in,
+                               size_t in_rows, size_t row_bytes, int experts, int64_t major_align, int algo,
+                               int blocks, int max_blocks, char* text, size_t text_bytes);
+
 /* Allocator functions for torch.cuda.memory.CUDAPluggableAllocator, in kPoolSlots slots: slot k
  * serves the communicator bound to it. Allocation is collective (every rank's pool must ask for
  * the same sizes in the same order, as it does when the ranks run the same program); a freed

@@ -83,7 +83,7 @@ lib = _load()
 
 # symmem::ErrorCode in declaration order; a C ABI return code is 1 + its value.
 ERROR_CODES = ("kInvalidArgument", "kUnsupported", "kCudaError", "kSystemError", "kBootstrap", "kTimeout",
-               "kMismatch", "kAborted", "kInternal")
+               "kMismatch", "kAborted", "kInternal", "kCapacity")
 
 
 def error(rc):

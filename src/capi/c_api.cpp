@@ -97,6 +97,7 @@ using symmem::detail::dtype_of;
 using symmem::detail::operands_of;
 using symmem::detail::symmetric_operand_at;
 using symmem::detail::op_of;
+using symmem::detail::operand_at;
 using symmem::detail::options_of;
 using symmem::detail::stream_of;
 
@@ -106,7 +107,7 @@ const char* symmem_version(void) { return "0.1.0"; }
 const char* symmem_last_error(void) { return symmem::detail::last_error.c_str(); }
 const char* symmem_error_code_name(int code) {
   if (code == 0) return "ok";
-  if (code < 1 || code > 1 + static_cast<int>(symmem::ErrorCode::kInternal)) return "unknown";
+  if (code < 1 || code > 1 + static_cast<int>(symmem::ErrorCode::kCapacity)) return "unknown";
   return symmem::error_code_name(static_cast<symmem::ErrorCode>(code - 1));
 }
 
@@ -265,6 +266,74 @@ int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in
       case symmem::detail::kReduceScatter:
         plan = symmem::describe_reduce_scatter(o, i, count, type, c, options);
         break;
+    }
+    if (text && text_bytes) {
+      const size_t n = std::min(plan.size(), text_bytes - 1);
+      std::memcpy(text, plan.data(), n);
+      text[n] = '\0';
+    }
+  });
+}
+
+int symmem_all_to_all(symmem_comm* comm, void* out, const void* in, size_t bytes_per_pair, void* stream, int algo,
+                      int blocks, int max_blocks) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const size_t bytes = bytes_per_pair * static_cast<size_t>(c.world());
+    symmem::all_to_all(operand_at(c, out, bytes), operand_at(c, in, bytes), bytes_per_pair, c, stream_of(stream),
+                       options_of(algo, blocks, max_blocks));
+  });
+}
+
+int symmem_all_to_all_v(symmem_comm* comm, void* out, size_t out_rows, const void* in, size_t in_rows,
+                        const int64_t* in_splits, const int64_t* out_splits, size_t row_bytes, void* stream, int algo,
+                        int blocks, int max_blocks) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    symmem::all_to_all_v(operand_at(c, out, out_rows * row_bytes), out_rows, operand_at(c, in, in_rows * row_bytes),
+                         in_rows, in_splits, out_splits, row_bytes, c, stream_of(stream),
+                         options_of(algo, blocks, max_blocks));
+  });
+}
+
+int symmem_all_to_all_vdev(symmem_comm* comm, void* out, size_t out_rows, const void* in, size_t in_rows,
+                           const int64_t* in_splits, int64_t* out_splits_offsets, size_t row_bytes, int experts,
+                           int64_t major_align, void* stream, int algo, int blocks, int max_blocks) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const symmem::Operand o = operand_at(c, out, out_rows * row_bytes);
+    const symmem::Operand i = operand_at(c, in, in_rows * row_bytes);
+    if (major_align == 0) {
+      if (experts != 1)
+        throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                            "symmem_all_to_all_vdev: major_align 0 (the plain form) takes one expert, got " +
+                                std::to_string(experts));
+      symmem::all_to_all_vdev(o, out_rows, i, in_rows, in_splits, out_splits_offsets, row_bytes, c, stream_of(stream),
+                              options_of(algo, blocks, max_blocks));
+    } else {
+      symmem::all_to_all_vdev_2d(o, out_rows, i, in_rows, in_splits, out_splits_offsets, row_bytes, experts,
+                                 major_align, c, stream_of(stream), options_of(algo, blocks, max_blocks));
+    }
+  });
+}
+
+int symmem_describe_all_to_all(symmem_comm* comm, int form, void* out, size_t out_rows, const void* in,
+                               size_t in_rows, size_t row_bytes, int experts, int64_t major_align, int algo,
+                               int blocks, int max_blocks, char* text, size_t text_bytes) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const symmem::CollectiveOptions options = options_of(algo, blocks, max_blocks);
+    std::string plan;
+    if (form == 0) {
+      const size_t bytes = out_rows * static_cast<size_t>(c.world());
+      plan = symmem::describe_all_to_all(operand_at(c, out, bytes), operand_at(c, in, bytes), out_rows, c, options);
+    } else if (form == 1 || form == 2) {
+      plan = symmem::describe_all_to_all_v(operand_at(c, out, out_rows * row_bytes), out_rows,
+                                           operand_at(c, in, in_rows * row_bytes), in_rows, row_bytes, form == 2,
+                                           experts, major_align, c, options);
+    } else {
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          "symmem_describe_all_to_all: form " + std::to_string(form) + " is not 0, 1 or 2");
     }
     if (text && text_bytes) {
       const size_t n = std::min(plan.size(), text_bytes - 1);

@@ -17,6 +17,8 @@
 #include "common/device_guard.hpp"
 #include "common/env.hpp"
 #include "common/hash.hpp"
+#include "ep/all_to_all_state.hpp"
+#include "ep/capacity_failure.hpp"
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
 
@@ -87,6 +89,7 @@ CommunicatorState::~CommunicatorState() {
   if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
   between_nodes.reset();
   copy_engine.reset();
+  all_to_all.reset();
   call_order.reset();
   workspaces.reset();
   buffers.clear();
@@ -123,6 +126,7 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
     return me + what + mine + " (piece " + std::to_string(s.phase) + ") exchanging with " + peer +
            (nccl.empty() ? "" : ": " + nccl) + "; " + peer + " is dead or stalled, or the network or NCCL failed";
   }
+  if (s.code == kStatusCapacity) return describe_capacity_failure(decode_fault(s), mine, name);
   const std::string peer = name(s.peer);
   if (s.code == kStatusMismatch) {
     std::string theirs = s.peer >= 0 && s.peer < st.world ? st.board->lookup_call(s.peer, s.peer_signature) : "";
@@ -165,7 +169,7 @@ void CommunicatorState::ensure_usable(const char* op) {
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
   int who = -1;
   auto is_cause = [](uint32_t code) {
-    return code == kStatusTimeout || code == kStatusMismatch || code == kStatusNetwork;
+    return code == kStatusTimeout || code == kStatusMismatch || code == kStatusNetwork || code == kStatusCapacity;
   };
   if (is_cause(own.code)) who = rank;
   for (int r = 0; r < world && who < 0; ++r)
@@ -199,8 +203,13 @@ void CommunicatorState::ensure_usable(const char* op) {
     }
   }
   abort_reason = describe_failure(*this, who, s);
-  if (who != rank) abort_reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + abort_reason;
-  throw Error(s.code == kStatusMismatch ? ErrorCode::kMismatch : ErrorCode::kTimeout, abort_reason);
+  // A capacity verdict is every rank's own (the same matrix everywhere): no rank failed "first".
+  if (who != rank && s.code != kStatusCapacity)
+    abort_reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + abort_reason;
+  throw Error(s.code == kStatusMismatch   ? ErrorCode::kMismatch
+              : s.code == kStatusCapacity ? ErrorCode::kCapacity
+                                          : ErrorCode::kTimeout,
+              abort_reason);
 }
 
 void CommunicatorState::before_enqueue(cudaStream_t stream) {
@@ -384,6 +393,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.heap = std::make_unique<detail::Heap>(device, st.rank, world, reserve);
   st.workspaces = std::make_unique<detail::Workspaces>(*comm, st.settings.workspace_bytes);
   st.copy_engine = std::make_unique<detail::CopyEngineState>(st);
+  st.all_to_all = std::make_unique<detail::AllToAllState>(device);
   st.call_order = std::make_unique<detail::CallOrder>(device);
   if (layout.spans_nodes())
     st.between_nodes =

@@ -22,6 +22,7 @@ namespace symmem::detail {
 
 class CopyEngineState;
 class BetweenNodes;
+class AllToAllState;
 
 // Environment overrides, read once at creation and checked equal on every rank (creation fails
 // naming the variable otherwise), so that no rank plans with a value another rank does not have.
@@ -60,6 +61,7 @@ struct CommunicatorState {
   std::vector<std::unique_ptr<Buffer>> buffers;
   std::unique_ptr<Workspaces> workspaces;
   std::unique_ptr<CopyEngineState> copy_engine;
+  std::unique_ptr<AllToAllState> all_to_all;    // the split exchange's device table
   std::unique_ptr<BetweenNodes> between_nodes;  // only when the job spans nodes
   std::unique_ptr<CallOrder> call_order;        // calls in host order whatever their streams
   GraphReferences graphs;                        // graphs that captured a call (they reference the heap)

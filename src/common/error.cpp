@@ -17,6 +17,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kMismatch: return "mismatch";
     case ErrorCode::kAborted: return "communicator aborted";
     case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kCapacity: return "capacity exceeded";
   }
   return "unknown error";
 }

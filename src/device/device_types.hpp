@@ -38,6 +38,7 @@ enum StatusCode : uint32_t {
   kStatusMismatch = 2,  // a peer's flag came from a different call (signature differs)
   kStatusAborted = 3,   // another rank failed first (the abort word was set)
   kStatusNetwork = 4,   // NCCL between nodes reported an error (a remote rank died, the network failed)
+  kStatusCapacity = 5,  // an all-to-all or MoE call does not fit its buffers (src/ep/capacity_failure.hpp)
 };
 
 enum OpCode : uint32_t {
@@ -50,6 +51,9 @@ enum OpCode : uint32_t {
   kOpBetweenNodes = 6,  // the NCCL step of a hierarchical all-gather (peer: a job rank)
   kOpAllGatherMatmul = 7,  // the GEMM of all_gather_matmul waiting for a shard (peer: its rank)
   kOpMatmulReduceScatter = 8,  // matmul_reduce_scatter (its waits are the copy-engine handshakes)
+  kOpAllToAll = 9,
+  kOpMoeDispatch = 10,
+  kOpMoeCombine = 11,
 };
 
 inline const char* op_code_name(uint32_t op) {
@@ -62,6 +66,9 @@ inline const char* op_code_name(uint32_t op) {
     case kOpBetweenNodes: return "all_gather(hierarchical, between nodes)";
     case kOpAllGatherMatmul: return "all_gather_matmul";
     case kOpMatmulReduceScatter: return "matmul_reduce_scatter";
+    case kOpAllToAll: return "all_to_all";
+    case kOpMoeDispatch: return "moe_dispatch";
+    case kOpMoeCombine: return "moe_combine";
     default: return "collective";
   }
 }

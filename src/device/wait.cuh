@@ -36,8 +36,8 @@ using detail::SyncArgs;
 // rejects it there). The record's code is written last, so a host that sees it sees the rest.
 // (The copy-engine watchdog records host-side failures into the same record with a CPU atomic;
 // both ask whether the code is still 0 first, so at worst two failures at the same instant mix.)
-__device__ __forceinline__ void record_failure(const SyncArgs& s, uint32_t code, int peer, int phase,
-                                               uint32_t peer_signature) {
+__device__ __forceinline__ void record_failure_at(const SyncArgs& s, uint32_t code, int peer, int32_t block, int phase,
+                                                  uint32_t peer_signature) {
   // Cheap test first: after an abort every waiting thread comes here; one volatile read each
   // instead of a storm of atomics on the same word.
   if (ld_volatile_u32(&s.status->code) != detail::kStatusOk) return;
@@ -53,7 +53,7 @@ __device__ __forceinline__ void record_failure(const SyncArgs& s, uint32_t code,
   s.status->op = s.op;
   s.status->rank = s.rank;
   s.status->peer = peer;
-  s.status->block = static_cast<int32_t>(blockIdx.x);
+  s.status->block = block;
   s.status->phase = phase;
   s.status->signature = s.signature;
   s.status->peer_signature = peer_signature;
@@ -66,6 +66,12 @@ __device__ __forceinline__ void record_failure(const SyncArgs& s, uint32_t code,
     // Pushes the abort word out now: the other ranks' waits are polling it.
     fence_acq_rel_sys();
   }
+}
+
+// The usual record: `block` is the block that failed.
+__device__ __forceinline__ void record_failure(const SyncArgs& s, uint32_t code, int peer, int phase,
+                                               uint32_t peer_signature) {
+  record_failure_at(s, code, peer, static_cast<int32_t>(blockIdx.x), phase, peer_signature);
 }
 
 // The slow half of every wait, run every 256 spins: false, after recording why, once the

@@ -84,8 +84,8 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
     // The device decides per call between low latency and the SM path; the plan names the SM path.
     plan.low_latency_pair_bytes = std::min(
         r.low_latency_capacity, algo == Algo::kLowLatency ? r.low_latency_capacity : low_latency_auto_pair_bytes(r.world));
-    // A word of a 2-D call must not straddle two experts' rows (they land in different places).
-    if (r.experts > 1 && r.row_bytes % 4 != 0) plan.low_latency_pair_bytes = 0;
+    // One piece per pair only: a 2-D call's pieces land in several places (the SM path serves it).
+    if (r.experts > 1) plan.low_latency_pair_bytes = 0;
     algo = Algo::kAuto;
   }
   // Push writes the peers' outputs (they must be in the heap) and reads its own input; pull reads

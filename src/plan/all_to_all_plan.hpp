@@ -45,7 +45,8 @@ struct AllToAllPlan {
   int vector_bytes = 16;    // agreed width; launch narrows it for local pointers
   bool exchange = false;    // variable forms: the split-exchange kernel runs first
   // Variable forms: the device moves the data through low-latency lines when every pair's bytes
-  // are at most this (the same verdict on every rank: it reads the exchanged matrix); 0: never.
+  // are at most this (the same verdict on every rank: it reads the exchanged matrix); 0: never
+  // (always for the 2-D form with several experts: a pair's rows land in several places).
   size_t low_latency_pair_bytes = 0;
   bool stage_input = false;  // the input is copied into staging_in first (pull from a local
                              // input; in place, where peers would read what this rank overwrites)

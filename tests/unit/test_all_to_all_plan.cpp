@@ -337,11 +337,13 @@ TEST(all_to_all_plan_variable_forms) {
   // Forced low latency: up to the slot, then the SM path.
   v.options.algo = Algo::kLowLatency;
   EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, size_t(1) << 20);
-  // 2-D rows that are not whole words never take low latency.
+  // The 2-D form with several experts never takes low latency.
   v.options.algo = Algo::kAuto;
   v.experts = 4;
-  v.row_bytes = 6;
   EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, size_t(0));
+  v.experts = 1;
+  EXPECT(plan_all_to_all(v, none).low_latency_pair_bytes > 0);
+  v.experts = 4;
   // A local output pulls; a local input is then staged.
   v.out_symmetric = false;
   v.in_symmetric = false;

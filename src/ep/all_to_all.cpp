@@ -1,0 +1,388 @@
+// all_to_all, all_to_all_v, all_to_all_vdev(_2d): validate -> plan (from values equal on every
+// rank) -> sign -> stage what peers must read -> launch (split exchange, then the move kernel; or
+// the copy engines for the uniform form). kernels/all_to_all_args.hpp describes the kernels.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "collectives/copy_engine_state.hpp"
+#include "collectives/copy_engine_steps.hpp"
+#include "collectives/operands.hpp"
+#include "collectives/validate.hpp"
+#include "comm/communicator_state.hpp"
+#include "common/check.hpp"
+#include "common/device_guard.hpp"
+#include "common/hash.hpp"
+#include "common/stream_capture.hpp"
+#include "ep/all_to_all_state.hpp"
+#include "kernels/all_to_all_args.hpp"
+#include "plan/all_to_all_plan.hpp"
+#include "plan/plan.hpp"
+#include "symmem/all_to_all.hpp"
+
+namespace symmem {
+namespace {
+
+using detail::AllToAllForm;
+using detail::AllToAllPlan;
+using detail::CommunicatorState;
+using detail::Resolved;
+
+// One call, resolved and planned: everything the launch needs and the signature covers.
+struct Prepared {
+  AllToAllForm form = AllToAllForm::kUniform;
+  const char* name = "all_to_all";
+  size_t pair_bytes = 0;  // uniform
+  size_t row_bytes = 1;   // variable forms
+  size_t in_rows = 0, out_rows = 0;
+  int experts = 1;
+  int64_t align = 0;
+  size_t in_bytes = 0, out_bytes = 0;
+  bool in_place = false;
+  Resolved in, out;
+  AllToAllPlan plan;
+};
+
+// The 2-D form is the one with an alignment (>= 1).
+const char* name_of(AllToAllForm form, int64_t align) {
+  switch (form) {
+    case AllToAllForm::kUniform: return "all_to_all";
+    case AllToAllForm::kHostSplits: return "all_to_all_v";
+    case AllToAllForm::kDeviceSplits: return align > 0 ? "all_to_all_vdev_2d" : "all_to_all_vdev";
+  }
+  return "all_to_all";
+}
+
+void resolve_operands(Prepared& p, const Operand& out, const Operand& in, CommunicatorState& st) {
+  p.out = detail::resolve(out, p.out_bytes, "output", p.name, st);
+  p.in_place = in.ptr() == out.ptr() && p.in_bytes > 0;
+  p.in = detail::resolve(in, p.in_bytes, "input", p.name, st);
+  detail::require_no_partial_overlap(p.out.local, p.out_bytes, p.in.local, p.in_bytes, p.in_place, p.name);
+}
+
+void plan(Prepared& p, CommunicatorState& st, const CollectiveOptions& options) {
+  detail::AllToAllRequest r;
+  r.form = p.form;
+  r.pair_bytes = p.pair_bytes;
+  r.row_bytes = p.row_bytes;
+  r.experts = p.experts;
+  detail::fill_agreed_request(r, st, options, p.in, p.out);
+  r.in_place = p.in_place;
+  r.low_latency_capacity = detail::Workspaces::kLowLatencySlotBytes;
+  r.staging_capacity = st.workspaces->staging_capacity();
+  p.plan = detail::plan_all_to_all(r, *st.tuning);
+  // The variable forms cannot cut a staged input into chunks (the rows are counted on the device).
+  if (p.form != AllToAllForm::kUniform && p.plan.stage_input && p.in_bytes > st.workspaces->staging_capacity())
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(p.name) + ": the input (" + std::to_string(p.in_bytes) + " bytes) must be staged" +
+                    (p.in_place ? " (in place)" : " (it is not in the heap and the algorithm reads it from the peers)") +
+                    " but the staging workspace holds " + std::to_string(st.workspaces->staging_capacity()) +
+                    " bytes (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB); pass a heap buffer (symmem.torch.empty) "
+                    "or raise the budget");
+}
+
+Prepared prepare_uniform(const Operand& out, const Operand& in, size_t bytes_per_pair, CommunicatorState& st,
+                         const CollectiveOptions& options) {
+  Prepared p;
+  p.pair_bytes = bytes_per_pair;
+  p.in_bytes = p.out_bytes = bytes_per_pair * static_cast<size_t>(st.world);
+  resolve_operands(p, out, in, st);
+  plan(p, st, options);
+  return p;
+}
+
+// `align`: 0 for the plain forms; the 2-D form's major_align (>= 1) otherwise.
+Prepared prepare_variable(AllToAllForm form, const Operand& out, size_t out_rows, const Operand& in, size_t in_rows,
+                          size_t row_bytes, int experts, int64_t align, CommunicatorState& st,
+                          const CollectiveOptions& options) {
+  Prepared p;
+  p.form = form;
+  p.experts = experts;
+  p.name = name_of(form, align);
+  if (row_bytes == 0) throw Error(ErrorCode::kInvalidArgument, std::string(p.name) + ": row_bytes is 0");
+  if (experts < 1 || size_t(experts) * st.world > size_t(detail::kMaxAllToAllSplits))
+    throw Error(ErrorCode::kInvalidArgument, std::string(p.name) + ": " + std::to_string(experts) +
+                                                 " experts per rank over " + std::to_string(st.world) +
+                                                 " ranks; world x experts may not exceed " +
+                                                 std::to_string(detail::kMaxAllToAllSplits));
+  if (align < 0) throw Error(ErrorCode::kInvalidArgument, std::string(p.name) + ": major_align must be positive");
+  p.align = align;
+  p.row_bytes = row_bytes;
+  p.in_rows = in_rows;
+  p.out_rows = out_rows;
+  p.in_bytes = in_rows * row_bytes;
+  p.out_bytes = out_rows * row_bytes;
+  resolve_operands(p, out, in, st);
+  plan(p, st, options);
+  return p;
+}
+
+// The signature covers what every rank must agree on: form, widths, plan, operand kinds and
+// symmetric offsets. Row counts and capacities are not in it: they differ by rank by design and
+// travel in the split exchange.
+uint32_t signature_of(const Prepared& p) {
+  detail::Fnv1a h;
+  h.value(detail::kOpAllToAll).value(p.form).value(p.pair_bytes).value(p.row_bytes).value(p.experts).value(p.align);
+  h.value(p.plan.algo).value(p.plan.blocks).value(p.plan.low_latency_pair_bytes).value(p.plan.stage_input);
+  h.value(p.plan.chunk_pair_bytes).value(p.in_place).value(p.in.symmetric).value(p.out.symmetric);
+  h.value(p.in_place || !p.in.symmetric ? uint64_t(0) : p.in.heap_offset);
+  h.value(p.out.symmetric ? p.out.heap_offset : uint64_t(0));
+  const uint64_t d = h.digest();
+  const uint32_t folded = static_cast<uint32_t>(d ^ (d >> 32));
+  return folded != 0 ? folded : 1u;
+}
+
+std::string describe_call(const Prepared& p) {
+  auto operand = [](const Resolved& r) {
+    return r.symmetric ? "symmetric@" + std::to_string(r.heap_offset) : std::string("local");
+  };
+  std::string s = std::string(p.name) + "(";
+  if (p.form == AllToAllForm::kUniform)
+    s += "bytes_per_pair=" + std::to_string(p.pair_bytes);
+  else
+    s += "row_bytes=" + std::to_string(p.row_bytes) +
+         (p.align > 0 ? ", experts=" + std::to_string(p.experts) + ", major_align=" + std::to_string(p.align) : "");
+  s += std::string(", ") + algo_name(p.plan.algo) + ", blocks=" + std::to_string(p.plan.blocks);
+  s += p.in_place ? ", in place" : ", in=" + operand(p.in);
+  return s + ", out=" + operand(p.out) + ")";
+}
+
+// Signs and logs the call, orders it after the previous one; the device is current.
+uint32_t begin_call(const Prepared& p, CommunicatorState& st, cudaStream_t stream) {
+  st.before_enqueue(stream);
+  const uint32_t signature = signature_of(p);
+  if (!st.board->recorded_recently(signature)) st.board->record_call(signature, describe_call(p));
+  if (st.debug)
+    std::fprintf(stderr, "symmem rank %d: %s: %s\n", st.layout.rank, p.name, detail::describe(p.plan).c_str());
+  return signature;
+}
+
+// The widest vector this rank may use: the plan's, narrowed by the local pointers it touches.
+int launch_vector(int planned, std::initializer_list<const void*> local_pointers) {
+  int v = planned;
+  for (const void* ptr : local_pointers) v = std::min(v, detail::address_alignment(ptr));
+  return v;
+}
+
+void fill_low_latency(uint64_t* (&peers)[detail::kMaxWorld], size_t* slot_words, const CommunicatorState& st) {
+  for (int r = 0; r < st.world; ++r) peers[r] = static_cast<uint64_t*>(st.workspaces->low_latency()->peer_ptr(r));
+  *slot_words = detail::Workspaces::kLowLatencySlotBytes / 4;
+}
+
+// One chunk of a uniform call: rank r's slice for q lies at in + q * in_stride (staged: the
+// staging area), lands at out + r * out_stride; `bytes` per pair.
+struct UniformChunk {
+  const char* in;
+  const void* in_peers[detail::kMaxWorld];
+  char* out;
+  void* out_peers[detail::kMaxWorld];
+  size_t in_stride, out_stride, bytes;
+};
+
+void run_uniform_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, const UniformChunk& c,
+                       cudaStream_t stream) {
+  const int world = st.world, me = st.rank;
+  if (p.plan.algo == Algo::kCopyEngine) {
+    // Pull from every peer's slice for this rank into this rank's output (writes only locally).
+    detail::CopyEngineState& ce = *st.copy_engine;
+    const bool batchable = ce.batch() && !detail::stream_is_capturing(stream);
+    if (world > 1) detail::enqueue_handshake(*st.board, me, world, detail::CopyEngineState::kPhaseReady, signature, stream);
+    std::vector<detail::EngineCopy> copies;
+    for (int k = 1; k < world; ++k) {
+      const int r = (me + k) % world;
+      copies.push_back({c.out + r * c.out_stride, static_cast<const char*>(c.in_peers[r]) + me * c.in_stride, c.bytes,
+                        k - 1});
+    }
+    const detail::EngineCopy own{c.out + me * c.out_stride, c.in + me * c.in_stride, c.bytes, 0};
+    detail::enqueue_copies(ce, copies, &own, batchable, stream);
+    if (world > 1) detail::enqueue_handshake(*st.board, me, world, detail::CopyEngineState::kPhaseDone, signature, stream);
+    return;
+  }
+  detail::AllToAllMoveArgs a{};
+  a.table = nullptr;
+  a.in = c.in;
+  a.out = c.out;
+  for (int r = 0; r < world; ++r) {
+    a.in_peers[r] = c.in_peers[r];
+    a.out_peers[r] = c.out_peers[r];
+  }
+  a.pair_bytes = c.bytes;
+  a.in_stride = c.in_stride;
+  a.out_stride = c.out_stride;
+  a.push = p.plan.algo == Algo::kPush;
+  a.low_latency = p.plan.algo == Algo::kLowLatency;
+  fill_low_latency(a.ll_peers, &a.ll_slot_words, st);
+  a.sync = st.sync_args(detail::kOpAllToAll, signature);
+  // Push touches its own input directly, pull its own output; strides and sizes bound the width.
+  const int vector = std::min(launch_vector(p.plan.vector_bytes, {a.push ? c.in : c.out}),
+                              detail::common_vector_bytes({c.bytes, c.in_stride, c.out_stride}));
+  detail::launch_all_to_all_move(a.low_latency ? 4 : vector, a, p.plan.blocks, stream);
+}
+
+}  // namespace
+
+std::string describe_all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& comm,
+                                const CollectiveOptions& options) {
+  CommunicatorState& st = detail::state_of(comm);
+  detail::DeviceGuard guard(st.device);
+  return detail::describe(prepare_uniform(out, in, bytes_per_pair, st, options).plan);
+}
+
+std::string describe_all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, size_t row_bytes,
+                                  bool device_splits, int experts, int64_t major_align, Communicator& comm,
+                                  const CollectiveOptions& options) {
+  CommunicatorState& st = detail::state_of(comm);
+  detail::DeviceGuard guard(st.device);
+  const AllToAllForm form = device_splits ? AllToAllForm::kDeviceSplits : AllToAllForm::kHostSplits;
+  if (!device_splits && (experts != 1 || major_align != 0))
+    throw Error(ErrorCode::kInvalidArgument, "describe_all_to_all_v: host splits have one expert and no alignment");
+  return detail::describe(
+      prepare_variable(form, out, out_rows, in, in_rows, row_bytes, experts, major_align, st, options).plan);
+}
+
+void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& comm, cudaStream_t stream,
+                const CollectiveOptions& options) {
+  CommunicatorState& st = detail::state_of(comm);
+  st.ensure_usable("all_to_all");
+  st.require_one_node("all_to_all");
+  if (bytes_per_pair == 0) return;
+  detail::DeviceGuard guard(st.device);
+  const Prepared p = prepare_uniform(out, in, bytes_per_pair, st, options);
+  const uint32_t signature = begin_call(p, st, stream);
+  const int world = st.world;
+  const Buffer* staging = st.workspaces->staging_in();
+  const size_t chunk = p.plan.chunk_pair_bytes ? p.plan.chunk_pair_bytes : bytes_per_pair;
+  for (size_t begin = 0; begin < bytes_per_pair; begin += chunk) {
+    const size_t bytes = std::min(chunk, bytes_per_pair - begin);
+    UniformChunk c{};
+    c.bytes = bytes;
+    c.out = static_cast<char*>(p.out.local) + begin;
+    c.out_stride = bytes_per_pair;
+    for (int r = 0; r < world; ++r) c.out_peers[r] = p.out.symmetric ? p.out.peer(r, begin) : nullptr;
+    if (p.plan.stage_input) {
+      // This chunk of every slice, packed: slice q at q * bytes.
+      SYMMEM_CUDA_CHECK(cudaMemcpy2DAsync(staging->ptr(), bytes, static_cast<const char*>(p.in.local) + begin,
+                                          bytes_per_pair, bytes, world, cudaMemcpyDeviceToDevice, stream));
+      c.in = static_cast<const char*>(staging->ptr());
+      c.in_stride = bytes;
+      for (int r = 0; r < world; ++r) c.in_peers[r] = staging->peer_ptr(r);
+    } else {
+      c.in = static_cast<const char*>(p.in.local) + begin;
+      c.in_stride = bytes_per_pair;
+      for (int r = 0; r < world; ++r) c.in_peers[r] = p.in.symmetric ? p.in.peer(r, begin) : nullptr;
+    }
+    run_uniform_chunk(p, st, signature, c, stream);
+  }
+}
+
+namespace {
+
+void run_variable(const Prepared& p, CommunicatorState& st, const int64_t* device_in_splits,
+                  const int64_t* host_in_splits, const int64_t* host_out_splits, int64_t* out_splits_offsets,
+                  cudaStream_t stream) {
+  const int world = st.world;
+  const uint32_t signature = begin_call(p, st, stream);
+  const Buffer* staging = st.workspaces->staging_in();
+  const char* in = static_cast<const char*>(p.in.local);
+  if (p.plan.stage_input && p.in_bytes > 0) {
+    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(staging->ptr(), in, p.in_bytes, cudaMemcpyDeviceToDevice, stream));
+    in = static_cast<const char*>(staging->ptr());
+  }
+  detail::AllToAllTable* table = st.all_to_all->table();
+
+  detail::AllToAllExchangeArgs x{};
+  x.in_splits = device_in_splits;
+  if (host_in_splits)
+    for (int r = 0; r < world; ++r) x.host_in_splits[r] = host_in_splits[r];
+  x.declared = host_out_splits != nullptr;
+  if (host_out_splits)
+    for (int r = 0; r < world; ++r) x.host_out_splits[r] = host_out_splits[r];
+  x.experts = p.experts;
+  x.align = p.align;
+  x.input_rows = p.in_rows;
+  x.output_rows = p.out_rows;
+  x.row_bytes = p.row_bytes;
+  x.low_latency_pair_bytes = p.plan.low_latency_pair_bytes;
+  x.out_splits_offsets = out_splits_offsets;
+  fill_low_latency(x.ll_peers, &x.ll_slot_words, st);
+  x.table = table;
+  x.sync = st.sync_args(detail::kOpAllToAll, signature);
+  detail::launch_all_to_all_exchange(x, stream);
+
+  detail::AllToAllMoveArgs a{};
+  a.table = table;
+  a.in = in;
+  a.out = p.out.local;
+  for (int r = 0; r < world; ++r) {
+    a.in_peers[r] = p.plan.stage_input ? staging->peer_ptr(r) : p.in.symmetric ? p.in.peer(r) : nullptr;
+    a.out_peers[r] = p.out.symmetric ? p.out.peer(r) : nullptr;
+  }
+  a.push = p.plan.algo == Algo::kPush;
+  fill_low_latency(a.ll_peers, &a.ll_slot_words, st);
+  a.sync = st.sync_args(detail::kOpAllToAll, signature);
+  const int vector = launch_vector(p.plan.vector_bytes, {a.push ? static_cast<const void*>(in) : p.out.local});
+  detail::launch_all_to_all_move(vector, a, p.plan.blocks, stream);
+}
+
+void require_splits(const void* splits, const char* what, const char* op) {
+  if (!splits) throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what + " is null");
+}
+
+}  // namespace
+
+void all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
+                  const int64_t* out_splits, size_t row_bytes, Communicator& comm, cudaStream_t stream,
+                  const CollectiveOptions& options) {
+  CommunicatorState& st = detail::state_of(comm);
+  st.ensure_usable("all_to_all_v");
+  st.require_one_node("all_to_all_v");
+  require_splits(in_splits, "in_splits", "all_to_all_v");
+  require_splits(out_splits, "out_splits", "all_to_all_v");
+  detail::DeviceGuard guard(st.device);
+  const Prepared p =
+      prepare_variable(AllToAllForm::kHostSplits, out, out_rows, in, in_rows, row_bytes, 1, 0, st, options);
+  run_variable(p, st, nullptr, in_splits, out_splits, nullptr, stream);
+}
+
+namespace {
+
+// all_to_all_vdev (align 0, one expert) and all_to_all_vdev_2d (align >= 1).
+void run_device_splits(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
+                       int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,
+                       Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
+  CommunicatorState& st = detail::state_of(comm);
+  const char* op = name_of(AllToAllForm::kDeviceSplits, major_align);
+  st.ensure_usable(op);
+  st.require_one_node(op);
+  require_splits(in_splits, "in_splits", op);
+  require_splits(out_splits_offsets, "out_splits_offsets", op);
+  detail::DeviceGuard guard(st.device);
+  const size_t splits = size_t(std::max(experts, 1)) * st.world;
+  detail::require_device_pointer(in_splits, splits * sizeof(int64_t), "in_splits", op, comm);
+  detail::require_device_pointer(out_splits_offsets, 2 * splits * sizeof(int64_t), "out_splits_offsets", op, comm);
+  const Prepared p = prepare_variable(AllToAllForm::kDeviceSplits, out, out_rows, in, in_rows, row_bytes, experts,
+                                      major_align, st, options);
+  run_variable(p, st, in_splits, nullptr, nullptr, out_splits_offsets, stream);
+}
+
+}  // namespace
+
+void all_to_all_vdev(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
+                     int64_t* out_splits_offsets, size_t row_bytes, Communicator& comm, cudaStream_t stream,
+                     const CollectiveOptions& options) {
+  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, 1, 0, comm, stream, options);
+}
+
+void all_to_all_vdev_2d(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
+                        int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,
+                        Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
+  if (major_align < 1)
+    throw Error(ErrorCode::kInvalidArgument,
+                "all_to_all_vdev_2d: major_align must be positive (torch's default is 1), got " +
+                    std::to_string(major_align));
+  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, major_align, comm,
+                    stream, options);
+}
+
+}  // namespace symmem

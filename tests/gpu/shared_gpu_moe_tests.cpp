@@ -1,0 +1,601 @@
+// All-to-all and MoE dispatch / combine between ranks sharing ONE GPU (threads of this process,
+// SYMMEM_TEST_SHARED_GPU=1; tests/gpu/shared_gpu_ranks.hpp), at worlds 2, 3, 4 and 8. Run:
+// symmem_shared_gpu_moe_tests [filter].
+//
+// What it checks, exactly, against host references built from plan/all_to_all_layout.hpp and a
+// keyed hash of every input byte (moe_test_kernels.hpp): every form of the all-to-all (uniform,
+// host splits, device splits, 2-D expert-major with alignment), every algorithm, heap and local
+// operands, in place, under uniform, skewed (Zipf), one-hot-at-capacity and empty-rank routing;
+// outputs poisoned before each call, rows past what a rank needs must stay poisoned. Overflow:
+// every rank raises kCapacity naming the rank, and no rank's output changed. 1000 graph replays
+// whose routing changes every replay on the device, checked on the device, no host
+// synchronisation. A rank that never comes is named in time; a mismatched call raises kMismatch.
+// What it cannot: NVLink's memory ordering and timing (all traffic stays in one L2).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "device_memory.hpp"
+#include "moe_test_kernels.hpp"
+#include "plan/all_to_all_layout.hpp"
+#include "shared_gpu_ranks.hpp"
+#include "symmem/symmem.hpp"
+#include "test.hpp"
+
+using namespace symmem;
+using namespace symmem::test;
+
+namespace {
+
+constexpr size_t kMiB = size_t(1) << 20;
+constexpr uint8_t kPoison = 0xA5;
+
+std::vector<uint8_t> download(const void* p, size_t bytes, cudaStream_t stream) {
+  std::vector<uint8_t> host(bytes);
+  if (bytes) TEST_CUDA(cudaMemcpyAsync(host.data(), p, bytes, cudaMemcpyDeviceToHost, stream));
+  TEST_CUDA(cudaStreamSynchronize(stream));
+  return host;
+}
+
+template <typename T>
+void upload(void* p, const std::vector<T>& host, cudaStream_t stream) {
+  if (!host.empty())
+    TEST_CUDA(cudaMemcpyAsync(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+  TEST_CUDA(cudaStreamSynchronize(stream));
+}
+
+// Where a case's operands live.
+enum class Kinds { kHeap, kLocal, kHeapInLocalOut, kLocalInHeapOut, kInPlaceHeap, kInPlaceLocal };
+const char* kinds_name(Kinds k) {
+  static const char* names[] = {"heap", "local", "heap in, local out", "local in, heap out", "in place (heap)",
+                                "in place (local)"};
+  return names[int(k)];
+}
+bool in_place(Kinds k) { return k == Kinds::kInPlaceHeap || k == Kinds::kInPlaceLocal; }
+
+// A rank's operand memory: two heap buffers and two local allocations of `bytes` each.
+struct Memory {
+  Buffer* heap_in = nullptr;
+  Buffer* heap_out = nullptr;
+  std::unique_ptr<DeviceBuffer> local_in, local_out;
+  Memory(Communicator& comm, size_t bytes)
+      : heap_in(comm.allocate(bytes)),
+        heap_out(comm.allocate(bytes)),
+        local_in(std::make_unique<DeviceBuffer>(bytes)),
+        local_out(std::make_unique<DeviceBuffer>(bytes)) {}
+  Operand out(Kinds k) const {
+    const bool heap = k == Kinds::kHeap || k == Kinds::kLocalInHeapOut || k == Kinds::kInPlaceHeap;
+    return heap ? Operand(*heap_out) : Operand(local_out->ptr);
+  }
+  Operand in(Kinds k) const {
+    if (in_place(k)) return out(k);
+    const bool heap = k == Kinds::kHeap || k == Kinds::kHeapInLocalOut;
+    return heap ? Operand(*heap_in) : Operand(local_in->ptr);
+  }
+};
+
+std::string describe_options(const CollectiveOptions& o) { return std::string(algo_name(o.algo)); }
+
+// Collects the first few failures of the cases of one rank.
+struct Findings {
+  std::string text;
+  int count = 0;
+  void add(const std::string& what) {
+    if (count++ < 6) text += "\n  " + what;
+  }
+  void raise(const SharedRank& r) const {
+    if (count) throw Failure("rank " + std::to_string(r.rank) + ": " + std::to_string(count) + " cases wrong" + text);
+  }
+};
+
+// --- uniform ----------------------------------------------------------------------------------
+
+TEST(shared_gpu_all_to_all_uniform_matches_reference) {
+  const size_t pairs[] = {1, 3, 64, 1000, 4100, 65536, 300001, kMiB + 16};
+  const Algo algos[] = {Algo::kAuto, Algo::kLowLatency, Algo::kPush, Algo::kPull, Algo::kCopyEngine};
+  const Kinds kinds[] = {Kinds::kHeap, Kinds::kLocal, Kinds::kHeapInLocalOut, Kinds::kLocalInHeapOut,
+                         Kinds::kInPlaceHeap, Kinds::kInPlaceLocal};
+  for (int world : shared_gpu_worlds()) {
+    const int budget = block_budget(world);
+    run_shared_ranks(world, [&](SharedRank& r) {
+      const size_t span = (kMiB + 16) * world;
+      Memory mem(*r.comm, span);
+      wait_for_every_rank(r);
+      Findings findings;
+      uint64_t id = 0;
+      for (size_t pair : pairs)
+        for (Algo algo : algos)
+          for (Kinds k : kinds) {
+            ++id;
+            const CollectiveOptions o{algo, 0, budget};
+            const Operand out = mem.out(k), in = mem.in(k);
+            const std::string what = "pair " + std::to_string(pair) + " " + describe_options(o) + " " + kinds_name(k);
+            try {
+              describe_all_to_all(out, in, pair, *r.comm, o);
+            } catch (const Error&) {
+              continue;  // not plannable (e.g. push into a local output): alike on every rank
+            }
+            const size_t total = pair * world;
+            const uint64_t seed = mix64(id * 977 + world);
+            if (!in_place(k)) TEST_CUDA(cudaMemsetAsync(out.ptr(), kPoison, total, r.stream));
+            fill_rows(in.ptr(), 1, total, seed, r.rank, r.stream);
+            all_to_all(out, in, pair, *r.comm, r.stream, o);
+            r.comm->synchronize(r.stream);
+            const std::vector<uint8_t> got = download(out.ptr(), total, r.stream);
+            size_t wrong = 0;
+            for (int s = 0; s < world; ++s)
+              for (size_t i = 0; i < pair; ++i)
+                wrong += got[s * pair + i] != row_byte(seed, s, 0, size_t(r.rank) * pair + i);
+            if (wrong) findings.add(what + ": " + std::to_string(wrong) + " bytes wrong");
+          }
+      findings.raise(r);
+    });
+  }
+}
+
+// --- variable forms ---------------------------------------------------------------------------
+
+enum class Skew { kUniform, kZipf, kOneHotAtCapacity, kEmptyRanks };
+const char* skew_name(Skew s) {
+  static const char* names[] = {"uniform", "zipf", "one-hot at capacity", "empty ranks"};
+  return names[int(s)];
+}
+
+enum class Form { kHostSplits, kDeviceSplits, kTwoD };
+
+struct VariableCase {
+  Form form;
+  int experts;
+  int64_t align;
+  size_t row_bytes;
+  Skew skew;
+  size_t slack;  // extra rows in every input and output (0: exactly at capacity)
+  Algo algo;
+  Kinds kinds;
+  std::string describe() const {
+    static const char* forms[] = {"all_to_all_v", "all_to_all_vdev", "all_to_all_vdev_2d"};
+    return std::string(forms[int(form)]) + " experts=" + std::to_string(experts) + " align=" + std::to_string(align) +
+           " row_bytes=" + std::to_string(row_bytes) + " " + skew_name(skew) + " slack=" + std::to_string(slack) + " " +
+           algo_name(algo) + " " + kinds_name(kinds);
+  }
+};
+
+// The split matrix of a case, the same on every rank (drawn from the case's seed).
+struct Routing {
+  int world = 1, experts = 1;
+  int64_t align = 0;
+  std::vector<uint32_t> splits, input_rows, output_rows;
+  detail::SplitMatrix view() const {
+    return {splits.data(), input_rows.data(), output_rows.data(), world, experts, align};
+  }
+};
+
+Routing route(int world, int experts, int64_t align, Skew skew, uint32_t max_entry, size_t slack, uint64_t seed) {
+  Routing m;
+  m.world = world;
+  m.experts = experts;
+  m.align = align;
+  const int n = world * experts;
+  m.splits.assign(size_t(world) * n, 0);
+  std::mt19937_64 rng(seed);
+  const int hot = static_cast<int>(rng() % n);
+  for (int s = 0; s < world; ++s)
+    for (int j = 0; j < n; ++j) {
+      uint32_t v = 0;
+      switch (skew) {
+        case Skew::kUniform: v = max_entry / 2 + 1; break;
+        case Skew::kZipf: v = static_cast<uint32_t>(max_entry / std::pow(double(1 + (j + 3 * s) % n), 1.1)); break;
+        case Skew::kOneHotAtCapacity: v = j == hot ? max_entry : 0; break;
+        case Skew::kEmptyRanks: v = (s % 2 == 1 || (j / experts) % 2 == 1) ? 0 : uint32_t(rng() % (max_entry + 1)); break;
+      }
+      m.splits[size_t(s) * n + j] = v;
+    }
+  m.input_rows.assign(world, 0);
+  m.output_rows.assign(world, 0);
+  for (int r = 0; r < world; ++r) {
+    m.input_rows[r] = static_cast<uint32_t>(detail::sent_rows(m.view(), r) + slack);
+    m.output_rows[r] = static_cast<uint32_t>(detail::needed_output_rows(m.view(), r) + slack);
+  }
+  return m;
+}
+
+// Compares rank `me`'s output (out_rows rows) with what the routing sends it; rows nobody writes
+// (2-D padding, slack) must hold the poison.
+size_t wrong_bytes(const Routing& m, int me, const std::vector<uint8_t>& got, size_t row_bytes, uint64_t seed) {
+  const detail::SplitMatrix v = m.view();
+  std::vector<uint8_t> expected(got.size(), kPoison);
+  for (int k = 0; k < m.world * m.experts; ++k) {
+    const detail::AllToAllPiece p = detail::receive_piece(v, me, k, row_bytes);
+    for (uint64_t b = 0; b < p.bytes; ++b) {
+      const uint64_t src = p.src_byte + b;
+      expected[p.dst_byte + b] = row_byte(seed, p.peer, src / row_bytes, src % row_bytes);
+    }
+  }
+  size_t wrong = 0;
+  for (size_t i = 0; i < got.size(); ++i) wrong += got[i] != expected[i];
+  return wrong;
+}
+
+// Runs one case on one rank; returns "" or what was wrong.
+std::string run_variable_case(const VariableCase& c, SharedRank& r, const Memory& mem, void* splits_in,
+                              void* splits_out, size_t span, int budget, uint64_t id) {
+  const uint32_t max_entry = static_cast<uint32_t>(
+      std::max<size_t>(1, span / c.row_bytes / (size_t(2) * r.world * r.world * c.experts + 8)));
+  const Routing m = route(r.world, c.experts, c.align, c.skew, max_entry, c.slack, mix64(id));
+  const int n = r.world * c.experts;
+  const size_t in_rows = m.input_rows[r.rank], out_rows = m.output_rows[r.rank];
+  const CollectiveOptions o{c.algo, 0, budget};
+  const Operand out = mem.out(c.kinds), in = mem.in(c.kinds);
+  if (out_rows * c.row_bytes > span || in_rows * c.row_bytes > span) return "case too large for the test buffers";
+  const uint64_t seed = mix64(id ^ 0x5151);
+  TEST_CUDA(cudaMemsetAsync(out.ptr(), kPoison, out_rows * c.row_bytes, r.stream));
+  TEST_CUDA(cudaMemsetAsync(splits_out, 0xFF, 2 * n * sizeof(int64_t), r.stream));
+  fill_rows(in.ptr(), in_rows, c.row_bytes, seed, r.rank, r.stream);
+  std::vector<int64_t> mine(n), expect_from(r.world);
+  for (int j = 0; j < n; ++j) mine[j] = m.splits[size_t(r.rank) * n + j];
+  for (int s = 0; s < r.world; ++s) expect_from[s] = m.splits[size_t(s) * n + r.rank];
+  switch (c.form) {
+    case Form::kHostSplits:
+      all_to_all_v(out, out_rows, in, in_rows, mine.data(), expect_from.data(), c.row_bytes, *r.comm, r.stream, o);
+      break;
+    case Form::kDeviceSplits:
+      upload(splits_in, mine, r.stream);
+      all_to_all_vdev(out, out_rows, in, in_rows, static_cast<const int64_t*>(splits_in),
+                      static_cast<int64_t*>(splits_out), c.row_bytes, *r.comm, r.stream, o);
+      break;
+    case Form::kTwoD:
+      upload(splits_in, mine, r.stream);
+      all_to_all_vdev_2d(out, out_rows, in, in_rows, static_cast<const int64_t*>(splits_in),
+                         static_cast<int64_t*>(splits_out), c.row_bytes, c.experts, c.align, *r.comm, r.stream, o);
+      break;
+  }
+  r.comm->synchronize(r.stream);
+  std::string wrong;
+  const size_t bad = wrong_bytes(m, r.rank, download(out.ptr(), out_rows * c.row_bytes, r.stream), c.row_bytes, seed);
+  if (bad) wrong += std::to_string(bad) + " output bytes wrong";
+  if (c.form != Form::kHostSplits) {
+    std::vector<int64_t> so(2 * n);
+    const std::vector<uint8_t> raw = download(splits_out, so.size() * sizeof(int64_t), r.stream);
+    std::memcpy(so.data(), raw.data(), raw.size());
+    int bad_offsets = 0;
+    for (int row = 0; row < 2; ++row)
+      for (int k = 0; k < n; ++k)
+        bad_offsets += so[row * n + k] != detail::out_splits_offsets(m.view(), r.rank, row, k);
+    if (bad_offsets) wrong += (wrong.empty() ? "" : ", ") + std::to_string(bad_offsets) + " out_splits_offsets wrong";
+  }
+  return wrong;
+}
+
+std::vector<VariableCase> variable_cases() {
+  std::vector<VariableCase> cases;
+  const Kinds kinds[] = {Kinds::kHeap, Kinds::kLocal, Kinds::kHeapInLocalOut, Kinds::kLocalInHeapOut};
+  const Skew skews[] = {Skew::kUniform, Skew::kZipf, Skew::kOneHotAtCapacity, Skew::kEmptyRanks};
+  for (Skew skew : skews)
+    for (size_t row_bytes : {size_t(1), size_t(6), size_t(16), size_t(1040), size_t(14336)})
+      for (Kinds k : kinds) {
+        const size_t slack = row_bytes == 6 ? 3 : 0;
+        for (Algo algo : {Algo::kAuto, Algo::kPush, Algo::kPull, Algo::kLowLatency}) {
+          cases.push_back({Form::kDeviceSplits, 1, 0, row_bytes, skew, slack, algo, k});
+          if (row_bytes == 16 || row_bytes == 1040) cases.push_back({Form::kHostSplits, 1, 0, row_bytes, skew, slack, algo, k});
+        }
+        for (Algo algo : {Algo::kAuto, Algo::kPull}) {
+          cases.push_back({Form::kTwoD, 3, 1, row_bytes, skew, slack, algo, k});
+          cases.push_back({Form::kTwoD, 4, 16, row_bytes, skew, slack, algo, k});
+        }
+      }
+  return cases;
+}
+
+TEST(shared_gpu_all_to_all_v_and_vdev_match_reference) {
+  const std::vector<VariableCase> cases = variable_cases();
+  for (int world : shared_gpu_worlds()) {
+    const int budget = block_budget(world);
+    run_shared_ranks(world, [&](SharedRank& r) {
+      const size_t span = kMiB;
+      Memory mem(*r.comm, span);
+      DeviceBuffer splits_in(8 * 64 * sizeof(int64_t)), splits_out(2 * 8 * 64 * sizeof(int64_t));
+      wait_for_every_rank(r);
+      Findings findings;
+      uint64_t id = uint64_t(world) << 32;
+      size_t ran = 0;
+      for (const VariableCase& c : cases) {
+        ++id;
+        const CollectiveOptions o{c.algo, 0, budget};
+        try {  // plannable? alike on every rank (the plan reads only agreed values)
+          describe_all_to_all_v(mem.out(c.kinds), 1, mem.in(c.kinds), 1, c.row_bytes, c.form != Form::kHostSplits,
+                                c.experts, c.form == Form::kTwoD ? c.align : 0, *r.comm, o);
+        } catch (const Error&) {
+          continue;
+        }
+        ++ran;
+        const std::string wrong = run_variable_case(c, r, mem, splits_in.ptr, splits_out.ptr, span, budget, id);
+        if (!wrong.empty()) findings.add(c.describe() + ": " + wrong);
+      }
+      if (ran < cases.size() / 2) findings.add("only " + std::to_string(ran) + " of " + std::to_string(cases.size()) +
+                                               " cases were plannable");
+      findings.raise(r);
+    });
+  }
+}
+
+// --- overflow ---------------------------------------------------------------------------------
+
+// Every rank's outcome of a call that must fail: the error text (or "no error"), and whether
+// this rank's output and splits still hold the poison.
+struct Outcome {
+  std::string error = "no error";
+  ErrorCode code = ErrorCode::kInternal;
+  bool untouched = false;
+  double seconds = 0;
+};
+
+TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
+  struct Overflow {
+    const char* name;
+    Form form;
+    int shrink_out_rank;  // this rank's output one row short (-1: none)
+    int shrink_in_rank;   // this rank's input one row short (-1: none)
+    int lie_rank;         // all_to_all_v: this rank expects one row fewer from rank 0 (-1: none)
+    const char* expect;   // in every rank's message
+  };
+  for (int world : shared_gpu_worlds()) {
+    const int last = world - 1;
+    const Overflow cases[] = {
+        {"vdev output one row short", Form::kDeviceSplits, last, -1, -1, "would receive"},
+        {"2-D output one row short", Form::kTwoD, last, -1, -1, "would receive"},
+        {"vdev input one row short", Form::kDeviceSplits, -1, 0, -1, "splits add up to"},
+        {"all_to_all_v output splits disagree", Form::kHostSplits, -1, -1, last, "output splits expect"},
+    };
+    for (const Overflow& c : cases) {
+      std::mutex mutex;
+      std::vector<Outcome> outcomes(world);
+      run_shared_ranks(
+          world,
+          [&](SharedRank& r) {
+            const size_t row_bytes = 64;
+            const int experts = c.form == Form::kTwoD ? 2 : 1;
+            const Routing m = route(world, experts, c.form == Form::kTwoD ? 8 : 0, Skew::kZipf, 40, 0, 99);
+            const int n = world * experts;
+            size_t in_rows = m.input_rows[r.rank], out_rows = m.output_rows[r.rank];
+            if (r.rank == c.shrink_out_rank) out_rows -= 1;
+            if (r.rank == c.shrink_in_rank) in_rows -= 1;
+            Buffer* in = r.comm->allocate(std::max<size_t>(1, m.input_rows[r.rank]) * row_bytes);
+            Buffer* out = r.comm->allocate(std::max<size_t>(1, m.output_rows[r.rank]) * row_bytes);
+            DeviceBuffer splits_in(n * sizeof(int64_t)), splits_out(2 * n * sizeof(int64_t));
+            std::vector<int64_t> mine(n), expect_from(world);
+            for (int j = 0; j < n; ++j) mine[j] = m.splits[size_t(r.rank) * n + j];
+            for (int s = 0; s < world; ++s) expect_from[s] = m.splits[size_t(s) * n + r.rank];
+            if (r.rank == c.lie_rank) expect_from[0] -= 1;
+            upload(splits_in.ptr, mine, r.stream);
+            TEST_CUDA(cudaMemsetAsync(out->ptr(), kPoison, m.output_rows[r.rank] * row_bytes, r.stream));
+            TEST_CUDA(cudaMemsetAsync(splits_out.ptr, kPoison, 2 * n * sizeof(int64_t), r.stream));
+            fill_rows(in->ptr(), m.input_rows[r.rank], row_bytes, 5, r.rank, r.stream);
+            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            wait_for_every_rank(r);
+            Outcome outcome;
+            const auto start = std::chrono::steady_clock::now();
+            try {
+              const Operand o(*out), i(*in);
+              switch (c.form) {
+                case Form::kHostSplits:
+                  all_to_all_v(o, out_rows, i, in_rows, mine.data(), expect_from.data(), row_bytes, *r.comm,
+                               r.stream, {Algo::kAuto, 0, block_budget(world)});
+                  break;
+                case Form::kDeviceSplits:
+                  all_to_all_vdev(o, out_rows, i, in_rows, static_cast<const int64_t*>(splits_in.ptr),
+                                  static_cast<int64_t*>(splits_out.ptr), row_bytes, *r.comm, r.stream,
+                                  {Algo::kAuto, 0, block_budget(world)});
+                  break;
+                case Form::kTwoD:
+                  all_to_all_vdev_2d(o, out_rows, i, in_rows, static_cast<const int64_t*>(splits_in.ptr),
+                                     static_cast<int64_t*>(splits_out.ptr), row_bytes, experts, 8, *r.comm, r.stream,
+                                     {Algo::kAuto, 0, block_budget(world)});
+                  break;
+              }
+              r.comm->synchronize(r.stream);
+            } catch (const Error& e) {
+              outcome.error = e.what();
+              outcome.code = e.code();
+            }
+            outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            const std::vector<uint8_t> got = download(out->ptr(), m.output_rows[r.rank] * row_bytes, r.stream);
+            const std::vector<uint8_t> so = download(splits_out.ptr, 2 * n * sizeof(int64_t), r.stream);
+            outcome.untouched = std::all_of(got.begin(), got.end(), [](uint8_t b) { return b == kPoison; }) &&
+                                std::all_of(so.begin(), so.end(), [](uint8_t b) { return b == kPoison; });
+            {
+              std::lock_guard<std::mutex> lock(mutex);
+              outcomes[r.rank] = outcome;
+            }
+            wait_for_every_rank(r);
+            r.comm.reset();  // unusable now: released without the collective close
+          },
+          5000);
+      const int named = c.shrink_out_rank >= 0 ? c.shrink_out_rank : c.shrink_in_rank >= 0 ? c.shrink_in_rank : c.lie_rank;
+      for (int q = 0; q < world; ++q) {
+        const Outcome& o = outcomes[q];
+        const std::string where = std::string(c.name) + ", world " + std::to_string(world) + ", rank " + std::to_string(q);
+        if (o.code != ErrorCode::kCapacity || o.error.find(c.expect) == std::string::npos ||
+            o.error.find("rank " + std::to_string(named)) == std::string::npos)
+          throw Failure(where + ": expected kCapacity naming rank " + std::to_string(named) + " (" + c.expect +
+                        "), got: " + o.error);
+        if (!o.untouched) throw Failure(where + ": a rank's output or out_splits_offsets changed in a refused call");
+        if (o.seconds > 4) throw Failure(where + ": the error took " + std::to_string(o.seconds) + " s");
+      }
+    }
+  }
+}
+
+// --- graphs -----------------------------------------------------------------------------------
+
+// A captured all_to_all_vdev (and 2-D) whose routing and data change every replay on the device:
+// the graph fills the splits and rows from a device counter, runs the call, checks this rank's
+// output and out_splits_offsets on the device against the layout, and advances the counter.
+// 1000 replays, no host synchronisation between them.
+TEST(shared_gpu_all_to_all_vdev_graph_replays_follow_device_routing) {
+  constexpr int kReplays = 1000;
+  for (int world : shared_gpu_worlds()) {
+    const int budget = block_budget(world);
+    for (const auto& [experts, align] : {std::pair<int, int64_t>{1, 0}, std::pair<int, int64_t>{2, 4}}) {
+      run_shared_ranks(world, [&](SharedRank& r) {
+        const uint64_t row_bytes = 48;
+        const uint32_t max_entry = 24;
+        const int n = world * experts;
+        // Worst case: every sender sends max_entry rows to every destination, padded.
+        const uint64_t in_rows = uint64_t(n) * max_entry;
+        const uint64_t out_rows = uint64_t(world) * max_entry * experts + uint64_t(experts) * (align + 1);
+        Buffer* in = r.comm->allocate(in_rows * row_bytes);
+        Buffer* out = r.comm->allocate(out_rows * row_bytes);
+        DeviceBuffer splits_in(n * sizeof(int64_t)), splits_out(2 * n * sizeof(int64_t)), replay(sizeof(uint64_t));
+        Counters wrong(1, r.stream);
+        TEST_CUDA(cudaMemsetAsync(replay.ptr, 0, sizeof(uint64_t), r.stream));
+        TEST_CUDA(cudaStreamSynchronize(r.stream));
+        wait_for_every_rank(r);
+        const RoutedCall call{0xA11CE, r.rank, world, experts, align, row_bytes, max_entry,
+                              static_cast<const uint64_t*>(replay.ptr)};
+        const CollectiveOptions o{Algo::kAuto, 0, budget};
+        auto one_call = [&] {
+          TEST_CUDA(cudaMemsetAsync(out->ptr(), kPoison, out_rows * row_bytes, r.stream));
+          fill_routed_input(call, static_cast<int64_t*>(splits_in.ptr), in->ptr(), r.stream);
+          if (align == 0)
+            all_to_all_vdev(Operand(*out), out_rows, Operand(*in), in_rows, static_cast<const int64_t*>(splits_in.ptr),
+                            static_cast<int64_t*>(splits_out.ptr), row_bytes, *r.comm, r.stream, o);
+          else
+            all_to_all_vdev_2d(Operand(*out), out_rows, Operand(*in), in_rows,
+                               static_cast<const int64_t*>(splits_in.ptr), static_cast<int64_t*>(splits_out.ptr),
+                               row_bytes, experts, align, *r.comm, r.stream, o);
+          check_routed_output(call, out->ptr(), out_rows, static_cast<const int64_t*>(splits_out.ptr), kPoison,
+                              wrong.at(0), r.stream);
+          advance_replay(static_cast<uint64_t*>(replay.ptr), r.stream);
+        };
+        one_call();  // eager first: the same check
+        CapturedGraph graph(r.stream, one_call);
+        for (int i = 0; i < kReplays; ++i) graph.launch(r.stream);
+        r.comm->synchronize(r.stream);
+        const unsigned long long bad = wrong.read(r.stream)[0];
+        uint64_t replays = 0;
+        const std::vector<uint8_t> counter = download(replay.ptr, sizeof(uint64_t), r.stream);
+        std::memcpy(&replays, counter.data(), sizeof(replays));
+        if (bad)
+          throw Failure("experts " + std::to_string(experts) + ": " + std::to_string(bad) +
+                        " wrong bytes or offsets over " + std::to_string(kReplays) + " replays");
+        if (replays != uint64_t(kReplays) + 1)
+          throw Failure("the replay counter reached " + std::to_string(replays) + ", expected " +
+                        std::to_string(kReplays + 1));
+      });
+    }
+  }
+}
+
+// --- failures ---------------------------------------------------------------------------------
+
+TEST(shared_gpu_all_to_all_missing_rank_is_named_in_time) {
+  constexpr int64_t kTimeoutMs = 3000;
+  for (int world : shared_gpu_worlds()) {
+    for (bool device_splits : {true, false}) {
+      std::mutex mutex;
+      std::vector<std::string> outcomes(world);
+      run_shared_ranks(
+          world,
+          [&](SharedRank& r) {
+            const int missing = world - 1;
+            Buffer* in = r.comm->allocate(64 * world);
+            Buffer* out = r.comm->allocate(64 * world);
+            DeviceBuffer splits_in(world * sizeof(int64_t)), splits_out(2 * world * sizeof(int64_t));
+            const std::vector<int64_t> ones(world, 1);
+            upload(splits_in.ptr, ones, r.stream);
+            wait_for_every_rank(r);
+            std::string outcome = "absent";
+            if (r.rank != missing) {
+              const auto start = std::chrono::steady_clock::now();
+              try {
+                const CollectiveOptions o{Algo::kAuto, 0, block_budget(world)};
+                if (device_splits)
+                  all_to_all_vdev(Operand(*out), world, Operand(*in), world, static_cast<const int64_t*>(splits_in.ptr),
+                                  static_cast<int64_t*>(splits_out.ptr), 64, *r.comm, r.stream, o);
+                else
+                  all_to_all(Operand(*out), Operand(*in), 64, *r.comm, r.stream, o);
+                r.comm->synchronize(r.stream);
+                outcome = "no error";
+              } catch (const Error& e) {
+                const std::string text = e.what();
+                const bool named = text.find("rank " + std::to_string(missing)) != std::string::npos;
+                outcome = (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kAborted) && named
+                              ? "error"
+                              : "unexpected error: " + text;
+              }
+              const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              if (seconds > 3.0 * kTimeoutMs / 1000) outcome += " after " + std::to_string(seconds) + " s";
+            }
+            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            wait_for_every_rank(r);
+            r.comm.reset();
+            std::lock_guard<std::mutex> lock(mutex);
+            outcomes[r.rank] = outcome;
+          },
+          kTimeoutMs);
+      for (int q = 0; q + 1 < world; ++q)
+        if (outcomes[q] != "error")
+          throw Failure(std::string(device_splits ? "all_to_all_vdev" : "all_to_all") + ", world " +
+                        std::to_string(world) + ", rank " + std::to_string(q) + " (rank " + std::to_string(world - 1) +
+                        " absent): " + outcomes[q]);
+    }
+  }
+}
+
+TEST(shared_gpu_all_to_all_mismatched_call_fails_everywhere) {
+  for (int world : shared_gpu_worlds()) {
+    std::mutex mutex;
+    std::vector<Outcome> outcomes(world);
+    run_shared_ranks(
+        world,
+        [&](SharedRank& r) {
+          Buffer* in = r.comm->allocate(4096 * world);
+          Buffer* out = r.comm->allocate(4096 * world);
+          DeviceBuffer splits_in(world * sizeof(int64_t)), splits_out(2 * world * sizeof(int64_t));
+          const std::vector<int64_t> ones(world, 1);
+          upload(splits_in.ptr, ones, r.stream);
+          wait_for_every_rank(r);
+          // The last rank's rows are wider: another signature on its lines.
+          const size_t row_bytes = r.rank == world - 1 ? 80 : 64;
+          Outcome outcome;
+          try {
+            all_to_all_vdev(Operand(*out), world, Operand(*in), world, static_cast<const int64_t*>(splits_in.ptr),
+                            static_cast<int64_t*>(splits_out.ptr), row_bytes, *r.comm, r.stream,
+                            {Algo::kAuto, 0, block_budget(world)});
+            r.comm->synchronize(r.stream);
+          } catch (const Error& e) {
+            outcome.error = e.what();
+            outcome.code = e.code();
+          }
+          TEST_CUDA(cudaStreamSynchronize(r.stream));
+          wait_for_every_rank(r);
+          r.comm.reset();
+          std::lock_guard<std::mutex> lock(mutex);
+          outcomes[r.rank] = outcome;
+        },
+        5000);
+    int mismatches = 0;
+    for (int q = 0; q < world; ++q) {
+      const Outcome& o = outcomes[q];
+      if (o.code == ErrorCode::kMismatch) ++mismatches;
+      if (o.code != ErrorCode::kMismatch && o.code != ErrorCode::kAborted)
+        throw Failure("world " + std::to_string(world) + ", rank " + std::to_string(q) + ": expected kMismatch, got: " +
+                      o.error);
+    }
+    if (mismatches == 0) throw Failure("world " + std::to_string(world) + ": no rank raised kMismatch");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return shared_gpu_main(argc, argv); }

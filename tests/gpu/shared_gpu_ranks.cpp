@@ -1,0 +1,91 @@
+#include "shared_gpu_ranks.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "device_memory.hpp"
+#include "multicast_off.hpp"
+#include "test.hpp"
+
+namespace symmem::test {
+
+SharedRank::~SharedRank() {
+  if (stream) cudaStreamDestroy(stream);
+}
+
+std::vector<int> shared_gpu_worlds() {
+  const char* text = std::getenv("SYMMEM_SHARED_GPU_WORLDS");
+  std::istringstream in(text && *text ? text : "2 3 4 8");
+  std::vector<int> result;
+  for (int w; in >> w;)
+    if (w >= 2 && w <= 8) result.push_back(w);
+  return result;
+}
+
+int block_budget(int world) {
+  const char* forced = std::getenv("SYMMEM_SHARED_GPU_BLOCKS");
+  if (forced && *forced) return std::max(1, std::atoi(forced));
+  int sms = 0;
+  TEST_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  return std::max(1, sms / (2 * world));
+}
+
+void wait_for_every_rank(SharedRank& r) { r.bootstrap->barrier(); }
+
+void run_shared_ranks(int world, const std::function<void(SharedRank&)>& body, int64_t timeout_ms,
+                      size_t workspace_bytes) {
+  auto group = make_thread_group(world, 120000);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        TEST_CUDA(cudaSetDevice(0));
+        SharedRank rank;
+        rank.rank = r;
+        rank.world = world;
+        TEST_CUDA(cudaStreamCreateWithFlags(&rank.stream, cudaStreamNonBlocking));
+        CommConfig config;
+        config.timeout_ms = timeout_ms;
+        config.workspace_bytes = workspace_bytes;
+        rank.bootstrap = make_thread_bootstrap(group, r);
+        rank.comm = Communicator::create(rank.bootstrap, 0, config);
+        body(rank);
+        TEST_CUDA(cudaStreamSynchronize(rank.stream));
+        wait_for_every_rank(rank);
+        if (rank.comm) rank.comm->close();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r)
+    if (!errors[r].empty())
+      throw Failure("world " + std::to_string(world) + ", rank " + std::to_string(r) + ": " + errors[r]);
+}
+
+int shared_gpu_main(int argc, char** argv) {
+  keep_multicast_off();
+  setenv("SYMMEM_TEST_SHARED_GPU", "1", 1);
+  // Every rank's streams on their own hardware queue; lazy loading would load a kernel at its
+  // first launch, which may wait for the context to be idle (tests/gpu/shared_gpu_tests.cpp).
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  setenv("SYMMEM_CE_STREAMS", "1", 0);
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  int gpus = 0;
+  const cudaError_t err = cudaGetDeviceCount(&gpus);
+  if (err != cudaSuccess || gpus < 1) {
+    std::printf("SKIPPED: the shared-GPU tests need a CUDA GPU, found none (%s)\n",
+                err == cudaSuccess ? "cudaGetDeviceCount" : cudaGetErrorString(err));
+    std::printf("0 passed, 0 failed, 1 skipped\n");
+    return 77;
+  }
+  return run_all(argc, argv);
+}
+
+}  // namespace symmem::test
