@@ -6,5 +6,6 @@
 #include "symmem/collectives.hpp"
 #include "symmem/fused.hpp"
 #include "symmem/communicator.hpp"
+#include "symmem/ep.hpp"
 #include "symmem/error.hpp"
 #include "symmem/types.hpp"

@@ -29,6 +29,9 @@ std::string describe_capacity_failure(const LayoutFault& f, const std::string& c
       what = "expert " + std::to_string(f.other) + " of " + who + " would receive " + needed +
              " rows, but its buffer holds " + capacity;
       break;
+    case kFaultExpertId:
+      what = who + " routed a token to expert " + needed + ", outside the context's " + capacity + " experts";
+      break;
     default: what = who + " does not fit this call's buffers (fault " + std::to_string(f.kind) + ")"; break;
   }
   return what + " (in " + call + "); every rank found this before any row moved, and the communicator is unusable now";

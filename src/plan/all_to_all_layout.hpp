@@ -103,6 +103,7 @@ enum LayoutFaultKind : uint32_t {
   kFaultDeclaredSplits = 4,  // rank `rank` expects `capacity` rows from rank `other`, which sends `needed`
   kFaultTokens = 5,          // MoE: rank `rank` passed `needed` tokens, its context holds `capacity`
   kFaultExpertFull = 6,      // MoE: expert `other` of rank `rank` would receive `needed` rows, holds `capacity`
+  kFaultExpertId = 7,        // MoE: rank `rank` routed a token to expert `needed`, outside [0, `capacity`)
 };
 
 struct LayoutFault {

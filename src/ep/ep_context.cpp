@@ -1,0 +1,293 @@
+// EpContext: creation (agreed config, buffers fixed for the context's lifetime), dispatch and
+// combine (validate -> sign -> launch; kernels/moe_args.hpp describes the kernels), close.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives/validate.hpp"
+#include "comm/communicator_state.hpp"
+#include "common/check.hpp"
+#include "common/device_guard.hpp"
+#include "common/hash.hpp"
+#include "kernels/moe_args.hpp"
+#include "plan/block_rules.hpp"
+#include "plan/ep_geometry.hpp"
+#include "symmem/ep.hpp"
+
+namespace symmem {
+
+const char* ep_layout_name(EpLayout layout) {
+  return layout == EpLayout::kExpertMajor ? "expert_major" : layout == EpLayout::kRankMajor ? "rank_major" : "?";
+}
+
+const char* ep_payload_name(EpPayload payload) {
+  return payload == EpPayload::kBFloat16 ? "bfloat16" : payload == EpPayload::kFloat8E4M3 ? "float8_e4m3" : "?";
+}
+
+EpMemory ep_memory(const EpConfig& config, int world) {
+  return detail::ep_memory_of(detail::ep_geometry(config, world));
+}
+
+struct EpContext::State {
+  Communicator* comm = nullptr;
+  detail::CommunicatorState* st = nullptr;
+  EpConfig config;
+  detail::EpGeometry g;
+  Buffer* dispatch = nullptr;
+  Buffer* combine = nullptr;
+  void* scratch_memory = nullptr;
+  detail::EpScratch scratch{};
+  int blocks = 1;
+  uint32_t dispatch_signature = 0, combine_signature = 0;
+  std::string dispatch_text, combine_text;
+  bool closed = false;
+
+  ~State() {
+    if (scratch_memory) SYMMEM_CUDA_CHECK_NOTHROW(cudaFree(scratch_memory));
+  }
+  detail::EpBuffers buffers() const {
+    detail::EpBuffers b{};
+    b.dispatch = static_cast<char*>(dispatch->ptr());
+    b.combine = static_cast<char*>(combine->ptr());
+    for (int r = 0; r < st->world; ++r) {
+      b.dispatch_peers[r] = static_cast<char*>(dispatch->peer_ptr(r));
+      b.combine_peers[r] = static_cast<char*>(combine->peer_ptr(r));
+    }
+    return b;
+  }
+  void fill_low_latency(uint64_t* (&peers)[detail::kMaxWorld], size_t* slot_words) const {
+    for (int r = 0; r < st->world; ++r) peers[r] = static_cast<uint64_t*>(st->workspaces->low_latency()->peer_ptr(r));
+    *slot_words = detail::Workspaces::kLowLatencySlotBytes / 4;
+  }
+  void require_open(const char* op) const {
+    if (closed) throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": the EpContext was closed");
+  }
+};
+
+namespace {
+
+// Every field of the config equal on every rank, or an error naming the first that differs.
+void agree_on_config(const EpConfig& mine, detail::CommunicatorState& st) {
+  std::vector<EpConfig> all(st.world);
+  st.bootstrap->all_gather(&mine, all.data(), sizeof(EpConfig));
+  for (int r = 0; r < st.world; ++r) {
+    const EpConfig& o = all[r];
+    auto differ = [&](const char* field, long theirs, long ours) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("EpContext::create: ") + field + " differs across ranks: rank " +
+                                                   std::to_string(st.job_rank(r)) + " has " + std::to_string(theirs) +
+                                                   ", rank " + std::to_string(st.layout.rank) + " has " +
+                                                   std::to_string(ours));
+    };
+    if (o.num_experts != mine.num_experts) differ("num_experts", o.num_experts, mine.num_experts);
+    if (o.topk != mine.topk) differ("topk", o.topk, mine.topk);
+    if (o.hidden != mine.hidden) differ("hidden", o.hidden, mine.hidden);
+    if (o.max_tokens_per_rank != mine.max_tokens_per_rank)
+      differ("max_tokens_per_rank", o.max_tokens_per_rank, mine.max_tokens_per_rank);
+    if (o.payload != mine.payload) differ("payload", long(o.payload), long(mine.payload));
+    if (o.layout != mine.layout) differ("layout", long(o.layout), long(mine.layout));
+    if (o.max_tokens_per_expert != mine.max_tokens_per_expert)
+      differ("max_tokens_per_expert", o.max_tokens_per_expert, mine.max_tokens_per_expert);
+    if (o.max_received_rows != mine.max_received_rows)
+      differ("max_received_rows", o.max_received_rows, mine.max_received_rows);
+    if (o.max_blocks != mine.max_blocks) differ("max_blocks", o.max_blocks, mine.max_blocks);
+  }
+}
+
+uint32_t sign(uint32_t op, const detail::EpGeometry& g, int blocks) {
+  detail::Fnv1a h;
+  h.value(op).value(g.world).value(g.experts).value(g.topk).value(g.hidden).value(g.max_tokens).value(g.expert_major);
+  h.value(g.fp8).value(g.rows_per_expert).value(g.rows).value(blocks);
+  const uint64_t d = h.digest();
+  const uint32_t folded = static_cast<uint32_t>(d ^ (d >> 32));
+  return folded != 0 ? folded : 1u;
+}
+
+std::string describe_call(const char* op, const EpConfig& c, const detail::EpGeometry& g, int blocks) {
+  std::string s = std::string(op) + "(" + ep_layout_name(c.layout) + ", " + ep_payload_name(c.payload) +
+                  ", experts=" + std::to_string(g.experts) + ", topk=" + std::to_string(g.topk) +
+                  ", hidden=" + std::to_string(g.hidden) + ", max_tokens=" + std::to_string(g.max_tokens);
+  s += g.expert_major ? ", rows_per_expert=" + std::to_string(g.rows_per_expert)
+                      : ", rows=" + std::to_string(g.rows);
+  return s + ", blocks=" + std::to_string(blocks) + ")";
+}
+
+void require_aligned(const void* p, const char* what, const char* op) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what + " must be 16-byte aligned");
+}
+
+}  // namespace
+
+EpContext::EpContext(std::unique_ptr<State> state) : state_(std::move(state)) {}
+EpContext::~EpContext() = default;
+
+std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig& config) {
+  detail::CommunicatorState& st = detail::state_of(comm);
+  st.ensure_usable("EpContext::create");
+  st.require_one_node("EpContext::create");
+  detail::DeviceGuard guard(st.device);
+  agree_on_config(config, st);  // first: a config that differs must fail on every rank alike
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  s.comm = &comm;
+  s.st = &st;
+  s.config = config;
+  s.g = detail::ep_geometry(config, st.world);  // the same verdict on every rank (the same config)
+  s.blocks = detail::clamp_blocks(config.max_blocks, st.sm_count, config.max_blocks);
+  s.dispatch = comm.allocate(std::max<size_t>(s.g.dispatch_bytes, 256));
+  s.combine = comm.allocate(std::max<size_t>(s.g.combine_bytes, 256));
+  const detail::EpScratchOffsets o = detail::ep_scratch_offsets(s.g);
+  SYMMEM_CUDA_CHECK(cudaMalloc(&s.scratch_memory, o.total));
+  SYMMEM_CUDA_CHECK(cudaMemset(s.scratch_memory, 0, o.total));
+  char* base = static_cast<char*>(s.scratch_memory);
+  s.scratch.tile_base = reinterpret_cast<int32_t*>(base + o.tile_base);
+  s.scratch.warp_base = reinterpret_cast<int32_t*>(base + o.warp_base);
+  s.scratch.send_base = reinterpret_cast<int32_t*>(base + o.send_base);
+  s.scratch.route_rank = reinterpret_cast<int32_t*>(base + o.route_rank);
+  s.scratch.route_row = reinterpret_cast<int32_t*>(base + o.route_row);
+  s.scratch.weights = reinterpret_cast<float*>(base + o.weights);
+  s.scratch.expert_num_tokens = reinterpret_cast<int32_t*>(base + o.expert_num_tokens);
+  s.scratch.num_rows = reinterpret_cast<int32_t*>(base + o.num_rows);
+  s.scratch.num_tokens = reinterpret_cast<int32_t*>(base + o.num_tokens);
+  s.scratch.go = reinterpret_cast<uint32_t*>(base + o.go);
+  s.scratch.counts = reinterpret_cast<uint32_t*>(base + o.counts);
+  s.dispatch_signature = sign(detail::kOpMoeDispatch, s.g, s.blocks);
+  s.combine_signature = sign(detail::kOpMoeCombine, s.g, s.blocks);
+  s.dispatch_text = describe_call("moe_dispatch", config, s.g, s.blocks);
+  s.combine_text = describe_call("moe_combine", config, s.g, s.blocks);
+  return std::unique_ptr<EpContext>(new EpContext(std::move(state)));
+}
+
+const EpConfig& EpContext::config() const { return state_->config; }
+
+EpMemory EpContext::memory() const { return detail::ep_memory_of(state_->g); }
+
+EpReceived EpContext::received() const {
+  const State& s = *state_;
+  s.require_open("EpContext::received");
+  char* d = static_cast<char*>(s.dispatch->ptr());
+  EpReceived r{};
+  r.x = d + s.g.x_offset;
+  r.x_scales = s.g.fp8 ? reinterpret_cast<float*>(d + s.g.scales_offset) : nullptr;
+  r.topk_idx = s.g.expert_major ? nullptr : reinterpret_cast<int32_t*>(d + s.g.topk_idx_offset);
+  r.topk_weights = s.g.expert_major ? nullptr : reinterpret_cast<float*>(d + s.g.topk_weights_offset);
+  r.expert_num_tokens = s.scratch.expert_num_tokens;
+  r.num_rows = s.scratch.num_rows;
+  r.combine_input = s.combine->ptr();
+  r.local_experts = s.g.local_experts;
+  r.rows = static_cast<size_t>(s.g.expert_major ? s.g.rows_per_expert : s.g.rows);
+  r.row_bytes = s.g.payload_bytes;
+  return r;
+}
+
+std::string EpContext::describe() const { return state_->dispatch_text + "; " + state_->combine_text; }
+
+void EpContext::dispatch(const EpDispatchArgs& args, cudaStream_t stream) {
+  State& s = *state_;
+  const char* op = "moe_dispatch";
+  s.require_open(op);
+  detail::CommunicatorState& st = *s.st;
+  st.ensure_usable(op);
+  if (!args.x || !args.topk_idx || !args.topk_weights)
+    throw Error(ErrorCode::kInvalidArgument, "moe_dispatch: x, topk_idx and topk_weights are required");
+  if (s.g.fp8 && !args.x_scales)
+    throw Error(ErrorCode::kInvalidArgument, "moe_dispatch: a float8 payload needs x_scales (float32, hidden / 128 per row)");
+  if (!args.num_tokens_device && args.num_tokens < 0)
+    throw Error(ErrorCode::kInvalidArgument, "moe_dispatch: num_tokens is negative (" + std::to_string(args.num_tokens) + ")");
+  require_aligned(args.x, "x", op);
+  detail::DeviceGuard guard(st.device);
+  // Rows the kernels may read: up to T with a device count, else the host count (capped at T:
+  // a larger count fails on every rank as kCapacity, and the kernels read T rows at most).
+  const size_t rows = args.num_tokens_device ? size_t(s.g.max_tokens)
+                                             : std::min<size_t>(size_t(args.num_tokens), size_t(s.g.max_tokens));
+  const size_t k = size_t(s.g.topk);
+  detail::require_device_pointer(args.x, rows * s.g.payload_bytes, "x", op, *s.comm);
+  detail::require_device_pointer(args.topk_idx, rows * k * (args.topk_idx_int64 ? 8 : 4), "topk_idx", op, *s.comm);
+  detail::require_device_pointer(args.topk_weights, rows * k * 4, "topk_weights", op, *s.comm);
+  if (s.g.fp8) detail::require_device_pointer(args.x_scales, rows * s.g.scale_bytes, "x_scales", op, *s.comm);
+  if (args.num_tokens_device) detail::require_device_pointer(args.num_tokens_device, 4, "num_tokens_device", op, *s.comm);
+
+  st.before_enqueue(stream);
+  if (!st.board->recorded_recently(s.dispatch_signature)) st.board->record_call(s.dispatch_signature, s.dispatch_text);
+  if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, s.dispatch_text.c_str());
+  detail::MoeDispatchArgs a{};
+  a.g = s.g;
+  a.x = args.x;
+  a.x_scales = args.x_scales;
+  a.topk_idx = args.topk_idx;
+  a.topk_idx_int64 = args.topk_idx_int64;
+  a.topk_weights = args.topk_weights;
+  a.num_tokens = args.num_tokens;
+  a.num_tokens_device = args.num_tokens_device;
+  a.scratch = s.scratch;
+  a.buffers = s.buffers();
+  s.fill_low_latency(a.ll_peers, &a.ll_slot_words);
+  a.sync = st.sync_args(detail::kOpMoeDispatch, s.dispatch_signature);
+  detail::launch_moe_dispatch_count(a, stream);
+  detail::launch_moe_dispatch_push(a, s.blocks, stream);
+}
+
+void EpContext::combine(const EpCombineArgs& args, cudaStream_t stream) {
+  State& s = *state_;
+  const char* op = "moe_combine";
+  s.require_open(op);
+  detail::CommunicatorState& st = *s.st;
+  st.ensure_usable(op);
+  if (!args.out) throw Error(ErrorCode::kInvalidArgument, "moe_combine: out is required");
+  require_aligned(args.out, "out", op);
+  if (args.expert_out) require_aligned(args.expert_out, "expert_out", op);
+  detail::DeviceGuard guard(st.device);
+  if (args.expert_out)
+    detail::require_device_pointer(args.expert_out, s.g.combine_bytes, "expert_out", op, *s.comm);
+  if (args.topk_weights)
+    detail::require_device_pointer(args.topk_weights, size_t(s.g.max_tokens) * s.g.topk * 4, "topk_weights", op,
+                                   *s.comm);
+
+  st.before_enqueue(stream);
+  if (!st.board->recorded_recently(s.combine_signature)) st.board->record_call(s.combine_signature, s.combine_text);
+  if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, s.combine_text.c_str());
+  const detail::EpBuffers buffers = s.buffers();
+  if (args.expert_out) {
+    detail::MoeStageArgs stage{};
+    stage.g = s.g;
+    stage.scratch = s.scratch;
+    stage.expert_out = args.expert_out;
+    stage.combine = buffers.combine;
+    detail::launch_moe_combine_stage(stage, s.blocks, stream);
+  }
+  detail::MoeCombineArgs a{};
+  a.g = s.g;
+  a.scratch = s.scratch;
+  a.buffers = buffers;
+  a.out = args.out;
+  a.weights = args.topk_weights;
+  a.weights_applied = args.weights_applied;
+  s.fill_low_latency(a.ll_peers, &a.ll_slot_words);
+  a.sync = st.sync_args(detail::kOpMoeCombine, s.combine_signature);
+  detail::launch_moe_combine(a, s.blocks, stream);
+}
+
+void EpContext::close() {
+  State& s = *state_;
+  if (s.closed) return;
+  detail::CommunicatorState& st = *s.st;
+  detail::DeviceGuard guard(st.device);
+  // Free only when no rank has a graph that may still replay a call on these buffers; the ranks
+  // must agree (freeing is collective).
+  const int32_t mine = s.comm->live_graphs() == 0 && !s.comm->aborted() ? 1 : 0;
+  std::vector<int32_t> all(st.world);
+  st.bootstrap->all_gather(&mine, all.data(), sizeof(mine));
+  const bool free_now = std::all_of(all.begin(), all.end(), [](int32_t v) { return v == 1; });
+  s.closed = true;
+  if (free_now) {
+    s.comm->free(s.dispatch);
+    s.comm->free(s.combine);
+  }
+  s.dispatch = s.combine = nullptr;
+}
+
+}  // namespace symmem

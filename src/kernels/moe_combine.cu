@@ -1,0 +1,136 @@
+// MoE combine (kernels/moe_args.hpp): an entry exchange of one low-latency line per block with
+// the same block of every peer, then a pull of every token's rows from the peers' combine areas,
+// summed in float32 in a fixed order (top-k order for kExpertMajor, with the weights unless they
+// were applied before the experts; rank order for kRankMajor), rounded to bfloat16 once, written
+// locally. The order and the arithmetic depend on nothing but the token's routes, so the result is
+// the same on every run and on every rank. A warp handles 256 columns of one token (8 per lane,
+// one 16-byte vector per source row), with every source row's vector loaded before any is added.
+// Counted low-latency call: every block reaches call_end. Failure records name phase 0.
+//
+// The staging kernel copies the valid rows of expert outputs held elsewhere into this rank's
+// combine area first (local), on the same stream: the entry lines of combine follow it.
+#include <cuda_bf16.h>
+
+#include "device/call_counter.cuh"
+#include "device/dependent_launch.cuh"
+#include "device/low_latency.cuh"
+#include "kernels/kernel_args.hpp"
+#include "kernels/launch.cuh"
+#include "kernels/moe_args.hpp"
+
+namespace symmem::detail {
+namespace {
+
+constexpr int kSources = kEpMaxTopk > kMaxWorld ? kEpMaxTopk : kMaxWorld;
+constexpr int kColumnsPerWarp = 256;  // 32 lanes x 8 bfloat16
+
+__device__ void add_scaled(float (&acc)[8], const uint4& v, float w) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] = fmaf(w, f.x, acc[2 * i]);
+    acc[2 * i + 1] = fmaf(w, f.y, acc[2 * i + 1]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a) {
+  device::enter_kernel();
+  const SyncArgs& s = a.sync;
+  const EpGeometry& g = a.g;
+  const EpScratch& sc = a.scratch;
+  const uint32_t call = device::call_begin(s);
+  const int world = s.world, me = s.rank;
+
+  // Entry: word blockIdx.x of this rank's slot at every peer, and every peer's at this rank.
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    device::fence_acq_rel_sys();  // this stream's expert outputs before the lines
+    const uint64_t line = uint64_t(s.signature) << 32;
+    for (int k = 1; k < world; ++k) {
+      const int peer = (me + k) % world;
+      device::st_relaxed_sys_u64(device::low_latency_slot(a.ll_peers[peer], call, me, a.ll_slot_words) + blockIdx.x,
+                                 line);
+    }
+    uint32_t word[kMaxWorld];
+    ok = device::collect_words(s, device::low_latency_slot(a.ll_peers[me], call, 0, a.ll_slot_words), a.ll_slot_words,
+                               blockIdx.x, (1u << world) - 1, 0, 0, word);
+    device::fence_acq_rel_sys();  // acquire: the peers' expert outputs
+  }
+  __syncthreads();
+  // The dispatch's `go`: a dispatch that did not fit left the communicator failed (nothing to sum).
+  if (!ok || *sc.go == 0) {
+    device::call_end(s, call);
+    return;
+  }
+
+  const int tokens = *sc.num_tokens;
+  const int segments = g.hidden / kColumnsPerWarp + (g.hidden % kColumnsPerWarp ? 1 : 0);
+  const int sources = g.expert_major ? g.topk : world;
+  const float* weights = a.weights ? a.weights : sc.weights;
+  const int lane = threadIdx.x % 32;
+  const int warps = gridDim.x * (blockDim.x / 32);
+  for (int64_t u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < int64_t(tokens) * segments; u += warps) {
+    const int t = int(u / segments);
+    const int column = int(u % segments) * kColumnsPerWarp + lane * 8;
+    if (column >= g.hidden) continue;
+    uint4 v[kSources];
+    float w[kSources];
+#pragma unroll
+    for (int i = 0; i < kSources; ++i) {
+      w[i] = 0.f;
+      if (i >= sources) continue;
+      const size_t r = size_t(t) * sources + i;
+      const int q = g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
+      if (q < 0) continue;
+      const char* area = q == me ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
+      v[i] = *reinterpret_cast<const uint4*>(area + (size_t(sc.route_row[r]) * g.hidden + column) * 2);
+      w[i] = g.expert_major && !a.weights_applied ? weights[r] : 1.f;
+    }
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kSources; ++i) {
+      if (i >= sources) continue;
+      const size_t r = size_t(t) * sources + i;
+      const bool routed = g.expert_major ? sc.route_rank[r] >= 0 : sc.route_row[r] >= 0;
+      if (routed) add_scaled(acc, v[i], w[i]);
+    }
+    uint4 out;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + (size_t(t) * g.hidden + column) * 2) = out;
+  }
+  device::call_end(s, call);
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_stage(MoeStageArgs a) {
+  device::enter_kernel();
+  const EpGeometry& g = a.g;
+  const int64_t vectors = g.hidden * 2 / 16;  // of a row
+  // Valid rows: kExpertMajor, rows [0, expert_num_tokens[e]) of each local expert (a group);
+  // kRankMajor, rows [0, num_rows) of one group. Blocks share the groups, several per group when
+  // there are fewer groups than blocks.
+  const int groups = g.expert_major ? g.local_experts : 1;
+  const int64_t group_rows = g.expert_major ? g.rows_per_expert : g.rows;
+  const int per_group = max(1, int(gridDim.x) / groups);
+  const int part = blockIdx.x % per_group;
+  for (int group = blockIdx.x / per_group; group < groups; group += max(1, int(gridDim.x) / per_group)) {
+    const int64_t valid = g.expert_major ? a.scratch.expert_num_tokens[group] : *a.scratch.num_rows;
+    const size_t first = size_t(group * group_rows) * vectors;
+    for (int64_t i = part * int64_t(blockDim.x) + threadIdx.x; i < valid * vectors; i += int64_t(per_group) * blockDim.x)
+      reinterpret_cast<uint4*>(a.combine)[first + i] = static_cast<const uint4*>(a.expert_out)[first + i];
+  }
+}
+
+}  // namespace
+
+void launch_moe_combine(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {
+  launch_kernel(moe_combine, blocks, kThreadsPerBlock, 0, stream, args);
+}
+
+void launch_moe_combine_stage(const MoeStageArgs& args, int blocks, cudaStream_t stream) {
+  launch_kernel(moe_combine_stage, blocks, kThreadsPerBlock, 0, stream, args);
+}
+
+}  // namespace symmem::detail
