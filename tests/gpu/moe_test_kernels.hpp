@@ -58,4 +58,36 @@ void check_routed_output(const RoutedCall& call, const void* out, uint64_t out_r
 // ++*replay (one thread).
 void advance_replay(uint64_t* replay, cudaStream_t stream);
 
+// MoE routing that changes every replay of a captured graph (a device counter), with fake experts
+// whose outputs a device check can predict bit for bit: the expert computation on a received row x
+// for local expert e is bf16(x * (1 + e)) per column (kRankMajor: the row's local experts summed in
+// float32 in top-k order with their weights, rounded once), and combine's result for a token is what
+// include/symmem/ep.hpp promises (float32 in top-k / rank order, rounded once).
+struct MoeRoutedCall {
+  uint64_t seed;
+  int rank, world, experts, topk, hidden, max_tokens;
+  bool expert_major;
+  const uint64_t* replay;
+};
+// This replay's routing of this rank: *num_tokens in [0, T], distinct ids per token (some -1),
+// weights in (0, 1), x rows of small multiples of 1/8 (bf16), all on the device.
+void fill_moe_routed_input(const MoeRoutedCall& call, int64_t* ids, float* weights, int32_t* num_tokens, void* x,
+                           cudaStream_t stream);
+// What the received rows' experts output, into combine_input (rows as the receive area).
+struct MoeReceivedView {
+  const void* x;
+  const int32_t* topk_idx;
+  const float* topk_weights;
+  const int32_t* expert_num_tokens;
+  const int32_t* num_rows;
+  long long rows;  // per local expert (kExpertMajor) or in all
+};
+void run_fake_experts(const MoeRoutedCall& call, const MoeReceivedView& received, void* combine_input,
+                      cudaStream_t stream);
+// *wrong += output elements of this rank's tokens that differ from the predicted combine, plus
+// rows past *num_tokens that are not `poison` (bf16 bits).
+void check_moe_combine(const MoeRoutedCall& call, const void* out, const int64_t* ids, const float* weights,
+                       const int32_t* num_tokens, const void* x, uint16_t poison, unsigned long long* wrong,
+                       cudaStream_t stream);
+
 }  // namespace symmem::test

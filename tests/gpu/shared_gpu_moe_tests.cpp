@@ -25,8 +25,10 @@
 #include <vector>
 
 #include "device_memory.hpp"
+#include "ep_reference.hpp"
 #include "moe_test_kernels.hpp"
 #include "plan/all_to_all_layout.hpp"
+#include "plan/ep_geometry.hpp"
 #include "shared_gpu_ranks.hpp"
 #include "symmem/symmem.hpp"
 #include "test.hpp"
@@ -593,6 +595,572 @@ TEST(shared_gpu_all_to_all_mismatched_call_fails_everywhere) {
                       o.error);
     }
     if (mismatches == 0) throw Failure("world " + std::to_string(world) + ": no rank raised kMismatch");
+  }
+}
+
+// --- MoE dispatch / combine ----------------------------------------------------------------
+
+float bf16_to_float(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t float_to_bf16(float f) {  // round to nearest even (finite values)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// The fake expert output for column c of a received row, known to the sender too: a small
+// multiple of 1/8 from (sender, token, entry or rank, column), exact in bfloat16.
+uint16_t expert_output(uint64_t seed, int s, int t, int which, int c) {
+  const uint64_t h = mix64(seed ^ mix64(uint64_t(s) << 40 ^ uint64_t(t) << 20 ^ uint64_t(which) << 12) ^ uint64_t(c));
+  return float_to_bf16(float(int(h % 65) - 32) / 8.f);
+}
+
+enum class MoeSkew { kRandom, kZipf, kOneHotAtCapacity, kEmptyRanks, kMasked };
+const char* moe_skew_name(MoeSkew s) {
+  static const char* names[] = {"random", "zipf", "one-hot at capacity", "empty ranks", "masked"};
+  return names[int(s)];
+}
+
+std::vector<EpRouting> moe_routing(const detail::EpGeometry& g, MoeSkew skew, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<EpRouting> routing(g.world);
+  for (int s = 0; s < g.world; ++s) {
+    EpRouting& r = routing[s];
+    r.tokens = skew == MoeSkew::kOneHotAtCapacity ? g.max_tokens
+               : skew == MoeSkew::kEmptyRanks && s % 2 == 1 ? 0
+                                                            : int(rng() % (g.max_tokens + 1));
+    r.ids.assign(size_t(g.max_tokens) * g.topk, -1);
+    for (int t = 0; t < g.max_tokens; ++t)
+      for (int k = 0; k < g.topk; ++k) {
+        int64_t e = int64_t(rng() % g.experts);
+        if (skew == MoeSkew::kZipf) e = std::min<int64_t>(g.experts - 1, int64_t(std::pow(double(g.experts), std::pow(double(rng() % 1000) / 1000, 2))) - 1);
+        if (skew == MoeSkew::kOneHotAtCapacity) e = k == 0 ? 0 : -1;
+        if (skew == MoeSkew::kMasked && rng() % 3 == 0) e = -1;
+        for (int k2 = 0; k2 < k; ++k2)
+          if (r.ids[size_t(t) * g.topk + k2] == e) e = -1;
+        r.ids[size_t(t) * g.topk + k] = e;
+      }
+  }
+  return routing;
+}
+
+struct MoeCase {
+  EpLayout layout;
+  EpPayload payload;
+  MoeSkew skew;
+  int experts_per_rank, topk, tokens;
+  bool device_count, int32_ids, staged_outputs, weights_applied;
+  std::string describe() const {
+    return std::string(ep_layout_name(layout)) + " " + ep_payload_name(payload) + " " + moe_skew_name(skew) +
+           " experts/rank=" + std::to_string(experts_per_rank) + " topk=" + std::to_string(topk) +
+           " tokens=" + std::to_string(tokens) + (device_count ? " device-count" : "") + (int32_ids ? " int32-ids" : "") +
+           (staged_outputs ? " staged-outputs" : "") + (weights_applied ? " weights-applied" : "");
+  }
+};
+
+std::vector<MoeCase> moe_cases() {
+  std::vector<MoeCase> cases;
+  int i = 0;
+  for (EpLayout layout : {EpLayout::kExpertMajor, EpLayout::kRankMajor})
+    for (EpPayload payload : {EpPayload::kBFloat16, EpPayload::kFloat8E4M3})
+      for (MoeSkew skew : {MoeSkew::kRandom, MoeSkew::kZipf, MoeSkew::kOneHotAtCapacity, MoeSkew::kEmptyRanks,
+                           MoeSkew::kMasked}) {
+        ++i;
+        const int tokens = skew == MoeSkew::kOneHotAtCapacity ? 37 : (i % 3 == 0 ? 1 : i % 3 == 1 ? 70 : 33);
+        cases.push_back({layout, payload, skew, i % 2 ? 2 : 3, i % 4 == 0 ? 1 : (i % 4 == 1 ? 4 : 2), tokens, i % 2 == 0,
+                         i % 3 == 0, i % 2 == 1, layout == EpLayout::kExpertMajor && i % 5 == 0});
+      }
+  return cases;
+}
+
+// One rank's device memory for a MoE case: inputs up to T tokens, the output, a staging copy of
+// the expert outputs.
+struct MoeMemory {
+  std::unique_ptr<DeviceBuffer> x, scales, ids, weights, count, out, out_again, expert_out;
+};
+
+// Runs one case on rank r with a fresh context; returns "" or what was wrong.
+std::string run_moe_case(const MoeCase& c, SharedRank& r, int budget, uint64_t seed) {
+  EpConfig config;
+  config.num_experts = c.experts_per_rank * r.world;
+  config.topk = c.topk;
+  config.hidden = 256;
+  config.max_tokens_per_rank = c.tokens;
+  config.payload = c.payload;
+  config.layout = c.layout;
+  config.max_blocks = budget;
+  // One-hot at capacity: every token of every rank to expert 0 (rank 0), which holds exactly that.
+  if (c.skew == MoeSkew::kOneHotAtCapacity) {
+    if (c.layout == EpLayout::kExpertMajor)
+      config.max_tokens_per_expert = r.world * c.tokens;
+    else
+      config.max_received_rows = r.world * c.tokens;
+  }
+  const detail::EpGeometry g = detail::ep_geometry(config, r.world);
+  const std::vector<EpRouting> routing = moe_routing(g, c.skew, seed);
+  const EpExpected x = ep_expected(g, routing);
+  if (x.fault.kind != detail::kFaultNone) return "the case itself overflows";
+  const EpRouting& mine = routing[r.rank];
+  const int T = c.tokens, K = c.topk, H = config.hidden;
+
+  wait_for_every_rank(r);
+  std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
+  MoeMemory m;
+  m.x = std::make_unique<DeviceBuffer>(size_t(T) * g.payload_bytes);
+  m.scales = std::make_unique<DeviceBuffer>(size_t(T) * std::max<size_t>(g.scale_bytes, 4));
+  m.ids = std::make_unique<DeviceBuffer>(size_t(T) * K * 8);
+  m.weights = std::make_unique<DeviceBuffer>(size_t(T) * K * 4);
+  m.count = std::make_unique<DeviceBuffer>(4);
+  m.out = std::make_unique<DeviceBuffer>(size_t(T) * H * 2);
+  m.out_again = std::make_unique<DeviceBuffer>(size_t(T) * H * 2);
+  m.expert_out = std::make_unique<DeviceBuffer>(g.combine_bytes);
+  const EpReceived rec = ctx->received();
+  wait_for_every_rank(r);
+
+  // Inputs: payload bits and scales from the keyed hash, ids, weights, the count.
+  fill_rows(m.x->ptr, T, g.payload_bytes, seed, r.rank, r.stream);
+  if (g.fp8) fill_rows(m.scales->ptr, T, g.scale_bytes, seed ^ 0x5CA1E, r.rank, r.stream);
+  std::vector<float> weights(size_t(T) * K);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = float(1 + mix64(seed ^ (uint64_t(r.rank) << 32) ^ i) % 997) / 512.f;
+  upload(m.weights->ptr, weights, r.stream);
+  if (c.int32_ids) {
+    std::vector<int32_t> ids(mine.ids.begin(), mine.ids.end());
+    upload(m.ids->ptr, ids, r.stream);
+  } else {
+    upload(m.ids->ptr, mine.ids, r.stream);
+  }
+  upload(m.count->ptr, std::vector<int32_t>{mine.tokens}, r.stream);
+  TEST_CUDA(cudaMemsetAsync(rec.x, kPoison, g.dispatch_bytes, r.stream));
+  TEST_CUDA(cudaMemsetAsync(m.out->ptr, 0xFF, size_t(T) * H * 2, r.stream));
+  TEST_CUDA(cudaMemsetAsync(m.out_again->ptr, 0xFF, size_t(T) * H * 2, r.stream));
+
+  EpDispatchArgs d;
+  d.x = m.x->ptr;
+  d.x_scales = g.fp8 ? static_cast<const float*>(m.scales->ptr) : nullptr;
+  d.topk_idx = m.ids->ptr;
+  d.topk_idx_int64 = !c.int32_ids;
+  d.topk_weights = static_cast<const float*>(m.weights->ptr);
+  d.num_tokens = c.device_count ? 0 : mine.tokens;
+  d.num_tokens_device = c.device_count ? static_cast<const int32_t*>(m.count->ptr) : nullptr;
+  ctx->dispatch(d, r.stream);
+  r.comm->synchronize(r.stream);
+
+  // What arrived: every received row's payload, scales, ids, weights; the counts.
+  std::string wrong;
+  auto note = [&](const std::string& w) { wrong += (wrong.empty() ? "" : "; ") + w; };
+  const std::vector<uint8_t> area = download(rec.x, g.dispatch_bytes, r.stream);
+  std::vector<int32_t> counts(g.local_experts + 1);
+  {
+    const std::vector<uint8_t> a = download(rec.expert_num_tokens, g.local_experts * 4, r.stream);
+    std::memcpy(counts.data(), a.data(), a.size());
+    const std::vector<uint8_t> b = download(rec.num_rows, 4, r.stream);
+    std::memcpy(&counts[g.local_experts], b.data(), 4);
+  }
+  for (int e = 0; e < g.local_experts; ++e)
+    if (counts[e] != x.expert_num_tokens[r.rank][e]) note("expert_num_tokens[" + std::to_string(e) + "] wrong");
+  if (counts[g.local_experts] != x.num_rows[r.rank]) note("num_rows wrong");
+  size_t bad_rows = 0, bad_meta = 0;
+  const int groups = g.expert_major ? g.local_experts : 1;
+  for (int e = 0; e < groups; ++e) {
+    const auto& list = x.rows[r.rank][e];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const EpSource& src = list[i];
+      const size_t row = size_t(e) * (g.expert_major ? g.rows_per_expert : 0) + i;
+      bool ok = true;
+      for (size_t b = 0; b < g.payload_bytes; ++b)
+        ok &= area[g.x_offset + row * g.payload_bytes + b] == row_byte(seed, src.rank, src.token, b);
+      for (size_t b = 0; b < g.scale_bytes; ++b)
+        ok &= area[g.scales_offset + row * g.scale_bytes + b] == row_byte(seed ^ 0x5CA1E, src.rank, src.token, b);
+      bad_rows += !ok;
+      if (!g.expert_major) {
+        for (int k = 0; k < K; ++k) {
+          int32_t id, expected_id;
+          float w;
+          std::memcpy(&id, &area[g.topk_idx_offset + (row * K + k) * 4], 4);
+          std::memcpy(&w, &area[g.topk_weights_offset + (row * K + k) * 4], 4);
+          const int64_t e2 = routing[src.rank].ids[size_t(src.token) * K + k];
+          expected_id = e2 >= 0 && e2 / g.local_experts == r.rank ? int32_t(e2 % g.local_experts) : -1;
+          const float expected_w =
+              float(1 + mix64(seed ^ (uint64_t(src.rank) << 32) ^ (size_t(src.token) * K + k)) % 997) / 512.f;
+          bad_meta += id != expected_id || w != expected_w;
+        }
+      }
+    }
+  }
+  if (!g.expert_major)  // rows past the received ones: ids -1
+    for (size_t row = x.rows[r.rank][0].size(); row < size_t(g.rows); ++row)
+      for (int k = 0; k < K; ++k) {
+        int32_t id;
+        std::memcpy(&id, &area[g.topk_idx_offset + (row * K + k) * 4], 4);
+        bad_meta += id != -1;
+      }
+  if (bad_rows) note(std::to_string(bad_rows) + " received rows wrong");
+  if (bad_meta) note(std::to_string(bad_meta) + " received ids or weights wrong");
+
+  // Fake experts: every received row's output from its source, written into the combine input
+  // (zero copy) or a separate buffer (staged by combine).
+  std::vector<uint16_t> outputs(g.combine_bytes / 2, 0xFFFF);
+  for (int e = 0; e < groups; ++e) {
+    const auto& list = x.rows[r.rank][e];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const size_t row = size_t(e) * (g.expert_major ? g.rows_per_expert : 0) + i;
+      for (int col = 0; col < H; ++col)
+        outputs[row * H + col] = expert_output(seed, list[i].rank, list[i].token, g.expert_major ? list[i].k : r.rank, col);
+    }
+  }
+  upload(c.staged_outputs ? m.expert_out->ptr : rec.combine_input, outputs, r.stream);
+  wait_for_every_rank(r);  // (the outputs are uploaded synchronously; the combine's lines order the rest)
+
+  EpCombineArgs cb;
+  cb.expert_out = c.staged_outputs ? m.expert_out->ptr : nullptr;
+  cb.out = m.out->ptr;
+  cb.weights_applied = c.weights_applied;
+  ctx->combine(cb, r.stream);
+  // Again, on the same expert outputs: another dispatch first (the calls alternate), then combine.
+  ctx->dispatch(d, r.stream);
+  if (!c.staged_outputs) upload(rec.combine_input, outputs, r.stream);
+  r.comm->synchronize(r.stream);
+  wait_for_every_rank(r);
+  cb.out = m.out_again->ptr;
+  ctx->combine(cb, r.stream);
+  r.comm->synchronize(r.stream);
+
+  // The expected combine: float32 in top-k (rank) order, rounded once.
+  const std::vector<uint8_t> got = download(m.out->ptr, size_t(T) * H * 2, r.stream);
+  const std::vector<uint8_t> again = download(m.out_again->ptr, size_t(T) * H * 2, r.stream);
+  size_t bad_out = 0;
+  for (int t = 0; t < T; ++t)
+    for (int col = 0; col < H; ++col) {
+      uint16_t expected = 0xFFFF;  // rows past the tokens: untouched
+      if (t < mine.tokens) {
+        float acc = 0.f;
+        if (g.expert_major) {
+          for (int k = 0; k < K; ++k) {
+            if (mine.ids[size_t(t) * K + k] < 0) continue;
+            const float w = c.weights_applied ? 1.f : weights[size_t(t) * K + k];
+            acc = std::fmaf(w, bf16_to_float(expert_output(seed, r.rank, t, k, col)), acc);
+          }
+        } else {
+          for (int q = 0; q < r.world; ++q)
+            if (x.route[r.rank][size_t(t) * r.world + q].rank >= 0)
+              acc = std::fmaf(1.f, bf16_to_float(expert_output(seed, r.rank, t, q, col)), acc);
+        }
+        expected = float_to_bf16(acc);
+      }
+      uint16_t v;
+      std::memcpy(&v, &got[(size_t(t) * H + col) * 2], 2);
+      bad_out += v != expected;
+    }
+  if (bad_out) note(std::to_string(bad_out) + " combined elements wrong");
+  if (got != again) note("the second combine of the same outputs differs (not bit-identical)");
+  wait_for_every_rank(r);
+  ctx->close();
+  return wrong;
+}
+
+TEST(shared_gpu_moe_dispatch_combine_match_reference) {
+  const std::vector<MoeCase> cases = moe_cases();
+  for (int world : shared_gpu_worlds()) {
+    const int budget = block_budget(world);
+    run_shared_ranks(world, [&](SharedRank& r) {
+      Findings findings;
+      uint64_t id = uint64_t(world) << 40;
+      for (const MoeCase& c : cases) {
+        const std::string wrong = run_moe_case(c, r, budget, mix64(++id));
+        if (!wrong.empty()) findings.add(c.describe() + ": " + wrong);
+      }
+      findings.raise(r);
+    });
+  }
+}
+
+// A dispatch that does not fit: every rank raises kCapacity naming the expert or rank (or the
+// rank with too many tokens, or the bad id), and no rank's receive area changed.
+TEST(shared_gpu_moe_overflow_raises_on_every_rank) {
+  struct Overflow {
+    const char* name;
+    EpLayout layout;
+    int capacity_short;  // rows fewer than one-hot routing needs (0: none)
+    bool too_many_tokens;
+    bool bad_id;
+    const char* expect;
+  };
+  const Overflow cases[] = {
+      {"expert-major: expert 0 one row short", EpLayout::kExpertMajor, 1, false, false, "expert 0 of rank 0 would receive"},
+      {"rank-major: rank 0 one row short", EpLayout::kRankMajor, 1, false, false, "rank 0 would receive"},
+      {"device token count above T", EpLayout::kExpertMajor, 0, true, false, "tokens, but its context holds"},
+      {"expert id out of range", EpLayout::kRankMajor, 0, false, true, "routed a token to expert"},
+  };
+  for (int world : shared_gpu_worlds()) {
+    for (const Overflow& c : cases) {
+      std::mutex mutex;
+      std::vector<Outcome> outcomes(world);
+      run_shared_ranks(
+          world,
+          [&](SharedRank& r) {
+            const int T = 24, K = 2, H = 256;
+            EpConfig config;
+            config.num_experts = 2 * world;
+            config.topk = K;
+            config.hidden = H;
+            config.max_tokens_per_rank = T;
+            config.layout = c.layout;
+            config.max_blocks = block_budget(world);
+            if (c.capacity_short) {
+              if (c.layout == EpLayout::kExpertMajor)
+                config.max_tokens_per_expert = world * T - c.capacity_short;
+              else
+                config.max_received_rows = world * T - c.capacity_short;
+            }
+            std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
+            const detail::EpGeometry g = detail::ep_geometry(config, world);
+            DeviceBuffer x(size_t(T) * H * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4), count(4);
+            std::vector<int64_t> routing(size_t(T) * K, -1);
+            for (int t = 0; t < T; ++t) routing[size_t(t) * K] = 0;  // one-hot: expert 0
+            if (c.bad_id && r.rank == world - 1) routing[5] = 2 * world + 3;
+            upload(ids.ptr, routing, r.stream);
+            upload(weights.ptr, std::vector<float>(size_t(T) * K, 0.5f), r.stream);
+            const int tokens = c.too_many_tokens && r.rank == world - 1 ? T + 5 : T;
+            upload(count.ptr, std::vector<int32_t>{tokens}, r.stream);
+            fill_rows(x.ptr, T, H * 2, 3, r.rank, r.stream);
+            const EpReceived rec = ctx->received();
+            TEST_CUDA(cudaMemsetAsync(rec.x, kPoison, g.dispatch_bytes, r.stream));
+            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            wait_for_every_rank(r);
+            Outcome outcome;
+            const auto start = std::chrono::steady_clock::now();
+            try {
+              EpDispatchArgs d;
+              d.x = x.ptr;
+              d.topk_idx = ids.ptr;
+              d.topk_weights = static_cast<const float*>(weights.ptr);
+              d.num_tokens_device = static_cast<const int32_t*>(count.ptr);
+              ctx->dispatch(d, r.stream);
+              r.comm->synchronize(r.stream);
+            } catch (const Error& e) {
+              outcome.error = e.what();
+              outcome.code = e.code();
+            }
+            outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            const std::vector<uint8_t> area = download(rec.x, g.dispatch_bytes, r.stream);
+            outcome.untouched = std::all_of(area.begin(), area.end(), [](uint8_t b) { return b == kPoison; });
+            {
+              std::lock_guard<std::mutex> lock(mutex);
+              outcomes[r.rank] = outcome;
+            }
+            wait_for_every_rank(r);
+            ctx.reset();
+            r.comm.reset();
+          },
+          5000);
+      const int named = c.capacity_short ? 0 : world - 1;
+      for (int q = 0; q < world; ++q) {
+        const Outcome& o = outcomes[q];
+        const std::string where = std::string(c.name) + ", world " + std::to_string(world) + ", rank " + std::to_string(q);
+        if (o.code != ErrorCode::kCapacity || o.error.find(c.expect) == std::string::npos ||
+            o.error.find("rank " + std::to_string(named)) == std::string::npos)
+          throw Failure(where + ": expected kCapacity naming rank " + std::to_string(named) + " (" + c.expect +
+                        "), got: " + o.error);
+        if (!o.untouched) throw Failure(where + ": a receive area changed in a refused dispatch");
+        if (o.seconds > 4) throw Failure(where + ": the error took " + std::to_string(o.seconds) + " s");
+      }
+    }
+  }
+}
+
+// 1000 replays of a captured step (routing from a device counter, dispatch, fake experts, combine,
+// a device check of the combined output, counter += 1), no host synchronisation between replays;
+// both layouts, both payload widths of the rows (bf16 x; the fp8 path is the same kernels).
+TEST(shared_gpu_moe_graph_replays_follow_device_routing) {
+  constexpr int kReplays = 1000;
+  for (int world : shared_gpu_worlds()) {
+    for (EpLayout layout : {EpLayout::kExpertMajor, EpLayout::kRankMajor}) {
+      run_shared_ranks(world, [&](SharedRank& r) {
+        const int T = 40, K = 3, H = 256;
+        EpConfig config;
+        config.num_experts = 4 * world;
+        config.topk = K;
+        config.hidden = H;
+        config.max_tokens_per_rank = T;
+        config.layout = layout;
+        config.max_blocks = block_budget(world);
+        std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
+        DeviceBuffer x(size_t(T) * H * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4), count(4),
+            out(size_t(T) * H * 2), replay(8);
+        Counters wrong(1, r.stream);
+        TEST_CUDA(cudaMemsetAsync(replay.ptr, 0, 8, r.stream));
+        TEST_CUDA(cudaStreamSynchronize(r.stream));
+        wait_for_every_rank(r);
+        const EpReceived rec = ctx->received();
+        const MoeRoutedCall call{0xE9, r.rank, world, config.num_experts, K, H, T,
+                                 layout == EpLayout::kExpertMajor, static_cast<const uint64_t*>(replay.ptr)};
+        const MoeReceivedView view{rec.x, rec.topk_idx, rec.topk_weights, rec.expert_num_tokens, rec.num_rows,
+                                   static_cast<long long>(rec.rows)};
+        auto step = [&] {
+          fill_moe_routed_input(call, static_cast<int64_t*>(ids.ptr), static_cast<float*>(weights.ptr),
+                                static_cast<int32_t*>(count.ptr), x.ptr, r.stream);
+          TEST_CUDA(cudaMemsetAsync(out.ptr, 0xFF, size_t(T) * H * 2, r.stream));
+          EpDispatchArgs d;
+          d.x = x.ptr;
+          d.topk_idx = ids.ptr;
+          d.topk_weights = static_cast<const float*>(weights.ptr);
+          d.num_tokens_device = static_cast<const int32_t*>(count.ptr);
+          ctx->dispatch(d, r.stream);
+          run_fake_experts(call, view, rec.combine_input, r.stream);
+          EpCombineArgs cb;
+          cb.out = out.ptr;
+          ctx->combine(cb, r.stream);
+          check_moe_combine(call, out.ptr, static_cast<const int64_t*>(ids.ptr), static_cast<const float*>(weights.ptr),
+                            static_cast<const int32_t*>(count.ptr), x.ptr, 0xFFFF, wrong.at(0), r.stream);
+          advance_replay(static_cast<uint64_t*>(replay.ptr), r.stream);
+        };
+        step();  // eager first: the same check
+        {
+          CapturedGraph graph(r.stream, step);
+          for (int i = 0; i < kReplays; ++i) graph.launch(r.stream);
+          r.comm->synchronize(r.stream);
+        }
+        const unsigned long long bad = wrong.read(r.stream)[0];
+        if (bad)
+          throw Failure(std::string(ep_layout_name(layout)) + ": " + std::to_string(bad) +
+                        " wrong combined elements over " + std::to_string(kReplays) + " replays");
+        wait_for_every_rank(r);
+        ctx->close();
+      });
+    }
+  }
+}
+
+TEST(shared_gpu_moe_missing_rank_is_named_in_time) {
+  constexpr int64_t kTimeoutMs = 3000;
+  for (int world : shared_gpu_worlds()) {
+    std::mutex mutex;
+    std::vector<std::string> outcomes(world);
+    run_shared_ranks(
+        world,
+        [&](SharedRank& r) {
+          const int T = 8, K = 2, H = 256;
+          EpConfig config;
+          config.num_experts = 2 * world;
+          config.topk = K;
+          config.hidden = H;
+          config.max_tokens_per_rank = T;
+          config.max_blocks = block_budget(world);
+          std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
+          DeviceBuffer x(size_t(T) * H * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4);
+          upload(ids.ptr, std::vector<int64_t>(size_t(T) * K, 1), r.stream);
+          upload(weights.ptr, std::vector<float>(size_t(T) * K, 1.f), r.stream);
+          wait_for_every_rank(r);
+          const int missing = world - 1;
+          std::string outcome = "absent";
+          if (r.rank != missing) {
+            const auto start = std::chrono::steady_clock::now();
+            try {
+              EpDispatchArgs d;
+              d.x = x.ptr;
+              d.topk_idx = ids.ptr;
+              d.topk_weights = static_cast<const float*>(weights.ptr);
+              d.num_tokens = T;
+              ctx->dispatch(d, r.stream);
+              r.comm->synchronize(r.stream);
+              outcome = "no error";
+            } catch (const Error& e) {
+              const std::string text = e.what();
+              const bool named = text.find("rank " + std::to_string(missing)) != std::string::npos;
+              outcome = (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kAborted) && named
+                            ? "error"
+                            : "unexpected error: " + text;
+            }
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (seconds > 3.0 * kTimeoutMs / 1000) outcome += " after " + std::to_string(seconds) + " s";
+          }
+          TEST_CUDA(cudaStreamSynchronize(r.stream));
+          wait_for_every_rank(r);
+          ctx.reset();
+          r.comm.reset();
+          std::lock_guard<std::mutex> lock(mutex);
+          outcomes[r.rank] = outcome;
+        },
+        kTimeoutMs);
+    for (int q = 0; q + 1 < world; ++q)
+      if (outcomes[q] != "error")
+        throw Failure("moe_dispatch, world " + std::to_string(world) + ", rank " + std::to_string(q) + " (rank " +
+                      std::to_string(world - 1) + " absent): " + outcomes[q]);
+  }
+}
+
+// The last rank calls combine (or dispatches on a context of another shape) while the others
+// dispatch: kMismatch, on the device, everywhere.
+TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
+  for (int world : shared_gpu_worlds()) {
+    for (bool other_shape : {false, true}) {
+      std::mutex mutex;
+      std::vector<Outcome> outcomes(world);
+      run_shared_ranks(
+          world,
+          [&](SharedRank& r) {
+            const int T = 8, K = 2;
+            auto make = [&](int hidden) {
+              EpConfig config;
+              config.num_experts = 2 * world;
+              config.topk = K;
+              config.hidden = hidden;
+              config.max_tokens_per_rank = T;
+              config.max_blocks = block_budget(world);
+              return EpContext::create(*r.comm, config);
+            };
+            std::unique_ptr<EpContext> a = make(256), b = make(512);
+            DeviceBuffer x(size_t(T) * 512 * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4), out(size_t(T) * 512 * 2);
+            upload(ids.ptr, std::vector<int64_t>(size_t(T) * K, 1), r.stream);
+            upload(weights.ptr, std::vector<float>(size_t(T) * K, 1.f), r.stream);
+            wait_for_every_rank(r);
+            Outcome outcome;
+            try {
+              EpDispatchArgs d;
+              d.x = x.ptr;
+              d.topk_idx = ids.ptr;
+              d.topk_weights = static_cast<const float*>(weights.ptr);
+              d.num_tokens = T;
+              if (r.rank != world - 1) {
+                a->dispatch(d, r.stream);
+              } else if (other_shape) {
+                b->dispatch(d, r.stream);
+              } else {
+                EpCombineArgs cb;
+                cb.out = out.ptr;
+                a->combine(cb, r.stream);
+              }
+              r.comm->synchronize(r.stream);
+            } catch (const Error& e) {
+              outcome.error = e.what();
+              outcome.code = e.code();
+            }
+            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            wait_for_every_rank(r);
+            a.reset();
+            b.reset();
+            r.comm.reset();
+            std::lock_guard<std::mutex> lock(mutex);
+            outcomes[r.rank] = outcome;
+          },
+          5000);
+      int mismatches = 0;
+      for (int q = 0; q < world; ++q) {
+        const Outcome& o = outcomes[q];
+        if (o.code == ErrorCode::kMismatch) ++mismatches;
+        if (o.code != ErrorCode::kMismatch && o.code != ErrorCode::kAborted)
+          throw Failure(std::string(other_shape ? "another shape" : "combine against dispatch") + ", world " +
+                        std::to_string(world) + ", rank " + std::to_string(q) + ": expected kMismatch, got: " + o.error);
+      }
+      if (mismatches == 0)
+        throw Failure(std::string(other_shape ? "another shape" : "combine against dispatch") + ", world " +
+                      std::to_string(world) + ": no rank raised kMismatch");
+    }
   }
 }
 
