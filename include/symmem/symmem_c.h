@@ -105,6 +105,27 @@ int symmem_describe_all_to_all(symmem_comm* comm, int form, void* out, size_t ou
                                size_t in_rows, size_t row_bytes, int experts, int64_t major_align, int algo,
                                int blocks, int max_blocks, char* text, size_t text_bytes);
 
+/* MoE dispatch / combine (symmem/ep.hpp). payload: 0 bfloat16, 1 float8 e4m3; layout: 0 expert
+ * major, 1 rank major (the enums' order). symmem_ep_memory states the memory before
+ * symmem_ep_create (collective) allocates it. received: device pointers of the context's buffers
+ * (scales, topk_idx, topk_weights NULL where the layout or payload has none). num_tokens_device
+ * NULL: num_tokens counts the tokens. */
+typedef struct symmem_ep symmem_ep;
+int symmem_ep_memory(int num_experts, int topk, int hidden, int max_tokens_per_rank, int payload, int layout,
+                     int max_tokens_per_expert, int max_received_rows, int max_blocks, int world, size_t* heap_bytes,
+                     size_t* local_bytes);
+int symmem_ep_create(symmem_comm* comm, int num_experts, int topk, int hidden, int max_tokens_per_rank, int payload,
+                     int layout, int max_tokens_per_expert, int max_received_rows, int max_blocks, symmem_ep** out);
+void symmem_ep_destroy(symmem_ep* ep); /* local; the heap buffers stay with the communicator */
+int symmem_ep_close(symmem_ep* ep);    /* collective */
+int symmem_ep_received(symmem_ep* ep, void** x, void** x_scales, void** topk_idx, void** topk_weights,
+                       void** expert_num_tokens, void** num_rows, void** combine_input, size_t* rows);
+int symmem_ep_dispatch(symmem_ep* ep, const void* x, const void* x_scales, const void* topk_idx, int topk_idx_int64,
+                       const void* topk_weights, int num_tokens, const void* num_tokens_device, void* stream);
+int symmem_ep_combine(symmem_ep* ep, const void* expert_out, void* out, int weights_applied, const void* topk_weights,
+                      void* stream);
+int symmem_ep_describe(symmem_ep* ep, char* text, size_t text_bytes);
+
 /* Allocator functions for torch.cuda.memory.CUDAPluggableAllocator, in kPoolSlots slots: slot k
  * serves the communicator bound to it. Allocation is collective (every rank's pool must ask for
  * the same sizes in the same order, as it does when the ranks run the same program); a freed

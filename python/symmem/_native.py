@@ -62,6 +62,22 @@ _SIGNATURES = {
                                 c_char_p, c_size_t]),
     "symmem_parse_algo": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
     "symmem_pool_bind": (c_int, [c_int, c_void_p]),
+    "symmem_all_to_all": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p, c_int, c_int, c_int]),
+    "symmem_all_to_all_v": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_void_p, c_size_t,
+                                    c_void_p, c_int, c_int, c_int]),
+    "symmem_all_to_all_vdev": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_void_p, c_size_t,
+                                       c_int, c_int64, c_void_p, c_int, c_int, c_int]),
+    "symmem_describe_all_to_all": (c_int, [c_void_p, c_int, c_void_p, c_size_t, c_void_p, c_size_t, c_size_t, c_int,
+                                           c_int64, c_int, c_int, c_int, c_char_p, c_size_t]),
+    "symmem_ep_memory": (c_int, [c_int] * 10 + [ctypes.POINTER(c_size_t), ctypes.POINTER(c_size_t)]),
+    "symmem_ep_create": (c_int, [c_void_p] + [c_int] * 9 + [ctypes.POINTER(c_void_p)]),
+    "symmem_ep_destroy": (None, [c_void_p]),
+    "symmem_ep_close": (c_int, [c_void_p]),
+    "symmem_ep_received": (c_int, [c_void_p] + [ctypes.POINTER(c_void_p)] * 7 + [ctypes.POINTER(c_size_t)]),
+    "symmem_ep_dispatch": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_int, c_void_p,
+                                   c_void_p]),
+    "symmem_ep_combine": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_void_p]),
+    "symmem_ep_describe": (c_int, [c_void_p, c_char_p, c_size_t]),
 }
 POOL_SLOTS = 8
 

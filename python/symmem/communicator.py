@@ -152,6 +152,44 @@ class Communicator:
     def matmul_reduce_scatter_workspace_bytes(m, n):
         return lib.symmem_matmul_reduce_scatter_workspace_bytes(m, n)
 
+    # All-to-all (symmem/all_to_all.hpp): rows are bytes. Splits: host sequences of ints for
+    # all_to_all_v; device addresses of int64 arrays for all_to_all_vdev (major_align 0: the plain
+    # form; >= 1: the 2-D, expert-major form with `experts` local experts).
+    def all_to_all(self, out, inp, bytes_per_pair, stream, algo=0, blocks=0, max_blocks=-1):
+        rc = lib.symmem_all_to_all(self._handle, out, inp, bytes_per_pair, stream, algo, blocks, max_blocks)
+        if rc:
+            self._call(rc)
+
+    def all_to_all_v(self, out, out_rows, inp, in_rows, in_splits, out_splits, row_bytes, stream, algo=0, blocks=0,
+                     max_blocks=-1):
+        world = self.world
+        if len(in_splits) != world or len(out_splits) != world:
+            raise SymmemError("kInvalidArgument", f"all_to_all_v: {len(in_splits)} input and {len(out_splits)} output "
+                                                  f"splits for a world of {world}")
+        ins = (ctypes.c_int64 * world)(*[int(v) for v in in_splits])
+        outs = (ctypes.c_int64 * world)(*[int(v) for v in out_splits])
+        rc = lib.symmem_all_to_all_v(self._handle, out, out_rows, inp, in_rows, ins, outs, row_bytes, stream, algo,
+                                     blocks, max_blocks)
+        if rc:
+            self._call(rc)
+
+    def all_to_all_vdev(self, out, out_rows, inp, in_rows, in_splits, out_splits_offsets, row_bytes, stream,
+                        experts=1, major_align=0, algo=0, blocks=0, max_blocks=-1):
+        rc = lib.symmem_all_to_all_vdev(self._handle, out, out_rows, inp, in_rows, in_splits, out_splits_offsets,
+                                        row_bytes, experts, major_align, stream, algo, blocks, max_blocks)
+        if rc:
+            self._call(rc)
+
+    def describe_all_to_all(self, form, out, out_rows, inp, in_rows, row_bytes=1, experts=1, major_align=0, algo=0,
+                            blocks=0, max_blocks=-1):
+        """The plan of an all-to-all (form 'uniform', 'host_splits' or 'device_splits'); uniform:
+        out_rows = in_rows = bytes per pair."""
+        text = ctypes.create_string_buffer(512)
+        code = {"uniform": 0, "host_splits": 1, "device_splits": 2}[form]
+        self._call(lib.symmem_describe_all_to_all(self.handle, code, out, out_rows, inp, in_rows, row_bytes, experts,
+                                                  major_align, algo, blocks, max_blocks, text, len(text)))
+        return text.value.decode()
+
     def describe(self, collective, out, inp, count, dtype, algo=0, blocks=0, max_blocks=-1):
         """The plan the call would run, e.g. 'all_reduce low_latency blocks=8 ...' (nothing runs)."""
         text = ctypes.create_string_buffer(512)

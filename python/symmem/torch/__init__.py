@@ -11,7 +11,7 @@
 See docs/torch.md. Every rank must be one process per GPU of one node, with its device set
 (torch.cuda.set_device) before the first call on a group.
 """
-from . import fused, ops  # register torch.ops.symmem.*
+from . import all_to_all, fused, moe, ops  # register torch.ops.symmem.*
 from ._groups import Communicator, close_all
 from .fused import all_gather_matmul, all_gather_matmul_input, matmul_reduce_scatter
 from .functional import all_gather, all_gather_into_tensor, all_reduce, reduce_scatter_tensor

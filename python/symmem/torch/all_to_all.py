@@ -1,0 +1,270 @@
+"""The all-to-all ops (symmem/all_to_all.hpp), registered with torch.library (schema + CUDA kernel +
+CPU kernel + fake):
+
+  symmem::all_to_all_single(Tensor input, SymInt[]? output_split_sizes, SymInt[]? input_split_sizes,
+                            str group_name) -> Tensor
+  symmem::all_to_all_single_out(Tensor input, SymInt[]? output_split_sizes, SymInt[]? input_split_sizes,
+                                str group_name, *, Tensor(a!) out) -> ()
+  symmem::all_to_all_vdev(Tensor input, Tensor(a!) out, Tensor in_splits, Tensor(b!) out_splits_offsets,
+                          str group_name) -> ()
+  symmem::all_to_all_vdev_2d(Tensor input, Tensor(a!) out, Tensor in_splits, Tensor(b!) out_splits_offsets,
+                             str group_name, int? major_align=None) -> ()
+
+all_to_all_single is torch.distributed.all_to_all_single's contract on dim 0 (splits on the host:
+no host synchronisation, the counts are exchanged on the device). The vdev ops take
+torch.ops.symm_mem.all_to_all_vdev(_2d)'s arguments in the same order, so a call site can switch
+namespaces; unlike torch's they take any CUDA tensors (symmetric ones from symmem.torch.empty run
+zero-copy, others are staged), need no NVSHMEM, bound every wait, and check capacity: a rank whose
+`out` would overflow makes every rank raise SymmemError kCapacity naming it, and nothing moves.
+Every dtype (rows are bytes). The CUDA kernels run on torch.cuda.current_stream() and are capturable
+in CUDA graphs. The CPU kernels run torch.distributed on the group (gloo), so the ops run, and pass
+opcheck, on any machine.
+"""
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from ._groups import communicator_of
+from .ops import _check_contiguous, _check_operand, _stream_of
+
+_lib = torch.library.Library("symmem", "FRAGMENT")
+for _schema in (
+        "all_to_all_single(Tensor input, SymInt[]? output_split_sizes, SymInt[]? input_split_sizes, "
+        "str group_name) -> Tensor",
+        "all_to_all_single_out(Tensor input, SymInt[]? output_split_sizes, SymInt[]? input_split_sizes, "
+        "str group_name, *, Tensor(a!) out) -> ()",
+        "all_to_all_vdev(Tensor input, Tensor(a!) out, Tensor in_splits, Tensor(b!) out_splits_offsets, "
+        "str group_name) -> ()",
+        "all_to_all_vdev_2d(Tensor input, Tensor(a!) out, Tensor in_splits, Tensor(b!) out_splits_offsets, "
+        "str group_name, int? major_align=None) -> ()"):
+    _lib.define(_schema)
+
+
+def _row_bytes(t):
+    """Bytes of one dim-0 row."""
+    return t.element_size() * int(torch.Size(t.shape[1:]).numel())
+
+
+def _splits(sizes, rows, world, name, op):
+    if sizes is None:
+        if rows % world:
+            raise ValueError(f"symmem.{op}: dim 0 ({rows}) does not divide by the group size {world}; pass {name}")
+        return [rows // world] * world
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != world:
+        raise ValueError(f"symmem.{op}: {name} has {len(sizes)} entries for a group of {world}")
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"symmem.{op}: {name} has a negative entry: {sizes}")
+    if sum(sizes) > rows:
+        raise ValueError(f"symmem.{op}: {name} adds up to {sum(sizes)} rows, the tensor has {rows}")
+    return sizes
+
+
+def _output_shape(inp, output_split_sizes):
+    if output_split_sizes is None:
+        return tuple(inp.shape)
+    return (sum(output_split_sizes), *inp.shape[1:])
+
+
+def _check_pair(inp, out, op):
+    if out.dtype != inp.dtype:
+        raise TypeError(f"symmem.{op}: out is {out.dtype}, input {inp.dtype}")
+    if inp.dim() == 0 or out.dim() == 0 or tuple(inp.shape[1:]) != tuple(out.shape[1:]):
+        raise ValueError(f"symmem.{op}: input {tuple(inp.shape)} and out {tuple(out.shape)} must have the same "
+                         "row shape (all but dim 0)")
+
+
+def _check_splits_tensors(in_splits, out_splits_offsets, n, op):
+    if in_splits.dtype != torch.int64 or out_splits_offsets.dtype != torch.int64:
+        raise TypeError(f"symmem.{op}: in_splits and out_splits_offsets must be int64")
+    if in_splits.numel() != n:
+        raise ValueError(f"symmem.{op}: in_splits has {in_splits.numel()} entries, {n} expected")
+    if tuple(out_splits_offsets.shape) != (2, n):
+        raise ValueError(f"symmem.{op}: out_splits_offsets is {tuple(out_splits_offsets.shape)}, (2, {n}) expected")
+    _check_contiguous(in_splits, "in_splits", op)
+    _check_contiguous(out_splits_offsets, "out_splits_offsets", op)
+
+
+# CUDA kernels ----------------------------------------------------------------------------------
+
+def _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, *, out):
+    op = "all_to_all_single"
+    comm = communicator_of(group_name)
+    _check_operand(inp, "input", op, comm)
+    _check_operand(out, "out", op, comm)
+    _check_pair(inp, out, op)
+    stream = _stream_of(comm.device)
+    if output_split_sizes is None and input_split_sizes is None and inp.shape[0] == out.shape[0]:
+        rows = inp.shape[0]
+        if rows % comm.world:
+            raise ValueError(f"symmem.{op}: dim 0 ({rows}) does not divide by the group size {comm.world}")
+        comm.core.all_to_all(out.data_ptr(), inp.data_ptr(), inp.nbytes // comm.world, stream)
+        return out
+    ins = _splits(input_split_sizes, inp.shape[0], comm.world, "input_split_sizes", op)
+    outs = _splits(output_split_sizes, out.shape[0], comm.world, "output_split_sizes", op)
+    comm.core.all_to_all_v(out.data_ptr(), out.shape[0], inp.data_ptr(), inp.shape[0], ins, outs, _row_bytes(inp),
+                           stream)
+    return out
+
+
+def _all_to_all_single_cuda(inp, output_split_sizes, input_split_sizes, group_name):
+    out = inp.new_empty(_output_shape(inp, output_split_sizes))
+    return _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, out=out)
+
+
+def _vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name, experts, major_align, op):
+    comm = communicator_of(group_name)
+    for t, name in ((inp, "input"), (out, "out"), (in_splits, "in_splits"), (out_splits_offsets, "out_splits_offsets")):
+        _check_operand(t, name, op, comm)
+    _check_pair(inp, out, op)
+    n = comm.world * experts
+    _check_splits_tensors(in_splits, out_splits_offsets, n, op)
+    comm.core.all_to_all_vdev(out.data_ptr(), out.shape[0], inp.data_ptr(), inp.shape[0], in_splits.data_ptr(),
+                              out_splits_offsets.data_ptr(), _row_bytes(inp), _stream_of(comm.device),
+                              experts=experts, major_align=major_align)
+
+
+def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
+    _vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name, 1, 0, "all_to_all_vdev")
+
+
+def _experts_of(in_splits, world, op):
+    if in_splits.numel() % world:
+        raise ValueError(f"symmem.{op}: in_splits has {in_splits.numel()} entries, not a multiple of the group size "
+                         f"{world}")
+    return in_splits.numel() // world
+
+
+def _major_align(major_align, op):
+    align = 1 if major_align is None else int(major_align)
+    if align < 1:
+        raise ValueError(f"symmem.{op}: major_align must be positive, got {major_align}")
+    return align
+
+
+def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
+    op = "all_to_all_vdev_2d"
+    comm = communicator_of(group_name)
+    _vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name, _experts_of(in_splits, comm.world, op),
+               _major_align(major_align, op), op)
+
+
+# CPU kernels: torch.distributed on the group ---------------------------------------------------
+
+def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, *, out):
+    op = "all_to_all_single"
+    group = c10d._resolve_process_group(group_name)
+    _check_contiguous(inp, "input", op)
+    _check_contiguous(out, "out", op)
+    _check_pair(inp, out, op)
+    world = group.size()
+    ins = _splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op)
+    outs = _splits(output_split_sizes, out.shape[0], world, "output_split_sizes", op)
+    received = out.new_empty((sum(outs), *out.shape[1:]))
+    dist.all_to_all_single(received, inp[:sum(ins)].contiguous(), outs, ins, group=group)
+    out[:sum(outs)].copy_(received)
+    return out
+
+
+def _all_to_all_single_cpu(inp, output_split_sizes, input_split_sizes, group_name):
+    out = inp.new_empty(_output_shape(inp, output_split_sizes))
+    return _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, out=out)
+
+
+def _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, experts, major_align, op):
+    """The layout of symmem/all_to_all.hpp, on the host: every rank's splits are gathered, the data
+    moves rank to rank in sender order, then lands expert-major (major_align 0: plain)."""
+    group = c10d._resolve_process_group(group_name)
+    world, me = group.size(), group.rank()
+    _check_contiguous(inp, "input", op)
+    _check_contiguous(out, "out", op)
+    _check_pair(inp, out, op)
+    n = world * experts
+    _check_splits_tensors(in_splits, out_splits_offsets, n, op)
+    gathered = [torch.empty_like(in_splits) for _ in range(world)]
+    dist.all_gather(gathered, in_splits.contiguous(), group=group)
+    matrix = [[int(v) for v in g.tolist()] for g in gathered]  # matrix[s][q * experts + e]
+    if any(v < 0 for v in matrix[me]) or sum(matrix[me]) > inp.shape[0]:
+        raise ValueError(f"symmem.{op}: rank {me}'s splits {matrix[me]} are negative or exceed its input "
+                         f"({inp.shape[0]} rows)")
+    mine = [matrix[s][me * experts + e] for s in range(world) for e in range(experts)]  # [s][e]
+    per_rank_in = [sum(matrix[me][q * experts:(q + 1) * experts]) for q in range(world)]
+    per_rank_out = [sum(matrix[s][me * experts:(me + 1) * experts]) for s in range(world)]
+    received = out.new_empty((sum(per_rank_out), *out.shape[1:]))
+    dist.all_to_all_single(received, inp[:sum(per_rank_in)].contiguous(), per_rank_out, per_rank_in, group=group)
+    # Expert-major placement with torch's alignment rule.
+    rows = [sum(mine[s * experts + e] for s in range(world)) for e in range(experts)]
+    extent = [r if major_align == 0 else max((r + major_align - 1) // major_align * major_align, major_align)
+              for r in rows]
+    if sum(extent) > out.shape[0]:
+        raise ValueError(f"symmem.{op}: rank {me} would receive {sum(extent)} rows, its output holds {out.shape[0]}")
+    start = [sum(extent[:e]) for e in range(experts)]
+    src = 0
+    splits, offsets = [0] * n, [0] * n
+    placed = [0] * experts
+    for s in range(world):
+        for e in range(experts):
+            count = mine[s * experts + e]
+            at = start[e] + placed[e]
+            out[at:at + count].copy_(received[src:src + count])
+            splits[e * world + s], offsets[e * world + s] = count, at
+            placed[e] += count
+            src += count
+    out_splits_offsets.copy_(torch.tensor([splits, offsets], dtype=torch.int64))
+
+
+def _all_to_all_vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name):
+    _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, 1, 0, "all_to_all_vdev")
+
+
+def _all_to_all_vdev_2d_cpu(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
+    op = "all_to_all_vdev_2d"
+    world = c10d._resolve_process_group(group_name).size()
+    _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, _experts_of(in_splits, world, op),
+              _major_align(major_align, op), op)
+
+
+def _returning_none(kernel):
+    def mutate(*args, **kwargs):
+        kernel(*args, **kwargs)
+    return mutate
+
+
+for _name, _cuda, _cpu in (
+        ("all_to_all_single", _all_to_all_single_cuda, _all_to_all_single_cpu),
+        ("all_to_all_single_out", _returning_none(_all_to_all_single_out_cuda),
+         _returning_none(_all_to_all_single_out_cpu)),
+        ("all_to_all_vdev", _all_to_all_vdev_cuda, _all_to_all_vdev_cpu),
+        ("all_to_all_vdev_2d", _all_to_all_vdev_2d_cuda, _all_to_all_vdev_2d_cpu)):
+    _lib.impl(_name, _cuda, "CUDA")
+    _lib.impl(_name, _cpu, "CPU")
+
+
+# Fake kernels ----------------------------------------------------------------------------------
+
+@torch.library.register_fake("symmem::all_to_all_single", lib=_lib)
+def _all_to_all_single_fake(inp, output_split_sizes, input_split_sizes, group_name):
+    return inp.new_empty(_output_shape(inp, output_split_sizes))
+
+
+@torch.library.register_fake("symmem::all_to_all_single_out", lib=_lib)
+def _all_to_all_single_out_fake(inp, output_split_sizes, input_split_sizes, group_name, *, out):
+    return None
+
+
+@torch.library.register_fake("symmem::all_to_all_vdev", lib=_lib)
+def _all_to_all_vdev_fake(inp, out, in_splits, out_splits_offsets, group_name):
+    return None
+
+
+@torch.library.register_fake("symmem::all_to_all_vdev_2d", lib=_lib)
+def _all_to_all_vdev_2d_fake(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
+    return None
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None):
+    """torch.distributed.all_to_all_single's signature on symmem (dim 0; no host synchronisation)."""
+    from ._groups import group_name_of
+    torch.ops.symmem.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name_of(group),
+                                           out=output)
+    return output

@@ -1,0 +1,409 @@
+"""MoE token dispatch and combine on symmem (include/symmem/ep.hpp) for torch.
+
+    ep = ExpertParallel(group, num_experts=256, topk=8, hidden=7168, max_tokens_per_rank=128,
+                        payload="float8_e4m3", layout="expert_major")
+    r = ep.dispatch(x, topk_idx, topk_weights, x_scales=scales)   # or num_tokens=device int32 tensor
+    # r.x [E_local, rows, H] (expert-major) or [rows, H] (rank-major), r.expert_num_tokens [E_local] ...
+    ep.combine_input[...] = experts(r)      # or pass the outputs to combine
+    y = ep.combine(out=y)                   # [T, H] bfloat16
+
+The ops behind it (schema + CUDA kernel + CPU kernel + fake, so torch.compile traces them):
+
+  symmem::moe_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor topk_weights, Tensor? num_tokens,
+                       int context) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)
+      -> (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, expert_num_tokens, num_rows)
+  symmem::moe_combine(Tensor? expert_out, Tensor? topk_weights, int context, bool weights_applied, *,
+                      Tensor(a!) out) -> ()
+
+dispatch returns the context's receive area at its full, fixed shape (graph capturable: nothing
+depends on the counts, which stay on the device); tensors of a layout or payload that has none are
+empty. They are valid until the next dispatch of the context. Every call alternates dispatch,
+combine on every rank; the expert computation runs in between on the same stream (docs/moe.md).
+
+A context of a CPU (gloo) group runs a reference implementation with torch.distributed (all-gathers
+of every rank's tokens): the same layouts, counts and errors, for tests and for machines without
+GPUs.
+"""
+import collections
+import itertools
+import logging
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from .. import ep as core_ep
+from ..errors import SymmemError
+from ._groups import Communicator, group_name_of
+from .ops import _stream_of
+
+_log = logging.getLogger("symmem")
+
+_lib = torch.library.Library("symmem", "FRAGMENT")
+_lib.define("moe_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor topk_weights, Tensor? num_tokens, "
+            "int context) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_lib.define("moe_combine(Tensor? expert_out, Tensor? topk_weights, int context, bool weights_applied, *, "
+            "Tensor(a!) out) -> ()")
+
+SCALE_COLUMNS = 128
+_PAYLOAD_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3": torch.float8_e4m3fn}
+_contexts = {}  # id -> ExpertParallel (the ops name their context by id)
+_ids = itertools.count(1)
+
+Dispatched = collections.namedtuple("Dispatched", "x x_scales topk_idx topk_weights expert_num_tokens num_rows")
+
+
+def quantize_fp8(x, columns=SCALE_COLUMNS):
+    """x [T, H] (floating) -> (float8 e4m3 [T, H], float32 scales [T, H / columns]): one scale per
+    `columns` columns, amax / 448, as DeepEP and vLLM's per-token-group quantization do."""
+    t, h = x.shape
+    groups = x.float().view(t, h // columns, columns)
+    scales = groups.abs().amax(dim=-1).clamp(min=1e-10) / 448.0
+    q = (groups / scales.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.view(t, h), scales
+
+
+def dequantize_fp8(q, scales, columns=SCALE_COLUMNS):
+    t, h = q.shape
+    return (q.float().view(t, h // columns, columns) * scales.unsqueeze(-1)).view(t, h)
+
+
+class _DeviceMemory:
+    """A span of device memory as a tensor (through __cuda_array_interface__); keeps its owner alive."""
+
+    def __init__(self, owner, ptr, shape, typestr):
+        self._owner = owner
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "version": 3,
+                                         "strides": None, "stream": None}
+
+
+def _view(owner, ptr, shape, dtype, device):
+    """A tensor over `ptr` of `shape` and `dtype` (float8 through its bytes)."""
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    raw = torch.as_tensor(_DeviceMemory(owner, ptr, (nbytes,), "|u1"), device=device)
+    return raw.view(dtype).view(shape)
+
+
+class ExpertParallel:
+    """Collective: an EP context of `group` (default: the world group) whose buffers are fixed for
+    its lifetime; `memory` states their size, known before allocation (ep_memory)."""
+
+    def __init__(self, group=None, *, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloat16",
+                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=24):
+        if payload not in _PAYLOAD_DTYPES:
+            raise ValueError(f"ExpertParallel: payload {payload!r} is not one of {sorted(_PAYLOAD_DTYPES)}")
+        if layout not in core_ep.LAYOUTS:
+            raise ValueError(f"ExpertParallel: layout {layout!r} is not one of {sorted(core_ep.LAYOUTS)}")
+        self.group = group if group is not None else c10d._get_default_group()
+        self.group_name = group_name_of(group)
+        self.world, self.rank = self.group.size(), self.group.rank()
+        self.num_experts, self.topk, self.hidden = int(num_experts), int(topk), int(hidden)
+        self.max_tokens_per_rank = int(max_tokens_per_rank)
+        self.payload, self.layout = payload, layout
+        self.local_experts = self.num_experts // self.world
+        self.expert_major = layout == "expert_major"
+        every = self.world * self.max_tokens_per_rank
+        self.rows = (max_tokens_per_expert or every) if self.expert_major else (max_received_rows or every)
+        self.memory = core_ep.memory(self.world, num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
+                                     max_tokens_per_expert, max_received_rows, max_blocks)
+        self.cpu = dist.get_backend(self.group) == "gloo"
+        _log.info("symmem ExpertParallel(%s, %s) of group %r: %d heap bytes and %d local bytes per rank", layout,
+                  payload, self.group_name, *self.memory)
+        if self.cpu:
+            self.device = torch.device("cpu")
+            self._impl = _ReferenceContext(self)
+        else:
+            comm = Communicator(self.group)
+            self.device = comm.torch_device
+            self._impl = _DeviceContext(self, comm, max_tokens_per_expert, max_received_rows, max_blocks)
+        self.id = next(_ids)
+        _contexts[self.id] = self
+
+    # Shapes of what dispatch returns (the same for the fake kernels).
+    def received_shapes(self):
+        rows, h, k = self.rows, self.hidden, self.topk
+        x = (self.local_experts, rows, h) if self.expert_major else (rows, h)
+        scales = x[:-1] + (h // SCALE_COLUMNS,) if self.payload == "float8_e4m3" else (0,)
+        meta = (0,) if self.expert_major else (rows, k)
+        return x, scales, meta
+
+    def _fake_outputs(self, like):
+        x, scales, meta = self.received_shapes()
+        return Dispatched(like.new_empty(x, dtype=_PAYLOAD_DTYPES[self.payload]),
+                          like.new_empty(scales, dtype=torch.float32), like.new_empty(meta, dtype=torch.int32),
+                          like.new_empty(meta, dtype=torch.float32),
+                          like.new_empty((self.local_experts,), dtype=torch.int32),
+                          like.new_empty((1,), dtype=torch.int32))
+
+    @property
+    def combine_input(self):
+        """Where the experts' bfloat16 outputs go (rows as the receive area), read by combine with
+        no copy."""
+        return self._impl.combine_input
+
+    def dispatch(self, x, topk_idx, topk_weights, x_scales=None, num_tokens=None):
+        """x [T, H] (payload dtype), topk_idx [T, K] int64 or int32 (-1: none), topk_weights [T, K]
+        float32, x_scales [T, H / 128] float32 for float8; num_tokens: a device int32 tensor (graphs
+        captured at the maximum batch) or None for T = x.shape[0]."""
+        return Dispatched(*torch.ops.symmem.moe_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens, self.id))
+
+    def combine(self, expert_out=None, out=None, weights_applied=False, topk_weights=None):
+        """The tokens of the last dispatch, their expert outputs summed (float32, top-k or rank order)
+        into out [T, H] bfloat16 (allocated when None). expert_out: None to read combine_input."""
+        if out is None:
+            out = torch.empty((self.max_tokens_per_rank, self.hidden), dtype=torch.bfloat16, device=self.device)
+        torch.ops.symmem.moe_combine(expert_out, topk_weights, self.id, bool(weights_applied), out=out)
+        return out
+
+    def describe(self):
+        return self._impl.describe()
+
+    def close(self):
+        """Collective: releases the context (its heap memory returns unless a CUDA graph may still
+        replay a call of the communicator)."""
+        _contexts.pop(self.id, None)
+        self._impl.close()
+
+
+class _DeviceContext:
+    def __init__(self, ep, comm, max_tokens_per_expert, max_received_rows, max_blocks):
+        self.ep = ep
+        self.comm = comm
+        self.ctx = core_ep.EpContext(comm.core, ep.num_experts, ep.topk, ep.hidden, ep.max_tokens_per_rank, ep.payload,
+                                     ep.layout, max_tokens_per_expert, max_received_rows, max_blocks)
+        r = self.ctx.received()
+        dev = comm.torch_device
+        xs, scales, meta = ep.received_shapes()
+        self.outputs = Dispatched(
+            _view(self, r["x"], xs, _PAYLOAD_DTYPES[ep.payload], dev),
+            _view(self, r["x_scales"], scales, torch.float32, dev) if r["x_scales"] else
+            torch.empty(scales, dtype=torch.float32, device=dev),
+            _view(self, r["topk_idx"], meta, torch.int32, dev) if r["topk_idx"] else
+            torch.empty(meta, dtype=torch.int32, device=dev),
+            _view(self, r["topk_weights"], meta, torch.float32, dev) if r["topk_weights"] else
+            torch.empty(meta, dtype=torch.float32, device=dev),
+            _view(self, r["expert_num_tokens"], (ep.local_experts,), torch.int32, dev),
+            _view(self, r["num_rows"], (1,), torch.int32, dev))
+        self.combine_input = _view(self, r["combine_input"], xs, torch.bfloat16, dev)
+        self.out_rows = 0  # rows combine writes: the last dispatch's host count, or T for a device count
+
+    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
+        ep = self.ep
+        _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens)
+        for t, name in ((x, "x"), (topk_idx, "topk_idx"), (topk_weights, "topk_weights")):
+            if t.get_device() != self.comm.device:
+                raise ValueError(f"symmem.moe_dispatch: {name} is on {t.device}, the context on cuda:{self.comm.device}")
+        self.ctx.dispatch(x.data_ptr(), x_scales.data_ptr() if x_scales is not None else 0, topk_idx.data_ptr(),
+                          topk_idx.dtype == torch.int64, topk_weights.data_ptr(),
+                          x.shape[0] if num_tokens is None else 0,
+                          num_tokens.data_ptr() if num_tokens is not None else 0, _stream_of(self.comm.device))
+        self.out_rows = x.shape[0] if num_tokens is None else ep.max_tokens_per_rank
+        return tuple(_alias(t) for t in self.outputs)
+
+    def combine(self, expert_out, topk_weights, weights_applied, out):
+        _check_combine(self.ep, expert_out, topk_weights, out)
+        self.ctx.combine(expert_out.data_ptr() if expert_out is not None else 0, out.data_ptr(), weights_applied,
+                         topk_weights.data_ptr() if topk_weights is not None else 0, _stream_of(self.comm.device))
+
+    def describe(self):
+        return self.ctx.describe()
+
+    def close(self):
+        self.ctx.close()
+
+
+def _alias(t):
+    """A new tensor object over t's memory (not a view: no base to alias across calls)."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
+                                                                 t.stride())
+
+
+def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens):
+    op = "moe_dispatch"
+    if x.dim() != 2 or x.shape[1] != ep.hidden or x.dtype != _PAYLOAD_DTYPES[ep.payload]:
+        raise ValueError(f"symmem.{op}: x must be [T, {ep.hidden}] {_PAYLOAD_DTYPES[ep.payload]}, got "
+                         f"{tuple(x.shape)} {x.dtype}")
+    if x.shape[0] > ep.max_tokens_per_rank:
+        raise ValueError(f"symmem.{op}: x has {x.shape[0]} tokens, the context holds {ep.max_tokens_per_rank}")
+    if tuple(topk_idx.shape) != (x.shape[0], ep.topk) or topk_idx.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"symmem.{op}: topk_idx must be [{x.shape[0]}, {ep.topk}] int64 or int32, got "
+                         f"{tuple(topk_idx.shape)} {topk_idx.dtype}")
+    if tuple(topk_weights.shape) != (x.shape[0], ep.topk) or topk_weights.dtype != torch.float32:
+        raise ValueError(f"symmem.{op}: topk_weights must be [{x.shape[0]}, {ep.topk}] float32")
+    if ep.payload == "float8_e4m3":
+        if x_scales is None or tuple(x_scales.shape) != (x.shape[0], ep.hidden // SCALE_COLUMNS) or \
+                x_scales.dtype != torch.float32:
+            raise ValueError(f"symmem.{op}: a float8 payload needs x_scales [{x.shape[0]}, "
+                             f"{ep.hidden // SCALE_COLUMNS}] float32")
+    if num_tokens is not None and (num_tokens.numel() != 1 or num_tokens.dtype != torch.int32):
+        raise ValueError(f"symmem.{op}: num_tokens must be a one-element int32 tensor")
+    for t, name in ((x, "x"), (topk_idx, "topk_idx"), (topk_weights, "topk_weights"), (x_scales, "x_scales")):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"symmem.{op}: {name} must be contiguous")
+
+
+def _check_combine(ep, expert_out, topk_weights, out):
+    op = "moe_combine"
+    if out.dtype != torch.bfloat16 or out.dim() != 2 or out.shape[1] != ep.hidden or \
+            out.shape[0] < ep._impl.out_rows or not out.is_contiguous():
+        raise ValueError(f"symmem.{op}: out must be a contiguous [>= tokens, {ep.hidden}] bfloat16 tensor, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    if expert_out is not None:
+        shape = ep.received_shapes()[0]
+        if tuple(expert_out.shape) != shape or expert_out.dtype != torch.bfloat16 or not expert_out.is_contiguous():
+            raise ValueError(f"symmem.{op}: expert_out must be contiguous {shape} bfloat16, got "
+                             f"{tuple(expert_out.shape)} {expert_out.dtype}")
+    if topk_weights is not None and (topk_weights.dtype != torch.float32 or topk_weights.dim() != 2 or
+                                     topk_weights.shape[1] != ep.topk):
+        raise ValueError(f"symmem.{op}: topk_weights must be [T, {ep.topk}] float32")
+
+
+class _ReferenceContext:
+    """The CPU reference: every rank all-gathers every rank's tokens and routes them itself, in the
+    order of include/symmem/ep.hpp; combine all-gathers the expert outputs."""
+
+    def __init__(self, ep):
+        self.ep = ep
+        xs, scales, meta = ep.received_shapes()
+        self.outputs = Dispatched(torch.zeros(xs, dtype=_PAYLOAD_DTYPES[ep.payload]), torch.zeros(scales),
+                                  torch.full(meta, -1, dtype=torch.int32), torch.zeros(meta),
+                                  torch.zeros(ep.local_experts, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+        self.combine_input = torch.zeros(xs, dtype=torch.bfloat16)
+        self.tokens = 0
+        self.out_rows = 0
+        self.route = None  # this rank's pairs: list per token of (rank, row, weight index)
+
+    def _gather(self, t):
+        parts = [torch.empty_like(t) for _ in range(self.ep.world)]
+        dist.all_gather(parts, t.contiguous(), group=self.ep.group)
+        return parts
+
+    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
+        ep = self.ep
+        _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens)
+        tokens = x.shape[0] if num_tokens is None else int(num_tokens.item())
+        T, K, L = ep.max_tokens_per_rank, ep.topk, ep.local_experts
+
+        def padded(t, fill):
+            full = torch.full((T, *t.shape[1:]), fill, dtype=t.dtype)
+            full[:t.shape[0]] = t
+            return full
+
+        counts = self._gather(torch.tensor([tokens], dtype=torch.int64))
+        ids = self._gather(padded(topk_idx.to(torch.int64), -1))
+        weights = self._gather(padded(topk_weights, 0.0))
+        xs = self._gather(padded(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x, 0))
+        scales = self._gather(padded(x_scales, 0.0)) if x_scales is not None else None
+        n = [int(c.item()) for c in counts]
+        for s in range(ep.world):  # the verdict, senders first
+            if n[s] > T:
+                raise SymmemError("kCapacity", f"rank {s} passed {n[s]} tokens, but its context holds {T} per rank")
+            bad = ids[s][:n[s]] >= ep.num_experts
+            if bool(bad.any()):
+                raise SymmemError("kCapacity", f"rank {s} routed a token to expert {int(ids[s][:n[s]][bad][0])}, "
+                                               f"outside the context's {ep.num_experts} experts")
+        rows = {}  # (q, bin) -> list of (s, t, k)
+        route = []
+        for s in range(ep.world):
+            for t in range(n[s]):
+                ranks = []
+                for k in range(K):
+                    e = int(ids[s][t, k])
+                    if e < 0:
+                        continue
+                    q = e // L
+                    if ep.expert_major:
+                        rows.setdefault((q, e % L), []).append((s, t, k))
+                    elif q not in ranks:
+                        ranks.append(q)
+                if not ep.expert_major:
+                    for q in sorted(ranks):
+                        rows.setdefault((q, 0), []).append((s, t, -1))
+        for (q, b), lst in sorted(rows.items()):
+            if len(lst) > ep.rows:
+                what = f"expert {q * L + b} of rank {q}" if ep.expert_major else f"rank {q}"
+                raise SymmemError("kCapacity", f"{what} would receive {len(lst)} rows, but its buffer holds {ep.rows}")
+        out = self.outputs
+        out.expert_num_tokens.zero_()
+        if not ep.expert_major:
+            out.topk_idx.fill_(-1)
+        me = ep.rank
+        received = 0
+        for (q, b), lst in sorted(rows.items()):
+            for i, (s, t, k) in enumerate(lst):
+                if s == me:
+                    route.append((t, k, q, b * ep.rows + i if ep.expert_major else i))
+                if q != me:
+                    continue
+                dst = out.x[b, i] if ep.expert_major else out.x[i]
+                dst.view(torch.uint8 if x.dtype == torch.float8_e4m3fn else dst.dtype).copy_(xs[s][t])
+                if scales is not None:
+                    (out.x_scales[b, i] if ep.expert_major else out.x_scales[i]).copy_(scales[s][t])
+                if not ep.expert_major:
+                    for kk in range(K):
+                        e = int(ids[s][t, kk])
+                        out.topk_idx[i, kk] = e % L if e >= 0 and e // L == me else -1
+                        out.topk_weights[i, kk] = weights[s][t, kk]
+                received += 1
+        for k2 in range(L):
+            out.expert_num_tokens[k2] = sum(1 for s in range(ep.world) for t in range(n[s])
+                                            for kk in range(K) if int(ids[s][t, kk]) == me * L + k2)
+        out.num_rows[0] = received
+        self.tokens = n[me]
+        self.out_rows = n[me]
+        self.route = route
+        self.weights = weights[me].clone()
+        return tuple(_alias(t) for t in out)
+
+    def combine(self, expert_out, topk_weights, weights_applied, out):
+        ep = self.ep
+        _check_combine(ep, expert_out, topk_weights, out)
+        outputs = self._gather(expert_out if expert_out is not None else self.combine_input)
+        weights = topk_weights if topk_weights is not None else self.weights
+        acc = torch.zeros((self.tokens, ep.hidden), dtype=torch.float32)
+        # In top-k order (expert-major) or rank order (rank-major): the route is sorted so.
+        order = sorted(self.route, key=lambda r: (r[0], r[1] if ep.expert_major else r[2]))
+        for t, k, q, row in order:
+            rows = outputs[q].view(-1, ep.hidden)
+            v = rows[row].float()
+            w = 1.0 if (not ep.expert_major or weights_applied) else float(weights[t, k])
+            acc[t] += w * v
+        out[:self.tokens] = acc.to(torch.bfloat16)
+
+    def describe(self):
+        return f"reference moe ({self.ep.layout}, {self.ep.payload}) over torch.distributed"
+
+    def close(self):
+        pass
+
+
+# Kernels ------------------------------------------------------------------------------------
+
+def _context(context):
+    ep = _contexts.get(int(context))
+    if ep is None:
+        raise SymmemError("kInvalidArgument", f"symmem: no ExpertParallel context {context} (closed?)")
+    return ep
+
+
+def _dispatch_kernel(x, x_scales, topk_idx, topk_weights, num_tokens, context):
+    return _context(context)._impl.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens)
+
+
+def _combine_kernel(expert_out, topk_weights, context, weights_applied, *, out):
+    _context(context)._impl.combine(expert_out, topk_weights, weights_applied, out)
+
+
+for _key in ("CUDA", "CPU"):
+    _lib.impl("moe_dispatch", _dispatch_kernel, _key)
+    _lib.impl("moe_combine", _combine_kernel, _key)
+
+
+@torch.library.register_fake("symmem::moe_dispatch", lib=_lib)
+def _dispatch_fake(x, x_scales, topk_idx, topk_weights, num_tokens, context):
+    return tuple(_context(context)._fake_outputs(x))
+
+
+@torch.library.register_fake("symmem::moe_combine", lib=_lib)
+def _combine_fake(expert_out, topk_weights, context, weights_applied, *, out):
+    return None

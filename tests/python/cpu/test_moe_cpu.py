@@ -1,0 +1,282 @@
+"""The all-to-all and MoE ops on CPU tensors: schemas, fake kernels and mutations checked by
+opcheck for every dtype, torch.compile tracing, results at one rank, and at 2-4 ranks (gloo, one
+process per rank) against references written from the documented layouts; memory stated before
+allocation; the kCapacity error code."""
+import math
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+A2A_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8]
+
+
+def _data(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(max(info.min, -1000), min(info.max, 1000), shape, generator=g, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", A2A_DTYPES)
+def test_all_to_all_ops_pass_opcheck(group_name, dtype):
+    ops = torch.ops.symmem
+    x = _data((6, 3, 2), dtype, 1)
+    cases = [
+        (ops.all_to_all_single.default, (x, None, None, group_name), {}),
+        (ops.all_to_all_single.default, (x, [4], [4], group_name), {}),
+        (ops.all_to_all_single_out.default, (x, None, None, group_name), {"out": torch.empty_like(x)}),
+        (ops.all_to_all_vdev.default,
+         (x, torch.empty((9, 3, 2), dtype=dtype), torch.tensor([5]), torch.empty((2, 1), dtype=torch.int64),
+          group_name), {}),
+        (ops.all_to_all_vdev_2d.default,
+         (x, torch.empty((24, 3, 2), dtype=dtype), torch.tensor([2, 0, 3]), torch.empty((2, 3), dtype=torch.int64),
+          group_name, 8), {}),
+    ]
+    for op, args, kwargs in cases:
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_all_to_all_results_on_one_rank(group_name):
+    x = _data((6, 4), torch.float32, 2)
+    assert torch.equal(torch.ops.symmem.all_to_all_single(x, None, None, group_name), x)
+    assert torch.equal(torch.ops.symmem.all_to_all_single(x, [2], [2], group_name), x[:2])
+    out = torch.full((9, 4), float("nan"))
+    oso = torch.full((2, 1), -7, dtype=torch.int64)
+    torch.ops.symmem.all_to_all_vdev(x, out, torch.tensor([5]), oso, group_name)
+    assert torch.equal(out[:5], x[:5]) and torch.isnan(out[5:]).all()
+    assert oso.tolist() == [[5], [0]]
+    # 2-D with torch's alignment: an empty expert still takes major_align rows.
+    out = torch.full((24, 4), float("nan"))
+    oso = torch.empty((2, 3), dtype=torch.int64)
+    torch.ops.symmem.all_to_all_vdev_2d(x, out, torch.tensor([2, 0, 3]), oso, group_name, 8)
+    assert oso.tolist() == [[2, 0, 3], [0, 8, 16]]
+    assert torch.equal(out[0:2], x[0:2]) and torch.equal(out[16:19], x[2:5])
+    assert torch.isnan(out[2:16]).all() and torch.isnan(out[19:]).all()
+    # Default alignment (None) is torch's 1: an empty expert takes one row.
+    torch.ops.symmem.all_to_all_vdev_2d(x, out, torch.tensor([2, 0, 3]), oso, group_name)
+    assert oso.tolist() == [[2, 0, 3], [0, 2, 3]]
+
+
+def test_all_to_all_errors_name_the_problem(group_name):
+    x = torch.zeros(6, 4)
+    with pytest.raises(ValueError, match="adds up to 7 rows"):
+        torch.ops.symmem.all_to_all_single(x, [7], [7], group_name)
+    with pytest.raises(TypeError, match="int64"):
+        torch.ops.symmem.all_to_all_vdev(x, torch.zeros(6, 4), torch.tensor([1], dtype=torch.int32),
+                                         torch.zeros(2, 1, dtype=torch.int64), group_name)
+    with pytest.raises(ValueError, match="same row shape"):
+        torch.ops.symmem.all_to_all_vdev(x, torch.zeros(6, 5), torch.tensor([1]), torch.zeros(2, 1, dtype=torch.int64),
+                                         group_name)
+    with pytest.raises(ValueError, match="major_align must be positive"):
+        torch.ops.symmem.all_to_all_vdev_2d(x, torch.zeros(6, 4), torch.tensor([1]),
+                                            torch.zeros(2, 1, dtype=torch.int64), group_name, 0)
+
+
+def test_ops_compile_fullgraph(group_name):
+    from symmem.torch.moe import ExpertParallel
+    ep = ExpertParallel(num_experts=4, topk=2, hidden=128, max_tokens_per_rank=8)
+
+    def step(x, ids, w):
+        y = torch.ops.symmem.all_to_all_single(x * 2, None, None, group_name)
+        out = torch.empty(8, 128)
+        oso = torch.empty(2, 1, dtype=torch.int64)
+        torch.ops.symmem.all_to_all_vdev(y, out, torch.tensor([3]), oso, group_name)
+        r = torch.ops.symmem.moe_dispatch(y.to(torch.bfloat16), None, ids, w, None, ep.id)
+        combined = torch.empty(8, 128, dtype=torch.bfloat16)
+        torch.ops.symmem.moe_combine(r[0], None, ep.id, False, out=combined)
+        return out[:3].sum() + r[4].sum() + combined[:4].float().sum()
+
+    x = _data((4, 128), torch.float32, 3)
+    ids = torch.tensor([[0, 1], [2, -1], [3, 1], [1, 0]])
+    w = torch.rand(4, 2)
+    expected = step(x, ids, w)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(x, ids, w)
+    assert torch.equal(got, expected)
+    ep.close()
+
+
+@pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
+@pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
+def test_moe_ops_pass_opcheck(group_name, layout, payload):
+    from symmem.torch.moe import ExpertParallel, quantize_fp8
+    ep = ExpertParallel(num_experts=4, topk=2, hidden=256, max_tokens_per_rank=8, layout=layout, payload=payload)
+    x = _data((6, 256), torch.float32, 4)
+    xs = None
+    if payload == "float8_e4m3":
+        x, xs = quantize_fp8(x)
+    else:
+        x = x.to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [2, -1], [3, 0], [1, 2], [-1, -1], [0, 3]])
+    w = torch.rand(6, 2)
+    # opcheck's schema test multiplies outputs, which float8 CPU tensors cannot do.
+    utils = ("test_faketensor", "test_aot_dispatch_dynamic") if payload == "float8_e4m3" else \
+        ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.symmem.moe_dispatch.default, (x, xs, ids, w, None, ep.id), test_utils=utils)
+    torch.library.opcheck(torch.ops.symmem.moe_dispatch.default,
+                          (x, xs, ids.to(torch.int32), w, torch.tensor([3], dtype=torch.int32), ep.id),
+                          test_utils=utils)
+    ep.dispatch(x, ids, w, x_scales=xs)
+    torch.library.opcheck(torch.ops.symmem.moe_combine.default, (None, None, ep.id, False),
+                          {"out": torch.empty(8, 256, dtype=torch.bfloat16)})
+    torch.library.opcheck(torch.ops.symmem.moe_combine.default,
+                          (torch.rand(ep.received_shapes()[0]).to(torch.bfloat16), w, ep.id, True),
+                          {"out": torch.empty(8, 256, dtype=torch.bfloat16)})
+    ep.close()
+
+
+def test_fp8_quantization_round_trips_within_its_precision():
+    from symmem.torch.moe import dequantize_fp8, quantize_fp8
+    x = _data((5, 384), torch.float32, 5) * 3
+    q, s = quantize_fp8(x)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (5, 3)
+    err = (dequantize_fp8(q, s) - x).abs() / x.abs().clamp(min=1e-3)
+    assert float(err.median()) < 0.07
+
+
+def test_memory_is_stated_before_allocation():
+    import symmem.ep as core_ep
+    heap, local = core_ep.memory(8, 256, 8, 7168, 128, "float8_e4m3", "expert_major")
+    rows = 32 * 8 * 128
+    assert heap == rows * (7168 + 56 * 4) + rows * 7168 * 2  # fp8 rows and scales, bf16 combine rows
+    assert local > 0
+    with pytest.raises(Exception, match="not a multiple of the world size"):
+        core_ep.memory(8, 255, 8, 7168, 128)
+
+
+def test_capacity_error_code_comes_from_the_c_abi():
+    from symmem import _native
+    assert _native.ERROR_CODES[9] == "kCapacity"
+    assert _native.lib.symmem_error_code_name(10) == b"capacity exceeded"
+
+
+# Several ranks (gloo, one process each) -------------------------------------------------------
+
+def _run(world, fn, *args):
+    path = os.path.join(tempfile.mkdtemp(prefix="symmem-moe-"), "store")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, world, path, fn, args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    for r, p in enumerate(procs):
+        if p.is_alive():
+            p.kill()
+            raise AssertionError(f"rank {r} of {world} did not finish")
+        assert p.exitcode == 0, f"rank {r} of {world} exited with {p.exitcode}"
+
+
+def _worker(rank, world, path, fn, args):
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    import symmem.torch  # noqa: F401
+    fn(rank, world, dist.group.WORLD.group_name, *args)
+    dist.barrier()  # no rank tears the group down while a peer still talks to it
+    dist.destroy_process_group()
+
+
+def _matrix(world, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 5, (world, n), generator=g)
+
+
+def _rows_of(rank, count, width, seed):
+    """Rank `rank`'s input: row r holds (rank, r, column) in a way any rank can recompute."""
+    r = torch.arange(count).view(-1, 1).float()
+    c = torch.arange(width).view(1, -1).float()
+    return rank * 1000.0 + r + c / 64.0 + seed
+
+
+def _check_vdev(rank, world, group_name, experts, align, seed):
+    n = world * experts
+    m = _matrix(world, n, seed)
+    sent = int(m[rank].sum())
+    x = _rows_of(rank, sent + 2, 8, seed)
+    rows = [int(m[:, rank * experts + e].sum()) for e in range(experts)]
+    extent = [r if align == 0 else max(math.ceil(r / align) * align, align) for r in rows]
+    out = torch.full((sum(extent) + 3, 8), float("nan"))
+    oso = torch.empty((2, n), dtype=torch.int64)
+    if align == 0:
+        torch.ops.symmem.all_to_all_vdev(x, out, m[rank].clone(), oso, group_name)
+    else:
+        torch.ops.symmem.all_to_all_vdev_2d(x, out, m[rank].clone(), oso, group_name, align)
+    # The definition: expert e's extent starts after the earlier ones; senders in rank order.
+    start = 0
+    for e in range(experts):
+        at = start
+        for s in range(world):
+            j = rank * experts + e
+            count = int(m[s, j])
+            first = int(m[s, :j].sum())
+            assert oso[0, e * world + s] == count and oso[1, e * world + s] == at
+            assert torch.equal(out[at:at + count], _rows_of(s, first + count, 8, seed)[first:first + count])
+            at += count
+        assert torch.isnan(out[at:start + extent[e]]).all()
+        start += extent[e]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_all_to_all_vdev_on_several_ranks_matches_the_definition(world):
+    _run(world, _vdev_cases)
+
+
+def _vdev_cases(rank, world, group_name):
+    for experts, align in ((1, 0), (2, 1), (3, 4)):
+        _check_vdev(rank, world, group_name, experts, align, seed=7 * experts + align)
+    # all_to_all_single with splits, as torch.distributed's.
+    ins = [(rank + q) % 3 for q in range(world)]
+    outs = [(s + rank) % 3 for s in range(world)]
+    x = _rows_of(rank, sum(ins), 4, 0)
+    got = torch.ops.symmem.all_to_all_single(x, outs, ins, group_name)
+    at = 0
+    for s in range(world):
+        first = sum((s + q) % 3 for q in range(rank))
+        assert torch.equal(got[at:at + outs[s]], _rows_of(s, first + outs[s], 4, 0)[first:first + outs[s]])
+        at += outs[s]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
+def test_moe_reference_on_several_ranks(world, layout):
+    _run(world, _moe_case, layout)
+
+
+def _moe_case(rank, world, group_name, layout):
+    from symmem.torch.moe import ExpertParallel
+    E, K, H, T = 4 * world, 2, 128, 6
+    ep = ExpertParallel(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout)
+    g = torch.Generator().manual_seed(rank)
+    ids = torch.randint(0, E, (T, K), generator=g)
+    ids[:, 1] = torch.where(ids[:, 1] == ids[:, 0], -1, ids[:, 1])
+    w = torch.rand(T, K, generator=g)
+    x = (torch.arange(T * H).view(T, H) % 17 - 8).float().div(8).add(rank).to(torch.bfloat16)
+    r = ep.dispatch(x, ids, w)
+    # Fake experts: expert output = input row x (1 + local expert); rank-major reduces with weights.
+    local = E // world
+    if layout == "expert_major":
+        for e in range(local):
+            n = int(r.expert_num_tokens[e])
+            ep.combine_input[e, :n] = (r.x[e, :n].float() * (1 + e)).to(torch.bfloat16)
+    else:
+        n = int(r.num_rows[0])
+        acc = torch.zeros(n, H)
+        for k in range(K):
+            e = r.topk_idx[:n, k]
+            sel = e >= 0
+            acc[sel] += r.topk_weights[:n, k][sel].unsqueeze(1) * (r.x[:n][sel].float() * (1 + e[sel]).unsqueeze(1))
+        ep.combine_input[:n] = acc.to(torch.bfloat16)
+    y = ep.combine()
+    expected = torch.zeros(T, H)
+    for t in range(T):
+        for k in range(K):
+            e = int(ids[t, k])
+            if e >= 0:
+                expected[t] += w[t, k] * x[t].float() * (1 + e % local)
+    assert torch.allclose(y[:T].float(), expected, rtol=2e-2, atol=2e-2)
+    ep.close()
