@@ -184,3 +184,23 @@ TEST(launcher_arguments) {
   EXPECT(!launch::parse_args({"-n", "2"}, &o, &command, &error));
   EXPECT(error.find("no program") != std::string::npos);
 }
+
+TEST(bench_all_to_all_arguments_and_bandwidth) {
+  Args a;
+  std::string error;
+  EXPECT(parse_args({"all_to_all", "-b", "1K", "-e", "1G", "--splits", "zipf"}, &a, &error));
+  EXPECT_EQ(a.op, std::string("all_to_all"));
+  EXPECT_EQ(a.splits, std::string("zipf"));
+  Args b;
+  EXPECT(!parse_args({"all_to_all", "--splits", "gaussian"}, &b, &error));
+  EXPECT(error.find("uniform, zipf or onehot") != std::string::npos);
+  // nccl-tests' alltoall: algbw = bytes per rank / time, busbw = algbw (world - 1) / world.
+  Row r;
+  r.op = "all_to_all_onehot";
+  r.world = 4;
+  r.bytes_per_rank = size_t(1) << 30;
+  r.time_us = 1e6;
+  compute_bandwidth(&r);
+  EXPECT(std::abs(r.algbw_gbs - 1.073741824) < 1e-9);
+  EXPECT(std::abs(r.busbw_gbs - 1.073741824 * 0.75) < 1e-9);
+}

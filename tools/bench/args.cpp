@@ -61,7 +61,8 @@ size_t parse_shape(const std::string& shape) {
 }
 
 std::string usage() {
-  return "usage: symmem-bench [all_gather|all_reduce|reduce_scatter|overlap|host_cost|chunked_gemm] [options]\n"
+  return "usage: symmem-bench [all_gather|all_reduce|reduce_scatter|all_to_all|overlap|host_cost|chunked_gemm] "
+         "[options]\n"
          "  -b BYTES   smallest size (default 1K; per rank for all_gather/reduce_scatter)\n"
          "  -e BYTES   largest size (default 256M)\n"
          "  -f FACTOR  size multiplier between steps (default 2)\n"
@@ -88,6 +89,7 @@ std::string usage() {
          "  --vllm-table      all_reduce: vLLM-style table over T x 8192 bf16: nccl, nccl_symmetric\n"
          "                    (ncclMemAlloc + symmetric windows), symmem_auto and every algorithm\n"
          "  --gemm MxNxK --ag-bytes BYTES   overlap: GEMM shape and all-gather output size\n"
+         "  --splits uniform|zipf|onehot   all_to_all: how each rank's bytes split over the ranks\n"
          "  host_cost: CPU time to issue one call at -b bytes per rank (-n calls per sample behind a\n"
          "             GPU spin, --reps samples), symmem against NCCL and a bare kernel launch\n"
          "  chunked_gemm: --gemm MxNxK (row-major C = A B) as one GEMM and as --chunks LIST row blocks\n"
@@ -100,7 +102,7 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
   if (i < argv.size() && !argv[i].empty() && argv[i][0] != '-') {
     a->op = argv[i++];
     if (a->op != "all_gather" && a->op != "all_reduce" && a->op != "reduce_scatter" && a->op != "overlap" &&
-        a->op != "host_cost" && a->op != "chunked_gemm") {
+        a->op != "host_cost" && a->op != "chunked_gemm" && a->op != "all_to_all") {
       *error = "unknown operation '" + a->op + "'";
       return false;
     }
@@ -161,6 +163,11 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
         a->tune = value();
       else if (f == "--vllm-table")
         a->vllm_table = true;
+      else if (f == "--splits") {
+        a->splits = value();
+        if (a->splits != "uniform" && a->splits != "zipf" && a->splits != "onehot")
+          throw std::invalid_argument("--splits takes uniform, zipf or onehot, not '" + a->splits + "'");
+      }
       else if (f == "--gemm") {
         const auto dims = split(value(), 'x');
         if (dims.size() != 3) throw std::invalid_argument("--gemm takes MxNxK");

@@ -32,6 +32,7 @@ struct Args {
   std::string json = "symmem_bench.json";  // --json
   std::string tune;                        // --tune FILE: write the tuning table from this run
   bool vllm_table = false;                 // --vllm-table (all_reduce)
+  std::string splits = "uniform";          // --splits uniform|zipf|onehot (all_to_all)
   // overlap
   int gemm_m = 8192, gemm_n = 8192, gemm_k = 8192;  // --gemm MxNxK
   size_t overlap_bytes = 64u << 20;                 // --ag-bytes: all-gather output bytes

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "bench_all_to_all.hpp"
 #include "bench_collectives.hpp"
 #include "bench_chunked_gemm.hpp"
 #include "bench_context.hpp"
@@ -71,6 +72,8 @@ int main(int argc, char** argv) {
       rows = run_host_cost(ctx);
     else if (args.op == "chunked_gemm")
       rows = run_chunked_gemm(ctx);
+    else if (args.op == "all_to_all")
+      rows = run_all_to_all(ctx);
     else if (args.vllm_table)
       rows = run_vllm_table(ctx);
     else

@@ -18,6 +18,10 @@ void compute_bandwidth(Row* r) {
   if (r->op == "all_gather" || r->op == "overlap") {
     r->algbw_gbs = w * bytes / seconds / 1e9;
     r->busbw_gbs = (w - 1) * bytes / seconds / 1e9;
+  } else if (r->op.rfind("all_to_all", 0) == 0) {
+    // nccl-tests' alltoall: algbw = bytes each rank sends / time; busbw = algbw (world - 1) / world.
+    r->algbw_gbs = bytes / seconds / 1e9;
+    r->busbw_gbs = (w - 1) / w * bytes / seconds / 1e9;
   } else if (r->op == "reduce_scatter") {
     r->algbw_gbs = w * bytes / seconds / 1e9;
     r->busbw_gbs = (w - 1) * bytes / seconds / 1e9;

@@ -6,7 +6,8 @@
 // batch, time_min_us / time_max_us the fastest and slowest batch (the spread).
 //
 // Bus bandwidth (as nccl-tests): all_gather and reduce_scatter busbw = (world - 1) * bytes_per_rank
-// / time; all_reduce busbw = 2 (world - 1) / world * bytes / time; algbw = bytes moved into the
+// / time; all_reduce busbw = 2 (world - 1) / world * bytes / time; all_to_all (any split) algbw =
+// bytes each rank sends / time and busbw = algbw * (world - 1) / world; algbw = bytes moved into the
 // output per rank / time (all_gather: world * bytes_per_rank).
 #pragma once
 
