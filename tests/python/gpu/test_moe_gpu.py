@@ -1,0 +1,246 @@
+"""The all-to-all and MoE ops on every rank's GPU: all_to_all_single bit-exact against NCCL's for
+every dtype, heap and ordinary tensors, with and without splits, from CUDA graphs; all_to_all_vdev
+and its 2-D form against the documented layout (and against torch.ops.symm_mem's where torch's
+NVSHMEM backend runs); ExpertParallel dispatch and combine of both layouts and payloads against a
+reference from every rank's tokens; a receiver too small raising kCapacity on every rank."""
+import zlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmem.torch as st
+from symmem.errors import SymmemError
+from symmem.torch.moe import ExpertParallel, dequantize_fp8, quantize_fp8
+
+ops = torch.ops.symmem
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8]
+
+
+def _random(shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, device="cuda").to(dtype)
+    return torch.randint(0, 100, shape, generator=g, device="cuda", dtype=dtype)
+
+
+def _seed(*case):
+    # Reproducible across runs (str hashes are salted per process), different on every rank.
+    return zlib.crc32(repr((case, dist.get_rank())).encode()) & 0x7FFFFFFF
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_all_to_all_single_matches_nccl(group, dtype, symmetric):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for rows in (world, 3 * world, 1024 * world):
+        x = _random((rows, 5), dtype, _seed("uniform", rows))
+        if symmetric:
+            xs = st.empty(rows, 5, dtype=dtype, group=group)
+            xs.copy_(x)
+            out = st.empty(rows, 5, dtype=dtype, group=group)
+            ops.all_to_all_single_out(xs, None, None, group.group_name, out=out)
+        else:
+            out = ops.all_to_all_single(x, None, None, group.group_name)
+        want = torch.empty_like(x)
+        dist.all_to_all_single(want, x)
+        assert torch.equal(out, want), f"uniform {rows} rows"
+        # Skewed splits: rank r sends (r + q) % 4 rows to q.
+        ins = [(rank + q) % 4 for q in range(world)]
+        outs = [(s + rank) % 4 for s in range(world)]
+        xv = _random((sum(ins) + 2, 5), dtype, _seed("v", rows))
+        got = ops.all_to_all_single(xv, outs, ins, group.group_name)
+        want = xv.new_empty((sum(outs), 5))
+        dist.all_to_all_single(want, xv[:sum(ins)].contiguous(), outs, ins)
+        assert torch.equal(got, want), f"splits {ins} -> {outs}"
+
+
+def test_all_to_all_single_replays_from_a_graph(group):
+    world = dist.get_world_size()
+    x = st.empty(64 * world, 32, dtype=torch.bfloat16, group=group)
+    out = st.empty(64 * world, 32, dtype=torch.bfloat16, group=group)
+    x.copy_(_random(x.shape, torch.bfloat16, _seed("graph")))
+    ops.all_to_all_single_out(x, None, None, group.group_name, out=out)  # eager first
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.all_to_all_single_out(x, None, None, group.group_name, out=out)
+    for i in range(20):
+        x.copy_(_random(x.shape, torch.bfloat16, _seed("graph", i)))
+        out.fill_(float("nan"))
+        graph.replay()
+        want = torch.empty_like(x)
+        dist.all_to_all_single(want, x)
+        assert torch.equal(out, want), f"replay {i}"
+
+
+def _layout_reference(group, x, in_splits, experts, align):
+    """What rank `me` must receive: every rank's rows for it, expert-major, torch's alignment."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    n = world * experts
+    matrix = torch.empty((world, n), dtype=torch.int64, device="cuda")
+    dist.all_gather_into_tensor(matrix.view(-1), in_splits)
+    rows = torch.empty((world, x.shape[0], *x.shape[1:]), dtype=x.dtype, device="cuda")
+    dist.all_gather_into_tensor(rows.view(-1, *x.shape[1:]), x)
+    m = matrix.tolist()
+    chunks, splits, offsets, at = [], [0] * n, [0] * n, 0
+    for e in range(experts):
+        start = at
+        for s in range(world):
+            j = me * experts + e
+            first = sum(m[s][:j])
+            count = m[s][j]
+            chunks.append((at, rows[s, first:first + count]))
+            splits[e * world + s], offsets[e * world + s] = count, at
+            at += count
+        extent = at - start
+        if align:
+            extent = max((extent + align - 1) // align * align, align)
+        at = start + extent
+    return chunks, splits, offsets, at
+
+
+@pytest.mark.parametrize("experts,align", [(1, 0), (2, 1), (4, 16)])
+def test_all_to_all_vdev_matches_the_layout(group, experts, align):
+    world = dist.get_world_size()
+    n = world * experts
+    g = torch.Generator(device="cuda").manual_seed(_seed("vdev", experts))
+    for trial in range(3):
+        in_splits = torch.randint(0, 40, (n,), generator=g, device="cuda", dtype=torch.int64)
+        if trial == 2:
+            in_splits.zero_()  # an empty rank
+        x = _random((int(in_splits.sum()) + 3, 64), torch.bfloat16, _seed("vdev", experts, trial))
+        out = torch.full((world * n * 40 + n * 16, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+        oso = torch.full((2, n), -1, dtype=torch.int64, device="cuda")
+        if align == 0:
+            ops.all_to_all_vdev(x, out, in_splits, oso, group.group_name)
+        else:
+            ops.all_to_all_vdev_2d(x, out, in_splits, oso, group.group_name, align)
+        chunks, splits, offsets, needed = _layout_reference(group, x, in_splits, experts, align)
+        assert oso.tolist() == [splits, offsets]
+        for at, rows in chunks:
+            assert torch.equal(out[at:at + rows.shape[0]], rows)
+        assert torch.isnan(out[needed:].float()).all(), "rows past the needed ones were written"
+
+
+def _reference_dispatch(ep, x, scales, ids, weights):
+    """Every rank's tokens, ids, weights (and scales), gathered: [world, T, ...]."""
+    world = dist.get_world_size()
+
+    def gather(t):
+        out = torch.empty((world, *t.shape), dtype=t.dtype, device="cuda")
+        dist.all_gather_into_tensor(out.view(-1, *t.shape[1:]), t.contiguous())
+        return out
+    xs = gather(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x)
+    return xs, (gather(scales) if scales is not None else None), gather(ids), gather(weights)
+
+
+@pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
+@pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
+def test_dispatch_and_combine_match_a_reference(group, layout, payload):
+    world, me = dist.get_world_size(), dist.get_rank()
+    E, K, H, T = 8 * world, 4, 512, 48
+    ep = ExpertParallel(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout,
+                        payload=payload, max_blocks=16)
+    L = ep.local_experts
+    g = torch.Generator(device="cuda").manual_seed(_seed("moe", layout, payload))
+    ids = torch.argsort(torch.rand(T, E, generator=g, device="cuda"), dim=1)[:, :K].contiguous()
+    ids[::5, -1] = -1  # masked entries
+    weights = torch.rand(T, K, generator=g, device="cuda")
+    xf = torch.randn(T, H, generator=g, device="cuda")
+    if payload == "float8_e4m3":
+        x, scales = quantize_fp8(xf)
+    else:
+        x, scales = xf.to(torch.bfloat16), None
+    r = ep.dispatch(x, ids, weights, x_scales=scales)
+    xs, ss, all_ids, all_w = _reference_dispatch(ep, x, scales, ids, weights)
+    torch.cuda.synchronize()
+    # Received rows, in the documented order.
+    raw = r.x.view(torch.uint8) if r.x.dtype == torch.float8_e4m3fn else r.x
+    if layout == "expert_major":
+        for e in range(L):
+            rows = [(s, t) for s in range(world) for t in range(T) for k in range(K) if all_ids[s, t, k] == me * L + e]
+            assert int(r.expert_num_tokens[e]) == len(rows)
+            for i, (s, t) in enumerate(rows):
+                assert torch.equal(raw[e, i], xs[s, t]), f"expert {e} row {i}"
+                if scales is not None:
+                    assert torch.equal(r.x_scales[e, i], ss[s, t])
+    else:
+        rows = [(s, t) for s in range(world) for t in range(T) if bool(((all_ids[s, t] // L) == me).any())]
+        assert int(r.num_rows[0]) == len(rows)
+        for i, (s, t) in enumerate(rows):
+            assert torch.equal(raw[i], xs[s, t])
+            want_ids = torch.where(all_ids[s, t] // L == me, all_ids[s, t] % L, torch.full_like(all_ids[s, t], -1))
+            want_ids = torch.where(all_ids[s, t] < 0, torch.full_like(want_ids, -1), want_ids)
+            assert torch.equal(r.topk_idx[i].long(), want_ids)
+            assert torch.equal(r.topk_weights[i], all_w[s, t])
+        assert (r.topk_idx[len(rows):] == -1).all()
+    # Fake experts: x * (1 + local expert); rank-major reduces its row's local experts, weighted.
+    deq = (lambda q, s: dequantize_fp8(q, s)) if scales is not None else (lambda q, s: q.float())
+    if layout == "expert_major":
+        for e in range(L):
+            n = int(r.expert_num_tokens[e])
+            ep.combine_input[e, :n] = (deq(r.x[e, :n], r.x_scales[e, :n] if scales is not None else None) *
+                                       (1 + e)).to(torch.bfloat16)
+    else:
+        n = int(r.num_rows[0])
+        f = torch.where(r.topk_idx[:n] >= 0, r.topk_weights[:n] * (1 + r.topk_idx[:n].clamp(min=0)).float(),
+                        torch.zeros_like(r.topk_weights[:n])).sum(dim=1)
+        ep.combine_input[:n] = (deq(r.x[:n], r.x_scales[:n] if scales is not None else None) *
+                                f.unsqueeze(1)).to(torch.bfloat16)
+    y = ep.combine()
+    again = ep.combine(out=torch.empty_like(y))
+    valid = ids >= 0
+    factor = torch.where(valid, weights * (1 + ids % L).float(), torch.zeros_like(weights)).sum(dim=1)
+    want = deq(x, scales) * factor.unsqueeze(1)
+    assert torch.allclose(y[:T].float(), want, rtol=2e-2, atol=2e-2)
+    assert torch.equal(y, again), "combine is not bit-identical over runs"
+    ep.close()
+
+
+def test_all_to_all_vdev_matches_torch_symm_mem(group):
+    """Parity with torch.ops.symm_mem.all_to_all_vdev_2d on the same inputs (NVSHMEM)."""
+    import torch.distributed._symmetric_memory as symm_mem
+    world = dist.get_world_size()
+    experts, align = 2, 8
+    n = world * experts
+    try:
+        symm_mem.set_backend("NVSHMEM")
+        x = symm_mem.empty((512, 32), dtype=torch.bfloat16, device="cuda")
+        out = symm_mem.empty((world * 512 + n * align, 32), dtype=torch.bfloat16, device="cuda")
+        in_splits = symm_mem.empty(n, dtype=torch.int64, device="cuda")
+        oso = symm_mem.empty((2, n), dtype=torch.int64, device="cuda")
+        for t in (x, out, in_splits, oso):
+            symm_mem.rendezvous(t, group.group_name)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"torch's NVSHMEM symmetric memory is not available here: {type(e).__name__}: {e}")
+    g = torch.Generator(device="cuda").manual_seed(_seed("torch"))
+    in_splits.copy_(torch.randint(0, 512 // n, (n,), generator=g, device="cuda"))
+    x.copy_(_random(x.shape, torch.bfloat16, _seed("torch-x")))
+    out.fill_(0)
+    dist.barrier()
+    torch.ops.symm_mem.all_to_all_vdev_2d(x, out, in_splits, oso, group.group_name, align)
+    torch.cuda.synchronize()
+    dist.barrier()
+    ours = torch.zeros_like(out)
+    ours_oso = torch.empty_like(oso)
+    ops.all_to_all_vdev_2d(x, ours, in_splits.clone(), ours_oso, group.group_name, align)
+    assert torch.equal(ours_oso, oso)
+    needed = int(oso[1, -1] + oso[0, -1])
+    assert torch.equal(ours[:needed], out[:needed])
+
+
+def test_dispatch_overflow_raises_kcapacity_on_every_rank(group):
+    world = dist.get_world_size()
+    own = dist.new_group(list(range(world)))  # its own communicator: this one is unusable afterwards
+    T = 16
+    ep = ExpertParallel(own, num_experts=2 * world, topk=1, hidden=128, max_tokens_per_rank=T,
+                        max_tokens_per_expert=world * T - 1)
+    ids = torch.zeros(T, 1, dtype=torch.int64, device="cuda")  # everyone to expert 0
+    with pytest.raises(SymmemError) as raised:
+        ep.dispatch(torch.zeros(T, 128, dtype=torch.bfloat16, device="cuda"), ids,
+                    torch.ones(T, 1, device="cuda"))
+        st.Communicator(own).check()
+        torch.cuda.synchronize()
+        st.Communicator(own).check()
+    assert raised.value.code == "kCapacity"
+    assert "expert 0 of rank 0 would receive" in str(raised.value)
