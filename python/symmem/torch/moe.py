@@ -100,6 +100,7 @@ class ExpertParallel:
         self.num_experts, self.topk, self.hidden = int(num_experts), int(topk), int(hidden)
         self.max_tokens_per_rank = int(max_tokens_per_rank)
         self.payload, self.layout = payload, layout
+        self.max_blocks = int(max_blocks)
         self.local_experts = self.num_experts // self.world
         self.expert_major = layout == "expert_major"
         every = self.world * self.max_tokens_per_rank

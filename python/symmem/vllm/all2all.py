@@ -1,0 +1,52 @@
+"""vLLM's all2all manager on symmem: hands out one ExpertParallel context per MoE configuration
+(get_handle), as DeepEP's managers hand out buffers, and closes them (destroy). The per-token
+dispatch()/combine() of the naive backend are not symmem's path: the modular kernel's prepare /
+finalize (prepare_finalize.py) is."""
+from ..torch.moe import ExpertParallel
+from ._vllm import All2AllManagerBase
+
+
+def _ep_device_group():
+    """vLLM's expert-parallel device (NCCL) group, when vLLM is running."""
+    from vllm.distributed.parallel_state import get_ep_group
+    return get_ep_group().device_group
+
+
+class SymmemAll2AllManager(All2AllManagerBase):
+    def __init__(self, cpu_group=None, tcp_store_group=None, device_group=None):
+        if All2AllManagerBase is not object:  # vLLM's base keeps the groups
+            try:
+                super().__init__(cpu_group, tcp_store_group)
+            except TypeError:  # versions without the store group
+                super().__init__(cpu_group)
+        self.device_group = device_group
+        self.handles = {}
+
+    def get_handle(self, kwargs):
+        """kwargs: ExpertParallel's (num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
+        max_tokens_per_expert, max_received_rows, max_blocks). Collective on the first call of a
+        configuration."""
+        key = tuple(sorted(kwargs.items()))
+        ep = self.handles.get(key)
+        if ep is None:
+            group = self.device_group if self.device_group is not None else _ep_device_group()
+            ep = ExpertParallel(group, **kwargs)
+            self.handles[key] = ep
+        return ep
+
+    def dispatch(self, *args, **kwargs):
+        raise NotImplementedError("symmem: dispatch goes through SymmemPrepareAndFinalize (the modular kernel)")
+
+    def combine(self, *args, **kwargs):
+        raise NotImplementedError("symmem: combine goes through SymmemPrepareAndFinalize (the modular kernel)")
+
+    def set_num_sms(self, num_sms):
+        self.num_sms = num_sms  # applies to contexts created afterwards (max_blocks)
+
+    def max_sms_used(self):
+        return max((ep.max_blocks for ep in self.handles.values()), default=0)
+
+    def destroy(self):
+        for ep in self.handles.values():
+            ep.close()
+        self.handles.clear()

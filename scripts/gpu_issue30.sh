@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Issue 30's GPU checks on ONE GPU, from prebuilt binaries (builds nothing), about 8 minutes:
+#   scripts/bundle.sh                       # here: build-bundle/ (needs a fresh scripts/build.sh)
+#   scripts/gpu_issue30.sh build-bundle     # on the GPU machine, from the repository root
+# The bundle must hold symmem_shared_gpu_moe_tests, symmem-bench and libsymmem_capi.so (the Python
+# package comes from this working tree). Everything lands under $OUT (default ./gpu_issue30_out)
+# as it goes, one log or CSV per step:
+#   gpu.txt                        the GPU, driver, torch
+#   shared_gpu_moe_<W>.log         symmem_shared_gpu_moe_tests at W = 2, 3, 4, 8 ranks sharing the GPU
+#   bench_all_to_all_1_<mode>.csv  symmem-bench all_to_all, world 1 (local cost only), eager / graph
+#   torch_moe_1_rank.log           tests/python/gpu/test_moe_gpu.py under torchrun, one rank
+#   moe_1.csv / .txt / .png        python -m symmem.bench.moe, world 1 (local cost only)
+#   summary.txt                    each step's exit code and seconds
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUNDLE=$(cd "${1:?usage: scripts/gpu_issue30.sh BUNDLE_DIR}" && pwd)
+OUT=${OUT:-$PWD/gpu_issue30_out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+export SYMMEM_LIBRARY="$BUNDLE/libsymmem_capi.so"
+[ -f "$BUNDLE/COMMIT" ] && export SYMMEM_COMMIT=$(cat "$BUNDLE/COMMIT")
+START=$(date +%s)
+BUDGET=${BUDGET_S:-470}
+
+# step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, never past the budget; logs its
+# exit code and duration to summary.txt.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((BUDGET - ($(date +%s) - START)))
+  if [ "$left" -le 10 ]; then
+    echo "$name: skipped (budget spent)" | tee -a "$OUT/summary.txt"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@"
+  local rc=$?
+  echo "$name: rc=$rc in $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
+}
+
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  echo "commit ${SYMMEM_COMMIT:-unknown}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
+} > "$OUT/gpu.txt" 2>&1
+
+# 1. The shared-GPU suite: every all-to-all and MoE case at each world size.
+for w in 2 3 4 8; do
+  limit=60
+  [ "$w" = 8 ] && limit=100
+  step "shared_gpu_moe_$w" "$limit" env SYMMEM_SHARED_GPU_WORLDS="$w" "$BUNDLE/symmem_shared_gpu_moe_tests" \
+    > "$OUT/shared_gpu_moe_$w.log" 2>&1
+done
+
+# 2. symmem-bench all_to_all at world 1: local cost of every form and algorithm, eager and graph.
+for mode in eager graph; do
+  flag=""
+  [ "$mode" = graph ] && flag="--graph"
+  step "bench_all_to_all_1_$mode" 25 "$BUNDLE/symmem-bench" all_to_all --gpus 1 -b 1K -e 64M -f 4 -n 20 -w 3 \
+    --reps 3 $flag --csv "$OUT/bench_all_to_all_1_$mode.csv" --json /dev/null \
+    > "$OUT/bench_all_to_all_1_$mode.log" 2>&1
+done
+
+# 3. The torch ops and ExpertParallel on the GPU, one rank.
+step torch_moe_1_rank 70 python3 -m torch.distributed.run --nproc-per-node 1 -m pytest \
+  tests/python/gpu/test_moe_gpu.py -p no:cacheprovider -q -rs > "$OUT/torch_moe_1_rank.log" 2>&1
+
+# 4. The MoE bench at world 1 (DeepSeek-V3 shape: decode 1 / 128, prefill 4096; bf16 and fp8).
+step moe_bench_1 90 python3 -m torch.distributed.run --nproc-per-node 1 -m symmem.bench.moe --out "$OUT" \
+  --reps 3 --calls 10 --replays 3 > "$OUT/moe_bench_1.log" 2>&1
+
+echo "total $(($(date +%s) - START)) s" | tee -a "$OUT/summary.txt"

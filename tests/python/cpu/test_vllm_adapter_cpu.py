@@ -1,0 +1,98 @@
+"""symmem.vllm on CPU (the reference ExpertParallel of a gloo group, no vLLM needed): the modular
+kernel's prepare / finalize contract for both activation formats, fp8 and bf16, the experts'
+outputs combined as vLLM's would be; install() wrapping a vLLM-shaped factory only when asked."""
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _layer(E=8, K=2, H=256):
+    g = torch.Generator().manual_seed(3)
+    T = 6
+    ids = torch.argsort(torch.rand(T, E, generator=g), dim=1)[:, :K].contiguous()
+    ids[2, 1] = -1
+    w = torch.rand(T, K, generator=g)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    return x, ids, w
+
+
+@pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
+@pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
+def test_prepare_finalize_contract(group_name, layout, payload):
+    from symmem.torch.moe import ExpertParallel, dequantize_fp8, quantize_fp8
+    from symmem.vllm import SymmemPrepareAndFinalize
+    from symmem.vllm._vllm import ActivationFormat
+    E, K, H = 8, 2, 256
+    ep = ExpertParallel(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=8, layout=layout, payload=payload)
+    pf = SymmemPrepareAndFinalize(ep)
+    assert pf.activation_format == (ActivationFormat.BatchedExperts if layout == "expert_major"
+                                    else ActivationFormat.Standard)
+    assert pf.topk_indices_dtype() == torch.int64 and pf.num_dispatchers() == 1 and pf.output_is_reduced()
+    assert pf.max_num_tokens_per_rank() == 8 and pf.supports_async()
+    quant = types.SimpleNamespace(block_shape=[128, 128], quant_dtype=torch.float8_e4m3fn)
+    x, ids, w = _layer(E, K, H)
+    hook, receiver = pf.prepare_async(x, w, ids, E, None, False, quant)
+    hook()
+    a1q, a1q_scale, meta, topk_ids, topk_weights = receiver()
+    assert meta.expert_num_tokens_cpu is None  # no host synchronisation
+    assert (a1q_scale is not None) == (payload == "float8_e4m3")
+    deq = (lambda q, s: dequantize_fp8(q.reshape(-1, H), s.reshape(-1, H // 128)).reshape(q.shape)) \
+        if payload == "float8_e4m3" else (lambda q, s: q.float())
+    # Fake experts: expert e's output is its input x (1 + e), as vLLM's experts would produce it.
+    if layout == "expert_major":
+        assert topk_ids is None and a1q.shape == (E, 8, H)
+        out = torch.zeros(a1q.shape, dtype=torch.bfloat16)
+        for e in range(E):
+            n = int(meta.expert_num_tokens[e])
+            out[e, :n] = (deq(a1q[e, :n], a1q_scale[e, :n] if a1q_scale is not None else None) * (1 + e)).to(
+                torch.bfloat16)
+        fused = out
+    else:
+        rows = a1q.shape[0]
+        assert topk_ids.shape == (rows, K) and topk_ids.dtype == torch.int64
+        assert ((topk_ids >= 0) & (topk_ids < E)).all()  # global ids, valid everywhere
+        xs = deq(a1q, a1q_scale)
+        fused = torch.stack([(xs * (1 + topk_ids[:, k]).unsqueeze(1)).to(torch.bfloat16) for k in range(K)], dim=1)
+    output = torch.empty(6, H, dtype=torch.bfloat16)
+    pf.finalize(output, fused, w if layout == "expert_major" else topk_weights, ids if layout == "expert_major"
+                else topk_ids, False, None)
+    xf = x.float() if payload == "bfloat16" else dequantize_fp8(*quantize_fp8(x))
+    factor = torch.where(ids >= 0, w * (1 + ids.clamp(min=0)).float(), torch.zeros_like(w)).sum(dim=1)
+    assert torch.allclose(output.float(), xf * factor.unsqueeze(1), rtol=3e-2, atol=3e-2)
+    ep.close()
+
+
+def test_install_wraps_the_factory_only_when_asked(group_name, monkeypatch):
+    import symmem.vllm as sv
+    calls = []
+
+    def original(moe, quant_config, routing_tables=None):
+        calls.append("vllm")
+        return "vllm's"
+
+    module = types.ModuleType("vllm.model_executor.layers.fused_moe.all2all_utils")
+    module.maybe_make_prepare_finalize = original
+    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.layers", "vllm.model_executor.layers.fused_moe"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.delenv("SYMMEM_VLLM_EP", raising=False)
+    assert sv.install() == [] and module.maybe_make_prepare_finalize is original
+    monkeypatch.setenv("SYMMEM_VLLM_EP", "expert_major")
+    assert sv.install() == [module.__name__]
+    assert sv.install() == []  # once
+    moe = types.SimpleNamespace(num_experts=4, experts_per_token=2, hidden_dim=128, max_num_tokens=8,
+                                moe_parallel_config=types.SimpleNamespace(use_ep=True,
+                                                                          use_all2all_kernels_internode=False))
+    import torch.distributed as dist
+    manager = sv.SymmemAll2AllManager(device_group=dist.group.WORLD)
+    monkeypatch.setattr(sv, "_manager", manager)
+    pf = module.maybe_make_prepare_finalize(moe, None)
+    assert isinstance(pf, sv.SymmemPrepareAndFinalize) and pf.ep.layout == "expert_major"
+    assert module.maybe_make_prepare_finalize(moe, None).ep is pf.ep  # one context per configuration
+    across = types.SimpleNamespace(**vars(moe))
+    across.moe_parallel_config = types.SimpleNamespace(use_ep=True, use_all2all_kernels_internode=True)
+    assert module.maybe_make_prepare_finalize(across, None) == "vllm's" and calls == ["vllm"]
+    manager.destroy()
