@@ -69,7 +69,7 @@ step torch_moe_1_rank 70 python3 -m torch.distributed.run --nproc-per-node 1 -m 
   tests/python/gpu/test_moe_gpu.py -p no:cacheprovider -q -rs > "$OUT/torch_moe_1_rank.log" 2>&1
 
 # 4. The MoE bench at world 1 (DeepSeek-V3 shape: decode 1 / 128, prefill 4096; bf16 and fp8).
-step moe_bench_1 90 python3 -m torch.distributed.run --nproc-per-node 1 -m symmem.bench.moe --out "$OUT" \
+NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-16G} step moe_bench_1 90 python3 -m torch.distributed.run --nproc-per-node 1 -m symmem.bench.moe --out "$OUT" \
   --reps 3 --calls 10 --replays 3 > "$OUT/moe_bench_1.log" 2>&1
 
 echo "total $(($(date +%s) - START)) s" | tee -a "$OUT/summary.txt"

@@ -14,9 +14,10 @@ Rows (impl), each timed as dispatch and as combine separately:
                         back, then the weighted sum
   vllm_ag_rs            vLLM's default all2all backend (allgather_reducescatter): all_gather of the
                         tokens, ids and weights; combine = reduce_scatter of the weighted outputs
-  torch_vdev_2d         torch.ops.symm_mem.all_to_all_vdev_2d after sorting by expert (TorchTitan's
-                        path; NVSHMEM), combine all_to_all_vdev_2d_offset then the weighted sum;
-                        skipped, with the reason in the .txt, where torch's NVSHMEM backend fails
+  torch_vdev_2d         torch.ops.symm_mem.all_to_all_vdev_2d after sorting the (token, expert) pairs
+                        by expert (TorchTitan's path; NVSHMEM), combine all_to_all_vdev_2d_offset,
+                        unsort, weighted sum; bf16 only; skipped, with the reason in the .txt,
+                        where torch's NVSHMEM backend fails
 Payloads: bf16, and fp8 e4m3 with one float32 scale per 128 columns (dispatch; combine is bf16).
 Routing: every rank draws top-8 distinct experts per token uniformly (fixed seed per rank).
 
@@ -268,6 +269,65 @@ class VllmAllGatherReduceScatter(Impl):
         pass
 
 
+class TorchVdev2d(Impl):
+    """TorchTitan's path: pairs sorted by expert (rank-major), torch.ops.symm_mem.all_to_all_vdev_2d
+    into an expert-major output; combine all_to_all_vdev_2d_offset back, unsort, weighted sum."""
+
+    def __init__(self, r, group):
+        import torch.distributed._symmetric_memory as symm_mem
+        symm_mem.set_backend("NVSHMEM")  # before any symm_mem allocation of this process
+        self.r, self.group_name = r, group.group_name
+        world, t = group.size(), r.tokens
+        flat = r.ids.reshape(-1)
+        self.order = torch.argsort(flat, stable=True)
+        self.token_of = self.order // TOPK
+        counts = torch.bincount(flat, minlength=EXPERTS)
+        dtype = torch.uint8 if r.scales is not None else torch.bfloat16  # fp8 rows as bytes
+        self.inp = symm_mem.empty((t * TOPK, HIDDEN), dtype=dtype, device="cuda")
+        self.out = symm_mem.empty((world * t * TOPK + r.local, HIDDEN), dtype=dtype, device="cuda")
+        self.expert_out = symm_mem.empty((world * t * TOPK + r.local, HIDDEN), dtype=torch.bfloat16, device="cuda")
+        self.back = symm_mem.empty((t * TOPK, HIDDEN), dtype=torch.bfloat16, device="cuda")
+        self.in_splits = symm_mem.empty(EXPERTS, dtype=torch.int64, device="cuda")
+        self.oso = symm_mem.empty((2, EXPERTS), dtype=torch.int64, device="cuda")
+        self.oso_back = symm_mem.empty((2, EXPERTS), dtype=torch.int64, device="cuda")
+        for buf in (self.inp, self.out, self.expert_out, self.back, self.in_splits, self.oso, self.oso_back):
+            symm_mem.rendezvous(buf, self.group_name)
+        self.in_splits.copy_(counts)
+        self.out_tokens = torch.empty(t, HIDDEN, dtype=torch.bfloat16, device="cuda")
+        self.dispatch()
+        torch.cuda.synchronize()
+        # Fake experts on what arrived (expert-major, offsets from the call): x (1 + local expert).
+        splits, offsets = self.oso[0].tolist(), self.oso[1].tolist()
+        received = self.out.view(torch.float8_e4m3fn).float() if r.scales is not None else self.out.float()
+        self.expert_out.zero_()
+        for k, (n, at) in enumerate(zip(splits, offsets)):
+            e = k // world  # expert-major: k = e * world + source
+            self.expert_out[at:at + n] = (received[at:at + n] * (1 + e)).to(torch.bfloat16)
+        rows = sum(splits)
+        self.dispatch_bytes = rows * HIDDEN * (1 if r.scales is not None else 2)
+        self.combine_bytes = rows * HIDDEN * 2
+
+    def dispatch(self):
+        r = self.r
+        rows = r.x[self.token_of]
+        self.inp.copy_(rows.view(torch.uint8) if r.scales is not None else rows)
+        torch.ops.symm_mem.all_to_all_vdev_2d(self.inp, self.out, self.in_splits, self.oso, self.group_name, 1)
+
+    def combine(self):
+        torch.ops.symm_mem.all_to_all_vdev_2d_offset(self.expert_out, self.back, self.oso, self.oso_back,
+                                                     self.group_name)
+        unsorted = torch.empty_like(self.back)
+        unsorted[self.order] = self.back
+        w = self.r.weights.unsqueeze(-1)
+        self.out_tokens.copy_((unsorted.view(self.r.tokens, TOPK, HIDDEN).float() * w).sum(dim=1))
+
+    def output(self):
+        return self.out_tokens
+
+    def close(self):
+        pass
+
+
 def _time(fn, mode, calls, replays, graphs, key):
     """Microseconds per call of fn (eager: `calls` calls; graph: replays of a graph of 10)."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -340,8 +400,10 @@ def main():
                     elif name == "vllm_ag_rs":
                         impls[name] = VllmAllGatherReduceScatter(r, group)
                     elif name == "torch_vdev_2d":
-                        notes.append(f"{shape} {payload} torch_vdev_2d: not run (the NVSHMEM all_to_all_vdev_2d "
-                                     "row is the measurement issue's, on two or more GPUs)")
+                        if payload != "bfloat16":
+                            notes.append(f"{shape} {payload} torch_vdev_2d: bf16 only (torch's path moves no scales)")
+                            continue
+                        impls[name] = TorchVdev2d(r, group)
                 except Exception as e:  # noqa: BLE001 (a reference that cannot run is reported, not fatal)
                     notes.append(f"{shape} {payload} {name}: skipped: {type(e).__name__}: {e}")
             samples = {}
