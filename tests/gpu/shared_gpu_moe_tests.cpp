@@ -340,6 +340,55 @@ struct Outcome {
   double seconds = 0;
 };
 
+// Every rank raised kCapacity naming `named` with `expect` in its message, in time, and its
+// buffers were left as they were (`buffers` says which).
+void expect_capacity_everywhere(const std::vector<Outcome>& outcomes, const std::string& what, int named,
+                                const char* expect, const char* buffers) {
+  for (size_t q = 0; q < outcomes.size(); ++q) {
+    const Outcome& o = outcomes[q];
+    const std::string where = what + ", world " + std::to_string(outcomes.size()) + ", rank " + std::to_string(q);
+    if (o.code != ErrorCode::kCapacity || o.error.find(expect) == std::string::npos ||
+        o.error.find("rank " + std::to_string(named)) == std::string::npos)
+      throw Failure(where + ": expected kCapacity naming rank " + std::to_string(named) + " (" + expect +
+                    "), got: " + o.error);
+    if (!o.untouched) throw Failure(where + ": " + buffers + " changed in a refused call");
+    if (o.seconds > 4) throw Failure(where + ": the error took " + std::to_string(o.seconds) + " s");
+  }
+}
+
+// Every rank raised kMismatch, or kAborted (released by another's mismatch), and one at least kMismatch.
+void expect_mismatch_everywhere(const std::vector<Outcome>& outcomes, const std::string& what) {
+  int mismatches = 0;
+  for (size_t q = 0; q < outcomes.size(); ++q) {
+    const Outcome& o = outcomes[q];
+    if (o.code == ErrorCode::kMismatch) ++mismatches;
+    if (o.code != ErrorCode::kMismatch && o.code != ErrorCode::kAborted)
+      throw Failure(what + ", world " + std::to_string(outcomes.size()) + ", rank " + std::to_string(q) +
+                    ": expected kMismatch, got: " + o.error);
+  }
+  if (mismatches == 0) throw Failure(what + ", world " + std::to_string(outcomes.size()) + ": no rank raised kMismatch");
+}
+
+// Runs `call` on a rank whose peer `missing` never comes: "error" when it raised kTimeout or
+// kAborted naming the missing rank within three deadlines, else what happened.
+std::string outcome_without(int missing, int64_t timeout_ms, SharedRank& r, const std::function<void()>& call) {
+  std::string outcome;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    call();
+    r.comm->synchronize(r.stream);
+    outcome = "no error";
+  } catch (const Error& e) {
+    const std::string text = e.what();
+    const bool named = text.find("rank " + std::to_string(missing)) != std::string::npos;
+    outcome = (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kAborted) && named ? "error"
+                                                                                          : "unexpected error: " + text;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (seconds > 3.0 * timeout_ms / 1000) outcome += " after " + std::to_string(seconds) + " s";
+  return outcome;
+}
+
 TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
   struct Overflow {
     const char* name;
@@ -423,16 +472,7 @@ TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
           },
           5000);
       const int named = c.shrink_out_rank >= 0 ? c.shrink_out_rank : c.shrink_in_rank >= 0 ? c.shrink_in_rank : c.lie_rank;
-      for (int q = 0; q < world; ++q) {
-        const Outcome& o = outcomes[q];
-        const std::string where = std::string(c.name) + ", world " + std::to_string(world) + ", rank " + std::to_string(q);
-        if (o.code != ErrorCode::kCapacity || o.error.find(c.expect) == std::string::npos ||
-            o.error.find("rank " + std::to_string(named)) == std::string::npos)
-          throw Failure(where + ": expected kCapacity naming rank " + std::to_string(named) + " (" + c.expect +
-                        "), got: " + o.error);
-        if (!o.untouched) throw Failure(where + ": a rank's output or out_splits_offsets changed in a refused call");
-        if (o.seconds > 4) throw Failure(where + ": the error took " + std::to_string(o.seconds) + " s");
-      }
+      expect_capacity_everywhere(outcomes, c.name, named, c.expect, "a rank's output or out_splits_offsets");
     }
   }
 }
@@ -518,25 +558,14 @@ TEST(shared_gpu_all_to_all_missing_rank_is_named_in_time) {
             wait_for_every_rank(r);
             std::string outcome = "absent";
             if (r.rank != missing) {
-              const auto start = std::chrono::steady_clock::now();
-              try {
+              outcome = outcome_without(missing, kTimeoutMs, r, [&] {
                 const CollectiveOptions o{Algo::kAuto, 0, block_budget(world)};
                 if (device_splits)
                   all_to_all_vdev(Operand(*out), world, Operand(*in), world, static_cast<const int64_t*>(splits_in.ptr),
                                   static_cast<int64_t*>(splits_out.ptr), 64, *r.comm, r.stream, o);
                 else
                   all_to_all(Operand(*out), Operand(*in), 64, *r.comm, r.stream, o);
-                r.comm->synchronize(r.stream);
-                outcome = "no error";
-              } catch (const Error& e) {
-                const std::string text = e.what();
-                const bool named = text.find("rank " + std::to_string(missing)) != std::string::npos;
-                outcome = (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kAborted) && named
-                              ? "error"
-                              : "unexpected error: " + text;
-              }
-              const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-              if (seconds > 3.0 * kTimeoutMs / 1000) outcome += " after " + std::to_string(seconds) + " s";
+              });
             }
             TEST_CUDA(cudaStreamSynchronize(r.stream));
             wait_for_every_rank(r);
@@ -586,19 +615,23 @@ TEST(shared_gpu_all_to_all_mismatched_call_fails_everywhere) {
           outcomes[r.rank] = outcome;
         },
         5000);
-    int mismatches = 0;
-    for (int q = 0; q < world; ++q) {
-      const Outcome& o = outcomes[q];
-      if (o.code == ErrorCode::kMismatch) ++mismatches;
-      if (o.code != ErrorCode::kMismatch && o.code != ErrorCode::kAborted)
-        throw Failure("world " + std::to_string(world) + ", rank " + std::to_string(q) + ": expected kMismatch, got: " +
-                      o.error);
-    }
-    if (mismatches == 0) throw Failure("world " + std::to_string(world) + ": no rank raised kMismatch");
+    expect_mismatch_everywhere(outcomes, "all_to_all_vdev with another row width on the last rank");
   }
 }
 
 // --- MoE dispatch / combine ----------------------------------------------------------------
+
+// A small context: `experts_per_rank` experts on every rank, held to the shared-GPU block budget.
+EpConfig small_config(int world, int experts_per_rank, int topk, int hidden, int tokens, EpLayout layout) {
+  EpConfig c;
+  c.num_experts = experts_per_rank * world;
+  c.topk = topk;
+  c.hidden = hidden;
+  c.max_tokens_per_rank = tokens;
+  c.layout = layout;
+  c.max_blocks = block_budget(world);
+  return c;
+}
 
 float bf16_to_float(uint16_t b) {
   uint32_t u = uint32_t(b) << 16;
@@ -903,13 +936,7 @@ TEST(shared_gpu_moe_overflow_raises_on_every_rank) {
           world,
           [&](SharedRank& r) {
             const int T = 24, K = 2, H = 256;
-            EpConfig config;
-            config.num_experts = 2 * world;
-            config.topk = K;
-            config.hidden = H;
-            config.max_tokens_per_rank = T;
-            config.layout = c.layout;
-            config.max_blocks = block_budget(world);
+            EpConfig config = small_config(world, 2, K, H, T, c.layout);
             if (c.capacity_short) {
               if (c.layout == EpLayout::kExpertMajor)
                 config.max_tokens_per_expert = world * T - c.capacity_short;
@@ -958,17 +985,7 @@ TEST(shared_gpu_moe_overflow_raises_on_every_rank) {
             r.comm.reset();
           },
           5000);
-      const int named = c.capacity_short ? 0 : world - 1;
-      for (int q = 0; q < world; ++q) {
-        const Outcome& o = outcomes[q];
-        const std::string where = std::string(c.name) + ", world " + std::to_string(world) + ", rank " + std::to_string(q);
-        if (o.code != ErrorCode::kCapacity || o.error.find(c.expect) == std::string::npos ||
-            o.error.find("rank " + std::to_string(named)) == std::string::npos)
-          throw Failure(where + ": expected kCapacity naming rank " + std::to_string(named) + " (" + c.expect +
-                        "), got: " + o.error);
-        if (!o.untouched) throw Failure(where + ": a receive area changed in a refused dispatch");
-        if (o.seconds > 4) throw Failure(where + ": the error took " + std::to_string(o.seconds) + " s");
-      }
+      expect_capacity_everywhere(outcomes, c.name, c.capacity_short ? 0 : world - 1, c.expect, "a receive area");
     }
   }
 }
@@ -982,13 +999,7 @@ TEST(shared_gpu_moe_graph_replays_follow_device_routing) {
     for (EpLayout layout : {EpLayout::kExpertMajor, EpLayout::kRankMajor}) {
       run_shared_ranks(world, [&](SharedRank& r) {
         const int T = 40, K = 3, H = 256;
-        EpConfig config;
-        config.num_experts = 4 * world;
-        config.topk = K;
-        config.hidden = H;
-        config.max_tokens_per_rank = T;
-        config.layout = layout;
-        config.max_blocks = block_budget(world);
+        const EpConfig config = small_config(world, 4, K, H, T, layout);
         std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
         DeviceBuffer x(size_t(T) * H * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4), count(4),
             out(size_t(T) * H * 2), replay(8);
@@ -1045,13 +1056,8 @@ TEST(shared_gpu_moe_missing_rank_is_named_in_time) {
         world,
         [&](SharedRank& r) {
           const int T = 8, K = 2, H = 256;
-          EpConfig config;
-          config.num_experts = 2 * world;
-          config.topk = K;
-          config.hidden = H;
-          config.max_tokens_per_rank = T;
-          config.max_blocks = block_budget(world);
-          std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
+          std::unique_ptr<EpContext> ctx =
+              EpContext::create(*r.comm, small_config(world, 2, K, H, T, EpLayout::kExpertMajor));
           DeviceBuffer x(size_t(T) * H * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4);
           upload(ids.ptr, std::vector<int64_t>(size_t(T) * K, 1), r.stream);
           upload(weights.ptr, std::vector<float>(size_t(T) * K, 1.f), r.stream);
@@ -1059,25 +1065,14 @@ TEST(shared_gpu_moe_missing_rank_is_named_in_time) {
           const int missing = world - 1;
           std::string outcome = "absent";
           if (r.rank != missing) {
-            const auto start = std::chrono::steady_clock::now();
-            try {
+            outcome = outcome_without(missing, kTimeoutMs, r, [&] {
               EpDispatchArgs d;
               d.x = x.ptr;
               d.topk_idx = ids.ptr;
               d.topk_weights = static_cast<const float*>(weights.ptr);
               d.num_tokens = T;
               ctx->dispatch(d, r.stream);
-              r.comm->synchronize(r.stream);
-              outcome = "no error";
-            } catch (const Error& e) {
-              const std::string text = e.what();
-              const bool named = text.find("rank " + std::to_string(missing)) != std::string::npos;
-              outcome = (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kAborted) && named
-                            ? "error"
-                            : "unexpected error: " + text;
-            }
-            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            if (seconds > 3.0 * kTimeoutMs / 1000) outcome += " after " + std::to_string(seconds) + " s";
+            });
           }
           TEST_CUDA(cudaStreamSynchronize(r.stream));
           wait_for_every_rank(r);
@@ -1106,13 +1101,7 @@ TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
           [&](SharedRank& r) {
             const int T = 8, K = 2;
             auto make = [&](int hidden) {
-              EpConfig config;
-              config.num_experts = 2 * world;
-              config.topk = K;
-              config.hidden = hidden;
-              config.max_tokens_per_rank = T;
-              config.max_blocks = block_budget(world);
-              return EpContext::create(*r.comm, config);
+              return EpContext::create(*r.comm, small_config(world, 2, K, hidden, T, EpLayout::kExpertMajor));
             };
             std::unique_ptr<EpContext> a = make(256), b = make(512);
             DeviceBuffer x(size_t(T) * 512 * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4), out(size_t(T) * 512 * 2);
@@ -1149,17 +1138,7 @@ TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
             outcomes[r.rank] = outcome;
           },
           5000);
-      int mismatches = 0;
-      for (int q = 0; q < world; ++q) {
-        const Outcome& o = outcomes[q];
-        if (o.code == ErrorCode::kMismatch) ++mismatches;
-        if (o.code != ErrorCode::kMismatch && o.code != ErrorCode::kAborted)
-          throw Failure(std::string(other_shape ? "another shape" : "combine against dispatch") + ", world " +
-                        std::to_string(world) + ", rank " + std::to_string(q) + ": expected kMismatch, got: " + o.error);
-      }
-      if (mismatches == 0)
-        throw Failure(std::string(other_shape ? "another shape" : "combine against dispatch") + ", world " +
-                      std::to_string(world) + ": no rank raised kMismatch");
+      expect_mismatch_everywhere(outcomes, other_shape ? "another shape" : "combine against dispatch");
     }
   }
 }

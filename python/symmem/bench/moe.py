@@ -39,31 +39,20 @@ visit the host): its graph rows are absent, and the .txt says so.
 """
 import argparse
 import datetime
-import os
 import statistics
-import subprocess
 
 import torch
 import torch.distributed as dist
 
 from ._results import write_results
 from ._torchrun import init_nccl
+from .torch import _commit
 
 HIDDEN, TOPK, EXPERTS = 7168, 8, 256
 SHAPES = {"decode_1": 1, "decode_128": 128, "prefill_4096": 4096}
 FIELDS = ["date", "commit", "gpu", "world", "shape", "tokens", "payload", "impl", "op", "mode", "time_us",
           "time_min_us", "time_max_us", "dispatch_bytes", "combine_bytes", "gbps", "blocks", "wrong"]
 GRAPH_CALLS = 10
-
-
-def _commit():
-    if os.environ.get("SYMMEM_COMMIT"):
-        return os.environ["SYMMEM_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 class Routing:
