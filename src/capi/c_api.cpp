@@ -110,6 +110,11 @@ const char* symmem_error_code_name(int code) {
   return symmem::error_code_name(static_cast<symmem::ErrorCode>(code - 1));
 }
 
+const char* symmem_error_code_id(int code) {
+  if (code < 1 || code > 1 + static_cast<int>(symmem::ErrorCode::kInternal)) return nullptr;
+  return symmem::error_code_id(static_cast<symmem::ErrorCode>(code - 1));
+}
+
 const char* symmem_dtype_name(int dtype) {
   if (dtype < 0 || dtype > static_cast<int>(symmem::DataType::kUInt8)) return nullptr;
   return symmem::dtype_name(static_cast<symmem::DataType>(dtype));
