@@ -13,6 +13,7 @@ stream change), as with torch.distributed. With ``async_op=True`` the call retur
 (work.py) with NCCL's meaning; without it, the collective is queued on the current stream.
 """
 import logging
+from typing import List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,8 @@ import torch.distributed.distributed_c10d as c10d
 from . import _route
 from .groups import cached_state, resolve, state_of
 from .work import Work
+
+GroupLike = Union[dist.ProcessGroup, str, None]
 
 log = logging.getLogger("symmem")
 _said = set()
@@ -99,7 +102,8 @@ def _done(async_op, comm, result):
     return Work(comm, result) if async_op else None
 
 
-def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group: GroupLike = None,
+               async_op: bool = False) -> Optional[dist.Work]:
     # Eager calls go straight to the route: the dispatcher would add about 2 us per call.
     served = _served_in_place(tensor, op, group)
     if served is not None:
@@ -115,7 +119,8 @@ def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     return _done(async_op, comm, [tensor])
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: GroupLike = None,
+                           async_op: bool = False) -> Optional[dist.Work]:
     if _not_in_group("all_gather_into_tensor", group):
         return None
     reason, comm = _why_not("all_gather_into_tensor", [output_tensor, input_tensor], group)
@@ -126,7 +131,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return _done(async_op, comm, [output_tensor])
 
 
-def all_gather(tensor_list, tensor, group=None, async_op=False):
+def all_gather(tensor_list: List[torch.Tensor], tensor: torch.Tensor, group: GroupLike = None,
+               async_op: bool = False) -> Optional[dist.Work]:
     if _not_in_group("all_gather", group):
         return None
     reason, comm = _why_not("all_gather", [tensor, *tensor_list], group)
@@ -137,7 +143,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     return _done(async_op, comm, tensor_list)
 
 
-def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM, group: GroupLike = None,
+                          async_op: bool = False) -> Optional[dist.Work]:
     if _not_in_group("reduce_scatter_tensor", group):
         return None
     reason, comm = _why_not("reduce_scatter_tensor", [output, input], group, op)

@@ -22,6 +22,8 @@ torch.distributed.
 ``all_gather_matmul(a_shard, b, group=None, return_a=False)`` and
 ``matmul_reduce_scatter(a, b, group=None)`` are the Python entry points.
 """
+from typing import Optional, Tuple
+
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -115,7 +117,7 @@ _lib.impl("all_gather_matmul", _all_gather_matmul_cpu, "CPU")
 torch.library.register_fake("symmem::all_gather_matmul", _all_gather_matmul_fake, lib=_lib)
 
 
-def all_gather_matmul_input(rows, k, dtype=torch.bfloat16, group=None):
+def all_gather_matmul_input(rows: int, k: int, dtype: torch.dtype = torch.bfloat16, group=None) -> torch.Tensor:
     """A [rows, k] tensor over this rank's slot of `group`'s gather workspace. An a_shard written
     there (e.g. as the out= of the op that produces it) is not copied by the next all_gather_matmul
     of rows x world rows: the peers pull it and the GEMM reads it where it is, which saves the own
@@ -173,11 +175,12 @@ _lib.impl("matmul_reduce_scatter", _matmul_reduce_scatter_cpu, "CPU")
 torch.library.register_fake("symmem::matmul_reduce_scatter", _matmul_reduce_scatter_fake, lib=_lib)
 
 
-def all_gather_matmul(a_shard, b, group=None, return_a=False):
+def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group=None,
+                      return_a: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(C, A or None): C = all_gather(a_shard) @ b over `group` (default: the world group)."""
     return torch.ops.symmem.all_gather_matmul(a_shard, b, group_name_of(group), return_a)
 
 
-def matmul_reduce_scatter(a, b, group=None):
+def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
     """C_shard = this rank's rows of the sum over `group` (default: the world group) of a @ b."""
     return torch.ops.symmem.matmul_reduce_scatter(a, b, group_name_of(group))

@@ -133,7 +133,7 @@ def _on_group_death(_ref):
         log.exception("symmem: releasing the communicators of a destroyed group failed")
 
 
-def release_unused():
+def release_unused() -> None:
     """Retires the states of groups torch.distributed no longer knows, and releases the memory of
     every retired communicator that nothing may use any more (module docstring). Local; skipped
     during CUDA graph capture (it synchronises the device)."""
@@ -149,7 +149,7 @@ def release_unused():
             comm._release()
 
 
-def close_all():
+def close_all() -> None:
     """Closes every group's communicators (each rank releases its own side once nothing uses it)."""
     for state in list(_states.values()):
         state.retire()
@@ -287,11 +287,11 @@ class Communicator:
         """The ProcessGroup (None once it is gone)."""
         return self.state.group_ref()
 
-    def check(self):
+    def check(self) -> None:
         """Raises the recorded failure (SymmemError naming the rank) of any earlier call; never collective."""
         self.core.check()
 
-    def close(self):
+    def close(self) -> None:
         """Closes the group's communicators: nothing is lent from them again, the next call on the group
         builds new ones, and their memory is released once nothing uses it (tensors over it, graphs
         that captured a call, pool segments). Every rank should call it."""

@@ -21,6 +21,7 @@ frees on its own schedule, which may differ across ranks. A closed communicator'
 nothing more; its slot is reused only once the MemPool object is gone and its segments freed.
 """
 import math
+from typing import Optional
 
 import torch
 from torch.cuda.memory import CUDAPluggableAllocator, MemPool
@@ -41,7 +42,7 @@ class _HeapSpan:
                                          "strides": None, "stream": None}
 
 
-def heap_tensor(comm, ptr, nbytes):
+def heap_tensor(comm, ptr: int, nbytes: int) -> torch.Tensor:
     """A uint8 CUDA tensor over [ptr, ptr + nbytes) of `comm`'s heap that keeps the memory mapped while
     it, or any view of it, lives."""
     return torch.as_tensor(_HeapSpan(comm, ptr, nbytes), device=comm.torch_device)
@@ -51,7 +52,7 @@ def _element_size(dtype):
     return torch.empty((), dtype=dtype).element_size()
 
 
-def empty(*size, dtype=None, device=None, group=None):
+def empty(*size: int, dtype: Optional[torch.dtype] = None, device=None, group=None) -> torch.Tensor:
     """Collective: an uninitialised tensor of `size` in symmetric heap memory of `group`'s
     communicator (default: the world group; a ProcessGroup or its name), on the communicator's
     device. ``dtype`` defaults to torch's default dtype; ``device``, if given, must be that device."""
@@ -88,7 +89,7 @@ def _existing(group):
     return None if comm is None or comm.closed else comm
 
 
-def is_symmetric(tensor, group=None):
+def is_symmetric(tensor: torch.Tensor, group=None) -> bool:
     """True when collectives of `group` run zero-copy on `tensor`: it is a whole heap buffer of the
     group's communicator (a tensor from ``empty``, not a view of one). Local: makes nothing."""
     comm = _existing(group)
@@ -99,7 +100,7 @@ def is_symmetric(tensor, group=None):
     return found is not None and found == (tensor.data_ptr(), nbytes)
 
 
-def in_heap(tensor, group=None):
+def in_heap(tensor: torch.Tensor, group=None) -> bool:
     """True when `tensor`'s memory lies in the heap of `group`'s communicator (``empty`` or the
     pool), whether or not collectives on it run zero-copy. Local: makes nothing."""
     comm = _existing(group)
@@ -108,7 +109,7 @@ def in_heap(tensor, group=None):
     return comm.core.buffer_of(tensor.data_ptr(), max(tensor.numel() * tensor.element_size(), 1)) is not None
 
 
-def mem_pool(group=None):
+def mem_pool(group=None) -> MemPool:
     """The torch.cuda.MemPool of `group`'s communicator (one per communicator, made on first use):
     ``with torch.cuda.use_mem_pool(symmem.torch.mem_pool(group)): t = torch.empty(...)``
     allocates heap tensors. Allocation inside the pool is collective."""

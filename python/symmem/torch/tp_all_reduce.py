@@ -13,6 +13,7 @@ docs/vllm.md shows how to plug it into vLLM and SGLang.
 """
 import contextlib
 import logging
+from typing import Optional
 
 import torch
 
@@ -24,7 +25,7 @@ log = logging.getLogger("symmem")
 
 
 class TPAllReduce:
-    def __init__(self, group=None, device=None, max_size=64 << 20):
+    def __init__(self, group=None, device=None, max_size: int = 64 << 20) -> None:
         """Collective over `group` (a ProcessGroup, e.g. vLLM's CPU group, or its name; None: the
         world group). `device` (optional) must be the current CUDA device, as in vLLM. Tensors up
         to `max_size` bytes are served."""
@@ -61,13 +62,14 @@ class TPAllReduce:
             comm = self._comm = Communicator(self._group)
         return comm
 
-    def should_use(self, inp):
+    def should_use(self, inp: torch.Tensor) -> bool:
         """True when symmem takes inp: a contiguous CUDA tensor of the communicator's device,
         float32/float16/bfloat16/int32, at most max_size bytes."""
         return (not self.disabled and inp.is_cuda and inp.dtype in _route.REDUCIBLE and inp.is_contiguous()
                 and inp.numel() * inp.element_size() <= self.max_size and inp.get_device() == self._comm.device)
 
-    def all_reduce(self, inp, *, out=None, registered=False):
+    def all_reduce(self, inp: torch.Tensor, *, out: Optional[torch.Tensor] = None,
+                   registered: bool = False) -> Optional[torch.Tensor]:
         """Sum over the group, out of place (None when symmem does not take inp); capturable in CUDA
         graphs. `registered` is accepted for vLLM's CustomAllreduce and changes nothing."""
         if not self.should_use(inp):
@@ -81,7 +83,7 @@ class TPAllReduce:
         _route.all_reduce(comm, out, inp, "sum")
         return out
 
-    def check(self):
+    def check(self) -> None:
         """Raises SymmemError if a call failed on any rank (a dead, stalled or mismatched peer).
         Call it after CUDA graph replays, which do not pass through the host (e.g. once a step)."""
         if self._comm is not None:

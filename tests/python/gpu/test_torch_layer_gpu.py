@@ -148,26 +148,30 @@ def test_two_streams_under_graph_capture(group):
 
 def test_async_work_orders_the_waiting_stream_and_its_future(group):
     # On 8ad5a53, get_future().wait() returned before the collective ran and ordered no stream.
+    # Each path gets a stream of its own, ordered only by what it tests.
     n = 8 * MiB // 4
     x = _random(n, torch.float32, 5)
     expected = _nccl_sum(x)
-    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    producer, by_wait, by_future, by_then = (torch.cuda.Stream() for _ in range(4))
     torch.cuda.synchronize()
     with torch.cuda.stream(producer):
         torch.cuda._sleep(_sleep_cycles(20_000))  # 20 ms: the collective runs long after the host returns
         work = st.all_reduce(x, async_op=True)
     assert isinstance(work, dist.Work) and not work.is_completed()
-    with torch.cuda.stream(consumer):
+    with torch.cuda.stream(by_wait):
         work.wait()
         seen = x.clone()  # ordered after the collective by wait()
     future = work.get_future()
-    with torch.cuda.stream(consumer):
+    with torch.cuda.stream(by_future):
         future.wait()
-        doubled = future.then(lambda f: f.value()[0] * 2)  # chained into the consumer stream
-        got = doubled.wait()
+        seen_by_future = x.clone()  # ordered after it by the future's wait()
+    with torch.cuda.stream(by_then):
+        doubled = future.then(lambda f: f.value()[0] * 2)  # a callback chained into this stream
+    got = doubled.wait()
     torch.cuda.synchronize()
-    assert torch.allclose(seen, expected, rtol=1e-5, atol=1e-5)
-    assert torch.allclose(got, expected * 2, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(seen, expected, rtol=1e-5, atol=1e-5), "wait() did not order the stream"
+    assert torch.allclose(seen_by_future, expected, rtol=1e-5, atol=1e-5), "the future's wait() ordered nothing"
+    assert torch.allclose(got, expected * 2, rtol=1e-5, atol=1e-5), "the chained callback ran too early"
     assert work.is_completed() and work.is_success() and work.exception() is None
     assert work.result()[0] is x and future.value()[0] is x
 
@@ -217,7 +221,8 @@ def test_fsdp_never_lends_memory_of_a_closed_communicator(group):
     from symmem.torch import fsdp
     world = dist.get_world_size()
     rs = fsdp.SymmemReduceScatter(group)
-    first = rs.allocate((world * 4096,), dtype=torch.bfloat16, device="cuda")
+    first = rs.allocate((world * 4096,), dtype=torch.bfloat16, device="cuda")  # FSDP asks for the input,
+    rs.allocate((4096,), dtype=torch.bfloat16, device="cuda")                   # then for its output
     old = st.Communicator(group)
     assert st.in_heap(first, group)
     st.close_all()
