@@ -165,7 +165,7 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
   const Prepared p = prepare(out, in, count, type, st, options);
-  st.before_enqueue(stream);
+  detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature = detail::signature_of(p.call);
   st.record_call(signature, p.call);
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, detail::describe(p.plan).c_str());

@@ -150,7 +150,7 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
 }  // namespace
 
 void run_reduction(const PreparedReduction& p, CommunicatorState& st, cudaStream_t stream) {
-  st.before_enqueue(stream);
+  EnqueueScope enqueue(st, stream);
   const uint32_t signature = signature_of(p.call);
   st.record_call(signature, p.call);
   if (st.debug)

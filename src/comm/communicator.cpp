@@ -17,6 +17,7 @@
 #include "common/device_guard.hpp"
 #include "common/env.hpp"
 #include "common/hash.hpp"
+#include "common/stream_capture.hpp"
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
 
@@ -84,6 +85,7 @@ CommunicatorState::CommunicatorState() = default;
 CommunicatorState::~CommunicatorState() {
   // Local release only. Let this device finish what it was given first: every device wait has a
   // deadline and the copy-engine watchdog (still running here) releases its waits, so this ends.
+  RelaxedCaptureMode relaxed;
   if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
   between_nodes.reset();
   copy_engine.reset();
@@ -203,14 +205,16 @@ void CommunicatorState::ensure_usable(const char* op) {
   throw Error(s.code == kStatusMismatch ? ErrorCode::kMismatch : ErrorCode::kTimeout, abort_reason);
 }
 
-void CommunicatorState::before_enqueue(cudaStream_t stream) {
+EnqueueScope::EnqueueScope(CommunicatorState& st, cudaStream_t stream) : st_(st), stream_(stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long capture = 0;
   cudaGraph_t graph = nullptr;
   SYMMEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture, &graph));
-  if (status == cudaStreamCaptureStatusNone) capture = 0;
-  if (status == cudaStreamCaptureStatusActive) graphs.hold(graph, capture);
-  call_order->before_call(stream, capture);
+  if (status == cudaStreamCaptureStatusInvalidated)
+    throw Error(ErrorCode::kInvalidArgument, "the stream's CUDA graph capture was invalidated by an earlier error");
+  capture_ = status == cudaStreamCaptureStatusActive ? capture : 0;
+  if (capture_) st.graphs.hold(graph, capture_);
+  st.call_order->before_call(stream, capture_);
 }
 
 void CommunicatorState::require_one_node(const char* op) const {
@@ -459,7 +463,7 @@ void Communicator::barrier(cudaStream_t stream) {
   state_->ensure_usable("barrier");
   state_->require_one_node("barrier");
   detail::DeviceGuard guard(state_->device);
-  state_->before_enqueue(stream);
+  detail::EnqueueScope enqueue(*state_, stream);
   const uint32_t signature = 0x8a11u;  // every barrier is the same call
   state_->board->record_call(signature, "barrier()");
   detail::launch_barrier(state_->sync_args(detail::kOpBarrier, signature), stream);
@@ -477,6 +481,7 @@ void Communicator::close() {
   detail::CommunicatorState& st = *state_;
   if (st.closed) return;
   detail::DeviceGuard guard(st.device);
+  detail::RelaxedCaptureMode relaxed;
   // Release locally even when a peer is gone (the barrier then fails), and report that after.
   std::exception_ptr failure;
   try {

@@ -83,10 +83,6 @@ struct CommunicatorState {
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;
   // Throws if the communicator is closed or aborted, or if any rank recorded a failure.
   void ensure_usable(const char* op);
-  // Before a call's first enqueue on `stream` (the device current): orders it after the previous
-  // call of this communicator, whatever stream that took (call_order.hpp), and holds the
-  // communicator for a graph that captures it (graph_references.hpp).
-  void before_enqueue(cudaStream_t stream);
   // Makes the communicator unusable on every rank (a call failed half-enqueued: the handshake
   // sequence the ranks share is broken): later calls here fail with `reason`, the peers' waits
   // are released by the abort word and their calls fail too.
@@ -99,6 +95,23 @@ struct CommunicatorState {
   void record_call(uint32_t signature, const CallDescriptor& call) {
     if (!board->recorded_recently(signature)) board->record_call(signature, describe_call(call));
   }
+};
+
+// A call's enqueues on `stream`, from before the first to after the last (the device current):
+// orders the call after the communicator's previous one, whatever stream that took
+// (call_order.hpp), holds the communicator for a graph that captures it (graph_references.hpp),
+// and records the call's end where the order needs it. Every call path opens one.
+class EnqueueScope {
+ public:
+  EnqueueScope(CommunicatorState& st, cudaStream_t stream);
+  ~EnqueueScope() { st_.call_order->after_call(stream_, capture_); }
+  EnqueueScope(const EnqueueScope&) = delete;
+  EnqueueScope& operator=(const EnqueueScope&) = delete;
+
+ private:
+  CommunicatorState& st_;
+  cudaStream_t stream_;
+  unsigned long long capture_ = 0;
 };
 
 }  // namespace symmem::detail

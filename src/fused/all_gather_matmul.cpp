@@ -180,7 +180,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
   Prepared p = prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
-  st.before_enqueue(stream);
+  detail::EnqueueScope enqueue(st, stream);
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "all_gather_matmul: no copy-engine state");
   const uint32_t signature = detail::signature_of(p.call);
   st.record_call(signature, p.call);

@@ -199,7 +199,7 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
   Prepared p = prepare(c_shard, workspace, a, b, m, n, k, type, st, comm);
-  st.before_enqueue(stream);
+  detail::EnqueueScope enqueue(st, stream);
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "matmul_reduce_scatter: no copy-engine state");
   const uint32_t signature = detail::signature_of(p.call);
   st.record_call(signature, p.call);

@@ -11,7 +11,8 @@ import torch
 from .. import _native
 
 # torch dtype -> symmem::DataType value, from the names the C ABI gives (reductions; gathers move bytes).
-REDUCIBLE = {getattr(torch, name): value for name, value in _native.DTYPES.items() if name != "uint8"}
+REDUCIBLE = {getattr(torch, name): value for name, value in _native.DTYPES.items()
+             if name != "uint8" and isinstance(getattr(torch, name, None), torch.dtype)}
 BYTES = _native.DTYPES["uint8"]
 # reduce_op -> (symmem::ReduceOp value, divide by the world after): avg is a sum and one division.
 REDUCE_OPS = {name: (value, False) for name, value in _native.REDUCE_OPS.items()}

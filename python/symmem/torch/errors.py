@@ -7,9 +7,14 @@ import torch.distributed as dist
 from .. import errors
 
 if not issubclass(errors.SymmemError, dist.DistBackendError):
-    class SymmemError(errors.SymmemError, dist.DistBackendError):
-        __doc__ = errors.SymmemError.__doc__
+    base = errors.SymmemError
+
+    class SymmemError(base, dist.DistBackendError):
+        __doc__ = base.__doc__
 
     SymmemError.__module__ = "symmem.errors"
+    # Errors made before this import keep pickling: their class is found under a name of its own.
+    base.__qualname__ = base.__name__ = "SymmemErrorWithoutTorch"
+    errors.SymmemErrorWithoutTorch = base
     errors.SymmemError = SymmemError
 SymmemError = errors.SymmemError

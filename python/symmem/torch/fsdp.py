@@ -98,7 +98,7 @@ def _communicator(group, purpose):
     """The communicator of `group` for `purpose`, or None when symmem cannot serve the group (after
     saying why)."""
     state = state_of(group)
-    reason = state.unavailable_reason()
+    reason = state.unavailable_reason(purpose)
     if reason:
         _say_once(reason)
         return None

@@ -39,7 +39,8 @@ log = logging.getLogger("symmem")
 _states = {}        # group name -> GroupState of a live group
 _by_id = {}         # id(group object) -> GroupState: the drop-ins' cache (verified by identity)
 _retired = []       # Communicators retired but not released: something may still use their memory
-_generations = {}   # ranks of a group -> communicators built for them so far (fresh store keys)
+_generations = {}   # group name # purpose -> communicators built under it so far (fresh store keys)
+_releasing = False  # release_unused is running (a garbage collection may call it again inside)
 
 
 def _creation_timeout_ms():
@@ -136,17 +137,25 @@ def _on_group_death(_ref):
 def release_unused() -> None:
     """Retires the states of groups torch.distributed no longer knows, and releases the memory of
     every retired communicator that nothing may use any more (module docstring). Local; skipped
-    during CUDA graph capture (it synchronises the device)."""
-    for name, state in list(_states.items()):
-        g = state.group_ref()
-        if state.closed or g is None or g not in c10d._pg_names:
-            state.retire()
-    if capturing():
+    during CUDA graph capture on this thread (the core releases in relaxed capture mode, so a
+    capture on another thread is not disturbed)."""
+    global _releasing
+    if _releasing:
         return
-    for comm in list(_retired):
-        if comm._releasable():
-            _retired.remove(comm)
-            comm._release()
+    _releasing = True
+    try:
+        for state in list(_states.values()):
+            g = state.group_ref()
+            if state.closed or g is None or g not in c10d._pg_names:
+                state.retire()
+        if capturing():
+            return
+        for comm in list(_retired):
+            if comm in _retired and comm._releasable():
+                _retired.remove(comm)
+                comm._release()
+    finally:
+        _releasing = False
 
 
 def close_all() -> None:
@@ -166,7 +175,7 @@ class GroupState:
         self.rank = group.rank()
         self.world = group.size()
         self.communicators = {}  # purpose (None: the group's own) -> Communicator
-        self.failure = None      # why symmem cannot serve this group (the same on every rank)
+        self.failures = {}       # purpose -> why its communicator could not be built (the same on every rank)
         self.closed = False
 
     def communicator(self, purpose=None):
@@ -176,28 +185,29 @@ class GroupState:
             return comm
         if self.closed:
             raise errors.SymmemError(_native.ErrorCode.kAborted, f"symmem: the state of group {self.name!r} was closed")
-        if self.failure is not None:
-            raise errors.SymmemError(_native.ErrorCode.kUnsupported, self.failure)
+        failure = self.failures.get(purpose, self.failures.get(None))
+        if failure is not None:
+            raise errors.SymmemError(_native.ErrorCode.kUnsupported, failure)
         group = self.group_ref()
         if group is None:
             raise errors.SymmemError(_native.ErrorCode.kAborted, f"symmem: group {self.name!r} was destroyed")
         try:
             comm = Communicator._build(self, group, purpose)
         except errors.SymmemError as e:
-            if purpose is None:
-                self.failure = str(e)
+            self.failures[purpose] = str(e)
             raise
         self.communicators[purpose] = comm
         return comm
 
-    def unavailable_reason(self):
-        """Why symmem cannot serve this group, or None (builds the group's communicator on first use)."""
-        if self.failure is None and None not in self.communicators:
+    def unavailable_reason(self, purpose=None):
+        """Why symmem cannot serve this group (for `purpose`), or None; builds the communicator on
+        first use (collective)."""
+        if purpose not in self.communicators:
             try:
-                self.communicator()
+                self.communicator(purpose)
             except errors.SymmemError as e:
                 return str(e)
-        return self.failure
+        return None
 
     def retire(self):
         """Nothing is lent from this group's communicators again; each is released once nothing uses it."""
@@ -244,16 +254,19 @@ class Communicator:
         self.closed = False
         self.workspaces = {}  # name -> (ptr, bytes): the fused ops' growable workspaces
         self.lenders = {}     # FSDP's buffers, by lender name
-        self.pool_slot = None
+        self.pool_slot = None  # pools.py: the pool allocator's slot and the MemPool over it
+        self.pool = None
+        self.final_failure = None  # the recorded failure when it closed (Work reads it after release)
         self._spans = weakref.WeakSet()  # heap memory that tensors still reference (memory.heap_tensor)
         if capturing():
             raise RuntimeError(f"symmem: the communicator of group {self.group_name!r} is built on its first call, "
                                "which cannot be inside CUDA graph capture; make one call (or symmem.torch."
                                "Communicator(group)) before capturing")
-        ranks = "_".join(str(r) for r in sorted(dist.get_process_group_ranks(group)))
-        generation = _generations.get(ranks, 0)
-        _generations[ranks] = generation + 1
-        store = c10d.PrefixStore(f"symmem-{ranks}-{generation}", c10d._get_process_group_store(group))
+        # Store keys of their own per group name and purpose (and generation, for names torch
+        # reuses): groups of the same ranks may build their communicators in any order.
+        generation = _generations.get(self.key, 0)
+        _generations[self.key] = generation + 1
+        store = c10d.PrefixStore(f"symmem-{self.key}-{generation}", c10d._get_process_group_store(group))
         timeout_ms = _creation_timeout_ms()
         exchange = StoreExchange(store, self.rank, self.world, "x", timeout_ms,
                                  what=f"building the symmem communicator of group {self.group_name!r}")
@@ -298,7 +311,18 @@ class Communicator:
         self.state.retire()
         release_unused()
 
-    def describe(self, collective, out, inp, reduce_op="sum"):
+    def failure(self):
+        """The recorded failure of an earlier call (a SymmemError naming the rank), or None; also after
+        the communicator was closed and released."""
+        if self.closed:
+            return self.final_failure
+        try:
+            self.core.check()
+        except errors.SymmemError as e:
+            return e
+        return None
+
+    def describe(self, collective, out, inp):
         """The plan symmem would run for these tensors (nothing runs), e.g. 'all_reduce low_latency ...'."""
         return _route.describe(self, collective, out, inp)
 
@@ -327,6 +351,7 @@ class Communicator:
                                      "destroyed or made again); take the group's current one")
 
     def _retire(self):
+        self.final_failure = self.failure()
         self.closed = True
         self.lenders.clear()     # FSDP's views of lent buffers keep their memory until they die
         self.workspaces.clear()
@@ -336,7 +361,6 @@ class Communicator:
         return not self._spans and self.core.live_graphs == 0 and not pools.in_use(self)
 
     def _release(self):
+        """Local release: the core synchronises the device first (in relaxed capture mode) and unmaps."""
         log.debug("symmem: releasing the communicator %s", self.key)
-        with torch.cuda.device(self.device):
-            torch.cuda.synchronize()
         self.core.destroy()

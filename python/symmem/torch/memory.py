@@ -115,9 +115,8 @@ def mem_pool(group=None) -> MemPool:
     allocates heap tensors. Allocation inside the pool is collective."""
     comm = Communicator(group)
     comm._ensure_open()
-    pool = pools.pool_of(comm)
-    if pool is not None:
-        return pool
+    if comm.pool is not None:
+        return comm.pool
 
     def make_pool(slot):
         allocator = CUDAPluggableAllocator(_native.library_path(), f"symmem_pool_alloc_{slot}",

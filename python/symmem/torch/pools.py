@@ -1,11 +1,12 @@
 """The slots of the C ABI's pool allocator (torch's CUDAPluggableAllocator takes named functions
 with no context, so the library has a fixed number of slots, each bound to one communicator).
 
-A slot is taken by a communicator's MemPool and given back only once the MemPool object is gone
-and every segment it handed out was freed: a MemPool still held must never start allocating on
-another communicator. A closing communicator's slot is unbound at once (its pool allocates nothing
-more) and stays in use until then; while its segments are in use, the communicator's memory stays
-mapped (groups.py)."""
+A communicator takes one slot for its life, with one MemPool over it that the communicator holds
+(a MemPool the user drops is not a reason to take another slot: its tensors may still live). A
+closing communicator's slot is unbound at once (its pool allocates nothing more) and its MemPool let
+go; the slot is given back only once that MemPool object is gone and every segment it handed out
+was freed, so a MemPool still held never allocates on another communicator, and while its segments
+are in use the communicator's memory stays mapped (groups.py)."""
 import weakref
 
 from .. import _native, errors
@@ -23,15 +24,9 @@ def _free_slot():
     return None
 
 
-def pool_of(comm):
-    """The MemPool bound to `comm`, or None."""
-    if comm.pool_slot is None:
-        return None
-    return _slots[comm.pool_slot][1]()
-
-
 def bind(comm, make_pool):
-    """Binds a free slot to `comm` and returns make_pool(slot), the MemPool over it."""
+    """Binds a free slot to `comm` and returns make_pool(slot), the MemPool over it, which `comm`
+    keeps (comm.pool) until it closes."""
     slot = _free_slot()
     if slot is None:
         raise errors.SymmemError(_native.ErrorCode.kUnsupported,
@@ -40,7 +35,7 @@ def bind(comm, make_pool):
     _native.check(_native.lib.symmem_pool_bind(slot, comm.core.handle))
     pool = make_pool(slot)
     _slots[slot] = [comm, weakref.ref(pool)]
-    comm.pool_slot = slot
+    comm.pool_slot, comm.pool = slot, pool
     return pool
 
 
@@ -49,6 +44,7 @@ def unbind(comm):
     if comm.pool_slot is not None:
         _native.lib.symmem_pool_bind(comm.pool_slot, None)
         _slots[comm.pool_slot][0] = None
+        comm.pool = None
 
 
 def in_use(comm):

@@ -38,11 +38,11 @@ class TPAllReduce:
             if device != torch.device("cuda", torch.cuda.current_device()):
                 raise ValueError(f"TPAllReduce: device {device} is not the current device "
                                  f"cuda:{torch.cuda.current_device()}; call torch.cuda.set_device first")
-        self._group = resolve(group)
-        self.rank, self.world_size = self._group.rank(), self._group.size()
+        group = resolve(group)
+        self.rank, self.world_size = group.rank(), group.size()
         self.device = device
         try:
-            comm = Communicator(self._group)
+            comm = Communicator(group)
         except errors.SymmemError as e:
             self.reason = str(e)
         else:
@@ -56,16 +56,23 @@ class TPAllReduce:
         if self.disabled:
             log.warning("symmem: TPAllReduce disabled: %s", self.reason)
 
-    def _communicator(self):
-        comm = self._comm
-        if comm.closed:  # the group's communicator was closed: take its current one
-            comm = self._comm = Communicator(self._group)
-        return comm
+    def _stop(self):
+        """The group's communicator was closed (the group destroyed, or close_all): serve no more,
+        and say why. A new TPAllReduce of the group's current communicator serves again."""
+        self.disabled = True
+        self.reason = (f"the communicator of group {self._comm.group_name!r} was closed (its group was destroyed or "
+                       "closed); make a new TPAllReduce")
+        log.warning("symmem: TPAllReduce disabled: %s", self.reason)
 
     def should_use(self, inp: torch.Tensor) -> bool:
         """True when symmem takes inp: a contiguous CUDA tensor of the communicator's device,
         float32/float16/bfloat16/int32, at most max_size bytes."""
-        return (not self.disabled and inp.is_cuda and inp.dtype in _route.REDUCIBLE and inp.is_contiguous()
+        if self.disabled:
+            return False
+        if self._comm.closed:
+            self._stop()
+            return False
+        return (inp.is_cuda and inp.dtype in _route.REDUCIBLE and inp.is_contiguous()
                 and inp.numel() * inp.element_size() <= self.max_size and inp.get_device() == self._comm.device)
 
     def all_reduce(self, inp: torch.Tensor, *, out: Optional[torch.Tensor] = None,
@@ -76,7 +83,7 @@ class TPAllReduce:
             return None
         if out is None:
             out = torch.empty_like(inp)
-        comm = self._communicator()
+        comm = self._comm
         if torch.compiler.is_compiling():
             torch.ops.symmem.all_reduce_out(inp, "sum", comm.group_name, out=out)  # returns nothing
             return out

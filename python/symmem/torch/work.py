@@ -11,8 +11,9 @@ internal stream that waits for the current one); either way the host returns at 
   tensors and events recorded after the collective, as NCCL's: ``fut.wait()`` makes the current
   stream wait; callbacks chained with ``then`` run with their streams ordered after it.
 - ``is_completed()`` queries the GPU; ``is_success()`` is completed and not failed;
-  ``exception()`` is the recorded failure or None; ``synchronize()`` blocks the host, then raises
-  as ``wait()``.
+  ``exception()`` is the recorded failure or None (also after the group is gone: the failure
+  recorded when its communicator closed); ``synchronize()`` makes the current stream wait, as
+  NCCL's.
 """
 import datetime
 import time
@@ -36,11 +37,7 @@ class Work(dist.Work):
             self._future.set_result(result)
 
     def exception(self):
-        try:
-            self._comm.check()
-        except errors.SymmemError as e:
-            return e
-        return None
+        return self._comm.failure()
 
     def _raise_failure(self):
         failure = self.exception()
@@ -75,5 +72,5 @@ class Work(dist.Work):
         return self._result
 
     def synchronize(self):
-        self._event.synchronize()
+        torch.cuda.current_stream(self._comm.device).wait_event(self._event)
         self._raise_failure()

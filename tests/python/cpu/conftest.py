@@ -32,7 +32,8 @@ def fake_group(monkeypatch):
         comm = object.__new__(groups.Communicator)
         comm.__dict__.update(device=-1, torch_device=torch.device("cpu"), group_name=name, key=name, purpose=None,
                              world=world, rank=rank, nodes=nodes, core=core, closed=False, workspaces={},
-                             lenders={}, pool_slot=None, _spans=weakref.WeakSet())
+                             lenders={}, pool_slot=None, pool=None, final_failure=None,
+                             _spans=weakref.WeakSet())
         state = types.SimpleNamespace(name=name, communicators={None: comm}, closed=False,
                                       communicator=lambda purpose=None: comm, unavailable_reason=lambda: None)
         comm.state = state

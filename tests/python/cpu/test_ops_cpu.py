@@ -98,6 +98,8 @@ def test_bad_input_errors(group_name):
 
 def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name, caplog):
     import symmem.torch as st
+    from symmem.torch import functional
+    functional._said.clear()  # (another test may have said it already)
     x = _rand((5,), torch.float32)
     y = x.clone()
     with caplog.at_level("WARNING", logger="symmem"):
@@ -230,6 +232,9 @@ def test_a_destroyed_or_closed_group_retires_its_state_and_its_communicators(gro
         def __init__(self):
             self.destroyed = False
 
+        def check(self):
+            pass
+
         def destroy(self):
             self.destroyed = True
 
@@ -237,7 +242,7 @@ def test_a_destroyed_or_closed_group_retires_its_state_and_its_communicators(gro
         comm = object.__new__(cls)
         comm.__dict__.update(state=state, purpose=purpose, key=f"{state.name}#{purpose}", group_name=state.name,
                              device=0, closed=False, workspaces={"w": (1, 2)}, lenders={"fsdp": object()},
-                             pool_slot=None, core=Core(), nodes=1)
+                             pool_slot=None, pool=None, core=Core(), nodes=1)
         import weakref
         comm._spans = weakref.WeakSet()
         return comm

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[3] / "python" / "symmem"
+PACKAGE = pathlib.Path(__import__("symmem").__file__).resolve().parent  # the package under test
 
 
 def _imports_of(path, package):
@@ -99,8 +99,14 @@ ERROR_TYPE = textwrap.dedent("""
     else:
         import symmem
         assert "torch" not in sys.modules
+        try:
+            symmem._native.check(symmem._native.lib.symmem_comm_check(None))
+        except symmem.SymmemError as e:
+            before = e  # made before symmem.torch: still picklable after it
         import symmem.torch
         import torch.distributed as dist
+        import pickle
+        assert pickle.loads(pickle.dumps(before)).code == "kInvalidArgument"
     from symmem import _native
     assert issubclass(symmem.SymmemError, dist.DistBackendError), symmem.SymmemError.__mro__
     error = None
@@ -172,6 +178,8 @@ OUTSIDE_GROUP = textwrap.dedent("""
     only0 = dist.new_group([0])
     x = torch.full((4,), float(rank + 1))
     out = torch.zeros(8)
+    if rank == 1:  # CPU tensors that say they are CUDA tensors: the drop-ins' decisions read is_cuda
+        torch.Tensor.is_cuda = property(lambda t: True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results = [st.all_reduce(x, group=only0), st.all_gather_into_tensor(out[:4], x, group=only0),
@@ -179,6 +187,7 @@ OUTSIDE_GROUP = textwrap.dedent("""
                    st.reduce_scatter_tensor(torch.zeros(4), x, group=only0, async_op=True)]
     if rank == 1:  # not a member: nothing happened, None returned
         assert results == [None, None, None, None], results
+        del torch.Tensor.is_cuda
         assert torch.equal(x, torch.full((4,), 2.0)) and not out.any()
     else:  # the member: served (by torch.distributed, for CPU tensors)
         results[3].wait()
@@ -199,11 +208,12 @@ def test_drop_ins_do_nothing_on_ranks_outside_the_group(tmp_path):
         assert p.returncode == 0 and out.strip().endswith("ok"), out
 
 
-@pytest.mark.parametrize("gather_dim", [0, 1, -2])
+@pytest.mark.parametrize("gather_dim", [0, 1, -2, 2])
 def test_symm_mem_compatible_fused_all_gather_matmul(group_name, gather_dim):
     g = torch.Generator().manual_seed(gather_dim + 5)
     a = torch.randint(-3, 4, (4, 6, 16), generator=g).to(torch.bfloat16)
-    bs = [torch.randint(-3, 4, (16, n), generator=g).to(torch.bfloat16) for n in (8, 5)]
+    bs = [torch.randint(-3, 4, (16, n), generator=g).to(torch.bfloat16) for n in (8, 5)]  # (the last dim: at one
+    # rank the gathered k is the shard's; tests/python/cpu's two-rank case gathers it for real)
     op = torch.ops.symmem.fused_all_gather_matmul
     a_gathered, outputs = op(a, bs, gather_dim, group_name)
     assert torch.equal(a_gathered, a)  # one rank: the gather is the shard
@@ -212,8 +222,14 @@ def test_symm_mem_compatible_fused_all_gather_matmul(group_name, gather_dim):
     none, outputs = op(a, bs, gather_dim, group_name, return_A=False)
     assert none is None and len(outputs) == 2
     torch.library.opcheck(op.default, (a, bs, gather_dim, group_name), {"return_A": True})
-    with pytest.raises(ValueError, match="last dim"):
-        op(a, bs, 2, group_name)
+    # Real and fake outputs agree in shape and strides (contiguous), which torch.compile relies on
+    # (seen failing for gather_dim 1: movedim views against contiguous fakes).
+    a_gathered, outputs = op(a, bs, gather_dim, group_name)
+    assert all(c.is_contiguous() for c in outputs) and a_gathered.is_contiguous()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: op(t, bs, gather_dim, group_name)[1][0] + 1, fullgraph=True,
+                             backend="aot_eager")
+    assert torch.equal(compiled(a), outputs[0] + 1)
 
 
 def test_symm_mem_compatible_fused_matmul_reduce_scatter(group_name):
@@ -221,9 +237,10 @@ def test_symm_mem_compatible_fused_matmul_reduce_scatter(group_name):
     a = torch.randint(-3, 4, (8, 3, 16), generator=g).to(torch.float16)
     b = torch.randint(-3, 4, (16, 4), generator=g).to(torch.float16)
     op = torch.ops.symmem.fused_matmul_reduce_scatter
-    for dim in (0, 1):
+    for dim in (0, 1, 2):
         for reduce_op in ("sum", "avg"):
-            assert torch.equal(op(a, b, reduce_op, dim, group_name), (a.float() @ b.float()).to(torch.float16))
+            got = op(a, b, reduce_op, dim, group_name)
+            assert got.is_contiguous() and torch.equal(got, (a.float() @ b.float()).to(torch.float16))
     torch.library.opcheck(op.default, (a, b, "sum", 0, group_name))
     with pytest.raises(ValueError, match="reduce_op"):
         op(a, b, "max", 0, group_name)
@@ -236,3 +253,46 @@ def test_symm_mem_compatible_fused_matmul_reduce_scatter(group_name):
     theirs = torch.ops.symm_mem.fused_all_gather_matmul.default._schema
     assert [(a.name, str(a.type)) for a in ours.arguments] == [(a.name, str(a.type)) for a in theirs.arguments]
     assert [str(r.type) for r in ours.returns] == [str(r.type) for r in theirs.returns]
+
+
+COMPAT_TWO_RANKS = textwrap.dedent("""
+    import sys
+    import torch, torch.distributed as dist
+    rank, path = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    import symmem.torch  # noqa: F401
+    g = dist.group.WORLD.group_name
+    gen = torch.Generator().manual_seed(100 + rank)
+    for dtype in (torch.bfloat16, torch.float32):
+        shard = torch.randint(-3, 4, (4, 6, 16), generator=gen).to(dtype)
+        b = torch.randint(-3, 4, (16, 8), generator=torch.Generator().manual_seed(7)).to(dtype)
+        shards = [torch.empty_like(shard) for _ in range(2)]
+        dist.all_gather(shards, shard)
+        wide = torch.randint(-3, 4, (32, 8), generator=torch.Generator().manual_seed(8)).to(dtype)
+        for dim in (0, 1, 2):  # 2: the last dim, k, gathered (B takes world x k rows)
+            w = wide if dim == 2 else b
+            a_gathered, (c,) = torch.ops.symmem.fused_all_gather_matmul(shard, [w], dim, g)
+            assert torch.equal(a_gathered, torch.cat(shards, dim)), (dtype, dim)
+            assert torch.equal(c, (torch.cat(shards, dim).float() @ w.float()).to(dtype)), (dtype, dim)
+        full = torch.randint(-3, 4, (4, 6, 16), generator=gen).to(dtype)
+        fulls = [torch.empty_like(full) for _ in range(2)]
+        dist.all_gather(fulls, full)
+        total = sum(f.float() @ b.float() for f in fulls)
+        for dim in (0, 1):
+            for op, scale in (("sum", 1), ("avg", 2)):
+                got = torch.ops.symmem.fused_matmul_reduce_scatter(full, b, op, dim, g)
+                want = (total / scale).chunk(2, dim)[rank].to(dtype)
+                assert torch.equal(got, want), (dtype, dim, op)
+    print("ok")
+""")
+
+
+def test_symm_mem_compatible_fused_ops_on_two_ranks(tmp_path):
+    # Two gloo ranks (the ops' CPU kernels): the ranks' blocks land in rank order along the gathered
+    # or scattered dim, and avg divides by the group size.
+    path = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, "-c", COMPAT_TWO_RANKS, str(r), path], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=dict(os.environ)) for r in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0 and out.strip().endswith("ok"), out

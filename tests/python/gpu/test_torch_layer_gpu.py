@@ -72,45 +72,46 @@ def test_two_streams_on_one_group_run_in_host_order(group):
 
 def test_many_streams_mixing_collectives(group):
     # Calls of every collective spread over four streams in host order, each stream delayed by a
-    # different amount: every output right.
+    # different amount before its call, nothing synchronised in between: every output right.
     world = dist.get_world_size()
     streams = [torch.cuda.Stream() for _ in range(4)]
     cases = []
     for it in range(48):
-        stream = streams[it % 4]
         kind = it % 3
-        n = [4096, 300_001, 2 * MiB][it % 3] // 4 * 4
-        x = _random(n * (world if kind == 2 else 1), torch.bfloat16, 50_000 + it)
-        torch.cuda.synchronize()
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(_sleep_cycles(20 * (it % 4)))
+        n = [4096, 300_001, 2 * MiB][(it // 3) % 3] // 4 * 4
+        cases.append((kind, _random(n * (world if kind == 2 else 1), torch.bfloat16, 50_000 + it), n))
+    outputs = [torch.empty((world * n if kind == 1 else n), dtype=torch.bfloat16, device="cuda")
+               for kind, _, n in cases]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())  # the inputs exist
+    for it, ((kind, x, n), out) in enumerate(zip(cases, outputs)):
+        with torch.cuda.stream(streams[it % 4]):
+            torch.cuda._sleep(_sleep_cycles(15 * ((it * 7) % 5)))
             if kind == 0:
-                out = x.clone()
+                out.copy_(x)
                 st.all_reduce(out)
             elif kind == 1:
-                out = torch.empty(world * n, dtype=x.dtype, device="cuda")
                 st.all_gather_into_tensor(out, x)
             else:
-                out = torch.empty(n, dtype=x.dtype, device="cuda")
                 st.reduce_scatter_tensor(out, x)
-        cases.append((kind, x, out, stream))
     torch.cuda.synchronize()
-    for kind, x, out, _ in cases:
+    for (kind, x, n), out in zip(cases, outputs):
+        expected = torch.empty_like(out)
         if kind == 0:
             expected = _nccl_sum(x)
         elif kind == 1:
-            expected = torch.empty_like(out)
             dist.all_gather_into_tensor(expected, x)
         else:
-            expected = torch.empty_like(out)
             dist.reduce_scatter_tensor(expected, x)
         tol = 0 if kind == 1 else 2e-2
         assert torch.allclose(out.float(), expected.float(), rtol=tol, atol=tol * 4), f"collective {kind} wrong"
 
 
-def test_two_streams_under_graph_capture(group):
-    # Two streams forked from the capture stream, each with calls of the group: the core joins them
-    # inside the capture (a graph edge), so replays are right whatever the streams' timing.
+@pytest.mark.parametrize("delay_us", [0, 20, 60])
+def test_two_streams_under_graph_capture(group, delay_us):
+    # Two streams forked from the capture stream, each with calls of the group, the main stream's
+    # first call delayed: the core joins them inside the capture (a graph edge), so replays are
+    # right whatever the streams' timing.
     g, n = group.group_name, 4 * MiB // 2
     x = [_random(n, torch.bfloat16, 77 + s) for s in range(2)]
     st.all_reduce(x[0].clone())  # the communicator exists before capture
@@ -119,9 +120,9 @@ def test_two_streams_under_graph_capture(group):
     with torch.cuda.graph(graph):
         main = torch.cuda.current_stream()
         side.wait_stream(main)
+        torch.cuda._sleep(_sleep_cycles(delay_us))
         y0 = ops.all_reduce(x[0], "sum", g)
         with torch.cuda.stream(side):
-            torch.cuda._sleep(_sleep_cycles(30))
             y1 = ops.all_reduce(x[1], "sum", g)
             y2 = ops.all_reduce(x[0], "max", g)
         main.wait_stream(side)
@@ -144,6 +145,59 @@ def test_two_streams_under_graph_capture(group):
     del graph
     torch.cuda.synchronize()
     assert _eventually(lambda: comm.core.live_graphs == 0)  # ... until it is deleted
+
+
+def test_eager_calls_stay_ordered_across_a_capture(group):
+    # Eager call on s1, a capture of a call on another stream, an eager call on s2: the second eager
+    # call must wait for the first (a captured call runs at replays, never between them). Seen
+    # wrong in review when a captured call took the place of the previous eager stream.
+    n = 32 * MiB // 4
+    s1, s2, cs = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    warm = torch.ones(16, device="cuda")
+    st.all_reduce(warm)
+    wrong = 0
+    for it in range(16):
+        xs = [_random(n, torch.float32, 3000 + 2 * it + s) for s in range(2)]
+        expected = [_nccl_sum(x) for x in xs]
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s1):
+            torch.cuda._sleep(_sleep_cycles(40))
+            st.all_reduce(xs[0])
+        graph = torch.cuda.CUDAGraph()
+        cs.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(cs):
+            graph.capture_begin()
+            st.all_reduce(warm)
+            graph.capture_end()
+        with torch.cuda.stream(s2):
+            st.all_reduce(xs[1])
+        torch.cuda.synchronize()
+        wrong += sum(not torch.allclose(xs[s], expected[s], rtol=1e-5, atol=1e-5) for s in range(2))
+        del graph
+    assert wrong == 0, f"{wrong} of 32 results wrong"
+
+
+def test_side_stream_call_does_not_wait_for_unrelated_work(group):
+    # After a stream change, a call waits for the previous call's end, not for work queued after
+    # it on the previous stream (two-micro-batch overlap): ProcessGroupNCCL waits for its previous
+    # collective only.
+    x, y = _random(1 << 16, torch.float32, 11), _random(1 << 16, torch.float32, 12)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in (s1, s2):
+        with torch.cuda.stream(s):
+            st.all_reduce(x)  # two stream changes: the calls now record their ends
+    torch.cuda.synchronize()
+    done = torch.cuda.Event(enable_timing=True)
+    start = torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(s1):
+        start.record()
+        st.all_reduce(x)
+        torch.cuda._sleep(_sleep_cycles(50_000))  # 50 ms of other work after the collective
+    with torch.cuda.stream(s2):
+        st.all_reduce(y)
+        done.record()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(done) < 25.0, f"the side-stream call waited {start.elapsed_time(done):.1f} ms"
 
 
 def test_async_work_orders_the_waiting_stream_and_its_future(group):
