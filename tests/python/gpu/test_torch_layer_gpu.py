@@ -236,10 +236,7 @@ def test_async_work_raises_the_recorded_failure(group, monkeypatch):
     comm = st.Communicator(group)
     failure = st.SymmemError("kTimeout", "rank 1 timed out (stand-in failure)")
 
-    def failed():
-        raise failure
-
-    monkeypatch.setattr(comm, "check", failed)
+    monkeypatch.setattr(comm, "failure", lambda: failure)  # (a real failure: the kill tests, two GPUs)
     assert work.exception() is failure and not work.is_success()
     with pytest.raises(dist.DistBackendError, match="stand-in failure"):
         work.wait()
