@@ -25,6 +25,6 @@ if [ "$stage" = all ] || [ "$stage" = old ]; then
 fi
 if [ "$stage" = all ] || [ "$stage" = cost ]; then
   timeout ${COST_S:-150} python3 tools/torch_host_cost_ab.py --tree "8ad5a53=.device/old:.device/old/libsymmem_capi.so" \
-    --tree "new=.:.device/new/libsymmem_capi.so" --reps ${REPS:-5} --gpu "$gpu" --out "$OUT/torch_host_cost_ab.csv" \
+    --tree "new=.:.device/new/libsymmem_capi.so" --reps ${REPS:-5} --samples ${SAMPLES:-7} --cpu ${PIN_CPU:-3} --gpu "$gpu" --out "$OUT/torch_host_cost_ab.csv" \
     2>&1 | tee "$OUT/torch_host_cost_ab.txt"
 fi

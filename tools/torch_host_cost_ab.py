@@ -13,7 +13,8 @@ median over `--samples` samples of:
              queue never drains: the layer's own cost, whatever the GPU time)
   graph_us   GPU time per call of a CUDA graph of 64 calls, replayed (rows *_graph)
 
-Rows: eager st.all_reduce in place on a symmetric 0.5 MiB bf16 tensor and on a plain one, on one
+Rows: the C ABI's symmem_all_reduce called directly (ctypes and the C++ path, no Python layer);
+eager st.all_reduce in place on a symmetric 0.5 MiB bf16 tensor and on a plain one, on one
 stream, and alternating two streams (every call changes stream: the join's cost, where the tree
 has one); the same calls captured in a graph, on one stream and alternating two streams forked
 from the capture stream. The CSV has date, commit, gpu, tree, row, rep, host_us, graph_us.
@@ -100,7 +101,13 @@ def _measure(args):
                 st.all_reduce(t)
         return call
 
+    comm = st.Communicator()
+    handle, stream = comm.core._handle, torch._C._cuda_getCurrentRawStream(0)
+    lib = __import__("symmem._native", fromlist=["lib"]).lib
+    ptr, count = sym.data_ptr(), sym.numel()
     rows = {
+        # The C ABI alone (ctypes + the C++ call path), the same call in both trees.
+        "c_abi_symmetric_one_stream": lambda: lib.symmem_all_reduce(handle, ptr, ptr, count, 2, 0, stream, 0, 0, -1),
         "eager_symmetric_one_stream": one_stream(sym),
         "eager_symmetric_two_streams": two_streams(sym),
         "eager_local_one_stream": one_stream(local),
@@ -145,6 +152,7 @@ def main():
     parser.add_argument("--elements", type=int, default=32 * 8192)  # 0.5 MiB bf16
     parser.add_argument("--gpu", default=os.environ.get("SYMMEM_GPU_KIND", "unknown"))
     parser.add_argument("--out", default="torch_host_cost_ab.csv")
+    parser.add_argument("--cpu", type=int, default=None, help="pin every measuring process to this CPU (taskset)")
     args = parser.parse_args()
     if args.measure:
         return _measure(args)
@@ -165,6 +173,8 @@ def main():
                     env.pop(k, None)
                 cmd = [sys.executable, os.path.abspath(__file__), "--measure", "--samples", str(args.samples),
                        "--calls", str(args.calls), "--elements", str(args.elements)]
+                if args.cpu is not None:
+                    cmd = ["taskset", "-c", str(args.cpu)] + cmd
                 done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
                 line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if line is None:

@@ -65,20 +65,24 @@ def all_reduce(comm, out, inp, reduce_op, algo=0, max_blocks=-1):
     """out = reduce_op over the group of inp (out may be inp: in place)."""
     dtype = REDUCIBLE.get(inp.dtype)
     entry = REDUCE_OPS.get(reduce_op)
-    # The eager hot path (vLLM-style and drop-in calls) reads each property once.
-    if (dtype is None or entry is None or (entry[1] and not inp.is_floating_point()) or comm.closed
-            or not inp.is_contiguous() or inp.get_device() != comm.device):
+    # The eager hot path (vLLM-style and drop-in calls): each property read once, the common case
+    # decided in one expression; anything unusual takes the checks that say what is wrong.
+    if (dtype is None or entry is None or comm.closed or not inp.is_contiguous() or inp.get_device() != comm.device
+            or (entry[1] and not inp.is_floating_point())):
         _refuse_closed(comm)
         dtype = dtype_code(inp.dtype, "all_reduce")
         entry = reduce_code(reduce_op, inp.dtype, "all_reduce")
         check_operand(inp, "input", "all_reduce", comm)
-    if out is not inp:
+    ptr = inp.data_ptr()
+    if out is inp:
+        out_ptr = ptr
+    else:
         check_operand(out, "out", "all_reduce", comm)
         check_same_dtype(out, inp, "all_reduce")
         if out.numel() != inp.numel():
             raise ValueError(f"symmem.all_reduce: output has {out.numel()} elements, {inp.numel()} expected")
-    comm.core.all_reduce(out.data_ptr(), inp.data_ptr(), inp.numel(), dtype, entry[0], current_stream(comm.device),
-                         algo, 0, max_blocks)
+        out_ptr = out.data_ptr()
+    comm.core.all_reduce(out_ptr, ptr, inp.numel(), dtype, entry[0], current_stream(comm.device), algo, 0, max_blocks)
     if entry[1]:
         out.div_(comm.world)
 

@@ -111,11 +111,13 @@ def state_of(group=None):
 
 
 def cached_state(group):
-    """The drop-ins' fast path: the live state of `group` (None: the default group) if one exists,
-    else None. Two dict reads and an identity check, never collective."""
+    """The drop-ins' fast path: the state of `group` (None: the default group) if one was made for
+    this very group object and is not retired, else None. A dict read and an identity check, never
+    collective. (A group destroyed while its object lives is retired at the next lookup that makes
+    a state, or release_unused.)"""
     g = c10d.GroupMember.WORLD if group is None else group
     state = _by_id.get(id(g))
-    if state is not None and not state.closed and state.group_ref() is g and g in c10d._pg_names:
+    if state is not None and not state.closed and state.group_ref() is g:
         return state
     return None
 
