@@ -67,7 +67,7 @@
 #include "fused/side_streams.hpp"
 #include "plan/fused_plan.hpp"
 
-static_assert(symmem::detail::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::kSignalFlagCount,
+static_assert(symmem::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::kSignalFlagCount,
               "the piece flags must fit in the control buffer's signal pad");
 
 namespace symmem {

@@ -69,8 +69,8 @@ using detail::CommunicatorState;
 
 constexpr const char* kOp = "matmul_reduce_scatter";
 // done[] sits after all_gather_matmul's piece flags in the control buffer's signal pad.
-constexpr size_t kDoneOffset = size_t(detail::kMaxWorld) * detail::kMaxGatherPieces;
-static_assert(kDoneOffset + detail::kMaxWorld * detail::kMaxGatherPieces <= detail::kSignalFlagCount,
+constexpr size_t kDoneOffset = size_t(kMaxWorld) * detail::kMaxGatherPieces;
+static_assert(kDoneOffset + kMaxWorld * detail::kMaxGatherPieces <= detail::kSignalFlagCount,
               "the tile counters must fit in the control buffer's signal pad");
 static_assert(detail::kMaxGatherPieces <= detail::BoardPage::kPieceSignals, "a piece signal per piece");
 

@@ -7,7 +7,7 @@
 
 namespace symmem::detail {
 
-Workspaces::Workspaces(Communicator& comm, size_t budget) {
+Workspaces::Workspaces(Communicator& comm, size_t budget) : world_(comm.local_world()) {
   if (budget < kMinBudget)
     throw Error(ErrorCode::kInvalidArgument, "workspace budget of " + std::to_string(budget) +
                                                  " bytes is below the minimum of " + std::to_string(kMinBudget) +
@@ -23,6 +23,13 @@ Workspaces::Workspaces(Communicator& comm, size_t budget) {
   receive_area_ = comm.allocate(area_bytes_);
   // Two parity halves of kMaxWorld sender slots, 8 bytes per 4-byte word.
   low_latency_ = comm.allocate(2 * kMaxWorld * (kLowLatencySlotBytes / 4) * sizeof(uint64_t));
+}
+
+LowLatencyLines Workspaces::low_latency_lines() const {
+  LowLatencyLines lines{};
+  for (int r = 0; r < world_; ++r) lines.peers[r] = static_cast<uint64_t*>(low_latency_->peer_ptr(r));
+  lines.slot_words = kLowLatencySlotBytes / 4;
+  return lines;
 }
 
 bool Workspaces::owns(const Buffer* buffer) const {

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 
+#include "device/device_types.hpp"
 #include "plan/plan.hpp"
 #include "symmem/communicator.hpp"
 
@@ -55,6 +56,8 @@ class Workspaces {
   // the receiver clears each line it consumed (device/low_latency.cuh; the low-latency all-reduce,
   // all-gather and reduce-scatter share it). Fixed size.
   Buffer* low_latency() const { return low_latency_; }
+  // The same area as the low-latency kernels address it.
+  LowLatencyLines low_latency_lines() const;
 
   size_t staging_capacity() const { return area_bytes_; }  // each of staging_in / staging_out / push_slots
   size_t receive_half_bytes() const { return area_bytes_ / 2; }
@@ -69,6 +72,7 @@ class Workspaces {
   static constexpr size_t kMinBudget = size_t(4) << 20;
 
  private:
+  int world_ = 1;
   size_t area_bytes_ = 0;
   Buffer* control_ = nullptr;
   Buffer* staging_in_ = nullptr;

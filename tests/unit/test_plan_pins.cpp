@@ -2,6 +2,7 @@
 // runs, the chunk size) over a large grid of requests, held against tests/unit/plan_pins.txt, which
 // was computed by the planner of 455ecfe, before the algorithm table (issue 28). A refactor of the
 // planner must leave every line as it was; a change of choice is a deliberate edit of the pins.
+// The names renamed since are mapped back below (pinned_algo_name, pinned_kernel_name).
 //
 // The grid: sizes from 1 byte to 1 GiB (odd ones too), worlds 1, 2, 3, 4 and 8, every element
 // size, every algorithm asked for (reduction ones for all-gather too), blocks and SM budgets,
@@ -87,33 +88,17 @@ class Draw {
 // Reduce-scatter's algorithms were named two_shot and two_shot_push until issue 28 (they are now
 // pull and push, the old names parse as aliases); the pins keep the old names.
 const char* pinned_algo_name(Algo algo, bool reduce_scatter) {
-  (void)reduce_scatter;
+  if (reduce_scatter && algo == Algo::kPull) return "two_shot";
+  if (reduce_scatter && algo == Algo::kPush) return "two_shot_push";
   return algo_name(algo);
 }
 
-// The kernel that runs, as launch code chose it at 455ecfe (all_gather.cpp's run_chunk: bulk push
-// where the plan allows it; all_reduce.cpp's launch_chunk).
-std::string all_gather_kernel(const AllGatherPlan& p) {
-  switch (p.algo) {
-    case Algo::kPull: return "all_gather_pull";
-    case Algo::kPush: return p.bulk && p.vector_bytes == 16 ? "all_gather_push_bulk" : "all_gather_push";
-    case Algo::kLowLatency: return "all_gather_low_latency";
-    case Algo::kCopyEngine: return "copy_engine";
-    case Algo::kHierarchical: return "hierarchical";
-    default: return "?";
-  }
-}
-
-std::string reduce_kernel(const ReducePlan& p, bool rs) {
-  switch (p.algo) {
-    case Algo::kOneShot: return "reduce_from_every_rank";
-    case Algo::kTwoShot: return rs ? "reduce_from_every_rank" : "all_reduce_two_shot";
-    case Algo::kOneShotPush: return "reduce_pushed";
-    case Algo::kTwoShotPush: return rs ? "reduce_pushed" : "all_reduce_two_shot_push";
-    case Algo::kLowLatency: return rs ? "reduce_scatter_low_latency" : "all_reduce_low_latency";
-    case Algo::kLowLatencyTwoShot: return "all_reduce_low_latency_two_shot";
-    default: return "?";
-  }
+// The kernel the plan names. At 455ecfe launch code chose it (all_gather.cpp's run_chunk: bulk
+// push where the plan allowed it; all_reduce.cpp's launch_chunk), under these names.
+std::string pinned_kernel_name(KernelId kernel) {
+  if (kernel == KernelId::kAllGatherCopyEngine) return "copy_engine";
+  if (kernel == KernelId::kAllGatherHierarchical) return "hierarchical";
+  return kernel_name(kernel);
 }
 
 std::string chunk_text(size_t elements) { return elements == ~size_t(0) ? "-" : std::to_string(elements); }
@@ -163,17 +148,15 @@ std::string describe_case(const ReduceCase& c) {
 // What the planner chose for the case, as one line; errors by code (messages may be reworded).
 std::string result_of(const AllGatherCase& c) {
   try {
-    const AllGatherPlan p = plan_all_gather(c.request, c.table ? pinned_table() : TuningTable{});
-    // all_gather() chunked a call across nodes as if it were staged, whatever the operands.
-    AllGatherPlan chunking = p;
-    const int node_world = c.request.world;
-    if (c.request.nodes > 1 && node_world > 1) chunking.stage_input = chunking.stage_output = true;
-    const size_t chunk =
-        all_gather_chunk_elements(chunking, c.elem, node_world * c.request.nodes, c.limits);
+    AllGatherRequest request = c.request;
+    request.elem_bytes = c.elem;
+    request.workspace = c.limits;
+    const AllGatherPlan p = plan_all_gather(request, c.table ? pinned_table() : TuningTable{});
     std::ostringstream s;
     s << pinned_algo_name(p.algo, false) << " blocks=" << p.blocks << " vector=" << p.vector_bytes
-      << " stage=" << p.stage_input << p.stage_output << " ce_push=" << p.copy_engine_push << " bulk=" << p.bulk
-      << " local_warps=" << p.local_warps << " kernel=" << all_gather_kernel(p) << " chunk=" << chunk_text(chunk);
+      << " stage=" << p.stage_input << p.stage_output << " ce_push=" << p.copy_engine_push
+      << " bulk=" << (p.kernel == KernelId::kAllGatherPushBulk) << " local_warps=" << p.local_warps
+      << " kernel=" << pinned_kernel_name(p.kernel) << " chunk=" << chunk_text(p.chunk_elements);
     return s.str();
   } catch (const Error& e) {
     return "error " + std::to_string(static_cast<int>(e.code()));
@@ -183,13 +166,14 @@ std::string result_of(const AllGatherCase& c) {
 std::string result_of(const ReduceCase& c) {
   const ReduceRequest& r = c.request;
   try {
-    const ReducePlan p = plan_reduce(r, c.table ? pinned_table() : TuningTable{});
-    const size_t chunk = reduce_chunk_elements(p, r.reduce_scatter, r.elem_bytes, r.world, c.limits);
+    ReduceRequest request = r;
+    request.workspace = c.limits;
+    const ReducePlan p = plan_reduce(request, c.table ? pinned_table() : TuningTable{});
     std::ostringstream s;
     s << pinned_algo_name(p.algo, r.reduce_scatter) << " blocks=" << p.blocks << " vector=" << p.vector
-      << " stage=" << p.stage_input << " scratch=" << p.gather_via_scratch << " reads_peers=" << p.reads_peer_inputs
-      << " receive=" << p.receive_area << " kernel=" << reduce_kernel(p, r.reduce_scatter)
-      << " chunk=" << chunk_text(chunk);
+      << " stage=" << p.stage_input << " scratch=" << p.gather_via_staging << " reads_peers=" << p.reads_peer_inputs
+      << " receive=" << p.receive_area << " kernel=" << pinned_kernel_name(p.kernel)
+      << " chunk=" << chunk_text(p.chunk_elements);
     return s.str();
   } catch (const Error& e) {
     return "error " + std::to_string(static_cast<int>(e.code()));
