@@ -5,7 +5,7 @@
 #include <string>
 
 #include "collectives/all_gather_paths.hpp"
-#include "collectives/call_signature.hpp"
+#include "board/call_signature.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
@@ -184,9 +184,7 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
   const Prepared p = prepare(out, in, count, type, st, options);
-  st.before_enqueue(stream);
-  const uint32_t signature = detail::signature_of(p.call);
-  st.record_call(signature, p.call);
+  const uint32_t signature = st.begin_call(stream, p.call);
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, detail::describe(p.plan).c_str());
   const size_t elem = dtype_size(type);
   for (const auto& chunk : detail::plan_chunks(count, p.plan.chunk_elements))

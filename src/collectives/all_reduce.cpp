@@ -193,9 +193,7 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
 }  // namespace
 
 void run_reduction(const PreparedReduction& p, CommunicatorState& st, cudaStream_t stream) {
-  st.before_enqueue(stream);
-  const uint32_t signature = signature_of(p.call);
-  st.record_call(signature, p.call);
+  const uint32_t signature = st.begin_call(stream, p.call);
   if (st.debug)
     std::fprintf(stderr, "symmem rank %d: %s %s\n", st.rank, p.reduce_scatter ? "reduce_scatter" : "all_reduce",
                  describe(p.plan).c_str());

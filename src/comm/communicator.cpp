@@ -10,8 +10,8 @@
 #include <exception>
 #include <vector>
 
-#include "collectives/copy_engine_state.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/node_agreement.hpp"
 #include "comm/node_bootstrap.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
@@ -87,6 +87,7 @@ CommunicatorState::~CommunicatorState() {
   if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
   between_nodes.reset();
   copy_engine.reset();
+  copy_engine_watchdog.reset();
   call_order.reset();
   workspaces.reset();
   buffers.clear();
@@ -382,15 +383,18 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.board = std::make_unique<detail::HostBoard>(st.rank, world, *st.bootstrap, *st.exchange);
   const size_t reserve = config.heap_reserve_bytes ? config.heap_reserve_bytes : env::heap_reserve_bytes();
   st.heap = std::make_unique<detail::Heap>(device, st.rank, world, reserve);
-  st.workspaces = std::make_unique<detail::Workspaces>(*comm, st.settings.workspace_bytes);
-  st.copy_engine = std::make_unique<detail::CopyEngineState>(st);
+  st.workspaces = std::make_unique<detail::Workspaces>(*st.heap, *st.bootstrap, *st.exchange, st.rank, world,
+                                                       st.settings.workspace_bytes);
+  st.copy_engine = std::make_unique<detail::CopyEngineStreams>(
+      device, st.settings.copy_engine_streams, st.settings.copy_engine_batch, st.settings.copy_engine_piece_bytes);
+  st.copy_engine_watchdog = std::make_unique<detail::CopyEngineWatchdog>(*st.board, st.rank, world, st.timeout_ms());
   st.call_order = std::make_unique<detail::CallOrder>(device);
   if (layout.spans_nodes())
     st.between_nodes =
         std::make_unique<detail::BetweenNodes>(layout, *st.job_bootstrap, device, st.timeout_ms(), *st.board);
 
   detail::SyncArgs& s = st.sync_template;
-  const Buffer* control = st.workspaces->control();
+  const detail::HeapArea* control = st.workspaces->control();
   s.pad = static_cast<uint64_t*>(control->ptr());
   for (int r = 0; r < world; ++r) s.peer_pads[r] = static_cast<uint64_t*>(control->peer_ptr(r));
   s.epochs = st.epochs;
@@ -440,8 +444,6 @@ void Communicator::free(Buffer* buffer) {
   while (it != st.buffers.end() && it->get() != buffer) ++it;
   if (it == st.buffers.end())
     throw Error(ErrorCode::kInvalidArgument, "free: the buffer does not belong to this communicator");
-  if (st.workspaces && st.workspaces->owns(buffer))
-    throw Error(ErrorCode::kInvalidArgument, "free: the buffer is a workspace of the communicator");
   // No peer may still read or write it: finish local work, then wait for every rank.
   SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
   st.bootstrap->barrier();
@@ -488,6 +490,7 @@ void Communicator::close() {
   }
   st.between_nodes.reset();
   st.copy_engine.reset();
+  st.copy_engine_watchdog.reset();
   st.workspaces.reset();
   st.buffers.clear();
   st.heap.reset();

@@ -6,12 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "board/call_signature.hpp"
+#include "board/copy_engine_watchdog.hpp"
+#include "board/host_board.hpp"
 #include "bootstrap/fd_exchange.hpp"
-#include "collectives/call_signature.hpp"
 #include "comm/call_order.hpp"
+#include "comm/copy_engine_streams.hpp"
 #include "comm/graph_references.hpp"
-#include "comm/host_board.hpp"
-#include "comm/node_layout.hpp"
+#include "plan/node_layout.hpp"
 #include "device/device_types.hpp"
 #include "heap/heap.hpp"
 #include "plan/tuning_table.hpp"
@@ -20,7 +22,6 @@
 
 namespace symmem::detail {
 
-class CopyEngineState;
 class BetweenNodes;
 
 // Environment overrides, read once at creation and checked equal on every rank (creation fails
@@ -59,10 +60,11 @@ struct CommunicatorState {
   std::unique_ptr<HostBoard> board;
   std::vector<std::unique_ptr<Buffer>> buffers;
   std::unique_ptr<Workspaces> workspaces;
-  std::unique_ptr<CopyEngineState> copy_engine;
-  std::unique_ptr<BetweenNodes> between_nodes;  // only when the job spans nodes
-  std::unique_ptr<CallOrder> call_order;        // calls in host order whatever their streams
-  GraphReferences graphs;                        // graphs that captured a call (they reference the heap)
+  std::unique_ptr<CopyEngineStreams> copy_engine;
+  std::unique_ptr<CopyEngineWatchdog> copy_engine_watchdog;  // times and releases the board's waits
+  std::unique_ptr<BetweenNodes> between_nodes;               // only when the job spans nodes
+  std::unique_ptr<CallOrder> call_order;                     // calls in host order whatever their streams
+  GraphReferences graphs;                                    // graphs that captured a call (they reference the heap)
 
   uint32_t* epochs = nullptr;  // per-block epochs, the call counter pair, the failure claim (device memory)
   SyncArgs sync_template{};    // sync_args() without the op and signature
@@ -83,9 +85,17 @@ struct CommunicatorState {
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;
   // Throws if the communicator is closed or aborted, or if any rank recorded a failure.
   void ensure_usable(const char* op);
-  // Before a call's first enqueue on `stream` (the device current): orders it after the previous
-  // call of this communicator, whatever stream that took (call_order.hpp), and holds the
-  // communicator for a graph that captures it (graph_references.hpp).
+  // Every call begins here, after its checks and before its first enqueue on `stream` (the device
+  // current): it orders the call after the previous call of this communicator, whatever stream
+  // that took (call_order.hpp), holds the communicator for a graph that captures it
+  // (graph_references.hpp), and logs the call under its signature, which it returns.
+  uint32_t begin_call(cudaStream_t stream, const CallDescriptor& call) {
+    before_enqueue(stream);
+    const uint32_t signature = signature_of(call);
+    record_call(signature, call);
+    return signature;
+  }
+  // The ordering half of begin_call, for a call that signs itself (the barrier).
   void before_enqueue(cudaStream_t stream);
   // Makes the communicator unusable on every rank (a call failed half-enqueued: the handshake
   // sequence the ranks share is broken): later calls here fail with `reason`, the peers' waits

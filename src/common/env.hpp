@@ -34,7 +34,7 @@ bool push_bulk();
 int copy_engine_streams();
 // SYMMEM_CE_DIRECTION (default pull): "pull" reads the peers' inputs; "push" writes this rank's
 // input into its peers' outputs (needs a symmetric output, else pull is used). Pull is the default
-// because after a timeout no copy then writes into another rank's memory (copy_engine_state.hpp).
+// because after a timeout no copy then writes into another rank's memory (board/copy_engine_watchdog.hpp).
 std::string copy_engine_direction();
 // SYMMEM_CE_BATCH (default 1): issue several peer copies as one cudaMemcpyBatchAsync (outside graphs).
 bool copy_engine_batch();

@@ -20,7 +20,7 @@ constexpr int kThreadsPerBlock = 512;  // of every SM collective but the bulk pu
 constexpr int kBarrierPhases = 4;  // distinct barriers one kernel may use (start, middle, end, ...)
 
 // A rank's failure record. Each rank has one in its page of the communicator's host board
-// (src/comm/host_board.hpp: host memory shared by every local rank and mapped into every GPU), so
+// (src/board/host_board.hpp: host memory shared by every local rank and mapped into every GPU), so
 // any rank's host can read why any other rank failed. The first device wait of this rank that
 // fails fills it; it is never cleared (the communicator is unusable afterwards).
 struct DeviceStatus {

@@ -12,7 +12,7 @@
 //                   that waits for it gets no SM: a deadlock until the deadline. So it precedes
 //                   the GEMM in stream order. Needs no handshake: the peers finished reading slot r
 //                   of the previous call (its done handshake precedes this call on this stream).
-//   side stream 0:  forked after the own copy: the ready handshake (copy_engine_steps.hpp): every
+//   side stream 0:  forked after the own copy: the ready handshake (board/handshake.hpp): every
 //                   peer's slot holds its shard of this call, and our calls match (the signature).
 //                   Then this rank PULLS every peer's slot into its own over NVLink (copy engines,
 //                   zero SMs), piece by piece, on up to `streams` lanes (peers r+1, r+2, ...
@@ -52,9 +52,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/call_signature.hpp"
-#include "collectives/copy_engine_state.hpp"
-#include "collectives/copy_engine_steps.hpp"
+#include "board/call_signature.hpp"
+#include "board/handshake.hpp"
+#include "board/wait_word.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
@@ -67,8 +67,8 @@
 #include "fused/side_streams.hpp"
 #include "plan/fused_plan.hpp"
 
-static_assert(symmem::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::kSignalFlagCount,
-              "the piece flags must fit in the control buffer's signal pad");
+static_assert(symmem::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::Workspaces::kFusedFlagWords,
+              "the piece flags must fit in the fused ops' flags");
 
 namespace symmem {
 namespace {
@@ -131,7 +131,7 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
                                    static_cast<int>(k), type, st.sm_count, p.shard_rows, p.pieces);
   detail::FlaggedGemm& g = p.gemm;
   detail::ChunkFlags& chunks = g.chunks;
-  chunks.flags = st.workspaces->gather_flags()->signal_pad();
+  chunks.flags = st.workspaces->fused_flags();
   chunks.ready_shard = st.rank;
   // The first tile wholly inside the own shard (rounded down, it would hold the previous shard's
   // tail, which arrives last).
@@ -180,10 +180,8 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
   Prepared p = prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
-  st.before_enqueue(stream);
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "all_gather_matmul: no copy-engine state");
-  const uint32_t signature = detail::signature_of(p.call);
-  st.record_call(signature, p.call);
+  const uint32_t signature = st.begin_call(stream, p.call);
   detail::ChunkFlags& chunks = p.gemm.chunks;
   chunks.sync = st.sync_args(detail::kOpAllGatherMatmul, signature);
   chunks.sync.timeout_ns = 2 * chunks.sync.timeout_ns + 1'000'000'000ull;
@@ -191,7 +189,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   const bool capturing = detail::stream_is_capturing(stream);
 
   const int rank = st.rank, world = st.world;
-  detail::CopyEngineState& ce = *st.copy_engine;
+  detail::CopyEngineStreams& ce = *st.copy_engine;
   const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
   const size_t flag_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
   char* gathered = static_cast<char*>(p.gathered.local);
@@ -204,7 +202,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
 
     if (world > 1) {
       cudaStream_t control = sides.control();
-      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
+      detail::enqueue_handshake(*st.board, rank, world, detail::WaitWord::kPhaseReady, signature, control);
       // Invariant: every peer's slot holds its shard of this call.
       const std::vector<cudaStream_t> lanes = sides.fork_lanes(world - 1);
       for (int i = 0; i < world - 1; ++i) {
@@ -213,7 +211,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
         enqueue_peer_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, lanes[i % lanes.size()]);
       }
       sides.join_lanes();
-      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
+      detail::enqueue_handshake(*st.board, rank, world, detail::WaitWord::kPhaseDone, signature, control);
       // Invariant (control stream): every slot holds its shard; no peer reads this rank's slot any more.
     }
 

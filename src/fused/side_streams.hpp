@@ -1,5 +1,5 @@
 // The copy-engine side streams one fused call forks from the caller's stream and joins back. The
-// side streams are the communicator's (CopyEngineState): side stream 0 carries the handshakes, the
+// side streams are the communicator's (CopyEngineStreams): side stream 0 carries the handshakes, the
 // others are extra copy lanes forked from it. unwind() is the error path: it joins whatever is
 // still forked (lanes into side stream 0, that into the caller's), so a capture can still end and
 // nothing of this call runs after the caller's stream moves on.
@@ -9,13 +9,13 @@
 
 #include <vector>
 
-#include "collectives/copy_engine_state.hpp"
+#include "comm/copy_engine_streams.hpp"
 
 namespace symmem::detail {
 
 class SideStreams {
  public:
-  SideStreams(CopyEngineState& ce, cudaStream_t caller) : ce_(ce), caller_(caller) {}
+  SideStreams(CopyEngineStreams& ce, cudaStream_t caller) : ce_(ce), caller_(caller) {}
 
   cudaStream_t control() const { return ce_.side_stream(0); }
   // Side stream 0 waits for what the caller's stream has enqueued so far.
@@ -33,7 +33,7 @@ class SideStreams {
  private:
   void join(int side, cudaStream_t into);
 
-  CopyEngineState& ce_;
+  CopyEngineStreams& ce_;
   cudaStream_t caller_;
   std::vector<int> forked_;  // side streams forked and not joined back yet (0 first)
 };

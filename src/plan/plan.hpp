@@ -116,17 +116,6 @@ struct ReducePlan {
 
 ReducePlan plan_reduce(const ReduceRequest& request, const TuningTable& table);
 
-// Copy-engine all-gather: the peer copies of one call, spread over `streams` streams. Pieces
-// cover every peer's bytes exactly once, are at most piece_bytes (but not under 64 KiB), and
-// are numerous enough that each stream gets a share.
-struct CopyPiece {
-  int peer;
-  size_t offset;  // within the peer's bytes
-  size_t bytes;
-  int stream;
-};
-std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes_per_rank, int streams, size_t piece_bytes);
-
 // Most elements (per rank for all-gather and reduce-scatter) that one chunk of the call may cover
 // so that everything it stages or receives fits its workspace; a multiple of 16 bytes' worth of
 // elements, at least one vector. SIZE_MAX when the plan needs no workspace. The planners fill

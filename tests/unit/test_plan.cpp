@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/kernel_args.hpp"
+#include "plan/copy_engine_pieces.hpp"
 #include "plan/plan.hpp"
 #include "symmem/error.hpp"
 #include "test.hpp"

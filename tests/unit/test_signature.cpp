@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/call_signature.hpp"
+#include "board/call_signature.hpp"
 #include "device/device_types.hpp"
 #include "kernels/kernel_args.hpp"
 #include "plan/plan.hpp"

@@ -1,4 +1,4 @@
-#include "collectives/call_signature.hpp"
+#include "board/call_signature.hpp"
 
 #include "common/hash.hpp"
 #include "device/device_types.hpp"
