@@ -19,6 +19,7 @@
 #include "common/hash.hpp"
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
+#include "plan/shared_gpu.hpp"
 
 namespace symmem {
 namespace detail {
@@ -352,19 +353,16 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
     if (r != st.rank && std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0 && !env::ranks_may_share_gpu())
       throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(st.job_rank(r)) +
                                                    " and " + std::to_string(layout.rank) + " use the same GPU");
-  // Tests only (SYMMEM_TEST_SHARED_GPU): ranks on one GPU share its SMs. Each plans with a share,
-  // and one share stays free for what runs beside their kernels (copies within a GPU are kernels):
-  // a fused GEMM's persistent grid on every SM would keep the copies it waits for from starting.
-  // The share comes from the most crowded GPU (every rank sees every identity), so that plans,
-  // which depend on the SM count, agree on every rank.
+  // Tests only (SYMMEM_TEST_SHARED_GPU): ranks on one GPU share its SMs (plan/shared_gpu.hpp). The
+  // share comes from the most crowded GPU (every rank sees every identity), so that plans, which
+  // depend on the SM count, agree on every rank.
   if (env::ranks_may_share_gpu()) {
-    int most_on_one_gpu = 1;
     for (int r = 0; r < world; ++r) {
       int same = 0;
       for (int q = 0; q < world; ++q) same += std::memcmp(ids[r].uuid, ids[q].uuid, sizeof(mine.uuid)) == 0;
-      most_on_one_gpu = std::max(most_on_one_gpu, same);
+      st.ranks_on_gpu = std::max(st.ranks_on_gpu, same);
     }
-    if (most_on_one_gpu > 1) st.sm_count = std::max(1, st.sm_count / (most_on_one_gpu + 1));
+    st.sm_count = detail::shared_gpu_sm_share(st.sm_count, st.ranks_on_gpu);
   }
 
   st.tuning = &detail::tuning_table_for(st.gpu_name);

@@ -49,7 +49,8 @@ struct CommunicatorState {
   int device = 0;
   int rank = 0;   // local rank
   int world = 1;  // ranks of this node
-  int sm_count = 0;
+  int sm_count = 0;      // the SMs this rank plans with (a share when ranks share the GPU)
+  int ranks_on_gpu = 1;  // ranks of this communicator on the most crowded GPU (tests only: > 1)
   std::string gpu_name;
   AgreedSettings settings;
   bool debug = false;  // SYMMEM_DEBUG (local: only logging)

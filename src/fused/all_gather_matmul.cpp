@@ -29,11 +29,17 @@
 //
 // ORDER OF ENQUEUE. All side-stream work is enqueued before the GEMM: streams may share a hardware
 // queue (more streams than connections, CUDA_DEVICE_MAX_CONNECTIONS=1), and a GEMM queued ahead
-// of the copies it waits for would wait for its deadline. Inside a CUDA graph the order of
-// independent nodes is the driver's: with CUDA_DEVICE_MAX_CONNECTIONS=1 (as read when the call is
-// made) a captured call makes the GEMM wait for every copy (no overlap). Otherwise the graph's
-// branches are trusted to run concurrently; if they did not, the GEMM's bounded wait would end the
-// call with an error, never a hang. Consecutive calls must be ordered on the caller's stream (as
+// of the copies it waits for would wait for its deadline. Inside a CUDA graph only dependencies
+// order the nodes, and the driver maps the branches onto hardware queues as it likes: the GEMM
+// node can land ahead of the copy branch in one queue, where it spins until its deadline while
+// the copies (and this rank's ready write, which every peer awaits) stay queued behind it. Where
+// that can happen a captured call does not branch: its handshakes and copies run on the caller's
+// stream ahead of the GEMM (no overlap in that graph). It can with CUDA_DEVICE_MAX_CONNECTIONS=1 (as
+// read when the call is made), and when ranks share the GPU (tests only: 8 ranks' streams and
+// their graphs' branches in one process outnumber the hardware queues; on one H100 the ready
+// handshake of the 8-rank test timed out in 4 of 4 runs). Otherwise the graph's branches are
+// trusted to run concurrently; if they did not, the GEMM's bounded wait would end the call with an
+// error, never a hang. Consecutive calls must be ordered on the caller's stream (as
 // for every collective): the handshakes' argument assumes it. Nor may another kernel that holds
 // every SM until something on a peer happens (a second fused call on another stream or
 // communicator) run beside it: each rank's GEMM would keep the other's own copy from starting.
@@ -193,7 +199,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
   const size_t flag_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
   char* gathered = static_cast<char*>(p.gathered.local);
-  detail::SideStreams sides(ce, stream);
+  detail::SideStreams sides(ce, stream, !capturing || !detail::captured_branches_may_share_a_queue(st));
   try {
     // The own shard, on SMs before the GEMM takes them (no handshake: see the top of the file).
     enqueue_own_shard(p, a_shard, gathered + size_t(rank) * shard_bytes, stream);
@@ -215,8 +221,6 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
       // Invariant (control stream): every slot holds its shard; no peer reads this rank's slot any more.
     }
 
-    // One hardware queue in a graph: nothing orders the GEMM after the copies it waits for.
-    if (capturing && detail::single_hardware_queue()) sides.join_control();
     detail::run_flagged_gemm(p.gemm, stream);
 
     sides.join_control();
