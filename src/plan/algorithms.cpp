@@ -100,10 +100,19 @@ const Algorithm* algorithms_begin() { return std::begin(kAlgorithms); }
 const Algorithm* algorithms_end() { return std::end(kAlgorithms); }
 
 const Algorithm* find_algorithm(Collective collective, Algo algo) {
-  if (algo == Algo::kAuto) return nullptr;
-  for (const Algorithm& a : kAlgorithms)
-    if (a.collective == collective && (a.algo == algo || a.alias == algo)) return &a;
-  return nullptr;
+  // Every call plans through here a few times: an index by (collective, enumerator), built once.
+  constexpr int kCollectives = 3, kSlots = 32;
+  struct Index {
+    const Algorithm* rows[kCollectives][kSlots] = {};
+    Index() {
+      for (const Algorithm& a : kAlgorithms)
+        for (Algo name : {a.algo, a.alias})
+          if (name != Algo::kAuto && int(name) < kSlots) rows[int(a.collective)][int(name)] = &a;
+    }
+  };
+  static const Index index;
+  const int slot = static_cast<int>(algo);
+  return slot > 0 && slot < kSlots ? index.rows[int(collective)][slot] : nullptr;
 }
 
 std::string algorithm_names(Collective collective) {

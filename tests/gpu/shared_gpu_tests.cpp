@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,7 @@
 
 #include "device_memory.hpp"
 #include "multicast_off.hpp"
+#include "plan/algorithms.hpp"
 #include "symmem/fused.hpp"
 #include "symmem/symmem.hpp"
 #include "test.hpp"
@@ -143,32 +145,33 @@ std::string describe(const Step& s) {
 // Forced block counts are drawn up to the most an SM collective launches (kernels/, 160).
 constexpr int kDrawnBlocks = 160;
 
+// kAuto and every algorithm of `c` that runs inside one node, from the table of algorithms: an
+// algorithm added there is drawn here without an edit.
+const std::vector<Algo>& algorithms_of(Collective c) {
+  static const std::array<std::vector<Algo>, 3> lists = [] {
+    std::array<std::vector<Algo>, 3> all;
+    const detail::Collective table_name[] = {detail::Collective::kAllGather, detail::Collective::kAllReduce,
+                                             detail::Collective::kReduceScatter};
+    for (int i = 0; i < 3; ++i) {
+      all[i].push_back(Algo::kAuto);
+      for (const detail::Algorithm* a = detail::algorithms_begin(); a != detail::algorithms_end(); ++a)
+        if (a->collective == table_name[i] && !a->across_nodes) all[i].push_back(a->algo);
+    }
+    return all;
+  }();
+  return lists[int(c)];
+}
+
 Step random_step(std::mt19937_64& rng) {
   auto pick = [&](int n) { return static_cast<int>(rng() % uint64_t(n)); };
   Step s;
   s.collective = static_cast<Collective>(pick(3));
-  static const Algo gather_algos[] = {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency};
-  static const Algo reduce_algos[] = {Algo::kAuto,        Algo::kOneShot,    Algo::kOneShotPush,
-                                      Algo::kTwoShot,     Algo::kTwoShotPush, Algo::kLowLatency,
-                                      Algo::kLowLatencyTwoShot};
-  static const Algo scatter_algos[] = {Algo::kAuto, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency};
   static const DataType gather_types[] = {DataType::kUInt8, DataType::kFloat16, DataType::kFloat32};
   static const DataType reduce_types[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
                                           DataType::kInt32};
-  switch (s.collective) {
-    case Collective::kAllGather:
-      s.algo = gather_algos[pick(5)];
-      s.type = gather_types[pick(3)];
-      break;
-    case Collective::kAllReduce:
-      s.algo = reduce_algos[pick(7)];
-      s.type = reduce_types[pick(4)];
-      break;
-    case Collective::kReduceScatter:
-      s.algo = scatter_algos[pick(4)];
-      s.type = reduce_types[pick(4)];
-      break;
-  }
+  const std::vector<Algo>& algos = algorithms_of(s.collective);
+  s.algo = algos[pick(int(algos.size()))];
+  s.type = s.collective == Collective::kAllGather ? gather_types[pick(3)] : reduce_types[pick(4)];
   // Message bytes log-uniform in [1, kMaxRankBytes]: mostly small (the low-latency range).
   const double log_bytes = std::uniform_real_distribution<double>(0.0, std::log2(double(kMaxRankBytes)))(rng);
   const size_t elem = dtype_size(s.type);

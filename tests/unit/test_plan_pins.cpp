@@ -201,6 +201,23 @@ size_t draw_bytes(Draw& d) {
   }
 }
 
+// The fields both requests draw, in one order: world, SMs, options, SYMMEM_ALGO and SYMMEM_BLOCKS,
+// operand kinds and their heap offsets.
+template <typename Request, typename PickAlgo, typename PickForced>
+void draw_shared(Draw& d, Request& r, PickAlgo pick_algo, PickForced pick_forced) {
+  r.world = d.pick(kWorlds);
+  r.sm_count = d.pick(kSmCounts);
+  r.options.algo = pick_algo();
+  r.options.blocks = d.pick(kBlockChoices);
+  r.options.max_blocks = d.pick(kMaxBlockChoices);
+  r.forced = pick_forced();
+  r.forced_blocks = d.below(6) == 0 ? 24 : 0;
+  r.in_symmetric = d.below(2);
+  r.out_symmetric = d.below(2);
+  r.in_address = r.in_symmetric ? d.pick(kAddresses) : 0;
+  r.out_address = r.out_symmetric ? d.pick(kAddresses) : 0;
+}
+
 AllGatherCase draw_all_gather(Draw& d) {
   constexpr Algo algos[] = {Algo::kAuto,   Algo::kAuto,       Algo::kAuto,       Algo::kPull,
                             Algo::kPush,   Algo::kCopyEngine, Algo::kLowLatency, Algo::kHierarchical,
@@ -211,17 +228,7 @@ AllGatherCase draw_all_gather(Draw& d) {
   AllGatherRequest& r = c.request;
   c.elem = d.pick(kElems);
   r.bytes_per_rank = std::max<size_t>(1, draw_bytes(d) / c.elem) * c.elem;
-  r.world = d.pick(kWorlds);
-  r.sm_count = d.pick(kSmCounts);
-  r.options.algo = d.pick(algos);
-  r.options.blocks = d.pick(kBlockChoices);
-  r.options.max_blocks = d.pick(kMaxBlockChoices);
-  r.forced = d.pick(forced);
-  r.forced_blocks = d.below(6) == 0 ? 24 : 0;
-  r.in_symmetric = d.below(2);
-  r.out_symmetric = d.below(2);
-  r.in_address = r.in_symmetric ? d.pick(kAddresses) : 0;
-  r.out_address = r.out_symmetric ? d.pick(kAddresses) : 0;
+  draw_shared(d, r, [&] { return d.pick(algos); }, [&] { return d.pick(forced); });
   r.copy_engine_push = d.below(4) == 0;
   r.push_bulk = d.below(4) != 0;
   r.low_latency_capacity = kLowLatencyCapacity;
@@ -249,17 +256,9 @@ ReduceCase draw_reduce(Draw& d) {
   r.reduce_scatter = d.below(2);
   r.elem_bytes = d.pick(reduce_elems);
   r.count = std::max<size_t>(1, draw_bytes(d) / r.elem_bytes);
-  r.world = d.pick(kWorlds);
-  r.sm_count = d.pick(kSmCounts);
-  r.options.algo = r.reduce_scatter ? d.pick(reduce_scatter_algos) : d.pick(all_reduce_algos);
-  r.options.blocks = d.pick(kBlockChoices);
-  r.options.max_blocks = d.pick(kMaxBlockChoices);
-  r.forced = d.pick(forced);
-  r.forced_blocks = d.below(6) == 0 ? 24 : 0;
-  r.in_symmetric = d.below(2);
-  r.out_symmetric = d.below(2);
-  r.in_address = r.in_symmetric ? d.pick(kAddresses) : 0;
-  r.out_address = r.out_symmetric ? d.pick(kAddresses) : 0;
+  draw_shared(
+      d, r, [&] { return r.reduce_scatter ? d.pick(reduce_scatter_algos) : d.pick(all_reduce_algos); },
+      [&] { return d.pick(forced); });
   r.low_latency_capacity = kLowLatencyCapacity;
   r.in_place = d.below(4) == 0;
   c.table = d.below(3) != 0;
