@@ -87,8 +87,8 @@ CommunicatorState::~CommunicatorState() {
   // deadline and the copy-engine watchdog (still running here) releases its waits, so this ends.
   if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
   between_nodes.reset();
-  copy_engine.reset();
   copy_engine_watchdog.reset();
+  copy_engine.reset();
   call_order.reset();
   workspaces.reset();
   buffers.clear();
@@ -487,8 +487,8 @@ void Communicator::close() {
     failure = std::current_exception();
   }
   st.between_nodes.reset();
-  st.copy_engine.reset();
   st.copy_engine_watchdog.reset();
+  st.copy_engine.reset();
   st.workspaces.reset();
   st.buffers.clear();
   st.heap.reset();
