@@ -47,8 +47,8 @@ struct CommunicatorState {
   std::shared_ptr<Bootstrap> bootstrap;
   NodeLayout layout;
   int device = 0;
-  int rank = 0;   // local rank
-  int world = 1;  // ranks of this node
+  int rank = 0;          // local rank
+  int world = 1;         // ranks of this node
   int sm_count = 0;      // the SMs this rank plans with (a share when ranks share the GPU)
   int ranks_on_gpu = 1;  // ranks of this communicator on the most crowded GPU (tests only: > 1)
   std::string gpu_name;

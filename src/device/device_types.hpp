@@ -15,9 +15,9 @@
 
 namespace symmem::detail {
 
-constexpr int kMaxBlocks = 160;    // SM collectives launch at most this many blocks
+constexpr int kMaxBlocks = 160;        // SM collectives launch at most this many blocks
 constexpr int kThreadsPerBlock = 512;  // of every SM collective but the bulk push
-constexpr int kBarrierPhases = 4;  // distinct barriers one kernel may use (start, middle, end, ...)
+constexpr int kBarrierPhases = 4;      // distinct barriers one kernel may use (start, middle, end, ...)
 
 // A rank's failure record. Each rank has one in its page of the communicator's host board
 // (src/board/host_board.hpp: host memory shared by every local rank and mapped into every GPU), so
@@ -49,8 +49,8 @@ enum OpCode : uint32_t {
   kOpAllReduce = 3,
   kOpReduceScatter = 4,
   kOpCopyEngine = 5,
-  kOpBetweenNodes = 6,  // the NCCL step of a hierarchical all-gather (peer: a job rank)
-  kOpAllGatherMatmul = 7,  // the GEMM of all_gather_matmul waiting for a shard (peer: its rank)
+  kOpBetweenNodes = 6,         // the NCCL step of a hierarchical all-gather (peer: a job rank)
+  kOpAllGatherMatmul = 7,      // the GEMM of all_gather_matmul waiting for a shard (peer: its rank)
   kOpMatmulReduceScatter = 8,  // matmul_reduce_scatter (its waits are the copy-engine handshakes)
 };
 

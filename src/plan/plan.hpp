@@ -43,22 +43,22 @@ struct AllGatherRequest {
   // the protocol: it may narrow the vector width or turn bulk push into plain push).
   uint64_t in_address = 0;
   uint64_t out_address = 0;
-  bool copy_engine_push = false;  // SYMMEM_CE_DIRECTION=push (used when the output is symmetric)
-  bool push_bulk = true;         // SYMMEM_PUSH_BULK: push with Hopper bulk copies where aligned
+  bool copy_engine_push = false;    // SYMMEM_CE_DIRECTION=push (used when the output is symmetric)
+  bool push_bulk = true;            // SYMMEM_PUSH_BULK: push with Hopper bulk copies where aligned
   size_t low_latency_capacity = 0;  // largest message per rank the low-latency areas hold, bytes
-  int nodes = 1;  // nodes the communicator spans (world is the ranks of one node)
+  int nodes = 1;                    // nodes the communicator spans (world is the ranks of one node)
   WorkspaceLimits workspace;
 };
 
 struct AllGatherPlan {
   Algo algo = Algo::kPull;  // kPull, kPush, kCopyEngine, kLowLatency or kHierarchical
   KernelId kernel = KernelId::kAllGatherPull;
-  int blocks = 0;           // 0 for the copy engine
+  int blocks = 0;  // 0 for the copy engine
   int vector_bytes = 16;
-  bool stage_input = false;       // copy the input into the heap first (pull, copy engine, hierarchical)
-  bool stage_output = false;      // push into the heap, then copy out (push, hierarchical)
-  bool copy_engine_push = false;  // copy engine writes into the peers' outputs (else reads inputs)
-  int local_warps = 0;            // pull, out of place: warps of each block that copy the own slot
+  bool stage_input = false;            // copy the input into the heap first (pull, copy engine, hierarchical)
+  bool stage_output = false;           // push into the heap, then copy out (push, hierarchical)
+  bool copy_engine_push = false;       // copy engine writes into the peers' outputs (else reads inputs)
+  int local_warps = 0;                 // pull, out of place: warps of each block that copy the own slot
   size_t chunk_elements = ~size_t(0);  // per rank and chunk (all_gather_chunk_elements)
 };
 
@@ -103,14 +103,14 @@ struct ReducePlan {
                                // or kLowLatency
   KernelId kernel = KernelId::kAllReduceTwoShot;
   int blocks = 0;
-  bool vector = true;               // 16-byte vectors (all addresses aligned)
-  bool stage_input = false;         // input must be copied into the heap first (also one-shot in
-                                    // place: ranks would overwrite inputs their peers still read)
-  bool gather_via_staging = false;  // two-shot with an output outside the heap: the reduced slices
-                                    // are gathered from every rank's staging_out
-  bool reads_peer_inputs = true;    // false: reads only this rank's input (low latency, push)
-  bool receive_area = false;        // peers store their inputs into this rank's parity-alternating
-                                    // receive area (one-shot push, reduce-scatter push)
+  bool vector = true;                  // 16-byte vectors (all addresses aligned)
+  bool stage_input = false;            // input must be copied into the heap first (also one-shot in
+                                       // place: ranks would overwrite inputs their peers still read)
+  bool gather_via_staging = false;     // two-shot with an output outside the heap: the reduced slices
+                                       // are gathered from every rank's staging_out
+  bool reads_peer_inputs = true;       // false: reads only this rank's input (low latency, push)
+  bool receive_area = false;           // peers store their inputs into this rank's parity-alternating
+                                       // receive area (one-shot push, reduce-scatter push)
   size_t chunk_elements = ~size_t(0);  // per chunk (per rank for reduce-scatter; reduce_chunk_elements)
 };
 
@@ -120,7 +120,8 @@ ReducePlan plan_reduce(const ReduceRequest& request, const TuningTable& table);
 // so that everything it stages or receives fits its workspace; a multiple of 16 bytes' worth of
 // elements, at least one vector. SIZE_MAX when the plan needs no workspace. The planners fill
 // chunk_elements with these.
-size_t all_gather_chunk_elements(const AllGatherPlan& plan, size_t elem_bytes, int world, const WorkspaceLimits& limits);
+size_t all_gather_chunk_elements(const AllGatherPlan& plan, size_t elem_bytes, int world,
+                                 const WorkspaceLimits& limits);
 size_t reduce_chunk_elements(const ReducePlan& plan, bool reduce_scatter, size_t elem_bytes, int world,
                              const WorkspaceLimits& limits);
 

@@ -219,16 +219,16 @@ void draw_shared(Draw& d, Request& r, PickAlgo pick_algo, PickForced pick_forced
 }
 
 AllGatherCase draw_all_gather(Draw& d) {
-  constexpr Algo algos[] = {Algo::kAuto,   Algo::kAuto,       Algo::kAuto,       Algo::kPull,
-                            Algo::kPush,   Algo::kCopyEngine, Algo::kLowLatency, Algo::kHierarchical,
-                            Algo::kOneShot};
-  constexpr Algo forced[] = {Algo::kAuto,       Algo::kAuto, Algo::kAuto,       Algo::kPull,
-                             Algo::kPush,       Algo::kCopyEngine, Algo::kLowLatency, Algo::kTwoShot};
+  constexpr Algo algos[] = {Algo::kAuto,       Algo::kAuto,       Algo::kAuto,         Algo::kPull,   Algo::kPush,
+                            Algo::kCopyEngine, Algo::kLowLatency, Algo::kHierarchical, Algo::kOneShot};
+  constexpr Algo forced[] = {Algo::kAuto, Algo::kAuto,       Algo::kAuto,       Algo::kPull,
+                             Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency, Algo::kTwoShot};
   AllGatherCase c;
   AllGatherRequest& r = c.request;
   c.elem = d.pick(kElems);
   r.bytes_per_rank = std::max<size_t>(1, draw_bytes(d) / c.elem) * c.elem;
-  draw_shared(d, r, [&] { return d.pick(algos); }, [&] { return d.pick(forced); });
+  draw_shared(
+      d, r, [&] { return d.pick(algos); }, [&] { return d.pick(forced); });
   r.copy_engine_push = d.below(4) == 0;
   r.push_bulk = d.below(4) != 0;
   r.low_latency_capacity = kLowLatencyCapacity;
@@ -239,17 +239,16 @@ AllGatherCase draw_all_gather(Draw& d) {
 }
 
 ReduceCase draw_reduce(Draw& d) {
-  constexpr Algo all_reduce_algos[] = {Algo::kAuto,        Algo::kAuto,       Algo::kAuto,
-                                       Algo::kOneShot,     Algo::kOneShotPush, Algo::kTwoShot,
-                                       Algo::kTwoShotPush, Algo::kLowLatency,  Algo::kLowLatencyTwoShot,
-                                       Algo::kCopyEngine};
+  constexpr Algo all_reduce_algos[] = {
+      Algo::kAuto,    Algo::kAuto,        Algo::kAuto,       Algo::kOneShot,           Algo::kOneShotPush,
+      Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kCopyEngine};
   // (reduce-scatter's pull and push are its new names: before issue 28 they were refused)
-  constexpr Algo reduce_scatter_algos[] = {Algo::kAuto,       Algo::kAuto,        Algo::kAuto,
-                                           Algo::kTwoShot,    Algo::kTwoShotPush, Algo::kLowLatency,
-                                           Algo::kOneShot,    Algo::kLowLatencyTwoShot};
-  constexpr Algo forced[] = {Algo::kAuto,        Algo::kAuto,       Algo::kAuto,
-                             Algo::kOneShot,     Algo::kTwoShot,    Algo::kTwoShotPush,
-                             Algo::kLowLatency,  Algo::kLowLatencyTwoShot, Algo::kOneShotPush};
+  constexpr Algo reduce_scatter_algos[] = {
+      Algo::kAuto,        Algo::kAuto,       Algo::kAuto,    Algo::kTwoShot,
+      Algo::kTwoShotPush, Algo::kLowLatency, Algo::kOneShot, Algo::kLowLatencyTwoShot};
+  constexpr Algo forced[] = {Algo::kAuto,       Algo::kAuto,        Algo::kAuto,       Algo::kOneShot,
+                             Algo::kTwoShot,    Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot,
+                             Algo::kOneShotPush};
   constexpr size_t reduce_elems[] = {2, 4};
   ReduceCase c;
   ReduceRequest& r = c.request;
@@ -361,5 +360,6 @@ TEST(plans_are_pinned) {
     ::symmem::test::fail(__FILE__, __LINE__,
                          std::to_string(changed) + " of " + std::to_string(groups) +
                              " groups of plans changed (SYMMEM_PLAN_PINS_PRINT=FILE on the pinned commit and on "
-                             "this one, then diff):" + report);
+                             "this one, then diff):" +
+                             report);
 }
