@@ -51,7 +51,6 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
   request.push_bulk = st.settings.push_bulk;
   request.low_latency_capacity = detail::Workspaces::kLowLatencySlotBytes;
   request.nodes = st.layout.nodes;
-  request.workspace = st.workspaces->limits();
   p.plan = detail::plan_all_gather(request, *st.tuning);
 
   p.call = detail::make_call_descriptor(detail::kOpAllGather, type, ReduceOp::kSum, count, p.plan.algo, p.plan.blocks,

@@ -44,7 +44,6 @@ PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, con
   fill_agreed_request(request, st, options, p.in, p.out);
   request.low_latency_capacity = Workspaces::kLowLatencySlotBytes;
   request.in_place = p.in_place;
-  request.workspace = st.workspaces->limits();
   p.plan = plan_reduce(request, *st.tuning);
 
   p.call = make_call_descriptor(reduce_scatter ? kOpReduceScatter : kOpAllReduce, type, op, count, p.plan.algo,
