@@ -51,8 +51,9 @@ std::string nccl_library();
 
 // SYMMEM_TEST_SHARED_GPU (default 0): for tests only. Lets several ranks of one process (threads
 // with make_thread_bootstrap) use the same GPU, which a real job must never do: their kernels
-// would wait for each other unless they all fit on the GPU at once. tests/gpu/shared_gpu_tests.cpp
-// runs the multi-rank protocols this way on a one-GPU machine.
+// would wait for each other unless they all fit on the GPU at once (each then plans with a share
+// of the SMs that makes them fit: plan/shared_gpu.hpp). tests/gpu/shared_gpu_tests.cpp runs the
+// multi-rank protocols this way on a one-GPU machine.
 bool ranks_may_share_gpu();
 
 // Read a variable with a default; exposed for tests and the tools.
