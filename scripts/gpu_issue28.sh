@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 28's checks on ONE GPU, from binaries built elsewhere (builds nothing):
-#   scripts/gpu_issue28.sh BUNDLE
+#   scripts/gpu_issue28.sh BUNDLE          (a folder, or a tar.xz of one: the binaries are 90 MB,
+#                                            11 MB compressed)
 # BUNDLE (scripts/bundle.sh makes it: build-bundle/) holds symmem_shared_gpu_tests, symmem_gpu_tests,
 # symmem-run, symmem-bench and COMMIT from this tree, and for the A/B the old bench as
 # old-symmem-bench with OLD_COMMIT (OLD_BENCH=/work/old/build/symmem-bench OLD_COMMIT=8ad5a53).
@@ -14,7 +15,12 @@
 #   host_cost_ab.csv, host_cost_ab/*.csv|*.txt        symmem-bench host_cost, old and new interleaved
 #   negative/old_*.log                                the old shared-GPU tests at the failures issue 28 names
 set -uo pipefail
-B=$(cd "${1:?usage: $0 BUNDLE}" && pwd)
+B=${1:?usage: $0 BUNDLE (a folder, or a tar.xz of one: tar cJf build-bundle.tar.xz build-bundle)}
+if [ -f "$B" ]; then  # a tarball: unpack it beside itself
+  dir=$(mktemp -d)
+  tar xJf "$B" -C "$dir" && B=$(find "$dir" -name COMMIT -printf '%h\n' | head -1)
+fi
+B=$(cd "$B" && pwd)
 OUT=${OUT:-$PWD/gpu-issue28-out}
 mkdir -p "$OUT/host_cost_ab" "$OUT/negative"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
