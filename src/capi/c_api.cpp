@@ -69,7 +69,7 @@ ReduceOp op_of(int op) {
 }
 
 CollectiveOptions options_of(int algo, int blocks, int max_blocks) {
-  if (algo < 0 || algo > static_cast<int>(Algo::kHierarchical))
+  if (algo < 0 || std::string(algo_name(static_cast<Algo>(algo))) == "?")
     throw Error(ErrorCode::kInvalidArgument, "algo " + std::to_string(algo) + " is not a symmem::Algo");
   CollectiveOptions o;
   o.algo = static_cast<Algo>(algo);

@@ -193,6 +193,7 @@ OUTSIDE_GROUP = textwrap.dedent("""
         results[3].wait()
         assert torch.equal(out[:4], x)
     dist.barrier()
+    dist.destroy_process_group()
     print("ok")
 """)
 
@@ -283,6 +284,8 @@ COMPAT_TWO_RANKS = textwrap.dedent("""
                 got = torch.ops.symmem.fused_matmul_reduce_scatter(full, b, op, dim, g)
                 want = (total / scale).chunk(2, dim)[rank].to(dtype)
                 assert torch.equal(got, want), (dtype, dim, op)
+    dist.barrier()
+    dist.destroy_process_group()  # (gloo's threads end before the interpreter does)
     print("ok")
 """)
 

@@ -1,4 +1,4 @@
-#include "collectives/call_signature.hpp"
+#include "board/call_signature.hpp"
 
 #include "common/hash.hpp"
 #include "device/device_types.hpp"
@@ -39,7 +39,8 @@ std::string describe_call(const CallDescriptor& c) {
     return symmetric ? "symmetric@" + std::to_string(offset) : std::string("local");
   };
   std::string s = std::string(op_code_name(c.op)) + "(count=" + std::to_string(c.count) + ", " + dtype_name(c.type);
-  if (c.op == kOpAllGatherMatmul || c.op == kOpMatmulReduceScatter) s += ", n=" + std::to_string(c.n) + ", k=" + std::to_string(c.k);
+  if (c.op == kOpAllGatherMatmul || c.op == kOpMatmulReduceScatter)
+    s += ", n=" + std::to_string(c.n) + ", k=" + std::to_string(c.k);
   if (c.op == kOpAllReduce || c.op == kOpReduceScatter) s += std::string(", ") + reduce_op_name(c.reduce);
   s += std::string(", ") + algo_name(c.algo) + ", blocks=" + std::to_string(c.blocks);
   if (c.in_place)
