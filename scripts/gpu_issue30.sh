@@ -51,11 +51,14 @@ step() {
   python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
 } > "$OUT/gpu.txt" 2>&1
 
-# 1. The shared-GPU suite: every all-to-all and MoE case at each world size.
+# 1. The shared-GPU suite: every all-to-all and MoE case at each world size. Every rank's streams
+# need hardware queues of their own (32, read when CUDA starts; the suite sets it only where the
+# environment does not, so an inherited CUDA_DEVICE_MAX_CONNECTIONS=1 would put the ranks' streams
+# on one queue, where a waiting kernel holds its peers' work behind it).
 for w in 2 3 4 8; do
   case $w in 2 | 3) limit=55 ;; 4) limit=60 ;; *) limit=95 ;; esac
   step "shared_gpu_moe_$w" "$limit" "$OUT/shared_gpu_moe_$w.log" \
-    env SYMMEM_SHARED_GPU_WORLDS="$w" "$BUNDLE/symmem_shared_gpu_moe_tests"
+    env SYMMEM_SHARED_GPU_WORLDS="$w" CUDA_DEVICE_MAX_CONNECTIONS=32 "$BUNDLE/symmem_shared_gpu_moe_tests"
 done
 
 # 2. symmem-bench all_to_all at world 1: local cost of every form and algorithm, eager and graph.

@@ -48,7 +48,7 @@ namespace symmem {
 enum class EpLayout { kExpertMajor, kRankMajor };
 enum class EpPayload { kBFloat16, kFloat8E4M3 };
 
-const char* ep_layout_name(EpLayout layout);    // "expert_major", "rank_major"
+const char* ep_layout_name(EpLayout layout);     // "expert_major", "rank_major"
 const char* ep_payload_name(EpPayload payload);  // "bfloat16", "float8_e4m3"
 
 // Every field must be equal on every rank (checked at creation, naming the field).
@@ -77,10 +77,10 @@ struct EpMemory {
 EpMemory ep_memory(const EpConfig& config, int world);
 
 struct EpDispatchArgs {
-  const void* x = nullptr;          // [num_tokens, H] bfloat16, or float8 e4m3 (payload)
-  const float* x_scales = nullptr;  // float8: [num_tokens, H / 128] float32
-  const void* topk_idx = nullptr;   // [num_tokens, K] global expert ids; -1 (any negative): none
-  bool topk_idx_int64 = true;       // int64 (vLLM, DeepEP) or int32
+  const void* x = nullptr;              // [num_tokens, H] bfloat16, or float8 e4m3 (payload)
+  const float* x_scales = nullptr;      // float8: [num_tokens, H / 128] float32
+  const void* topk_idx = nullptr;       // [num_tokens, K] global expert ids; -1 (any negative): none
+  bool topk_idx_int64 = true;           // int64 (vLLM, DeepEP) or int32
   const float* topk_weights = nullptr;  // [num_tokens, K] float32
   // Tokens this call dispatches: num_tokens_device (a device int32) when set, else num_tokens.
   // Rows up to T must be readable either way. A count above T fails as kCapacity on every rank.
@@ -110,8 +110,8 @@ struct EpReceived {
   int32_t* num_rows;           // [1]: rows received in all (kExpertMajor: sum over experts)
   void* combine_input;         // bfloat16, rows as x: where the experts' outputs go
   int local_experts;
-  size_t rows;                 // kExpertMajor: per local expert; kRankMajor: in all
-  size_t row_bytes;            // payload bytes of one row
+  size_t rows;       // kExpertMajor: per local expert; kRankMajor: in all
+  size_t row_bytes;  // payload bytes of one row
 };
 
 class EpContext {

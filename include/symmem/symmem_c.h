@@ -30,6 +30,9 @@ typedef int (*symmem_barrier_fn)(void* context);
 const char* symmem_version(void);
 const char* symmem_last_error(void);
 const char* symmem_error_code_name(int code); /* of a return value; "ok" for 0 */
+/* The ErrorCode enumerator of a return value ("kTimeout" for 1 + kTimeout); NULL for 0 and past the
+ * last. Bindings read the enum from here instead of copying it. */
+const char* symmem_error_code_id(int code);
 /* The names of symmem::DataType and symmem::ReduceOp values, in the order of symmem/types.hpp
  * ("float32", ..., "sum", ...); NULL past the last. Bindings read them instead of copying them. */
 const char* symmem_dtype_name(int dtype);

@@ -8,9 +8,8 @@ device addresses and CUDA streams are integers here; symmem.torch.moe wraps them
 """
 import ctypes
 
-from . import _native
+from . import _native, errors
 from ._native import lib
-from .errors import SymmemError
 
 PAYLOADS = {"bfloat16": 0, "float8_e4m3": 1}  # symmem::EpPayload in declaration order
 LAYOUTS = {"expert_major": 0, "rank_major": 1}  # symmem::EpLayout in declaration order
@@ -19,9 +18,9 @@ LAYOUTS = {"expert_major": 0, "rank_major": 1}  # symmem::EpLayout in declaratio
 def _config_args(num_experts, topk, hidden, max_tokens_per_rank, payload, layout, max_tokens_per_expert,
                  max_received_rows, max_blocks):
     if payload not in PAYLOADS:
-        raise SymmemError("kInvalidArgument", f"payload {payload!r} is not one of {sorted(PAYLOADS)}")
+        raise errors.SymmemError(_native.ErrorCode.kInvalidArgument, f"payload {payload!r} is not one of {sorted(PAYLOADS)}")
     if layout not in LAYOUTS:
-        raise SymmemError("kInvalidArgument", f"layout {layout!r} is not one of {sorted(LAYOUTS)}")
+        raise errors.SymmemError(_native.ErrorCode.kInvalidArgument, f"layout {layout!r} is not one of {sorted(LAYOUTS)}")
     return (int(num_experts), int(topk), int(hidden), int(max_tokens_per_rank), PAYLOADS[payload], LAYOUTS[layout],
             int(max_tokens_per_expert), int(max_received_rows), int(max_blocks))
 
@@ -53,7 +52,7 @@ class EpContext:
     @property
     def handle(self):
         if self._handle is None:
-            raise SymmemError("kInvalidArgument", "the EP context was destroyed")
+            raise errors.SymmemError(_native.ErrorCode.kInvalidArgument, "the EP context was destroyed")
         return self._handle
 
     def received(self):

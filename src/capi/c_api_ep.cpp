@@ -54,9 +54,10 @@ int symmem_ep_memory(int num_experts, int topk, int hidden, int max_tokens_per_r
                      size_t* local_bytes) {
   return c_api_guard([&] {
     if (!heap_bytes || !local_bytes) throw Error(ErrorCode::kInvalidArgument, "symmem_ep_memory: NULL result");
-    const symmem::EpMemory m = symmem::ep_memory(config_of(num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
-                                                           max_tokens_per_expert, max_received_rows, max_blocks),
-                                                 world);
+    const symmem::EpMemory m =
+        symmem::ep_memory(config_of(num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
+                                    max_tokens_per_expert, max_received_rows, max_blocks),
+                          world);
     *heap_bytes = m.heap_bytes;
     *local_bytes = m.local_bytes;
   });
@@ -68,9 +69,9 @@ int symmem_ep_create(symmem_comm* comm, int num_experts, int topk, int hidden, i
     if (!out) throw Error(ErrorCode::kInvalidArgument, "symmem_ep_create: NULL result");
     if (!comm || !comm->comm) throw Error(ErrorCode::kInvalidArgument, "no communicator (NULL or destroyed)");
     auto handle = std::make_unique<symmem_ep>();
-    handle->context = symmem::EpContext::create(
-        *comm->comm, config_of(num_experts, topk, hidden, max_tokens_per_rank, payload, layout, max_tokens_per_expert,
-                               max_received_rows, max_blocks));
+    handle->context =
+        symmem::EpContext::create(*comm->comm, config_of(num_experts, topk, hidden, max_tokens_per_rank, payload,
+                                                         layout, max_tokens_per_expert, max_received_rows, max_blocks));
     *out = handle.release();
   });
 }

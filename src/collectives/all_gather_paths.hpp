@@ -12,7 +12,8 @@ namespace symmem::detail {
 
 struct CommunicatorState;
 
-// One copy-engine all-gather (or one chunk of a staged one).
+// One copy-engine all-gather (or one chunk of a staged one); with in_slice_stride, one uniform
+// all-to-all (or a chunk of it): the same handshakes and copies, a different slice per peer.
 struct CopyEngineCall {
   void* out;                        // this rank's output base; rank r's slot at out + r * slot_stride
   size_t slot_stride;               // bytes between slots (== bytes unless chunked)
@@ -23,18 +24,23 @@ struct CopyEngineCall {
   bool push;                        // write into the peers' outputs (else read their inputs)
   bool copy_own;                    // copy `in` into this rank's own slot (out of place)
   uint32_t signature;               // the call's signature (nonzero): the handshake flags carry it
+  // 0: every peer receives the whole input (all-gather). Else the input holds one slice per rank,
+  // rank p's at in + p * in_slice_stride (all-to-all): pull reads peer p's slice for this rank,
+  // push writes this rank's slice for peer p, the own slot takes this rank's own slice.
+  size_t in_slice_stride;
 };
 
 // One hierarchical all-gather (or one chunk of a staged one) on the communicator's node layout,
 // described as a copy-engine call (push is not used: inside the node it always pulls, from the
 // local peers' inputs and outputs, which both must be set when the node has several GPUs). The
 // schedule is in src/plan/hierarchical_plan.hpp. Network steps on the between-nodes stream,
-// copy-engine steps (zero SMs) on `stream`. Never blocks forever: the copy-engine watchdog (copy_engine_state.hpp) and
-// the network watchdog (src/net/between_nodes.hpp) bound every wait.
+// copy-engine steps (zero SMs) on `stream`. Never blocks forever: the copy-engine watchdog
+// (board/copy_engine_watchdog.hpp) and the network watchdog (src/net/between_nodes.hpp) bound
+// every wait.
 void all_gather_hierarchical(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream);
 
 // Zero SMs: handshake (stream memory operations on the host board), copies on the copy engines,
-// handshake. Never blocks forever: see copy_engine_state.hpp.
+// handshake. Never blocks forever: see board/handshake.hpp and board/copy_engine_watchdog.hpp.
 void all_gather_copy_engine(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream);
 
 }  // namespace symmem::detail

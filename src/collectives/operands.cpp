@@ -1,10 +1,12 @@
 #include "collectives/operands.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/check.hpp"
+#include "plan/plan.hpp"
 
 namespace symmem::detail {
 
@@ -48,6 +50,13 @@ int address_alignment(const void* p) {
   int width = 16;
   while (width > 1 && a % width != 0) width /= 2;
   return width;
+}
+
+int launch_vector(int planned, std::initializer_list<const void*> local_pointers,
+                  std::initializer_list<uint64_t> sizes) {
+  int v = std::min(planned, common_vector_bytes(sizes));
+  for (const void* p : local_pointers) v = std::min(v, address_alignment(p));
+  return v;
 }
 
 }  // namespace symmem::detail

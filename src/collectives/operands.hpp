@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "device/device_types.hpp"
 #include "symmem/collectives.hpp"
@@ -33,8 +34,15 @@ Resolved shifted(const Resolved& r, size_t delta);
 // Largest power of two <= 16 dividing the address (the widest vector a kernel may use on it).
 int address_alignment(const void* p);
 
+// The widest vector this rank may use: the plan's (agreed), narrowed by the local pointers the
+// kernel touches directly and by this chunk's sizes. Ranks may differ here; the protocol (grid,
+// barriers) does not.
+int launch_vector(int planned, std::initializer_list<const void*> local_pointers,
+                  std::initializer_list<uint64_t> sizes);
+
 // The fields every planning request shares, from values equal on every rank: the world, the
-// agreed settings, the options, the operand kinds and the symmetric operands' heap offsets.
+// agreed settings, the options, the operand kinds, the symmetric operands' heap offsets and the
+// workspaces' capacities.
 template <typename Request, typename State>
 void fill_agreed_request(Request& r, const State& st, const CollectiveOptions& options, const Resolved& in,
                          const Resolved& out) {
@@ -47,6 +55,7 @@ void fill_agreed_request(Request& r, const State& st, const CollectiveOptions& o
   r.out_symmetric = out.symmetric;
   r.in_address = in.heap_offset;
   r.out_address = out.heap_offset;
+  r.workspace = st.workspaces->limits();
 }
 
 }  // namespace symmem::detail

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "board/call_signature.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/check.hpp"
@@ -42,7 +43,7 @@ struct EpContext::State {
   void* scratch_memory = nullptr;
   detail::EpScratch scratch{};
   int blocks = 1;
-  uint32_t dispatch_signature = 0, combine_signature = 0;
+  uint64_t shape_hash = 0;  // the geometry every rank agreed on (the signatures cover it)
   std::string dispatch_text, combine_text;
   bool closed = false;
 
@@ -59,10 +60,6 @@ struct EpContext::State {
     }
     return b;
   }
-  void fill_low_latency(uint64_t* (&peers)[detail::kMaxWorld], size_t* slot_words) const {
-    for (int r = 0; r < st->world; ++r) peers[r] = static_cast<uint64_t*>(st->workspaces->low_latency()->peer_ptr(r));
-    *slot_words = detail::Workspaces::kLowLatencySlotBytes / 4;
-  }
   void require_open(const char* op) const {
     if (closed) throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": the EpContext was closed");
   }
@@ -77,10 +74,10 @@ void agree_on_config(const EpConfig& mine, detail::CommunicatorState& st) {
   for (int r = 0; r < st.world; ++r) {
     const EpConfig& o = all[r];
     auto differ = [&](const char* field, long theirs, long ours) {
-      throw Error(ErrorCode::kInvalidArgument, std::string("EpContext::create: ") + field + " differs across ranks: rank " +
-                                                   std::to_string(st.job_rank(r)) + " has " + std::to_string(theirs) +
-                                                   ", rank " + std::to_string(st.layout.rank) + " has " +
-                                                   std::to_string(ours));
+      throw Error(ErrorCode::kInvalidArgument, std::string("EpContext::create: ") + field +
+                                                   " differs across ranks: rank " + std::to_string(st.job_rank(r)) +
+                                                   " has " + std::to_string(theirs) + ", rank " +
+                                                   std::to_string(st.layout.rank) + " has " + std::to_string(ours));
     };
     if (o.num_experts != mine.num_experts) differ("num_experts", o.num_experts, mine.num_experts);
     if (o.topk != mine.topk) differ("topk", o.topk, mine.topk);
@@ -97,21 +94,30 @@ void agree_on_config(const EpConfig& mine, detail::CommunicatorState& st) {
   }
 }
 
-uint32_t sign(uint32_t op, const detail::EpGeometry& g, int blocks) {
+uint64_t shape_hash_of(const detail::EpGeometry& g) {
   detail::Fnv1a h;
-  h.value(op).value(g.world).value(g.experts).value(g.topk).value(g.hidden).value(g.max_tokens).value(g.expert_major);
-  h.value(g.fp8).value(g.rows_per_expert).value(g.rows).value(blocks);
-  const uint64_t d = h.digest();
-  const uint32_t folded = static_cast<uint32_t>(d ^ (d >> 32));
-  return folded != 0 ? folded : 1u;
+  h.value(g.world).value(g.experts).value(g.topk).value(g.hidden).value(g.max_tokens).value(g.expert_major);
+  h.value(g.fp8).value(g.rows_per_expert).value(g.rows);
+  return h.digest() | 1u;
+}
+
+// The descriptor of a dispatch or combine (board/call_signature.hpp): the op, the blocks and the
+// context's geometry; its description is the context's.
+detail::CallDescriptor descriptor_of(uint32_t op, int blocks, uint64_t shape_hash, const std::string& text) {
+  detail::CallDescriptor c;
+  c.op = op;
+  c.type = DataType::kUInt8;
+  c.blocks = blocks;
+  c.shape_hash = shape_hash;
+  c.description = [&text] { return text; };
+  return c;
 }
 
 std::string describe_call(const char* op, const EpConfig& c, const detail::EpGeometry& g, int blocks) {
   std::string s = std::string(op) + "(" + ep_layout_name(c.layout) + ", " + ep_payload_name(c.payload) +
                   ", experts=" + std::to_string(g.experts) + ", topk=" + std::to_string(g.topk) +
                   ", hidden=" + std::to_string(g.hidden) + ", max_tokens=" + std::to_string(g.max_tokens);
-  s += g.expert_major ? ", rows_per_expert=" + std::to_string(g.rows_per_expert)
-                      : ", rows=" + std::to_string(g.rows);
+  s += g.expert_major ? ", rows_per_expert=" + std::to_string(g.rows_per_expert) : ", rows=" + std::to_string(g.rows);
   return s + ", blocks=" + std::to_string(blocks) + ")";
 }
 
@@ -155,8 +161,7 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.scratch.num_tokens = reinterpret_cast<int32_t*>(base + o.num_tokens);
   s.scratch.go = reinterpret_cast<uint32_t*>(base + o.go);
   s.scratch.counts = reinterpret_cast<uint32_t*>(base + o.counts);
-  s.dispatch_signature = sign(detail::kOpMoeDispatch, s.g, s.blocks);
-  s.combine_signature = sign(detail::kOpMoeCombine, s.g, s.blocks);
+  s.shape_hash = shape_hash_of(s.g);
   s.dispatch_text = describe_call("moe_dispatch", config, s.g, s.blocks);
   s.combine_text = describe_call("moe_combine", config, s.g, s.blocks);
   return std::unique_ptr<EpContext>(new EpContext(std::move(state)));
@@ -195,9 +200,11 @@ void EpContext::dispatch(const EpDispatchArgs& args, cudaStream_t stream) {
   if (!args.x || !args.topk_idx || !args.topk_weights)
     throw Error(ErrorCode::kInvalidArgument, "moe_dispatch: x, topk_idx and topk_weights are required");
   if (s.g.fp8 && !args.x_scales)
-    throw Error(ErrorCode::kInvalidArgument, "moe_dispatch: a float8 payload needs x_scales (float32, hidden / 128 per row)");
+    throw Error(ErrorCode::kInvalidArgument,
+                "moe_dispatch: a float8 payload needs x_scales (float32, hidden / 128 per row)");
   if (!args.num_tokens_device && args.num_tokens < 0)
-    throw Error(ErrorCode::kInvalidArgument, "moe_dispatch: num_tokens is negative (" + std::to_string(args.num_tokens) + ")");
+    throw Error(ErrorCode::kInvalidArgument,
+                "moe_dispatch: num_tokens is negative (" + std::to_string(args.num_tokens) + ")");
   require_aligned(args.x, "x", op);
   detail::DeviceGuard guard(st.device);
   // Rows the kernels may read: up to T with a device count, else the host count (capped at T:
@@ -209,10 +216,12 @@ void EpContext::dispatch(const EpDispatchArgs& args, cudaStream_t stream) {
   detail::require_device_pointer(args.topk_idx, rows * k * (args.topk_idx_int64 ? 8 : 4), "topk_idx", op, *s.comm);
   detail::require_device_pointer(args.topk_weights, rows * k * 4, "topk_weights", op, *s.comm);
   if (s.g.fp8) detail::require_device_pointer(args.x_scales, rows * s.g.scale_bytes, "x_scales", op, *s.comm);
-  if (args.num_tokens_device) detail::require_device_pointer(args.num_tokens_device, 4, "num_tokens_device", op, *s.comm);
+  if (args.num_tokens_device)
+    detail::require_device_pointer(args.num_tokens_device, 4, "num_tokens_device", op, *s.comm);
 
-  st.before_enqueue(stream);
-  if (!st.board->recorded_recently(s.dispatch_signature)) st.board->record_call(s.dispatch_signature, s.dispatch_text);
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature =
+      st.sign_call(descriptor_of(detail::kOpMoeDispatch, s.blocks, s.shape_hash, s.dispatch_text));
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, s.dispatch_text.c_str());
   detail::MoeDispatchArgs a{};
   a.g = s.g;
@@ -225,8 +234,8 @@ void EpContext::dispatch(const EpDispatchArgs& args, cudaStream_t stream) {
   a.num_tokens_device = args.num_tokens_device;
   a.scratch = s.scratch;
   a.buffers = s.buffers();
-  s.fill_low_latency(a.ll_peers, &a.ll_slot_words);
-  a.sync = st.sync_args(detail::kOpMoeDispatch, s.dispatch_signature);
+  a.lines = st.workspaces->low_latency_lines();
+  a.sync = st.sync_args(detail::kOpMoeDispatch, signature);
   detail::launch_moe_dispatch_count(a, stream);
   detail::launch_moe_dispatch_push(a, s.blocks, stream);
 }
@@ -241,14 +250,13 @@ void EpContext::combine(const EpCombineArgs& args, cudaStream_t stream) {
   require_aligned(args.out, "out", op);
   if (args.expert_out) require_aligned(args.expert_out, "expert_out", op);
   detail::DeviceGuard guard(st.device);
-  if (args.expert_out)
-    detail::require_device_pointer(args.expert_out, s.g.combine_bytes, "expert_out", op, *s.comm);
+  if (args.expert_out) detail::require_device_pointer(args.expert_out, s.g.combine_bytes, "expert_out", op, *s.comm);
   if (args.topk_weights)
     detail::require_device_pointer(args.topk_weights, size_t(s.g.max_tokens) * s.g.topk * 4, "topk_weights", op,
                                    *s.comm);
 
-  st.before_enqueue(stream);
-  if (!st.board->recorded_recently(s.combine_signature)) st.board->record_call(s.combine_signature, s.combine_text);
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature = st.sign_call(descriptor_of(detail::kOpMoeCombine, s.blocks, s.shape_hash, s.combine_text));
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, s.combine_text.c_str());
   const detail::EpBuffers buffers = s.buffers();
   if (args.expert_out) {
@@ -266,8 +274,8 @@ void EpContext::combine(const EpCombineArgs& args, cudaStream_t stream) {
   a.out = args.out;
   a.weights = args.topk_weights;
   a.weights_applied = args.weights_applied;
-  s.fill_low_latency(a.ll_peers, &a.ll_slot_words);
-  a.sync = st.sync_args(detail::kOpMoeCombine, s.combine_signature);
+  a.lines = st.workspaces->low_latency_lines();
+  a.sync = st.sync_args(detail::kOpMoeCombine, signature);
   detail::launch_moe_combine(a, s.blocks, stream);
 }
 

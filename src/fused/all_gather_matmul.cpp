@@ -12,7 +12,7 @@
 //                   that waits for it gets no SM: a deadlock until the deadline. So it precedes
 //                   the GEMM in stream order. Needs no handshake: the peers finished reading slot r
 //                   of the previous call (its done handshake precedes this call on this stream).
-//   side stream 0:  forked after the own copy: the ready handshake (copy_engine_steps.hpp): every
+//   side stream 0:  forked after the own copy: the ready handshake (board/handshake.hpp): every
 //                   peer's slot holds its shard of this call, and our calls match (the signature).
 //                   Then this rank PULLS every peer's slot into its own over NVLink (copy engines,
 //                   zero SMs), piece by piece, on up to `streams` lanes (peers r+1, r+2, ...
@@ -29,11 +29,17 @@
 //
 // ORDER OF ENQUEUE. All side-stream work is enqueued before the GEMM: streams may share a hardware
 // queue (more streams than connections, CUDA_DEVICE_MAX_CONNECTIONS=1), and a GEMM queued ahead
-// of the copies it waits for would wait for its deadline. Inside a CUDA graph the order of
-// independent nodes is the driver's: with CUDA_DEVICE_MAX_CONNECTIONS=1 (as read when the call is
-// made) a captured call makes the GEMM wait for every copy (no overlap). Otherwise the graph's
-// branches are trusted to run concurrently; if they did not, the GEMM's bounded wait would end the
-// call with an error, never a hang. Consecutive calls must be ordered on the caller's stream (as
+// of the copies it waits for would wait for its deadline. Inside a CUDA graph only dependencies
+// order the nodes, and the driver maps the branches onto hardware queues as it likes: the GEMM
+// node can land ahead of the copy branch in one queue, where it spins until its deadline while
+// the copies (and this rank's ready write, which every peer awaits) stay queued behind it. Where
+// that can happen a captured call does not branch: its handshakes and copies run on the caller's
+// stream ahead of the GEMM (no overlap in that graph). It can with CUDA_DEVICE_MAX_CONNECTIONS=1 (as
+// read when the call is made), and when ranks share the GPU (tests only: 8 ranks' streams and
+// their graphs' branches in one process outnumber the hardware queues; on one H100 the ready
+// handshake of the 8-rank test timed out in 4 of 4 runs). Otherwise the graph's branches are
+// trusted to run concurrently; if they did not, the GEMM's bounded wait would end the call with an
+// error, never a hang. Consecutive calls must be ordered on the caller's stream (as
 // for every collective): the handshakes' argument assumes it. Nor may another kernel that holds
 // every SM until something on a peer happens (a second fused call on another stream or
 // communicator) run beside it: each rank's GEMM would keep the other's own copy from starting.
@@ -52,9 +58,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/call_signature.hpp"
-#include "collectives/copy_engine_state.hpp"
-#include "collectives/copy_engine_steps.hpp"
+#include "board/call_signature.hpp"
+#include "board/handshake.hpp"
+#include "board/wait_word.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
@@ -67,8 +73,8 @@
 #include "fused/side_streams.hpp"
 #include "plan/fused_plan.hpp"
 
-static_assert(symmem::detail::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::kSignalFlagCount,
-              "the piece flags must fit in the control buffer's signal pad");
+static_assert(symmem::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::Workspaces::kFusedFlagWords,
+              "the piece flags must fit in the fused ops' flags");
 
 namespace symmem {
 namespace {
@@ -131,7 +137,7 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
                                    static_cast<int>(k), type, st.sm_count, p.shard_rows, p.pieces);
   detail::FlaggedGemm& g = p.gemm;
   detail::ChunkFlags& chunks = g.chunks;
-  chunks.flags = st.workspaces->gather_flags()->signal_pad();
+  chunks.flags = st.workspaces->fused_flags();
   chunks.ready_shard = st.rank;
   // The first tile wholly inside the own shard (rounded down, it would hold the previous shard's
   // tail, which arrives last).
@@ -180,10 +186,9 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
   Prepared p = prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
-  st.before_enqueue(stream);
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "all_gather_matmul: no copy-engine state");
-  const uint32_t signature = detail::signature_of(p.call);
-  st.record_call(signature, p.call);
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature = st.sign_call(p.call);
   detail::ChunkFlags& chunks = p.gemm.chunks;
   chunks.sync = st.sync_args(detail::kOpAllGatherMatmul, signature);
   chunks.sync.timeout_ns = 2 * chunks.sync.timeout_ns + 1'000'000'000ull;
@@ -191,11 +196,11 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   const bool capturing = detail::stream_is_capturing(stream);
 
   const int rank = st.rank, world = st.world;
-  detail::CopyEngineState& ce = *st.copy_engine;
+  detail::CopyEngineStreams& ce = *st.copy_engine;
   const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
   const size_t flag_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
   char* gathered = static_cast<char*>(p.gathered.local);
-  detail::SideStreams sides(ce, stream);
+  detail::SideStreams sides(ce, stream, !capturing || !detail::captured_branches_may_share_a_queue(st));
   try {
     // The own shard, on SMs before the GEMM takes them (no handshake: see the top of the file).
     enqueue_own_shard(p, a_shard, gathered + size_t(rank) * shard_bytes, stream);
@@ -204,7 +209,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
 
     if (world > 1) {
       cudaStream_t control = sides.control();
-      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
+      detail::enqueue_handshake(*st.board, rank, world, detail::WaitWord::kPhaseReady, signature, control);
       // Invariant: every peer's slot holds its shard of this call.
       const std::vector<cudaStream_t> lanes = sides.fork_lanes(world - 1);
       for (int i = 0; i < world - 1; ++i) {
@@ -213,12 +218,10 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
         enqueue_peer_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, lanes[i % lanes.size()]);
       }
       sides.join_lanes();
-      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
+      detail::enqueue_handshake(*st.board, rank, world, detail::WaitWord::kPhaseDone, signature, control);
       // Invariant (control stream): every slot holds its shard; no peer reads this rank's slot any more.
     }
 
-    // One hardware queue in a graph: nothing orders the GEMM after the copies it waits for.
-    if (capturing && detail::single_hardware_queue()) sides.join_control();
     detail::run_flagged_gemm(p.gemm, stream);
 
     sides.join_control();

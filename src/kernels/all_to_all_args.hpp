@@ -1,5 +1,7 @@
-// The all-to-all's kernels: their by-value arguments, the per-communicator device table the split
-// exchange fills for the move kernel, and the host functions that launch them. Plain C++.
+// The all-to-all's kernel family (plan/algorithms.hpp: all_to_all_pull, all_to_all_push,
+// all_to_all_low_latency, and the split exchange before the first two in the variable forms): their
+// by-value arguments, the per-communicator device table the split exchange fills for the move
+// kernels, and the host functions that launch them. Plain C++.
 //
 // Two kernels per call of the variable forms (all_to_all_v, all_to_all_vdev):
 //   exchange (one block): every rank stores its header (its splits, its input rows, its output
@@ -10,11 +12,11 @@
 //     sends where, what it receives from where), torch's out_splits_offsets, and whether the
 //     data goes through low-latency lines. A rank's lines of call n exist only once its stream
 //     reached call n, after everything before it: they are the entry guard of the move kernel.
-//   move (the plan's blocks): nothing when the verdict failed (on every rank alike); else the
-//     rows through low-latency lines, or by SM push (into the peers' outputs) or pull (from the
-//     peers' inputs), then one barrier.
-// The uniform all-to-all runs the move kernel alone, its pieces from the arguments, with a
-// barrier before the copies (nothing else guards the peers' buffers).
+//   move (the plan's kernel and blocks): nothing when the verdict failed (on every rank alike);
+//     else the rows through low-latency lines (when the exchange found every pair small), or by
+//     SM push (into the peers' outputs) or pull (from the peers' inputs), then one barrier.
+// The uniform all-to-all runs the move kernel alone, its pieces from the arguments: push and pull
+// with a barrier before the copies (nothing else guards the peers' buffers), low latency by lines.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,7 +42,7 @@ struct AllToAllTable {
   uint32_t matrix[kMaxWorld * kMaxAllToAllSplits];  // [s * pieces + j]
   uint32_t input_rows[kMaxWorld];
   uint32_t output_rows[kMaxWorld];
-  uint32_t declared[kMaxWorld * kMaxWorld];             // all_to_all_v: [q * world + s]
+  uint32_t declared[kMaxWorld * kMaxWorld];               // all_to_all_v: [q * world + s]
   uint64_t input_prefix[kMaxWorld * kMaxAllToAllSplits];  // input_row(s, j)
 };
 
@@ -56,16 +58,16 @@ struct AllToAllExchangeArgs {
   uint64_t row_bytes;
   uint64_t low_latency_pair_bytes;  // the plan's threshold (0: never low latency)
   int64_t* out_splits_offsets;      // device, 2 x pieces (torch's layout), or null
-  uint64_t* ll_peers[kMaxWorld];    // every rank's low-latency area
-  size_t ll_slot_words;
+  LowLatencyLines lines;            // the header travels as lines
   AllToAllTable* table;
   SyncArgs sync;
 };
 
+// all_to_all_pull, all_to_all_push, all_to_all_low_latency.
 struct AllToAllMoveArgs {
-  const AllToAllTable* table;  // variable forms; null: uniform, pieces from the fields below
-  const void* in;              // this rank's input (or its staged copy)
-  void* out;                   // this rank's output
+  const AllToAllTable* table;       // variable forms; null: uniform, pieces from the fields below
+  const void* in;                   // this rank's input (or its staged copy)
+  void* out;                        // this rank's output
   const void* in_peers[kMaxWorld];  // pull: every rank's input (or staged copy) as mapped here
   void* out_peers[kMaxWorld];       // push: every rank's output as mapped here
   // Uniform: rank r's slice for rank q lies at in + q * in_stride (pair_bytes long) and lands at
@@ -73,15 +75,15 @@ struct AllToAllMoveArgs {
   uint64_t pair_bytes;
   uint64_t in_stride;
   uint64_t out_stride;
-  bool push;               // SM path: store into the peers' outputs (else load from their inputs)
-  bool low_latency;        // uniform: the low-latency path (variable forms: the table says)
-  uint64_t* ll_peers[kMaxWorld];
-  size_t ll_slot_words;
+  LowLatencyLines lines;  // low latency (uniform), or the variable forms when the table says so
   SyncArgs sync;
 };
 
-void launch_all_to_all_exchange(const AllToAllExchangeArgs& args, cudaStream_t stream);
+void launch_all_to_all_split_exchange(const AllToAllExchangeArgs& args, cudaStream_t stream);
 // vector_bytes: 16, 8, 4, 2 or 1, dividing every piece's offsets and sizes and every base address.
-void launch_all_to_all_move(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream);
+void launch_all_to_all_pull(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream);
+void launch_all_to_all_push(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream);
+// Uniform only; any alignment.
+void launch_all_to_all_low_latency(const AllToAllMoveArgs& args, int blocks, cudaStream_t stream);
 
 }  // namespace symmem::detail

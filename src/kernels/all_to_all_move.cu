@@ -1,5 +1,6 @@
-// The move kernel of the all-to-all (kernels/all_to_all_args.hpp): the rows of every piece, by
-// low-latency lines or by SM push / pull and one barrier.
+// The move kernels of the all-to-all (kernels/all_to_all_args.hpp): all_to_all_push and
+// all_to_all_pull (the rows of every piece by SM push / pull and one barrier, or by low-latency
+// lines when the split exchange says so) and all_to_all_low_latency (uniform, by lines).
 //
 // SM path. Pieces are cut into units of at most kUnitBytes; blocks take units in turn, in an
 // order that starts with the next rank (rank + 1, + 2, ...) so that at any moment the ranks
@@ -37,28 +38,34 @@ constexpr uint64_t unit_vectors() {
   return uint64_t(kUnroll) * kThreadsPerBlock;
 }
 
+// Which SM path a kernel runs (a template argument: the plan names the kernel).
+enum class Way { kPull, kPush, kLines };
+
 // Piece i of this rank's SM path, in rotated order (the next rank's first).
+template <Way W>
 __device__ AllToAllPiece piece_at(const AllToAllMoveArgs& a, int i, int n) {
+  constexpr bool push = W == Way::kPush;
   const int world = a.sync.world, me = a.sync.rank;
   if (!a.table) {
     const int peer = (me + 1 + i) % world;
-    return a.push ? AllToAllPiece{peer, uint32_t(peer), peer * a.in_stride, me * a.out_stride, a.pair_bytes}
-                  : AllToAllPiece{peer, uint32_t(me), me * a.in_stride, peer * a.out_stride, a.pair_bytes};
+    return push ? AllToAllPiece{peer, uint32_t(peer), peer * a.in_stride, me * a.out_stride, a.pair_bytes}
+                : AllToAllPiece{peer, uint32_t(me), me * a.in_stride, peer * a.out_stride, a.pair_bytes};
   }
   const int experts = n / world;
-  if (a.push) return a.table->send[((me + 1) * experts + i) % n];  // destinations j = q * experts + e
-  const int e = i / world, r = (me + 1 + i % world) % world;       // senders r, expert by expert
+  if (push) return a.table->send[((me + 1) * experts + i) % n];  // destinations j = q * experts + e
+  const int e = i / world, r = (me + 1 + i % world) % world;     // senders r, expert by expert
   return a.table->receive[e * world + r];
 }
 
-template <typename V>
+template <typename V, Way W>
 __device__ void move_by_sm(const AllToAllMoveArgs& a, int n) {
+  constexpr bool push = W == Way::kPush;
   // Each piece's first unit, in the rotated order: units [first[i], first[i + 1]) belong to piece i.
   __shared__ uint32_t first[kMaxAllToAllSplits + 1];
   __shared__ AllToAllPiece pieces[kMaxAllToAllSplits];
   constexpr uint64_t kUnit = unit_vectors<V>();
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    pieces[i] = piece_at(a, i, n);
+    pieces[i] = piece_at<W>(a, i, n);
     first[i + 1] = static_cast<uint32_t>((pieces[i].bytes / sizeof(V) + kUnit - 1) / kUnit);
   }
   if (threadIdx.x == 0) first[0] = 0;
@@ -91,8 +98,8 @@ __device__ void move_by_sm(const AllToAllMoveArgs& a, int n) {
         hi = mid - 1;
     }
     const AllToAllPiece& p = pieces[lo];
-    const char* src_base = static_cast<const char*>(a.push || p.peer == a.sync.rank ? a.in : a.in_peers[p.peer]);
-    char* dst_base = static_cast<char*>(a.push && p.peer != a.sync.rank ? a.out_peers[p.peer] : a.out);
+    const char* src_base = static_cast<const char*>(push || p.peer == a.sync.rank ? a.in : a.in_peers[p.peer]);
+    char* dst_base = static_cast<char*>(push && p.peer != a.sync.rank ? a.out_peers[p.peer] : a.out);
     const V* src = reinterpret_cast<const V*>(src_base + p.src_byte);
     V* dst = reinterpret_cast<V*>(dst_base + p.dst_byte);
     const uint64_t vectors = p.bytes / sizeof(V);
@@ -144,7 +151,7 @@ __device__ void move_by_lines(const AllToAllMoveArgs& a) {
         device::store_word_bytes(own.dst, w, out.bytes, device::load_word(out.src, w, out.bytes));
       continue;
     }
-    uint64_t* slot = device::low_latency_slot(a.ll_peers[q], call, me, a.ll_slot_words);
+    uint64_t* slot = device::low_latency_slot(a.lines.peers[q], call, me, a.lines.slot_words);
     for (uint64_t w = device::global_thread(); w < words_of(out.bytes); w += device::global_threads()) {
       const uint32_t word = w * 4 < out.bytes ? device::load_word(out.src, w, out.bytes) : 0;
       device::st_relaxed_sys_u64(slot + w, tag | word);
@@ -159,60 +166,76 @@ __device__ void move_by_lines(const AllToAllMoveArgs& a) {
     from[r] = receive_stream(a, r);
     if (r != me) longest = max(longest, words_of(from[r].bytes));
   }
-  uint64_t* slots = device::low_latency_slot(a.ll_peers[me], call, 0, a.ll_slot_words);
+  uint64_t* slots = device::low_latency_slot(a.lines.peers[me], call, 0, a.lines.slot_words);
   for (uint64_t w = device::global_thread(); w < longest; w += device::global_threads()) {
     uint32_t senders = 0;
 #pragma unroll
     for (int r = 0; r < kMaxWorld; ++r)
       if (r < world && r != me && w < words_of(from[r].bytes)) senders |= 1u << r;
     uint32_t word[kMaxWorld];
-    if (!device::collect_words(s, slots, a.ll_slot_words, w, senders, 0, 0, word)) break;
+    if (!device::collect_words(s, slots, a.lines.slot_words, w, senders, 0, 0, word)) break;
 #pragma unroll
     for (int r = 0; r < kMaxWorld; ++r)
-      if ((senders >> r & 1u) && w * 4 < from[r].bytes) device::store_word_bytes(from[r].dst, w, from[r].bytes, word[r]);
+      if ((senders >> r & 1u) && w * 4 < from[r].bytes)
+        device::store_word_bytes(from[r].dst, w, from[r].bytes, word[r]);
   }
   // Invariant (on success): every line addressed to this rank in this call was read and cleared.
   device::call_end(s, call);
 }
 
-template <typename V>
+template <typename V, Way W>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_move(AllToAllMoveArgs a) {
   device::enter_kernel();
-  const SyncArgs& s = a.sync;
-  int n = s.world;
-  bool low_latency = a.low_latency;
-  if (a.table) {
-    // Written by this call's exchange kernel, which completed before this one began.
-    if (a.table->go == 0) return;  // the call does not fit (or the exchange failed): on every rank alike
-    low_latency = a.table->low_latency != 0;
-    n = static_cast<int>(a.table->pieces);
+  if constexpr (W == Way::kLines) {
+    move_by_lines(a);  // uniform
+  } else {
+    const SyncArgs& s = a.sync;
+    int n = s.world;
+    if (a.table) {
+      // Written by this call's exchange kernel, which completed before this one began.
+      if (a.table->go == 0) return;  // the call does not fit (or the exchange failed): on every rank alike
+      if (a.table->low_latency != 0) {
+        move_by_lines(a);
+        return;
+      }
+      n = static_cast<int>(a.table->pieces);
+    }
+    const uint32_t epoch = device::epoch_begin(s);
+    if (!a.table && !device::barrier(s, epoch, 0)) return;
+    // Invariant: every peer's input holds this call's rows and its output may be overwritten.
+    move_by_sm<V, W>(a, n);
+    if (!device::barrier(s, epoch, 1)) return;
+    // Invariant: every block of every peer finished its stores into (push) or loads from (pull)
+    // this rank's buffers, for the blocks of this index; the kernel's end, for all of them.
+    device::epoch_commit(s, epoch);
   }
-  if (low_latency) {
-    move_by_lines(a);
-    return;
+}
+
+template <Way W>
+void launch_moving(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream) {
+  switch (vector_bytes) {
+    case 16: return launch_kernel(all_to_all_move<uint4, W>, blocks, kThreadsPerBlock, 0, stream, args);
+    case 8: return launch_kernel(all_to_all_move<uint2, W>, blocks, kThreadsPerBlock, 0, stream, args);
+    case 4: return launch_kernel(all_to_all_move<uint32_t, W>, blocks, kThreadsPerBlock, 0, stream, args);
+    case 2: return launch_kernel(all_to_all_move<uint16_t, W>, blocks, kThreadsPerBlock, 0, stream, args);
+    case 1: return launch_kernel(all_to_all_move<uint8_t, W>, blocks, kThreadsPerBlock, 0, stream, args);
+    default:
+      SYMMEM_THROW(ErrorCode::kInternal, "all_to_all: no kernel for " + std::to_string(vector_bytes) + "-byte vectors");
   }
-  const uint32_t epoch = device::epoch_begin(s);
-  if (!a.table && !device::barrier(s, epoch, 0)) return;
-  // Invariant: every peer's input holds this call's rows and its output may be overwritten.
-  move_by_sm<V>(a, n);
-  if (!device::barrier(s, epoch, 1)) return;
-  // Invariant: every block of every peer finished its stores into (push) or loads from (pull)
-  // this rank's buffers, for the blocks of this index; the kernel's end, for all of them.
-  device::epoch_commit(s, epoch);
 }
 
 }  // namespace
 
-void launch_all_to_all_move(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream) {
-  switch (vector_bytes) {
-    case 16: return launch_kernel(all_to_all_move<uint4>, blocks, kThreadsPerBlock, 0, stream, args);
-    case 8: return launch_kernel(all_to_all_move<uint2>, blocks, kThreadsPerBlock, 0, stream, args);
-    case 4: return launch_kernel(all_to_all_move<uint32_t>, blocks, kThreadsPerBlock, 0, stream, args);
-    case 2: return launch_kernel(all_to_all_move<uint16_t>, blocks, kThreadsPerBlock, 0, stream, args);
-    case 1: return launch_kernel(all_to_all_move<uint8_t>, blocks, kThreadsPerBlock, 0, stream, args);
-    default:
-      SYMMEM_THROW(ErrorCode::kInternal, "all_to_all: no kernel for " + std::to_string(vector_bytes) + "-byte vectors");
-  }
+void launch_all_to_all_pull(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream) {
+  launch_moving<Way::kPull>(vector_bytes, args, blocks, stream);
+}
+
+void launch_all_to_all_push(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream) {
+  launch_moving<Way::kPush>(vector_bytes, args, blocks, stream);
+}
+
+void launch_all_to_all_low_latency(const AllToAllMoveArgs& args, int blocks, cudaStream_t stream) {
+  launch_kernel(all_to_all_move<uint32_t, Way::kLines>, blocks, kThreadsPerBlock, 0, stream, args);
 }
 
 }  // namespace symmem::detail

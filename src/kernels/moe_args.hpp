@@ -62,12 +62,11 @@ struct MoeDispatchArgs {
   const void* topk_idx;
   bool topk_idx_int64;
   const float* topk_weights;
-  int num_tokens;                     // when num_tokens_device is null
+  int num_tokens;                    // when num_tokens_device is null
   const int32_t* num_tokens_device;  // the count on the device, or null
   EpScratch scratch;
   EpBuffers buffers;
-  uint64_t* ll_peers[kMaxWorld];
-  size_t ll_slot_words;
+  LowLatencyLines lines;  // the count header travels as lines
   SyncArgs sync;
 };
 
@@ -78,8 +77,7 @@ struct MoeCombineArgs {
   void* out;
   const float* weights;  // kExpertMajor: null -> the dispatch's (scratch.weights)
   bool weights_applied;
-  uint64_t* ll_peers[kMaxWorld];
-  size_t ll_slot_words;
+  LowLatencyLines lines;  // one line per block: the entry barrier
   SyncArgs sync;
 };
 

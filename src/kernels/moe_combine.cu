@@ -49,12 +49,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a
     const uint64_t line = uint64_t(s.signature) << 32;
     for (int k = 1; k < world; ++k) {
       const int peer = (me + k) % world;
-      device::st_relaxed_sys_u64(device::low_latency_slot(a.ll_peers[peer], call, me, a.ll_slot_words) + blockIdx.x,
-                                 line);
+      device::st_relaxed_sys_u64(
+          device::low_latency_slot(a.lines.peers[peer], call, me, a.lines.slot_words) + blockIdx.x, line);
     }
     uint32_t word[kMaxWorld];
-    ok = device::collect_words(s, device::low_latency_slot(a.ll_peers[me], call, 0, a.ll_slot_words), a.ll_slot_words,
-                               blockIdx.x, (1u << world) - 1, 0, 0, word);
+    ok = device::collect_words(s, device::low_latency_slot(a.lines.peers[me], call, 0, a.lines.slot_words),
+                               a.lines.slot_words, blockIdx.x, (1u << world) - 1, 0, 0, word);
     device::fence_acq_rel_sys();  // acquire: the peers' expert outputs
   }
   __syncthreads();
@@ -118,7 +118,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_stage(MoeStageAr
   for (int group = blockIdx.x / per_group; group < groups; group += max(1, int(gridDim.x) / per_group)) {
     const int64_t valid = g.expert_major ? a.scratch.expert_num_tokens[group] : *a.scratch.num_rows;
     const size_t first = size_t(group * group_rows) * vectors;
-    for (int64_t i = part * int64_t(blockDim.x) + threadIdx.x; i < valid * vectors; i += int64_t(per_group) * blockDim.x)
+    for (int64_t i = part * int64_t(blockDim.x) + threadIdx.x; i < valid * vectors;
+         i += int64_t(per_group) * blockDim.x)
       reinterpret_cast<uint4*>(a.combine)[first + i] = static_cast<const uint4*>(a.expert_out)[first + i];
   }
 }

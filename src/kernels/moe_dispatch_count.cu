@@ -5,11 +5,11 @@
 // running per-bin counts as the tile's base (tile_base), then adds the tile's pairs to them in
 // shared memory. The warps' totals become warp_base (exclusive over warps) and this rank's counts.
 // Failure records: the exchange's waits name phase 0; a call that does not fit records
-// kStatusCapacity (ep/capacity_failure.hpp) on every rank, and `go` stays 0.
+// kStatusCapacity (plan/capacity_failure.hpp) on every rank, and `go` stays 0.
 #include "device/call_counter.cuh"
 #include "device/dependent_launch.cuh"
 #include "device/low_latency.cuh"
-#include "ep/capacity_failure.hpp"
+#include "plan/capacity_failure.hpp"
 #include "kernels/kernel_args.hpp"
 #include "kernels/launch.cuh"
 #include "kernels/moe_args.hpp"
@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_count(MoeDispat
   __shared__ int32_t expert_count[kEpCountWarps][kEpMaxExperts];
   __shared__ int32_t rank_count[kEpCountWarps][kMaxWorld];
   __shared__ unsigned long long bad_id;  // first out-of-range expert id + 1, 0: none
-  for (int i = threadIdx.x; i < kEpCountWarps * g.experts; i += blockDim.x) expert_count[i / g.experts][i % g.experts] = 0;
+  for (int i = threadIdx.x; i < kEpCountWarps * g.experts; i += blockDim.x)
+    expert_count[i / g.experts][i % g.experts] = 0;
   if (threadIdx.x < kEpCountWarps * kMaxWorld) rank_count[threadIdx.x / kMaxWorld][threadIdx.x % kMaxWorld] = 0;
   if (threadIdx.x == 0) bad_id = 0;
   __syncthreads();
@@ -108,17 +109,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_count(MoeDispat
     const uint32_t word = my_word(w);
     for (int k = 1; k < world; ++k) {
       const int peer = (me + k) % world;
-      device::st_relaxed_sys_u64(device::low_latency_slot(a.ll_peers[peer], call, me, a.ll_slot_words) + w, tag | word);
+      device::st_relaxed_sys_u64(device::low_latency_slot(a.lines.peers[peer], call, me, a.lines.slot_words) + w,
+                                 tag | word);
     }
   }
   __shared__ int ok;
   if (threadIdx.x == 0) ok = 1;
   __syncthreads();
-  uint64_t* slots = device::low_latency_slot(a.ll_peers[me], call, 0, a.ll_slot_words);
+  uint64_t* slots = device::low_latency_slot(a.lines.peers[me], call, 0, a.lines.slot_words);
   const uint32_t every = (1u << world) - 1;
   for (int w = threadIdx.x; w < g.header_words; w += blockDim.x) {
     uint32_t word[kMaxWorld];
-    if (!device::collect_words(s, slots, a.ll_slot_words, w, every, my_word(w), 0, word)) {
+    if (!device::collect_words(s, slots, a.lines.slot_words, w, every, my_word(w), 0, word)) {
       ok = 0;
       break;
     }

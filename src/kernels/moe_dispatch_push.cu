@@ -3,10 +3,10 @@
 // pairs_before over the lanes (the in-tile rank) for each of the token's destinations, adds the
 // bases the count kernel left (plan/ep_layout.hpp's slot formula), keeps the routes for combine
 // (chunk 0), and stores its chunk of the token's row into every destination with 16-byte vectors
-// (NVLink), destination after destination (the chunk stays in L1 between them). Chunk 0 also stores the scales and, for kRankMajor, the ids and weights. Tokens are cut
-// into as many chunks as keep every warp busy at small batches (decode). kRankMajor also marks
-// this rank's unused rows with ids -1 (vLLM's experts see the whole area). One barrier at the end:
-// when the kernel has finished on a rank, every block of every rank has stored its rows.
+// (NVLink), destination after destination (the chunk stays in L1 between them). Chunk 0 also stores the scales and, for
+// kRankMajor, the ids and weights. Tokens are cut into as many chunks as keep every warp busy at small batches
+// (decode). kRankMajor also marks this rank's unused rows with ids -1 (vLLM's experts see the whole area). One barrier
+// at the end: when the kernel has finished on a rank, every block of every rank has stored its rows.
 #include "device/dependent_launch.cuh"
 #include "device/wait.cuh"
 #include "kernels/kernel_args.hpp"
@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
         if (e < 0) continue;
         const int before = warp_sum(ep_pairs_before_expert(experts, g.topk, lane, t_lane, d, e));
         q[d] = ep_rank_of(e, g.local_experts);
-        row[d] = int32_t(int64_t(e % g.local_experts) * g.rows_per_expert + sc.send_base[e] +
-                         sc.warp_base[bases + e] + sc.tile_base[tile_bases + e] + before);
+        row[d] = int32_t(int64_t(e % g.local_experts) * g.rows_per_expert + sc.send_base[e] + sc.warp_base[bases + e] +
+                         sc.tile_base[tile_bases + e] + before);
       } else {
         const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, ep_token_goes_to(experts, g.topk, g.local_experts, d));
         if (!(ballot >> t_lane & 1u)) continue;

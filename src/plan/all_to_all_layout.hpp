@@ -1,6 +1,6 @@
 // Where every row of an all-to-all goes, computed from the split matrix alone. Pure arithmetic,
 // host and device: the CPU tests check these functions, and the exchange kernel
-// (src/kernels/all_to_all_exchange.cu) runs the same ones on the matrix every rank received, so
+// (src/kernels/all_to_all_split_exchange.cu) runs the same ones on the matrix every rank received, so
 // every rank derives the same offsets and the same capacity verdict.
 //
 // The split matrix. M(s, j) = rows sender s sends to destination j, where j = q * experts + e:
@@ -94,7 +94,7 @@ SYMMEM_HOST_DEVICE inline uint64_t input_row(const SplitMatrix& m, int s, int j)
 SYMMEM_HOST_DEVICE inline uint64_t sent_rows(const SplitMatrix& m, int s) { return input_row(m, s, m.destinations()); }
 
 // Why a call cannot run, identical on every rank (it depends on the matrix alone). Recorded in
-// the failure record as kStatusCapacity (src/ep/capacity_failure.hpp says how its fields encode it).
+// the failure record as kStatusCapacity (src/plan/capacity_failure.hpp says how its fields encode it).
 enum LayoutFaultKind : uint32_t {
   kFaultNone = 0,
   kFaultInvalidSplit = 1,    // rank `rank` passed a negative split, or one beyond kLargestSplit

@@ -9,20 +9,9 @@
 namespace symmem::detail {
 namespace {
 
-bool is_all_to_all_algo(Algo a) {
-  return a == Algo::kPull || a == Algo::kPush || a == Algo::kCopyEngine || a == Algo::kLowLatency;
-}
+constexpr Collective kToAll = Collective::kAllToAll;
 
-// Low latency while what each rank stores to its peers, (world - 1) x pair bytes, stays within
-// 256 KiB: the all-gather's rule (2 x H200: low latency won up to 256 KiB per rank), which moves
-// the same bytes per peer in the same lines.
-constexpr size_t kLowLatencyAutoPeerBytes = size_t(256) << 10;
-size_t low_latency_auto_pair_bytes(int world) {
-  return kLowLatencyAutoPeerBytes / static_cast<size_t>(std::max(1, world - 1));
-}
-
-// Threads of one block of the all-to-all kernels (kernels/kernel_args.hpp's kThreadsPerBlock).
-constexpr size_t kThreads = 512;
+const Algorithm* row_named(Algo a) { return a == Algo::kAuto ? nullptr : find_algorithm(kToAll, a); }
 
 std::string name_of(const AllToAllRequest& r) {
   switch (r.form) {
@@ -38,52 +27,54 @@ std::string name_of(const AllToAllRequest& r) {
 AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table) {
   const std::string op = name_of(r);
   Algo algo = r.options.algo;
-  if (algo != Algo::kAuto && !is_all_to_all_algo(algo))
+  if (algo != Algo::kAuto && !row_named(algo))
     throw Error(ErrorCode::kInvalidArgument, op + ": algorithm " + algo_name(algo) +
-                                                 " is not an all-to-all algorithm (push, pull, low_latency, copy_engine)");
+                                                 " is not an all-to-all algorithm (" + algorithm_names(kToAll) + ")");
   const bool uniform = r.form == AllToAllForm::kUniform;
-  if (!uniform && algo == Algo::kCopyEngine)
+  // The copy engines need every pair's offsets on the host.
+  auto serves = [&](Algo a) { return uniform || row_named(a)->uses_sms; };
+  if (!uniform && algo != Algo::kAuto && !serves(algo))
     throw Error(ErrorCode::kInvalidArgument,
                 op + ": copy_engine needs every pair's offsets on the host, and with per-rank splits a rank's host "
                      "knows only its own; use push, pull or low_latency (or the uniform all_to_all)");
   if (r.options.max_blocks == 0) {
     if (!uniform)
-      throw Error(ErrorCode::kInvalidArgument, op + ": needs SMs (its split exchange runs on them) but max_blocks is 0");
-    if (algo != Algo::kAuto && algo != Algo::kCopyEngine)
+      throw Error(ErrorCode::kInvalidArgument,
+                  op + ": needs SMs (its split exchange runs on them) but max_blocks is 0");
+    if (algo != Algo::kAuto && row_named(algo)->uses_sms)
       throw Error(ErrorCode::kInvalidArgument, op + ": " + algo_name(algo) + " needs SMs but max_blocks is 0");
-    algo = Algo::kCopyEngine;
+    algo = Algo::kCopyEngine;  // the caller's SM budget wins over SYMMEM_ALGO and the table
   }
   const bool ll_fits = uniform && r.pair_bytes <= r.low_latency_capacity;
-  if (uniform && algo == Algo::kLowLatency && !ll_fits)
-    throw Error(ErrorCode::kInvalidArgument, op + ": low_latency moves up to " +
-                                                 std::to_string(r.low_latency_capacity) +
-                                                 " bytes per pair of ranks; this call moves " +
-                                                 std::to_string(r.pair_bytes));
-  if (algo == Algo::kAuto && is_all_to_all_algo(r.forced) && (uniform || r.forced != Algo::kCopyEngine) &&
-      (r.forced != Algo::kLowLatency || !uniform || ll_fits))
-    algo = r.forced;
+  auto fits = [&](Algo a) { return !uniform || !row_named(a)->low_latency || ll_fits; };
+  if (algo != Algo::kAuto && !fits(algo))
+    throw Error(ErrorCode::kInvalidArgument,
+                op + ": low_latency moves up to " + std::to_string(r.low_latency_capacity) +
+                    " bytes per pair of ranks; this call moves " + std::to_string(r.pair_bytes));
+  // SYMMEM_ALGO applies where it can serve the call; otherwise the call plans as if it were unset.
+  if (algo == Algo::kAuto && row_named(r.forced) && serves(r.forced) && fits(r.forced)) algo = r.forced;
   int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
 
   AllToAllPlan plan;
   if (uniform) {
     if (algo == Algo::kAuto) {
       const auto e = table.lookup("all_to_all", r.world, r.pair_bytes * static_cast<size_t>(r.world));
-      if (e && is_all_to_all_algo(e->algo) && (e->algo != Algo::kLowLatency || ll_fits)) {
+      if (e && row_named(e->algo) && fits(e->algo)) {
         algo = e->algo;
         if (blocks <= 0) blocks = e->blocks;
       } else {
-        algo = ll_fits && r.pair_bytes <= low_latency_auto_pair_bytes(r.world) ? Algo::kLowLatency : Algo::kAuto;
+        algo = low_latency_by_rule(r.pair_bytes, r.world, ll_fits) ? Algo::kLowLatency : Algo::kAuto;
       }
-      // Low latency gives every 4-byte word a thread; a binding SM budget slows it in proportion.
-      const int ll_want = blocks_for((r.pair_bytes + 3) / 4, kThreads, 4, 128);
-      if (algo == Algo::kLowLatency && r.options.max_blocks > 0 && r.options.max_blocks < (blocks > 0 ? blocks : ll_want))
+      const size_t words = (r.pair_bytes + 3) / 4;
+      if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, words))
         algo = Algo::kAuto;
-      if (algo == Algo::kLowLatency && blocks <= 0) blocks = ll_want;
+      if (algo == Algo::kLowLatency && blocks <= 0) blocks = low_latency_blocks(words);
     }
   } else if (algo == Algo::kAuto || algo == Algo::kLowLatency) {
     // The device decides per call between low latency and the SM path; the plan names the SM path.
-    plan.low_latency_pair_bytes = std::min(
-        r.low_latency_capacity, algo == Algo::kLowLatency ? r.low_latency_capacity : low_latency_auto_pair_bytes(r.world));
+    plan.low_latency_pair_bytes =
+        std::min(r.low_latency_capacity,
+                 algo == Algo::kLowLatency ? r.low_latency_capacity : low_latency_rule_pair_bytes(r.world));
     // One piece per pair only: a 2-D call's pieces land in several places (the SM path serves it).
     if (r.experts > 1) plan.low_latency_pair_bytes = 0;
     algo = Algo::kAuto;
@@ -92,31 +83,35 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
   // the peers' inputs (in the heap, or staged) and writes its own output. A symmetric output
   // takes push, anything else pull.
   if (algo == Algo::kAuto) algo = r.out_symmetric ? Algo::kPush : Algo::kPull;
-  if (algo == Algo::kPush && !r.out_symmetric)
+  const Algorithm& row = *row_named(algo);
+  if (row.output == Access::kPeersSymmetricOnly && !r.out_symmetric)
     throw Error(ErrorCode::kInvalidArgument,
-                op + ": push stores into every rank's output, which must be in the heap; use pull (or auto)");
-  plan.algo = algo;
+                op + ": " + row.name +
+                    " stores into every rank's output, which must be in the heap; use pull "
+                    "(or auto)");
+  plan.algo = row.algo;
+  plan.kernel = row.kernel;
   plan.exchange = !uniform;
-  plan.stage_input = r.in_place || (algo == Algo::kPull && !r.in_symmetric) ||
-                     (algo == Algo::kCopyEngine && !r.in_symmetric);
-  if (algo == Algo::kLowLatency) plan.stage_input = r.in_place;
-  if (algo == Algo::kCopyEngine) {
+  plan.stage_input = (r.in_place && row.in_place_stages_input) || (row.input == Access::kPeers && !r.in_symmetric);
+  if (!row.uses_sms) {
     plan.blocks = 0;
     plan.vector_bytes = 1;
   } else {
     if (blocks <= 0) {
-      blocks = uniform ? blocks_for(r.pair_bytes * static_cast<size_t>(std::max(1, r.world - 1)), size_t(128) << 10, 4, 64)
-                       : kAllToAllVariableBlocks;
+      blocks = uniform
+                   ? blocks_for(r.pair_bytes * static_cast<size_t>(std::max(1, r.world - 1)), size_t(128) << 10, 4, 64)
+                   : kAllToAllVariableBlocks;
     }
     plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
     const uint64_t in = plan.stage_input ? 0 : r.in_address;
-    plan.vector_bytes = algo == Algo::kLowLatency ? 4 : common_vector_bytes({uniform ? r.pair_bytes : r.row_bytes, in,
-                                                                             r.out_address});
+    plan.vector_bytes =
+        row.low_latency ? 4 : common_vector_bytes({uniform ? r.pair_bytes : r.row_bytes, in, r.out_address});
   }
   if (uniform && plan.stage_input) {
-    const size_t per_pair = r.staging_capacity / static_cast<size_t>(std::max(1, r.world)) / 16 * 16;
+    const size_t per_pair = r.workspace.staging / static_cast<size_t>(std::max(1, r.world)) / 16 * 16;
     if (per_pair == 0)
-      throw Error(ErrorCode::kInvalidArgument, op + ": the staging workspace of " + std::to_string(r.staging_capacity) +
+      throw Error(ErrorCode::kInvalidArgument, op + ": the staging workspace of " +
+                                                   std::to_string(r.workspace.staging) +
                                                    " bytes cannot hold a slice per rank");
     if (r.pair_bytes > per_pair) plan.chunk_pair_bytes = per_pair;
   }

@@ -1,5 +1,6 @@
-// Planning the all-to-all: which algorithm, how many blocks, what is staged, and for the
-// variable-size forms the threshold under which the device takes the low-latency path. Pure C++
+// Planning the all-to-all: which algorithm (a row of the table, algorithms.hpp) and so which
+// kernel, how many blocks, what is staged, and for the variable-size forms the threshold under
+// which the device takes the low-latency path. Pure C++
 // with no CUDA: every input is equal on every rank (the signature covers them), so every rank
 // plans the same call. Row counts of all_to_all_v / all_to_all_vdev are NOT inputs: they are known
 // on every rank only on the device, after the split exchange (all_to_all_layout.hpp).
@@ -9,13 +10,14 @@
 #include <cstdint>
 #include <string>
 
+#include "plan/plan.hpp"
 #include "plan/tuning_table.hpp"
 #include "symmem/types.hpp"
 
 namespace symmem::detail {
 
 enum class AllToAllForm {
-  kUniform,  // every pair moves the same bytes, known on the host
+  kUniform,       // every pair moves the same bytes, known on the host
   kHostSplits,    // all_to_all_v: row counts from each rank's host, exchanged on the device
   kDeviceSplits,  // all_to_all_vdev (and its 2-D, expert-major form): row counts in device memory
 };
@@ -36,20 +38,21 @@ struct AllToAllRequest {
   uint64_t in_address = 0;  // a symmetric operand's heap offset; 0 for a local one
   uint64_t out_address = 0;
   size_t low_latency_capacity = 0;  // bytes one sender's low-latency slot holds
-  size_t staging_capacity = 0;      // bytes of the staging_in workspace
+  WorkspaceLimits workspace;        // staging: bytes of the staging_in workspace
 };
 
 struct AllToAllPlan {
   Algo algo = Algo::kPush;  // kUniform: kLowLatency, kPush, kPull or kCopyEngine; else kPush or kPull
-  int blocks = 0;           // 0 for the copy engine
-  int vector_bytes = 16;    // agreed width; launch narrows it for local pointers
-  bool exchange = false;    // variable forms: the split-exchange kernel runs first
+  KernelId kernel = KernelId::kAllToAllPush;
+  int blocks = 0;         // 0 for the copy engine
+  int vector_bytes = 16;  // agreed width; launch narrows it for local pointers
+  bool exchange = false;  // variable forms: the split-exchange kernel runs first
   // Variable forms: the device moves the data through low-latency lines when every pair's bytes
   // are at most this (the same verdict on every rank: it reads the exchanged matrix); 0: never
   // (always for the 2-D form with several experts: a pair's rows land in several places).
   size_t low_latency_pair_bytes = 0;
-  bool stage_input = false;  // the input is copied into staging_in first (pull from a local
-                             // input; in place, where peers would read what this rank overwrites)
+  bool stage_input = false;     // the input is copied into staging_in first (pull from a local
+                                // input; in place, where peers would read what this rank overwrites)
   size_t chunk_pair_bytes = 0;  // kUniform with a staged input: bytes per pair of one chunk (0: one chunk)
 };
 

@@ -9,22 +9,24 @@
 namespace symmem::detail {
 namespace {
 
-[[noreturn]] void bad(const std::string& what) {
-  throw Error(ErrorCode::kInvalidArgument, "EpConfig: " + what);
-}
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, "EpConfig: " + what); }
 
 }  // namespace
 
 EpGeometry ep_geometry(const EpConfig& c, int world) {
-  if (world < 1 || world > kMaxWorld) bad("world " + std::to_string(world) + " is outside 1.." + std::to_string(kMaxWorld));
+  if (world < 1 || world > kMaxWorld)
+    bad("world " + std::to_string(world) + " is outside 1.." + std::to_string(kMaxWorld));
   if (c.num_experts < 1 || c.num_experts > kEpMaxExperts)
     bad("num_experts " + std::to_string(c.num_experts) + " is outside 1.." + std::to_string(kEpMaxExperts));
   if (c.num_experts % world != 0)
-    bad("num_experts " + std::to_string(c.num_experts) + " is not a multiple of the world size " + std::to_string(world));
-  if (c.topk < 1 || c.topk > kEpMaxTopk) bad("topk " + std::to_string(c.topk) + " is outside 1.." + std::to_string(kEpMaxTopk));
+    bad("num_experts " + std::to_string(c.num_experts) + " is not a multiple of the world size " +
+        std::to_string(world));
+  if (c.topk < 1 || c.topk > kEpMaxTopk)
+    bad("topk " + std::to_string(c.topk) + " is outside 1.." + std::to_string(kEpMaxTopk));
   if (c.hidden < kEpScaleColumns || c.hidden % kEpScaleColumns != 0)
     bad("hidden " + std::to_string(c.hidden) + " is not a positive multiple of " + std::to_string(kEpScaleColumns));
-  if (c.max_tokens_per_rank < 1) bad("max_tokens_per_rank " + std::to_string(c.max_tokens_per_rank) + " is not positive");
+  if (c.max_tokens_per_rank < 1)
+    bad("max_tokens_per_rank " + std::to_string(c.max_tokens_per_rank) + " is not positive");
   if (c.max_tokens_per_expert < 0) bad("max_tokens_per_expert is negative");
   if (c.max_received_rows < 0) bad("max_received_rows is negative");
   if (c.max_blocks < 1 || c.max_blocks > kMaxBlocks)
@@ -44,9 +46,10 @@ EpGeometry ep_geometry(const EpConfig& c, int world) {
   g.max_blocks = c.max_blocks;
   const int64_t every_token = int64_t(world) * c.max_tokens_per_rank;
   g.rows_per_expert = g.expert_major ? (c.max_tokens_per_expert ? c.max_tokens_per_expert : every_token) : 0;
-  g.rows = g.expert_major ? g.rows_per_expert * g.local_experts
-                          : (c.max_received_rows ? c.max_received_rows : every_token);
-  if (g.rows >= (int64_t(1) << 31)) bad("the receive area would hold " + std::to_string(g.rows) + " rows (2^31 at most)");
+  g.rows =
+      g.expert_major ? g.rows_per_expert * g.local_experts : (c.max_received_rows ? c.max_received_rows : every_token);
+  if (g.rows >= (int64_t(1) << 31))
+    bad("the receive area would hold " + std::to_string(g.rows) + " rows (2^31 at most)");
   g.payload_bytes = size_t(c.hidden) * (g.fp8 ? 1 : 2);
   g.scale_bytes = g.fp8 ? size_t(c.hidden / kEpScaleColumns) * sizeof(float) : 0;
   g.tiles = (c.max_tokens_per_rank + kEpTileTokens - 1) / kEpTileTokens;

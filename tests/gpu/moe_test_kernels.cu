@@ -41,8 +41,8 @@ __global__ void check_routed_kernel(RoutedCall c, const uint8_t* out, uint64_t o
                                     const int64_t* out_splits_offsets, uint8_t poison, unsigned long long* wrong) {
   const uint64_t replay = *c.replay;
   const int n = c.world * c.experts;
-  __shared__ uint32_t splits[detail::kMaxWorld * kMaxDestinations];
-  __shared__ uint32_t input_rows[detail::kMaxWorld], output_rows[detail::kMaxWorld];
+  __shared__ uint32_t splits[kMaxWorld * kMaxDestinations];
+  __shared__ uint32_t input_rows[kMaxWorld], output_rows[kMaxWorld];
   for (int i = threadIdx.x; i < c.world * n; i += blockDim.x)
     splits[i] = routed_split(c.seed, replay, i / n, i % n, n, c.max_entry);
   if (threadIdx.x < c.world) {
@@ -188,7 +188,7 @@ int blocks_for(uint64_t n) { return static_cast<int>(n / kThreads + 1 < 512 ? n 
 void fill_rows(void* in, uint64_t rows, uint64_t row_bytes, uint64_t seed, int rank, cudaStream_t stream) {
   if (rows * row_bytes == 0) return;
   fill_rows_kernel<<<blocks_for(rows * row_bytes), kThreads, 0, stream>>>(static_cast<uint8_t*>(in), rows, row_bytes,
-                                                                           seed, rank);
+                                                                          seed, rank);
   TEST_CUDA(cudaGetLastError());
 }
 
@@ -201,7 +201,7 @@ void fill_routed_input(const RoutedCall& call, int64_t* in_splits, void* in, cud
 void check_routed_output(const RoutedCall& call, const void* out, uint64_t out_rows, const int64_t* out_splits_offsets,
                          uint8_t poison, unsigned long long* wrong, cudaStream_t stream) {
   check_routed_kernel<<<64, kThreads, 0, stream>>>(call, static_cast<const uint8_t*>(out), out_rows, out_splits_offsets,
-                                                  poison, wrong);
+                                                   poison, wrong);
   TEST_CUDA(cudaGetLastError());
 }
 
@@ -226,7 +226,7 @@ void check_moe_combine(const MoeRoutedCall& call, const void* out, const int64_t
                        const int32_t* num_tokens, const void* x, uint16_t poison, unsigned long long* wrong,
                        cudaStream_t stream) {
   check_moe_kernel<<<32, kThreads, 0, stream>>>(call, static_cast<const uint16_t*>(out), ids, weights, num_tokens,
-                                               static_cast<const uint16_t*>(x), poison, wrong);
+                                                static_cast<const uint16_t*>(x), poison, wrong);
   TEST_CUDA(cudaGetLastError());
 }
 

@@ -30,7 +30,7 @@ SYMMEM_HOST_DEVICE inline uint8_t row_byte(uint64_t seed, int rank, uint64_t row
 // The split of sender s to destination j in replay `replay` of a routed graph: 0 to max_entry rows,
 // a quarter of them empty, and every few replays one destination takes everything (a hot expert).
 SYMMEM_HOST_DEVICE inline uint32_t routed_split(uint64_t seed, uint64_t replay, int s, int j, int destinations,
-                                               uint32_t max_entry) {
+                                                uint32_t max_entry) {
   const uint64_t h = mix64(seed ^ mix64(replay * 131 + uint64_t(s) * 7919 + uint64_t(j)));
   if (replay % 5 == 4) return j == int(mix64(seed ^ replay) % uint64_t(destinations)) ? max_entry : 0;
   return (h & 3) == 0 ? 0 : static_cast<uint32_t>((h >> 8) % (max_entry + 1));

@@ -58,8 +58,8 @@ void upload(void* p, const std::vector<T>& host, cudaStream_t stream) {
 // Where a case's operands live.
 enum class Kinds { kHeap, kLocal, kHeapInLocalOut, kLocalInHeapOut, kInPlaceHeap, kInPlaceLocal };
 const char* kinds_name(Kinds k) {
-  static const char* names[] = {"heap", "local", "heap in, local out", "local in, heap out", "in place (heap)",
-                                "in place (local)"};
+  static const char* names[] = {
+      "heap", "local", "heap in, local out", "local in, heap out", "in place (heap)", "in place (local)"};
   return names[int(k)];
 }
 bool in_place(Kinds k) { return k == Kinds::kInPlaceHeap || k == Kinds::kInPlaceLocal; }
@@ -104,10 +104,10 @@ struct Findings {
 TEST(shared_gpu_all_to_all_uniform_matches_reference) {
   const size_t pairs[] = {1, 3, 64, 1000, 4100, 65536, 300001, kMiB + 16};
   const Algo algos[] = {Algo::kAuto, Algo::kLowLatency, Algo::kPush, Algo::kPull, Algo::kCopyEngine};
-  const Kinds kinds[] = {Kinds::kHeap, Kinds::kLocal, Kinds::kHeapInLocalOut, Kinds::kLocalInHeapOut,
-                         Kinds::kInPlaceHeap, Kinds::kInPlaceLocal};
+  const Kinds kinds[] = {Kinds::kHeap,           Kinds::kLocal,       Kinds::kHeapInLocalOut,
+                         Kinds::kLocalInHeapOut, Kinds::kInPlaceHeap, Kinds::kInPlaceLocal};
   for (int world : shared_gpu_worlds()) {
-    const int budget = block_budget(world);
+    const int budget = max_blocks_for_calls();
     run_shared_ranks(world, [&](SharedRank& r) {
       const size_t span = (kMiB + 16) * world;
       Memory mem(*r.comm, span);
@@ -197,7 +197,9 @@ Routing route(int world, int experts, int64_t align, Skew skew, uint32_t max_ent
         case Skew::kUniform: v = max_entry / 2 + 1; break;
         case Skew::kZipf: v = static_cast<uint32_t>(max_entry / std::pow(double(1 + (j + 3 * s) % n), 1.1)); break;
         case Skew::kOneHotAtCapacity: v = j == hot ? max_entry : 0; break;
-        case Skew::kEmptyRanks: v = (s % 2 == 1 || (j / experts) % 2 == 1) ? 0 : uint32_t(rng() % (max_entry + 1)); break;
+        case Skew::kEmptyRanks:
+          v = (s % 2 == 1 || (j / experts) % 2 == 1) ? 0 : uint32_t(rng() % (max_entry + 1));
+          break;
       }
       m.splits[size_t(s) * n + j] = v;
     }
@@ -230,8 +232,8 @@ size_t wrong_bytes(const Routing& m, int me, const std::vector<uint8_t>& got, si
 // Runs one case on one rank; returns "" or what was wrong.
 std::string run_variable_case(const VariableCase& c, SharedRank& r, const Memory& mem, void* splits_in,
                               void* splits_out, size_t span, int budget, uint64_t id) {
-  const uint32_t max_entry = static_cast<uint32_t>(
-      std::max<size_t>(1, span / c.row_bytes / (size_t(2) * r.world * r.world * c.experts + 8)));
+  const uint32_t max_entry =
+      static_cast<uint32_t>(std::max<size_t>(1, span / c.row_bytes / (size_t(2) * r.world * r.world * c.experts + 8)));
   const Routing m = route(r.world, c.experts, c.align, c.skew, max_entry, c.slack, mix64(id));
   const int n = r.world * c.experts;
   const size_t in_rows = m.input_rows[r.rank], out_rows = m.output_rows[r.rank];
@@ -287,7 +289,8 @@ std::vector<VariableCase> variable_cases() {
         const size_t slack = row_bytes == 6 ? 3 : 0;
         for (Algo algo : {Algo::kAuto, Algo::kPush, Algo::kPull, Algo::kLowLatency}) {
           cases.push_back({Form::kDeviceSplits, 1, 0, row_bytes, skew, slack, algo, k});
-          if (row_bytes == 16 || row_bytes == 1040) cases.push_back({Form::kHostSplits, 1, 0, row_bytes, skew, slack, algo, k});
+          if (row_bytes == 16 || row_bytes == 1040)
+            cases.push_back({Form::kHostSplits, 1, 0, row_bytes, skew, slack, algo, k});
         }
         for (Algo algo : {Algo::kAuto, Algo::kPull}) {
           cases.push_back({Form::kTwoD, 3, 1, row_bytes, skew, slack, algo, k});
@@ -300,7 +303,7 @@ std::vector<VariableCase> variable_cases() {
 TEST(shared_gpu_all_to_all_v_and_vdev_match_reference) {
   const std::vector<VariableCase> cases = variable_cases();
   for (int world : shared_gpu_worlds()) {
-    const int budget = block_budget(world);
+    const int budget = max_blocks_for_calls();
     run_shared_ranks(world, [&](SharedRank& r) {
       const size_t span = kMiB;
       Memory mem(*r.comm, span);
@@ -322,8 +325,8 @@ TEST(shared_gpu_all_to_all_v_and_vdev_match_reference) {
         const std::string wrong = run_variable_case(c, r, mem, splits_in.ptr, splits_out.ptr, span, budget, id);
         if (!wrong.empty()) findings.add(c.describe() + ": " + wrong);
       }
-      if (ran < cases.size() / 2) findings.add("only " + std::to_string(ran) + " of " + std::to_string(cases.size()) +
-                                               " cases were plannable");
+      if (ran < cases.size() / 2)
+        findings.add("only " + std::to_string(ran) + " of " + std::to_string(cases.size()) + " cases were plannable");
       findings.raise(r);
     });
   }
@@ -339,6 +342,22 @@ struct Outcome {
   bool untouched = false;
   double seconds = 0;
 };
+
+// Runs `call` on r's stream and synchronises: what it raised (if anything) and how long it took.
+Outcome outcome_of(SharedRank& r, const std::function<void()>& call) {
+  Outcome outcome;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    call();
+    r.comm->synchronize(r.stream);
+  } catch (const Error& e) {
+    outcome.error = e.what();
+    outcome.code = e.code();
+  }
+  outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  TEST_CUDA(cudaStreamSynchronize(r.stream));
+  return outcome;
+}
 
 // Every rank raised kCapacity naming `named` with `expect` in its message, in time, and its
 // buffers were left as they were (`buffers` says which).
@@ -366,26 +385,20 @@ void expect_mismatch_everywhere(const std::vector<Outcome>& outcomes, const std:
       throw Failure(what + ", world " + std::to_string(outcomes.size()) + ", rank " + std::to_string(q) +
                     ": expected kMismatch, got: " + o.error);
   }
-  if (mismatches == 0) throw Failure(what + ", world " + std::to_string(outcomes.size()) + ": no rank raised kMismatch");
+  if (mismatches == 0)
+    throw Failure(what + ", world " + std::to_string(outcomes.size()) + ": no rank raised kMismatch");
 }
 
 // Runs `call` on a rank whose peer `missing` never comes: "error" when it raised kTimeout or
 // kAborted naming the missing rank within three deadlines, else what happened.
 std::string outcome_without(int missing, int64_t timeout_ms, SharedRank& r, const std::function<void()>& call) {
-  std::string outcome;
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    call();
-    r.comm->synchronize(r.stream);
-    outcome = "no error";
-  } catch (const Error& e) {
-    const std::string text = e.what();
-    const bool named = text.find("rank " + std::to_string(missing)) != std::string::npos;
-    outcome = (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kAborted) && named ? "error"
-                                                                                          : "unexpected error: " + text;
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (seconds > 3.0 * timeout_ms / 1000) outcome += " after " + std::to_string(seconds) + " s";
+  const Outcome o = outcome_of(r, call);
+  const bool named = o.error.find("rank " + std::to_string(missing)) != std::string::npos;
+  std::string outcome = o.error == "no error" ? o.error
+                        : (o.code == ErrorCode::kTimeout || o.code == ErrorCode::kAborted) && named
+                            ? "error"
+                            : "unexpected error: " + o.error;
+  if (o.seconds > 3.0 * timeout_ms / 1000) outcome += " after " + std::to_string(o.seconds) + " s";
   return outcome;
 }
 
@@ -419,8 +432,12 @@ TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
             size_t in_rows = m.input_rows[r.rank], out_rows = m.output_rows[r.rank];
             if (r.rank == c.shrink_out_rank) out_rows -= 1;
             if (r.rank == c.shrink_in_rank) in_rows -= 1;
-            Buffer* in = r.comm->allocate(std::max<size_t>(1, m.input_rows[r.rank]) * row_bytes);
-            Buffer* out = r.comm->allocate(std::max<size_t>(1, m.output_rows[r.rank]) * row_bytes);
+            // Heap allocation is collective (every rank asks for the same bytes): buffers for the
+            // largest rank; the overflow comes from the rows each rank declares, not from the buffers.
+            const size_t most_in = *std::max_element(m.input_rows.begin(), m.input_rows.end());
+            const size_t most_out = *std::max_element(m.output_rows.begin(), m.output_rows.end());
+            Buffer* in = r.comm->allocate(std::max<size_t>(1, most_in) * row_bytes);
+            Buffer* out = r.comm->allocate(std::max<size_t>(1, most_out) * row_bytes);
             DeviceBuffer splits_in(n * sizeof(int64_t)), splits_out(2 * n * sizeof(int64_t));
             std::vector<int64_t> mine(n), expect_from(world);
             for (int j = 0; j < n; ++j) mine[j] = m.splits[size_t(r.rank) * n + j];
@@ -432,33 +449,25 @@ TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
             fill_rows(in->ptr(), m.input_rows[r.rank], row_bytes, 5, r.rank, r.stream);
             TEST_CUDA(cudaStreamSynchronize(r.stream));
             wait_for_every_rank(r);
-            Outcome outcome;
-            const auto start = std::chrono::steady_clock::now();
-            try {
+            Outcome outcome = outcome_of(r, [&] {
               const Operand o(*out), i(*in);
               switch (c.form) {
                 case Form::kHostSplits:
-                  all_to_all_v(o, out_rows, i, in_rows, mine.data(), expect_from.data(), row_bytes, *r.comm,
-                               r.stream, {Algo::kAuto, 0, block_budget(world)});
+                  all_to_all_v(o, out_rows, i, in_rows, mine.data(), expect_from.data(), row_bytes, *r.comm, r.stream,
+                               {Algo::kAuto, 0, max_blocks_for_calls()});
                   break;
                 case Form::kDeviceSplits:
                   all_to_all_vdev(o, out_rows, i, in_rows, static_cast<const int64_t*>(splits_in.ptr),
                                   static_cast<int64_t*>(splits_out.ptr), row_bytes, *r.comm, r.stream,
-                                  {Algo::kAuto, 0, block_budget(world)});
+                                  {Algo::kAuto, 0, max_blocks_for_calls()});
                   break;
                 case Form::kTwoD:
                   all_to_all_vdev_2d(o, out_rows, i, in_rows, static_cast<const int64_t*>(splits_in.ptr),
                                      static_cast<int64_t*>(splits_out.ptr), row_bytes, experts, 8, *r.comm, r.stream,
-                                     {Algo::kAuto, 0, block_budget(world)});
+                                     {Algo::kAuto, 0, max_blocks_for_calls()});
                   break;
               }
-              r.comm->synchronize(r.stream);
-            } catch (const Error& e) {
-              outcome.error = e.what();
-              outcome.code = e.code();
-            }
-            outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            });
             const std::vector<uint8_t> got = download(out->ptr(), m.output_rows[r.rank] * row_bytes, r.stream);
             const std::vector<uint8_t> so = download(splits_out.ptr, 2 * n * sizeof(int64_t), r.stream);
             outcome.untouched = std::all_of(got.begin(), got.end(), [](uint8_t b) { return b == kPoison; }) &&
@@ -471,7 +480,9 @@ TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
             r.comm.reset();  // unusable now: released without the collective close
           },
           5000);
-      const int named = c.shrink_out_rank >= 0 ? c.shrink_out_rank : c.shrink_in_rank >= 0 ? c.shrink_in_rank : c.lie_rank;
+      const int named = c.shrink_out_rank >= 0  ? c.shrink_out_rank
+                        : c.shrink_in_rank >= 0 ? c.shrink_in_rank
+                                                : c.lie_rank;
       expect_capacity_everywhere(outcomes, c.name, named, c.expect, "a rank's output or out_splits_offsets");
     }
   }
@@ -482,11 +493,14 @@ TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
 // A captured all_to_all_vdev (and 2-D) whose routing and data change every replay on the device:
 // the graph fills the splits and rows from a device counter, runs the call, checks this rank's
 // output and out_splits_offsets on the device against the layout, and advances the counter.
-// 1000 replays, no host synchronisation between them.
+// 1000 replays; nothing of the call needs the host between them. The harness synchronises each
+// rank every kWindow replays (replay_captured): the ranks share one CUDA context, whose launch
+// queue a rank 1000 replays ahead fills with work that waits for a rank behind, which then cannot
+// launch (at 8 ranks on one H100, rank 7 waited for rank 0 until the deadline, 2 runs of 2).
 TEST(shared_gpu_all_to_all_vdev_graph_replays_follow_device_routing) {
   constexpr int kReplays = 1000;
   for (int world : shared_gpu_worlds()) {
-    const int budget = block_budget(world);
+    const int budget = max_blocks_for_calls();
     for (const auto& [experts, align] : {std::pair<int, int64_t>{1, 0}, std::pair<int, int64_t>{2, 4}}) {
       run_shared_ranks(world, [&](SharedRank& r) {
         const uint64_t row_bytes = 48;
@@ -502,8 +516,8 @@ TEST(shared_gpu_all_to_all_vdev_graph_replays_follow_device_routing) {
         TEST_CUDA(cudaMemsetAsync(replay.ptr, 0, sizeof(uint64_t), r.stream));
         TEST_CUDA(cudaStreamSynchronize(r.stream));
         wait_for_every_rank(r);
-        const RoutedCall call{0xA11CE, r.rank, world, experts, align, row_bytes, max_entry,
-                              static_cast<const uint64_t*>(replay.ptr)};
+        const RoutedCall call{0xA11CE, r.rank,    world,     experts,
+                              align,   row_bytes, max_entry, static_cast<const uint64_t*>(replay.ptr)};
         const CollectiveOptions o{Algo::kAuto, 0, budget};
         auto one_call = [&] {
           TEST_CUDA(cudaMemsetAsync(out->ptr(), kPoison, out_rows * row_bytes, r.stream));
@@ -520,9 +534,7 @@ TEST(shared_gpu_all_to_all_vdev_graph_replays_follow_device_routing) {
           advance_replay(static_cast<uint64_t*>(replay.ptr), r.stream);
         };
         one_call();  // eager first: the same check
-        CapturedGraph graph(r.stream, one_call);
-        for (int i = 0; i < kReplays; ++i) graph.launch(r.stream);
-        r.comm->synchronize(r.stream);
+        replay_captured(r, one_call, kReplays);
         const unsigned long long bad = wrong.read(r.stream)[0];
         uint64_t replays = 0;
         const std::vector<uint8_t> counter = download(replay.ptr, sizeof(uint64_t), r.stream);
@@ -559,7 +571,7 @@ TEST(shared_gpu_all_to_all_missing_rank_is_named_in_time) {
             std::string outcome = "absent";
             if (r.rank != missing) {
               outcome = outcome_without(missing, kTimeoutMs, r, [&] {
-                const CollectiveOptions o{Algo::kAuto, 0, block_budget(world)};
+                const CollectiveOptions o{Algo::kAuto, 0, max_blocks_for_calls()};
                 if (device_splits)
                   all_to_all_vdev(Operand(*out), world, Operand(*in), world, static_cast<const int64_t*>(splits_in.ptr),
                                   static_cast<int64_t*>(splits_out.ptr), 64, *r.comm, r.stream, o);
@@ -598,17 +610,11 @@ TEST(shared_gpu_all_to_all_mismatched_call_fails_everywhere) {
           wait_for_every_rank(r);
           // The last rank's rows are wider: another signature on its lines.
           const size_t row_bytes = r.rank == world - 1 ? 80 : 64;
-          Outcome outcome;
-          try {
+          Outcome outcome = outcome_of(r, [&] {
             all_to_all_vdev(Operand(*out), world, Operand(*in), world, static_cast<const int64_t*>(splits_in.ptr),
                             static_cast<int64_t*>(splits_out.ptr), row_bytes, *r.comm, r.stream,
-                            {Algo::kAuto, 0, block_budget(world)});
-            r.comm->synchronize(r.stream);
-          } catch (const Error& e) {
-            outcome.error = e.what();
-            outcome.code = e.code();
-          }
-          TEST_CUDA(cudaStreamSynchronize(r.stream));
+                            {Algo::kAuto, 0, max_blocks_for_calls()});
+          });
           wait_for_every_rank(r);
           r.comm.reset();
           std::lock_guard<std::mutex> lock(mutex);
@@ -621,7 +627,11 @@ TEST(shared_gpu_all_to_all_mismatched_call_fails_everywhere) {
 
 // --- MoE dispatch / combine ----------------------------------------------------------------
 
-// A small context: `experts_per_rank` experts on every rank, held to the shared-GPU block budget.
+// A context's max_blocks: EpConfig's default (the planner's share of the GPU holds it to what the
+// ranks sharing the GPU may use), or SYMMEM_SHARED_GPU_BLOCKS.
+int ep_max_blocks() { return max_blocks_for_calls() > 0 ? max_blocks_for_calls() : EpConfig{}.max_blocks; }
+
+// A small context: `experts_per_rank` experts on every rank.
 EpConfig small_config(int world, int experts_per_rank, int topk, int hidden, int tokens, EpLayout layout) {
   EpConfig c;
   c.num_experts = experts_per_rank * world;
@@ -629,7 +639,7 @@ EpConfig small_config(int world, int experts_per_rank, int topk, int hidden, int
   c.hidden = hidden;
   c.max_tokens_per_rank = tokens;
   c.layout = layout;
-  c.max_blocks = block_budget(world);
+  c.max_blocks = ep_max_blocks();
   return c;
 }
 
@@ -663,14 +673,16 @@ std::vector<EpRouting> moe_routing(const detail::EpGeometry& g, MoeSkew skew, ui
   std::vector<EpRouting> routing(g.world);
   for (int s = 0; s < g.world; ++s) {
     EpRouting& r = routing[s];
-    r.tokens = skew == MoeSkew::kOneHotAtCapacity ? g.max_tokens
+    r.tokens = skew == MoeSkew::kOneHotAtCapacity           ? g.max_tokens
                : skew == MoeSkew::kEmptyRanks && s % 2 == 1 ? 0
                                                             : int(rng() % (g.max_tokens + 1));
     r.ids.assign(size_t(g.max_tokens) * g.topk, -1);
     for (int t = 0; t < g.max_tokens; ++t)
       for (int k = 0; k < g.topk; ++k) {
         int64_t e = int64_t(rng() % g.experts);
-        if (skew == MoeSkew::kZipf) e = std::min<int64_t>(g.experts - 1, int64_t(std::pow(double(g.experts), std::pow(double(rng() % 1000) / 1000, 2))) - 1);
+        if (skew == MoeSkew::kZipf)
+          e = std::min<int64_t>(g.experts - 1,
+                                int64_t(std::pow(double(g.experts), std::pow(double(rng() % 1000) / 1000, 2))) - 1);
         if (skew == MoeSkew::kOneHotAtCapacity) e = k == 0 ? 0 : -1;
         if (skew == MoeSkew::kMasked && rng() % 3 == 0) e = -1;
         for (int k2 = 0; k2 < k; ++k2)
@@ -690,8 +702,9 @@ struct MoeCase {
   std::string describe() const {
     return std::string(ep_layout_name(layout)) + " " + ep_payload_name(payload) + " " + moe_skew_name(skew) +
            " experts/rank=" + std::to_string(experts_per_rank) + " topk=" + std::to_string(topk) +
-           " tokens=" + std::to_string(tokens) + (device_count ? " device-count" : "") + (int32_ids ? " int32-ids" : "") +
-           (staged_outputs ? " staged-outputs" : "") + (weights_applied ? " weights-applied" : "");
+           " tokens=" + std::to_string(tokens) + (device_count ? " device-count" : "") +
+           (int32_ids ? " int32-ids" : "") + (staged_outputs ? " staged-outputs" : "") +
+           (weights_applied ? " weights-applied" : "");
   }
 };
 
@@ -700,12 +713,12 @@ std::vector<MoeCase> moe_cases() {
   int i = 0;
   for (EpLayout layout : {EpLayout::kExpertMajor, EpLayout::kRankMajor})
     for (EpPayload payload : {EpPayload::kBFloat16, EpPayload::kFloat8E4M3})
-      for (MoeSkew skew : {MoeSkew::kRandom, MoeSkew::kZipf, MoeSkew::kOneHotAtCapacity, MoeSkew::kEmptyRanks,
-                           MoeSkew::kMasked}) {
+      for (MoeSkew skew :
+           {MoeSkew::kRandom, MoeSkew::kZipf, MoeSkew::kOneHotAtCapacity, MoeSkew::kEmptyRanks, MoeSkew::kMasked}) {
         ++i;
         const int tokens = skew == MoeSkew::kOneHotAtCapacity ? 37 : (i % 3 == 0 ? 1 : i % 3 == 1 ? 70 : 33);
-        cases.push_back({layout, payload, skew, i % 2 ? 2 : 3, i % 4 == 0 ? 1 : (i % 4 == 1 ? 4 : 2), tokens, i % 2 == 0,
-                         i % 3 == 0, i % 2 == 1, layout == EpLayout::kExpertMajor && i % 5 == 0});
+        cases.push_back({layout, payload, skew, i % 2 ? 2 : 3, i % 4 == 0 ? 1 : (i % 4 == 1 ? 4 : 2), tokens,
+                         i % 2 == 0, i % 3 == 0, i % 2 == 1, layout == EpLayout::kExpertMajor && i % 5 == 0});
       }
   return cases;
 }
@@ -717,7 +730,7 @@ struct MoeMemory {
 };
 
 // Runs one case on rank r with a fresh context; returns "" or what was wrong.
-std::string run_moe_case(const MoeCase& c, SharedRank& r, int budget, uint64_t seed) {
+std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
   EpConfig config;
   config.num_experts = c.experts_per_rank * r.world;
   config.topk = c.topk;
@@ -725,7 +738,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, int budget, uint64_t s
   config.max_tokens_per_rank = c.tokens;
   config.payload = c.payload;
   config.layout = c.layout;
-  config.max_blocks = budget;
+  config.max_blocks = ep_max_blocks();
   // One-hot at capacity: every token of every rank to expert 0 (rank 0), which holds exactly that.
   if (c.skew == MoeSkew::kOneHotAtCapacity) {
     if (c.layout == EpLayout::kExpertMajor)
@@ -758,7 +771,8 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, int budget, uint64_t s
   fill_rows(m.x->ptr, T, g.payload_bytes, seed, r.rank, r.stream);
   if (g.fp8) fill_rows(m.scales->ptr, T, g.scale_bytes, seed ^ 0x5CA1E, r.rank, r.stream);
   std::vector<float> weights(size_t(T) * K);
-  for (size_t i = 0; i < weights.size(); ++i) weights[i] = float(1 + mix64(seed ^ (uint64_t(r.rank) << 32) ^ i) % 997) / 512.f;
+  for (size_t i = 0; i < weights.size(); ++i)
+    weights[i] = float(1 + mix64(seed ^ (uint64_t(r.rank) << 32) ^ i) % 997) / 512.f;
   upload(m.weights->ptr, weights, r.stream);
   if (c.int32_ids) {
     std::vector<int32_t> ids(mine.ids.begin(), mine.ids.end());
@@ -842,7 +856,8 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, int budget, uint64_t s
     for (size_t i = 0; i < list.size(); ++i) {
       const size_t row = size_t(e) * (g.expert_major ? g.rows_per_expert : 0) + i;
       for (int col = 0; col < H; ++col)
-        outputs[row * H + col] = expert_output(seed, list[i].rank, list[i].token, g.expert_major ? list[i].k : r.rank, col);
+        outputs[row * H + col] =
+            expert_output(seed, list[i].rank, list[i].token, g.expert_major ? list[i].k : r.rank, col);
     }
   }
   upload(c.staged_outputs ? m.expert_out->ptr : rec.combine_input, outputs, r.stream);
@@ -898,12 +913,11 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, int budget, uint64_t s
 TEST(shared_gpu_moe_dispatch_combine_match_reference) {
   const std::vector<MoeCase> cases = moe_cases();
   for (int world : shared_gpu_worlds()) {
-    const int budget = block_budget(world);
     run_shared_ranks(world, [&](SharedRank& r) {
       Findings findings;
       uint64_t id = uint64_t(world) << 40;
       for (const MoeCase& c : cases) {
-        const std::string wrong = run_moe_case(c, r, budget, mix64(++id));
+        const std::string wrong = run_moe_case(c, r, mix64(++id));
         if (!wrong.empty()) findings.add(c.describe() + ": " + wrong);
       }
       findings.raise(r);
@@ -923,7 +937,8 @@ TEST(shared_gpu_moe_overflow_raises_on_every_rank) {
     const char* expect;
   };
   const Overflow cases[] = {
-      {"expert-major: expert 0 one row short", EpLayout::kExpertMajor, 1, false, false, "expert 0 of rank 0 would receive"},
+      {"expert-major: expert 0 one row short", EpLayout::kExpertMajor, 1, false, false,
+       "expert 0 of rank 0 would receive"},
       {"rank-major: rank 0 one row short", EpLayout::kRankMajor, 1, false, false, "rank 0 would receive"},
       {"device token count above T", EpLayout::kExpertMajor, 0, true, false, "tokens, but its context holds"},
       {"expert id out of range", EpLayout::kRankMajor, 0, false, true, "routed a token to expert"},
@@ -958,22 +973,14 @@ TEST(shared_gpu_moe_overflow_raises_on_every_rank) {
             TEST_CUDA(cudaMemsetAsync(rec.x, kPoison, g.dispatch_bytes, r.stream));
             TEST_CUDA(cudaStreamSynchronize(r.stream));
             wait_for_every_rank(r);
-            Outcome outcome;
-            const auto start = std::chrono::steady_clock::now();
-            try {
+            Outcome outcome = outcome_of(r, [&] {
               EpDispatchArgs d;
               d.x = x.ptr;
               d.topk_idx = ids.ptr;
               d.topk_weights = static_cast<const float*>(weights.ptr);
               d.num_tokens_device = static_cast<const int32_t*>(count.ptr);
               ctx->dispatch(d, r.stream);
-              r.comm->synchronize(r.stream);
-            } catch (const Error& e) {
-              outcome.error = e.what();
-              outcome.code = e.code();
-            }
-            outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            });
             const std::vector<uint8_t> area = download(rec.x, g.dispatch_bytes, r.stream);
             outcome.untouched = std::all_of(area.begin(), area.end(), [](uint8_t b) { return b == kPoison; });
             {
@@ -991,7 +998,8 @@ TEST(shared_gpu_moe_overflow_raises_on_every_rank) {
 }
 
 // 1000 replays of a captured step (routing from a device counter, dispatch, fake experts, combine,
-// a device check of the combined output, counter += 1), no host synchronisation between replays;
+// a device check of the combined output, counter += 1), the host synchronising only every kWindow
+// replays (as above);
 // both layouts, both payload widths of the rows (bf16 x; the fp8 path is the same kernels).
 TEST(shared_gpu_moe_graph_replays_follow_device_routing) {
   constexpr int kReplays = 1000;
@@ -1008,9 +1016,20 @@ TEST(shared_gpu_moe_graph_replays_follow_device_routing) {
         TEST_CUDA(cudaStreamSynchronize(r.stream));
         wait_for_every_rank(r);
         const EpReceived rec = ctx->received();
-        const MoeRoutedCall call{0xE9, r.rank, world, config.num_experts, K, H, T,
-                                 layout == EpLayout::kExpertMajor, static_cast<const uint64_t*>(replay.ptr)};
-        const MoeReceivedView view{rec.x, rec.topk_idx, rec.topk_weights, rec.expert_num_tokens, rec.num_rows,
+        const MoeRoutedCall call{0xE9,
+                                 r.rank,
+                                 world,
+                                 config.num_experts,
+                                 K,
+                                 H,
+                                 T,
+                                 layout == EpLayout::kExpertMajor,
+                                 static_cast<const uint64_t*>(replay.ptr)};
+        const MoeReceivedView view{rec.x,
+                                   rec.topk_idx,
+                                   rec.topk_weights,
+                                   rec.expert_num_tokens,
+                                   rec.num_rows,
                                    static_cast<long long>(rec.rows)};
         auto step = [&] {
           fill_moe_routed_input(call, static_cast<int64_t*>(ids.ptr), static_cast<float*>(weights.ptr),
@@ -1031,11 +1050,7 @@ TEST(shared_gpu_moe_graph_replays_follow_device_routing) {
           advance_replay(static_cast<uint64_t*>(replay.ptr), r.stream);
         };
         step();  // eager first: the same check
-        {
-          CapturedGraph graph(r.stream, step);
-          for (int i = 0; i < kReplays; ++i) graph.launch(r.stream);
-          r.comm->synchronize(r.stream);
-        }
+        replay_captured(r, step, kReplays);
         const unsigned long long bad = wrong.read(r.stream)[0];
         if (bad)
           throw Failure(std::string(ep_layout_name(layout)) + ": " + std::to_string(bad) +
@@ -1104,12 +1119,12 @@ TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
               return EpContext::create(*r.comm, small_config(world, 2, K, hidden, T, EpLayout::kExpertMajor));
             };
             std::unique_ptr<EpContext> a = make(256), b = make(512);
-            DeviceBuffer x(size_t(T) * 512 * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4), out(size_t(T) * 512 * 2);
+            DeviceBuffer x(size_t(T) * 512 * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4),
+                out(size_t(T) * 512 * 2);
             upload(ids.ptr, std::vector<int64_t>(size_t(T) * K, 1), r.stream);
             upload(weights.ptr, std::vector<float>(size_t(T) * K, 1.f), r.stream);
             wait_for_every_rank(r);
-            Outcome outcome;
-            try {
+            Outcome outcome = outcome_of(r, [&] {
               EpDispatchArgs d;
               d.x = x.ptr;
               d.topk_idx = ids.ptr;
@@ -1124,12 +1139,7 @@ TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
                 cb.out = out.ptr;
                 a->combine(cb, r.stream);
               }
-              r.comm->synchronize(r.stream);
-            } catch (const Error& e) {
-              outcome.error = e.what();
-              outcome.code = e.code();
-            }
-            TEST_CUDA(cudaStreamSynchronize(r.stream));
+            });
             wait_for_every_rank(r);
             a.reset();
             b.reset();

@@ -26,18 +26,16 @@ std::vector<int> shared_gpu_worlds() {
   return result;
 }
 
-int block_budget(int world) {
+int max_blocks_for_calls() {
   const char* forced = std::getenv("SYMMEM_SHARED_GPU_BLOCKS");
   if (forced && *forced) return std::max(1, std::atoi(forced));
-  int sms = 0;
-  TEST_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  return std::max(1, sms / (2 * world));
+  return -1;
 }
 
 void wait_for_every_rank(SharedRank& r) { r.bootstrap->barrier(); }
 
-void run_shared_ranks(int world, const std::function<void(SharedRank&)>& body, int64_t timeout_ms,
-                      size_t workspace_bytes) {
+void run_rank_threads(int world, const std::function<std::unique_ptr<SharedRank>()>& make,
+                      const std::function<void(SharedRank&)>& body, int64_t timeout_ms, size_t workspace_bytes) {
   auto group = make_thread_group(world, 120000);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
@@ -45,19 +43,23 @@ void run_shared_ranks(int world, const std::function<void(SharedRank&)>& body, i
     threads.emplace_back([&, r] {
       try {
         TEST_CUDA(cudaSetDevice(0));
-        SharedRank rank;
-        rank.rank = r;
-        rank.world = world;
-        TEST_CUDA(cudaStreamCreateWithFlags(&rank.stream, cudaStreamNonBlocking));
+        std::unique_ptr<SharedRank> rank = make();
+        rank->rank = r;
+        rank->world = world;
+        TEST_CUDA(cudaStreamCreateWithFlags(&rank->stream, cudaStreamNonBlocking));
         CommConfig config;
         config.timeout_ms = timeout_ms;
         config.workspace_bytes = workspace_bytes;
-        rank.bootstrap = make_thread_bootstrap(group, r);
-        rank.comm = Communicator::create(rank.bootstrap, 0, config);
-        body(rank);
-        TEST_CUDA(cudaStreamSynchronize(rank.stream));
-        wait_for_every_rank(rank);
-        if (rank.comm) rank.comm->close();
+        rank->bootstrap = make_thread_bootstrap(group, r);
+        rank->comm = Communicator::create(rank->bootstrap, 0, config);
+        rank->set_up();
+        // Nobody launches before everybody is set up: a rank still allocating (which may wait for
+        // the shared GPU to be idle) would stall a peer whose first call already waits for it.
+        wait_for_every_rank(*rank);
+        body(*rank);
+        TEST_CUDA(cudaStreamSynchronize(rank->stream));
+        wait_for_every_rank(*rank);
+        if (rank->comm) rank->comm->close();  // (a test may have released a failed one)
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -69,13 +71,25 @@ void run_shared_ranks(int world, const std::function<void(SharedRank&)>& body, i
       throw Failure("world " + std::to_string(world) + ", rank " + std::to_string(r) + ": " + errors[r]);
 }
 
+void replay_captured(SharedRank& r, const std::function<void()>& record, int replays) {
+  CapturedGraph graph(r.stream, record);
+  for (int i = 0; i < replays; ++i) {
+    graph.launch(r.stream);
+    if ((i + 1) % kWindow == 0) r.comm->synchronize(r.stream);
+  }
+  r.comm->synchronize(r.stream);
+}
+
 int shared_gpu_main(int argc, char** argv) {
   keep_multicast_off();
   setenv("SYMMEM_TEST_SHARED_GPU", "1", 1);
-  // Every rank's streams on their own hardware queue; lazy loading would load a kernel at its
-  // first launch, which may wait for the context to be idle (tests/gpu/shared_gpu_tests.cpp).
+  // Every rank's streams on their own hardware queue: a rank's work queued behind another's
+  // waiting kernel (or stream wait) would wait for its own peer, until the deadline. Read when CUDA
+  // starts: before the first CUDA call of the process.
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   setenv("SYMMEM_CE_STREAMS", "1", 0);
+  // Lazy loading loads a kernel at its first launch, which may wait for the context to be idle:
+  // for a rank whose peer's kernel is already waiting for it, that is forever.
   setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   int gpus = 0;
   const cudaError_t err = cudaGetDeviceCount(&gpus);

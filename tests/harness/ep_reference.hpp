@@ -19,7 +19,7 @@ struct EpRouting {
 };
 
 struct EpPlace {
-  int rank = -1;    // receiving rank, -1: not sent
+  int rank = -1;     // receiving rank, -1: not sent
   int64_t row = -1;  // row in its receive area (kExpertMajor: e_local * rows_per_expert + slot)
 };
 

@@ -257,7 +257,7 @@ AllToAllRequest uniform_request(size_t pair_bytes, int world) {
   r.world = world;
   r.in_symmetric = r.out_symmetric = true;
   r.low_latency_capacity = size_t(1) << 20;
-  r.staging_capacity = size_t(64) << 20;
+  r.workspace.staging = size_t(64) << 20;
   return r;
 }
 }  // namespace
@@ -270,7 +270,7 @@ TEST(all_to_all_plan_uniform_by_size) {
   EXPECT(plan_all_to_all(uniform_request(128 << 10, 2), none).algo == Algo::kLowLatency);
   // Large with symmetric operands: push, no staging.
   AllToAllPlan p = plan_all_to_all(uniform_request(8 << 20, 4), none);
-  EXPECT(p.algo == Algo::kPush);
+  EXPECT(p.algo == Algo::kPush && p.kernel == KernelId::kAllToAllPush);
   EXPECT(!p.stage_input && !p.exchange);
   EXPECT(p.blocks >= 4 && p.blocks <= 64);
   // A local output: pull; with a local input too, the input is staged in chunks of the workspace.
@@ -284,7 +284,7 @@ TEST(all_to_all_plan_uniform_by_size) {
   r = uniform_request(8 << 20, 4);
   r.options.max_blocks = 0;
   p = plan_all_to_all(r, none);
-  EXPECT(p.algo == Algo::kCopyEngine && p.blocks == 0);
+  EXPECT(p.algo == Algo::kCopyEngine && p.blocks == 0 && p.kernel == KernelId::kAllToAllCopyEngine);
   // In place always stages (peers would read what this rank overwrites).
   r = uniform_request(4096, 4);
   r.in_place = true;

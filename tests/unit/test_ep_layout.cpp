@@ -101,9 +101,10 @@ std::vector<EpPlace> places_like_the_kernel(const EpGeometry& g, const std::vect
         q = d;
       }
       int64_t send_base = 0;
-      for (int s = 0; s < me; ++s) send_base += g.expert_major ? counts[s].total_expert[bin] : counts[s].total_rank[bin];
-      const int64_t slot = send_base + counts[me].warp_base[bases + bin] +
-                           counts[me].tile_base[size_t(tile) * g.bins + bin] + in_tile;
+      for (int s = 0; s < me; ++s)
+        send_base += g.expert_major ? counts[s].total_expert[bin] : counts[s].total_rank[bin];
+      const int64_t slot =
+          send_base + counts[me].warp_base[bases + bin] + counts[me].tile_base[size_t(tile) * g.bins + bin] + in_tile;
       const int64_t row = g.expert_major ? int64_t(bin % g.local_experts) * g.rows_per_expert + slot : slot;
       route[size_t(t) * columns + d] = {q, row};
     }
@@ -169,13 +170,12 @@ TEST(ep_tiled_slots_match_the_definition) {
       for (int topk : {1, 2, 8, 16})
         for (int tokens : {1, 31, 33, 100, 700})
           for (EpLayout layout : {EpLayout::kExpertMajor, EpLayout::kRankMajor})
-            for (Skew skew : {Skew::kRandom, Skew::kZipf, Skew::kOneHot, Skew::kEmptyRanks, Skew::kMasked,
-                              Skew::kDuplicates}) {
+            for (Skew skew :
+                 {Skew::kRandom, Skew::kZipf, Skew::kOneHot, Skew::kEmptyRanks, Skew::kMasked, Skew::kDuplicates}) {
               if ((experts >= 256 && tokens > 100 && topk > 2) || (topk == 16 && experts < 64)) continue;
               // A token naming an expert twice sends it two rows: room for K per token then.
-              const int capacity = skew == Skew::kDuplicates && layout == EpLayout::kExpertMajor
-                                       ? world * tokens * topk
-                                       : 0;
+              const int capacity =
+                  skew == Skew::kDuplicates && layout == EpLayout::kExpertMajor ? world * tokens * topk : 0;
               const EpGeometry g = ep_geometry(config_of(experts, topk, tokens, layout, capacity), world);
               const std::vector<EpRouting> routing = draw(rng, g, skew);
               const EpExpected x = ep_expected(g, routing);

@@ -167,8 +167,7 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
         a->splits = value();
         if (a->splits != "uniform" && a->splits != "zipf" && a->splits != "onehot")
           throw std::invalid_argument("--splits takes uniform, zipf or onehot, not '" + a->splits + "'");
-      }
-      else if (f == "--gemm") {
+      } else if (f == "--gemm") {
         const auto dims = split(value(), 'x');
         if (dims.size() != 3) throw std::invalid_argument("--gemm takes MxNxK");
         a->gemm_m = std::stoi(dims[0]);

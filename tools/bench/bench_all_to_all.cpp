@@ -6,6 +6,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "bench_collectives.hpp"
+
 namespace symmem::bench {
 namespace {
 
@@ -20,7 +22,7 @@ std::vector<std::vector<size_t>> split_matrix(const std::string& splits, int wor
       for (int q = 0; q < world; ++q) m[s][q] = bytes / world / elem * elem;
     } else if (splits == "onehot") {
       m[s][0] = bytes / kRowBytes * kRowBytes;  // everything to rank 0 (at capacity)
-    } else {  // zipf, s = 1.1, the sender's nearest neighbours first
+    } else {                                    // zipf, s = 1.1, the sender's nearest neighbours first
       const size_t rows = bytes / kRowBytes;
       double total = 0;
       for (int k = 0; k < world; ++k) total += 1.0 / std::pow(1.0 + k, 1.1);
@@ -36,12 +38,6 @@ std::vector<std::vector<size_t>> split_matrix(const std::string& splits, int wor
   }
   return m;
 }
-
-struct Case {
-  std::string impl;
-  int blocks;
-  Launch launch;
-};
 
 }  // namespace
 
@@ -95,7 +91,7 @@ std::vector<Row> run_all_to_all(BenchContext& ctx) {
     }
     BENCH_CUDA_CHECK(cudaMemcpy(in_splits, in_rows.data(), world * sizeof(int64_t), cudaMemcpyHostToDevice));
 
-    std::vector<Case> cases;
+    std::vector<Candidate> cases;
     if (a.nccl) {
       // torch.distributed.all_to_all_single's NCCL path: a send and a receive per peer in one group.
       std::vector<size_t> send_off(world, 0), recv_off(world, 0);
@@ -107,10 +103,10 @@ std::vector<Row> run_all_to_all(BenchContext& ctx) {
       cases.push_back({"nccl", -1, [=](cudaStream_t s) {
                          BENCH_NCCL_CHECK(ncclGroupStart());
                          for (int q = 0; q < world; ++q) {
-                           BENCH_NCCL_CHECK(ncclSend(static_cast<char*>(in->ptr()) + send_off[q], m[me][q], ncclUint8,
-                                                     q, nccl, s));
-                           BENCH_NCCL_CHECK(ncclRecv(static_cast<char*>(out->ptr()) + recv_off[q], m[q][me], ncclUint8,
-                                                     q, nccl, s));
+                           BENCH_NCCL_CHECK(
+                               ncclSend(static_cast<char*>(in->ptr()) + send_off[q], m[me][q], ncclUint8, q, nccl, s));
+                           BENCH_NCCL_CHECK(
+                               ncclRecv(static_cast<char*>(out->ptr()) + recv_off[q], m[q][me], ncclUint8, q, nccl, s));
                          }
                          BENCH_NCCL_CHECK(ncclGroupEnd());
                        }});
@@ -126,47 +122,48 @@ std::vector<Row> run_all_to_all(BenchContext& ctx) {
       require_zero_copy(name, plan);
       cases.push_back({name, blocks_of(plan), launch});
     };
-    std::vector<Algo> algos = uniform ? std::vector<Algo>{Algo::kAuto, Algo::kLowLatency, Algo::kPush, Algo::kPull,
-                                                          Algo::kCopyEngine}
-                                      : std::vector<Algo>{Algo::kAuto, Algo::kLowLatency, Algo::kPush, Algo::kPull};
-    if (!a.algos.empty()) {
-      std::vector<Algo> chosen{Algo::kAuto};
-      for (Algo algo : algos)
-        for (const auto& name : a.algos)
-          if (algo != Algo::kAuto && name == algo_name(algo)) chosen.push_back(algo);
-      algos = chosen;
-    }
+    // auto, then the table's all-to-all rows (plan/algorithms.hpp) at every requested block count;
+    // the variable forms have no copy engine (their offsets are known on the device only).
+    std::vector<std::pair<Algo, int>> runs{{Algo::kAuto, 0}};
+    for (const auto& [algo, blocks] : variants(a, detail::Collective::kAllToAll))
+      if (uniform || detail::find_algorithm(detail::Collective::kAllToAll, algo)->uses_sms)
+        runs.push_back({algo, blocks});
     const size_t pair = m[0][0];
     const size_t in_row_count = bytes / kRowBytes, out_row_count = out_span / kRowBytes;
-    for (Algo algo : algos) {
-      for (int blocks : a.blocks.empty() || algo == Algo::kCopyEngine ? std::vector<int>{0} : a.blocks) {
-        const CollectiveOptions o{algo, blocks, -1};
-        const std::string suffix = std::string(algo_name(algo)) + (blocks ? "_b" + std::to_string(blocks) : "");
-        if (uniform) {
-          add("symmem_" + suffix, [=, &comm] { return describe_all_to_all(out, in, pair, comm, o); },
-              [=, &comm](cudaStream_t s) { all_to_all(out, in, pair, comm, s, o); });
-        } else {
-          add("symmem_v_" + suffix,
-              [=, &comm] { return describe_all_to_all_v(out, out_row_count, in, in_row_count, kRowBytes, false, 1, 0, comm, o); },
-              [=, &comm](cudaStream_t s) {
-                all_to_all_v(out, out_row_count, in, in_row_count, in_rows.data(), out_rows.data(), kRowBytes, comm, s,
-                             o);
-              });
-        }
-        if (algo == Algo::kAuto || !uniform) {
-          add("symmem_vdev_" + suffix,
-              [=, &comm] { return describe_all_to_all_v(out, out_row_count, in, in_row_count, kRowBytes, true, 1, 0, comm, o); },
-              [=, &comm](cudaStream_t s) {
-                all_to_all_vdev(out, out_row_count, in, in_row_count, static_cast<const int64_t*>(in_splits),
-                                static_cast<int64_t*>(out_splits_offsets), kRowBytes, comm, s, o);
-              });
-        }
+    for (const auto& [algo, blocks] : runs) {
+      const CollectiveOptions o{algo, blocks, -1};
+      const std::string suffix = std::string(algo_name(algo)) + (blocks ? "_b" + std::to_string(blocks) : "");
+      if (uniform) {
+        add(
+            "symmem_" + suffix, [=, &comm] { return describe_all_to_all(out, in, pair, comm, o); },
+            [=, &comm](cudaStream_t s) { all_to_all(out, in, pair, comm, s, o); });
+      } else {
+        add(
+            "symmem_v_" + suffix,
+            [=, &comm] {
+              return describe_all_to_all_v(out, out_row_count, in, in_row_count, kRowBytes, false, 1, 0, comm, o);
+            },
+            [=, &comm](cudaStream_t s) {
+              all_to_all_v(out, out_row_count, in, in_row_count, in_rows.data(), out_rows.data(), kRowBytes, comm, s,
+                           o);
+            });
+      }
+      if (algo == Algo::kAuto || !uniform) {
+        add(
+            "symmem_vdev_" + suffix,
+            [=, &comm] {
+              return describe_all_to_all_v(out, out_row_count, in, in_row_count, kRowBytes, true, 1, 0, comm, o);
+            },
+            [=, &comm](cudaStream_t s) {
+              all_to_all_vdev(out, out_row_count, in, in_row_count, static_cast<const int64_t*>(in_splits),
+                              static_cast<int64_t*>(out_splits_offsets), kRowBytes, comm, s, o);
+            });
       }
     }
     // The uniform call moves bytes per pair that need not be whole rows: only rows fit vdev then.
     if (uniform && pair % kRowBytes != 0)
       cases.erase(std::remove_if(cases.begin(), cases.end(),
-                                 [](const Case& c) { return c.impl.rfind("symmem_vdev", 0) == 0; }),
+                                 [](const Candidate& c) { return c.impl.rfind("symmem_vdev", 0) == 0; }),
                   cases.end());
     std::vector<Config> configs;
     for (const auto& c : cases) {
@@ -179,20 +176,8 @@ std::vector<Row> run_all_to_all(BenchContext& ctx) {
       k.same_on_every_rank = false;
       configs.push_back(k);
     }
-    const std::vector<Measurement> measured = ctx.measure(configs, a.graph);
-    std::vector<Row> size_rows;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      Row r = new_row(ctx, uniform ? "all_to_all" : "all_to_all_" + a.splits, cases[i].impl, a.dtype, bytes, count,
-                      cases[i].blocks);
-      apply(measured[i], &r);
-      size_rows.push_back(r);
-    }
-    compare_with_nccl(&size_rows);
-    if (ctx.rank() == 0) {
-      for (const auto& r : size_rows) std::printf("%s\n", table_row(r).c_str());
-      std::fflush(stdout);
-    }
-    rows.insert(rows.end(), size_rows.begin(), size_rows.end());
+    report_size(ctx, uniform ? "all_to_all" : "all_to_all_" + a.splits, a.dtype, bytes, count, cases,
+                ctx.measure(configs, a.graph), &rows);
   }
   BENCH_CUDA_CHECK(cudaFree(expected));
   BENCH_CUDA_CHECK(cudaFree(in_splits));

@@ -5,27 +5,33 @@
 #include <map>
 #include <stdexcept>
 
+#include "plan/algorithms.hpp"
+
 namespace symmem::bench {
 namespace {
 
-struct Case {
-  std::string impl;
-  int blocks;  // -1: NCCL's / planner's own choice
-  Launch launch;
-};
+// Every algorithm of `collective` (plan/algorithms.hpp), in the table's order.
+std::vector<Algo> algorithms_of(detail::Collective collective) {
+  std::vector<Algo> algos;
+  for (const detail::Algorithm* a = detail::algorithms_begin(); a != detail::algorithms_end(); ++a)
+    if (a->collective == collective) algos.push_back(a->algo);
+  return algos;
+}
 
-// symmem variants to run: every requested algorithm at every requested block count.
-std::vector<std::pair<Algo, int>> variants(const Args& a, const std::vector<Algo>& defaults) {
+}  // namespace
+
+std::vector<std::pair<Algo, int>> variants(const Args& a, detail::Collective collective) {
   std::vector<Algo> algos;
   for (const auto& name : a.algos) {
     Algo algo;
-    parse_algo(name, &algo);
-    if (std::find(defaults.begin(), defaults.end(), algo) != defaults.end()) algos.push_back(algo);
+    if (!parse_algo(name, &algo)) continue;
+    const detail::Algorithm* row = detail::find_algorithm(collective, algo);
+    if (row && std::find(algos.begin(), algos.end(), row->algo) == algos.end()) algos.push_back(row->algo);
   }
-  if (a.algos.empty()) algos = defaults;
+  if (a.algos.empty()) algos = algorithms_of(collective);
   std::vector<std::pair<Algo, int>> out;
   for (Algo algo : algos) {
-    if (algo == Algo::kCopyEngine || algo == Algo::kHierarchical || a.blocks.empty())
+    if (!detail::find_algorithm(collective, algo)->uses_sms || a.blocks.empty())
       out.push_back({algo, 0});
     else
       for (int b : a.blocks) out.push_back({algo, b});
@@ -33,9 +39,11 @@ std::vector<std::pair<Algo, int>> variants(const Args& a, const std::vector<Algo
   return out;
 }
 
+namespace {
+
 // Checks and times every case of one size, interleaved, on the same output buffer; compares with
 // NCCL, prints (rank 0) and keeps the rows.
-void run_size(BenchContext& ctx, const std::string& op, const std::vector<Case>& cases, size_t bytes, size_t count,
+void run_size(BenchContext& ctx, const std::string& op, const std::vector<Candidate>& cases, size_t bytes, size_t count,
               void* out, size_t out_bytes, const void* expected, std::vector<Row>* rows) {
   const DataType type = ctx.args().dtype;
   std::vector<Config> configs;
@@ -49,19 +57,7 @@ void run_size(BenchContext& ctx, const std::string& op, const std::vector<Case>&
     k.same_on_every_rank = op != "reduce_scatter";  // each rank holds its own slice
     configs.push_back(k);
   }
-  const std::vector<Measurement> measured = ctx.measure(configs, ctx.args().graph);
-  std::vector<Row> size_rows;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    Row r = new_row(ctx, op, cases[i].impl, type, bytes, count, cases[i].blocks);
-    apply(measured[i], &r);
-    size_rows.push_back(r);
-  }
-  compare_with_nccl(&size_rows);
-  if (ctx.rank() == 0) {
-    for (const auto& r : size_rows) std::printf("%s\n", table_row(r).c_str());
-    std::fflush(stdout);
-  }
-  rows->insert(rows->end(), size_rows.begin(), size_rows.end());
+  report_size(ctx, op, type, bytes, count, cases, ctx.measure(configs, ctx.args().graph), rows);
 }
 
 // Frees what a sweep allocated; NCCL lets go of its windows on the buffers first.
@@ -117,7 +113,7 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
       upload(static_cast<char*>(expected) + r * bytes, host_data(count, a.dtype, seed_for(r, bytes, 0), Fill::kBits),
              ctx.stream());
 
-    std::vector<Case> cases;
+    std::vector<Candidate> cases;
     const ncclDataType_t t = nccl_type(a.dtype);
     if (a.nccl) {
       ncclComm_t plain = ctx.nccl();
@@ -148,8 +144,7 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
       cases.push_back(
           {"symmem_auto", blocks_of(plan), [=, &comm](cudaStream_t s) { all_gather(out, in, count, type, comm, s); }});
     }
-    for (auto [algo, blocks] :
-         variants(a, {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency, Algo::kHierarchical})) {
+    for (auto [algo, blocks] : variants(a, detail::Collective::kAllGather)) {
       // Across nodes every request runs the hierarchical all-gather: one row, under its name.
       if (comm.nodes() > 1 && algo != Algo::kHierarchical) continue;
       CollectiveOptions o;
@@ -206,7 +201,7 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
                                              [&](int r) { return seed_for(r, bytes, 1); });
     upload(expected, exact_in_type(reference, a.dtype), ctx.stream());
 
-    std::vector<Case> cases;
+    std::vector<Candidate> cases;
     const ncclDataType_t t = nccl_type(a.dtype);
     const ncclRedOp_t nop = nccl_op(a.reduce_op);
     if (a.nccl) {
@@ -256,11 +251,8 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
                        }});
     };
     symmem_case("symmem_auto", CollectiveOptions{});
-    const std::vector<Algo> algos =
-        reduce_scatter ? std::vector<Algo>{Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}
-                       : std::vector<Algo>{Algo::kOneShot,     Algo::kOneShotPush, Algo::kTwoShot,
-                                           Algo::kTwoShotPush, Algo::kLowLatency,  Algo::kLowLatencyTwoShot};
-    for (auto [algo, blocks] : variants(a, algos)) {
+    for (auto [algo, blocks] :
+         variants(a, reduce_scatter ? detail::Collective::kReduceScatter : detail::Collective::kAllReduce)) {
       CollectiveOptions o;
       o.algo = algo;
       o.blocks = blocks;

@@ -5,11 +5,17 @@
 #include <vector>
 
 #include "bench_context.hpp"
+#include "plan/algorithms.hpp"
 #include "plan/tuning_table.hpp"
 
 namespace symmem::bench {
 
 std::vector<Row> run_all_gather(BenchContext& ctx);
+
+// symmem variants to run: every requested algorithm of `collective` (by any name it answers to) at
+// every requested block count; every algorithm when none is requested (the table's rows, in its
+// order, plan/algorithms.hpp).
+std::vector<std::pair<Algo, int>> variants(const Args& a, detail::Collective collective);
 std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter);
 
 // The tuning entries this run's symmem rows support: per size, the fastest (algo, blocks).

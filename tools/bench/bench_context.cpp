@@ -300,6 +300,23 @@ void apply(const Measurement& m, Row* row) {
   compute_bandwidth(row);
 }
 
+void report_size(const BenchContext& ctx, const std::string& op, DataType type, size_t bytes, size_t count,
+                 const std::vector<Candidate>& cases, const std::vector<Measurement>& measured,
+                 std::vector<Row>* rows) {
+  std::vector<Row> size_rows;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Row r = new_row(ctx, op, cases[i].impl, type, bytes, count, cases[i].blocks);
+    apply(measured[i], &r);
+    size_rows.push_back(r);
+  }
+  compare_with_nccl(&size_rows);
+  if (ctx.rank() == 0) {
+    for (const auto& r : size_rows) std::printf("%s\n", table_row(r).c_str());
+    std::fflush(stdout);
+  }
+  rows->insert(rows->end(), size_rows.begin(), size_rows.end());
+}
+
 uint64_t seed_for(int rank, size_t bytes, int salt) {
   return (uint64_t(rank + 1) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(bytes) * 0xBF58476D1CE4E5B9ull) ^
          (uint64_t(salt) << 48);

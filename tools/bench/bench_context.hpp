@@ -117,6 +117,17 @@ Row new_row(const BenchContext& ctx, const std::string& op, const std::string& i
 // Sets the row's times and #wrong from a measurement, then its bandwidths.
 void apply(const Measurement& m, Row* row);
 
+// One implementation measured at one size: its row name, blocks, and what it launches.
+struct Candidate {
+  std::string impl;
+  int blocks;  // -1: NCCL's / planner's own choice
+  Launch launch;
+};
+// The rows of `cases` at one size from their measurements (in the same order), compared with
+// NCCL's, printed (rank 0) and appended to `rows`.
+void report_size(const BenchContext& ctx, const std::string& op, DataType type, size_t bytes, size_t count,
+                 const std::vector<Candidate>& cases, const std::vector<Measurement>& measured, std::vector<Row>* rows);
+
 // Device memory from ncclMemAlloc, what NCCL's symmetric kernels are documented to run on
 // (registered with BenchContext::register_windows). Local; freed on destruction.
 class NcclMemory {

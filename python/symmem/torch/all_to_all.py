@@ -18,16 +18,19 @@ zero-copy, others are staged), need no NVSHMEM, bound every wait, and check capa
 `out` would overflow makes every rank raise SymmemError kCapacity naming it, and nothing moves.
 Every dtype (rows are bytes). The CUDA kernels run on torch.cuda.current_stream() and are capturable
 in CUDA graphs. The CPU kernels run torch.distributed on the group (gloo), so the ops run, and pass
-opcheck, on any machine.
+opcheck, on any machine. The ops are tagged ``pt2_compliant_tag``; the CUDA kernels are thin: the
+arguments are checked and the core called by ``_route``, as for every symmem op.
 """
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ._groups import communicator_of
-from .ops import _check_contiguous, _check_operand, _stream_of
+from . import _route
+from .groups import Communicator, group_name_of
+from .ops import _returning_none
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
+_TAGS = (torch.Tag.pt2_compliant_tag,)
 for _schema in (
         "all_to_all_single(Tensor input, SymInt[]? output_split_sizes, SymInt[]? input_split_sizes, "
         "str group_name) -> Tensor",
@@ -37,27 +40,7 @@ for _schema in (
         "str group_name) -> ()",
         "all_to_all_vdev_2d(Tensor input, Tensor(a!) out, Tensor in_splits, Tensor(b!) out_splits_offsets, "
         "str group_name, int? major_align=None) -> ()"):
-    _lib.define(_schema)
-
-
-def _row_bytes(t):
-    """Bytes of one dim-0 row."""
-    return t.element_size() * int(torch.Size(t.shape[1:]).numel())
-
-
-def _splits(sizes, rows, world, name, op):
-    if sizes is None:
-        if rows % world:
-            raise ValueError(f"symmem.{op}: dim 0 ({rows}) does not divide by the group size {world}; pass {name}")
-        return [rows // world] * world
-    sizes = [int(s) for s in sizes]
-    if len(sizes) != world:
-        raise ValueError(f"symmem.{op}: {name} has {len(sizes)} entries for a group of {world}")
-    if any(s < 0 for s in sizes):
-        raise ValueError(f"symmem.{op}: {name} has a negative entry: {sizes}")
-    if sum(sizes) > rows:
-        raise ValueError(f"symmem.{op}: {name} adds up to {sum(sizes)} rows, the tensor has {rows}")
-    return sizes
+    _lib.define(_schema, tags=_TAGS)
 
 
 def _output_shape(inp, output_split_sizes):
@@ -66,44 +49,10 @@ def _output_shape(inp, output_split_sizes):
     return (sum(output_split_sizes), *inp.shape[1:])
 
 
-def _check_pair(inp, out, op):
-    if out.dtype != inp.dtype:
-        raise TypeError(f"symmem.{op}: out is {out.dtype}, input {inp.dtype}")
-    if inp.dim() == 0 or out.dim() == 0 or tuple(inp.shape[1:]) != tuple(out.shape[1:]):
-        raise ValueError(f"symmem.{op}: input {tuple(inp.shape)} and out {tuple(out.shape)} must have the same "
-                         "row shape (all but dim 0)")
-
-
-def _check_splits_tensors(in_splits, out_splits_offsets, n, op):
-    if in_splits.dtype != torch.int64 or out_splits_offsets.dtype != torch.int64:
-        raise TypeError(f"symmem.{op}: in_splits and out_splits_offsets must be int64")
-    if in_splits.numel() != n:
-        raise ValueError(f"symmem.{op}: in_splits has {in_splits.numel()} entries, {n} expected")
-    if tuple(out_splits_offsets.shape) != (2, n):
-        raise ValueError(f"symmem.{op}: out_splits_offsets is {tuple(out_splits_offsets.shape)}, (2, {n}) expected")
-    _check_contiguous(in_splits, "in_splits", op)
-    _check_contiguous(out_splits_offsets, "out_splits_offsets", op)
-
-
 # CUDA kernels ----------------------------------------------------------------------------------
 
 def _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, *, out):
-    op = "all_to_all_single"
-    comm = communicator_of(group_name)
-    _check_operand(inp, "input", op, comm)
-    _check_operand(out, "out", op, comm)
-    _check_pair(inp, out, op)
-    stream = _stream_of(comm.device)
-    if output_split_sizes is None and input_split_sizes is None and inp.shape[0] == out.shape[0]:
-        rows = inp.shape[0]
-        if rows % comm.world:
-            raise ValueError(f"symmem.{op}: dim 0 ({rows}) does not divide by the group size {comm.world}")
-        comm.core.all_to_all(out.data_ptr(), inp.data_ptr(), inp.nbytes // comm.world, stream)
-        return out
-    ins = _splits(input_split_sizes, inp.shape[0], comm.world, "input_split_sizes", op)
-    outs = _splits(output_split_sizes, out.shape[0], comm.world, "output_split_sizes", op)
-    comm.core.all_to_all_v(out.data_ptr(), out.shape[0], inp.data_ptr(), inp.shape[0], ins, outs, _row_bytes(inp),
-                           stream)
+    _route.all_to_all(Communicator(group_name), out, inp, output_split_sizes, input_split_sizes)
     return out
 
 
@@ -112,41 +61,15 @@ def _all_to_all_single_cuda(inp, output_split_sizes, input_split_sizes, group_na
     return _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, out=out)
 
 
-def _vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name, experts, major_align, op):
-    comm = communicator_of(group_name)
-    for t, name in ((inp, "input"), (out, "out"), (in_splits, "in_splits"), (out_splits_offsets, "out_splits_offsets")):
-        _check_operand(t, name, op, comm)
-    _check_pair(inp, out, op)
-    n = comm.world * experts
-    _check_splits_tensors(in_splits, out_splits_offsets, n, op)
-    comm.core.all_to_all_vdev(out.data_ptr(), out.shape[0], inp.data_ptr(), inp.shape[0], in_splits.data_ptr(),
-                              out_splits_offsets.data_ptr(), _row_bytes(inp), _stream_of(comm.device),
-                              experts=experts, major_align=major_align)
-
-
 def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
-    _vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name, 1, 0, "all_to_all_vdev")
-
-
-def _experts_of(in_splits, world, op):
-    if in_splits.numel() % world:
-        raise ValueError(f"symmem.{op}: in_splits has {in_splits.numel()} entries, not a multiple of the group size "
-                         f"{world}")
-    return in_splits.numel() // world
-
-
-def _major_align(major_align, op):
-    align = 1 if major_align is None else int(major_align)
-    if align < 1:
-        raise ValueError(f"symmem.{op}: major_align must be positive, got {major_align}")
-    return align
+    _route.all_to_all_vdev(Communicator(group_name), out, inp, in_splits, out_splits_offsets, 1, 0, "all_to_all_vdev")
 
 
 def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
-    comm = communicator_of(group_name)
-    _vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name, _experts_of(in_splits, comm.world, op),
-               _major_align(major_align, op), op)
+    comm = Communicator(group_name)
+    _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets, _route.experts_of(in_splits, comm.world, op),
+                           _route.major_align_of(major_align, op), op)
 
 
 # CPU kernels: torch.distributed on the group ---------------------------------------------------
@@ -154,12 +77,10 @@ def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name
 def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, *, out):
     op = "all_to_all_single"
     group = c10d._resolve_process_group(group_name)
-    _check_contiguous(inp, "input", op)
-    _check_contiguous(out, "out", op)
-    _check_pair(inp, out, op)
+    _route.check_rows(inp, out, op)
     world = group.size()
-    ins = _splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op)
-    outs = _splits(output_split_sizes, out.shape[0], world, "output_split_sizes", op)
+    ins = _route.splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op)
+    outs = _route.splits(output_split_sizes, out.shape[0], world, "output_split_sizes", op)
     received = out.new_empty((sum(outs), *out.shape[1:]))
     dist.all_to_all_single(received, inp[:sum(ins)].contiguous(), outs, ins, group=group)
     out[:sum(outs)].copy_(received)
@@ -176,11 +97,9 @@ def _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, experts, majo
     moves rank to rank in sender order, then lands expert-major (major_align 0: plain)."""
     group = c10d._resolve_process_group(group_name)
     world, me = group.size(), group.rank()
-    _check_contiguous(inp, "input", op)
-    _check_contiguous(out, "out", op)
-    _check_pair(inp, out, op)
+    _route.check_rows(inp, out, op)
     n = world * experts
-    _check_splits_tensors(in_splits, out_splits_offsets, n, op)
+    _route.check_split_tensors(in_splits, out_splits_offsets, n, op)
     gathered = [torch.empty_like(in_splits) for _ in range(world)]
     dist.all_gather(gathered, in_splits.contiguous(), group=group)
     matrix = [[int(v) for v in g.tolist()] for g in gathered]  # matrix[s][q * experts + e]
@@ -220,14 +139,8 @@ def _all_to_all_vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name):
 def _all_to_all_vdev_2d_cpu(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
     world = c10d._resolve_process_group(group_name).size()
-    _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, _experts_of(in_splits, world, op),
-              _major_align(major_align, op), op)
-
-
-def _returning_none(kernel):
-    def mutate(*args, **kwargs):
-        kernel(*args, **kwargs)
-    return mutate
+    _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, _route.experts_of(in_splits, world, op),
+              _route.major_align_of(major_align, op), op)
 
 
 for _name, _cuda, _cpu in (
@@ -264,7 +177,6 @@ def _all_to_all_vdev_2d_fake(inp, out, in_splits, out_splits_offsets, group_name
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None):
     """torch.distributed.all_to_all_single's signature on symmem (dim 0; no host synchronisation)."""
-    from ._groups import group_name_of
     torch.ops.symmem.all_to_all_single_out(input, output_split_sizes, input_split_sizes, group_name_of(group),
                                            out=output)
     return output

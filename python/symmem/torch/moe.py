@@ -32,18 +32,20 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from .. import _native, errors
 from .. import ep as core_ep
-from ..errors import SymmemError
-from ._groups import Communicator, group_name_of
-from .ops import _stream_of
+from . import _route
+from .groups import Communicator, group_name_of
+from .memory import heap_tensor
 
 _log = logging.getLogger("symmem")
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
+_TAGS = (torch.Tag.pt2_compliant_tag,)
 _lib.define("moe_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor topk_weights, Tensor? num_tokens, "
-            "int context) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+            "int context) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", tags=_TAGS)
 _lib.define("moe_combine(Tensor? expert_out, Tensor? topk_weights, int context, bool weights_applied, *, "
-            "Tensor(a!) out) -> ()")
+            "Tensor(a!) out) -> ()", tags=_TAGS)
 
 SCALE_COLUMNS = 128
 _PAYLOAD_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3": torch.float8_e4m3fn}
@@ -68,19 +70,22 @@ def dequantize_fp8(q, scales, columns=SCALE_COLUMNS):
     return (q.float().view(t, h // columns, columns) * scales.unsqueeze(-1)).view(t, h)
 
 
-class _DeviceMemory:
-    """A span of device memory as a tensor (through __cuda_array_interface__); keeps its owner alive."""
+class _ContextMemory:
+    """Device memory of a core EP context that is not heap memory (its counts), as a tensor through
+    __cuda_array_interface__: keeps the context alive while the tensor lives."""
 
-    def __init__(self, owner, ptr, shape, typestr):
+    def __init__(self, owner, ptr, nbytes):
         self._owner = owner
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "version": 3,
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
                                          "strides": None, "stream": None}
 
 
-def _view(owner, ptr, shape, dtype, device):
-    """A tensor over `ptr` of `shape` and `dtype` (float8 through its bytes)."""
+def _view(owner, comm, ptr, shape, dtype, heap=True):
+    """A tensor of `shape` and `dtype` over `ptr` (float8 through its bytes): heap memory of `comm`
+    (memory.heap_tensor: it keeps the communicator's memory mapped), or the context's own memory."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-    raw = torch.as_tensor(_DeviceMemory(owner, ptr, (nbytes,), "|u1"), device=device)
+    raw = heap_tensor(comm, ptr, nbytes) if heap else torch.as_tensor(_ContextMemory(owner, ptr, nbytes),
+                                                                      device=comm.torch_device)
     return raw.view(dtype).view(shape)
 
 
@@ -176,16 +181,16 @@ class _DeviceContext:
         dev = comm.torch_device
         xs, scales, meta = ep.received_shapes()
         self.outputs = Dispatched(
-            _view(self, r["x"], xs, _PAYLOAD_DTYPES[ep.payload], dev),
-            _view(self, r["x_scales"], scales, torch.float32, dev) if r["x_scales"] else
+            _view(self, comm, r["x"], xs, _PAYLOAD_DTYPES[ep.payload]),
+            _view(self, comm, r["x_scales"], scales, torch.float32) if r["x_scales"] else
             torch.empty(scales, dtype=torch.float32, device=dev),
-            _view(self, r["topk_idx"], meta, torch.int32, dev) if r["topk_idx"] else
+            _view(self, comm, r["topk_idx"], meta, torch.int32) if r["topk_idx"] else
             torch.empty(meta, dtype=torch.int32, device=dev),
-            _view(self, r["topk_weights"], meta, torch.float32, dev) if r["topk_weights"] else
+            _view(self, comm, r["topk_weights"], meta, torch.float32) if r["topk_weights"] else
             torch.empty(meta, dtype=torch.float32, device=dev),
-            _view(self, r["expert_num_tokens"], (ep.local_experts,), torch.int32, dev),
-            _view(self, r["num_rows"], (1,), torch.int32, dev))
-        self.combine_input = _view(self, r["combine_input"], xs, torch.bfloat16, dev)
+            _view(self, comm, r["expert_num_tokens"], (ep.local_experts,), torch.int32, heap=False),
+            _view(self, comm, r["num_rows"], (1,), torch.int32, heap=False))
+        self.combine_input = _view(self, comm, r["combine_input"], xs, torch.bfloat16)
         self.out_rows = 0  # rows combine writes: the last dispatch's host count, or T for a device count
 
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
@@ -197,14 +202,16 @@ class _DeviceContext:
         self.ctx.dispatch(x.data_ptr(), x_scales.data_ptr() if x_scales is not None else 0, topk_idx.data_ptr(),
                           topk_idx.dtype == torch.int64, topk_weights.data_ptr(),
                           x.shape[0] if num_tokens is None else 0,
-                          num_tokens.data_ptr() if num_tokens is not None else 0, _stream_of(self.comm.device))
+                          num_tokens.data_ptr() if num_tokens is not None else 0,
+                          _route.current_stream(self.comm.device))
         self.out_rows = x.shape[0] if num_tokens is None else ep.max_tokens_per_rank
         return tuple(_alias(t) for t in self.outputs)
 
     def combine(self, expert_out, topk_weights, weights_applied, out):
         _check_combine(self.ep, expert_out, topk_weights, out)
         self.ctx.combine(expert_out.data_ptr() if expert_out is not None else 0, out.data_ptr(), weights_applied,
-                         topk_weights.data_ptr() if topk_weights is not None else 0, _stream_of(self.comm.device))
+                         topk_weights.data_ptr() if topk_weights is not None else 0,
+                         _route.current_stream(self.comm.device))
 
     def describe(self):
         return self.ctx.describe()
@@ -298,11 +305,13 @@ class _ReferenceContext:
         n = [int(c.item()) for c in counts]
         for s in range(ep.world):  # the verdict, senders first
             if n[s] > T:
-                raise SymmemError("kCapacity", f"rank {s} passed {n[s]} tokens, but its context holds {T} per rank")
+                raise errors.SymmemError(_native.ErrorCode.kCapacity,
+                                         f"rank {s} passed {n[s]} tokens, but its context holds {T} per rank")
             bad = ids[s][:n[s]] >= ep.num_experts
             if bool(bad.any()):
-                raise SymmemError("kCapacity", f"rank {s} routed a token to expert {int(ids[s][:n[s]][bad][0])}, "
-                                               f"outside the context's {ep.num_experts} experts")
+                raise errors.SymmemError(_native.ErrorCode.kCapacity,
+                                         f"rank {s} routed a token to expert {int(ids[s][:n[s]][bad][0])}, "
+                                         f"outside the context's {ep.num_experts} experts")
         rows = {}  # (q, bin) -> list of (s, t, k)
         route = []
         for s in range(ep.world):
@@ -323,7 +332,8 @@ class _ReferenceContext:
         for (q, b), lst in sorted(rows.items()):
             if len(lst) > ep.rows:
                 what = f"expert {q * L + b} of rank {q}" if ep.expert_major else f"rank {q}"
-                raise SymmemError("kCapacity", f"{what} would receive {len(lst)} rows, but its buffer holds {ep.rows}")
+                raise errors.SymmemError(_native.ErrorCode.kCapacity,
+                                         f"{what} would receive {len(lst)} rows, but its buffer holds {ep.rows}")
         out = self.outputs
         out.expert_num_tokens.zero_()
         if not ep.expert_major:
@@ -383,7 +393,8 @@ class _ReferenceContext:
 def _context(context):
     ep = _contexts.get(int(context))
     if ep is None:
-        raise SymmemError("kInvalidArgument", f"symmem: no ExpertParallel context {context} (closed?)")
+        raise errors.SymmemError(_native.ErrorCode.kInvalidArgument, f"symmem: no ExpertParallel context {context} "
+                                 "(closed?)")
     return ep
 
 

@@ -1,4 +1,4 @@
-#include "ep/capacity_failure.hpp"
+#include "plan/capacity_failure.hpp"
 
 namespace symmem::detail {
 
@@ -19,8 +19,8 @@ std::string describe_capacity_failure(const LayoutFault& f, const std::string& c
       what = who + " would receive " + needed + " rows, but its output holds " + capacity;
       break;
     case kFaultDeclaredSplits:
-      what = who + "'s output splits expect " + capacity + " rows from " + rank_name(f.other) + ", which sends " +
-             needed;
+      what =
+          who + "'s output splits expect " + capacity + " rows from " + rank_name(f.other) + ", which sends " + needed;
       break;
     case kFaultTokens:
       what = who + " passed " + needed + " tokens, but its context holds " + capacity + " per rank";

@@ -1,4 +1,4 @@
-#include "collectives/call_signature.hpp"
+#include "board/call_signature.hpp"
 
 #include "common/hash.hpp"
 #include "device/device_types.hpp"
@@ -29,17 +29,20 @@ uint32_t signature_of(const CallDescriptor& c) {
   h.value(c.in_place).value(c.in_symmetric).value(c.out_symmetric).value(c.in_heap_offset).value(c.out_heap_offset);
   if (c.op == kOpAllReduce || c.op == kOpReduceScatter) h.value(c.reduce);
   if (c.op == kOpAllGatherMatmul || c.op == kOpMatmulReduceScatter) h.value(c.n).value(c.k);
+  if (c.shape_hash != 0) h.value(c.shape_hash);
   const uint64_t d = h.digest();
   const uint32_t folded = static_cast<uint32_t>(d ^ (d >> 32));
   return folded != 0 ? folded : 1u;
 }
 
 std::string describe_call(const CallDescriptor& c) {
+  if (c.description) return c.description();
   auto operand = [](bool symmetric, uint64_t offset) {
     return symmetric ? "symmetric@" + std::to_string(offset) : std::string("local");
   };
   std::string s = std::string(op_code_name(c.op)) + "(count=" + std::to_string(c.count) + ", " + dtype_name(c.type);
-  if (c.op == kOpAllGatherMatmul || c.op == kOpMatmulReduceScatter) s += ", n=" + std::to_string(c.n) + ", k=" + std::to_string(c.k);
+  if (c.op == kOpAllGatherMatmul || c.op == kOpMatmulReduceScatter)
+    s += ", n=" + std::to_string(c.n) + ", k=" + std::to_string(c.k);
   if (c.op == kOpAllReduce || c.op == kOpReduceScatter) s += std::string(", ") + reduce_op_name(c.reduce);
   s += std::string(", ") + algo_name(c.algo) + ", blocks=" + std::to_string(c.blocks);
   if (c.in_place)

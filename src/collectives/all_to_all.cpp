@@ -1,21 +1,20 @@
 // all_to_all, all_to_all_v, all_to_all_vdev(_2d): validate -> plan (from values equal on every
-// rank) -> sign -> stage what peers must read -> launch (split exchange, then the move kernel; or
-// the copy engines for the uniform form). kernels/all_to_all_args.hpp describes the kernels.
+// rank) -> sign -> stage what peers must read -> launch the plan's kernel (after the split
+// exchange in the variable forms; the uniform form's copy engine is the copy-engine all-gather's,
+// a slice per peer). kernels/all_to_all_args.hpp describes the kernels.
 #include <algorithm>
 #include <cstdio>
 #include <string>
-#include <vector>
 
-#include "collectives/copy_engine_state.hpp"
-#include "collectives/copy_engine_steps.hpp"
+#include "board/call_signature.hpp"
+#include "collectives/all_gather_paths.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
+#include "comm/all_to_all_state.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/hash.hpp"
-#include "common/stream_capture.hpp"
-#include "ep/all_to_all_state.hpp"
 #include "kernels/all_to_all_args.hpp"
 #include "plan/all_to_all_plan.hpp"
 #include "plan/plan.hpp"
@@ -70,16 +69,16 @@ void plan(Prepared& p, CommunicatorState& st, const CollectiveOptions& options) 
   detail::fill_agreed_request(r, st, options, p.in, p.out);
   r.in_place = p.in_place;
   r.low_latency_capacity = detail::Workspaces::kLowLatencySlotBytes;
-  r.staging_capacity = st.workspaces->staging_capacity();
   p.plan = detail::plan_all_to_all(r, *st.tuning);
   // The variable forms cannot cut a staged input into chunks (the rows are counted on the device).
   if (p.form != AllToAllForm::kUniform && p.plan.stage_input && p.in_bytes > st.workspaces->staging_capacity())
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string(p.name) + ": the input (" + std::to_string(p.in_bytes) + " bytes) must be staged" +
-                    (p.in_place ? " (in place)" : " (it is not in the heap and the algorithm reads it from the peers)") +
-                    " but the staging workspace holds " + std::to_string(st.workspaces->staging_capacity()) +
-                    " bytes (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB); pass a heap buffer (symmem.torch.empty) "
-                    "or raise the budget");
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        std::string(p.name) + ": the input (" + std::to_string(p.in_bytes) + " bytes) must be staged" +
+            (p.in_place ? " (in place)" : " (it is not in the heap and the algorithm reads it from the peers)") +
+            " but the staging workspace holds " + std::to_string(st.workspaces->staging_capacity()) +
+            " bytes (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB); pass a heap buffer (symmem.torch.empty) "
+            "or raise the budget");
 }
 
 Prepared prepare_uniform(const Operand& out, const Operand& in, size_t bytes_per_pair, CommunicatorState& st,
@@ -118,19 +117,23 @@ Prepared prepare_variable(AllToAllForm form, const Operand& out, size_t out_rows
   return p;
 }
 
-// The signature covers what every rank must agree on: form, widths, plan, operand kinds and
+// What every rank must agree on, for the signature: form, widths, plan, operand kinds and
 // symmetric offsets. Row counts and capacities are not in it: they differ by rank by design and
-// travel in the split exchange.
-uint32_t signature_of(const Prepared& p) {
+// travel in the split exchange. Described (when logged) as e.g. "all_to_all_vdev(row_bytes=48,
+// push, blocks=8, in=symmetric@..., out=...)".
+std::string describe_call(const Prepared& p);
+
+detail::CallDescriptor descriptor_of(const Prepared& p) {
+  const bool uniform = p.form == AllToAllForm::kUniform;
+  detail::CallDescriptor c = detail::make_call_descriptor(
+      detail::kOpAllToAll, DataType::kUInt8, ReduceOp::kSum, uniform ? p.pair_bytes : p.row_bytes, p.plan.algo,
+      p.plan.blocks, p.in_place, p.in.symmetric, p.in_place ? 0 : p.in.heap_offset, p.out.symmetric, p.out.heap_offset);
   detail::Fnv1a h;
-  h.value(detail::kOpAllToAll).value(p.form).value(p.pair_bytes).value(p.row_bytes).value(p.experts).value(p.align);
-  h.value(p.plan.algo).value(p.plan.blocks).value(p.plan.low_latency_pair_bytes).value(p.plan.stage_input);
-  h.value(p.plan.chunk_pair_bytes).value(p.in_place).value(p.in.symmetric).value(p.out.symmetric);
-  h.value(p.in_place || !p.in.symmetric ? uint64_t(0) : p.in.heap_offset);
-  h.value(p.out.symmetric ? p.out.heap_offset : uint64_t(0));
-  const uint64_t d = h.digest();
-  const uint32_t folded = static_cast<uint32_t>(d ^ (d >> 32));
-  return folded != 0 ? folded : 1u;
+  h.value(p.form).value(p.experts).value(p.align).value(p.plan.kernel).value(p.plan.low_latency_pair_bytes);
+  h.value(p.plan.stage_input).value(p.plan.chunk_pair_bytes);
+  c.shape_hash = h.digest() | 1u;
+  c.description = [&p] { return describe_call(p); };
+  return c;
 }
 
 std::string describe_call(const Prepared& p) {
@@ -148,55 +151,39 @@ std::string describe_call(const Prepared& p) {
   return s + ", out=" + operand(p.out) + ")";
 }
 
-// Signs and logs the call, orders it after the previous one; the device is current.
-uint32_t begin_call(const Prepared& p, CommunicatorState& st, cudaStream_t stream) {
-  st.before_enqueue(stream);
-  const uint32_t signature = signature_of(p);
-  if (!st.board->recorded_recently(signature)) st.board->record_call(signature, describe_call(p));
+// Signs and logs the call inside its EnqueueScope; the device is current.
+uint32_t sign(const Prepared& p, CommunicatorState& st) {
+  const uint32_t signature = st.sign_call(descriptor_of(p));
   if (st.debug)
     std::fprintf(stderr, "symmem rank %d: %s: %s\n", st.layout.rank, p.name, detail::describe(p.plan).c_str());
   return signature;
-}
-
-// The widest vector this rank may use: the plan's, narrowed by the local pointers it touches.
-int launch_vector(int planned, std::initializer_list<const void*> local_pointers) {
-  int v = planned;
-  for (const void* ptr : local_pointers) v = std::min(v, detail::address_alignment(ptr));
-  return v;
-}
-
-void fill_low_latency(uint64_t* (&peers)[detail::kMaxWorld], size_t* slot_words, const CommunicatorState& st) {
-  for (int r = 0; r < st.world; ++r) peers[r] = static_cast<uint64_t*>(st.workspaces->low_latency()->peer_ptr(r));
-  *slot_words = detail::Workspaces::kLowLatencySlotBytes / 4;
 }
 
 // One chunk of a uniform call: rank r's slice for q lies at in + q * in_stride (staged: the
 // staging area), lands at out + r * out_stride; `bytes` per pair.
 struct UniformChunk {
   const char* in;
-  const void* in_peers[detail::kMaxWorld];
+  const void* in_peers[kMaxWorld];
   char* out;
-  void* out_peers[detail::kMaxWorld];
+  void* out_peers[kMaxWorld];
   size_t in_stride, out_stride, bytes;
 };
 
 void run_uniform_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, const UniformChunk& c,
                        cudaStream_t stream) {
-  const int world = st.world, me = st.rank;
-  if (p.plan.algo == Algo::kCopyEngine) {
-    // Pull from every peer's slice for this rank into this rank's output (writes only locally).
-    detail::CopyEngineState& ce = *st.copy_engine;
-    const bool batchable = ce.batch() && !detail::stream_is_capturing(stream);
-    if (world > 1) detail::enqueue_handshake(*st.board, me, world, detail::CopyEngineState::kPhaseReady, signature, stream);
-    std::vector<detail::EngineCopy> copies;
-    for (int k = 1; k < world; ++k) {
-      const int r = (me + k) % world;
-      copies.push_back({c.out + r * c.out_stride, static_cast<const char*>(c.in_peers[r]) + me * c.in_stride, c.bytes,
-                        k - 1});
-    }
-    const detail::EngineCopy own{c.out + me * c.out_stride, c.in + me * c.in_stride, c.bytes, 0};
-    detail::enqueue_copies(ce, copies, &own, batchable, stream);
-    if (world > 1) detail::enqueue_handshake(*st.board, me, world, detail::CopyEngineState::kPhaseDone, signature, stream);
+  const int world = st.world;
+  if (p.plan.kernel == detail::KernelId::kAllToAllCopyEngine) {
+    // The copy-engine all-gather's handshakes and copies, pulling every peer's slice for this rank.
+    detail::CopyEngineCall call{};
+    call.out = c.out;
+    call.slot_stride = c.out_stride;
+    call.in = c.in;
+    call.in_slice_stride = c.in_stride;
+    call.bytes = c.bytes;
+    for (int r = 0; r < world; ++r) call.in_peers[r] = c.in_peers[r];
+    call.copy_own = true;
+    call.signature = signature;
+    detail::all_gather_copy_engine(st, call, stream);
     return;
   }
   detail::AllToAllMoveArgs a{};
@@ -210,14 +197,25 @@ void run_uniform_chunk(const Prepared& p, CommunicatorState& st, uint32_t signat
   a.pair_bytes = c.bytes;
   a.in_stride = c.in_stride;
   a.out_stride = c.out_stride;
-  a.push = p.plan.algo == Algo::kPush;
-  a.low_latency = p.plan.algo == Algo::kLowLatency;
-  fill_low_latency(a.ll_peers, &a.ll_slot_words, st);
+  a.lines = st.workspaces->low_latency_lines();
   a.sync = st.sync_args(detail::kOpAllToAll, signature);
   // Push touches its own input directly, pull its own output; strides and sizes bound the width.
-  const int vector = std::min(launch_vector(p.plan.vector_bytes, {a.push ? c.in : c.out}),
-                              detail::common_vector_bytes({c.bytes, c.in_stride, c.out_stride}));
-  detail::launch_all_to_all_move(a.low_latency ? 4 : vector, a, p.plan.blocks, stream);
+  switch (p.plan.kernel) {
+    case detail::KernelId::kAllToAllLowLatency: detail::launch_all_to_all_low_latency(a, p.plan.blocks, stream); break;
+    case detail::KernelId::kAllToAllPush:
+      detail::launch_all_to_all_push(
+          detail::launch_vector(p.plan.vector_bytes, {c.in}, {c.bytes, c.in_stride, c.out_stride}), a, p.plan.blocks,
+          stream);
+      break;
+    case detail::KernelId::kAllToAllPull:
+      detail::launch_all_to_all_pull(
+          detail::launch_vector(p.plan.vector_bytes, {c.out}, {c.bytes, c.in_stride, c.out_stride}), a, p.plan.blocks,
+          stream);
+      break;
+    default:
+      SYMMEM_THROW(ErrorCode::kInternal,
+                   std::string("all_to_all: no launch for kernel ") + detail::kernel_name(p.plan.kernel));
+  }
 }
 
 }  // namespace
@@ -249,9 +247,10 @@ void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& co
   if (bytes_per_pair == 0) return;
   detail::DeviceGuard guard(st.device);
   const Prepared p = prepare_uniform(out, in, bytes_per_pair, st, options);
-  const uint32_t signature = begin_call(p, st, stream);
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature = sign(p, st);
   const int world = st.world;
-  const Buffer* staging = st.workspaces->staging_in();
+  const detail::HeapArea* staging = st.workspaces->staging_in();
   const size_t chunk = p.plan.chunk_pair_bytes ? p.plan.chunk_pair_bytes : bytes_per_pair;
   for (size_t begin = 0; begin < bytes_per_pair; begin += chunk) {
     const size_t bytes = std::min(chunk, bytes_per_pair - begin);
@@ -278,12 +277,15 @@ void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& co
 
 namespace {
 
+// The split exchange, then the plan's kernel (which moves nothing when the exchange found the
+// call does not fit, and takes the low-latency lines when it found every pair small).
 void run_variable(const Prepared& p, CommunicatorState& st, const int64_t* device_in_splits,
                   const int64_t* host_in_splits, const int64_t* host_out_splits, int64_t* out_splits_offsets,
                   cudaStream_t stream) {
   const int world = st.world;
-  const uint32_t signature = begin_call(p, st, stream);
-  const Buffer* staging = st.workspaces->staging_in();
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature = sign(p, st);
+  const detail::HeapArea* staging = st.workspaces->staging_in();
   const char* in = static_cast<const char*>(p.in.local);
   if (p.plan.stage_input && p.in_bytes > 0) {
     SYMMEM_CUDA_CHECK(cudaMemcpyAsync(staging->ptr(), in, p.in_bytes, cudaMemcpyDeviceToDevice, stream));
@@ -305,10 +307,10 @@ void run_variable(const Prepared& p, CommunicatorState& st, const int64_t* devic
   x.row_bytes = p.row_bytes;
   x.low_latency_pair_bytes = p.plan.low_latency_pair_bytes;
   x.out_splits_offsets = out_splits_offsets;
-  fill_low_latency(x.ll_peers, &x.ll_slot_words, st);
+  x.lines = st.workspaces->low_latency_lines();
   x.table = table;
   x.sync = st.sync_args(detail::kOpAllToAll, signature);
-  detail::launch_all_to_all_exchange(x, stream);
+  detail::launch_all_to_all_split_exchange(x, stream);
 
   detail::AllToAllMoveArgs a{};
   a.table = table;
@@ -318,11 +320,20 @@ void run_variable(const Prepared& p, CommunicatorState& st, const int64_t* devic
     a.in_peers[r] = p.plan.stage_input ? staging->peer_ptr(r) : p.in.symmetric ? p.in.peer(r) : nullptr;
     a.out_peers[r] = p.out.symmetric ? p.out.peer(r) : nullptr;
   }
-  a.push = p.plan.algo == Algo::kPush;
-  fill_low_latency(a.ll_peers, &a.ll_slot_words, st);
-  a.sync = st.sync_args(detail::kOpAllToAll, signature);
-  const int vector = launch_vector(p.plan.vector_bytes, {a.push ? static_cast<const void*>(in) : p.out.local});
-  detail::launch_all_to_all_move(vector, a, p.plan.blocks, stream);
+  a.lines = x.lines;
+  a.sync = x.sync;
+  switch (p.plan.kernel) {
+    case detail::KernelId::kAllToAllPush:
+      detail::launch_all_to_all_push(detail::launch_vector(p.plan.vector_bytes, {in}, {}), a, p.plan.blocks, stream);
+      break;
+    case detail::KernelId::kAllToAllPull:
+      detail::launch_all_to_all_pull(detail::launch_vector(p.plan.vector_bytes, {p.out.local}, {}), a, p.plan.blocks,
+                                     stream);
+      break;
+    default:
+      SYMMEM_THROW(ErrorCode::kInternal,
+                   std::string(p.name) + ": no launch for kernel " + detail::kernel_name(p.plan.kernel));
+  }
 }
 
 void require_splits(const void* splits, const char* what, const char* op) {
@@ -378,9 +389,9 @@ void all_to_all_vdev_2d(Operand out, size_t out_rows, Operand in, size_t in_rows
                         int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,
                         Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
   if (major_align < 1)
-    throw Error(ErrorCode::kInvalidArgument,
-                "all_to_all_vdev_2d: major_align must be positive (torch's default is 1), got " +
-                    std::to_string(major_align));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "all_to_all_vdev_2d: major_align must be positive (torch's default is 1), got " + std::to_string(major_align));
   run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, major_align, comm,
                     stream, options);
 }

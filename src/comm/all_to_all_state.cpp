@@ -1,4 +1,4 @@
-#include "ep/all_to_all_state.hpp"
+#include "comm/all_to_all_state.hpp"
 
 #include <cuda_runtime_api.h>
 

@@ -8,12 +8,12 @@
 // capacity, and for all_to_all_v the rows it expects from each sender.
 //
 // Failure records: a wait names phase 0 (device/wait.cuh); a call that does not fit records
-// kStatusCapacity (ep/capacity_failure.hpp) on every rank, and the table's go stays 0 so that no
+// kStatusCapacity (plan/capacity_failure.hpp) on every rank, and the table's go stays 0 so that no
 // move kernel moves a row. A counted low-latency call: the block reaches call_end on every path.
 #include "device/call_counter.cuh"
 #include "device/dependent_launch.cuh"
 #include "device/low_latency.cuh"
-#include "ep/capacity_failure.hpp"
+#include "plan/capacity_failure.hpp"
 #include "kernels/all_to_all_args.hpp"
 #include "kernels/kernel_args.hpp"
 #include "kernels/launch.cuh"
@@ -46,7 +46,7 @@ __device__ uint64_t scan_row(AllToAllTable* t, int s, int n, bool* invalid) {
   return carry;
 }
 
-__global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_exchange(AllToAllExchangeArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_split_exchange(AllToAllExchangeArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   AllToAllTable* t = a.table;
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_exchange(AllToAll
     const uint32_t word = my_word(w);
     for (int k = 1; k < world; ++k) {
       const int peer = (s.rank + k) % world;
-      device::st_relaxed_sys_u64(device::low_latency_slot(a.ll_peers[peer], call, s.rank, a.ll_slot_words) + w,
+      device::st_relaxed_sys_u64(device::low_latency_slot(a.lines.peers[peer], call, s.rank, a.lines.slot_words) + w,
                                  tag | word);
     }
   }
@@ -91,11 +91,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_exchange(AllToAll
   __shared__ int ok;
   if (threadIdx.x == 0) ok = 1;
   __syncthreads();
-  uint64_t* slots = device::low_latency_slot(a.ll_peers[s.rank], call, 0, a.ll_slot_words);
+  uint64_t* slots = device::low_latency_slot(a.lines.peers[s.rank], call, 0, a.lines.slot_words);
   const uint32_t every = (1u << world) - 1;
   for (int w = threadIdx.x; w < header; w += blockDim.x) {
     uint32_t word[kMaxWorld];
-    if (!device::collect_words(s, slots, a.ll_slot_words, w, every, my_word(w), 0, word)) {
+    if (!device::collect_words(s, slots, a.lines.slot_words, w, every, my_word(w), 0, word)) {
       ok = 0;
       break;
     }
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_exchange(AllToAll
 
 }  // namespace
 
-void launch_all_to_all_exchange(const AllToAllExchangeArgs& args, cudaStream_t stream) {
-  launch_kernel(all_to_all_exchange, 1, kThreadsPerBlock, 0, stream, args);
+void launch_all_to_all_split_exchange(const AllToAllExchangeArgs& args, cudaStream_t stream) {
+  launch_kernel(all_to_all_split_exchange, 1, kThreadsPerBlock, 0, stream, args);
 }
 
 }  // namespace symmem::detail

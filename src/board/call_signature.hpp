@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "symmem/types.hpp"
@@ -29,6 +30,12 @@ struct CallDescriptor {
   uint64_t out_heap_offset = 0;  // symmetric only
   // Matmuls: the GEMM's n and k (count holds m * k, the elements of the gathered A).
   int64_t n = 0, k = 0;
+  // Calls whose agreement goes beyond the fields above (the all-to-all's forms, MoE's contexts): a
+  // hash of the rest, which the signature covers (0: nothing more), and the call's own
+  // description, which describe_call returns instead of composing one (called only when the call
+  // is logged, not at every call).
+  uint64_t shape_hash = 0;
+  std::function<std::string()> description;
 };
 
 // The descriptor of a planned call. Pass 0 as the offset of the operand that in place derives
