@@ -200,7 +200,11 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
   const size_t flag_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
   char* gathered = static_cast<char*>(p.gathered.local);
-  detail::SideStreams sides(ce, stream, !capturing || !detail::captured_branches_may_share_a_queue(st));
+  // Branches only where they cannot share a hardware queue in an order the call cannot choose:
+  // under capture (fused_problems.hpp), and for ranks sharing a GPU (tests only) at all, whose
+  // streams share its queues.
+  const bool branch = capturing ? !detail::captured_branches_may_share_a_queue(st) : st.ranks_on_gpu <= 1;
+  detail::SideStreams sides(ce, stream, branch);
   try {
     // The own shard, on SMs before the GEMM takes them (no handshake: see the top of the file).
     enqueue_own_shard(p, a_shard, gathered + size_t(rank) * shard_bytes, stream);
