@@ -117,25 +117,8 @@ Prepared prepare_variable(AllToAllForm form, const Operand& out, size_t out_rows
   return p;
 }
 
-// What every rank must agree on, for the signature: form, widths, plan, operand kinds and
-// symmetric offsets. Row counts and capacities are not in it: they differ by rank by design and
-// travel in the split exchange. Described (when logged) as e.g. "all_to_all_vdev(row_bytes=48,
-// push, blocks=8, in=symmetric@..., out=...)".
-std::string describe_call(const Prepared& p);
-
-detail::CallDescriptor descriptor_of(const Prepared& p) {
-  const bool uniform = p.form == AllToAllForm::kUniform;
-  detail::CallDescriptor c = detail::make_call_descriptor(
-      detail::kOpAllToAll, DataType::kUInt8, ReduceOp::kSum, uniform ? p.pair_bytes : p.row_bytes, p.plan.algo,
-      p.plan.blocks, p.in_place, p.in.symmetric, p.in_place ? 0 : p.in.heap_offset, p.out.symmetric, p.out.heap_offset);
-  detail::Fnv1a h;
-  h.value(p.form).value(p.experts).value(p.align).value(p.plan.kernel).value(p.plan.low_latency_pair_bytes);
-  h.value(p.plan.stage_input).value(p.plan.chunk_pair_bytes);
-  c.shape_hash = h.digest() | 1u;
-  c.description = [&p] { return describe_call(p); };
-  return c;
-}
-
+// "all_to_all_vdev(row_bytes=48, push, blocks=8, in=symmetric@..., out=...)": how mismatch and
+// capacity messages name the call.
 std::string describe_call(const Prepared& p) {
   auto operand = [](const Resolved& r) {
     return r.symmetric ? "symmetric@" + std::to_string(r.heap_offset) : std::string("local");
@@ -149,6 +132,22 @@ std::string describe_call(const Prepared& p) {
   s += std::string(", ") + algo_name(p.plan.algo) + ", blocks=" + std::to_string(p.plan.blocks);
   s += p.in_place ? ", in place" : ", in=" + operand(p.in);
   return s + ", out=" + operand(p.out) + ")";
+}
+
+// What every rank must agree on, for the signature: form, widths, plan, operand kinds and
+// symmetric offsets. Row counts and capacities are not in it: they differ by rank by design and
+// travel in the split exchange.
+detail::CallDescriptor descriptor_of(const Prepared& p) {
+  const bool uniform = p.form == AllToAllForm::kUniform;
+  detail::CallDescriptor c = detail::make_call_descriptor(
+      detail::kOpAllToAll, DataType::kUInt8, ReduceOp::kSum, uniform ? p.pair_bytes : p.row_bytes, p.plan.algo,
+      p.plan.blocks, p.in_place, p.in.symmetric, p.in_place ? 0 : p.in.heap_offset, p.out.symmetric, p.out.heap_offset);
+  detail::Fnv1a h;
+  h.value(p.form).value(p.experts).value(p.align).value(p.plan.kernel).value(p.plan.low_latency_pair_bytes);
+  h.value(p.plan.stage_input).value(p.plan.chunk_pair_bytes);
+  c.shape_hash = h.digest() | 1u;
+  c.description = [&p] { return describe_call(p); };
+  return c;
 }
 
 // Signs and logs the call inside its EnqueueScope; the device is current.
