@@ -496,7 +496,8 @@ TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
 // 1000 replays; nothing of the call needs the host between them. The harness synchronises each
 // rank every kWindow replays (replay_captured): the ranks share one CUDA context, whose launch
 // queue a rank 1000 replays ahead fills with work that waits for a rank behind, which then cannot
-// launch (at 8 ranks on one H100, rank 7 waited for rank 0 until the deadline, 2 runs of 2).
+// launch (at 8 ranks on one H100 without it, ranks 7 and 6 waited for rank 0 until the deadline,
+// in this test and in the MoE one).
 TEST(shared_gpu_all_to_all_vdev_graph_replays_follow_device_routing) {
   constexpr int kReplays = 1000;
   for (int world : shared_gpu_worlds()) {
