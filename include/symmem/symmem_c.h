@@ -85,6 +85,58 @@ int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in
                     int blocks, int max_blocks, char* text, size_t text_bytes);
 int symmem_parse_algo(const char* name, int* algo);
 
+/* Programming the heap from user kernels (include/symmem/user_call.hpp, device.cuh; the Triton
+ * helpers of python/symmem/triton). Structs begin with struct_size: the caller sets it to the
+ * size it was built with, the library fills what both know (the struct only grows at its end). */
+int symmem_comm_local_rank(const symmem_comm* comm);  /* rank in this node (the index of peers) */
+int symmem_comm_local_world(const symmem_comm* comm); /* ranks of this node */
+
+/* A heap buffer as a kernel sees it; every address is a device address in this process. */
+typedef struct symmem_device_handle {
+  uint64_t struct_size;
+  uint64_t local;            /* this rank's copy */
+  uint64_t bytes;
+  uint64_t signal_pad;       /* this rank's signal pad: uint32 words, zeroed at allocation, the user's */
+  uint64_t signal_pad_words;
+  uint64_t peer_table;       /* device array of world pointers: every rank's copy */
+  uint64_t heap_stride;      /* peers[p] == local + (p - rank) * heap_stride, for every heap address */
+  uint64_t peers[8];
+  uint64_t peer_signal_pads[8];
+  int32_t rank;  /* local */
+  int32_t world; /* local */
+} symmem_device_handle;
+/* `buffer` must be the start of a heap buffer (what symmem_comm_allocate returned). Local. */
+int symmem_buffer_device_handle(symmem_comm* comm, const void* buffer, symmem_device_handle* out);
+
+/* The communicator's synchronisation state for user kernels (user_call.hpp's UserSync without the
+ * signature): fixed for the communicator's life. */
+typedef struct symmem_sync_context {
+  uint64_t struct_size;
+  uint64_t flags;         /* this rank's barrier flags: uint64 [phases][max_blocks][8] */
+  uint64_t peer_flags[8]; /* every rank's, mapped here */
+  uint64_t epochs;        /* this rank's per-block call numbers: uint32 [max_blocks] */
+  uint64_t failure_claim; /* uint32: elects the failed wait that writes the record */
+  uint64_t failure;       /* this rank's failure record: uint32 code, op; int32 rank, peer, block, phase;
+                             uint32 signature, peer_signature */
+  uint64_t abort_word;    /* uint32, host memory mapped for the device */
+  uint64_t timeout_ns;
+  uint64_t heap_stride;
+  int32_t rank;           /* local */
+  int32_t world;          /* local */
+  int32_t phases;         /* barriers per call */
+  int32_t max_blocks;     /* blocks of a kernel that uses epochs or barriers */
+  uint32_t user_op;       /* the failure record's op for a user kernel */
+  uint32_t reserved;
+} symmem_sync_context;
+int symmem_comm_sync_context(symmem_comm* comm, symmem_sync_context* out);
+/* The host half of a user kernel call, made right before launching it on `stream` with `blocks`
+ * blocks: checks the communicator, orders the call, logs `description` (what the ranks must agree
+ * on) and returns the call's signature, for the kernel's flags. */
+int symmem_comm_begin_user_call(symmem_comm* comm, const char* description, int blocks, void* stream,
+                                uint32_t* signature);
+/* The signature begin_user_call gives (description, blocks); no communicator involved. */
+uint32_t symmem_user_call_signature(const char* description, int blocks);
+
 /* Allocator functions for torch.cuda.memory.CUDAPluggableAllocator, in kPoolSlots slots: slot k
  * serves the communicator bound to it. Allocation is collective (every rank's pool must ask for
  * the same sizes in the same order, as it does when the ranks run the same program); a freed

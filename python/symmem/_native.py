@@ -62,6 +62,12 @@ _SIGNATURES = {
                                 c_char_p, c_size_t]),
     "symmem_parse_algo": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
     "symmem_pool_bind": (c_int, [c_int, c_void_p]),
+    "symmem_comm_local_rank": (c_int, [c_void_p]),
+    "symmem_comm_local_world": (c_int, [c_void_p]),
+    "symmem_buffer_device_handle": (c_int, [c_void_p, c_void_p, c_void_p]),
+    "symmem_comm_sync_context": (c_int, [c_void_p, c_void_p]),
+    "symmem_comm_begin_user_call": (c_int, [c_void_p, c_char_p, c_int, c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
+    "symmem_user_call_signature": (ctypes.c_uint32, [c_char_p, c_int]),
 }
 POOL_SLOTS = 8
 

@@ -19,6 +19,7 @@
 #include "common/hash.hpp"
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
+#include "user/user_call_area.hpp"
 
 namespace symmem {
 namespace detail {
@@ -89,6 +90,7 @@ CommunicatorState::~CommunicatorState() {
   copy_engine.reset();
   call_order.reset();
   workspaces.reset();
+  user_calls.reset();
   buffers.clear();
   heap.reset();
   board.reset();
@@ -401,6 +403,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   s.timeout_ns = static_cast<uint64_t>(st.timeout_ms()) * 1000000ull;
   s.rank = st.rank;
   s.world = world;
+  st.user_calls = std::make_unique<detail::UserCallArea>(*comm, s);
   return comm;
 }
 
@@ -440,7 +443,7 @@ void Communicator::free(Buffer* buffer) {
   while (it != st.buffers.end() && it->get() != buffer) ++it;
   if (it == st.buffers.end())
     throw Error(ErrorCode::kInvalidArgument, "free: the buffer does not belong to this communicator");
-  if (st.workspaces && st.workspaces->owns(buffer))
+  if ((st.workspaces && st.workspaces->owns(buffer)) || (st.user_calls && st.user_calls->owns(buffer)))
     throw Error(ErrorCode::kInvalidArgument, "free: the buffer is a workspace of the communicator");
   // No peer may still read or write it: finish local work, then wait for every rank.
   SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -489,6 +492,7 @@ void Communicator::close() {
   st.between_nodes.reset();
   st.copy_engine.reset();
   st.workspaces.reset();
+  st.user_calls.reset();
   st.buffers.clear();
   st.heap.reset();
   st.closed = true;

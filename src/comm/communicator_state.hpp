@@ -22,6 +22,7 @@ namespace symmem::detail {
 
 class CopyEngineState;
 class BetweenNodes;
+class UserCallArea;
 
 // Environment overrides, read once at creation and checked equal on every rank (creation fails
 // naming the variable otherwise), so that no rank plans with a value another rank does not have.
@@ -62,6 +63,7 @@ struct CommunicatorState {
   std::unique_ptr<CopyEngineState> copy_engine;
   std::unique_ptr<BetweenNodes> between_nodes;  // only when the job spans nodes
   std::unique_ptr<CallOrder> call_order;        // calls in host order whatever their streams
+  std::unique_ptr<UserCallArea> user_calls;     // flags and epochs of users' kernels (src/user/)
   GraphReferences graphs;                        // graphs that captured a call (they reference the heap)
 
   uint32_t* epochs = nullptr;  // per-block epochs, the call counter pair, the failure claim (device memory)

@@ -50,6 +50,7 @@ enum OpCode : uint32_t {
   kOpBetweenNodes = 6,  // the NCCL step of a hierarchical all-gather (peer: a job rank)
   kOpAllGatherMatmul = 7,  // the GEMM of all_gather_matmul waiting for a shard (peer: its rank)
   kOpMatmulReduceScatter = 8,  // matmul_reduce_scatter (its waits are the copy-engine handshakes)
+  kOpUser = 9,  // a user kernel (include/symmem/user_call.hpp): its description is in the call log
 };
 
 inline const char* op_code_name(uint32_t op) {
@@ -62,6 +63,7 @@ inline const char* op_code_name(uint32_t op) {
     case kOpBetweenNodes: return "all_gather(hierarchical, between nodes)";
     case kOpAllGatherMatmul: return "all_gather_matmul";
     case kOpMatmulReduceScatter: return "matmul_reduce_scatter";
+    case kOpUser: return "user kernel";
     default: return "collective";
   }
 }

@@ -1,0 +1,17 @@
+"""What the examples' host wrappers share: the communicator behind a group argument, and the
+element types the kernels accumulate in."""
+import triton.language as tl
+
+# symmem's reduction rule (src/device/reduce.cuh): 16-bit floats accumulate in fp32, int32 in int32.
+ACCUMULATE = {"float32": tl.float32, "float16": tl.float32, "bfloat16": tl.float32, "int32": tl.int32}
+
+
+def dtype_name(tensor):
+    return str(tensor.dtype).replace("torch.", "")
+
+
+def group_communicator(group_name):
+    """The symmem.torch communicator of a process group's name (the torch ops take names)."""
+    import torch.distributed.distributed_c10d as c10d
+    import symmem.torch as st
+    return st.Communicator(c10d._resolve_process_group(group_name))

@@ -1,0 +1,72 @@
+"""All-gather in Triton on symmem's heap with an SM budget: a persistent grid of `programs`
+programs (one SM each; Iris's comm_sms, symmem's max_blocks) walks the (peer, tile) pairs.
+
+  pull: out (any CUDA tensor) [W * n] <- every rank's `inp` (symmetric), peers in the order
+        rank+1, rank+2, ... (ranks do not all read one peer at once)
+  push: every rank stores its `inp` (any CUDA tensor) into slot `rank` of every peer's `out`
+        (symmetric)
+
+    barrier 0   pull: every rank's input is written; push: every peer reached this call, so what
+                read its `out` before (its stream) is done
+    copy
+    barrier 1   pull: no peer reads this rank's input any more; push: every store into this rank's
+                `out` has landed
+"""
+import torch
+import triton
+import triton.language as tl
+
+import symmem.triton as smt
+
+from ._common import dtype_name, group_communicator
+
+
+@triton.jit(do_not_specialize=["signature", "rank"])
+def all_gather_kernel(inp, out, n, heap_stride, sync, signature, rank, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                      PUSH: tl.constexpr):
+    epoch = smt.epoch_begin(sync)
+    ok = smt.barrier(sync, signature, epoch, 0, rank, WORLD)
+    if ok:
+        tiles = tl.cdiv(n, BLOCK)
+        t = tl.program_id(0)
+        while t < tiles * WORLD:
+            p = (rank + 1 + t // tiles) % WORLD  # this rank last: its peers are the slow part
+            offsets = (t % tiles) * BLOCK + tl.arange(0, BLOCK)
+            mask = offsets < n
+            if PUSH:
+                tl.store(smt.peer(out + rank * n + offsets, p, rank, heap_stride), tl.load(inp + offsets, mask=mask),
+                         mask=mask)
+            else:
+                tl.store(out + p * n + offsets, tl.load(smt.peer(inp + offsets, p, rank, heap_stride), mask=mask),
+                         mask=mask)
+            t += tl.num_programs(0)
+        ok = smt.barrier(sync, signature, epoch, 1, rank, WORLD)
+    smt.epoch_commit(sync, epoch)
+
+
+def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16, block=None):
+    """out[r * n:(r + 1) * n] = rank r's `inp` (n elements), with `programs` programs. Pull: `inp`
+    symmetric (the same heap offset on every rank); push: `out` symmetric. Returns out."""
+    if mode not in ("pull", "push"):
+        raise ValueError(f"all_gather: mode is 'pull' or 'push', not {mode!r}")
+    from ...torch.device import core_of
+    world = core_of(comm).local_world
+    n = inp.numel()
+    out = torch.empty(world * n, dtype=inp.dtype, device=inp.device) if out is None else out
+    if out.numel() != world * n or out.dtype != inp.dtype:
+        raise ValueError(f"all_gather: out holds {out.numel()} {out.dtype}, expected {world * n} {inp.dtype}")
+    block = block or max(num_warps * 32 * 16 // inp.element_size(), 128)  # 16 bytes per thread
+    smt.launch(all_gather_kernel, programs, inp, out, n, comm=comm, name=f"all_gather_{mode}",
+               shape=(n, dtype_name(inp)), BLOCK=block, PUSH=mode == "push", num_warps=num_warps)
+    return out
+
+
+@torch.library.custom_op("symmem_triton::all_gather", mutates_args=())
+def _all_gather_op(inp: torch.Tensor, group_name: str, programs: int = 16, mode: str = "pull") -> torch.Tensor:
+    return all_gather(inp, group_communicator(group_name), programs=programs, mode=mode)
+
+
+@_all_gather_op.register_fake
+def _(inp, group_name, programs=16, mode="pull"):
+    world = torch.distributed.get_world_size(torch.distributed.distributed_c10d._resolve_process_group(group_name))
+    return inp.new_empty(world * inp.numel())

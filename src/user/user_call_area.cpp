@@ -1,0 +1,47 @@
+#include "user/user_call_area.hpp"
+
+#include <cstddef>
+
+#include "comm/communicator_state.hpp"
+
+namespace symmem::detail {
+
+// Kernels built against the public headers write the host board's failure record through
+// FailureRecord and its codes; they must be the library's DeviceStatus and StatusCode.
+static_assert(sizeof(FailureRecord) == sizeof(DeviceStatus), "FailureRecord must match DeviceStatus");
+static_assert(offsetof(FailureRecord, code) == offsetof(DeviceStatus, code), "FailureRecord::code");
+static_assert(offsetof(FailureRecord, op) == offsetof(DeviceStatus, op), "FailureRecord::op");
+static_assert(offsetof(FailureRecord, rank) == offsetof(DeviceStatus, rank), "FailureRecord::rank");
+static_assert(offsetof(FailureRecord, peer) == offsetof(DeviceStatus, peer), "FailureRecord::peer");
+static_assert(offsetof(FailureRecord, block) == offsetof(DeviceStatus, block), "FailureRecord::block");
+static_assert(offsetof(FailureRecord, phase) == offsetof(DeviceStatus, phase), "FailureRecord::phase");
+static_assert(offsetof(FailureRecord, signature) == offsetof(DeviceStatus, signature), "FailureRecord::signature");
+static_assert(offsetof(FailureRecord, peer_signature) == offsetof(DeviceStatus, peer_signature),
+              "FailureRecord::peer_signature");
+static_assert(uint32_t(kFailureTimeout) == uint32_t(kStatusTimeout) &&
+                  uint32_t(kFailureMismatch) == uint32_t(kStatusMismatch) &&
+                  uint32_t(kFailureAborted) == uint32_t(kStatusAborted),
+              "FailureCode must match StatusCode");
+static_assert(kUserCallOp == kOpUser, "kUserCallOp must match OpCode kOpUser");
+static_assert(kUserMaxBlocks <= kMaxBlocks, "a user kernel's blocks index the per-block words of a communicator");
+
+UserCallArea::UserCallArea(Communicator& comm, const SyncArgs& library) {
+  buffer_ = comm.allocate(kUserAreaBytes);
+  const int world = comm.local_world();
+  UserSync& s = template_;
+  s.flags = static_cast<uint64_t*>(buffer_->ptr());
+  for (int r = 0; r < world; ++r) s.peer_flags[r] = static_cast<uint64_t*>(buffer_->peer_ptr(r));
+  s.epochs = reinterpret_cast<uint32_t*>(static_cast<char*>(buffer_->ptr()) + kUserEpochsOffset);
+  s.failure_claim = library.failure_claim;
+  s.failure = reinterpret_cast<FailureRecord*>(library.status);
+  s.abort = library.abort;
+  s.timeout_ns = library.timeout_ns;
+  s.rank = library.rank;
+  s.world = library.world;
+  s.signature = 0;
+  // Rank r's copy of every heap address lies at base + r * reserve in every process (heap.hpp).
+  const Heap& heap = *state_of(comm).heap;
+  heap_stride_ = static_cast<size_t>(heap.base(1) - heap.base(0));
+}
+
+}  // namespace symmem::detail
