@@ -15,3 +15,14 @@ def group_communicator(group_name):
     import torch.distributed.distributed_c10d as c10d
     import symmem.torch as st
     return st.Communicator(c10d._resolve_process_group(group_name))
+
+
+def require_heap(comm, tensor, what, op):
+    """Peers reach `tensor` through the heap stride: it must lie in the heap of `comm`'s
+    communicator (a symmetric tensor, at the same offset on every rank), or peers would write
+    into whatever lies at that distance from an ordinary allocation."""
+    from ...torch.device import core_of
+    nbytes = max(tensor.numel() * tensor.element_size(), 1)
+    if not tensor.is_contiguous() or core_of(comm).buffer_of(tensor.data_ptr(), nbytes) is None:
+        raise ValueError(f"{op}: {what} must be a contiguous symmetric tensor of the communicator's heap "
+                         "(symmem.torch.empty), the same offset on every rank")

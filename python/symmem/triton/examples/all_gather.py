@@ -18,7 +18,7 @@ import triton.language as tl
 
 import symmem.triton as smt
 
-from ._common import dtype_name, group_communicator
+from ._common import dtype_name, group_communicator, require_heap
 
 
 @triton.jit(do_not_specialize=["signature", "rank"])
@@ -55,6 +55,7 @@ def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16,
     out = torch.empty(world * n, dtype=inp.dtype, device=inp.device) if out is None else out
     if out.numel() != world * n or out.dtype != inp.dtype:
         raise ValueError(f"all_gather: out holds {out.numel()} {out.dtype}, expected {world * n} {inp.dtype}")
+    require_heap(comm, inp if mode == "pull" else out, "inp" if mode == "pull" else "out", f"all_gather({mode})")
     block = block or max(num_warps * 32 * 16 // inp.element_size(), 128)  # 16 bytes per thread
     smt.launch(all_gather_kernel, programs, inp, out, n, comm=comm, name=f"all_gather_{mode}",
                shape=(n, dtype_name(inp)), BLOCK=block, PUSH=mode == "push", num_warps=num_warps)
@@ -62,11 +63,24 @@ def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16,
 
 
 @torch.library.custom_op("symmem_triton::all_gather", mutates_args=())
-def _all_gather_op(inp: torch.Tensor, group_name: str, programs: int = 16, mode: str = "pull") -> torch.Tensor:
-    return all_gather(inp, group_communicator(group_name), programs=programs, mode=mode)
+def _all_gather_op(inp: torch.Tensor, group_name: str, programs: int = 16) -> torch.Tensor:
+    """Pull (inp symmetric); the result is a new tensor."""
+    return all_gather(inp, group_communicator(group_name), programs=programs, mode="pull")
 
 
 @_all_gather_op.register_fake
-def _(inp, group_name, programs=16, mode="pull"):
+def _(inp, group_name, programs=16):
     world = torch.distributed.get_world_size(torch.distributed.distributed_c10d._resolve_process_group(group_name))
     return inp.new_empty(world * inp.numel())
+
+
+@torch.library.custom_op("symmem_triton::all_gather_into", mutates_args=("out",))
+def _all_gather_into_op(out: torch.Tensor, inp: torch.Tensor, group_name: str, programs: int = 16,
+                        mode: str = "pull") -> None:
+    """Pull (inp symmetric) or push (out symmetric) into `out`."""
+    all_gather(inp, group_communicator(group_name), out=out, programs=programs, mode=mode)
+
+
+@_all_gather_into_op.register_fake
+def _(out, inp, group_name, programs=16, mode="pull"):
+    return None

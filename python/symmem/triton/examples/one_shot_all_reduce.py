@@ -12,7 +12,7 @@ import triton.language as tl
 
 import symmem.triton as smt
 
-from ._common import ACCUMULATE, dtype_name, group_communicator
+from ._common import ACCUMULATE, dtype_name, group_communicator, require_heap
 
 
 @triton.jit(do_not_specialize=["signature", "rank"])
@@ -41,6 +41,7 @@ def one_shot_all_reduce(inp, comm=None, out=None, programs=None, num_warps=16, b
     `inp`). `programs`: the grid (default: enough for the size, at most 24)."""
     if dtype_name(inp) not in ACCUMULATE:
         raise TypeError(f"one_shot_all_reduce: {inp.dtype} is not summed (float32, float16, bfloat16, int32)")
+    require_heap(comm, inp, "inp", "one_shot_all_reduce")
     out = torch.empty_like(inp) if out is None else out
     if out.data_ptr() == inp.data_ptr():
         raise ValueError("one_shot_all_reduce: out must not be inp (peers read inp while out is written)")

@@ -1,0 +1,217 @@
+"""symmem.triton on one GPU with 2, 4 and 8 ranks as threads (shared_gpu.py): the examples bit-exact
+against symmem's CUDA collectives, user kernels interleaved with library calls on one
+communicator, mismatched launches (kMismatch on every rank), a rank that never launches (kTimeout
+naming it on every other rank within the timeout plus 2 s, the CUDA context still usable), and
+1000 CUDA graph replays. Run by scripts/gpu_issue29.sh; worlds from SYMMEM_SHARED_GPU_WORLDS."""
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a GPU", allow_module_level=True)
+if os.environ.get("SYMMEM_TEST_SHARED_GPU") != "1":
+    pytest.skip("needs SYMMEM_TEST_SHARED_GPU=1 (ranks sharing one GPU)", allow_module_level=True)
+
+from shared_gpu import run_ranks  # noqa: E402
+
+import symmem  # noqa: E402
+from symmem import _native  # noqa: E402
+from symmem.triton.examples import all_gather, one_shot_all_reduce  # noqa: E402
+
+WORLDS = [int(w) for w in os.environ.get("SYMMEM_SHARED_GPU_WORLDS", "2 4 8").split()]
+SIZES = [1, 777, 65536 + 5, 1 << 20]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+ONE_SHOT = _native.algo_code("one_shot")
+PULL = _native.algo_code("pull")
+
+
+def programs(world):
+    """A grid every rank's kernel can hold at once on the shared GPU (the core's own share rule)."""
+    return max(1, min(8, torch.cuda.get_device_properties(0).multi_processor_count // (2 * world)))
+
+
+def dtype_code(dtype):
+    return _native.DTYPES[str(dtype).replace("torch.", "")]
+
+
+def rank_input(rank, call, n, dtype):
+    generator = torch.Generator(device="cuda").manual_seed(7919 * call + rank)
+    return torch.randn(n, generator=generator, device="cuda").to(dtype)
+
+
+def same_bits(a, b):
+    return torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+                       b.view(torch.int16 if b.element_size() == 2 else torch.int32))
+
+
+def symmem_all_reduce(me, inp, algo=ONE_SHOT):
+    out = torch.empty_like(inp)
+    me.comm.all_reduce(out.data_ptr(), inp.data_ptr(), inp.numel(), dtype_code(inp.dtype), 0,
+                       torch.cuda.current_stream().cuda_stream, algo)
+    return out
+
+
+def symmem_all_gather(me, inp):
+    out = inp.new_empty(me.world * inp.numel())
+    me.comm.all_gather(out.data_ptr(), inp.data_ptr(), inp.numel() * inp.element_size(), _native.DTYPES["uint8"],
+                       torch.cuda.current_stream().cuda_stream, PULL)
+    return out
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_one_shot_all_reduce_is_bit_exact(world, dtype):
+    def body(me):
+        inp = me.heap(max(SIZES), dtype)
+        wrong = []
+        for call, n in enumerate(SIZES):
+            x = inp[:n]
+            x.copy_(rank_input(me.rank, call, n, dtype))
+            out = torch.full((n,), float("nan"), dtype=dtype, device="cuda")  # poisoned
+            one_shot_all_reduce(x, me.comm, out=out, programs=programs(world))
+            expected = symmem_all_reduce(me, x)
+            # The sum in rank order 0..W-1 in fp32, computed by torch.
+            reference = sum((rank_input(r, call, n, dtype).float() for r in range(1, world)),
+                            rank_input(0, call, n, dtype).float()).to(dtype)
+            torch.cuda.current_stream().synchronize()
+            me.comm.check()
+            if not (same_bits(out, expected) and same_bits(out, reference)):
+                wrong.append(n)
+        return wrong
+
+    assert run_ranks(world, body) == [[]] * world
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_all_gather_is_bit_exact(world, mode):
+    def body(me):
+        n_max = max(SIZES)
+        heap_in, heap_out = me.heap(n_max, torch.float16), me.heap(world * n_max, torch.float16)
+        wrong = []
+        for call, n in enumerate(SIZES):
+            x = heap_in[:n] if mode == "pull" else torch.empty(n, dtype=torch.float16, device="cuda")
+            x.copy_(rank_input(me.rank, call, n, torch.float16))
+            out = (torch.empty(world * n, dtype=torch.float16, device="cuda") if mode == "pull"
+                   else heap_out[:world * n])
+            out.fill_(float("nan"))
+            all_gather(x, me.comm, out=out, programs=programs(world), mode=mode)
+            expected = symmem_all_gather(me, x)
+            torch.cuda.current_stream().synchronize()
+            me.comm.check()
+            if not same_bits(out, expected):
+                wrong.append(n)
+        return wrong
+
+    assert run_ranks(world, body) == [[]] * world
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_user_kernels_interleave_with_library_calls(world):
+    def body(me):
+        n = 100003
+        x, gathered = me.heap(n, torch.bfloat16), me.heap(world * n, torch.bfloat16)
+        wrong = 0
+        for call in range(20):
+            x.copy_(rank_input(me.rank, call, n, torch.bfloat16))
+            ours = one_shot_all_reduce(x, me.comm, programs=programs(world))
+            planned = symmem_all_reduce(me, x, algo=0)  # the planner's choice, on the library's flags
+            one_shot = symmem_all_reduce(me, x)
+            all_gather(x, me.comm, out=gathered, programs=programs(world), mode="push")
+            reference = symmem_all_gather(me, x)
+            me.comm.barrier(torch.cuda.current_stream().cuda_stream)
+            torch.cuda.current_stream().synchronize()
+            me.comm.check()
+            close = torch.allclose(ours.float(), planned.float(), rtol=1e-2, atol=1e-2)
+            wrong += int(not same_bits(gathered, reference)) + int(not same_bits(ours, one_shot)) + int(not close)
+        return wrong
+
+    assert run_ranks(world, body) == [0] * world
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_mismatched_launches_raise_kmismatch_on_every_rank(world):
+    def body(me):
+        x = me.heap(2048, torch.float32)
+        one_shot_all_reduce(x, me.comm, programs=1)  # compiled, and every rank agrees
+        torch.cuda.current_stream().synchronize()
+        me.wait_for_every_rank()
+        n = 1024 if me.rank == 0 else 2048
+        one_shot_all_reduce(x[:n], me.comm, programs=1)
+        torch.cuda.current_stream().synchronize()
+        try:
+            me.comm.check()
+        except symmem.SymmemError as e:
+            return e.code, str(e)
+        return None, "no error"
+
+    for rank, (code, message) in enumerate(run_ranks(world, body)):
+        assert code == "kMismatch", (rank, message)
+        assert "triton:one_shot_all_reduce(1024" in message and "triton:one_shot_all_reduce(2048" in message, message
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_rank_that_never_launches_is_named_in_time(world):
+    timeout_ms = 2000
+
+    def body(me):
+        x = me.heap(65536, torch.float32)
+        one_shot_all_reduce(x, me.comm, programs=programs(world))  # compiled before the clock runs
+        torch.cuda.current_stream().synchronize()
+        me.wait_for_every_rank()
+        dead = world - 1
+        start = time.monotonic()
+        if me.rank != dead:
+            one_shot_all_reduce(x, me.comm, programs=programs(world))
+        torch.cuda.current_stream().synchronize()
+        try:
+            me.comm.check()
+            outcome = (None, "no error")
+        except symmem.SymmemError as e:
+            outcome = (e.code, str(e))
+        seconds = time.monotonic() - start
+        usable = torch.ones(4, device="cuda").add_(1).sum().item() == 8.0  # the CUDA context is intact
+        return outcome, seconds, usable
+
+    results = run_ranks(world, body, timeout_ms=timeout_ms)
+    for rank, ((code, message), seconds, usable) in enumerate(results):
+        assert usable, rank
+        if rank == world - 1:
+            continue  # the dead rank launched nothing; its check may or may not have seen the abort yet
+        assert code == "kTimeout", (rank, message)
+        assert f"waiting for rank {world - 1}" in message, message
+        assert seconds < timeout_ms / 1000 + 2.0, (rank, seconds)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_graph_replays(world):
+    replays, n = 1000, 4099
+
+    def body(me):
+        x, gathered = me.heap(n, torch.bfloat16), me.heap(world * n, torch.bfloat16)
+        x.copy_(rank_input(me.rank, 0, n, torch.bfloat16))
+        out = one_shot_all_reduce(x, me.comm, programs=programs(world))  # compiles; makes the sync context
+        all_gather(x, me.comm, out=gathered, programs=programs(world), mode="push")
+        torch.cuda.current_stream().synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=me.stream, capture_error_mode="thread_local"):
+            one_shot_all_reduce(x, me.comm, out=out, programs=programs(world))
+            all_gather(x, me.comm, out=gathered, programs=programs(world), mode="push")
+        wrong = 0
+        for check in range(4):
+            x.copy_(rank_input(me.rank, check + 1, n, torch.bfloat16))
+            out.fill_(float("nan"))
+            for _ in range(replays // 4):
+                graph.replay()
+            expected = symmem_all_reduce(me, x)
+            expected_gather = symmem_all_gather(me, x)
+            torch.cuda.current_stream().synchronize()
+            me.comm.check()
+            wrong += (not same_bits(out, expected)) + (not same_bits(gathered, expected_gather))
+            me.wait_for_every_rank()  # inputs change only once every rank's replays are done
+        del graph
+        return wrong
+
+    assert run_ranks(world, body) == [0] * world
