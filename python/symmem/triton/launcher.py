@@ -45,6 +45,9 @@ def launch(kernel, grid, *args, comm=None, name=None, shape=(), **kwargs):
         stream = torch.cuda.current_stream()
         sync, context = _sync_of(core)
         signature = _device.begin_user_call(core, description, blocks, stream.cuda_stream)
+        # As a signed 32-bit value, so that Triton types it i32 whatever its top bit (a value of
+        # 2**31 or more would be i64, and compile a second kernel); the helpers read it as uint32.
+        signature = signature - (1 << 32) if signature >= 1 << 31 else signature
         known = {"sync": sync, "signature": signature, "rank": context.rank, "WORLD": context.world,
                  "heap_stride": context.heap_stride}
         for key in _FILLED:

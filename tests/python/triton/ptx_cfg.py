@@ -118,3 +118,23 @@ def reaches_without(ptx, start_pattern, target_pattern, barrier_pattern):
         if not stopped:
             work.extend((s, 0) for s in b.successors)
     return reached
+
+
+def polling_loop_problems(ptx):
+    """What is wrong with the kernel's polling loops: one without the clock, or one polling a flag
+    without the abort word. Also says when no polling loop was found at all."""
+    problems, polling = [], 0
+    for loop in loops(ptx):
+        text = "\n".join(b.text for b in loop)
+        polls_flag = "ld.acquire.sys" in text
+        polls_host = "ld.volatile" in text
+        if not (polls_flag or polls_host):
+            continue
+        polling += 1
+        if "%globaltimer" not in text:
+            problems.append(f"a polling loop ({loop[0].name}) never reads %globaltimer")
+        if polls_flag and not polls_host:
+            problems.append(f"a loop polling a flag ({loop[0].name}) never reads the abort word")
+    if polling == 0:
+        problems.append("no polling loop found")
+    return problems

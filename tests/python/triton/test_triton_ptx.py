@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 import symmem.triton as smt  # noqa: E402
-from ptx_cfg import loops, reaches_without  # noqa: E402
+from ptx_cfg import polling_loop_problems, reaches_without  # noqa: E402
 from symmem.triton import ptx as ptx_module  # noqa: E402
 from symmem.triton.examples.all_gather import all_gather_kernel  # noqa: E402
 from symmem.triton.examples.one_shot_all_reduce import one_shot_all_reduce_kernel  # noqa: E402
@@ -56,10 +56,10 @@ def unbounded_spin(flag, out):
     tl.store(out, 1)
 
 
-HELPER_SIGNATURE = {"sync": "*i64", "signature": "u32", "rank": "i32", "data": "*fp32", "pad": "*u32", "n": "i32",
+HELPER_SIGNATURE = {"sync": "*i64", "signature": "i32", "rank": "i32", "data": "*fp32", "pad": "*u32", "n": "i32",
                     "WORLD": "constexpr", "BLOCK": "constexpr"}
 EXAMPLE_SIGNATURE = {"inp": "*bf16", "out": "*bf16", "n": "i32", "heap_stride": "i64", "sync": "*i64",
-                     "signature": "u32", "rank": "i32", "WORLD": "constexpr", "BLOCK": "constexpr"}
+                     "signature": "i32", "rank": "i32", "WORLD": "constexpr", "BLOCK": "constexpr"}
 
 
 def kernels():
@@ -79,26 +79,6 @@ def kernels():
 
 
 KERNELS = kernels()
-
-
-def polling_loop_problems(ptx):
-    """What is wrong with the kernel's polling loops: one without the clock, or one polling a flag
-    without the abort word. Also says when no polling loop was found at all."""
-    problems, polling = [], 0
-    for loop in loops(ptx):
-        text = "\n".join(b.text for b in loop)
-        polls_flag = "ld.acquire.sys" in text
-        polls_host = "ld.volatile" in text
-        if not (polls_flag or polls_host):
-            continue
-        polling += 1
-        if "%globaltimer" not in text:
-            problems.append(f"a polling loop ({loop[0].name}) never reads %globaltimer")
-        if polls_flag and not polls_host:
-            problems.append(f"a loop polling a flag ({loop[0].name}) never reads the abort word")
-    if polling == 0:
-        problems.append("no polling loop found")
-    return problems
 
 
 @pytest.mark.parametrize("name, ptx", KERNELS, ids=[k[0] for k in KERNELS])

@@ -166,3 +166,41 @@ def example_all_gather(me, mode, n, programs, calls):
         expected = torch.cat([_inputs(r, call, n, torch.float32) for r in range(me.world)])
         wrong.append(int((out != expected).sum()))
     return {"wrong": wrong, "record": me.record()}
+
+
+def _doc_module(path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("doc_snippet", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def doc_push_all_gather(me, path, n, calls):
+    """The README's kernel: x (any tensor) into slot `rank` of every rank's out (symmetric)."""
+    kernel = _doc_module(path).push_all_gather
+    sync = me.sync()
+    out = me.tensor(me.data(), me.world * n, torch.float32)
+    wrong = []
+    for call in range(calls):
+        x = _inputs(me.rank, call, n, torch.float32)
+        out.fill_(7.0)
+        kernel[(1,)](x, out, n, STRIDE, sync, SIGNATURE, me.rank, WORLD=me.world, BLOCK=64)
+        expected = torch.cat([_inputs(r, call, n, torch.float32) for r in range(me.world)])
+        wrong.append(int((out != expected).sum()))
+    return {"wrong": wrong, "record": me.record()}
+
+
+def doc_ring_shift(me, path, n, calls):
+    """docs/kernels.md's kernel: y on rank r+1 = x on rank r, with put-with-signal."""
+    kernel = _doc_module(path).ring_shift
+    sync = me.sync()
+    y = me.tensor(me.data(), n, torch.float32)
+    pad = me.tensor(me.data() + 64 * 1024, 16, torch.int32)
+    wrong = []
+    for call in range(calls):
+        x = _inputs(me.rank, call, n, torch.float32)
+        kernel[(1,)](x, y, pad, n, STRIDE, sync, SIGNATURE, me.rank, WORLD=me.world, BLOCK=64)
+        expected = _inputs((me.rank + me.world - 1) % me.world, call, n, torch.float32)
+        wrong.append(int((y != expected).sum()))
+    return {"wrong": wrong, "record": me.record()}
