@@ -180,6 +180,17 @@ __device__ __forceinline__ bool wait_signal(const UserSync& s, const uint32_t* w
   }
 }
 
+// Block-wide (every thread calls it): waits until each of the `count` words from `words` on (this
+// rank's memory, all written by `peer`: e.g. the piece flags of one shard) compares true with
+// `value`; then the whole block sees what the peer wrote before signalling. False on timeout or
+// abort (the same in every thread).
+__device__ __forceinline__ bool wait_signals(const UserSync& s, const uint32_t* words, int count, uint32_t value,
+                                             Cmp cmp, int peer, int phase) {
+  bool mine = true;
+  for (int i = threadIdx.x; i < count && mine; i += blockDim.x) mine = wait_signal(s, words + i, value, cmp, peer, phase);
+  return __syncthreads_and(mine) != 0;
+}
+
 // Block-wide: copies `bytes` from `src` to `dst_on_peer` (a peer's heap memory) with every thread
 // of the block, then sets `signal_on_peer` to `value` once all of it is visible to the peer.
 __device__ __forceinline__ void put_signal(void* dst_on_peer, const void* src, size_t bytes, uint32_t* signal_on_peer,

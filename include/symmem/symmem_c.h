@@ -137,6 +137,23 @@ int symmem_comm_begin_user_call(symmem_comm* comm, const char* description, int 
 /* The signature begin_user_call gives (description, blocks); no communicator involved. */
 uint32_t symmem_user_call_signature(const char* description, int blocks);
 
+/* symmem::all_gather_pieces (symmem/all_gather_pieces.hpp): gathered [m x row_bytes] inside one heap
+ * buffer (the same offset on every rank); consume(context, pieces) enqueues the consumer on `stream`
+ * and returns 0 (nonzero fails the call with kInternal after the side streams are joined). */
+typedef struct symmem_gathered_pieces {
+  uint64_t struct_size;
+  uint64_t flags; /* uint32 [world * pieces]: flags[s * pieces + j] == 1 once piece j of shard s arrived */
+  int32_t pieces;
+  int32_t piece_rows;
+  int32_t shard_rows;
+  int32_t rank;
+  int32_t world;
+  int32_t reserved;
+} symmem_gathered_pieces;
+typedef int (*symmem_pieces_consumer_fn)(void* context, const symmem_gathered_pieces* pieces);
+int symmem_all_gather_pieces(symmem_comm* comm, void* gathered, const void* shard, int64_t m, size_t row_bytes,
+                             int tile_rows, void* stream, symmem_pieces_consumer_fn consume, void* context);
+
 /* Allocator functions for torch.cuda.memory.CUDAPluggableAllocator, in kPoolSlots slots: slot k
  * serves the communicator bound to it. Allocation is collective (every rank's pool must ask for
  * the same sizes in the same order, as it does when the ranks run the same program); a freed

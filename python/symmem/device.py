@@ -96,6 +96,52 @@ def begin_user_call(comm, description, blocks, stream):
     return signature.value
 
 
+class _GatheredPieces(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint64), ("flags", ctypes.c_uint64), ("pieces", ctypes.c_int32),
+                ("piece_rows", ctypes.c_int32), ("shard_rows", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("world", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+
+_PIECES_CONSUMER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_GatheredPieces))
+
+
+@dataclass(frozen=True)
+class GatheredPieces:
+    """symmem::GatheredPieces: flags[s * pieces + j] (uint32, this rank's device memory) becomes 1
+    once piece j of shard s is in the gathered matrix (never for this rank's own shard)."""
+    flags: int
+    pieces: int
+    piece_rows: int
+    shard_rows: int
+    rank: int
+    world: int
+
+
+def all_gather_pieces(comm, gathered, shard, m, row_bytes, tile_rows, stream, consume):
+    """symmem::all_gather_pieces: gathered (device address of m rows of row_bytes inside one heap
+    buffer, the same offset on every rank) receives every rank's shard of m / world rows, piece by
+    piece on the copy engines; consume(GatheredPieces) enqueues the consumer on `stream` (an integer
+    cudaStream_t) meanwhile. Collective. An exception of `consume` is raised after the C call."""
+    failure = []
+
+    def consumer(_context, pieces):
+        try:
+            p = pieces.contents
+            consume(GatheredPieces(p.flags, p.pieces, p.piece_rows, p.shard_rows, p.rank, p.world))
+            return 0
+        except BaseException as e:  # noqa: B036 (nothing may unwind into C)
+            failure.append(e)
+            return 1
+
+    callback = _PIECES_CONSUMER(consumer)
+    rc = lib.symmem_all_gather_pieces(comm.handle, gathered, shard, int(m), int(row_bytes), int(tile_rows), stream,
+                                      ctypes.cast(callback, ctypes.c_void_p), None)
+    if failure:
+        raise failure[0]
+    if rc:
+        comm._call(rc)
+
+
 def user_call_signature(description, blocks):
     """The signature begin_user_call gives `description` launched with `blocks` blocks."""
     return lib.symmem_user_call_signature(description.encode(), int(blocks))

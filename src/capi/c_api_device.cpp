@@ -7,6 +7,7 @@
 #include "capi/c_api_comm.hpp"
 #include "capi/c_api_guard.hpp"
 #include "comm/communicator_state.hpp"
+#include "symmem/all_gather_pieces.hpp"
 #include "symmem/symmem_c.h"
 #include "symmem/user_call.hpp"
 #include "user/user_call_area.hpp"
@@ -36,6 +37,7 @@ void fill(T* out, T full, const char* what) {
 // checks the same sizes there).
 static_assert(sizeof(symmem_device_handle) == 192, "symmem_device_handle changed: update python/symmem/device.py");
 static_assert(sizeof(symmem_sync_context) == 152, "symmem_sync_context changed: update python/symmem/device.py");
+static_assert(sizeof(symmem_gathered_pieces) == 40, "symmem_gathered_pieces changed: update python/symmem/device.py");
 
 }  // namespace
 
@@ -110,6 +112,36 @@ int symmem_comm_begin_user_call(symmem_comm* comm, const char* description, int 
 
 uint32_t symmem_user_call_signature(const char* description, int blocks) {
   return symmem::user_call_signature(description ? description : "", blocks);
+}
+
+int symmem_all_gather_pieces(symmem_comm* comm, void* gathered, const void* shard, int64_t m, size_t row_bytes,
+                             int tile_rows, void* stream, symmem_pieces_consumer_fn consume, void* context) {
+  return c_api_guard([&] {
+    if (!consume) throw symmem::Error(symmem::ErrorCode::kInvalidArgument, "symmem_all_gather_pieces: no consumer");
+    symmem::Communicator& c = communicator_of(comm);
+    const size_t bytes = m > 0 ? size_t(m) * row_bytes : 0;
+    symmem::Buffer* buffer = c.find(gathered, bytes ? bytes : 1);
+    if (!buffer)
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          "symmem_all_gather_pieces: gathered (" + std::to_string(bytes) +
+                              " bytes) is not inside one heap buffer of this communicator");
+    const symmem::Operand operand(buffer, static_cast<size_t>(static_cast<char*>(gathered) -
+                                                              static_cast<char*>(buffer->ptr())));
+    symmem::all_gather_pieces(operand, shard, m, row_bytes, tile_rows, c, static_cast<cudaStream_t>(stream),
+                              [&](const symmem::GatheredPieces& p) {
+                                symmem_gathered_pieces out{};
+                                out.struct_size = sizeof(out);
+                                out.flags = address(p.flags);
+                                out.pieces = p.pieces;
+                                out.piece_rows = p.piece_rows;
+                                out.shard_rows = p.shard_rows;
+                                out.rank = p.rank;
+                                out.world = p.world;
+                                if (consume(context, &out) != 0)
+                                  throw symmem::Error(symmem::ErrorCode::kInternal,
+                                                      "symmem_all_gather_pieces: the consumer failed");
+                              });
+  });
 }
 
 }  // extern "C"

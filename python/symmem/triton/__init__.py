@@ -20,7 +20,7 @@ tested kernels with torch ops. Importing this module needs neither a GPU nor tor
 """
 from .sync import (ABORTED, AT_LEAST, EQUAL, MAX_BLOCKS, MAX_WORLD, MISMATCH, NOT_EQUAL, PHASES, TIMEOUT, barrier,
                    epoch_begin, epoch_commit, heap_stride, keep_waiting, peer, peer_from_table, put_signal,
-                   record_failure, signal, signal_add, wait_signal)
+                   record_failure, signal, signal_add, wait_signal, wait_signals)
 from .launcher import description_of, launch
 from .sync import (fence_acq_rel_sys, fence_proxy_async_global, global_timer_ns, ld_acquire_sys, ld_acquire_sys_u64,
                    ld_volatile_u32, st_release_sys, st_release_sys_u64, st_volatile_u32, thread_lanes)
@@ -29,4 +29,5 @@ __all__ = ["ABORTED", "AT_LEAST", "EQUAL", "MAX_BLOCKS", "MAX_WORLD", "MISMATCH"
            "barrier", "epoch_begin", "epoch_commit", "fence_acq_rel_sys", "fence_proxy_async_global",
            "global_timer_ns", "heap_stride", "keep_waiting", "launch", "ld_acquire_sys", "ld_acquire_sys_u64",
            "ld_volatile_u32", "peer", "peer_from_table", "put_signal", "record_failure", "signal", "signal_add",
-           "st_release_sys", "st_release_sys_u64", "st_volatile_u32", "thread_lanes"]
+           "st_release_sys", "st_release_sys_u64", "st_volatile_u32", "thread_lanes", "wait_signal",
+           "wait_signals"]

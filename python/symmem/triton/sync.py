@@ -208,6 +208,33 @@ def wait_signal(sync, signature, word, value, CMP: tl.constexpr, peer, phase):
 
 
 @triton.jit
+def wait_signals(sync, signature, words, count, value, CMP: tl.constexpr, peer, phase):
+    """wait_signal for `count` consecutive words from `words` on, all written by `peer` (e.g. the
+    piece flags of one shard): one lane per word and thread, every word polled at once."""
+    signature = tl.cast(signature, tl.uint32)
+    value = tl.cast(value, tl.uint32)
+    lanes = thread_lanes()
+    start = global_timer_ns(lanes)
+    state = tl.full([], 0, tl.int32)  # 0 waiting, 1 every word came, 2 failed
+    spins = tl.full([], 0, tl.int32)
+    base = tl.full([], 0, tl.int32)  # the words before `base` came
+    while state == 0:
+        mine = base + lanes < count
+        seen = ld_acquire_sys(words + tl.where(mine, base + lanes, 0), mine)
+        if tl.min((_compare(seen, value, CMP) | (mine == 0)).to(tl.int32), axis=0) == 1:
+            base += lanes.shape[0]
+            if base >= count:
+                state = 1
+        else:
+            spins += 1
+            if spins % _SPINS_PER_CHECK == 0:
+                if keep_waiting(sync, signature, lanes, start, peer, phase) == 0:
+                    state = 2
+    tl.debug_barrier()  # what the threads acquired, every thread sees
+    return state == 1
+
+
+@triton.jit
 def put_signal(dst_on_peer, src, n, signal_on_peer, value, BLOCK: tl.constexpr):
     """Copies n elements from `src` to `dst_on_peer` (a peer's heap memory) with the whole program,
     then sets `signal_on_peer` to `value` once all of them are visible to the peer."""

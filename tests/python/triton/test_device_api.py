@@ -12,6 +12,7 @@ def test_structs_match_the_c_abi():
     # The same sizes are static_asserts of src/capi/c_api_device.cpp.
     assert ctypes.sizeof(device._DeviceHandle) == 192
     assert ctypes.sizeof(device._SyncContext) == 152
+    assert ctypes.sizeof(device._GatheredPieces) == 40
 
 
 def test_user_call_signatures_are_deterministic_and_tell_calls_apart():

@@ -88,3 +88,19 @@ def test_all_gather_example_is_exact(mode):
     for rank, result in out.items():
         assert result["wrong"] == [0, 0], (rank, result)
         assert result["record"]["code"] == 0
+
+
+@pytest.mark.parametrize("shard_rows, piece_rows", [(40, 16), (32, 32), (24, 8)])
+def test_fused_example_waits_for_the_pieces_of_each_tile(shard_rows, piece_rows):
+    # Tiles of 16 rows cross pieces and (40, 24) shards: each waits for exactly the pieces it reads.
+    pieces = -(-shard_rows // piece_rows)
+    result = run_ranks(1, "fused_pieces", shard_rows, piece_rows, pieces)[0]
+    assert result["error"] < 1e-3, result
+    assert result["record"]["code"] == 0
+
+
+def test_fused_example_names_the_peer_whose_piece_never_came():
+    result = run_ranks(1, "fused_pieces", 40, 16, 1, timeout_ms=500)[0]
+    record = result["record"]
+    assert record["code"] == TIMEOUT and record["peer"] == 1 and record["phase"] == 1, record
+    assert result["error"] < 1e-3  # the rows that did arrive were computed

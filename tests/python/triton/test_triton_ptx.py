@@ -20,10 +20,19 @@ import symmem.triton as smt  # noqa: E402
 from ptx_cfg import polling_loop_problems, reaches_without  # noqa: E402
 from symmem.triton import ptx as ptx_module  # noqa: E402
 from symmem.triton.examples.all_gather import all_gather_kernel  # noqa: E402
+from symmem.triton.examples.all_gather_matmul import all_gather_matmul_kernel  # noqa: E402
 from symmem.triton.examples.one_shot_all_reduce import one_shot_all_reduce_kernel  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 ALIGNED = [["tt.divisibility", 16]]
+
+
+TMA_LOAD = r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global"
+FUSED_SIGNATURE = {"a_desc": "tensordesc<fp16[128, 64]>", "b_desc": "tensordesc<fp16[64, 256]>",
+                   "c_desc": "tensordesc<fp16[128, 128]>", "flags": "*i32", "M": "i32", "N": "i32", "K": "i32",
+                   "shard_rows": "i32", "piece_rows": "i32", "pieces": "i32", "sync": "*i64", "signature": "i32",
+                   "rank": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "GROUP_M": "constexpr",
+                   "STAGES": "constexpr", "EPILOGUE_SUBTILE": "constexpr"}
 
 
 def compile_ptx(fn, signature, constexprs, aligned=(), num_warps=4):
@@ -75,10 +84,16 @@ def kernels():
             out.append((f"all_gather_{'push' if push else 'pull'}_w{world}", compile_ptx(
                 all_gather_kernel, {**EXAMPLE_SIGNATURE, "PUSH": "constexpr"},
                 {"WORLD": world, "BLOCK": 4096, "PUSH": push}, aligned=(0, 1, 2, 3, 4), num_warps=16)))
+    for stages in (3, 4):
+        out.append((f"all_gather_matmul_stages{stages}", compile_ptx(
+            all_gather_matmul_kernel, FUSED_SIGNATURE,
+            {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8, "STAGES": stages, "EPILOGUE_SUBTILE": True},
+            aligned=(4, 5, 6, 7, 10), num_warps=8)))
     return out
 
 
 KERNELS = kernels()
+FUSED = [k for k in KERNELS if k[0].startswith("all_gather_matmul")]
 
 
 @pytest.mark.parametrize("name, ptx", KERNELS, ids=[k[0] for k in KERNELS])
@@ -97,7 +112,8 @@ def test_cross_gpu_flags_are_acquired_and_released_at_system_scope(name, ptx):
     acquires = [a for a in accesses if ".acquire" in a]
     releases = [a for a in accesses if ".release" in a]
     assert acquires and all(".sys" in a for a in acquires), acquires
-    assert releases and all(".sys" in a for a in releases), releases
+    assert all(".sys" in a for a in releases), releases
+    assert releases or name.startswith("all_gather_matmul"), "no flag is released"  # (it only waits)
     # The one narrower access: the failure claim, a word of this rank's own device memory.
     narrower = {a for a in accesses if re.search(r"\.(gpu|cta)\b", a)}
     assert narrower <= {"atom.global.relaxed.gpu.cas.b32"}, narrower
@@ -129,3 +145,13 @@ def test_triton_ptx_mirrors_the_cuda_device_api():
     library_side = instructions((ROOT / "src/device/ptx.cuh").read_text())
     assert triton_side and triton_side <= cuda_side, triton_side - cuda_side
     assert cuda_side - {"red.release.sys.global.add.u32"} <= library_side, cuda_side - library_side
+
+
+@pytest.mark.parametrize("name, ptx", FUSED, ids=[k[0] for k in FUSED])
+def test_a_proxy_fence_separates_every_piece_flag_from_the_tma_loads(name, ptx):
+    # TMA reads through the async proxy: a flag acquired through the generic proxy orders nothing for
+    # it without fence.proxy.async.global. No path from a flag's acquire reaches a TMA load without one
+    # (the pipeliner issues a tile's first loads before its K loop: they must follow the wait too).
+    assert re.search(TMA_LOAD, ptx), "no TMA load: the check would be vacuous"
+    assert reaches_without(ptx, r"ld\.acquire\.sys", TMA_LOAD, r"NOTHING") != [], "no path from a flag to a load"
+    assert reaches_without(ptx, r"ld\.acquire\.sys", TMA_LOAD, r"fence\.proxy\.async\.global") == []

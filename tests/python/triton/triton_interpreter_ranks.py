@@ -103,9 +103,24 @@ class Rank:
         return ctypes.c_uint64.from_address(address)
 
 
+def _index_scalars_with_numpy_2():
+    """Triton 3.6's interpreter holds a scalar as a one-element array and turns it into an index with
+    int(array), which numpy 2.3+ refuses ("only 0-dimensional arrays"): a loop over range() with a
+    runtime bound fails. Its patch of tl.tensor.__index__ is wrapped to take the element instead."""
+    from triton.runtime import interpreter
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
 def _child(rank, world, heap_path, board_path, timeout_ms, scenario, args, results):
     os.environ["TRITON_INTERPRET"] = "1"
     try:
+        _index_scalars_with_numpy_2()
         import triton_interpreter_scenarios as scenarios
         me = Rank(rank, world, heap_path, board_path, timeout_ms)
         results.put((rank, "ok", getattr(scenarios, scenario)(me, *args)))

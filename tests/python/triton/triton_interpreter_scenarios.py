@@ -204,3 +204,42 @@ def doc_ring_shift(me, path, n, calls):
         expected = _inputs((me.rank + me.world - 1) % me.world, call, n, torch.float32)
         wrong.append(int((y != expected).sum()))
     return {"wrong": wrong, "record": me.record()}
+
+
+def fused_pieces(me, shard_rows, piece_rows, arrive):
+    """The fused example's kernel as rank 0 of two, under the interpreter: shard 1's pieces are
+    written into `gathered` by a thread standing in for the copy engine, each followed by its flag
+    (`arrive` of the pieces arrive; the rest never do). Returns the result's error against the
+    product of what arrived, and the failure record."""
+    import threading
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from symmem.triton.examples.all_gather_matmul import all_gather_matmul_kernel
+    m, n, k = 2 * shard_rows, 32, 32
+    pieces = -(-shard_rows // piece_rows)
+    sync = me.sync()
+    generator = torch.Generator().manual_seed(5)
+    a = torch.randn(m, k, generator=generator)
+    b = torch.randn(k, n, generator=generator)
+    gathered = torch.zeros(m, k)
+    gathered[:shard_rows] = a[:shard_rows]  # the own shard, there before the kernel
+    flags = me.tensor(me.data(), 2 * pieces, torch.int32)
+    flags.zero_()
+    c = torch.full((m, n), float("nan"))
+
+    def copy_engine():
+        for j in range(arrive):
+            time.sleep(0.05)
+            rows = slice(shard_rows + j * piece_rows, shard_rows + min((j + 1) * piece_rows, shard_rows))
+            gathered[rows] = a[rows]
+            flags[pieces + j] = 1
+
+    engine = threading.Thread(target=copy_engine)
+    engine.start()
+    all_gather_matmul_kernel[(2,)](TensorDescriptor.from_tensor(gathered, [16, 16]),
+                                   TensorDescriptor.from_tensor(b, [16, 16]), TensorDescriptor.from_tensor(c, [16, 16]),
+                                   flags, m, n, k, shard_rows, piece_rows, pieces, sync, SIGNATURE, 0, BM=16, BN=16,
+                                   BK=16, GROUP_M=2, STAGES=1, EPILOGUE_SUBTILE=False)
+    engine.join()
+    arrived = shard_rows + min(arrive * piece_rows, shard_rows)
+    error = (c[:arrived] - a[:arrived] @ b).abs().max().item()
+    return {"error": error, "record": me.record()}

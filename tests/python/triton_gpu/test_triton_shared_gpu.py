@@ -19,6 +19,7 @@ from shared_gpu import run_ranks  # noqa: E402
 import symmem  # noqa: E402
 from symmem import _native  # noqa: E402
 from symmem.triton.examples import all_gather, one_shot_all_reduce  # noqa: E402
+from symmem.triton.examples.all_gather_matmul import all_gather_matmul  # noqa: E402
 
 WORLDS = [int(w) for w in os.environ.get("SYMMEM_SHARED_GPU_WORLDS", "2 4 8").split()]
 SIZES = [1, 777, 65536 + 5, 1 << 20]
@@ -215,3 +216,37 @@ def test_graph_replays(world):
         return wrong
 
     assert run_ranks(world, body) == [0] * world
+
+
+@pytest.mark.parametrize("world", [w for w in WORLDS if w <= 4])
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "copied"])
+def test_all_gather_matmul_on_copy_engine_pieces(world, in_place):
+    # 384 rows per rank: tiles of 128 rows cross no shard, 320 would; both are covered by the worlds.
+    rows, k, n = 320 if world == 4 else 384, 1024, 512
+
+    def body(me):
+        m = world * rows
+        gathered = me.heap(m * k, torch.float16).view(m, k)
+        b = (torch.randn(k, n, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda") / 32).half()
+        wrong = []
+        for call in range(3):
+            full = torch.cat([rank_input(r, call, rows * k, torch.float16).view(rows, k) for r in range(world)])
+            gathered.fill_(float("nan"))
+            if in_place:
+                shard = gathered[me.rank * rows:(me.rank + 1) * rows]
+                shard.copy_(full[me.rank * rows:(me.rank + 1) * rows])
+            else:
+                shard = full[me.rank * rows:(me.rank + 1) * rows].clone()
+            me.wait_for_every_rank()  # no peer pulls a slot still poisoned for this call
+            c = all_gather_matmul(shard, b, gathered, me.comm, programs=programs(world),
+                                  config=(128, 128, 64, 3, 8, False))
+            torch.cuda.current_stream().synchronize()
+            me.comm.check()
+            reference = full.float() @ b.float()
+            error = ((c.float() - reference).abs().max() / reference.abs().max()).item()
+            if not torch.equal(gathered, full) or error > 1e-2:
+                wrong.append((call, error))
+            me.wait_for_every_rank()
+        return wrong
+
+    assert run_ranks(world, body) == [[]] * world
