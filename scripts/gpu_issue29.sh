@@ -2,7 +2,7 @@
 # Issue 29's checks on one GPU (H100 or H200): the device API and symmem.triton, from a bundle of
 # prebuilt binaries (it builds nothing), in about 8 minutes. Run from the repository root:
 #
-#   scripts/gpu_issue29.sh BUNDLE [STAGE ...]        stages: env ops shared cuda fused (default: all)
+#   scripts/gpu_issue29.sh BUNDLE [STAGE ...]   stages: env ops shared cuda fused bench (default: all)
 #
 # BUNDLE is what scripts/bundle.sh collects (build-bundle/): libsymmem_capi.so (the Python package's
 # native library, SYMMEM_LIBRARY), symmem_example_one_shot_all_reduce (examples/cuda) and COMMIT.
@@ -16,12 +16,14 @@
 #           1000 graph replays
 #   cuda    the CUDA example (public headers only) at 2, 4 and 8 ranks, and with a dead rank
 #   fused   world 1: the Triton all-gather + matmul against torch.mm, K=16384 N=6656 (CSV)
+#   bench   symmem.bench.kernels at world 1 on one small shape (that it runs, writes its CSV and
+#           plot; its figures need 2 GPUs or more: the measurement issue runs it with torchrun)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] && [ -d "$1" ] || { echo "usage: $0 BUNDLE [STAGE ...]" >&2; exit 2; }
 BUNDLE=$(cd "$1" && pwd)
 shift
-STAGES=${*:-env ops shared cuda fused}
+STAGES=${*:-env ops shared cuda fused bench}
 OUT=${OUT:-$PWD/out-issue29}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -76,10 +78,14 @@ for stage in $STAGES; do
     fused)
       if [ -f python/symmem/triton/examples/all_gather_matmul.py ]; then
         run fused_world1 150 python3 -m symmem.triton.examples.all_gather_matmul --world1-vs-mm \
-          --csv "$OUT/fused_world1.csv" --commit "$COMMIT"
+          --csv "$OUT/fused_world1.csv" --commit "$COMMIT" --dtype float16
       else
         echo "fused: not run (no all_gather_matmul example in this tree)" | tee -a "$OUT/summary.txt"
       fi
+      ;;
+    bench)
+      run bench_kernels_smoke 120 torchrun --nproc-per-node 1 -m symmem.bench.kernels --shapes 2048x4096 \
+        --sms 4,16 --reps 2 --calls 3 --out "$OUT/bench_kernels_smoke"
       ;;
     *) echo "unknown stage $stage" | tee -a "$OUT/summary.txt" ;;
   esac

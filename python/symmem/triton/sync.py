@@ -94,9 +94,12 @@ def peer(ptr, p, rank, heap_stride):
 
 @triton.jit
 def peer_from_table(ptr, table, p, rank):
-    """The same through a table of every rank's base (symmem.torch.device's ptr_table): one load."""
-    delta = tl.load(table + p) - tl.load(table + rank)
-    return (ptr.to(tl.int64) + delta).to(ptr.dtype)
+    """The same through a table of every rank's copy of one buffer (symmem.torch.device's ptr_table,
+    PyTorch's buffer_ptrs_dev): two loads. The copies must lie a multiple of 16 bytes apart (any
+    allocator's buffers do): the hint keeps the peer's loads 16-byte vectors."""
+    ELEMENT: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
+    delta = tl.multiple_of((tl.load(table + p) - tl.load(table + rank)) // ELEMENT, 16 // ELEMENT)
+    return ptr + delta
 
 
 # ---- Failure --------------------------------------------------------------------------------------

@@ -83,8 +83,9 @@ def test_one_shot_all_reduce_example_is_exact(world, dtype, n, programs):
 
 
 @pytest.mark.parametrize("mode", ["pull", "push"])
-def test_all_gather_example_is_exact(mode):
-    out = run_ranks(3, "example_all_gather", mode, 70, 2, 2)
+@pytest.mark.parametrize("through_table", [False, True], ids=["stride", "table"])
+def test_all_gather_example_is_exact(mode, through_table):
+    out = run_ranks(3, "example_all_gather", mode, 70, 2, 2, through_table)
     for rank, result in out.items():
         assert result["wrong"] == [0, 0], (rank, result)
         assert result["record"]["code"] == 0

@@ -70,6 +70,10 @@ HELPER_SIGNATURE = {"sync": "*i64", "signature": "i32", "rank": "i32", "data": "
 EXAMPLE_SIGNATURE = {"inp": "*bf16", "out": "*bf16", "n": "i32", "heap_stride": "i64", "sync": "*i64",
                      "signature": "i32", "rank": "i32", "WORLD": "constexpr", "BLOCK": "constexpr"}
 
+GATHER_SIGNATURE = {"inp": "*bf16", "out": "*bf16", "n": "i32", "heap_stride": "i64", "table": "*i64", "sync": "*i64",
+                    "signature": "i32", "rank": "i32", "WORLD": "constexpr", "BLOCK": "constexpr", "PUSH": "constexpr",
+                    "TABLE": "constexpr"}
+
 
 def kernels():
     """(name, PTX) of the helpers and of every example, at worlds 2 and 8."""
@@ -81,9 +85,11 @@ def kernels():
             one_shot_all_reduce_kernel, {**EXAMPLE_SIGNATURE, "ACC": "constexpr"},
             {"WORLD": world, "BLOCK": 4096, "ACC": tl.float32}, aligned=(0, 1, 2, 3, 4), num_warps=16)))
         for push in (False, True):
-            out.append((f"all_gather_{'push' if push else 'pull'}_w{world}", compile_ptx(
-                all_gather_kernel, {**EXAMPLE_SIGNATURE, "PUSH": "constexpr"},
-                {"WORLD": world, "BLOCK": 4096, "PUSH": push}, aligned=(0, 1, 2, 3, 4), num_warps=16)))
+            for table in (False, True):
+                out.append((f"all_gather_{'push' if push else 'pull'}{'_table' if table else ''}_w{world}",
+                            compile_ptx(all_gather_kernel, GATHER_SIGNATURE,
+                                        {"WORLD": world, "BLOCK": 4096, "PUSH": push, "TABLE": table},
+                                        aligned=(0, 1, 2, 3, 4, 5), num_warps=16)))
     for stages in (3, 4):
         out.append((f"all_gather_matmul_stages{stages}", compile_ptx(
             all_gather_matmul_kernel, FUSED_SIGNATURE,
@@ -155,3 +161,11 @@ def test_a_proxy_fence_separates_every_piece_flag_from_the_tma_loads(name, ptx):
     assert re.search(TMA_LOAD, ptx), "no TMA load: the check would be vacuous"
     assert reaches_without(ptx, r"ld\.acquire\.sys", TMA_LOAD, r"NOTHING") != [], "no path from a flag to a load"
     assert reaches_without(ptx, r"ld\.acquire\.sys", TMA_LOAD, r"fence\.proxy\.async\.global") == []
+
+
+@pytest.mark.parametrize("name, ptx", [k for k in KERNELS if k[0].startswith(("one_shot", "all_gather_p"))],
+                         ids=[k[0] for k in KERNELS if k[0].startswith(("one_shot", "all_gather_p"))])
+def test_peer_data_moves_in_16_byte_vectors(name, ptx):
+    # Through the heap stride or a table, a peer's address keeps the alignment Triton proved for the
+    # local one: the data moves as 16-byte vectors, not 2-byte elements.
+    assert re.search(r"\bld\.global(?:\.[a-z]+)*\.v4\.b32", ptx) and re.search(r"\bst\.global(?:\.[a-z]+)*\.v4\.b32", ptx)

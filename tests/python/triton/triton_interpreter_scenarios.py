@@ -147,11 +147,12 @@ def example_all_reduce(me, dtype_name, n, programs, calls):
     return {"wrong": wrong, "record": me.record()}
 
 
-def example_all_gather(me, mode, n, programs, calls):
+def example_all_gather(me, mode, n, programs, calls, through_table=False):
     from symmem.triton.examples.all_gather import all_gather_kernel
     sync = me.sync()
     heap_in = me.tensor(me.data(), n, torch.float32)
     heap_out = me.tensor(me.data() + 64 * 1024, me.world * n, torch.float32)
+    table = torch.tensor([me.data(r) for r in range(me.world)], dtype=torch.int64)  # every rank's heap_in
     wrong = []
     for call in range(calls):
         mine = _inputs(me.rank, call, n, torch.float32)
@@ -161,8 +162,8 @@ def example_all_gather(me, mode, n, programs, calls):
         else:
             inp, out = mine, heap_out
             out.fill_(7.0)  # poison: peers push after the entry barrier
-        all_gather_kernel[(programs,)](inp, out, n, STRIDE, sync, SIGNATURE, me.rank, WORLD=me.world,
-                                       BLOCK=32, PUSH=mode == "push")
+        all_gather_kernel[(programs,)](inp, out, n, STRIDE, table, sync, SIGNATURE, me.rank, WORLD=me.world,
+                                       BLOCK=32, PUSH=mode == "push", TABLE=through_table)
         expected = torch.cat([_inputs(r, call, n, torch.float32) for r in range(me.world)])
         wrong.append(int((out != expected).sum()))
     return {"wrong": wrong, "record": me.record()}

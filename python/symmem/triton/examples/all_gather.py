@@ -22,8 +22,10 @@ from ._common import dtype_name, group_communicator, require_heap
 
 
 @triton.jit(do_not_specialize=["signature", "rank"])
-def all_gather_kernel(inp, out, n, heap_stride, sync, signature, rank, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                      PUSH: tl.constexpr):
+def all_gather_kernel(inp, out, n, heap_stride, table, sync, signature, rank, WORLD: tl.constexpr,
+                      BLOCK: tl.constexpr, PUSH: tl.constexpr, TABLE: tl.constexpr):
+    """TABLE: peers through `table` (every rank's copy of the symmetric operand, e.g. PyTorch's
+    buffer_ptrs_dev) instead of symmem's heap stride."""
     epoch = smt.epoch_begin(sync)
     ok = smt.barrier(sync, signature, epoch, 0, rank, WORLD)
     if ok:
@@ -34,19 +36,28 @@ def all_gather_kernel(inp, out, n, heap_stride, sync, signature, rank, WORLD: tl
             offsets = (t % tiles) * BLOCK + tl.arange(0, BLOCK)
             mask = offsets < n
             if PUSH:
-                tl.store(smt.peer(out + rank * n + offsets, p, rank, heap_stride), tl.load(inp + offsets, mask=mask),
-                         mask=mask)
+                if TABLE:
+                    dst = smt.peer_from_table(out + rank * n + offsets, table, p, rank)
+                else:
+                    dst = smt.peer(out + rank * n + offsets, p, rank, heap_stride)
+                tl.store(dst, tl.load(inp + offsets, mask=mask), mask=mask)
             else:
-                tl.store(out + p * n + offsets, tl.load(smt.peer(inp + offsets, p, rank, heap_stride), mask=mask),
-                         mask=mask)
+                if TABLE:
+                    src = smt.peer_from_table(inp + offsets, table, p, rank)
+                else:
+                    src = smt.peer(inp + offsets, p, rank, heap_stride)
+                tl.store(out + p * n + offsets, tl.load(src, mask=mask), mask=mask)
             t += tl.num_programs(0)
         ok = smt.barrier(sync, signature, epoch, 1, rank, WORLD)
     smt.epoch_commit(sync, epoch)
 
 
-def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16, block=None):
+def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16, block=None, table=None):
     """out[r * n:(r + 1) * n] = rank r's `inp` (n elements), with `programs` programs. Pull: `inp`
-    symmetric (the same heap offset on every rank); push: `out` symmetric. Returns out."""
+    symmetric (the same heap offset on every rank); push: `out` symmetric. `table`: an object with
+    data_ptr() (a device array of every rank's copy of the symmetric operand, as PyTorch's
+    buffer_ptrs_dev) to reach peers through it instead of symmem's heap (the synchronisation stays
+    the communicator's). Returns out."""
     if mode not in ("pull", "push"):
         raise ValueError(f"all_gather: mode is 'pull' or 'push', not {mode!r}")
     from ...torch.device import core_of
@@ -55,10 +66,13 @@ def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16,
     out = torch.empty(world * n, dtype=inp.dtype, device=inp.device) if out is None else out
     if out.numel() != world * n or out.dtype != inp.dtype:
         raise ValueError(f"all_gather: out holds {out.numel()} {out.dtype}, expected {world * n} {inp.dtype}")
-    require_heap(comm, inp if mode == "pull" else out, "inp" if mode == "pull" else "out", f"all_gather({mode})")
+    if table is None:
+        require_heap(comm, inp if mode == "pull" else out, "inp" if mode == "pull" else "out", f"all_gather({mode})")
     block = block or max(num_warps * 32 * 16 // inp.element_size(), 128)  # 16 bytes per thread
-    smt.launch(all_gather_kernel, programs, inp, out, n, comm=comm, name=f"all_gather_{mode}",
-               shape=(n, dtype_name(inp)), BLOCK=block, PUSH=mode == "push", num_warps=num_warps)
+    from ...torch.device import sync_context
+    smt.launch(all_gather_kernel, programs, inp, out, n, table if table is not None else sync_context(comm),
+               comm=comm, name=f"all_gather_{mode}", shape=(n, dtype_name(inp)), BLOCK=block, PUSH=mode == "push",
+               TABLE=table is not None, num_warps=num_warps)
     return out
 
 
