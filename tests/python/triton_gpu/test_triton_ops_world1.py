@@ -14,6 +14,7 @@ import torch.distributed as dist  # noqa: E402
 
 import symmem.torch as st  # noqa: E402
 import symmem.triton.examples  # noqa: E402,F401  registers torch.ops.symmem_triton.*
+import symmem.triton.examples.all_gather_matmul  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +61,14 @@ def test_a_tensor_outside_the_heap_is_refused(group_name):
     x = torch.ones(64, device="cuda")
     with pytest.raises(ValueError, match="symmetric tensor"):
         torch.ops.symmem_triton.one_shot_all_reduce(x, group_name)
+
+
+def test_all_gather_matmul_op(group_name):
+    gathered = st.empty(256, 512, dtype=torch.float16)
+    gathered.copy_(torch.randn(256, 512, device="cuda").half())
+    b = torch.randn(512, 384, device="cuda").half()
+    c = torch.ops.symmem_triton.all_gather_matmul(gathered, b, gathered, group_name)  # in place: world 1
+    reference = gathered.float() @ b.float()
+    assert ((c.float() - reference).abs().max() / reference.abs().max()).item() < 1e-2
+    torch.library.opcheck(torch.ops.symmem_triton.all_gather_matmul.default, (gathered, b, gathered, group_name),
+                          test_utils=("test_schema", "test_faketensor"))

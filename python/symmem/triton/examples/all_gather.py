@@ -70,9 +70,9 @@ def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16,
         require_heap(comm, inp if mode == "pull" else out, "inp" if mode == "pull" else "out", f"all_gather({mode})")
     block = block or max(num_warps * 32 * 16 // inp.element_size(), 128)  # 16 bytes per thread
     from ...torch.device import sync_context
-    smt.launch(all_gather_kernel, programs, inp, out, n, table if table is not None else sync_context(comm),
-               comm=comm, name=f"all_gather_{mode}", shape=(n, dtype_name(inp)), BLOCK=block, PUSH=mode == "push",
-               TABLE=table is not None, num_warps=num_warps)
+    smt.launch(all_gather_kernel, programs, inp, out, n, comm=comm, name=f"all_gather_{mode}",
+               shape=(n, dtype_name(inp)), table=table if table is not None else sync_context(comm), BLOCK=block,
+               PUSH=mode == "push", TABLE=table is not None, num_warps=num_warps)
     return out
 
 
