@@ -65,10 +65,11 @@ def test_a_tensor_outside_the_heap_is_refused(group_name):
 
 def test_all_gather_matmul_op(group_name):
     gathered = st.empty(256, 512, dtype=torch.float16)
-    gathered.copy_(torch.randn(256, 512, device="cuda").half())
+    a_shard = torch.randn(256, 512, device="cuda").half()  # world 1: the shard is the whole matrix
     b = torch.randn(512, 384, device="cuda").half()
-    c = torch.ops.symmem_triton.all_gather_matmul(gathered, b, gathered, group_name)  # in place: world 1
-    reference = gathered.float() @ b.float()
+    c = torch.ops.symmem_triton.all_gather_matmul(a_shard, b, gathered, group_name)
+    reference = a_shard.float() @ b.float()
+    assert torch.equal(gathered, a_shard)
     assert ((c.float() - reference).abs().max() / reference.abs().max()).item() < 1e-2
-    torch.library.opcheck(torch.ops.symmem_triton.all_gather_matmul.default, (gathered, b, gathered, group_name),
+    torch.library.opcheck(torch.ops.symmem_triton.all_gather_matmul.default, (a_shard, b, gathered, group_name),
                           test_utils=("test_schema", "test_faketensor"))
