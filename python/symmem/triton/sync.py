@@ -186,34 +186,10 @@ def _compare(word, value, CMP: tl.constexpr):
 
 
 @triton.jit
-def wait_signal(sync, signature, word, value, CMP: tl.constexpr, peer, phase):
-    """Waits until `word` (this rank's memory, written by `peer`) compares true with `value`
-    (EQUAL, AT_LEAST or NOT_EQUAL); then every thread of the program sees what the peer wrote
-    before signalling. `phase` is any number the kernel gives this wait, for the error message.
-    Returns False on timeout or abort (recorded)."""
-    signature = tl.cast(signature, tl.uint32)
-    value = tl.cast(value, tl.uint32)
-    lanes = thread_lanes()
-    words = word + lanes * 0
-    start = global_timer_ns(lanes)
-    state = tl.full([], 0, tl.int32)  # 0 waiting, 1 came, 2 failed
-    spins = tl.full([], 0, tl.int32)
-    while state == 0:
-        if _any(_compare(ld_acquire_sys(words, lanes >= 0), value, CMP)):
-            state = 1
-        else:
-            spins += 1
-            if spins % _SPINS_PER_CHECK == 0:
-                if keep_waiting(sync, signature, lanes, start, peer, phase) == 0:
-                    state = 2
-    tl.debug_barrier()  # what one thread acquired, every thread sees
-    return state == 1
-
-
-@triton.jit
 def wait_signals(sync, signature, words, count, value, CMP: tl.constexpr, peer, phase):
     """wait_signal for `count` consecutive words from `words` on, all written by `peer` (e.g. the
-    piece flags of one shard): one lane per word and thread, every word polled at once."""
+    piece flags of one shard): one lane per word and thread, every word polled at once. A word that
+    came stays counted (a lane polls its next word only once every lane's came)."""
     signature = tl.cast(signature, tl.uint32)
     value = tl.cast(value, tl.uint32)
     lanes = thread_lanes()
@@ -235,6 +211,15 @@ def wait_signals(sync, signature, words, count, value, CMP: tl.constexpr, peer, 
                     state = 2
     tl.debug_barrier()  # what the threads acquired, every thread sees
     return state == 1
+
+
+@triton.jit
+def wait_signal(sync, signature, word, value, CMP: tl.constexpr, peer, phase):
+    """Waits until `word` (this rank's memory, written by `peer`) compares true with `value`
+    (EQUAL, AT_LEAST or NOT_EQUAL); then every thread of the program sees what the peer wrote
+    before signalling. `phase` is any number the kernel gives this wait, for the error message.
+    Returns False on timeout or abort (recorded)."""
+    return wait_signals(sync, signature, word, 1, value, CMP, peer, phase)
 
 
 @triton.jit
