@@ -110,7 +110,7 @@ def all_gather_matmul(a_shard, b, gathered, comm=None, out=None, programs=None, 
     b_desc = TensorDescriptor.from_tensor(b, [bk, bn])
     c_desc = TensorDescriptor.from_tensor(c, [bm, bn // 2 if subtile else bn])
     grid = programs or torch.cuda.get_device_properties(a_shard.device).multi_processor_count
-    grid = min(grid, smt.MAX_BLOCKS, triton.cdiv(m, bm) * triton.cdiv(n, bn))
+    grid = min(grid, smt.MAX_BLOCKS.value, triton.cdiv(m, bm) * triton.cdiv(n, bn))
 
     def consume(pieces):
         smt.launch(all_gather_matmul_kernel, grid, a_desc, b_desc, c_desc, _Address(pieces.flags, torch.int32), m, n,
