@@ -10,7 +10,7 @@
 #include "symmem/all_gather_pieces.hpp"
 #include "symmem/symmem_c.h"
 #include "symmem/user_call.hpp"
-#include "user/user_call_area.hpp"
+#include "workspace/user_call_area.hpp"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include "common/hash.hpp"
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
-#include "user/user_call_area.hpp"
+#include "workspace/user_call_area.hpp"
 
 namespace symmem {
 namespace detail {
@@ -403,7 +403,8 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   s.timeout_ns = static_cast<uint64_t>(st.timeout_ms()) * 1000000ull;
   s.rank = st.rank;
   s.world = world;
-  st.user_calls = std::make_unique<detail::UserCallArea>(*comm, s);
+  st.user_calls = std::make_unique<detail::UserCallArea>(*comm, s,
+                                                         static_cast<size_t>(st.heap->base(1) - st.heap->base(0)));
   return comm;
 }
 

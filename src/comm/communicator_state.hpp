@@ -63,7 +63,7 @@ struct CommunicatorState {
   std::unique_ptr<CopyEngineState> copy_engine;
   std::unique_ptr<BetweenNodes> between_nodes;  // only when the job spans nodes
   std::unique_ptr<CallOrder> call_order;        // calls in host order whatever their streams
-  std::unique_ptr<UserCallArea> user_calls;     // flags and epochs of users' kernels (src/user/)
+  std::unique_ptr<UserCallArea> user_calls;     // flags and epochs of users' kernels (workspace/user_call_area.hpp)
   GraphReferences graphs;                        // graphs that captured a call (they reference the heap)
 
   uint32_t* epochs = nullptr;  // per-block epochs, the call counter pair, the failure claim (device memory)

@@ -6,7 +6,7 @@
 #include "common/device_guard.hpp"
 #include "common/hash.hpp"
 #include "symmem/user_call.hpp"
-#include "user/user_call_area.hpp"
+#include "workspace/user_call_area.hpp"
 
 namespace symmem {
 

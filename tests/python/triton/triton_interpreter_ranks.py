@@ -5,7 +5,7 @@ symmem's heap and host board:
   heap:  one file, REGION bytes per rank; every process maps rank r's region at its own base +
          r * STRIDE (MAP_FIXED), so peers differ by the same stride in every process while the bases
          differ between processes, as the real heap's do. A region is [user flags | epochs | claim |
-         data], the user-call area's layout (src/user/user_call_area.hpp) plus a data area.
+         data], the user-call area's layout (src/workspace/user_call_area.hpp) plus a data area.
   board: one file: rank r's failure record at r * 64, the abort word after them.
 
 The parent (pytest) imports this module without triton; each child sets TRITON_INTERPRET before

@@ -1,4 +1,4 @@
-// The user-call area: the flags and epochs of users' kernels (include/symmem/device.cuh,
+// The user-call area (a workspace of its own purpose): the flags and epochs of users' kernels (include/symmem/device.cuh,
 // python/symmem/triton), apart from the library's own, so that a faulty user kernel cannot corrupt
 // a library collective's barriers (nor a library kernel a user's).
 //
@@ -31,7 +31,9 @@ class UserCallArea {
  public:
   // Collective (allocates a heap buffer). `library` is the communicator's synchronisation template:
   // the failure record, claim word, abort word, deadline and ranks are shared with it.
-  UserCallArea(Communicator& comm, const SyncArgs& library);
+  // `heap_stride`: the heap's per-rank reserve (rank r's copy of every heap address lies at
+  // base + r * heap_stride in every process, heap/heap.hpp).
+  UserCallArea(Communicator& comm, const SyncArgs& library, size_t heap_stride);
   // The buffer belongs to the communicator (released by close()); nothing to do here.
 
   bool owns(const Buffer* buffer) const { return buffer == buffer_; }

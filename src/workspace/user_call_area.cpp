@@ -1,8 +1,6 @@
-#include "user/user_call_area.hpp"
+#include "workspace/user_call_area.hpp"
 
 #include <cstddef>
-
-#include "comm/communicator_state.hpp"
 
 namespace symmem::detail {
 
@@ -25,7 +23,8 @@ static_assert(uint32_t(kFailureTimeout) == uint32_t(kStatusTimeout) &&
 static_assert(kUserCallOp == kOpUser, "kUserCallOp must match OpCode kOpUser");
 static_assert(kUserMaxBlocks <= kMaxBlocks, "a user kernel's blocks index the per-block words of a communicator");
 
-UserCallArea::UserCallArea(Communicator& comm, const SyncArgs& library) {
+UserCallArea::UserCallArea(Communicator& comm, const SyncArgs& library, size_t heap_stride)
+    : heap_stride_(heap_stride) {
   buffer_ = comm.allocate(kUserAreaBytes);
   const int world = comm.local_world();
   UserSync& s = template_;
@@ -39,9 +38,6 @@ UserCallArea::UserCallArea(Communicator& comm, const SyncArgs& library) {
   s.rank = library.rank;
   s.world = library.world;
   s.signature = 0;
-  // Rank r's copy of every heap address lies at base + r * reserve in every process (heap.hpp).
-  const Heap& heap = *state_of(comm).heap;
-  heap_stride_ = static_cast<size_t>(heap.base(1) - heap.base(0));
 }
 
 }  // namespace symmem::detail
