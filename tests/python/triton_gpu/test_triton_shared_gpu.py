@@ -22,7 +22,7 @@ from symmem.triton.examples import all_gather, one_shot_all_reduce  # noqa: E402
 from symmem.triton.examples.all_gather_matmul import all_gather_matmul  # noqa: E402
 
 WORLDS = [int(w) for w in os.environ.get("SYMMEM_SHARED_GPU_WORLDS", "2 4 8").split()]
-SIZES = [1, 777, 65536 + 5, 1 << 20]
+SIZES = [3, 777, 65536 + 5, 1 << 20]  # (not 1: Triton would compile a kernel for n == 1 alone)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ONE_SHOT = _native.algo_code("one_shot")
 PULL = _native.algo_code("pull")
