@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Collects what scripts/h200_session.sh runs into build-bundle/ (stripped, to carry to a GPU
 # machine): this tree's build, and the 6cf5c42 binaries for the negative control and the A/B
-# (tests/gpu/negative_control.sh with NEGCTL_DIR=build-negctl BUILD_ONLY=1; WITH_OLD=1, OLD_BENCH=path).
+# (tests/gpu/negative_control.sh with NEGCTL_DIR=build-negctl BUILD_ONLY=1; WITH_OLD=1, OLD_BENCH=path;
+# OLD_SHARED_GPU_TESTS=path adds an old shared-GPU test binary for scripts/gpu_issue28.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf build-bundle && mkdir -p build-bundle
@@ -13,6 +14,7 @@ cp build/libsymmem_capi.so build-bundle/  # the Python package's native library 
 [ -n "${WITH_OLD:-}" ] && [ -d build-negctl/build ] && cp build-negctl/build/old_api_gpu_tests build-negctl/build/old_api_kill_tests build-bundle/
 [ -n "${OLD_BENCH:-}" ] && cp "$OLD_BENCH" build-bundle/old-symmem-bench
 [ -n "${OLD_BENCH:-}" ] && [ -n "${OLD_COMMIT:-}" ] && echo "$OLD_COMMIT" > build-bundle/OLD_COMMIT
+[ -n "${OLD_SHARED_GPU_TESTS:-}" ] && cp "$OLD_SHARED_GPU_TESTS" build-bundle/old_symmem_shared_gpu_tests
 [ -n "${MID_BENCH:-}" ] && cp "$MID_BENCH" build-bundle/mid-symmem-bench
 [ -n "${MID_BENCH:-}" ] && [ -n "${MID_COMMIT:-}" ] && echo "$MID_COMMIT" > build-bundle/MID_COMMIT
 strip build-bundle/* 2>/dev/null || true

@@ -82,9 +82,11 @@ std::string run_rank(std::shared_ptr<symmem::Bootstrap> bootstrap, int device, c
     try {
       if (!dead) {
         const std::string what = "example:one_shot_all_reduce(count=" + std::to_string(o.count) + ", float32)";
-        one_shot_all_reduce<<<o.blocks, 256, 0, stream>>>(in->device_handle(), out, o.count,
-                                                          symmem::begin_user_call(*comm, what, o.blocks, stream));
+        // A call of the communicator: ordered, signed and logged; then the kernel; then its end.
+        const symmem::UserSync sync = symmem::begin_user_call(*comm, what, o.blocks, stream);
+        one_shot_all_reduce<<<o.blocks, 256, 0, stream>>>(in->device_handle(), out, o.count, sync);
         CHECK_CUDA(cudaGetLastError());
+        symmem::end_user_call(*comm, stream);
       }
       comm->synchronize(stream);
       if (o.dead_rank && !dead) failure = "the call returned although rank " + std::to_string(world - 1) + " never came";

@@ -60,8 +60,8 @@ void all_reduce(Operand out, Operand in, size_t count, DataType type, ReduceOp o
                 cudaStream_t stream, const CollectiveOptions& options = {});
 
 // out[i] = op over ranks of in[rank * count + i], for i < count (count per rank). In place when
-// out is this rank's slice of in. Algorithms: kTwoShot, kTwoShotPush, kLowLatency (up to 1 MiB
-// per rank).
+// out is this rank's slice of in. Algorithms: kPull, kPush (kTwoShot, kTwoShotPush: their
+// earlier names), kLowLatency (up to 1 MiB per rank).
 void reduce_scatter(Operand out, Operand in, size_t count, DataType type, ReduceOp op, Communicator& comm,
                     cudaStream_t stream, const CollectiveOptions& options = {});
 

@@ -28,8 +28,6 @@
 
 namespace symmem {
 
-constexpr int kMaxWorld = 8;
-
 class Communicator;
 namespace detail {
 struct CommunicatorState;

@@ -21,6 +21,8 @@ enum class ErrorCode {
 };
 
 const char* error_code_name(ErrorCode code);
+// The enumerator's own name ("kTimeout"), for bindings that mirror the enum.
+const char* error_code_id(ErrorCode code);
 
 class Error : public std::runtime_error {
  public:

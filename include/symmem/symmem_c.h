@@ -30,6 +30,9 @@ typedef int (*symmem_barrier_fn)(void* context);
 const char* symmem_version(void);
 const char* symmem_last_error(void);
 const char* symmem_error_code_name(int code); /* of a return value; "ok" for 0 */
+/* The ErrorCode enumerator of a return value ("kTimeout" for 1 + kTimeout); NULL for 0 and past the
+ * last. Bindings read the enum from here instead of copying it. */
+const char* symmem_error_code_id(int code);
 /* The names of symmem::DataType and symmem::ReduceOp values, in the order of symmem/types.hpp
  * ("float32", ..., "sum", ...); NULL past the last. Bindings read them instead of copying them. */
 const char* symmem_dtype_name(int dtype);
@@ -134,6 +137,9 @@ int symmem_comm_sync_context(symmem_comm* comm, symmem_sync_context* out);
  * on) and returns the call's signature, for the kernel's flags. */
 int symmem_comm_begin_user_call(symmem_comm* comm, const char* description, int blocks, void* stream,
                                 uint32_t* signature);
+/* Optional, right after launching that kernel on `stream`: records the call's end (symmem::end_user_call),
+ * so that the next call on another stream waits for the kernel only. */
+int symmem_comm_end_user_call(symmem_comm* comm, void* stream);
 /* The signature begin_user_call gives (description, blocks); no communicator involved. */
 uint32_t symmem_user_call_signature(const char* description, int blocks);
 

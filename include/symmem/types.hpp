@@ -7,21 +7,30 @@
 
 namespace symmem {
 
+// Ranks of one NVLink domain (a node) that a communicator supports.
+constexpr int kMaxWorld = 8;
+
 enum class DataType { kFloat32, kFloat16, kBFloat16, kInt32, kUInt8 };
 enum class ReduceOp { kSum, kMax, kMin };
 
 // What a collective runs. kAuto asks the planner (tuning table, then built-in rules);
 // SYMMEM_ALGO=<name> overrides kAuto for every call. Each collective accepts a subset and
-// rejects the others with kInvalidArgument.
+// rejects the others with kInvalidArgument. Each enumerator keys a row of the table of algorithms
+// (src/plan/algorithms.cpp), which says what it needs and which kernel runs it.
 enum class Algo {
   kAuto,
-  kPull,               // all-gather: every rank reads its peers' inputs with SM loads
-  kPush,               // all-gather: every rank stores its input into its peers' outputs
+  kPull,               // all-gather: every rank reads its peers' inputs with SM loads;
+                       // reduce-scatter: every rank reads its slice of every input and reduces it
+  kPush,               // all-gather: every rank stores its input into its peers' outputs;
+                       // reduce-scatter: every rank stores slice p of its input into rank p's
+                       // receive area, then reduces what it received (one barrier)
   kCopyEngine,         // all-gather: the copy engines move the data; zero SMs
   kOneShot,            // all-reduce: every rank reads every input and reduces all of it
   kOneShotPush,        // all-reduce: every rank stores its input into every peer; one barrier
-  kTwoShot,            // all-reduce / reduce-scatter: each rank reduces 1/world, then all-gathers
-  kTwoShotPush,        // all-reduce / reduce-scatter: two-shot whose NVLink traffic is stores only
+  kTwoShot,            // all-reduce: each rank reduces 1/world, then all-gathers (reduce-scatter:
+                       // the earlier name of its pull)
+  kTwoShotPush,        // all-reduce: two-shot whose NVLink traffic is stores only (reduce-scatter:
+                       // the earlier name of its push)
   kLowLatency,         // all-reduce, all-gather, reduce-scatter: data and flag in one store; no barriers
   kLowLatencyTwoShot,  // all-reduce: low latency, each rank reducing 1/world (mid sizes)
   kHierarchical,       // all-gather across nodes: NCCL between nodes, copy engines inside each (zero SMs);

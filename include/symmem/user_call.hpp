@@ -2,9 +2,11 @@
 // are: every rank launches the same kernel, in the same order, on the communicator's one ordered
 // sequence of calls. begin_user_call() is the host half of such a call: it refuses an aborted or
 // closed communicator, orders the call after the communicator's previous one whatever its stream
-// (as every collective does), logs `description` in the host board under the call's signature,
-// and returns the UserSync the kernel takes by value (include/symmem/device.cuh has the device half:
-// barriers, signals and waits with the communicator's deadline and abort word).
+// (as every collective does), holds the communicator for a CUDA graph that captures the call (its
+// memory stays mapped while the graph lives), logs `description` in the host board under the
+// call's signature, and returns the UserSync the kernel takes by value (include/symmem/device.cuh
+// has the device half: barriers, signals and waits with the communicator's deadline and abort
+// word). Launch the kernel right after it, on the same stream, then (optionally) end_user_call().
 //
 // The signature is a hash of the description and the block count, so ranks that launched
 // different kernels, or the same kernel on different shapes, fail with kMismatch naming both calls
@@ -50,7 +52,7 @@ enum FailureCode : uint32_t {
   kFailureAborted = 3,   // another rank (or a watchdog) failed first: the abort word is set
 };
 
-constexpr uint32_t kUserCallOp = 9;  // FailureRecord::op of a user kernel
+constexpr uint32_t kUserCallOp = 16;  // FailureRecord::op of a user kernel
 
 // What a user kernel needs to synchronise with its peers, for one call. Trivially copyable: pass
 // it to the kernel by value. Its ranks are the node's local ranks (Buffer::DeviceHandle's).
@@ -72,6 +74,13 @@ struct UserSync {
 // by this thread. Throws kAborted once the communicator failed, kUnsupported on a communicator
 // that spans nodes, kInvalidArgument for an empty description or a grid out of range.
 UserSync begin_user_call(Communicator& comm, const std::string& description, int blocks, cudaStream_t stream);
+
+// Optional, right after launching the kernel of the last begin_user_call on the same `stream`:
+// records the call's end, so that the communicator's next call on another stream waits for this
+// kernel only, not also for work queued behind it on `stream`. Without it the order is still
+// kept (that next call then waits for all `stream` holds at that moment). Never throws but for a
+// capture invalidated by an earlier error; nothing to do on a closed communicator.
+void end_user_call(Communicator& comm, cudaStream_t stream);
 
 // The signature begin_user_call gives a description and block count (the same on every rank).
 uint32_t user_call_signature(const std::string& description, int blocks);

@@ -6,10 +6,11 @@ tensors and a MemPool, and TPAllReduce for vLLM-style tensor parallelism (docs/t
 """
 import importlib
 
+from . import errors
+from ._native import ErrorCode
 from .communicator import Communicator, Exchange
-from .errors import SymmemError
 
-__all__ = ["Communicator", "Exchange", "SymmemError", "library_version"]
+__all__ = ["Communicator", "ErrorCode", "Exchange", "SymmemError", "library_version"]
 
 
 def library_version():
@@ -18,6 +19,8 @@ def library_version():
 
 
 def __getattr__(name):
-    if name in ("torch", "bench"):
+    if name == "SymmemError":  # looked up each time: symmem.torch may have made it a DistBackendError
+        return errors.SymmemError
+    if name in ("torch", "bench", "triton"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'symmem' has no attribute {name!r}")

@@ -4,10 +4,11 @@ ctypes keeps the package free of any Python or torch ABI: one library serves eve
 every torch 2.x built for CUDA 13. Pointers and streams cross as integers here and nowhere else.
 """
 import ctypes
+import enum
 import os
 from ctypes import c_char_p, c_int, c_int64, c_size_t, c_ssize_t, c_void_p
 
-from .errors import SymmemError
+from . import errors
 
 _LIBRARY_NAME = "libsymmem_capi.so"
 
@@ -33,6 +34,9 @@ _SIGNATURES = {
     "symmem_version": (c_char_p, []),
     "symmem_last_error": (c_char_p, []),
     "symmem_error_code_name": (c_char_p, [c_int]),
+    "symmem_error_code_id": (c_char_p, [c_int]),
+    "symmem_dtype_name": (c_char_p, [c_int]),
+    "symmem_reduce_op_name": (c_char_p, [c_int]),
     "symmem_comm_create": (c_int, [c_int, c_int, c_int, ALL_GATHER_FN, BARRIER_FN, c_void_p, c_int64, c_size_t,
                                    ctypes.POINTER(c_void_p)]),
     "symmem_comm_create_from_env": (c_int, [c_int, ctypes.POINTER(c_void_p)]),
@@ -45,6 +49,7 @@ _SIGNATURES = {
     "symmem_comm_check": (c_int, [c_void_p]),
     "symmem_comm_aborted": (c_int, [c_void_p]),
     "symmem_comm_barrier": (c_int, [c_void_p, c_void_p]),
+    "symmem_comm_live_graphs": (c_int, [c_void_p]),
     "symmem_comm_allocate": (c_int, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
     "symmem_comm_buffer_of": (c_int, [c_void_p, c_void_p, c_size_t, ctypes.POINTER(c_void_p),
                                       ctypes.POINTER(c_size_t)]),
@@ -62,11 +67,13 @@ _SIGNATURES = {
                                 c_char_p, c_size_t]),
     "symmem_parse_algo": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
     "symmem_pool_bind": (c_int, [c_int, c_void_p]),
+    "symmem_pool_live_segments": (ctypes.c_long, [c_int]),
     "symmem_comm_local_rank": (c_int, [c_void_p]),
     "symmem_comm_local_world": (c_int, [c_void_p]),
     "symmem_buffer_device_handle": (c_int, [c_void_p, c_void_p, c_void_p]),
     "symmem_comm_sync_context": (c_int, [c_void_p, c_void_p]),
     "symmem_comm_begin_user_call": (c_int, [c_void_p, c_char_p, c_int, c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
+    "symmem_comm_end_user_call": (c_int, [c_void_p, c_void_p]),
     "symmem_user_call_signature": (ctypes.c_uint32, [c_char_p, c_int]),
     "symmem_all_gather_pieces": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_size_t, c_int, c_void_p, c_void_p,
                                          c_void_p]),
@@ -89,26 +96,42 @@ def _load():
 lib = _load()
 
 
-# symmem::ErrorCode in declaration order; a C ABI return code is 1 + its value.
-ERROR_CODES = ("kInvalidArgument", "kUnsupported", "kCudaError", "kSystemError", "kBootstrap", "kTimeout",
-               "kMismatch", "kAborted", "kInternal")
+def _names(name_of, first=0):
+    """The names an enum's C ABI function gives, from `first` until it returns NULL."""
+    names, value = [], first
+    while True:
+        name = name_of(value)
+        if name is None:
+            return names
+        names.append(name.decode())
+        value += 1
+
+
+# symmem::ErrorCode, symmem::DataType and symmem::ReduceOp as the library names them (a C ABI return
+# code is 1 + an ErrorCode value): read from the C ABI, never copied by hand.
+class _StrEnum(str, enum.Enum):  # enum.StrEnum before Python 3.11: a member is its name as a str
+    def __str__(self):
+        return self.value
+
+
+ErrorCode = getattr(enum, "StrEnum", _StrEnum)("ErrorCode", [(n, n) for n in _names(lib.symmem_error_code_id, 1)],
+                                               module=__name__)
+ErrorCode.__doc__ = "symmem::ErrorCode: kInvalidArgument, kUnsupported, kTimeout, kMismatch, kAborted, ..."
+ERROR_CODES = tuple(ErrorCode)
+DTYPES = {name: value for value, name in enumerate(_names(lib.symmem_dtype_name))}
+REDUCE_OPS = {name: value for value, name in enumerate(_names(lib.symmem_reduce_op_name))}
+COLLECTIVES = {"all_gather": 0, "all_reduce": 1, "reduce_scatter": 2}  # symmem_describe's numbering
 
 
 def error(rc):
     """The SymmemError for a C ABI return code (call right after the failing call)."""
-    code = ERROR_CODES[rc - 1] if 1 <= rc <= len(ERROR_CODES) else "kInternal"
-    return SymmemError(code, lib.symmem_last_error().decode(errors="replace"))
+    code = ERROR_CODES[rc - 1] if 1 <= rc <= len(ERROR_CODES) else ErrorCode.kInternal
+    return errors.SymmemError(code, lib.symmem_last_error().decode(errors="replace"))
 
 
 def check(rc):
     if rc:
         raise error(rc)
-
-
-# Enum values of include/symmem/types.hpp, in declaration order.
-DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "uint8": 4}
-REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
-COLLECTIVES = {"all_gather": 0, "all_reduce": 1, "reduce_scatter": 2}
 
 
 def algo_code(name):

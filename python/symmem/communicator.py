@@ -7,9 +7,8 @@ mismatched rank) every later call raises, naming the rank that failed first.
 """
 import ctypes
 
-from . import _native
+from . import _native, errors
 from ._native import lib
-from .errors import SymmemError
 
 
 class Exchange:
@@ -58,7 +57,7 @@ class Communicator:
             blobs = self._exchange.all_gather(ctypes.string_at(mine, nbytes))
             for r, blob in enumerate(blobs):
                 if len(blob) != nbytes:
-                    raise SymmemError("kBootstrap", f"rank {r} sent {len(blob)} bytes where {nbytes} were expected")
+                    raise errors.SymmemError(_native.ErrorCode.kBootstrap, f"rank {r} sent {len(blob)} bytes where {nbytes} were expected")
                 ctypes.memmove(all_out + r * nbytes, blob, nbytes)
             return 0
         except BaseException as e:  # noqa: B036 (nothing may unwind into C)
@@ -84,7 +83,7 @@ class Communicator:
     @property
     def handle(self):
         if self._handle is None:
-            raise SymmemError("kInvalidArgument", "the communicator was destroyed")
+            raise errors.SymmemError(_native.ErrorCode.kInvalidArgument, "the communicator was destroyed")
         return self._handle
 
     @property
@@ -179,6 +178,12 @@ class Communicator:
     @property
     def aborted(self):
         return bool(lib.symmem_comm_aborted(self.handle))
+
+    @property
+    def live_graphs(self):
+        """CUDA graphs that captured a call of this communicator and still exist (or still run):
+        its memory must stay mapped while any does."""
+        return lib.symmem_comm_live_graphs(self.handle)
 
     def close(self):
         """Collective teardown: every buffer and tensor of this communicator becomes invalid."""

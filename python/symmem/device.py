@@ -96,6 +96,13 @@ def begin_user_call(comm, description, blocks, stream):
     return signature.value
 
 
+def end_user_call(comm, stream):
+    """Optional, right after launching the kernel of the last begin_user_call on `stream`: records
+    the call's end, so that the communicator's next call on another stream waits for this kernel
+    only (without it, for everything `stream` holds by then: still ordered, less precisely)."""
+    comm._call(lib.symmem_comm_end_user_call(comm.handle, stream))
+
+
 class _GatheredPieces(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint64), ("flags", ctypes.c_uint64), ("pieces", ctypes.c_int32),
                 ("piece_rows", ctypes.c_int32), ("shard_rows", ctypes.c_int32), ("rank", ctypes.c_int32),

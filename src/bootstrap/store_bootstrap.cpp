@@ -1,7 +1,7 @@
 // Bootstrap over the TCP store: all_gather publishes "ag/<seq>/<rank>" and reads every rank's
 // key; the last reader of a round erases the round's keys so a long job does not grow the store.
 // A job spanning several nodes is served like one node: the communicator splits it into nodes
-// (src/comm/node_layout.hpp), and each node's exchanges ride on the job's rounds.
+// (src/plan/node_layout.hpp), and each node's exchanges ride on the job's rounds.
 #include <cstring>
 #include <memory>
 #include <thread>

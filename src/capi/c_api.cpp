@@ -69,7 +69,7 @@ ReduceOp op_of(int op) {
 }
 
 CollectiveOptions options_of(int algo, int blocks, int max_blocks) {
-  if (algo < 0 || algo > static_cast<int>(Algo::kHierarchical))
+  if (algo < 0 || std::string(algo_name(static_cast<Algo>(algo))) == "?")
     throw Error(ErrorCode::kInvalidArgument, "algo " + std::to_string(algo) + " is not a symmem::Algo");
   CollectiveOptions o;
   o.algo = static_cast<Algo>(algo);
@@ -110,14 +110,19 @@ const char* symmem_error_code_name(int code) {
   return symmem::error_code_name(static_cast<symmem::ErrorCode>(code - 1));
 }
 
+const char* symmem_error_code_id(int code) {  // error_code_id is NULL past the last enumerator
+  return code < 1 ? nullptr : symmem::error_code_id(static_cast<symmem::ErrorCode>(code - 1));
+}
+
+// The enum's own name functions answer "?" past the last enumerator: no bound is copied here.
 const char* symmem_dtype_name(int dtype) {
-  if (dtype < 0 || dtype > static_cast<int>(symmem::DataType::kUInt8)) return nullptr;
-  return symmem::dtype_name(static_cast<symmem::DataType>(dtype));
+  const char* name = dtype < 0 ? "?" : symmem::dtype_name(static_cast<symmem::DataType>(dtype));
+  return std::strcmp(name, "?") == 0 ? nullptr : name;
 }
 
 const char* symmem_reduce_op_name(int op) {
-  if (op < 0 || op > static_cast<int>(symmem::ReduceOp::kMin)) return nullptr;
-  return symmem::reduce_op_name(static_cast<symmem::ReduceOp>(op));
+  const char* name = op < 0 ? "?" : symmem::reduce_op_name(static_cast<symmem::ReduceOp>(op));
+  return std::strcmp(name, "?") == 0 ? nullptr : name;
 }
 
 int symmem_comm_create(int rank, int world, int device, symmem_all_gather_fn all_gather, symmem_barrier_fn barrier,

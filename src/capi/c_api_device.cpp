@@ -10,7 +10,6 @@
 #include "symmem/all_gather_pieces.hpp"
 #include "symmem/symmem_c.h"
 #include "symmem/user_call.hpp"
-#include "workspace/user_call_area.hpp"
 
 namespace {
 
@@ -63,7 +62,7 @@ int symmem_buffer_device_handle(symmem_comm* comm, const void* buffer, symmem_de
     h.signal_pad = address(d.signal_pad);
     h.signal_pad_words = d.signal_pad_words;
     h.peer_table = address(b->peer_ptrs_device());
-    h.heap_stride = symmem::detail::state_of(c).user_calls->heap_stride();
+    h.heap_stride = symmem::detail::state_of(c).heap->stride();
     for (int r = 0; r < d.world; ++r) {
       h.peers[r] = address(d.peers[r]);
       h.peer_signal_pads[r] = address(d.peer_signal_pads[r]);
@@ -78,9 +77,9 @@ int symmem_comm_sync_context(symmem_comm* comm, symmem_sync_context* out) {
   return c_api_guard([&] {
     symmem::Communicator& c = communicator_of(comm);
     const symmem::detail::CommunicatorState& st = symmem::detail::state_of(c);
-    if (st.closed || !st.user_calls)
+    if (st.closed || !st.heap)
       throw symmem::Error(symmem::ErrorCode::kAborted, "symmem_comm_sync_context: the communicator was closed");
-    const symmem::UserSync s = st.user_calls->sync(0);
+    const symmem::UserSync& s = st.user_sync;
     symmem_sync_context x{};
     x.flags = address(s.flags);
     for (int r = 0; r < s.world; ++r) x.peer_flags[r] = address(s.peer_flags[r]);
@@ -89,7 +88,7 @@ int symmem_comm_sync_context(symmem_comm* comm, symmem_sync_context* out) {
     x.failure = address(s.failure);
     x.abort_word = address(s.abort);
     x.timeout_ns = s.timeout_ns;
-    x.heap_stride = st.user_calls->heap_stride();
+    x.heap_stride = st.heap->stride();
     x.rank = s.rank;
     x.world = s.world;
     x.phases = symmem::kUserPhases;
@@ -108,6 +107,10 @@ int symmem_comm_begin_user_call(symmem_comm* comm, const char* description, int 
                                          static_cast<cudaStream_t>(stream))
                      .signature;
   });
+}
+
+int symmem_comm_end_user_call(symmem_comm* comm, void* stream) {
+  return c_api_guard([&] { symmem::end_user_call(communicator_of(comm), static_cast<cudaStream_t>(stream)); });
 }
 
 uint32_t symmem_user_call_signature(const char* description, int blocks) {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "collectives/all_gather_paths.hpp"
-#include "collectives/call_signature.hpp"
+#include "board/call_signature.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
@@ -45,6 +45,7 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
 
   detail::AllGatherRequest request;
   request.bytes_per_rank = p.bytes;
+  request.elem_bytes = dtype_size(type);
   detail::fill_agreed_request(request, st, options, p.in, p.out);
   request.copy_engine_push = st.settings.copy_engine_push;
   request.push_bulk = st.settings.push_bulk;
@@ -59,9 +60,11 @@ Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType t
 }
 
 // The widest vector this rank may use: the plan's (agreed), narrowed by the local pointers the
-// kernel touches directly. Ranks may differ here; the protocol (grid, barriers) does not.
-int launch_vector(int planned, std::initializer_list<const void*> local_pointers, size_t stride) {
-  int v = std::min(planned, detail::common_vector_bytes({stride}));
+// kernel touches directly and by this chunk's sizes. Ranks may differ here; the protocol (grid,
+// barriers) does not.
+int launch_vector(int planned, std::initializer_list<const void*> local_pointers,
+                  std::initializer_list<uint64_t> sizes) {
+  int v = std::min(planned, detail::common_vector_bytes(sizes));
   for (const void* p : local_pointers) v = std::min(v, detail::address_alignment(p));
   return v;
 }
@@ -74,7 +77,7 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
 
   // Where this chunk's input lies for the peers, and where its output slots are.
   const char* in_local = static_cast<const char*>(p.in.local) + begin;
-  const void* in_peers[detail::kMaxWorld] = {};
+  const void* in_peers[kMaxWorld] = {};
   if (plan.stage_input) {
     SYMMEM_CUDA_CHECK(cudaMemcpyAsync(ws.staging_in()->ptr(), in_local, bytes, cudaMemcpyDeviceToDevice, stream));
     in_local = static_cast<const char*>(ws.staging_in()->ptr());
@@ -86,7 +89,7 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
   }
   char* out_local = static_cast<char*>(p.out.local) + begin;
   size_t stride = p.bytes;
-  void* out_peers[detail::kMaxWorld] = {};
+  void* out_peers[kMaxWorld] = {};
   if (plan.stage_output) {
     out_local = static_cast<char*>(ws.staging_out()->ptr());
     stride = bytes;
@@ -97,52 +100,67 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
   // In place the own slot already holds the data, unless the output is staged.
   const bool copy_own = !p.in_place || plan.stage_output;
 
-  if (plan.algo == Algo::kHierarchical || plan.algo == Algo::kCopyEngine) {
-    detail::CopyEngineCall call{};
-    call.out = out_local;
-    call.slot_stride = stride;
-    call.in = in_local;
-    call.bytes = bytes;
-    for (int r = 0; r < detail::kMaxWorld; ++r) {
-      call.in_peers[r] = in_peers[r];
-      call.out_peers[r] = out_peers[r];
+  switch (plan.kernel) {
+    case detail::KernelId::kAllGatherCopyEngine:
+    case detail::KernelId::kAllGatherHierarchical: {
+      detail::CopyEngineCall call{};
+      call.out = out_local;
+      call.slot_stride = stride;
+      call.in = in_local;
+      call.bytes = bytes;
+      for (int r = 0; r < kMaxWorld; ++r) {
+        call.in_peers[r] = in_peers[r];
+        call.out_peers[r] = out_peers[r];
+      }
+      call.push = plan.copy_engine_push;
+      call.copy_own = copy_own;
+      call.signature = signature;
+      if (plan.kernel == detail::KernelId::kAllGatherHierarchical)
+        detail::all_gather_hierarchical(st, call, stream);
+      else
+        detail::all_gather_copy_engine(st, call, stream);
+      break;
     }
-    call.push = plan.copy_engine_push;
-    call.copy_own = copy_own;
-    call.signature = signature;
-    if (plan.algo == Algo::kHierarchical)
-      detail::all_gather_hierarchical(st, call, stream);
-    else
-      detail::all_gather_copy_engine(st, call, stream);
-  } else {
-    detail::AllGatherKernelArgs args{};
-    args.in = in_local;
-    args.out = out_local;
-    args.bytes = bytes;
-    args.slot_stride = stride;
-    args.copy_own = copy_own;
-    args.local_warps = plan.local_warps;
-    args.sync = st.sync_args(detail::kOpAllGather, signature);
-    for (int r = 0; r < detail::kMaxWorld; ++r) {
-      args.in_peers[r] = in_peers[r];
-      args.out_peers[r] = out_peers[r];
-    }
-    if (plan.algo == Algo::kLowLatency) {
-      for (int r = 0; r < world; ++r) args.ll_peers[r] = static_cast<uint64_t*>(ws.low_latency()->peer_ptr(r));
-      args.ll_slot_words = detail::Workspaces::kLowLatencySlotBytes / 4;
+    case detail::KernelId::kAllGatherLowLatency: {
+      detail::LowLatencyGatherArgs args{};
+      args.in = in_local;
+      args.out = out_local;
+      args.bytes = bytes;
+      args.slot_stride = stride;
+      args.copy_own = copy_own;
+      args.lines = ws.low_latency_lines();
+      args.sync = st.sync_args(detail::kOpAllGather, signature);
       detail::launch_all_gather_low_latency(args, plan.blocks, stream);
-      return;
+      break;
     }
-    // Pull writes only its own output; push reads only its own input.
-    const int vector = plan.algo == Algo::kPull ? launch_vector(plan.vector_bytes, {out_local, in_local}, stride)
-                                                : launch_vector(plan.vector_bytes, {in_local, out_local}, stride);
-    if (plan.bulk && vector == 16 && bytes % 16 == 0) {
-      detail::launch_all_gather_push_bulk(args, plan.blocks, stream);
-    } else {
-      const auto kernel = plan.algo == Algo::kPull ? detail::AllGatherKernel::kPull : detail::AllGatherKernel::kPush;
-      detail::launch_all_gather(kernel, std::min(vector, detail::common_vector_bytes({bytes})), args, plan.blocks,
-                                stream);
+    case detail::KernelId::kAllGatherPull:
+    case detail::KernelId::kAllGatherPush:
+    case detail::KernelId::kAllGatherPushBulk: {
+      detail::AllGatherArgs args{};
+      args.in = in_local;
+      args.out = out_local;
+      args.bytes = bytes;
+      args.slot_stride = stride;
+      args.copy_own = copy_own;
+      args.local_warps = plan.local_warps;
+      args.sync = st.sync_args(detail::kOpAllGather, signature);
+      for (int r = 0; r < kMaxWorld; ++r) {
+        args.in_peers[r] = in_peers[r];
+        args.out_peers[r] = out_peers[r];
+      }
+      // The kernel touches this rank's input and output directly: their addresses may narrow the
+      // vector (and so the kernel of the protocol); peers' addresses are the plan's.
+      const int vector = launch_vector(plan.vector_bytes, {in_local, out_local}, {stride, bytes});
+      switch (detail::narrowed_kernel(plan, vector)) {
+        case detail::KernelId::kAllGatherPull: detail::launch_all_gather_pull(vector, args, plan.blocks, stream); break;
+        case detail::KernelId::kAllGatherPush: detail::launch_all_gather_push(vector, args, plan.blocks, stream); break;
+        default: detail::launch_all_gather_push_bulk(args, plan.blocks, stream); break;
+      }
+      break;
     }
+    default:
+      SYMMEM_THROW(ErrorCode::kInternal,
+                   std::string("all_gather: no launch for kernel ") + detail::kernel_name(plan.kernel));
   }
   if (plan.stage_output)
     SYMMEM_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(p.out.local) + begin, p.bytes, out_local, bytes, bytes,
@@ -165,17 +183,11 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
   const Prepared p = prepare(out, in, count, type, st, options);
-  st.before_enqueue(stream);
-  const uint32_t signature = detail::signature_of(p.call);
-  st.record_call(signature, p.call);
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature = st.sign_call(p.call);
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, detail::describe(p.plan).c_str());
   const size_t elem = dtype_size(type);
-  // Across nodes every node must cut the call alike (NCCL matches transfers by size and order),
-  // whatever operands each passed: chunk as if staged, staged or not.
-  detail::AllGatherPlan chunking = p.plan;
-  if (st.layout.spans_nodes() && st.world > 1) chunking.stage_input = chunking.stage_output = true;
-  const size_t limit = detail::all_gather_chunk_elements(chunking, elem, st.layout.world, st.workspaces->limits());
-  for (const auto& chunk : detail::plan_chunks(count, limit))
+  for (const auto& chunk : detail::plan_chunks(count, p.plan.chunk_elements))
     run_chunk(p, st, signature, chunk.begin * elem, chunk.count * elem, stream);
 }
 

@@ -9,7 +9,7 @@
 //   per piece k: wait for piece k's network event; ready, piece k's broadcast copies, done
 // The ready handshake of piece k tells every local peer that this rank's piece k has landed (its
 // stream waited for the event first); the done handshake that every peer finished reading it.
-// Ready and done alternate, as the handshake's flag argument needs (copy_engine_state.hpp). The
+// Ready and done alternate, as the handshake's flag argument needs (board/handshake.hpp). The
 // caller's stream ends after the last piece's event, so nothing of the call outlives it.
 //
 // Reuse. Within a call every copy writes a different range. The next call's network steps fork
@@ -21,8 +21,10 @@
 #include <vector>
 
 #include "collectives/all_gather_paths.hpp"
-#include "collectives/copy_engine_state.hpp"
-#include "collectives/copy_engine_steps.hpp"
+#include "board/handshake.hpp"
+#include "board/wait_word.hpp"
+#include "collectives/copy_engine_copies.hpp"
+#include "comm/copy_engine_streams.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/check.hpp"
 #include "common/stream_capture.hpp"
@@ -74,7 +76,7 @@ void all_gather_hierarchical(CommunicatorState& st, const CopyEngineCall& call, 
 
   const HierarchicalSchedule schedule =
       plan_hierarchical_all_gather(layout, call.bytes, call.slot_stride, call.copy_own);
-  CopyEngineState& ce = *st.copy_engine;
+  CopyEngineStreams& ce = *st.copy_engine;
   const HostBoard& board = *st.board;
   const bool batchable = ce.batch() && !stream_is_capturing(stream);
 
@@ -103,9 +105,9 @@ void all_gather_hierarchical(CommunicatorState& st, const CopyEngineCall& call, 
     EngineCopy own_storage{};
     const EngineCopy* own = nullptr;
     const std::vector<EngineCopy> side = engine_copies(copies, call, &own, &own_storage);
-    if (local_peers) enqueue_handshake(board, st.rank, st.world, CopyEngineState::kPhaseReady, call.signature, stream);
+    if (local_peers) enqueue_handshake(board, st.rank, st.world, WaitWord::kPhaseReady, call.signature, stream);
     enqueue_copies(ce, side, own, batchable, stream);
-    if (local_peers) enqueue_handshake(board, st.rank, st.world, CopyEngineState::kPhaseDone, call.signature, stream);
+    if (local_peers) enqueue_handshake(board, st.rank, st.world, WaitWord::kPhaseDone, call.signature, stream);
   };
   // The own node's shards, beside the network.
   if (!schedule.own_node.empty()) copy_step(schedule.own_node);

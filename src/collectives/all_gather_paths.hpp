@@ -29,12 +29,13 @@ struct CopyEngineCall {
 // described as a copy-engine call (push is not used: inside the node it always pulls, from the
 // local peers' inputs and outputs, which both must be set when the node has several GPUs). The
 // schedule is in src/plan/hierarchical_plan.hpp. Network steps on the between-nodes stream,
-// copy-engine steps (zero SMs) on `stream`. Never blocks forever: the copy-engine watchdog (copy_engine_state.hpp) and
-// the network watchdog (src/net/between_nodes.hpp) bound every wait.
+// copy-engine steps (zero SMs) on `stream`. Never blocks forever: the copy-engine watchdog
+// (board/copy_engine_watchdog.hpp) and the network watchdog (src/net/between_nodes.hpp) bound
+// every wait.
 void all_gather_hierarchical(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream);
 
 // Zero SMs: handshake (stream memory operations on the host board), copies on the copy engines,
-// handshake. Never blocks forever: see copy_engine_state.hpp.
+// handshake. Never blocks forever: see board/handshake.hpp and board/copy_engine_watchdog.hpp.
 void all_gather_copy_engine(CommunicatorState& state, const CopyEngineCall& call, cudaStream_t stream);
 
 }  // namespace symmem::detail

@@ -56,109 +56,148 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t signature, size_t begin, size_t n,
-                  cudaStream_t stream) {
+// Where one chunk's operands are for this rank and its peers, once staged.
+struct ChunkOperands {
+  const char* in = nullptr;              // this rank's input (rank r's range at r * peer_stride)
+  const void* in_peers[kMaxWorld] = {};  // every rank's input, where the kernel reads peers
+  size_t peer_stride = 0;                // elements
+  char* out = nullptr;
+};
+
+ChunkOperands stage_chunk(const PreparedReduction& p, CommunicatorState& st, size_t begin, size_t n,
+                          cudaStream_t stream) {
   const int world = st.world;
-  const int rank = st.rank;
   const size_t elem = dtype_size(p.type);
   const Workspaces& ws = *st.workspaces;
   const ReducePlan& plan = p.plan;
   const bool rs = p.reduce_scatter;
-  const bool low_latency = plan.algo == Algo::kLowLatency || plan.algo == Algo::kLowLatencyTwoShot;
-
-  ReduceKernelArgs a{};
-  a.out = static_cast<char*>(p.out.local) + begin * elem;
-  a.count = n;
-  a.sync = st.sync_args(rs ? kOpReduceScatter : kOpAllReduce, signature);
-  a.ll_slot_words = Workspaces::kLowLatencySlotBytes / 4;
-
+  ChunkOperands c;
+  c.out = static_cast<char*>(p.out.local) + begin * elem;
   // This chunk of rank r's input starts at in + begin (all-reduce) or in + r * count + begin
-  // (reduce-scatter: a.peer_stride elements between the ranks' slices).
-  const char* in_local = static_cast<const char*>(p.in.local) + begin * elem;
-  a.peer_stride = rs ? p.count : 0;
+  // (reduce-scatter: peer_stride elements between the ranks' slices).
+  c.in = static_cast<const char*>(p.in.local) + begin * elem;
+  c.peer_stride = rs ? p.count : 0;
   if (plan.stage_input) {
     char* staged = static_cast<char*>(ws.staging_in()->ptr());
     if (rs) {
-      SYMMEM_CUDA_CHECK(cudaMemcpy2DAsync(staged, n * elem, in_local, p.count * elem, n * elem, world,
-                                          cudaMemcpyDeviceToDevice, stream));
-      a.peer_stride = n;
+      SYMMEM_CUDA_CHECK(
+          cudaMemcpy2DAsync(staged, n * elem, c.in, p.count * elem, n * elem, world, cudaMemcpyDeviceToDevice, stream));
+      c.peer_stride = n;
     } else {
-      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(staged, in_local, n * elem, cudaMemcpyDeviceToDevice, stream));
+      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(staged, c.in, n * elem, cudaMemcpyDeviceToDevice, stream));
     }
-    in_local = staged;
-    for (int r = 0; r < world; ++r) a.in_peers[r] = ws.staging_in()->peer_ptr(r);
+    c.in = staged;
+    for (int r = 0; r < world; ++r) c.in_peers[r] = ws.staging_in()->peer_ptr(r);
   } else if (plan.reads_peer_inputs) {
-    for (int r = 0; r < world; ++r) a.in_peers[r] = p.in.peer(r, begin * elem);
-  } else {
-    // Low latency reads its input in 4-byte words: a misaligned local input is first copied into
-    // this rank's staging area (peers never read it in these algorithms). A local decision that
-    // changes nothing in the protocol.
-    // (The low-latency reduce-scatter reads slices at any alignment.)
-    if (low_latency && !rs && reinterpret_cast<uintptr_t>(in_local) % 4 != 0) {
-      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(ws.staging_in()->ptr(), in_local, n * elem, cudaMemcpyDeviceToDevice, stream));
-      in_local = static_cast<const char*>(ws.staging_in()->ptr());
+    for (int r = 0; r < world; ++r) c.in_peers[r] = p.in.peer(r, begin * elem);
+  } else if (plan.kernel == KernelId::kAllReduceLowLatency || plan.kernel == KernelId::kAllReduceLowLatencyTwoShot) {
+    // The low-latency all-reduces read their input in 4-byte words: a misaligned local input is
+    // first copied into this rank's staging area (peers never read it in these algorithms). A
+    // local decision that changes nothing in the protocol.
+    if (reinterpret_cast<uintptr_t>(c.in) % 4 != 0) {
+      SYMMEM_CUDA_CHECK(cudaMemcpyAsync(ws.staging_in()->ptr(), c.in, n * elem, cudaMemcpyDeviceToDevice, stream));
+      c.in = static_cast<const char*>(ws.staging_in()->ptr());
     }
-    a.in_peers[rank] = in_local;
   }
-  if (low_latency)
-    for (int r = 0; r < world; ++r) a.ll_peers[r] = static_cast<uint64_t*>(ws.low_latency()->peer_ptr(r));
-  if (plan.receive_area) {
-    // Two parity halves at fixed places (calls alternate between them); a slot per sender in each.
-    const size_t slot_bytes = (n * elem + 255) / 256 * 256;
-    for (int r = 0; r < world; ++r) a.receive_peers[r] = ws.receive_area()->peer_ptr(r);
-    a.receive_half = ws.receive_half_bytes() / elem;
-    a.receive_slot = slot_bytes / elem;
-  }
-  if (plan.algo == Algo::kTwoShotPush && !rs)
-    for (int r = 0; r < world; ++r) a.scratch_peers[r] = ws.push_slots()->peer_ptr(r);
-  if (plan.gather_via_scratch)
-    for (int r = 0; r < world; ++r) a.scratch_peers[r] = ws.staging_out()->peer_ptr(r);
-  // Two-shot stores its results into every rank's output when the output is symmetric.
-  if (p.out.symmetric && !rs && !plan.gather_via_scratch) {
-    a.results_to_peers = true;
-    for (int r = 0; r < world; ++r) a.out_peers[r] = p.out.peer(r, begin * elem);
-  }
+  return c;
+}
 
+void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t signature, size_t begin, size_t n,
+                  cudaStream_t stream) {
+  const int world = st.world;
+  const size_t elem = dtype_size(p.type);
+  const Workspaces& ws = *st.workspaces;
+  const ReducePlan& plan = p.plan;
+  const bool rs = p.reduce_scatter;
+  const ChunkOperands c = stage_chunk(p, st, begin, n, stream);
+  const SyncArgs sync = st.sync_args(rs ? kOpReduceScatter : kOpAllReduce, signature);
   // 16-byte vectors where every address this rank touches allows them (peers' copies of a
   // symmetric or staged operand sit at the same offsets as this rank's).
-  const bool vector = plan.vector && aligned16(a.out) && aligned16(in_local) &&
-                      (!rs || (a.peer_stride * elem) % 16 == 0) &&
-                      (!plan.reads_peer_inputs || aligned16(a.in_peers[rank]));
+  const bool vector = plan.vector && aligned16(c.out) && aligned16(c.in) && (!rs || (c.peer_stride * elem) % 16 == 0) &&
+                      (!plan.reads_peer_inputs || aligned16(c.in_peers[st.rank]));
   const int blocks = plan.blocks;
-  switch (plan.algo) {
-    case Algo::kOneShot:
-    case Algo::kTwoShot:
-      if (rs) return launch_all_reduce(AllReduceKernel::kOneShot, p.type, p.op, vector, a, blocks, stream);
-      return launch_all_reduce(plan.algo == Algo::kOneShot ? AllReduceKernel::kOneShot : AllReduceKernel::kTwoShot,
-                               p.type, p.op, vector, a, blocks, stream);
-    case Algo::kOneShotPush:
-      return launch_all_reduce(AllReduceKernel::kOneShotPush, p.type, p.op, vector, a, blocks, stream);
-    case Algo::kTwoShotPush:
-      // Reduce-scatter two_shot_push is the first half of one-shot push (peers store their slices).
-      return launch_all_reduce(rs ? AllReduceKernel::kOneShotPush : AllReduceKernel::kTwoShotPush, p.type, p.op, vector,
-                               a, blocks, stream);
-    case Algo::kLowLatency:
-      if (rs) return launch_reduce_scatter_low_latency(p.type, p.op, a, blocks, stream);
-      return launch_all_reduce_low_latency(false, p.type, p.op, a, blocks, stream);
-    case Algo::kLowLatencyTwoShot: return launch_all_reduce_low_latency(true, p.type, p.op, a, blocks, stream);
+  switch (plan.kernel) {
+    case KernelId::kReduceFromEveryRank: {
+      ReduceFromEveryRankArgs a{};
+      for (int r = 0; r < world; ++r) a.in_peers[r] = c.in_peers[r];
+      a.out = c.out;
+      a.count = n;
+      a.peer_stride = c.peer_stride;
+      a.sync = sync;
+      return launch_reduce_from_every_rank(p.type, p.op, vector, a, blocks, stream);
+    }
+    case KernelId::kReducePushed: {
+      // Two parity halves at fixed places (calls alternate between them); a slot per sender in each.
+      ReducePushedArgs a{};
+      a.in = c.in;
+      a.out = c.out;
+      a.count = n;
+      a.peer_stride = c.peer_stride;
+      for (int r = 0; r < world; ++r) a.receive_peers[r] = ws.receive_area()->peer_ptr(r);
+      a.receive_half = ws.receive_half_bytes() / elem;
+      a.receive_slot = (n * elem + 255) / 256 * 256 / elem;
+      a.sync = sync;
+      return launch_reduce_pushed(p.type, p.op, vector, a, blocks, stream);
+    }
+    case KernelId::kAllReduceTwoShot: {
+      // The reduced slices go into every rank's output when it is symmetric, else through the
+      // ranks' staging_out, from which every rank gathers them.
+      AllReduceTwoShotArgs a{};
+      for (int r = 0; r < world; ++r) a.in_peers[r] = c.in_peers[r];
+      a.out = c.out;
+      a.count = n;
+      a.results_to_peers = !plan.gather_via_staging;
+      for (int r = 0; r < world; ++r) {
+        if (plan.gather_via_staging)
+          a.gather_peers[r] = ws.staging_out()->peer_ptr(r);
+        else
+          a.out_peers[r] = p.out.peer(r, begin * elem);
+      }
+      a.sync = sync;
+      return launch_all_reduce_two_shot(p.type, p.op, vector, a, blocks, stream);
+    }
+    case KernelId::kAllReduceTwoShotPush: {
+      AllReduceTwoShotPushArgs a{};
+      a.in = c.in;
+      a.count = n;
+      for (int r = 0; r < world; ++r) {
+        a.out_peers[r] = p.out.peer(r, begin * elem);
+        a.slot_peers[r] = ws.push_slots()->peer_ptr(r);
+      }
+      a.sync = sync;
+      return launch_all_reduce_two_shot_push(p.type, p.op, vector, a, blocks, stream);
+    }
+    case KernelId::kAllReduceLowLatency:
+    case KernelId::kAllReduceLowLatencyTwoShot:
+    case KernelId::kReduceScatterLowLatency: {
+      LowLatencyReduceArgs a{};
+      a.in = c.in;
+      a.out = c.out;
+      a.count = n;
+      a.peer_stride = c.peer_stride;
+      a.lines = ws.low_latency_lines();
+      a.sync = sync;
+      if (plan.kernel == KernelId::kAllReduceLowLatency)
+        return launch_all_reduce_low_latency(p.type, p.op, a, blocks, stream);
+      if (plan.kernel == KernelId::kAllReduceLowLatencyTwoShot)
+        return launch_all_reduce_low_latency_two_shot(p.type, p.op, a, blocks, stream);
+      return launch_reduce_scatter_low_latency(p.type, p.op, a, blocks, stream);
+    }
     default:
-      SYMMEM_THROW(ErrorCode::kInternal,
-                   std::string(rs ? "reduce_scatter" : "all_reduce") + ": no launch for " + algo_name(plan.algo));
+      SYMMEM_THROW(ErrorCode::kInternal, std::string(rs ? "reduce_scatter" : "all_reduce") + ": no launch for kernel " +
+                                             kernel_name(plan.kernel));
   }
 }
 
 }  // namespace
 
 void run_reduction(const PreparedReduction& p, CommunicatorState& st, cudaStream_t stream) {
-  st.before_enqueue(stream);
-  const uint32_t signature = signature_of(p.call);
-  st.record_call(signature, p.call);
+  EnqueueScope enqueue(st, stream);
+  const uint32_t signature = st.sign_call(p.call);
   if (st.debug)
     std::fprintf(stderr, "symmem rank %d: %s %s\n", st.rank, p.reduce_scatter ? "reduce_scatter" : "all_reduce",
                  describe(p.plan).c_str());
-  const size_t elem = dtype_size(p.type);
-  const size_t limit = reduce_chunk_elements(p.plan, p.reduce_scatter, elem, st.world, st.workspaces->limits());
-  for (const auto& chunk : plan_chunks(p.count, limit))
+  for (const auto& chunk : plan_chunks(p.count, p.plan.chunk_elements))
     launch_chunk(p, st, signature, chunk.begin, chunk.count, stream);
 }
 

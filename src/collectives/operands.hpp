@@ -34,7 +34,8 @@ Resolved shifted(const Resolved& r, size_t delta);
 int address_alignment(const void* p);
 
 // The fields every planning request shares, from values equal on every rank: the world, the
-// agreed settings, the options, the operand kinds and the symmetric operands' heap offsets.
+// agreed settings, the options, the operand kinds, the symmetric operands' heap offsets and the
+// workspaces' capacities.
 template <typename Request, typename State>
 void fill_agreed_request(Request& r, const State& st, const CollectiveOptions& options, const Resolved& in,
                          const Resolved& out) {
@@ -47,6 +48,7 @@ void fill_agreed_request(Request& r, const State& st, const CollectiveOptions& o
   r.out_symmetric = out.symmetric;
   r.in_address = in.heap_offset;
   r.out_address = out.heap_offset;
+  r.workspace = st.workspaces->limits();
 }
 
 }  // namespace symmem::detail

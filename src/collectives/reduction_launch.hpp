@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "collectives/call_signature.hpp"
+#include "board/call_signature.hpp"
 #include "collectives/operands.hpp"
 #include "plan/plan.hpp"
 #include "symmem/collectives.hpp"

@@ -5,48 +5,54 @@
 
 namespace symmem::detail {
 
-namespace {
-
-// The id of the capture `stream` is in, 0 when none, or ~0 when it cannot be told (the legacy
-// default stream queried while another stream captures in global mode): never joined then. The
-// failed query's error is cleared, so that no later check (torch's included) reports it.
-unsigned long long capture_id_of(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  const cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, &id);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return ~0ull;
-  }
-  return status == cudaStreamCaptureStatusNone ? 0 : id;
-}
-
-}  // namespace
-
 CallOrder::CallOrder(int device) {
   DeviceGuard guard(device);
-  SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&eager_.end, cudaEventDisableTiming));
+  SYMMEM_CUDA_CHECK(cudaEventCreateWithFlags(&captured_.end, cudaEventDisableTiming));
 }
 
 CallOrder::~CallOrder() {
-  if (event_) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(event_));
+  for (Chain* c : {&eager_, &captured_})
+    if (c->end) SYMMEM_CUDA_CHECK_NOTHROW(cudaEventDestroy(c->end));
+}
+
+CallOrder::Chain& CallOrder::chain_of(unsigned long long capture_id) {
+  if (capture_id == 0) return eager_;
+  if (captured_.capture != capture_id) {
+    // A new capture starts a chain of its own: nothing of another capture may be waited for in it.
+    cudaEvent_t end = captured_.end;
+    captured_ = Chain{};
+    captured_.end = end;
+    captured_.capture = capture_id;
+  }
+  return captured_;
 }
 
 void CallOrder::before_call(cudaStream_t stream, unsigned long long capture_id) {
-  if (any_call_ && stream == last_) return;
-  if (any_call_) {
-    // Both eager, or both in one capture (then the record and the wait become a graph edge).
-    const unsigned long long previous = capture_id_of(last_);
-    if (previous != ~0ull && previous == capture_id) {
-      SYMMEM_CUDA_CHECK(cudaEventRecord(event_, last_));
-      SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
-      ++joins_;
-    } else {
-      ++skipped_;
-    }
+  Chain& c = chain_of(capture_id);
+  if (c.any && stream != c.last) {
+    // The previous call's end, or (not recorded: one stream until now) what its stream holds now.
+    if (!c.ended) SYMMEM_CUDA_CHECK(cudaEventRecord(c.end, c.last));
+    SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(stream, c.end, 0));
+    record_ends_ = kCallsRecordingEnds;
+    ++joins_;
   }
-  last_ = stream;
-  any_call_ = true;
+  c.last = stream;
+  c.any = true;
+  c.ended = false;
+}
+
+void CallOrder::after_call(cudaStream_t stream, unsigned long long capture_id) noexcept {
+  if (record_ends_ == 0) return;
+  --record_ends_;
+  Chain& c = capture_id == 0 ? eager_ : captured_;
+  if (c.last != stream || (capture_id != 0 && c.capture != capture_id)) return;
+  if (cudaEventRecord(c.end, stream) == cudaSuccess) {
+    c.ended = true;
+    ++ends_recorded_;
+  } else {
+    (void)cudaGetLastError();  // the next change records on the stream instead (c.ended stays false)
+  }
 }
 
 }  // namespace symmem::detail

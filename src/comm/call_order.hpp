@@ -4,14 +4,17 @@
 // calls running at once on two unordered streams corrupt each other (and every rank must run them
 // in the same order). torch.distributed promises that a group's collectives issued from any
 // streams run in host order; ProcessGroupNCCL keeps it by running them on one internal stream.
-// symmem keeps it at no cost on one stream: a call on a stream other than the previous call's
-// first makes its stream wait for what the previous stream holds so far (an event recorded there
-// now, host order being enqueue order). The single-stream path is one comparison.
 //
-// Under CUDA graph capture the join is made when both streams belong to the same capture (a graph
-// edge). A capturing call after an eager one, or an eager call while the previous stream is still
-// capturing, cannot be joined (a capture may not wait for an eager event, nor an eager stream for a
-// captured one): a graph's calls are ordered by the stream it is launched on, as with NCCL.
+// symmem keeps it at no cost on one stream. A call on a stream other than the previous call's
+// makes its stream wait for the previous call's end: an event recorded after that call. Calls
+// record their end only after a stream change (for the next kCallsRecordingEnds calls), so one
+// stream records nothing; at the first change the previous stream's end is unknown and the event
+// is recorded there at that moment (it then also covers work queued after the previous call, once).
+//
+// Eager calls and captured calls are two chains: an eager call is ordered after the previous eager
+// call (never after a captured one, which runs at replays), and a captured call after the previous
+// call of the same capture (the record and the wait become a graph edge). A graph's replays are
+// ordered by the stream they are launched on, as with NCCL.
 //
 // A stream passed to a call must stay alive until the communicator's next call on another stream
 // (torch's streams live as long as the process).
@@ -23,25 +26,39 @@ namespace symmem::detail {
 
 class CallOrder {
  public:
+  static constexpr int kCallsRecordingEnds = 64;
+
   explicit CallOrder(int device);
   ~CallOrder();
   CallOrder(const CallOrder&) = delete;
   CallOrder& operator=(const CallOrder&) = delete;
 
   // Before a call enqueues anything on `stream` (the communicator's device current). `capture_id`
-  // is the id of the capture `stream` is in, 0 when it is not capturing.
+  // is the id of the active capture `stream` is in, 0 for an eager call.
   void before_call(cudaStream_t stream, unsigned long long capture_id);
+  // After the call's last enqueue on `stream`; never throws (it runs in a destructor).
+  void after_call(cudaStream_t stream, unsigned long long capture_id) noexcept;
 
-  // Streams the join was made for, and skipped (capture boundaries): for tests.
+  // Stream changes joined so far, and calls that recorded their end: for tests.
   unsigned long joins() const { return joins_; }
-  unsigned long skipped() const { return skipped_; }
+  unsigned long ends_recorded() const { return ends_recorded_; }
 
  private:
-  cudaEvent_t event_ = nullptr;
-  cudaStream_t last_ = nullptr;
-  bool any_call_ = false;
+  // The calls of one ordering domain: the eager calls, or the calls of one capture.
+  struct Chain {
+    cudaEvent_t end = nullptr;       // the end of the last call, when `ended`
+    cudaStream_t last = nullptr;     // the last call's stream
+    unsigned long long capture = 0;  // the capture the chain belongs to (0: eager)
+    bool any = false;
+    bool ended = false;
+  };
+  Chain& chain_of(unsigned long long capture_id);
+
+  Chain eager_;
+  Chain captured_;
+  int record_ends_ = 0;  // calls left that record their end (after a stream change)
   unsigned long joins_ = 0;
-  unsigned long skipped_ = 0;
+  unsigned long ends_recorded_ = 0;
 };
 
 }  // namespace symmem::detail

@@ -10,15 +10,17 @@
 #include <exception>
 #include <vector>
 
-#include "collectives/copy_engine_state.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/node_agreement.hpp"
 #include "comm/node_bootstrap.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/env.hpp"
 #include "common/hash.hpp"
+#include "common/stream_capture.hpp"
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
+#include "plan/shared_gpu.hpp"
 #include "workspace/user_call_area.hpp"
 
 namespace symmem {
@@ -85,12 +87,13 @@ CommunicatorState::CommunicatorState() = default;
 CommunicatorState::~CommunicatorState() {
   // Local release only. Let this device finish what it was given first: every device wait has a
   // deadline and the copy-engine watchdog (still running here) releases its waits, so this ends.
+  RelaxedCaptureMode relaxed;
   if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
   between_nodes.reset();
+  copy_engine_watchdog.reset();
   copy_engine.reset();
   call_order.reset();
   workspaces.reset();
-  user_calls.reset();
   buffers.clear();
   heap.reset();
   board.reset();
@@ -205,14 +208,22 @@ void CommunicatorState::ensure_usable(const char* op) {
   throw Error(s.code == kStatusMismatch ? ErrorCode::kMismatch : ErrorCode::kTimeout, abort_reason);
 }
 
-void CommunicatorState::before_enqueue(cudaStream_t stream) {
+unsigned long long capture_id_of(cudaStream_t stream, cudaGraph_t* graph) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long capture = 0;
+  cudaGraph_t captured = nullptr;
+  SYMMEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture, &captured));
+  if (status == cudaStreamCaptureStatusInvalidated)
+    throw Error(ErrorCode::kInvalidArgument, "the stream's CUDA graph capture was invalidated by an earlier error");
+  if (graph) *graph = captured;
+  return status == cudaStreamCaptureStatusActive ? capture : 0;
+}
+
+EnqueueScope::EnqueueScope(CommunicatorState& st, cudaStream_t stream) : st_(st), stream_(stream) {
   cudaGraph_t graph = nullptr;
-  SYMMEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture, &graph));
-  if (status == cudaStreamCaptureStatusNone) capture = 0;
-  if (status == cudaStreamCaptureStatusActive) graphs.hold(graph, capture);
-  call_order->before_call(stream, capture);
+  capture_ = capture_id_of(stream, &graph);
+  if (capture_) st.graphs.hold(graph, capture_);
+  st.call_order->before_call(stream, capture_);
 }
 
 void CommunicatorState::require_one_node(const char* op) const {
@@ -353,19 +364,16 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
     if (r != st.rank && std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0 && !env::ranks_may_share_gpu())
       throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(st.job_rank(r)) +
                                                    " and " + std::to_string(layout.rank) + " use the same GPU");
-  // Tests only (SYMMEM_TEST_SHARED_GPU): ranks on one GPU share its SMs. Each plans with a share,
-  // and one share stays free for what runs beside their kernels (copies within a GPU are kernels):
-  // a fused GEMM's persistent grid on every SM would keep the copies it waits for from starting.
-  // The share comes from the most crowded GPU (every rank sees every identity), so that plans,
-  // which depend on the SM count, agree on every rank.
+  // Tests only (SYMMEM_TEST_SHARED_GPU): ranks on one GPU share its SMs (plan/shared_gpu.hpp). The
+  // share comes from the most crowded GPU (every rank sees every identity), so that plans, which
+  // depend on the SM count, agree on every rank.
   if (env::ranks_may_share_gpu()) {
-    int most_on_one_gpu = 1;
     for (int r = 0; r < world; ++r) {
       int same = 0;
       for (int q = 0; q < world; ++q) same += std::memcmp(ids[r].uuid, ids[q].uuid, sizeof(mine.uuid)) == 0;
-      most_on_one_gpu = std::max(most_on_one_gpu, same);
+      st.ranks_on_gpu = std::max(st.ranks_on_gpu, same);
     }
-    if (most_on_one_gpu > 1) st.sm_count = std::max(1, st.sm_count / (most_on_one_gpu + 1));
+    st.sm_count = detail::shared_gpu_sm_share(st.sm_count, st.ranks_on_gpu);
   }
 
   st.tuning = &detail::tuning_table_for(st.gpu_name);
@@ -384,15 +392,18 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.board = std::make_unique<detail::HostBoard>(st.rank, world, *st.bootstrap, *st.exchange);
   const size_t reserve = config.heap_reserve_bytes ? config.heap_reserve_bytes : env::heap_reserve_bytes();
   st.heap = std::make_unique<detail::Heap>(device, st.rank, world, reserve);
-  st.workspaces = std::make_unique<detail::Workspaces>(*comm, st.settings.workspace_bytes);
-  st.copy_engine = std::make_unique<detail::CopyEngineState>(st);
+  st.workspaces = std::make_unique<detail::Workspaces>(*st.heap, *st.bootstrap, *st.exchange, st.rank, world,
+                                                       st.settings.workspace_bytes);
+  st.copy_engine = std::make_unique<detail::CopyEngineStreams>(
+      device, st.settings.copy_engine_streams, st.settings.copy_engine_batch, st.settings.copy_engine_piece_bytes);
+  st.copy_engine_watchdog = std::make_unique<detail::CopyEngineWatchdog>(*st.board, st.rank, world, st.timeout_ms());
   st.call_order = std::make_unique<detail::CallOrder>(device);
   if (layout.spans_nodes())
     st.between_nodes =
         std::make_unique<detail::BetweenNodes>(layout, *st.job_bootstrap, device, st.timeout_ms(), *st.board);
 
   detail::SyncArgs& s = st.sync_template;
-  const Buffer* control = st.workspaces->control();
+  const detail::HeapArea* control = st.workspaces->control();
   s.pad = static_cast<uint64_t*>(control->ptr());
   for (int r = 0; r < world; ++r) s.peer_pads[r] = static_cast<uint64_t*>(control->peer_ptr(r));
   s.epochs = st.epochs;
@@ -403,8 +414,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   s.timeout_ns = static_cast<uint64_t>(st.timeout_ms()) * 1000000ull;
   s.rank = st.rank;
   s.world = world;
-  st.user_calls = std::make_unique<detail::UserCallArea>(*comm, s,
-                                                         static_cast<size_t>(st.heap->base(1) - st.heap->base(0)));
+  st.user_sync = detail::user_sync_template(*st.workspaces->user_calls(), s);
   return comm;
 }
 
@@ -444,8 +454,6 @@ void Communicator::free(Buffer* buffer) {
   while (it != st.buffers.end() && it->get() != buffer) ++it;
   if (it == st.buffers.end())
     throw Error(ErrorCode::kInvalidArgument, "free: the buffer does not belong to this communicator");
-  if ((st.workspaces && st.workspaces->owns(buffer)) || (st.user_calls && st.user_calls->owns(buffer)))
-    throw Error(ErrorCode::kInvalidArgument, "free: the buffer is a workspace of the communicator");
   // No peer may still read or write it: finish local work, then wait for every rank.
   SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
   st.bootstrap->barrier();
@@ -463,7 +471,7 @@ void Communicator::barrier(cudaStream_t stream) {
   state_->ensure_usable("barrier");
   state_->require_one_node("barrier");
   detail::DeviceGuard guard(state_->device);
-  state_->before_enqueue(stream);
+  detail::EnqueueScope enqueue(*state_, stream);
   const uint32_t signature = 0x8a11u;  // every barrier is the same call
   state_->board->record_call(signature, "barrier()");
   detail::launch_barrier(state_->sync_args(detail::kOpBarrier, signature), stream);
@@ -481,6 +489,7 @@ void Communicator::close() {
   detail::CommunicatorState& st = *state_;
   if (st.closed) return;
   detail::DeviceGuard guard(st.device);
+  detail::RelaxedCaptureMode relaxed;
   // Release locally even when a peer is gone (the barrier then fails), and report that after.
   std::exception_ptr failure;
   try {
@@ -491,9 +500,9 @@ void Communicator::close() {
     failure = std::current_exception();
   }
   st.between_nodes.reset();
+  st.copy_engine_watchdog.reset();
   st.copy_engine.reset();
   st.workspaces.reset();
-  st.user_calls.reset();
   st.buffers.clear();
   st.heap.reset();
   st.closed = true;

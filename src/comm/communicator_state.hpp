@@ -6,23 +6,24 @@
 #include <string>
 #include <vector>
 
+#include "board/call_signature.hpp"
+#include "board/copy_engine_watchdog.hpp"
+#include "board/host_board.hpp"
 #include "bootstrap/fd_exchange.hpp"
-#include "collectives/call_signature.hpp"
 #include "comm/call_order.hpp"
+#include "comm/copy_engine_streams.hpp"
 #include "comm/graph_references.hpp"
-#include "comm/host_board.hpp"
-#include "comm/node_layout.hpp"
+#include "plan/node_layout.hpp"
 #include "device/device_types.hpp"
 #include "heap/heap.hpp"
 #include "plan/tuning_table.hpp"
 #include "symmem/communicator.hpp"
+#include "symmem/user_call.hpp"
 #include "workspace/workspaces.hpp"
 
 namespace symmem::detail {
 
-class CopyEngineState;
 class BetweenNodes;
-class UserCallArea;
 
 // Environment overrides, read once at creation and checked equal on every rank (creation fails
 // naming the variable otherwise), so that no rank plans with a value another rank does not have.
@@ -47,9 +48,10 @@ struct CommunicatorState {
   std::shared_ptr<Bootstrap> bootstrap;
   NodeLayout layout;
   int device = 0;
-  int rank = 0;   // local rank
-  int world = 1;  // ranks of this node
-  int sm_count = 0;
+  int rank = 0;          // local rank
+  int world = 1;         // ranks of this node
+  int sm_count = 0;      // the SMs this rank plans with (a share when ranks share the GPU)
+  int ranks_on_gpu = 1;  // ranks of this communicator on the most crowded GPU (tests only: > 1)
   std::string gpu_name;
   AgreedSettings settings;
   bool debug = false;  // SYMMEM_DEBUG (local: only logging)
@@ -60,14 +62,15 @@ struct CommunicatorState {
   std::unique_ptr<HostBoard> board;
   std::vector<std::unique_ptr<Buffer>> buffers;
   std::unique_ptr<Workspaces> workspaces;
-  std::unique_ptr<CopyEngineState> copy_engine;
-  std::unique_ptr<BetweenNodes> between_nodes;  // only when the job spans nodes
-  std::unique_ptr<CallOrder> call_order;        // calls in host order whatever their streams
-  std::unique_ptr<UserCallArea> user_calls;     // flags and epochs of users' kernels (workspace/user_call_area.hpp)
-  GraphReferences graphs;                        // graphs that captured a call (they reference the heap)
+  std::unique_ptr<CopyEngineStreams> copy_engine;
+  std::unique_ptr<CopyEngineWatchdog> copy_engine_watchdog;  // times and releases the board's waits
+  std::unique_ptr<BetweenNodes> between_nodes;               // only when the job spans nodes
+  std::unique_ptr<CallOrder> call_order;                     // calls in host order whatever their streams
+  GraphReferences graphs;                                    // graphs that captured a call (they reference the heap)
 
   uint32_t* epochs = nullptr;  // per-block epochs, the call counter pair, the failure claim (device memory)
   SyncArgs sync_template{};    // sync_args() without the op and signature
+  UserSync user_sync{};        // users' kernels' UserSync without the signature (workspace/user_call_area.hpp)
   std::string abort_reason;    // set once a failure was seen; every later call fails with it
   bool closed = false;
 
@@ -85,10 +88,13 @@ struct CommunicatorState {
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;
   // Throws if the communicator is closed or aborted, or if any rank recorded a failure.
   void ensure_usable(const char* op);
-  // Before a call's first enqueue on `stream` (the device current): orders it after the previous
-  // call of this communicator, whatever stream that took (call_order.hpp), and holds the
-  // communicator for a graph that captures it (graph_references.hpp).
-  void before_enqueue(cudaStream_t stream);
+  // A call's signature, logged under it (mismatch messages on any rank name the call). Every call
+  // signs itself after its checks, inside its EnqueueScope (below).
+  uint32_t sign_call(const CallDescriptor& call) {
+    const uint32_t signature = signature_of(call);
+    record_call(signature, call);
+    return signature;
+  }
   // Makes the communicator unusable on every rank (a call failed half-enqueued: the handshake
   // sequence the ranks share is broken): later calls here fail with `reason`, the peers' waits
   // are released by the abort word and their calls fail too.
@@ -102,5 +108,37 @@ struct CommunicatorState {
     if (!board->recorded_recently(signature)) board->record_call(signature, describe_call(call));
   }
 };
+
+// A call's enqueues on `stream`, from before the first to after the last (the device current):
+// orders the call after the communicator's previous one, whatever stream that took
+// (call_order.hpp), holds the communicator for a graph that captures it (graph_references.hpp),
+// and records the call's end where the order needs it. Every call path opens one.
+//
+// A user kernel's call (begin_user_call) enqueues its last work after the scope closed: the user
+// launches the kernel once begin_user_call returned. leave_end_open() keeps the scope from
+// recording an end that would precede the kernel; the call's end then stays unrecorded, and the
+// next call on another stream waits for what this stream holds at that moment (call_order.hpp),
+// the kernel included. end_user_call() records the end after the launch (so later stream changes
+// do not also wait for work queued behind the kernel); correctness never depends on it.
+class EnqueueScope {
+ public:
+  EnqueueScope(CommunicatorState& st, cudaStream_t stream);
+  ~EnqueueScope() {
+    if (record_end_) st_.call_order->after_call(stream_, capture_);
+  }
+  EnqueueScope(const EnqueueScope&) = delete;
+  EnqueueScope& operator=(const EnqueueScope&) = delete;
+  void leave_end_open() { record_end_ = false; }
+
+ private:
+  CommunicatorState& st_;
+  cudaStream_t stream_;
+  unsigned long long capture_ = 0;
+  bool record_end_ = true;
+};
+
+// The id of the capture `stream` is in, 0 when it is not capturing (throws when the capture was
+// invalidated); when `graph` is given, the graph being captured.
+unsigned long long capture_id_of(cudaStream_t stream, cudaGraph_t* graph = nullptr);
 
 }  // namespace symmem::detail

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "comm/node_layout.hpp"
+#include "plan/node_layout.hpp"
 #include "symmem/bootstrap.hpp"
 
 namespace symmem::detail {

@@ -34,7 +34,7 @@ bool push_bulk();
 int copy_engine_streams();
 // SYMMEM_CE_DIRECTION (default pull): "pull" reads the peers' inputs; "push" writes this rank's
 // input into its peers' outputs (needs a symmetric output, else pull is used). Pull is the default
-// because after a timeout no copy then writes into another rank's memory (copy_engine_state.hpp).
+// because after a timeout no copy then writes into another rank's memory (board/copy_engine_watchdog.hpp).
 std::string copy_engine_direction();
 // SYMMEM_CE_BATCH (default 1): issue several peer copies as one cudaMemcpyBatchAsync (outside graphs).
 bool copy_engine_batch();
@@ -51,8 +51,9 @@ std::string nccl_library();
 
 // SYMMEM_TEST_SHARED_GPU (default 0): for tests only. Lets several ranks of one process (threads
 // with make_thread_bootstrap) use the same GPU, which a real job must never do: their kernels
-// would wait for each other unless they all fit on the GPU at once. tests/gpu/shared_gpu_tests.cpp
-// runs the multi-rank protocols this way on a one-GPU machine.
+// would wait for each other unless they all fit on the GPU at once (each then plans with a share
+// of the SMs that makes them fit: plan/shared_gpu.hpp). tests/gpu/shared_gpu_tests.cpp runs the
+// multi-rank protocols this way on a one-GPU machine.
 bool ranks_may_share_gpu();
 
 // Read a variable with a default; exposed for tests and the tools.

@@ -21,6 +21,21 @@ const char* error_code_name(ErrorCode code) {
   return "unknown error";
 }
 
+const char* error_code_id(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument: return "kInvalidArgument";
+    case ErrorCode::kUnsupported: return "kUnsupported";
+    case ErrorCode::kCudaError: return "kCudaError";
+    case ErrorCode::kSystemError: return "kSystemError";
+    case ErrorCode::kBootstrap: return "kBootstrap";
+    case ErrorCode::kTimeout: return "kTimeout";
+    case ErrorCode::kMismatch: return "kMismatch";
+    case ErrorCode::kAborted: return "kAborted";
+    case ErrorCode::kInternal: return "kInternal";
+  }
+  return nullptr;
+}
+
 namespace detail {
 
 std::string where(const char* file, int line) {

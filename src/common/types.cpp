@@ -103,34 +103,4 @@ bool parse_reduce_op(const std::string& name, ReduceOp* op) {
   return true;
 }
 
-const char* algo_name(Algo algo) {
-  switch (algo) {
-    case Algo::kAuto: return "auto";
-    case Algo::kPull: return "pull";
-    case Algo::kPush: return "push";
-    case Algo::kCopyEngine: return "copy_engine";
-    case Algo::kOneShot: return "one_shot";
-    case Algo::kOneShotPush: return "one_shot_push";
-    case Algo::kTwoShot: return "two_shot";
-    case Algo::kTwoShotPush: return "two_shot_push";
-    case Algo::kLowLatency: return "low_latency";
-    case Algo::kLowLatencyTwoShot: return "low_latency_two_shot";
-    case Algo::kHierarchical: return "hierarchical";
-  }
-  return "?";
-}
-
-bool parse_algo(const std::string& name, Algo* algo) {
-  const std::string n = lower(name);
-  for (Algo a :
-       {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kOneShot, Algo::kOneShotPush, Algo::kTwoShot,
-        Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kHierarchical}) {
-    if (n == algo_name(a)) {
-      *algo = a;
-      return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace symmem

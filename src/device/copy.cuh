@@ -90,13 +90,13 @@ __device__ __forceinline__ void load_batch(const V* src, size_t base, size_t str
 
 // dst[d][base + u * stride] = v[u] for d < ndst: one read, many (peer) writes.
 template <typename V, int kUnroll>
-__device__ __forceinline__ void store_batch(V* const (&dst)[detail::kMaxWorld], int ndst, size_t base, size_t stride,
-                                            size_t n, const V (&v)[kUnroll]) {
+__device__ __forceinline__ void store_batch(V* const (&dst)[kMaxWorld], int ndst, size_t base, size_t stride, size_t n,
+                                            const V (&v)[kUnroll]) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const size_t i = base + u * stride;
 #pragma unroll
-    for (int d = 0; d < detail::kMaxWorld; ++d)
+    for (int d = 0; d < kMaxWorld; ++d)
       if (d < ndst && i < n) dst[d][i] = v[u];
   }
 }
@@ -107,19 +107,19 @@ __device__ __forceinline__ void store_batch(V* const (&dst)[detail::kMaxWorld], 
 // for a load once per kUnroll vectors, not once per vector. Slices are taken in turn, so registers hold kUnroll
 // vectors whatever the world size. Thread t handles vectors t, t + threads, ... as without unrolling.
 template <typename T, bool kVector>
-__device__ __forceinline__ void scatter(const T* const (&src)[detail::kMaxWorld], T* const (&dst)[detail::kMaxWorld],
-                                        const size_t (&n)[detail::kMaxWorld], int count) {
+__device__ __forceinline__ void scatter(const T* const (&src)[kMaxWorld], T* const (&dst)[kMaxWorld],
+                                        const size_t (&n)[kMaxWorld], int count) {
   constexpr size_t kElems = 16 / sizeof(T);
   constexpr int kUnroll = SYMMEM_SCATTER_UNROLL;
   size_t longest = 0;
 #pragma unroll
-  for (int k = 0; k < detail::kMaxWorld; ++k)
+  for (int k = 0; k < kMaxWorld; ++k)
     if (k < count && n[k] > longest) longest = n[k];
   if constexpr (kVector) {
     const size_t stride = global_threads();
     for (size_t base = global_thread(); base < longest / kElems; base += stride * kUnroll) {
 #pragma unroll
-      for (int k = 0; k < detail::kMaxWorld; ++k) {
+      for (int k = 0; k < kMaxWorld; ++k) {
         if (k >= count) break;
         const size_t vectors = n[k] / kElems;
         uint4 x[kUnroll];
@@ -135,7 +135,7 @@ __device__ __forceinline__ void scatter(const T* const (&src)[detail::kMaxWorld]
   // What the vectors left: each slice's tail (a shorter slice has more of it), element by element
   // by the owner of its group (first_owned_group).
 #pragma unroll
-  for (int k = 0; k < detail::kMaxWorld; ++k) {
+  for (int k = 0; k < kMaxWorld; ++k) {
     if (k >= count) break;
     const size_t groups = (n[k] + kElems - 1) / kElems;
     for (size_t g = first_owned_group(kVector ? n[k] / kElems : 0); g < groups; g += global_threads())

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "symmem/types.hpp"  // kMaxWorld
+
 #ifdef __CUDACC__
 #define SYMMEM_HOST_DEVICE __host__ __device__
 #else
@@ -13,12 +15,12 @@
 
 namespace symmem::detail {
 
-constexpr int kMaxWorld = 8;       // ranks of one NVLink domain
-constexpr int kMaxBlocks = 160;    // SM collectives launch at most this many blocks
-constexpr int kBarrierPhases = 4;  // distinct barriers one kernel may use (start, middle, end, ...)
+constexpr int kMaxBlocks = 160;        // SM collectives launch at most this many blocks
+constexpr int kThreadsPerBlock = 512;  // of every SM collective but the bulk push
+constexpr int kBarrierPhases = 4;      // distinct barriers one kernel may use (start, middle, end, ...)
 
 // A rank's failure record. Each rank has one in its page of the communicator's host board
-// (src/comm/host_board.hpp: host memory shared by every local rank and mapped into every GPU), so
+// (src/board/host_board.hpp: host memory shared by every local rank and mapped into every GPU), so
 // any rank's host can read why any other rank failed. The first device wait of this rank that
 // fails fills it; it is never cleared (the communicator is unusable afterwards).
 struct DeviceStatus {
@@ -47,10 +49,12 @@ enum OpCode : uint32_t {
   kOpAllReduce = 3,
   kOpReduceScatter = 4,
   kOpCopyEngine = 5,
-  kOpBetweenNodes = 6,  // the NCCL step of a hierarchical all-gather (peer: a job rank)
-  kOpAllGatherMatmul = 7,  // the GEMM of all_gather_matmul waiting for a shard (peer: its rank)
+  kOpBetweenNodes = 6,         // the NCCL step of a hierarchical all-gather (peer: a job rank)
+  kOpAllGatherMatmul = 7,      // the GEMM of all_gather_matmul waiting for a shard (peer: its rank)
   kOpMatmulReduceScatter = 8,  // matmul_reduce_scatter (its waits are the copy-engine handshakes)
-  kOpUser = 9,  // a user kernel (include/symmem/user_call.hpp): its description is in the call log
+  // The calls of users' kernels, numbered apart from the library's collectives:
+  kOpUser = 16,             // a user kernel (include/symmem/user_call.hpp): its description is in the call log
+  kOpAllGatherPieces = 17,  // all_gather_pieces (its waits are the copy-engine handshakes and the consumer's)
 };
 
 inline const char* op_code_name(uint32_t op) {
@@ -64,6 +68,7 @@ inline const char* op_code_name(uint32_t op) {
     case kOpAllGatherMatmul: return "all_gather_matmul";
     case kOpMatmulReduceScatter: return "matmul_reduce_scatter";
     case kOpUser: return "user kernel";
+    case kOpAllGatherPieces: return "all_gather_pieces";
     default: return "collective";
   }
 }
@@ -78,6 +83,22 @@ SYMMEM_HOST_DEVICE constexpr size_t signal_slot(int phase, int block, int peer) 
 SYMMEM_HOST_DEVICE constexpr uint64_t barrier_flag(uint32_t epoch, uint32_t signature) {
   return (uint64_t(epoch) << 32) | signature;
 }
+
+// Two-shot slicing: rank r reduces elements [r * slice, min((r + 1) * slice, count)); slices are
+// whole 16-byte vectors so that every slice start stays aligned. The planner sizes the two-shot
+// algorithms with it, the kernels cut their work with it.
+SYMMEM_HOST_DEVICE inline size_t two_shot_slice(size_t count, int world, size_t elem_bytes) {
+  const size_t elems_per_vector = 16 / elem_bytes;
+  const size_t vectors = (count + elems_per_vector - 1) / elems_per_vector;
+  return (vectors + world - 1) / world * elems_per_vector;
+}
+
+// The low-latency lines (device/low_latency.cuh): every rank's receive area, each holding a slot
+// of `slot_words` 4-byte words per sender in each parity half.
+struct LowLatencyLines {
+  uint64_t* peers[kMaxWorld];
+  size_t slot_words;
+};
 
 struct SyncArgs {
   uint64_t* pad;                   // this rank's barrier flags (written by peers)

@@ -42,7 +42,7 @@ namespace symmem::device {
 
 // Sender `sender`'s slot in the half of this call's parity of a receive area.
 __device__ __forceinline__ uint64_t* low_latency_slot(uint64_t* area, uint32_t call, int sender, size_t slot_words) {
-  return area + (size_t(call & 1u) * detail::kMaxWorld + sender) * slot_words;
+  return area + (size_t(call & 1u) * kMaxWorld + sender) * slot_words;
 }
 
 // Word w of a buffer of `bytes` bytes, zero-padded past the end; any alignment (a buffer that is
@@ -76,7 +76,7 @@ __device__ __forceinline__ void store_word(T* out, size_t w, size_t count, uint3
 
 // The elements of word[0..world) combined in rank order, element by element.
 template <typename T, int kOp>
-__device__ __forceinline__ uint32_t reduce_word(const uint32_t (&word)[detail::kMaxWorld], int world) {
+__device__ __forceinline__ uint32_t reduce_word(const uint32_t (&word)[kMaxWorld], int world) {
   constexpr int kPerWord = 4 / sizeof(T);
   using A = typename Accum<T>::type;
   uint32_t result = 0;
@@ -84,7 +84,7 @@ __device__ __forceinline__ uint32_t reduce_word(const uint32_t (&word)[detail::k
   for (int e = 0; e < kPerWord; ++e) {
     A acc = to_accum(reinterpret_cast<const T*>(&word[0])[e]);
 #pragma unroll
-    for (int r = 1; r < detail::kMaxWorld; ++r)
+    for (int r = 1; r < kMaxWorld; ++r)
       if (r < world) acc = combine<kOp>(acc, to_accum(reinterpret_cast<const T*>(&word[r])[e]));
     reinterpret_cast<T*>(&result)[e] = from_accum<T>(acc);
   }
@@ -99,19 +99,18 @@ __device__ __forceinline__ uint32_t reduce_word(const uint32_t (&word)[detail::k
 // whose wait fails stops, and the others see the abort word (which every timeout or mismatch
 // sets) within their next 256 spins.
 __device__ __forceinline__ bool collect_words(const detail::SyncArgs& s, uint64_t* slots, size_t slot_words, size_t w,
-                                              uint32_t senders, uint32_t own, int phase,
-                                              uint32_t (&word)[detail::kMaxWorld]) {
+                                              uint32_t senders, uint32_t own, int phase, uint32_t (&word)[kMaxWorld]) {
   uint32_t missing = senders & ~(1u << s.rank);
-  uint64_t line[detail::kMaxWorld] = {};
+  uint64_t line[kMaxWorld] = {};
   const uint64_t start = global_timer_ns();
   for (uint32_t spins = 1; missing != 0; ++spins) {
 #pragma unroll
-    for (int r = 0; r < detail::kMaxWorld; ++r)
+    for (int r = 0; r < kMaxWorld; ++r)
       if (missing >> r & 1u) line[r] = ld_relaxed_sys_u64(slots + r * slot_words + w);
     int foreign = -1;  // a sender whose line carries another call's signature
     uint32_t foreign_tag = 0;
 #pragma unroll
-    for (int r = 0; r < detail::kMaxWorld; ++r) {
+    for (int r = 0; r < kMaxWorld; ++r) {
       if (!(missing >> r & 1u)) continue;
       const uint32_t tag = static_cast<uint32_t>(line[r] >> 32);
       if (tag == s.signature) {
@@ -130,7 +129,7 @@ __device__ __forceinline__ bool collect_words(const detail::SyncArgs& s, uint64_
     if (missing != 0 && (spins & 255u) == 0u && !keep_waiting(s, start, __ffs(missing) - 1, phase)) return false;
   }
 #pragma unroll
-  for (int r = 0; r < detail::kMaxWorld; ++r) word[r] = r == s.rank ? own : static_cast<uint32_t>(line[r]);
+  for (int r = 0; r < kMaxWorld; ++r) word[r] = r == s.rank ? own : static_cast<uint32_t>(line[r]);
   return true;
 }
 

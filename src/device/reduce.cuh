@@ -67,11 +67,11 @@ __device__ __forceinline__ A combine(A a, A b) {
 
 // Reduces n elements starting at vector-aligned offsets: out = op(src[0][i], ..., src[w-1][i]).
 template <typename T, int kOp>
-__device__ __forceinline__ T reduce_element(const T* const (&src)[detail::kMaxWorld], int world, size_t i) {
+__device__ __forceinline__ T reduce_element(const T* const (&src)[kMaxWorld], int world, size_t i) {
   using A = typename Accum<T>::type;
   A acc = to_accum(src[0][i]);
 #pragma unroll
-  for (int r = 1; r < detail::kMaxWorld; ++r)
+  for (int r = 1; r < kMaxWorld; ++r)
     if (r < world) acc = combine<kOp>(acc, to_accum(src[r][i]));
   return from_accum<T>(acc);
 }
@@ -80,8 +80,8 @@ __device__ __forceinline__ T reduce_element(const T* const (&src)[detail::kMaxWo
 // The body moves 16-byte vectors (when kVector) with every source's load in flight at once;
 // a scalar loop covers what is left.
 template <typename T, int kOp, bool kVector>
-__device__ __forceinline__ void reduce_range(const T* const (&src)[detail::kMaxWorld], int world,
-                                             T* const (&dst)[detail::kMaxWorld], int ndst, size_t count) {
+__device__ __forceinline__ void reduce_range(const T* const (&src)[kMaxWorld], int world, T* const (&dst)[kMaxWorld],
+                                             int ndst, size_t count) {
   using A = typename Accum<T>::type;
   constexpr int kElems = 16 / sizeof(T);
   size_t done = 0;
@@ -90,12 +90,12 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[detail::kMaxW
     const size_t nvec = count / kElems;
     const size_t stride = global_threads();
     for (size_t base = global_thread(); base < nvec; base += stride * kUnroll) {
-      uint4 in[kUnroll][detail::kMaxWorld];
+      uint4 in[kUnroll][kMaxWorld];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const size_t v = base + u * stride;
 #pragma unroll
-        for (int r = 0; r < detail::kMaxWorld; ++r)
+        for (int r = 0; r < kMaxWorld; ++r)
           if (r < world && v < nvec) in[u][r] = reinterpret_cast<const uint4*>(src[r])[v];
       }
 #pragma unroll
@@ -107,7 +107,7 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[detail::kMaxW
 #pragma unroll
         for (int e = 0; e < kElems; ++e) acc[e] = to_accum(first[e]);
 #pragma unroll
-        for (int r = 1; r < detail::kMaxWorld; ++r) {
+        for (int r = 1; r < kMaxWorld; ++r) {
           if (r < world) {
             const T* x = reinterpret_cast<const T*>(&in[u][r]);
 #pragma unroll
@@ -119,7 +119,7 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[detail::kMaxW
 #pragma unroll
         for (int e = 0; e < kElems; ++e) o[e] = from_accum<T>(acc[e]);
 #pragma unroll
-        for (int d = 0; d < detail::kMaxWorld; ++d)
+        for (int d = 0; d < kMaxWorld; ++d)
           if (d < ndst) reinterpret_cast<uint4*>(dst[d])[v] = out;
       }
     }
@@ -131,7 +131,7 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[detail::kMaxW
     for (size_t i = g * kElems; i < (g + 1) * kElems && i < count; ++i) {
       const T value = reduce_element<T, kOp>(src, world, i);
 #pragma unroll
-      for (int d = 0; d < detail::kMaxWorld; ++d)
+      for (int d = 0; d < kMaxWorld; ++d)
         if (d < ndst) dst[d][i] = value;
     }
   }

@@ -12,8 +12,8 @@
 //                   that waits for it gets no SM: a deadlock until the deadline. So it precedes
 //                   the GEMM in stream order. Needs no handshake: the peers finished reading slot r
 //                   of the previous call (its done handshake precedes this call on this stream).
-//   side stream 0:  forked after the own copy (fused/piece_gather.hpp enqueues both): the ready
-//                   handshake (copy_engine_steps.hpp): every
+//   side stream 0:  forked after the own copy (fused/piece_gather.hpp enqueues both, and the
+//                   steps below up to the done handshake): the ready handshake (board/handshake.hpp): every
 //                   peer's slot holds its shard of this call, and our calls match (the signature).
 //                   Then this rank PULLS every peer's slot into its own over NVLink (copy engines,
 //                   zero SMs), piece by piece, on up to `streams` lanes (peers r+1, r+2, ...
@@ -30,11 +30,17 @@
 //
 // ORDER OF ENQUEUE. All side-stream work is enqueued before the GEMM: streams may share a hardware
 // queue (more streams than connections, CUDA_DEVICE_MAX_CONNECTIONS=1), and a GEMM queued ahead
-// of the copies it waits for would wait for its deadline. Inside a CUDA graph the order of
-// independent nodes is the driver's: with CUDA_DEVICE_MAX_CONNECTIONS=1 (as read when the call is
-// made) a captured call makes the GEMM wait for every copy (no overlap). Otherwise the graph's
-// branches are trusted to run concurrently; if they did not, the GEMM's bounded wait would end the
-// call with an error, never a hang. Consecutive calls must be ordered on the caller's stream (as
+// of the copies it waits for would wait for its deadline. Inside a CUDA graph only dependencies
+// order the nodes, and the driver maps the branches onto hardware queues as it likes: the GEMM
+// node can land ahead of the copy branch in one queue, where it spins until its deadline while
+// the copies (and this rank's ready write, which every peer awaits) stay queued behind it. Where
+// that can happen a captured call does not branch: its handshakes and copies run on the caller's
+// stream ahead of the GEMM (no overlap in that graph). It can with CUDA_DEVICE_MAX_CONNECTIONS=1 (as
+// read when the call is made), and when ranks share the GPU (tests only: 8 ranks' streams and
+// their graphs' branches in one process outnumber the hardware queues; on one H100 the ready
+// handshake of the 8-rank test timed out in 4 of 4 runs). Otherwise the graph's branches are
+// trusted to run concurrently; if they did not, the GEMM's bounded wait would end the call with an
+// error, never a hang. Consecutive calls must be ordered on the caller's stream (as
 // for every collective): the handshakes' argument assumes it. Nor may another kernel that holds
 // every SM until something on a peer happens (a second fused call on another stream or
 // communicator) run beside it: each rank's GEMM would keep the other's own copy from starting.
@@ -48,29 +54,20 @@
 
 #include "symmem/fused.hpp"
 
-#include <cuda.h>
-
 #include <string>
-#include <vector>
 
-#include "collectives/call_signature.hpp"
-#include "collectives/copy_engine_state.hpp"
-#include "collectives/copy_engine_steps.hpp"
+#include "board/call_signature.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
-#include "common/check.hpp"
 #include "common/device_guard.hpp"
-#include "common/driver_api.hpp"
-#include "common/stream_capture.hpp"
 #include "fused/flagged_gemm.hpp"
 #include "fused/fused_problems.hpp"
 #include "fused/piece_gather.hpp"
-#include "fused/side_streams.hpp"
 #include "plan/fused_plan.hpp"
 
-static_assert(symmem::detail::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::kSignalFlagCount,
-              "the piece flags must fit in the control buffer's signal pad");
+static_assert(symmem::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::Workspaces::kFusedFlagWords,
+              "the piece flags must fit in the fused ops' flags");
 
 namespace symmem {
 namespace {
@@ -133,7 +130,7 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
                                    static_cast<int>(k), type, st.sm_count, p.shard_rows, p.pieces);
   detail::FlaggedGemm& g = p.gemm;
   detail::ChunkFlags& chunks = g.chunks;
-  chunks.flags = st.workspaces->gather_flags()->signal_pad();
+  chunks.flags = st.workspaces->fused_flags();
   chunks.ready_shard = st.rank;
   // The first tile wholly inside the own shard (rounded down, it would hold the previous shard's
   // tail, which arrives last).
@@ -158,42 +155,18 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
   Prepared p = prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
-  st.before_enqueue(stream);
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "all_gather_matmul: no copy-engine state");
-  const uint32_t signature = detail::signature_of(p.call);
-  st.record_call(signature, p.call);
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature = st.sign_call(p.call);
   detail::ChunkFlags& chunks = p.gemm.chunks;
   chunks.sync = st.sync_args(detail::kOpAllGatherMatmul, signature);
   chunks.sync.timeout_ns = 2 * chunks.sync.timeout_ns + 1'000'000'000ull;
 
-  const bool capturing = detail::stream_is_capturing(stream);
-
-  const int rank = st.rank, world = st.world;
-  detail::CopyEngineState& ce = *st.copy_engine;
-  const size_t flag_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
-  detail::SideStreams sides(ce, stream);
-  try {
-    const detail::PieceGather gather{p.gathered, rank, world, p.shard_rows, p.row_bytes, p.pieces, chunks.flags,
-                                     p.in_place};
-    detail::enqueue_piece_gather(gather, a_shard, *st.board, signature, sides, stream);
-
-    // One hardware queue in a graph: nothing orders the GEMM after the copies it waits for.
-    if (capturing && detail::single_hardware_queue()) sides.join_control();
-    detail::run_flagged_gemm(p.gemm, stream);
-
-    sides.join_control();
-    SYMMEM_CUDA_CHECK(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0, flag_bytes, stream));
-    // Invariant: this rank's flags are 0 again, before anything of the next call.
-  } catch (const std::exception& e) {
-    // Leave no side stream forked (a capture would fail to end) and no flag set.
-    sides.unwind();
-    SYMMEM_CUDA_CHECK_NOTHROW(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0, flag_bytes, stream));
-    // Eagerly, a handshake may have been enqueued without its partner: the sequence every rank
-    // relies on is broken, so the communicator is unusable from here on, on every rank. Under
-    // capture nothing ran (the graph is the caller's to discard).
-    if (!capturing) st.poison(std::string("all_gather_matmul failed while enqueuing its work: ") + e.what());
-    throw;
-  }
+  // The own shard, the handshakes and the pulls (see the top of the file), then the GEMM.
+  const detail::PieceGather gather{p.gathered, st.rank, st.world, p.shard_rows, p.row_bytes, p.pieces, chunks.flags,
+                                   p.in_place};
+  detail::gather_pieces_around(st, gather, a_shard, signature, stream, kOp,
+                               [&] { detail::run_flagged_gemm(p.gemm, stream); });
 }
 
 }  // namespace symmem

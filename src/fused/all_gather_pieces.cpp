@@ -5,17 +5,12 @@
 
 #include <string>
 
-#include "collectives/copy_engine_state.hpp"
+#include "board/call_signature.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
-#include "common/check.hpp"
 #include "common/device_guard.hpp"
-#include "common/hash.hpp"
-#include "common/stream_capture.hpp"
-#include "fused/fused_problems.hpp"
 #include "fused/piece_gather.hpp"
-#include "fused/side_streams.hpp"
 #include "plan/fused_plan.hpp"
 
 namespace symmem {
@@ -55,39 +50,16 @@ void all_gather_pieces(Operand gathered, const void* shard, int64_t m, size_t ro
     detail::require_no_partial_overlap(g.gathered.local, size_t(m) * row_bytes, shard, shard_bytes, false, kOp);
   }
   g.pieces = detail::plan_gather_pieces(g.shard_rows, row_bytes, tile_rows);
-  g.flags = st.workspaces->gather_flags()->signal_pad();
-  st.before_enqueue(stream);
+  g.flags = st.workspaces->fused_flags();  // all_gather_matmul's piece flags: one fused call at a time
   // Signed with everything the ranks must agree on (in place is this rank's own affair).
-  const uint64_t d = detail::Fnv1a()
-                         .text(kOp)
-                         .value(m)
-                         .value(row_bytes)
-                         .value(tile_rows)
-                         .value(g.gathered.heap_offset)
-                         .digest();
-  const uint32_t signature = static_cast<uint32_t>(d ^ (d >> 32)) | 1u;
-  if (!st.board->recorded_recently(signature))
-    st.board->record_call(signature, std::string(kOp) + "(rows=" + std::to_string(m) + ", row_bytes=" +
-                                         std::to_string(row_bytes) + ", tile_rows=" + std::to_string(tile_rows) +
-                                         ", gathered=symmetric@" + std::to_string(g.gathered.heap_offset) + ")");
+  const detail::CallDescriptor call = detail::make_gather_pieces_descriptor(m, row_bytes, tile_rows,
+                                                                            g.gathered.heap_offset);
 
-  const bool capturing = detail::stream_is_capturing(stream);
-  const size_t flag_bytes = size_t(world) * g.pieces.pieces * sizeof(uint32_t);
-  detail::SideStreams sides(*st.copy_engine, stream);
-  try {
-    detail::enqueue_piece_gather(g, shard, *st.board, signature, sides, stream);
-    // One hardware queue in a graph: nothing would order the consumer after the copies it waits for.
-    if (capturing && detail::single_hardware_queue()) sides.join_control();
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature = st.sign_call(call);
+  detail::gather_pieces_around(st, g, shard, signature, stream, kOp, [&] {
     consume(GatheredPieces{g.flags, g.pieces.pieces, g.pieces.piece_rows, g.shard_rows, rank, world});
-    sides.join_control();
-    SYMMEM_CUDA_CHECK(cudaMemsetAsync(const_cast<uint32_t*>(g.flags), 0, flag_bytes, stream));
-    // Invariant: this rank's flags are 0 again, before anything of the next call.
-  } catch (const std::exception& e) {
-    sides.unwind();
-    SYMMEM_CUDA_CHECK_NOTHROW(cudaMemsetAsync(const_cast<uint32_t*>(g.flags), 0, flag_bytes, stream));
-    if (!capturing) st.poison(std::string(kOp) + " failed while enqueuing its work: " + e.what());
-    throw;
-  }
+  });
 }
 
 }  // namespace symmem

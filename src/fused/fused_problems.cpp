@@ -72,4 +72,8 @@ bool single_hardware_queue() {
   return v && std::atoi(v) == 1;
 }
 
+bool captured_branches_may_share_a_queue(const CommunicatorState& st) {
+  return single_hardware_queue() || st.ranks_on_gpu > 1;
+}
+
 }  // namespace symmem::detail

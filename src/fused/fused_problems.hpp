@@ -29,5 +29,8 @@ std::string fused_unsupported(const char* op, Communicator& comm, const Operand&
 void require_16_byte_aligned(const char* op, std::initializer_list<std::pair<const void*, const char*>> operands);
 // CUDA_DEVICE_MAX_CONNECTIONS=1 (as read now): every stream shares one hardware queue.
 bool single_hardware_queue();
+// True where the branches of a captured call may share a hardware queue, in an order the call
+// cannot choose: one hardware queue, or several ranks of this process on one GPU (tests only).
+bool captured_branches_may_share_a_queue(const CommunicatorState& st);
 
 }  // namespace symmem::detail

@@ -8,10 +8,10 @@
 //                   first tile on, its own shard last; after a tile's stores have landed it adds 1
 //                   to done[] of every piece its rows touch (flag_waiting_scheduler.cuh).
 //   side stream 0:  forked before the GEMM (eagerly) or after it (under capture: see WAITS). The ready
-//                   handshake (copy_engine_steps.hpp): every peer made this call (signature).
+//                   handshake (board/handshake.hpp): every peer made this call (signature).
 //   side stream 1:  forked from side stream 0 after it: for peers d = r+1, r+2, ..., piece by piece,
 //                   a stream wait until done[] of the piece reaches its tile count, then a piece
-//                   signal into d's board page (copy_engine_state.hpp, PIECES): d may read it.
+//                   signal into d's board page (board/handshake.hpp, PIECES): d may read it.
 //   side stream 0:  for peers p = r-1, r-2, ... (the order they compute this rank's rows in), piece
 //                   by piece: a watched wait for p's signal, then a pull of the piece from p's P into
 //                   slot p of this rank's R over NVLink (copy engines, zero SMs). Joins side stream
@@ -21,7 +21,7 @@
 //                   reset to 0.
 // P is rewritten only by the next call's GEMM, after the join, i.e. after the done handshake, which
 // every peer enters after its last pull. R is written by this rank's pulls and read by its sums,
-// in stream order. done[] lives in the control buffer's signal pad after all_gather_matmul's
+// in stream order. done[] lives in the fused ops' flags (workspaces.hpp) after all_gather_matmul's
 // flags; only this rank writes it (its GEMM and the reset after the join).
 //
 // WAITS. The piece signals and handshakes are watched waits on the host board: a dead or stalled
@@ -45,9 +45,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/call_signature.hpp"
-#include "collectives/copy_engine_state.hpp"
-#include "collectives/copy_engine_steps.hpp"
+#include "board/call_signature.hpp"
+#include "board/handshake.hpp"
+#include "board/wait_word.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
@@ -68,10 +68,10 @@ namespace {
 using detail::CommunicatorState;
 
 constexpr const char* kOp = "matmul_reduce_scatter";
-// done[] sits after all_gather_matmul's piece flags in the control buffer's signal pad.
-constexpr size_t kDoneOffset = size_t(detail::kMaxWorld) * detail::kMaxGatherPieces;
-static_assert(kDoneOffset + detail::kMaxWorld * detail::kMaxGatherPieces <= detail::kSignalFlagCount,
-              "the tile counters must fit in the control buffer's signal pad");
+// done[] sits after all_gather_matmul's piece flags in the fused ops' flags (workspaces.hpp).
+constexpr size_t kDoneOffset = size_t(kMaxWorld) * detail::kMaxGatherPieces;
+static_assert(kDoneOffset + kMaxWorld * detail::kMaxGatherPieces <= detail::Workspaces::kFusedFlagWords,
+              "the tile counters must fit in the fused ops' flags");
 static_assert(detail::kMaxGatherPieces <= detail::BoardPage::kPieceSignals, "a piece signal per piece");
 
 struct Prepared {
@@ -129,7 +129,7 @@ Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b,
   g.tile_n = detail::flagged_gemm_tile_n(g.m, g.n, g.sm_count);  // the copies count its tiles
   detail::ChunkFlags& chunks = g.chunks;
   chunks.flags = nullptr;  // every row of a is local: no tile waits
-  chunks.done = st.workspaces->gather_flags()->signal_pad() + kDoneOffset;
+  chunks.done = st.workspaces->fused_flags() + kDoneOffset;
   // The next rank's rows first (its pulls can start earliest), the own shard last (rounded down: a
   // tile shared with the previous shard is computed first, which that shard needs early too).
   chunks.first_tile = static_cast<int>(int64_t((st.rank + 1) % st.world) * p.shard_rows / chunks.tile_rows);
@@ -199,10 +199,9 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
   Prepared p = prepare(c_shard, workspace, a, b, m, n, k, type, st, comm);
-  st.before_enqueue(stream);
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "matmul_reduce_scatter: no copy-engine state");
-  const uint32_t signature = detail::signature_of(p.call);
-  st.record_call(signature, p.call);
+  detail::EnqueueScope enqueue(st, stream);
+  const uint32_t signature = st.sign_call(p.call);
   p.gemm.chunks.sync = st.sync_args(detail::kOpMatmulReduceScatter, signature);  // (nothing waits in the GEMM)
 
   const bool capturing = detail::stream_is_capturing(stream);
@@ -220,7 +219,7 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
     if (world > 1) {
       const detail::HostBoard& board = *st.board;
       cudaStream_t control = sides.control();
-      detail::enqueue_handshake(board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);
+      detail::enqueue_handshake(board, rank, world, detail::WaitWord::kPhaseReady, signature, control);
       // Invariant: every peer made this call.
       // The signals go on a lane of their own, enqueued before the piece waits (see WAITS). In a
       // graph, or with one hardware queue, they go ahead of the piece waits on side stream 0
@@ -234,7 +233,7 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
       for (int i = 1; i < world; ++i) enqueue_signals(p, board, rank, (rank + i) % world, signature, signals);
       for (int i = 1; i < world; ++i) enqueue_pulls(p, board, rank, world, (rank - i + world) % world, signature, control);
       sides.join_lanes();
-      detail::enqueue_handshake(board, rank, world, detail::CopyEngineState::kPhaseDone, signature, control);
+      detail::enqueue_handshake(board, rank, world, detail::WaitWord::kPhaseDone, signature, control);
       // Invariant (control stream): every peer's partial sums of this rank's rows are in R, and no
       // peer reads this rank's P any more.
     }

@@ -7,12 +7,14 @@
 namespace symmem::detail {
 
 void SideStreams::fork_control() {
+  if (!branch_) return;
   SYMMEM_CUDA_CHECK(cudaEventRecord(ce_.fork_event(), caller_));
   SYMMEM_CUDA_CHECK(cudaStreamWaitEvent(control(), ce_.fork_event(), 0));
   forked_.assign(1, 0);
 }
 
 std::vector<cudaStream_t> SideStreams::fork_lanes(int wanted) {
+  if (!branch_) return {caller_};
   const int lanes = std::max(1, std::min(wanted, ce_.streams()));
   std::vector<cudaStream_t> streams{control()};
   if (lanes > 1) SYMMEM_CUDA_CHECK(cudaEventRecord(ce_.fork_event(), control()));

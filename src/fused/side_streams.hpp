@@ -1,23 +1,28 @@
 // The copy-engine side streams one fused call forks from the caller's stream and joins back. The
-// side streams are the communicator's (CopyEngineState): side stream 0 carries the handshakes, the
+// side streams are the communicator's (CopyEngineStreams): side stream 0 carries the handshakes, the
 // others are extra copy lanes forked from it. unwind() is the error path: it joins whatever is
 // still forked (lanes into side stream 0, that into the caller's), so a capture can still end and
 // nothing of this call runs after the caller's stream moves on.
+//
+// Without branches (`branch` false) every step of the call runs on the caller's stream in the
+// order it is enqueued: control() and every lane are the caller's stream, and forks and joins do
+// nothing. For captures whose branches may not run concurrently (all_gather_matmul.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <vector>
 
-#include "collectives/copy_engine_state.hpp"
+#include "comm/copy_engine_streams.hpp"
 
 namespace symmem::detail {
 
 class SideStreams {
  public:
-  SideStreams(CopyEngineState& ce, cudaStream_t caller) : ce_(ce), caller_(caller) {}
+  SideStreams(CopyEngineStreams& ce, cudaStream_t caller, bool branch = true)
+      : ce_(ce), caller_(caller), branch_(branch) {}
 
-  cudaStream_t control() const { return ce_.side_stream(0); }
+  cudaStream_t control() const { return branch_ ? ce_.side_stream(0) : caller_; }
   // Side stream 0 waits for what the caller's stream has enqueued so far.
   void fork_control();
   // Up to `wanted` lanes (side stream 0 and the next ones, as many as exist) that wait for what
@@ -33,8 +38,9 @@ class SideStreams {
  private:
   void join(int side, cudaStream_t into);
 
-  CopyEngineState& ce_;
+  CopyEngineStreams& ce_;
   cudaStream_t caller_;
+  bool branch_;
   std::vector<int> forked_;  // side streams forked and not joined back yet (0 first)
 };
 

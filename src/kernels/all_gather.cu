@@ -29,7 +29,7 @@ constexpr int kPullUnroll = 16;
 // while the others read NVLink, so that local loads, which return sooner, do not take NVLink's
 // share of the loads in flight -> barrier (every peer done with my input).
 template <typename V>
-__global__ void __launch_bounds__(kThreadsPerBlock) all_gather_pull(AllGatherKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) all_gather_pull(AllGatherArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   __shared__ CopyTask<V> tasks[kMaxWorld];
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_pull(AllGatherKer
 }
 
 template <typename V>
-__global__ void __launch_bounds__(kThreadsPerBlock) all_gather_push(AllGatherKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) all_gather_push(AllGatherArgs a) {
   device::enter_kernel();
   constexpr int kUnroll = 4;
   const SyncArgs& s = a.sync;
@@ -94,27 +94,32 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_push(AllGatherKer
   device::epoch_commit(s, epoch);
 }
 
-template <typename V>
-void launch(AllGatherKernel kernel, const AllGatherKernelArgs& args, int blocks, cudaStream_t stream) {
-  if (kernel == AllGatherKernel::kPull)
-    launch_kernel(all_gather_pull<V>, blocks, kThreadsPerBlock, 0, stream, args);
-  else
-    launch_kernel(all_gather_push<V>, blocks, kThreadsPerBlock, 0, stream, args);
+// Calls f(V{}) with V the vector type of `vector_bytes`.
+template <typename F>
+void dispatch_vector(int vector_bytes, F&& f) {
+  switch (vector_bytes) {
+    case 16: return f(uint4{});
+    case 8: return f(uint2{});
+    case 4: return f(uint32_t{});
+    case 2: return f(uint16_t{});
+    case 1: return f(uint8_t{});
+    default:
+      SYMMEM_THROW(ErrorCode::kInternal, "all_gather: no kernel for " + std::to_string(vector_bytes) + "-byte vectors");
+  }
 }
 
 }  // namespace
 
-void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGatherKernelArgs& args, int blocks,
-                       cudaStream_t stream) {
-  switch (vector_bytes) {
-    case 16: return launch<uint4>(kernel, args, blocks, stream);
-    case 8: return launch<uint2>(kernel, args, blocks, stream);
-    case 4: return launch<uint32_t>(kernel, args, blocks, stream);
-    case 2: return launch<uint16_t>(kernel, args, blocks, stream);
-    case 1: return launch<uint8_t>(kernel, args, blocks, stream);
-    default:
-      SYMMEM_THROW(ErrorCode::kInternal, "all_gather: no kernel for " + std::to_string(vector_bytes) + "-byte vectors");
-  }
+void launch_all_gather_pull(int vector_bytes, const AllGatherArgs& args, int blocks, cudaStream_t stream) {
+  dispatch_vector(vector_bytes, [&](auto v) {
+    launch_kernel(all_gather_pull<decltype(v)>, blocks, kThreadsPerBlock, 0, stream, args);
+  });
+}
+
+void launch_all_gather_push(int vector_bytes, const AllGatherArgs& args, int blocks, cudaStream_t stream) {
+  dispatch_vector(vector_bytes, [&](auto v) {
+    launch_kernel(all_gather_push<decltype(v)>, blocks, kThreadsPerBlock, 0, stream, args);
+  });
 }
 
 }  // namespace symmem::detail

@@ -23,7 +23,7 @@ constexpr uint32_t kChunkBytes = 32 << 10;
 constexpr int kStages = 4;
 constexpr size_t kSharedBytes = size_t(kStages) * kChunkBytes + kStages * sizeof(uint64_t);
 
-__global__ void __launch_bounds__(kBulkThreads) all_gather_push_bulk(AllGatherKernelArgs a) {
+__global__ void __launch_bounds__(kBulkThreads) all_gather_push_bulk(AllGatherArgs a) {
   device::enter_kernel();
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kStages) * kChunkBytes);
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kBulkThreads) all_gather_push_bulk(AllGatherKe
 
 }  // namespace
 
-void launch_all_gather_push_bulk(const AllGatherKernelArgs& args, int blocks, cudaStream_t stream) {
+void launch_all_gather_push_bulk(const AllGatherArgs& args, int blocks, cudaStream_t stream) {
   static const bool configured = [] {
     SYMMEM_CUDA_CHECK(cudaFuncSetAttribute(all_gather_push_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kSharedBytes)));

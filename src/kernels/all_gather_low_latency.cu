@@ -15,12 +15,14 @@
 namespace symmem::detail {
 namespace {
 
-__global__ void __launch_bounds__(kThreadsPerBlock) all_gather_low_latency(AllGatherKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) all_gather_low_latency(LowLatencyGatherArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t call = device::call_begin(s);
   const size_t words = (a.bytes + 3) / 4;
-  auto slot = [&](uint64_t* area, int sender) { return device::low_latency_slot(area, call, sender, a.ll_slot_words); };
+  auto slot = [&](uint64_t* area, int sender) {
+    return device::low_latency_slot(area, call, sender, a.lines.slot_words);
+  };
   auto out_slot = [&](int r) { return static_cast<char*>(a.out) + size_t(r) * a.slot_stride; };
   const uint64_t tag = uint64_t(s.signature) << 32;
 
@@ -29,17 +31,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_low_latency(AllGa
     const uint32_t mine = device::load_word(a.in, w, a.bytes);
     for (int k = 1; k < s.world; ++k) {
       const int peer = (s.rank + k) % s.world;
-      device::st_relaxed_sys_u64(slot(a.ll_peers[peer], s.rank) + w, tag | mine);
+      device::st_relaxed_sys_u64(slot(a.lines.peers[peer], s.rank) + w, tag | mine);
     }
     if (a.copy_own) device::store_word_bytes(out_slot(s.rank), w, a.bytes, mine);
   }
 
   // Receive every peer's words (clearing their lines) into their output slots.
-  uint64_t* slots = slot(a.ll_peers[s.rank], 0);
+  uint64_t* slots = slot(a.lines.peers[s.rank], 0);
   const uint32_t every = (1u << s.world) - 1;
   for (size_t w = device::global_thread(); w < words; w += device::global_threads()) {
     uint32_t word[kMaxWorld];
-    if (!device::collect_words(s, slots, a.ll_slot_words, w, every, 0, 0, word)) break;
+    if (!device::collect_words(s, slots, a.lines.slot_words, w, every, 0, 0, word)) break;
 #pragma unroll
     for (int r = 0; r < kMaxWorld; ++r)
       if (r < s.world && r != s.rank) device::store_word_bytes(out_slot(r), w, a.bytes, word[r]);
@@ -50,7 +52,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_gather_low_latency(AllGa
 
 }  // namespace
 
-void launch_all_gather_low_latency(const AllGatherKernelArgs& args, int blocks, cudaStream_t stream) {
+void launch_all_gather_low_latency(const LowLatencyGatherArgs& args, int blocks, cudaStream_t stream) {
   launch_kernel(all_gather_low_latency, blocks, kThreadsPerBlock, 0, stream, args);
 }
 

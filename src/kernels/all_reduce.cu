@@ -1,8 +1,8 @@
 // All-reduce and reduce-scatter kernels on SMs.
 //   one-shot: barrier -> every rank reads every input and reduces all elements -> barrier.
-//   reduce-scatter: the same kernel over this rank's slice of every input.
+//   reduce-scatter pull: the one-shot kernel over this rank's slice of every input.
 //   two-shot: barrier -> rank r reduces slice r of every input and writes it to every rank's
-//             output (push), or to its scratch which every rank then reads (gather) -> barrier.
+//             output (symmetric), or to its gather area, which every rank then reads -> barrier.
 //   two-shot push: see all_reduce_two_shot_push below (stores only over NVLink).
 //   one-shot push: see reduce_pushed below (stores only, one barrier).
 // All read sources in rank order, so every rank's result is bit-identical.
@@ -48,7 +48,7 @@ __device__ __forceinline__ void send_to_peers(const SyncArgs& s, ChunkFor chunk_
 // One-shot all-reduce (peer_stride = 0) and reduce-scatter (peer_stride = count): this rank reads
 // `count` elements from rank * peer_stride of every rank's input and reduces them into its output.
 template <typename T, int kOp, bool kVector>
-__global__ void __launch_bounds__(kThreadsPerBlock) reduce_from_every_rank(ReduceKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) reduce_from_every_rank(ReduceFromEveryRankArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t epoch = device::epoch_begin(s);
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) reduce_from_every_rank(Reduc
 }
 
 template <typename T, int kOp, bool kVector>
-__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(AllReduceTwoShotArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t epoch = device::epoch_begin(s);
@@ -86,16 +86,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKe
     src[r] = static_cast<const T*>(a.in_peers[r < s.world ? r : 0]) + mine;
     // Push writes the reduced slice into every rank's output, starting with the next rank.
     const int to = (s.rank + 1 + r) % s.world;
-    dst[r] = push ? static_cast<T*>(a.out_peers[to]) + mine : static_cast<T*>(a.scratch_peers[s.rank]) + mine;
+    dst[r] = push ? static_cast<T*>(a.out_peers[to]) + mine : static_cast<T*>(a.gather_peers[s.rank]) + mine;
   }
   device::reduce_range<T, kOp, kVector>(src, s.world, dst, push ? s.world : 1, slice_count(s.rank));
   if (!push) {
     if (!device::barrier(s, epoch, 1)) return;
-    // Invariant: every rank's scratch holds its reduced slice; gather them, next rank first.
+    // Invariant: every rank's gather area holds its reduced slice; gather them, next rank first.
     constexpr size_t kElems = 16 / sizeof(T);
     for (int k = 0; k < s.world; ++k) {
       const int r = (s.rank + k) % s.world;
-      const T* from = static_cast<const T*>(a.scratch_peers[r]) + slice_begin(r);
+      const T* from = static_cast<const T*>(a.gather_peers[r]) + slice_begin(r);
       T* to = static_cast<T*>(a.out) + slice_begin(r);
       const size_t n = slice_count(r);
       size_t done = 0;
@@ -123,16 +123,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot(ReduceKe
 //            the result into every rank's output
 //   barrier: every output is complete
 template <typename T, int kOp, bool kVector>
-__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(ReduceKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(AllReduceTwoShotPushArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t epoch = device::epoch_begin(s);
   const size_t slice = two_shot_slice(a.count, s.world, sizeof(T));
   auto slice_begin = [&](int r) { return min(a.count, size_t(r) * slice); };
   auto slice_count = [&](int r) { return min(a.count, size_t(r + 1) * slice) - slice_begin(r); };
-  const T* in = static_cast<const T*>(a.in_peers[s.rank]);
+  const T* in = static_cast<const T*>(a.in);
   send_to_peers<T, kVector>(s, [&](int p) {
-    return Chunk<T>{in + slice_begin(p), static_cast<T*>(a.scratch_peers[p]) + size_t(s.rank) * slice, slice_count(p)};
+    return Chunk<T>{in + slice_begin(p), static_cast<T*>(a.slot_peers[p]) + size_t(s.rank) * slice, slice_count(p)};
   });
   if (!device::barrier(s, epoch, 0)) return;
   // Invariant: this rank's receive area holds slice `rank` of every peer's input.
@@ -140,8 +140,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(Red
   T* dst[kMaxWorld];
 #pragma unroll
   for (int r = 0; r < kMaxWorld; ++r) {
-    src[r] =
-        r == s.rank ? in + slice_begin(s.rank) : static_cast<const T*>(a.scratch_peers[s.rank]) + size_t(r) * slice;
+    src[r] = r == s.rank ? in + slice_begin(s.rank) : static_cast<const T*>(a.slot_peers[s.rank]) + size_t(r) * slice;
     const int to = (s.rank + 1 + r) % s.world;
     dst[r] = static_cast<T*>(a.out_peers[to]) + slice_begin(s.rank);
   }
@@ -151,7 +150,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(Red
   device::epoch_commit(s, epoch);
 }
 
-// One-shot push (all-reduce) and reduce-scatter push: one barrier, every NVLink transfer a store.
+// One-shot push (all-reduce) and push reduce-scatter: one barrier, every NVLink transfer a store.
 //   send: chunk p of this rank's input (all of it for all-reduce, slice p for reduce-scatter)
 //         into slot `rank` of rank p's receive area, in the half of this call's parity
 //   barrier: every chunk of this call arrived
@@ -159,13 +158,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_reduce_two_shot_push(Red
 // No closing barrier: a peer's next store into the same half comes a whole call later, after this
 // rank entered that call (docs/algorithms.md, "Why one barrier is enough").
 template <typename T, int kOp, bool kVector>
-__global__ void __launch_bounds__(kThreadsPerBlock) reduce_pushed(ReduceKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) reduce_pushed(ReducePushedArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t call = device::call_begin(s);
   const uint32_t epoch = device::epoch_begin(s);
   const size_t half = (call & 1u) * a.receive_half;
-  const T* in = static_cast<const T*>(a.in_peers[s.rank]);
+  const T* in = static_cast<const T*>(a.in);
   send_to_peers<T, kVector>(s, [&](int p) {
     return Chunk<T>{in + size_t(p) * a.peer_stride,
                     static_cast<T*>(a.receive_peers[p]) + half + size_t(s.rank) * a.receive_slot, a.count};
@@ -188,33 +187,37 @@ __global__ void __launch_bounds__(kThreadsPerBlock) reduce_pushed(ReduceKernelAr
 
 }  // namespace
 
-void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,
-                       int blocks, cudaStream_t stream) {
-  dispatch_reduce(type, op, [&](auto t, auto o) {
-    using T = decltype(t);
-    constexpr int kOp = decltype(o)::value;
-    if (kernel == AllReduceKernel::kOneShot) {
-      if (vector)
-        launch_kernel(reduce_from_every_rank<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);
-      else
-        launch_kernel(reduce_from_every_rank<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args);
-    } else if (kernel == AllReduceKernel::kOneShotPush) {
-      if (vector)
-        launch_kernel(reduce_pushed<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);
-      else
-        launch_kernel(reduce_pushed<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args);
-    } else if (kernel == AllReduceKernel::kTwoShotPush) {
-      if (vector)
-        launch_kernel(all_reduce_two_shot_push<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);
-      else
-        launch_kernel(all_reduce_two_shot_push<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args);
-    } else {
-      if (vector)
-        launch_kernel(all_reduce_two_shot<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);
-      else
-        launch_kernel(all_reduce_two_shot<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args);
-    }
-  });
+// Calls f(kernel<T, op, vector>) for the element type, reduction and vector width of a call.
+#define SYMMEM_LAUNCH_REDUCTION(kernel, type, op, vector, args, blocks, stream)        \
+  dispatch_reduce(type, op, [&](auto t, auto o) {                                      \
+    using T = decltype(t);                                                             \
+    constexpr int kOp = decltype(o)::value;                                            \
+    if (vector)                                                                        \
+      launch_kernel(kernel<T, kOp, true>, blocks, kThreadsPerBlock, 0, stream, args);  \
+    else                                                                               \
+      launch_kernel(kernel<T, kOp, false>, blocks, kThreadsPerBlock, 0, stream, args); \
+  })
+
+void launch_reduce_from_every_rank(DataType type, ReduceOp op, bool vector, const ReduceFromEveryRankArgs& args,
+                                   int blocks, cudaStream_t stream) {
+  SYMMEM_LAUNCH_REDUCTION(reduce_from_every_rank, type, op, vector, args, blocks, stream);
 }
+
+void launch_reduce_pushed(DataType type, ReduceOp op, bool vector, const ReducePushedArgs& args, int blocks,
+                          cudaStream_t stream) {
+  SYMMEM_LAUNCH_REDUCTION(reduce_pushed, type, op, vector, args, blocks, stream);
+}
+
+void launch_all_reduce_two_shot(DataType type, ReduceOp op, bool vector, const AllReduceTwoShotArgs& args, int blocks,
+                                cudaStream_t stream) {
+  SYMMEM_LAUNCH_REDUCTION(all_reduce_two_shot, type, op, vector, args, blocks, stream);
+}
+
+void launch_all_reduce_two_shot_push(DataType type, ReduceOp op, bool vector, const AllReduceTwoShotPushArgs& args,
+                                     int blocks, cudaStream_t stream) {
+  SYMMEM_LAUNCH_REDUCTION(all_reduce_two_shot_push, type, op, vector, args, blocks, stream);
+}
+
+#undef SYMMEM_LAUNCH_REDUCTION
 
 }  // namespace symmem::detail

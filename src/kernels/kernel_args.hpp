@@ -1,5 +1,6 @@
-// The by-value argument structs of every SM kernel, and the host functions that launch them.
-// Plain C++: collectives fill these; the .cu files hold the kernels and nothing else.
+// The by-value argument struct of each kernel family, and the host function that launches each
+// kernel (one per plan/algorithms.hpp KernelId, named alike). Plain C++: collectives fill these;
+// the .cu files hold the kernels and nothing else. Every field has one meaning.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,65 +13,116 @@
 
 namespace symmem::detail {
 
-constexpr int kThreadsPerBlock = 512;
+// ---- All-gather: rank r's slot of an output starts at r * slot_stride; `bytes` fill one slot.
 
-struct AllGatherKernelArgs {
+// all_gather_pull, all_gather_push, all_gather_push_bulk.
+struct AllGatherArgs {
   const void* in_peers[kMaxWorld];  // pull: every rank's input as mapped here
   void* out_peers[kMaxWorld];       // push: every rank's output base as mapped here
   const void* in;                   // this rank's input
-  void* out;                        // this rank's output base (rank r's slot at r * slot_stride)
+  void* out;                        // this rank's output base
   size_t bytes;                     // per rank
-  size_t slot_stride;               // bytes from rank r's slot to rank r+1's in out and out_peers
-                                    // (== bytes, except when a staged call runs in chunks)
-  bool copy_own;                    // out-of-place: this rank's own slot is written too
+  size_t slot_stride;               // == bytes, except when a staged call runs in chunks
+  bool copy_own;                    // out of place: this rank's own slot is written too
   int local_warps;                  // pull with copy_own: warps of each block that copy the own slot
-  uint64_t* ll_peers[kMaxWorld];    // low latency: every rank's receive area
-  size_t ll_slot_words;             // low latency: capacity of one sender's slot, in 4-byte words
   SyncArgs sync;
 };
 
-enum class AllGatherKernel { kPull, kPush };
-
-// vector_bytes: 16, 8, 4, 2 or 1; it divides bytes and every pointer's address.
-void launch_all_gather(AllGatherKernel kernel, int vector_bytes, const AllGatherKernelArgs& args, int blocks,
-                       cudaStream_t stream);
-// Push with Hopper bulk copies (sm_90): 16-byte aligned pointers and bytes.
-void launch_all_gather_push_bulk(const AllGatherKernelArgs& args, int blocks, cudaStream_t stream);
-// Low latency (device/low_latency.cuh): bytes <= 4 * ll_slot_words; any alignment.
-void launch_all_gather_low_latency(const AllGatherKernelArgs& args, int blocks, cudaStream_t stream);
-
-struct ReduceKernelArgs {
-  const void* in_peers[kMaxWorld];  // every rank's input as mapped here (index = rank)
-  void* out;                        // this rank's output
-  void* out_peers[kMaxWorld];       // two-shot with results_to_peers: every rank's output
-  bool results_to_peers;            // two-shot: store each reduced slice into every rank's output
-                                    // (symmetric output), else into scratch for the ranks to gather
-  void* scratch_peers[kMaxWorld];   // two-shot gather: every rank's result area
-  uint64_t* ll_peers[kMaxWorld];    // low latency: every rank's receive area
-  void* receive_peers[kMaxWorld];   // one-shot push: every rank's receive area (two parity halves)
-  size_t count;                     // all-reduce: elements; reduce-scatter: elements per rank
-  size_t peer_stride;               // elements between ranks' chunks of an input (all-reduce: 0,
-                                    // reduce-scatter: count); rank r reduces from r * peer_stride
-  size_t ll_slot_words;             // low latency: capacity of one sender's slot, in 4-byte words
-  size_t receive_half;              // one-shot push: elements in each parity half of a receive area
-  size_t receive_slot;              // one-shot push: elements of one sender's slot (16-byte multiple)
+// all_gather_low_latency: any alignment; bytes <= 4 * lines.slot_words.
+struct LowLatencyGatherArgs {
+  const void* in;
+  void* out;
+  size_t bytes;
+  size_t slot_stride;
+  bool copy_own;
+  LowLatencyLines lines;
   SyncArgs sync;
 };
 
-// kOneShotPush serves all-reduce one_shot_push and reduce-scatter two_shot_push (its first half).
-enum class AllReduceKernel { kOneShot, kOneShotPush, kTwoShot, kTwoShotPush };
+// vector_bytes: 16, 8, 4, 2 or 1; it divides bytes, slot_stride and every address.
+void launch_all_gather_pull(int vector_bytes, const AllGatherArgs& args, int blocks, cudaStream_t stream);
+void launch_all_gather_push(int vector_bytes, const AllGatherArgs& args, int blocks, cudaStream_t stream);
+// Hopper bulk copies (sm_90): 16-byte aligned addresses, bytes and slot_stride.
+void launch_all_gather_push_bulk(const AllGatherArgs& args, int blocks, cudaStream_t stream);
+void launch_all_gather_low_latency(const LowLatencyGatherArgs& args, int blocks, cudaStream_t stream);
 
-// vector: every input/output address (and every reduce-scatter slice) is 16-byte aligned.
-void launch_all_reduce(AllReduceKernel kernel, DataType type, ReduceOp op, bool vector, const ReduceKernelArgs& args,
-                       int blocks, cudaStream_t stream);
-// Needs a 4-byte aligned input; one-shot: count * size <= 4 * ll_slot_words; two-shot: each
-// slice's bytes <= 2 * ll_slot_words (half a slot).
-void launch_all_reduce_low_latency(bool two_shot, DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
+// ---- Reductions. `count`: all-reduce, elements; reduce-scatter, elements per rank. Rank r's
+// range of an input starts `peer_stride` elements after rank r - 1's (all-reduce: 0, every rank
+// reduces the whole input; reduce-scatter: the slice count, or the staged chunk's).
+// vector: every address (and every reduce-scatter range) is 16-byte aligned.
+
+// reduce_from_every_rank: one-shot all-reduce, pull reduce-scatter.
+struct ReduceFromEveryRankArgs {
+  const void* in_peers[kMaxWorld];  // every rank's input as mapped here
+  void* out;
+  size_t count;
+  size_t peer_stride;
+  SyncArgs sync;
+};
+
+// reduce_pushed: one-shot push all-reduce, push reduce-scatter. Rank p's receive area holds two
+// parity halves of `receive_half` elements, a slot of `receive_slot` elements per sender in each.
+struct ReducePushedArgs {
+  const void* in;  // this rank's input
+  void* out;
+  size_t count;
+  size_t peer_stride;
+  void* receive_peers[kMaxWorld];  // every rank's receive area
+  size_t receive_half;
+  size_t receive_slot;  // a 16-byte multiple
+  SyncArgs sync;
+};
+
+// all_reduce_two_shot: slice r of every input is reduced by rank r, then stored into every rank's
+// output (a symmetric output) or into rank r's gather area, which every rank then reads.
+struct AllReduceTwoShotArgs {
+  const void* in_peers[kMaxWorld];
+  void* out;
+  size_t count;
+  bool results_to_peers;          // store the reduced slice into out_peers, else gather_peers
+  void* out_peers[kMaxWorld];     // every rank's output (results_to_peers)
+  void* gather_peers[kMaxWorld];  // every rank's gather area (staging_out), as mapped here
+  SyncArgs sync;
+};
+
+// all_reduce_two_shot_push: slice p of this rank's input is stored into rank p's push slots
+// (slot `rank`), and every reduced slice into every rank's output.
+struct AllReduceTwoShotPushArgs {
+  const void* in;
+  size_t count;
+  void* out_peers[kMaxWorld];   // every rank's output (symmetric)
+  void* slot_peers[kMaxWorld];  // every rank's push slots, world slices each
+  SyncArgs sync;
+};
+
+// The low-latency reductions: a 4-byte aligned input for the all-reduces (the reduce-scatter reads
+// slices at any alignment). one-shot: count * size <= 4 * slot_words; two-shot: each slice's bytes
+// <= 2 * slot_words; reduce-scatter: count * size <= 4 * slot_words.
+struct LowLatencyReduceArgs {
+  const void* in;
+  void* out;
+  size_t count;
+  size_t peer_stride;  // reduce-scatter only
+  LowLatencyLines lines;
+  SyncArgs sync;
+};
+
+void launch_reduce_from_every_rank(DataType type, ReduceOp op, bool vector, const ReduceFromEveryRankArgs& args,
+                                   int blocks, cudaStream_t stream);
+void launch_reduce_pushed(DataType type, ReduceOp op, bool vector, const ReducePushedArgs& args, int blocks,
+                          cudaStream_t stream);
+void launch_all_reduce_two_shot(DataType type, ReduceOp op, bool vector, const AllReduceTwoShotArgs& args, int blocks,
+                                cudaStream_t stream);
+void launch_all_reduce_two_shot_push(DataType type, ReduceOp op, bool vector, const AllReduceTwoShotPushArgs& args,
+                                     int blocks, cudaStream_t stream);
+void launch_all_reduce_low_latency(DataType type, ReduceOp op, const LowLatencyReduceArgs& args, int blocks,
                                    cudaStream_t stream);
-// Low-latency reduce-scatter: count * size <= 4 * ll_slot_words; input slices at any alignment,
-// output aligned to its element size.
-void launch_reduce_scatter_low_latency(DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
+void launch_all_reduce_low_latency_two_shot(DataType type, ReduceOp op, const LowLatencyReduceArgs& args, int blocks,
+                                            cudaStream_t stream);
+void launch_reduce_scatter_low_latency(DataType type, ReduceOp op, const LowLatencyReduceArgs& args, int blocks,
                                        cudaStream_t stream);
+
+// ---- Others.
 
 // A device barrier among all ranks (one block); used by Communicator::barrier.
 void launch_barrier(const SyncArgs& sync, cudaStream_t stream);
@@ -85,13 +137,5 @@ struct PartialSumsArgs {
   int world;
 };
 void launch_partial_sums(DataType type, const PartialSumsArgs& args, int sm_count, cudaStream_t stream);
-
-// Two-shot slicing: rank r reduces elements [r * slice, min((r + 1) * slice, count)); slices are
-// whole 16-byte vectors so that every slice start stays aligned.
-SYMMEM_HOST_DEVICE inline size_t two_shot_slice(size_t count, int world, size_t elem_bytes) {
-  const size_t elems_per_vector = 16 / elem_bytes;
-  const size_t vectors = (count + elems_per_vector - 1) / elems_per_vector;
-  return (vectors + world - 1) / world * elems_per_vector;
-}
 
 }  // namespace symmem::detail

@@ -17,31 +17,33 @@ namespace symmem::detail {
 namespace {
 
 template <typename T, int kOp>
-__global__ void __launch_bounds__(kThreadsPerBlock) reduce_scatter_low_latency(ReduceKernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock) reduce_scatter_low_latency(LowLatencyReduceArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   const uint32_t call = device::call_begin(s);
   const size_t bytes = a.count * sizeof(T);  // one slice
   const size_t words = (bytes + 3) / 4;
-  const T* in = static_cast<const T*>(a.in_peers[s.rank]);
+  const T* in = static_cast<const T*>(a.in);
   auto slice = [&](int r) { return in + size_t(r) * a.peer_stride; };
-  auto slot = [&](uint64_t* area, int sender) { return device::low_latency_slot(area, call, sender, a.ll_slot_words); };
+  auto slot = [&](uint64_t* area, int sender) {
+    return device::low_latency_slot(area, call, sender, a.lines.slot_words);
+  };
   const uint64_t tag = uint64_t(s.signature) << 32;
 
   // Send: word w of slice p into this rank's slot of rank p's receive area.
   for (size_t w = device::global_thread(); w < words; w += device::global_threads()) {
     for (int k = 1; k < s.world; ++k) {
       const int p = (s.rank + k) % s.world;
-      device::st_relaxed_sys_u64(slot(a.ll_peers[p], s.rank) + w, tag | device::load_word(slice(p), w, bytes));
+      device::st_relaxed_sys_u64(slot(a.lines.peers[p], s.rank) + w, tag | device::load_word(slice(p), w, bytes));
     }
   }
 
   // Receive this rank's slice from every peer (clearing their lines) and reduce it in rank order.
-  uint64_t* slots = slot(a.ll_peers[s.rank], 0);
+  uint64_t* slots = slot(a.lines.peers[s.rank], 0);
   const uint32_t every = (1u << s.world) - 1;
   for (size_t w = device::global_thread(); w < words; w += device::global_threads()) {
     uint32_t word[kMaxWorld];
-    if (!device::collect_words(s, slots, a.ll_slot_words, w, every, device::load_word(slice(s.rank), w, bytes), 0,
+    if (!device::collect_words(s, slots, a.lines.slot_words, w, every, device::load_word(slice(s.rank), w, bytes), 0,
                                word))
       break;
     device::store_word(static_cast<T*>(a.out), w, a.count, device::reduce_word<T, kOp>(word, s.world));
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) reduce_scatter_low_latency(R
 
 }  // namespace
 
-void launch_reduce_scatter_low_latency(DataType type, ReduceOp op, const ReduceKernelArgs& args, int blocks,
+void launch_reduce_scatter_low_latency(DataType type, ReduceOp op, const LowLatencyReduceArgs& args, int blocks,
                                        cudaStream_t stream) {
   dispatch_reduce(type, op, [&](auto t, auto o) {
     using T = decltype(t);

@@ -10,7 +10,7 @@
 // STEPS run on stream() (forked from the caller's stream by the hierarchical all-gather). Each is
 // bracketed by stream writes into this rank's host board page: net_piece and net_signature, then
 // net_wait_state = 1 before the NCCL calls, 2 after them (the copy-engine protocol of
-// copy_engine_state.hpp; the stream writes only 1 and 2, the watchdog only swaps 1 -> 3, 2 -> 0).
+// board/wait_word.hpp; the stream writes only 1 and 2, the watchdog only swaps 1 -> 3, 2 -> 0).
 //
 // WATCHDOG (one thread; host memory and NCCL's own thread-safe calls only). It fails the
 // communicator, in this order, when
@@ -36,8 +36,8 @@
 #include <mutex>
 #include <string>
 
-#include "comm/host_board.hpp"
-#include "comm/node_layout.hpp"
+#include "board/host_board.hpp"
+#include "plan/node_layout.hpp"
 #include "common/polling_thread.hpp"
 #include "plan/hierarchical_plan.hpp"
 #include "symmem/bootstrap.hpp"

@@ -21,7 +21,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "comm/node_layout.hpp"
+#include "plan/node_layout.hpp"
 
 namespace symmem::detail {
 

@@ -1,5 +1,8 @@
-// Planning: which algorithm, how many blocks, which vector width, what must be staged. Pure C++
+// Planning: which algorithm (a row of the table, algorithms.hpp) and so which kernel, how many
+// blocks, which vector width, what must be staged, and how a call is cut into chunks. Pure C++
 // with no CUDA, so CPU tests check it; every rank computes the same plan from the same inputs.
+// Launch code runs the plan: it narrows the vector width for its local pointers
+// (narrowed_kernel) and dispatches on the kernel, and decides nothing else.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/algorithms.hpp"
 #include "plan/tuning_table.hpp"
 #include "symmem/types.hpp"
 
@@ -16,8 +20,17 @@ namespace symmem::detail {
 // keeps every access aligned.
 int common_vector_bytes(std::initializer_list<uint64_t> values);
 
+// The workspace capacities that bound one chunk of a call (equal on every rank). Unbounded unless
+// given.
+struct WorkspaceLimits {
+  static constexpr size_t kUnbounded = ~size_t(0);
+  size_t staging = kUnbounded;       // staging_in, staging_out and push_slots: bytes each
+  size_t receive_half = kUnbounded;  // one parity half of the receive area, bytes
+};
+
 struct AllGatherRequest {
   size_t bytes_per_rank = 0;
+  size_t elem_bytes = 1;
   int world = 1;
   int sm_count = 132;
   CollectiveOptions options;
@@ -30,22 +43,30 @@ struct AllGatherRequest {
   // the protocol: it may narrow the vector width or turn bulk push into plain push).
   uint64_t in_address = 0;
   uint64_t out_address = 0;
-  bool copy_engine_push = false;  // SYMMEM_CE_DIRECTION=push (used when the output is symmetric)
-  bool push_bulk = true;         // SYMMEM_PUSH_BULK: push with Hopper bulk copies where aligned
+  bool copy_engine_push = false;    // SYMMEM_CE_DIRECTION=push (used when the output is symmetric)
+  bool push_bulk = true;            // SYMMEM_PUSH_BULK: push with Hopper bulk copies where aligned
   size_t low_latency_capacity = 0;  // largest message per rank the low-latency areas hold, bytes
-  int nodes = 1;  // nodes the communicator spans (world is the ranks of one node)
+  int nodes = 1;                    // nodes the communicator spans (world is the ranks of one node)
+  WorkspaceLimits workspace;
 };
 
 struct AllGatherPlan {
   Algo algo = Algo::kPull;  // kPull, kPush, kCopyEngine, kLowLatency or kHierarchical
-  int blocks = 0;           // 0 for the copy engine
+  KernelId kernel = KernelId::kAllGatherPull;
+  int blocks = 0;  // 0 for the copy engine
   int vector_bytes = 16;
-  bool stage_input = false;       // copy the input into the heap first (pull, copy engine, hierarchical)
-  bool stage_output = false;      // push into the heap, then copy out (push, hierarchical)
-  bool copy_engine_push = false;  // copy engine writes into the peers' outputs (else reads inputs)
-  bool bulk = false;              // push through the TMA engine (cp.async.bulk)
-  int local_warps = 0;            // pull, out of place: warps of each block that copy the own slot
+  bool stage_input = false;            // copy the input into the heap first (pull, copy engine, hierarchical)
+  bool stage_output = false;           // push into the heap, then copy out (push, hierarchical)
+  bool copy_engine_push = false;       // copy engine writes into the peers' outputs (else reads inputs)
+  int local_warps = 0;                 // pull, out of place: warps of each block that copy the own slot
+  size_t chunk_elements = ~size_t(0);  // per rank and chunk (all_gather_chunk_elements)
 };
+
+// The kernel that runs `plan` where this rank's local pointers allow `vector_bytes` only (at most
+// plan.vector_bytes): the plan's, or the kernel of the same protocol that takes that width (push
+// rather than bulk push below 16 bytes). A local pointer is this rank's own affair: the protocol,
+// the grid and the signature stay the plan's.
+KernelId narrowed_kernel(const AllGatherPlan& plan, int vector_bytes);
 
 // Pull out of place: warps of each 16-warp block that copy this rank's own slot while the others
 // read NVLink. A local load returns several times sooner than a peer's, so a few warps keep the
@@ -74,43 +95,33 @@ struct ReduceRequest {
   uint64_t out_address = 0;
   size_t low_latency_capacity = 0;  // largest message the low-latency areas hold, bytes
   bool in_place = false;
+  WorkspaceLimits workspace;
 };
 
 struct ReducePlan {
-  Algo algo = Algo::kTwoShot;  // an all-reduce algorithm (reduce-scatter: kTwoShot, kTwoShotPush or kLowLatency)
+  Algo algo = Algo::kTwoShot;  // all-reduce: an all-reduce algorithm; reduce-scatter: kPull, kPush
+                               // or kLowLatency
+  KernelId kernel = KernelId::kAllReduceTwoShot;
   int blocks = 0;
-  bool vector = true;               // 16-byte vectors (all addresses aligned)
-  bool stage_input = false;         // input must be copied into the heap first (also one-shot in
-                                    // place: ranks would overwrite inputs their peers still read)
-  bool gather_via_scratch = false;  // two-shot with an output outside the heap
-  bool reads_peer_inputs = true;    // false: reads only this rank's input (low latency, push)
-  bool receive_area = false;        // peers store their inputs into this rank's parity-alternating
-                                    // receive area (one-shot push, reduce-scatter push)
+  bool vector = true;                  // 16-byte vectors (all addresses aligned)
+  bool stage_input = false;            // input must be copied into the heap first (also one-shot in
+                                       // place: ranks would overwrite inputs their peers still read)
+  bool gather_via_staging = false;     // two-shot with an output outside the heap: the reduced slices
+                                       // are gathered from every rank's staging_out
+  bool reads_peer_inputs = true;       // false: reads only this rank's input (low latency, push)
+  bool receive_area = false;           // peers store their inputs into this rank's parity-alternating
+                                       // receive area (one-shot push, reduce-scatter push)
+  size_t chunk_elements = ~size_t(0);  // per chunk (per rank for reduce-scatter; reduce_chunk_elements)
 };
 
 ReducePlan plan_reduce(const ReduceRequest& request, const TuningTable& table);
 
-// Copy-engine all-gather: the peer copies of one call, spread over `streams` streams. Pieces
-// cover every peer's bytes exactly once, are at most piece_bytes (but not under 64 KiB), and
-// are numerous enough that each stream gets a share.
-struct CopyPiece {
-  int peer;
-  size_t offset;  // within the peer's bytes
-  size_t bytes;
-  int stream;
-};
-std::vector<CopyPiece> plan_copy_engine(int rank, int world, size_t bytes_per_rank, int streams, size_t piece_bytes);
-
-// The workspace capacities that bound one chunk of a call (equal on every rank).
-struct WorkspaceLimits {
-  size_t staging = 0;       // staging_in, staging_out and push_slots: bytes each
-  size_t receive_half = 0;  // one parity half of the receive area, bytes
-};
-
 // Most elements (per rank for all-gather and reduce-scatter) that one chunk of the call may cover
 // so that everything it stages or receives fits its workspace; a multiple of 16 bytes' worth of
-// elements, at least one vector. SIZE_MAX when the plan needs no workspace.
-size_t all_gather_chunk_elements(const AllGatherPlan& plan, size_t elem_bytes, int world, const WorkspaceLimits& limits);
+// elements, at least one vector. SIZE_MAX when the plan needs no workspace. The planners fill
+// chunk_elements with these.
+size_t all_gather_chunk_elements(const AllGatherPlan& plan, size_t elem_bytes, int world,
+                                 const WorkspaceLimits& limits);
 size_t reduce_chunk_elements(const ReducePlan& plan, bool reduce_scatter, size_t elem_bytes, int world,
                              const WorkspaceLimits& limits);
 

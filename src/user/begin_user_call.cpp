@@ -1,19 +1,19 @@
-// The host half of a user kernel call (include/symmem/user_call.hpp): the same steps as a library
-// collective's (usable? ordered after the previous call, signed, logged), minus the plan.
+// The host half of a user kernel call (include/symmem/user_call.hpp): the steps of a library
+// collective's call path (usable? then, inside an EnqueueScope: ordered after the previous call,
+// held by a graph that captures it, signed and logged), minus the plan and the launch, which is
+// the user's. The scope leaves the call's end unrecorded (communicator_state.hpp, EnqueueScope):
+// the kernel is launched after it closed; end_user_call() records the end once it was.
 #include <string>
 
+#include "board/call_signature.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/device_guard.hpp"
-#include "common/hash.hpp"
 #include "symmem/user_call.hpp"
-#include "workspace/user_call_area.hpp"
 
 namespace symmem {
 
 uint32_t user_call_signature(const std::string& description, int blocks) {
-  const uint64_t d = detail::Fnv1a().value(detail::kOpUser).value(blocks).text(description).digest();
-  const uint32_t folded = static_cast<uint32_t>(d ^ (d >> 32));
-  return folded != 0 ? folded : 1u;  // 0 marks an empty flag
+  return detail::signature_of(detail::make_user_call_descriptor(description, blocks));
 }
 
 UserSync begin_user_call(Communicator& comm, const std::string& description, int blocks, cudaStream_t stream) {
@@ -28,11 +28,18 @@ UserSync begin_user_call(Communicator& comm, const std::string& description, int
                                                  std::to_string(kUserMaxBlocks) + " blocks (its per-block flags and "
                                                  "epochs), not " + std::to_string(blocks));
   detail::DeviceGuard guard(st.device);
-  st.before_enqueue(stream);
-  const uint32_t signature = user_call_signature(description, blocks);
-  if (!st.board->recorded_recently(signature))
-    st.board->record_call(signature, description + " blocks=" + std::to_string(blocks));
-  return st.user_calls->sync(signature);
+  detail::EnqueueScope enqueue(st, stream);
+  enqueue.leave_end_open();  // the kernel comes after this returns
+  UserSync sync = st.user_sync;
+  sync.signature = st.sign_call(detail::make_user_call_descriptor(description, blocks));
+  return sync;
+}
+
+void end_user_call(Communicator& comm, cudaStream_t stream) {
+  detail::CommunicatorState& st = detail::state_of(comm);
+  if (st.closed || !st.call_order) return;
+  detail::DeviceGuard guard(st.device);
+  st.call_order->after_call(stream, detail::capture_id_of(stream));
 }
 
 }  // namespace symmem

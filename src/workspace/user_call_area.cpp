@@ -23,14 +23,11 @@ static_assert(uint32_t(kFailureTimeout) == uint32_t(kStatusTimeout) &&
 static_assert(kUserCallOp == kOpUser, "kUserCallOp must match OpCode kOpUser");
 static_assert(kUserMaxBlocks <= kMaxBlocks, "a user kernel's blocks index the per-block words of a communicator");
 
-UserCallArea::UserCallArea(Communicator& comm, const SyncArgs& library, size_t heap_stride)
-    : heap_stride_(heap_stride) {
-  buffer_ = comm.allocate(kUserAreaBytes);
-  const int world = comm.local_world();
-  UserSync& s = template_;
-  s.flags = static_cast<uint64_t*>(buffer_->ptr());
-  for (int r = 0; r < world; ++r) s.peer_flags[r] = static_cast<uint64_t*>(buffer_->peer_ptr(r));
-  s.epochs = reinterpret_cast<uint32_t*>(static_cast<char*>(buffer_->ptr()) + kUserEpochsOffset);
+UserSync user_sync_template(const HeapArea& area, const SyncArgs& library) {
+  UserSync s{};
+  s.flags = static_cast<uint64_t*>(area.ptr());
+  for (int r = 0; r < library.world; ++r) s.peer_flags[r] = static_cast<uint64_t*>(area.peer_ptr(r));
+  s.epochs = reinterpret_cast<uint32_t*>(static_cast<char*>(area.ptr()) + kUserEpochsOffset);
   s.failure_claim = library.failure_claim;
   s.failure = reinterpret_cast<FailureRecord*>(library.status);
   s.abort = library.abort;
@@ -38,6 +35,7 @@ UserCallArea::UserCallArea(Communicator& comm, const SyncArgs& library, size_t h
   s.rank = library.rank;
   s.world = library.world;
   s.signature = 0;
+  return s;
 }
 
 }  // namespace symmem::detail

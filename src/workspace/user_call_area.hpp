@@ -1,9 +1,10 @@
-// The user-call area (a workspace of its own purpose): the flags and epochs of users' kernels (include/symmem/device.cuh,
-// python/symmem/triton), apart from the library's own, so that a faulty user kernel cannot corrupt
-// a library collective's barriers (nor a library kernel a user's).
+// The user-call area (a workspace of its own purpose, workspaces.hpp): the flags and epochs of
+// users' kernels (include/symmem/device.cuh, python/symmem/triton), apart from the library's own,
+// so that a faulty user kernel cannot corrupt a library collective's barriers (nor a library
+// kernel a user's).
 //
-// One heap buffer, allocated when the communicator is created (fixed size, never resized, released
-// only when the communicator closes: a CUDA graph that captured a user kernel keeps referencing
+// A heap range allocated with the workspaces when the communicator is created (fixed size, never
+// resized, released only with the heap: a CUDA graph that captured a user kernel keeps referencing
 // valid memory), laid out as
 //   [ barrier flags: uint64 [kUserPhases][kUserMaxBlocks][kMaxWorld] | epochs: uint32 [kUserMaxBlocks] ]
 // Flags: rank p's block b stores {epoch << 32 | signature} into slot [phase][b][p] of every peer
@@ -17,7 +18,7 @@
 #include <cstdint>
 
 #include "device/device_types.hpp"
-#include "symmem/communicator.hpp"
+#include "heap/heap_area.hpp"
 #include "symmem/user_call.hpp"
 
 namespace symmem::detail {
@@ -27,29 +28,9 @@ constexpr size_t kUserFlagBytes = kUserFlagCount * sizeof(uint64_t);
 constexpr size_t kUserEpochsOffset = kUserFlagBytes;
 constexpr size_t kUserAreaBytes = kUserEpochsOffset + kUserMaxBlocks * sizeof(uint32_t);
 
-class UserCallArea {
- public:
-  // Collective (allocates a heap buffer). `library` is the communicator's synchronisation template:
-  // the failure record, claim word, abort word, deadline and ranks are shared with it.
-  // `heap_stride`: the heap's per-rank reserve (rank r's copy of every heap address lies at
-  // base + r * heap_stride in every process, heap/heap.hpp).
-  UserCallArea(Communicator& comm, const SyncArgs& library, size_t heap_stride);
-  // The buffer belongs to the communicator (released by close()); nothing to do here.
-
-  bool owns(const Buffer* buffer) const { return buffer == buffer_; }
-  // The UserSync of one call.
-  UserSync sync(uint32_t signature) const {
-    UserSync s = template_;
-    s.signature = signature;
-    return s;
-  }
-  // Byte distance between two ranks' copies of any heap address (the heap's per-rank reserve).
-  size_t heap_stride() const { return heap_stride_; }
-
- private:
-  Buffer* buffer_ = nullptr;
-  UserSync template_{};
-  size_t heap_stride_ = 0;
-};
+// The UserSync of every user call of a communicator, but its signature: the area's flags and
+// epochs, and the library's failure record, claim word, abort word, deadline and ranks (`library`,
+// the communicator's synchronisation template).
+UserSync user_sync_template(const HeapArea& area, const SyncArgs& library);
 
 }  // namespace symmem::detail

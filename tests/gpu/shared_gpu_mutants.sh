@@ -22,7 +22,7 @@ mutants=(
   "mrs_no_piece_wait|src/fused/matmul_reduce_scatter.cpp|    detail::enqueue_piece_wait(board, rank, world, peer, piece.chunk - rank * p.pieces.pieces, signature, stream);||matmul_reduce_scatter|2 3"
   # all_gather_matmul: the pulls start without the ready handshake (a peer's slot may still hold
   # the previous call's shard).
-  "agm_no_ready|src/fused/all_gather_matmul.cpp|      detail::enqueue_handshake(*st.board, rank, world, detail::CopyEngineState::kPhaseReady, signature, control);||all_gather_matmul|2 3"
+  "agm_no_ready|src/fused/all_gather_matmul.cpp|      detail::enqueue_handshake(*st.board, rank, world, detail::WaitWord::kPhaseReady, signature, control);||all_gather_matmul|2 3"
 )
 
 mutate() {  # file old new: replaces the one occurrence of old (fails if it is not there once)

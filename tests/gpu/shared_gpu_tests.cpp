@@ -1,8 +1,9 @@
 // The multi-rank protocols on ONE GPU: W ranks as threads of this process, each with its own
-// communicator on device 0 (SYMMEM_TEST_SHARED_GPU=1 lifts the one-rank-per-GPU rule), every call
-// held to at most sm_count / (2 W) blocks so that every rank's kernel, and the next one each rank
-// launches early (PDL), are resident at once. Run: symmem_shared_gpu_tests [filter] (worlds 2, 3,
-// 4 and 8; SYMMEM_SHARED_GPU_WORLDS="2 4" picks others).
+// communicator on device 0 (SYMMEM_TEST_SHARED_GPU=1 lifts the one-rank-per-GPU rule). The calls
+// pass no SM budget: ranks sharing a GPU plan with a share of its SMs small enough that every
+// rank's kernel, and the next one each rank launches early (PDL), are resident at once
+// (src/plan/shared_gpu.hpp). Run: symmem_shared_gpu_tests [filter] (worlds 2, 3, 4 and 8;
+// SYMMEM_SHARED_GPU_WORLDS="2 4" picks others; SYMMEM_SHARED_GPU_BLOCKS=N passes max_blocks N).
 //
 // What it covers on a one-GPU machine: the plans, signatures, workspaces and parity halves of every
 // SM algorithm and of the copy-engine handshakes, the low-latency line protocol, CUDA graph replays
@@ -14,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,7 @@
 
 #include "device_memory.hpp"
 #include "multicast_off.hpp"
+#include "plan/algorithms.hpp"
 #include "symmem/fused.hpp"
 #include "symmem/symmem.hpp"
 #include "test.hpp"
@@ -49,12 +52,6 @@ std::vector<int> worlds() {
   for (int w; in >> w;)
     if (w >= 2 && w <= 8) result.push_back(w);
   return result;
-}
-
-int sm_count() {
-  int sms = 0;
-  TEST_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  return sms;
 }
 
 // One simulated rank: its communicator, stream and operands (symmetric and local).
@@ -145,32 +142,36 @@ std::string describe(const Step& s) {
   return o.str();
 }
 
-Step random_step(std::mt19937_64& rng, int block_budget) {
+// Forced block counts are drawn up to the most an SM collective launches (kernels/, 160).
+constexpr int kDrawnBlocks = 160;
+
+// kAuto and every algorithm of `c` that runs inside one node, from the table of algorithms: an
+// algorithm added there is drawn here without an edit.
+const std::vector<Algo>& algorithms_of(Collective c) {
+  static const std::array<std::vector<Algo>, 3> lists = [] {
+    std::array<std::vector<Algo>, 3> all;
+    const detail::Collective table_name[] = {detail::Collective::kAllGather, detail::Collective::kAllReduce,
+                                             detail::Collective::kReduceScatter};
+    for (int i = 0; i < 3; ++i) {
+      all[i].push_back(Algo::kAuto);
+      for (const detail::Algorithm* a = detail::algorithms_begin(); a != detail::algorithms_end(); ++a)
+        if (a->collective == table_name[i] && !a->across_nodes) all[i].push_back(a->algo);
+    }
+    return all;
+  }();
+  return lists[int(c)];
+}
+
+Step random_step(std::mt19937_64& rng) {
   auto pick = [&](int n) { return static_cast<int>(rng() % uint64_t(n)); };
   Step s;
   s.collective = static_cast<Collective>(pick(3));
-  static const Algo gather_algos[] = {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency};
-  static const Algo reduce_algos[] = {Algo::kAuto,        Algo::kOneShot,    Algo::kOneShotPush,
-                                      Algo::kTwoShot,     Algo::kTwoShotPush, Algo::kLowLatency,
-                                      Algo::kLowLatencyTwoShot};
-  static const Algo scatter_algos[] = {Algo::kAuto, Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency};
   static const DataType gather_types[] = {DataType::kUInt8, DataType::kFloat16, DataType::kFloat32};
   static const DataType reduce_types[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
                                           DataType::kInt32};
-  switch (s.collective) {
-    case Collective::kAllGather:
-      s.algo = gather_algos[pick(5)];
-      s.type = gather_types[pick(3)];
-      break;
-    case Collective::kAllReduce:
-      s.algo = reduce_algos[pick(7)];
-      s.type = reduce_types[pick(4)];
-      break;
-    case Collective::kReduceScatter:
-      s.algo = scatter_algos[pick(4)];
-      s.type = reduce_types[pick(4)];
-      break;
-  }
+  const std::vector<Algo>& algos = algorithms_of(s.collective);
+  s.algo = algos[pick(int(algos.size()))];
+  s.type = s.collective == Collective::kAllGather ? gather_types[pick(3)] : reduce_types[pick(4)];
   // Message bytes log-uniform in [1, kMaxRankBytes]: mostly small (the low-latency range).
   const double log_bytes = std::uniform_real_distribution<double>(0.0, std::log2(double(kMaxRankBytes)))(rng);
   const size_t elem = dtype_size(s.type);
@@ -179,7 +180,7 @@ Step random_step(std::mt19937_64& rng, int block_budget) {
   s.in_place = pick(4) == 0;
   s.in_offset = pick(2) ? 0 : elem * pick(256 / int(elem));
   s.out_offset = pick(2) ? 0 : elem * pick(256 / int(elem));
-  s.blocks = pick(3) == 0 ? 1 + pick(block_budget) : 0;
+  s.blocks = pick(3) == 0 ? 1 + pick(kDrawnBlocks) : 0;  // the planner clamps it to the share
   s.barrier_after = pick(16) == 0;
   return s;
 }
@@ -208,13 +209,13 @@ Operands place(const Step& s, const Rank& r) {
   throw Failure("place: unknown collective");
 }
 
-CollectiveOptions options_of(const Step& s, int block_budget) {
-  return CollectiveOptions{s.algo, s.blocks, block_budget};
+CollectiveOptions options_of(const Step& s, int max_blocks) {
+  return CollectiveOptions{s.algo, s.blocks, max_blocks};
 }
 
-bool plannable(const Step& s, const Rank& r, int block_budget) {
+bool plannable(const Step& s, const Rank& r, int max_blocks) {
   const Operands ops = place(s, r);
-  const CollectiveOptions o = options_of(s, block_budget);
+  const CollectiveOptions o = options_of(s, max_blocks);
   try {
     switch (s.collective) {
       case Collective::kAllGather: describe_all_gather(ops.out, ops.in, s.count, s.type, *r.comm, o); break;
@@ -229,7 +230,7 @@ bool plannable(const Step& s, const Rank& r, int block_budget) {
 
 // Poison the output, fill the input for (rank, iteration), run, count wrong output elements into
 // *mismatches: all on the rank's stream, no host synchronisation.
-void run_step(const Step& s, Rank& r, uint64_t iteration, int block_budget, unsigned long long* mismatches) {
+void run_step(const Step& s, Rank& r, uint64_t iteration, int max_blocks, unsigned long long* mismatches) {
   const Operands ops = place(s, r);
   const size_t elem = dtype_size(s.type);
   const size_t bytes = s.count * elem;
@@ -237,7 +238,7 @@ void run_step(const Step& s, Rank& r, uint64_t iteration, int block_budget, unsi
   const uint64_t seed = pattern_seed(r.rank, iteration);
   void* out = ops.out.ptr();
   void* in = ops.in.ptr();
-  const CollectiveOptions o = options_of(s, block_budget);
+  const CollectiveOptions o = options_of(s, max_blocks);
   switch (s.collective) {
     case Collective::kAllGather:
       TEST_CUDA(cudaMemsetAsync(out, 0xA5, bytes * world, r.stream));
@@ -263,14 +264,14 @@ void run_step(const Step& s, Rank& r, uint64_t iteration, int block_budget, unsi
 
 // The steps every rank runs (identical on every rank: drawn from the same seed, filtered by
 // describe_*, whose answer depends only on what every rank shares).
-std::vector<Step> draw_steps(size_t n, uint64_t seed, const Rank& r, int block_budget) {
+std::vector<Step> draw_steps(size_t n, uint64_t seed, const Rank& r, int max_blocks) {
   std::mt19937_64 rng(seed);
   std::vector<Step> steps;
   while (steps.size() < n) {
-    Step s = random_step(rng, block_budget);
-    if (!plannable(s, r, block_budget)) {
+    Step s = random_step(rng);
+    if (!plannable(s, r, max_blocks)) {
       s.algo = Algo::kAuto;
-      if (!plannable(s, r, block_budget)) continue;
+      if (!plannable(s, r, max_blocks)) continue;
     }
     steps.push_back(s);
   }
@@ -293,11 +294,13 @@ void expect_no_mismatches(const std::vector<Step>& steps, const std::vector<unsi
                   std::to_string(steps.size()) + " calls wrong" + report);
 }
 
-// SYMMEM_SHARED_GPU_BLOCKS overrides (to tell a residency problem from a protocol one).
-int block_budget_for(int world) {
+// The calls' max_blocks: none, as a caller that knows nothing of sharing the GPU passes (the
+// planner's share keeps them resident); SYMMEM_SHARED_GPU_BLOCKS=N sets one (to tell a residency
+// problem from a protocol one).
+int max_blocks_for_calls() {
   const char* forced = std::getenv("SYMMEM_SHARED_GPU_BLOCKS");
   if (forced && *forced) return std::max(1, std::atoi(forced));
-  return std::max(1, sm_count() / (2 * world));
+  return -1;
 }
 
 // Thousands of back-to-back calls per world: every collective and algorithm, sizes from 1 byte
@@ -305,10 +308,10 @@ int block_budget_for(int world) {
 // block counts, barriers in between, all checked exactly on the device.
 TEST(shared_gpu_random_calls_match_references) {
   for (int world : worlds()) {
-    const int budget = block_budget_for(world);
+    const int max_blocks = max_blocks_for_calls();
     const size_t calls = world >= 8 ? 600 : 1200;
     run_ranks(world, [&](Rank& r) {
-      const std::vector<Step> steps = draw_steps(calls, 0x5EED0000ull + world, r, budget);
+      const std::vector<Step> steps = draw_steps(calls, 0x5EED0000ull + world, r, max_blocks);
       Counters counters(steps.size(), r.stream);
       // Synchronised every kWindow calls: the ranks share one CUDA context, whose launch queue a
       // rank far ahead can fill with work that waits for a rank behind it, which then cannot
@@ -317,7 +320,7 @@ TEST(shared_gpu_random_calls_match_references) {
       constexpr size_t kWindow = 50;
       for (size_t begin = 0; begin < steps.size(); begin += kWindow) {
         const size_t end = std::min(steps.size(), begin + kWindow);
-        for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, budget, counters.at(i));
+        for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, max_blocks, counters.at(i));
         try {
           r.comm->synchronize(r.stream);
         } catch (const Error& e) {
@@ -332,26 +335,61 @@ TEST(shared_gpu_random_calls_match_references) {
   }
 }
 
+// The largest grids automatic plans make, back to back with no synchronisation between them (so
+// that each rank's next kernel is resident early, PDL), and no SM budget from the caller: every
+// rank's blocks and early successors must fit the GPU together at every world size, whatever the
+// planner asks for (two-shot and pull at 64 blocks, low latency at 128). With the share the
+// planner used before issue 28 (sm_count / (W + 1)), four ranks' 26-block two-shot all-reduces and
+// their successors needed 208 SMs of 132 and waited for a rank that could not start.
+TEST(shared_gpu_automatic_plans_need_no_block_budget) {
+  constexpr size_t kMaxOperandElements = kMaxRankBytes / 4;  // float32, per rank slot
+  for (int world : worlds()) {
+    run_ranks(world, [&](Rank& r) {
+      std::vector<Step> steps;
+      auto add = [&](Collective c, Algo algo, size_t count) {
+        Step s;
+        s.collective = c;
+        s.algo = algo;
+        s.type = DataType::kFloat32;
+        s.count = count;
+        steps.push_back(s);
+      };
+      for (int round = 0; round < 8; ++round) {
+        add(Collective::kAllReduce, Algo::kAuto, kMaxOperandElements * 4);  // 8 MiB: two-shot, 64 blocks
+        add(Collective::kAllReduce, Algo::kLowLatency, size_t(1) << 18);    // 1 MiB: 128 blocks asked
+        add(Collective::kReduceScatter, Algo::kAuto, kMaxOperandElements);  // 2 MiB per rank
+        add(Collective::kAllGather, Algo::kAuto, kMaxOperandElements);      // 2 MiB per rank
+        add(Collective::kAllGather, Algo::kLowLatency, size_t(1) << 18);    // 128 blocks asked
+        add(Collective::kAllReduce, Algo::kOneShot, kMaxOperandElements);
+      }
+      Counters counters(steps.size(), r.stream);
+      for (size_t i = 0; i < steps.size(); ++i) run_step(steps[i], r, i, max_blocks_for_calls(), counters.at(i));
+      r.comm->synchronize(r.stream);
+      expect_no_mismatches(steps, counters.read(r.stream), r, "automatic plans");
+    });
+  }
+}
+
 // Graph replays between eager calls: a captured sequence (poison, fill, call, check in the graph)
 // replayed 30 times, with eager calls of other algorithms before every replay, so that the call
 // counter's parity, the epochs and the handshakes advance differently between replays.
 TEST(shared_gpu_graph_replays_between_eager_calls) {
   for (int world : worlds()) {
-    const int budget = block_budget_for(world);
+    const int max_blocks = max_blocks_for_calls();
     run_ranks(world, [&](Rank& r) {
-      const std::vector<Step> captured = draw_steps(8, 0x6AA9ull + world, r, budget);
-      const std::vector<Step> eager = draw_steps(3 * 30, 0xEA6E6ull + world, r, budget);
+      const std::vector<Step> captured = draw_steps(8, 0x6AA9ull + world, r, max_blocks);
+      const std::vector<Step> eager = draw_steps(3 * 30, 0xEA6E6ull + world, r, max_blocks);
       Counters graph_counters(captured.size(), r.stream);
       Counters eager_counters(eager.size(), r.stream);
       // Warm up eagerly (workspaces, first calls), then capture.
-      for (size_t i = 0; i < 3; ++i) run_step(eager[i], r, 1000 + i, budget, eager_counters.at(i));
+      for (size_t i = 0; i < 3; ++i) run_step(eager[i], r, 1000 + i, max_blocks, eager_counters.at(i));
       CapturedGraph graph(r.stream, [&] {
-        for (size_t i = 0; i < captured.size(); ++i) run_step(captured[i], r, i, budget, graph_counters.at(i));
+        for (size_t i = 0; i < captured.size(); ++i) run_step(captured[i], r, i, max_blocks, graph_counters.at(i));
       });
       for (int replay = 0; replay < 30; ++replay) {
         for (size_t j = 0; j < 3; ++j) {
           const size_t i = size_t(replay) * 3 + j;
-          if (replay > 0) run_step(eager[i], r, 1000 + i, budget, eager_counters.at(i));
+          if (replay > 0) run_step(eager[i], r, 1000 + i, max_blocks, eager_counters.at(i));
         }
         graph.launch(r.stream);
       }
@@ -372,7 +410,7 @@ TEST(shared_gpu_mismatched_call_fails_everywhere) {
           world,
           [&](Rank& r) {
             const size_t count = 4096 + (r.rank == world - 1 ? 8 : 0);
-            const CollectiveOptions o{algo, 0, block_budget_for(world)};
+            const CollectiveOptions o{algo, 0, max_blocks_for_calls()};
             const auto start = std::chrono::steady_clock::now();
             std::string outcome = "no error";
             try {
@@ -533,25 +571,33 @@ TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
         const uint64_t b_seed = pattern_seed(99, 7);
         fill_small_integers(b.ptr, size_t(shape.k) * shape.n, type, b_seed, r.stream);
         size_t check = 0;
-        for (bool in_place : {false, true}) {
-          void* input = in_place ? static_cast<void*>(own_slot) : a_shard.ptr;
-          auto one_call = [&](uint64_t it, size_t slot) {
-            TEST_CUDA(cudaMemsetAsync(c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
-            fill_small_integers(input, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-            all_gather_matmul(c.ptr, *gathered, input, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream);
-            count_gathered_product_mismatches(c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed,
-                                              wrong.at(slot), r.stream);
-            for (int s = 0; s < r.world; ++s)
-              count_small_integer_mismatches(static_cast<char*>(gathered->ptr()) + size_t(s) * shape.rows * shape.k * elem,
-                                             size_t(shape.rows) * shape.k, type, pattern_seed(s, it),
-                                             wrong.at(slot), r.stream);
-          };
-          for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, check++);
-          // Captured once, replayed: the same inputs, a fresh poison each replay.
-          const uint64_t captured_iteration = ++iteration;
-          const size_t graph_slot = check;
-          check += kFusedRepeats;
-          replay_captured(r, [&] { one_call(captured_iteration, graph_slot); }, kFusedRepeats);
+        std::string phase;  // what ran last, for an error's message
+        try {
+          for (bool in_place : {false, true}) {
+            void* input = in_place ? static_cast<void*>(own_slot) : a_shard.ptr;
+            auto one_call = [&](uint64_t it, size_t slot) {
+              TEST_CUDA(cudaMemsetAsync(c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
+              fill_small_integers(input, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+              all_gather_matmul(c.ptr, *gathered, input, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream);
+              count_gathered_product_mismatches(c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed,
+                                                wrong.at(slot), r.stream);
+              for (int s = 0; s < r.world; ++s)
+                count_small_integer_mismatches(
+                    static_cast<char*>(gathered->ptr()) + size_t(s) * shape.rows * shape.k * elem,
+                    size_t(shape.rows) * shape.k, type, pattern_seed(s, it), wrong.at(slot), r.stream);
+            };
+            phase = std::string(in_place ? "in place, " : "") + "eager calls";
+            for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, check++);
+            r.comm->synchronize(r.stream);
+            // Captured once, replayed: the same inputs, a fresh poison each replay.
+            phase = std::string(in_place ? "in place, " : "") + "graph replays";
+            const uint64_t captured_iteration = ++iteration;
+            const size_t graph_slot = check;
+            check += kFusedRepeats;
+            replay_captured(r, [&] { one_call(captured_iteration, graph_slot); }, kFusedRepeats);
+          }
+        } catch (const Error& e) {
+          throw Failure(fused_case("all_gather_matmul", type, shape) + " (" + phase + "): " + e.what());
         }
         const std::vector<unsigned long long> counts = wrong.read(r.stream);
         for (size_t i = 0; i < counts.size(); ++i)

@@ -24,7 +24,7 @@ using namespace symmem::test;
 
 namespace {
 
-constexpr int kMaxChunks = detail::kMaxWorld * detail::kMaxGatherPieces;
+constexpr int kMaxChunks = kMaxWorld * detail::kMaxGatherPieces;
 
 void skip_without_fused_gemm() {
   std::string why;

@@ -170,6 +170,14 @@ __global__ void hog_kernel(const volatile int* release, uint64_t ns) {
   } while (*release == 0 && now - start < ns);
 }
 
+__global__ void delay_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 __global__ void differences_kernel(const uint8_t* a, const uint8_t* b, size_t bytes, unsigned long long* mismatches) {
   unsigned long long bad = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
@@ -335,6 +343,11 @@ void count_small_integer_mismatches(const void* p, size_t count, DataType type, 
 
 void launch_sm_hog(int sm_count, const volatile int* release, int ms, cudaStream_t stream) {
   hog_kernel<<<sm_count * 2, 1024, 0, stream>>>(release, uint64_t(ms) * 1000000ull);
+  check(cudaGetLastError());
+}
+
+void launch_delay(int us, cudaStream_t stream) {
+  delay_kernel<<<1, 32, 0, stream>>>(uint64_t(us) * 1000ull);
   check(cudaGetLastError());
 }
 

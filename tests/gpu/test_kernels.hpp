@@ -52,6 +52,9 @@ uint64_t pattern_seed(int rank, uint64_t iteration);
 // Occupies every SM (two 1024-thread blocks each) until *release != 0 or `ms` pass.
 void launch_sm_hog(int sm_count, const volatile int* release, int ms, cudaStream_t stream);
 
+// Holds `stream` for `us` microseconds (one block: the rest of the GPU stays free).
+void launch_delay(int us, cudaStream_t stream);
+
 // *mismatches += bytes i < bytes where a[i] != b[i] (bit-exact comparison, e.g. against NCCL).
 void count_differences(const void* a, const void* b, size_t bytes, unsigned long long* mismatches, cudaStream_t stream);
 // *mismatches += bytes of p that differ from fill_pattern(p, bytes, seed) (an untouched canary).

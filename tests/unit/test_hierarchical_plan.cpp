@@ -8,7 +8,8 @@
 #include <tuple>
 #include <vector>
 
-#include "comm/node_layout.hpp"
+#include "comm/node_agreement.hpp"
+#include "plan/node_layout.hpp"
 #include "plan/hierarchical_plan.hpp"
 #include "symmem/error.hpp"
 #include "test.hpp"

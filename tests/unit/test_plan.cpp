@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/kernel_args.hpp"
+#include "plan/copy_engine_pieces.hpp"
 #include "plan/plan.hpp"
 #include "symmem/error.hpp"
 #include "test.hpp"
@@ -164,12 +165,20 @@ TEST(bulk_push_needs_sixteen_byte_alignment) {
   r.in_symmetric = r.out_symmetric = true;
   r.options.algo = Algo::kPush;
   r.bytes_per_rank = 4096;
-  EXPECT(plan_all_gather(r, TuningTable{}).bulk);
+  AllGatherPlan p = plan_all_gather(r, TuningTable{});
+  EXPECT(p.kernel == KernelId::kAllGatherPushBulk);
+  // A rank whose local pointers allow less runs the push kernel of the same protocol.
+  EXPECT(narrowed_kernel(p, 16) == KernelId::kAllGatherPushBulk);
+  EXPECT(narrowed_kernel(p, 8) == KernelId::kAllGatherPush);
   r.bytes_per_rank = 4098;
-  EXPECT(!plan_all_gather(r, TuningTable{}).bulk);
+  EXPECT(plan_all_gather(r, TuningTable{}).kernel == KernelId::kAllGatherPush);
   r.push_bulk = false;
   r.bytes_per_rank = 4096;
-  EXPECT(!plan_all_gather(r, TuningTable{}).bulk);
+  EXPECT(plan_all_gather(r, TuningTable{}).kernel == KernelId::kAllGatherPush);
+  // Pull has no other kernel.
+  r.options.algo = Algo::kPull;
+  p = plan_all_gather(r, TuningTable{});
+  EXPECT(p.kernel == KernelId::kAllGatherPull && narrowed_kernel(p, 1) == KernelId::kAllGatherPull);
 }
 
 TEST(reduce_plan_falls_back_from_low_latency_when_it_cannot_hold_the_message) {
@@ -215,10 +224,10 @@ TEST(reduce_plan_staging_and_gather_path) {
   r.in_symmetric = false;
   r.out_symmetric = false;
   ReducePlan p = plan_reduce(r, TuningTable{});
-  EXPECT(p.stage_input && p.gather_via_scratch);
+  EXPECT(p.stage_input && p.gather_via_staging);
   r.in_symmetric = r.out_symmetric = true;
   p = plan_reduce(r, TuningTable{});
-  EXPECT(!p.stage_input && !p.gather_via_scratch);
+  EXPECT(!p.stage_input && !p.gather_via_staging);
   r.options.algo = Algo::kLowLatency;
   r.count = 100;
   r.low_latency_capacity = 1 << 20;
@@ -226,30 +235,37 @@ TEST(reduce_plan_staging_and_gather_path) {
   EXPECT(!plan_reduce(r, TuningTable{}).stage_input);  // low latency reads only its own input
 }
 
-TEST(reduce_scatter_accepts_two_shot_two_shot_push_and_low_latency) {
+TEST(reduce_scatter_accepts_pull_push_and_low_latency_and_the_old_names) {
   ReduceRequest r;
   r.reduce_scatter = true;
   r.world = 2;
   r.count = 100;
-  for (Algo refused : {Algo::kOneShot, Algo::kOneShotPush, Algo::kLowLatencyTwoShot, Algo::kPull}) {
+  for (Algo refused : {Algo::kOneShot, Algo::kOneShotPush, Algo::kLowLatencyTwoShot, Algo::kCopyEngine}) {
     r.options.algo = refused;
     EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "not a reduce-scatter algorithm");
   }
   r.options.algo = Algo::kAuto;
-  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShot);
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kPull);
+  EXPECT(plan_reduce(r, TuningTable{}).kernel == KernelId::kReduceFromEveryRank);
   EXPECT(!plan_reduce(r, TuningTable{}).receive_area);
   // Push receives the peers' slices: it needs neither a heap input nor a heap output.
-  r.options.algo = Algo::kTwoShotPush;
+  r.options.algo = Algo::kPush;
   const ReducePlan push = plan_reduce(r, TuningTable{});
-  EXPECT(push.algo == Algo::kTwoShotPush);
+  EXPECT(push.algo == Algo::kPush);
+  EXPECT(push.kernel == KernelId::kReducePushed);
   EXPECT(push.receive_area);
   EXPECT(!push.stage_input);
+  // two_shot and two_shot_push, their names until issue 28, name them still.
+  r.options.algo = Algo::kTwoShotPush;
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kPush);
+  r.options.algo = Algo::kTwoShot;
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kPull);
   // SYMMEM_ALGO=two_shot_push reaches reduce-scatter too; all-reduce-only names do not.
   r.options.algo = Algo::kAuto;
   r.forced = Algo::kTwoShotPush;
-  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShotPush);
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kPush);
   r.forced = Algo::kLowLatencyTwoShot;  // an all-reduce-only name
-  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShot);
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kPull);
 }
 
 TEST(low_latency_reduce_scatter_takes_any_alignment_up_to_a_slot_per_rank) {
@@ -263,20 +279,20 @@ TEST(low_latency_reduce_scatter_takes_any_alignment_up_to_a_slot_per_rank) {
   r.in_address = 2;
   ReducePlan p = plan_reduce(r, TuningTable{});
   EXPECT(p.algo == Algo::kLowLatency);
-  EXPECT(!p.stage_input && !p.reads_peer_inputs && !p.receive_area && !p.gather_via_scratch);
+  EXPECT(!p.stage_input && !p.reads_peer_inputs && !p.receive_area && !p.gather_via_staging);
   EXPECT_EQ(reduce_chunk_elements(p, true, 2, 4, WorkspaceLimits{4096, 4096}), ~size_t(0));  // one chunk
   r.count = (1 << 20) / 2;  // exactly one slot per rank
   EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kLowLatency);
   r.count += 1;
   EXPECT_ERROR(plan_reduce(r, TuningTable{}), ErrorCode::kInvalidArgument, "low_latency takes up to 1048576 bytes per rank");
-  // Chosen by SYMMEM_ALGO or the table, a message that does not fit goes two-shot instead.
+  // Chosen by SYMMEM_ALGO or the table, a message that does not fit goes pull instead.
   r.options.algo = Algo::kAuto;
   r.forced = Algo::kLowLatency;
-  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kTwoShot);
+  EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kPull);
   TuningTable t;
   t.entries.push_back({"reduce_scatter", 4, size_t(1) << 40, Algo::kLowLatency, 16});
   r.forced = Algo::kAuto;
-  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShot);
+  EXPECT(plan_reduce(r, t).algo == Algo::kPull);
   r.count = 1000;
   p = plan_reduce(r, t);
   EXPECT(p.algo == Algo::kLowLatency && p.blocks == 16);
@@ -293,7 +309,7 @@ TEST(low_latency_all_gather_stages_nothing_and_holds_a_slot_per_rank) {
     r.in_address = r.out_address = 1;
     AllGatherPlan p = plan_all_gather(r, TuningTable{});
     EXPECT(p.algo == Algo::kLowLatency);
-    EXPECT(!p.stage_input && !p.stage_output && !p.bulk);
+    EXPECT(!p.stage_input && !p.stage_output && p.kernel == KernelId::kAllGatherLowLatency);
     EXPECT_EQ(p.blocks, 4);
     EXPECT_EQ(all_gather_chunk_elements(p, 1, 4, WorkspaceLimits{4096, 4096}), ~size_t(0));  // one chunk
   }
@@ -357,7 +373,7 @@ TEST(a_low_latency_choice_that_cannot_hold_the_message_plans_as_if_absent) {
   r.forced = Algo::kLowLatency;
   r.count = 1 << 20;  // 4 MiB per rank
   ReducePlan q = plan_reduce(r, t);
-  EXPECT(q.algo == Algo::kTwoShotPush && q.blocks == 64);
+  EXPECT(q.algo == Algo::kPush && q.blocks == 64);
 }
 
 TEST(low_latency_gives_every_word_a_thread_within_bounds) {
@@ -389,7 +405,7 @@ TEST(one_shot_push_reads_only_its_own_input_and_uses_the_receive_area) {
   EXPECT(p.algo == Algo::kOneShotPush);
   EXPECT(p.receive_area);
   EXPECT(!p.stage_input);
-  EXPECT(!p.gather_via_scratch);
+  EXPECT(!p.gather_via_staging);
   Algo parsed;
   EXPECT(parse_algo("one_shot_push", &parsed) && parsed == Algo::kOneShotPush);
 }
@@ -551,7 +567,7 @@ TEST(small_all_gathers_and_reduce_scatters_take_low_latency_by_rule_and_table) {
   // algorithms, which slow less with fewer blocks.
   g.options.max_blocks = s.options.max_blocks = 8;
   EXPECT(plan_all_gather(g, t).algo == Algo::kPush);
-  EXPECT(plan_reduce(s, t).algo == Algo::kTwoShotPush);
+  EXPECT(plan_reduce(s, t).algo == Algo::kPush);
   g.options.max_blocks = s.options.max_blocks = 32;
   EXPECT(plan_all_gather(g, t).algo == Algo::kLowLatency);
   EXPECT(plan_reduce(s, t).algo == Algo::kLowLatency);

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/call_signature.hpp"
+#include "board/call_signature.hpp"
 #include "device/device_types.hpp"
 #include "kernels/kernel_args.hpp"
 #include "plan/plan.hpp"
@@ -56,7 +56,8 @@ uint32_t signature_for(const RankCall& c, const AllGatherPlan& plan, size_t coun
 bool same_plan(const AllGatherPlan& a, const AllGatherPlan& b) {
   return a.algo == b.algo && a.blocks == b.blocks && a.vector_bytes == b.vector_bytes &&
          a.stage_input == b.stage_input && a.stage_output == b.stage_output &&
-         a.copy_engine_push == b.copy_engine_push && a.bulk == b.bulk && a.local_warps == b.local_warps;
+         a.copy_engine_push == b.copy_engine_push && a.kernel == b.kernel && a.local_warps == b.local_warps &&
+         a.chunk_elements == b.chunk_elements;
 }
 
 }  // namespace
@@ -161,9 +162,11 @@ TEST(chunks_fit_their_workspaces) {
 
       ReducePlan rp;
       rp.algo = Algo::kTwoShotPush;
+      rp.kernel = KernelId::kAllReduceTwoShotPush;
       n = reduce_chunk_elements(rp, false, elem, world, limits);
       EXPECT(two_shot_slice(n, world, elem) * elem * world <= limits.staging);
       rp.algo = Algo::kOneShotPush;
+      rp.kernel = KernelId::kReducePushed;
       rp.receive_area = true;
       n = reduce_chunk_elements(rp, false, elem, world, limits);
       EXPECT((n * elem + 255) / 256 * 256 * world <= limits.receive_half);
@@ -178,7 +181,8 @@ namespace {
 
 bool same_plan(const ReducePlan& a, const ReducePlan& b) {
   return a.algo == b.algo && a.blocks == b.blocks && a.vector == b.vector && a.stage_input == b.stage_input &&
-         a.gather_via_scratch == b.gather_via_scratch && a.reads_peer_inputs == b.reads_peer_inputs &&
+         a.gather_via_staging == b.gather_via_staging && a.kernel == b.kernel &&
+         a.chunk_elements == b.chunk_elements && a.reads_peer_inputs == b.reads_peer_inputs &&
          a.receive_area == b.receive_area;
 }
 

@@ -5,6 +5,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "plan/algorithms.hpp"
+
 namespace symmem::bench {
 namespace {
 
@@ -14,18 +16,28 @@ struct Case {
   Launch launch;
 };
 
-// symmem variants to run: every requested algorithm at every requested block count.
-std::vector<std::pair<Algo, int>> variants(const Args& a, const std::vector<Algo>& defaults) {
+// Every algorithm of `collective` (plan/algorithms.hpp), in the table's order.
+std::vector<Algo> algorithms_of(detail::Collective collective) {
+  std::vector<Algo> algos;
+  for (const detail::Algorithm* a = detail::algorithms_begin(); a != detail::algorithms_end(); ++a)
+    if (a->collective == collective) algos.push_back(a->algo);
+  return algos;
+}
+
+// symmem variants to run: every requested algorithm of `collective` (by any name it answers to) at
+// every requested block count; every algorithm when none is requested.
+std::vector<std::pair<Algo, int>> variants(const Args& a, detail::Collective collective) {
   std::vector<Algo> algos;
   for (const auto& name : a.algos) {
     Algo algo;
-    parse_algo(name, &algo);
-    if (std::find(defaults.begin(), defaults.end(), algo) != defaults.end()) algos.push_back(algo);
+    if (!parse_algo(name, &algo)) continue;
+    const detail::Algorithm* row = detail::find_algorithm(collective, algo);
+    if (row && std::find(algos.begin(), algos.end(), row->algo) == algos.end()) algos.push_back(row->algo);
   }
-  if (a.algos.empty()) algos = defaults;
+  if (a.algos.empty()) algos = algorithms_of(collective);
   std::vector<std::pair<Algo, int>> out;
   for (Algo algo : algos) {
-    if (algo == Algo::kCopyEngine || algo == Algo::kHierarchical || a.blocks.empty())
+    if (!detail::find_algorithm(collective, algo)->uses_sms || a.blocks.empty())
       out.push_back({algo, 0});
     else
       for (int b : a.blocks) out.push_back({algo, b});
@@ -148,8 +160,7 @@ std::vector<Row> run_all_gather(BenchContext& ctx) {
       cases.push_back(
           {"symmem_auto", blocks_of(plan), [=, &comm](cudaStream_t s) { all_gather(out, in, count, type, comm, s); }});
     }
-    for (auto [algo, blocks] :
-         variants(a, {Algo::kPull, Algo::kPush, Algo::kCopyEngine, Algo::kLowLatency, Algo::kHierarchical})) {
+    for (auto [algo, blocks] : variants(a, detail::Collective::kAllGather)) {
       // Across nodes every request runs the hierarchical all-gather: one row, under its name.
       if (comm.nodes() > 1 && algo != Algo::kHierarchical) continue;
       CollectiveOptions o;
@@ -256,11 +267,8 @@ std::vector<Row> run_reduction(BenchContext& ctx, bool reduce_scatter) {
                        }});
     };
     symmem_case("symmem_auto", CollectiveOptions{});
-    const std::vector<Algo> algos =
-        reduce_scatter ? std::vector<Algo>{Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency}
-                       : std::vector<Algo>{Algo::kOneShot,     Algo::kOneShotPush, Algo::kTwoShot,
-                                           Algo::kTwoShotPush, Algo::kLowLatency,  Algo::kLowLatencyTwoShot};
-    for (auto [algo, blocks] : variants(a, algos)) {
+    for (auto [algo, blocks] :
+         variants(a, reduce_scatter ? detail::Collective::kReduceScatter : detail::Collective::kAllReduce)) {
       CollectiveOptions o;
       o.algo = algo;
       o.blocks = blocks;

@@ -16,7 +16,7 @@ __global__ void spin(uint64_t nanoseconds) {
 
 __global__ void empty() {}
 
-__global__ void empty_with_arguments(detail::ReduceKernelArgs) {}
+__global__ void empty_with_arguments(detail::AllReduceTwoShotArgs) {}
 
 }  // namespace
 
@@ -40,7 +40,7 @@ void launch_empty_like_symmem(bool pdl, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = pdl ? 1 : 0;
-  detail::ReduceKernelArgs args{};
+  detail::AllReduceTwoShotArgs args{};
   BENCH_CUDA_CHECK(cudaLaunchKernelEx(&config, empty_with_arguments, args));
 }
 

@@ -65,7 +65,7 @@ def main():
     init_nccl()
     import symmem.torch as st
     from symmem import _native
-    from symmem.torch import functional, ops
+    from symmem.torch import _route, functional
     g = dist.group.WORLD.group_name
     comm = st.Communicator()
     core = comm.core
@@ -83,8 +83,8 @@ def main():
         ("current raw stream", lambda: torch._C._cuda_getCurrentRawStream(comm.device)),
         ("C call, symmetric in place (core.all_reduce)",
          lambda: core.all_reduce(x.data_ptr(), x.data_ptr(), x.numel(), 2, 0, stream)),
-        ("Python kernel, symmetric in place (ops._all_reduce_inplace_cuda)",
-         lambda: ops._all_reduce_inplace_cuda(x, "sum", g)),
+        ("the route, symmetric in place (_route.all_reduce)",
+         lambda: _route.all_reduce(comm, x, x, "sum")),
         ("drop-in's fast-path test alone", lambda: functional._served_in_place(x, dist.ReduceOp.SUM, None)),
         ("drop-in, symmetric in place (symmem.torch.all_reduce)", lambda: st.all_reduce(x)),
         ("op through the dispatcher, in place (torch.ops.symmem.all_reduce_)",
@@ -95,8 +95,8 @@ def main():
     ]
     tp = st.TPAllReduce(dist.group.WORLD)
     # Rows that run without the C call: the stand-in core is swapped in around the whole sample.
-    bare = {"Python kernel without the C call", "dispatcher + Python kernel without the C call"}
-    rows.append(("Python kernel without the C call", lambda: ops._all_reduce_inplace_cuda(x, "sum", g)))
+    bare = {"the route without the C call", "dispatcher + Python kernel without the C call"}
+    rows.append(("the route without the C call", lambda: _route.all_reduce(comm, x, x, "sum")))
     rows.append(("dispatcher + Python kernel without the C call", lambda: torch.ops.symmem.all_reduce_(x, "sum", g)))
 
     def sample(name, fn, measure):

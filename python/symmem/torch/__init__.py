@@ -9,15 +9,18 @@
     c_shard = st.matmul_reduce_scatter(a, w, group=tp_group)  # fused GEMM + reduce-scatter
 
 See docs/torch.md. Every rank must be one process per GPU of one node, with its device set
-(torch.cuda.set_device) before the first call on a group.
+(torch.cuda.set_device) before the first call on a group. A group is a ProcessGroup or its name
+(None: the default group) everywhere.
 """
-from . import fused, ops  # register torch.ops.symmem.*
-from ._groups import Communicator, close_all
+from .errors import SymmemError  # first: symmem's errors become DistBackendErrors
+from . import fused, ops, symm_mem_compat  # noqa: F401  register torch.ops.symmem.*
 from .fused import all_gather_matmul, all_gather_matmul_input, matmul_reduce_scatter
 from .functional import all_gather, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
+from .groups import Communicator, close_all, release_unused
 from .memory import empty, in_heap, is_symmetric, mem_pool
 from .tp_all_reduce import TPAllReduce
+from .work import Work
 
-__all__ = ["Communicator", "TPAllReduce", "all_gather", "all_gather_matmul", "all_gather_matmul_input",
-           "all_gather_into_tensor", "all_reduce", "close_all", "empty",
-           "in_heap", "is_symmetric", "matmul_reduce_scatter", "mem_pool", "ops", "reduce_scatter_tensor"]
+__all__ = ["Communicator", "SymmemError", "TPAllReduce", "Work", "all_gather", "all_gather_matmul",
+           "all_gather_matmul_input", "all_gather_into_tensor", "all_reduce", "close_all", "empty", "in_heap",
+           "is_symmetric", "matmul_reduce_scatter", "mem_pool", "ops", "reduce_scatter_tensor", "release_unused"]

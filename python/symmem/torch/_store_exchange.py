@@ -3,7 +3,7 @@ with no port or token of its own (torchrun's store already connects every rank).
 import datetime
 
 from ..communicator import Exchange
-from ..errors import SymmemError
+from .. import _native, errors
 
 
 class StoreExchange(Exchange):
@@ -32,7 +32,7 @@ class StoreExchange(Exchange):
             self._store.wait(keys, self._timeout)
         except Exception as e:
             missing = [r for r, k in enumerate(keys) if not self._store.check([k])]
-            raise SymmemError("kTimeout", f"rank {self._rank}: ranks {missing} did not reach step {n} of {self._what} "
+            raise errors.SymmemError(_native.ErrorCode.kTimeout, f"rank {self._rank}: ranks {missing} did not reach step {n} of {self._what} "
                                           f"within {self._timeout} (every rank of the group must make the same "
                                           "symmem calls; the first call on a group builds its communicator)") from e
         try:

@@ -16,27 +16,31 @@ import torch
 
 from .. import device as _device
 from ..communicator import Communicator as _CoreCommunicator
+from .memory import heap_tensor
 
 _sync_tensors = weakref.WeakKeyDictionary()  # core communicator -> its sync-context tensor
+
+
+def _owner_of(comm):
+    """What heap tensors of `comm` hold on to: a symmem.torch.Communicator (its memory stays mapped
+    while they live; from itself or a process group, None: the world group), or a core communicator
+    (symmem.communicator.Communicator, e.g. ranks built through the C ABI) as given."""
+    if isinstance(comm, _CoreCommunicator) or getattr(comm, "core", None) is not None:
+        return comm
+    from .groups import Communicator
+    return Communicator(comm)
 
 
 def core_of(comm=None):
     """The symmem.communicator.Communicator behind `comm`: itself, a symmem.torch.Communicator (its
     .core), or a process group (None: the world group)."""
-    if isinstance(comm, _CoreCommunicator):
-        return comm
-    core = getattr(comm, "core", None)
-    if core is not None:
-        return core
-    from ._groups import Communicator
-    return Communicator(comm).core
+    owner = _owner_of(comm)
+    return owner if isinstance(owner, _CoreCommunicator) else owner.core
 
 
-def heap_tensor(comm, ptr, nbytes):
-    """A uint8 CUDA tensor over `nbytes` of heap memory at `ptr` that keeps `comm` alive (one place to
-    change how: symmem.torch.memory owns the mechanism)."""
-    from .memory import _HeapSpan
-    return torch.as_tensor(_HeapSpan(comm, ptr, nbytes), device=torch.device("cuda", core_of(comm).device))
+def _ensure_open(owner):
+    if not isinstance(owner, _CoreCommunicator):
+        owner._ensure_open()  # a closed group's communicator lends nothing more
 
 
 def sync_context(comm=None):
@@ -77,8 +81,10 @@ class TensorHandle:
 def handle(tensor, comm=None):
     """The TensorHandle of `tensor`, a contiguous CUDA tensor inside one heap buffer of `comm`'s
     communicator (a symmetric tensor of symmem.torch.empty, or a view into one at the same offset
-    on every rank). Local."""
-    core = core_of(comm)
+    on every rank). Local. Its peer tensors keep the heap mapped as symmem.torch.empty's do."""
+    owner = _owner_of(comm)
+    _ensure_open(owner)
+    core = core_of(owner)
     if not tensor.is_cuda or not tensor.is_contiguous():
         raise ValueError("symmem.torch.device.handle: the tensor must be a contiguous CUDA tensor")
     nbytes = max(tensor.numel() * tensor.element_size(), 1)
@@ -90,7 +96,7 @@ def handle(tensor, comm=None):
     offset = tensor.data_ptr() - buffer.local
 
     def view(address, numel, dtype, shape):
-        raw = heap_tensor(core, address, numel * torch.empty((), dtype=dtype).element_size())
+        raw = heap_tensor(owner, address, numel * torch.empty((), dtype=dtype).element_size())
         return raw.view(dtype).view(shape)
 
     device = torch.device("cuda", core.device)

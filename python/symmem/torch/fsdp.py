@@ -40,9 +40,8 @@ import torch
 import torch.distributed as dist
 
 from .. import _native
-from . import memory
-from ._groups import Communicator, _by_name, group_name_of, unavailable_reason
-from . import functional
+from . import _route, functional, memory
+from .groups import capturing, state_of
 
 try:  # the comm interfaces exist from torch 2.11 on
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherBase
@@ -50,11 +49,9 @@ try:  # the comm interfaces exist from torch 2.11 on
 except ImportError:  # pragma: no cover (older torch: enable() raises)
     _AllGatherBase = _ReduceScatterBase = object
 
-_UINT8 = _native.DTYPES["uint8"]
-
 
 def _say_once(reason):
-    functional._say_once("fsdp", reason)  # "symmem.torch.fsdp falls back to torch.distributed: ..."
+    functional.say_once("fsdp", reason)  # "symmem.torch.fsdp falls back to torch.distributed: ..."
 
 
 class _Lender:
@@ -94,7 +91,18 @@ class _Lender:
         return torch.cuda.current_stream(self._comm.device).cuda_stream
 
     def _tensor_over(self, ptr, nbytes):
-        return torch.as_tensor(memory._HeapSpan(self._comm, ptr, nbytes), device=self._comm.torch_device)
+        return memory.heap_tensor(self._comm, ptr, nbytes)
+
+
+def _communicator(group, purpose):
+    """The communicator of `group` for `purpose`, or None when symmem cannot serve the group (after
+    saying why)."""
+    state = state_of(group)
+    reason = state.unavailable_reason(purpose)
+    if reason:
+        _say_once(reason)
+        return None
+    return state.communicator(purpose)
 
 
 def _served(group, purpose, tensors):
@@ -104,50 +112,53 @@ def _served(group, purpose, tensors):
         if not t.is_cuda or not t.is_contiguous():
             _say_once("CPU or non-contiguous tensors")
             return None
-    reason = unavailable_reason(group)
-    if reason:
-        _say_once(reason)
-        return None
-    return Communicator(group, purpose)
+    return _communicator(group, purpose)
 
 
 class _Comm:
     # FSDP runs its all-gathers and its reduce-scatters on two streams with no order between them,
-    # and one communicator takes one call at a time: the all-gathers get a communicator of their
-    # own (the reduce-scatters keep the group's), so neither shares epochs, flags or workspace with
-    # the other. Tests turn this off to see the failure it prevents.
+    # while the calls of one communicator run in host order (the core joins their streams): the
+    # all-gathers get a communicator of their own (the reduce-scatters keep the group's), so that
+    # neither waits for the other nor shares epochs, flags or workspace with it. Tests turn this
+    # off to see the failure it prevents.
     _purpose = None
 
     def __init__(self, group, algo, max_blocks):
         self._group = group
         self._algo = _native.algo_code(algo)
         self._max_blocks = -1 if max_blocks is None else int(max_blocks)  # -1: no SM budget
-        self._lender = None
         self.calls = 0  # collectives symmem ran (the rest fell back to torch.distributed)
 
-    def _lends(self, size):
+    def _lends(self, size, comm):
         """Whether this request gets a lent heap buffer (else the caching allocator's memory)."""
         return True
 
     def allocate(self, size, *, dtype, device):
-        if (torch.device(device).type != "cuda" or unavailable_reason(self._group) or not self._lends(size)
-                or torch.cuda.is_current_stream_capturing()):
+        device = torch.device(device)
+        if device.type != "cuda" or capturing():
+            return torch.empty(*size, dtype=dtype, device=device)
+        comm = _communicator(self._group, self._purpose)
+        if comm is None or not self._lends(size, comm):
             return torch.empty(*size, dtype=dtype, device=device)  # staged or fallback buffers
-        if self._lender is None:
-            comm = Communicator(self._group, self._purpose)
-            device = torch.device(device)
-            if device.index is None:  # "cuda": the current device, as torch.empty reads it
-                device = torch.device("cuda", torch.cuda.current_device())
-            if device != comm.torch_device:
-                raise ValueError(f"symmem.torch.fsdp: buffers asked for on {device}, the communicator is on "
-                                 f"{comm.torch_device}")
-            self._lender = _Lender(comm)
-        return self._lender.lend(size, dtype)
+        if device.index is None:  # "cuda": the current device, as torch.empty reads it
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device != comm.torch_device:
+            raise ValueError(f"symmem.torch.fsdp: buffers asked for on {device}, the communicator is on "
+                             f"{comm.torch_device}")
+        # The lender belongs to the communicator (groups.py): a closed or destroyed group's buffers
+        # are never lent again, and the next request takes the group's current communicator.
+        lender = comm.lenders.get("fsdp")
+        if lender is None:
+            lender = comm.lenders["fsdp"] = _Lender(comm)
+        return lender.lend(size, dtype)
 
     @property
     def buffers(self):
-        """Heap buffers made so far (constant after the first step)."""
-        return 0 if self._lender is None else self._lender.buffers
+        """Heap buffers lent so far by the communicator this comm uses (constant after the first step)."""
+        state = state_of(self._group)
+        comm = state.communicators.get(self._purpose)
+        lender = comm.lenders.get("fsdp") if comm is not None else None
+        return 0 if lender is None else lender.buffers
 
 
 class SymmemAllGather(_Comm, _AllGatherBase):
@@ -165,15 +176,9 @@ class SymmemAllGather(_Comm, _AllGatherBase):
         comm = _served(group, self._purpose, (output_tensor, input_tensor))
         if comm is None or output_tensor.dtype != input_tensor.dtype:
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
-        if output_tensor.numel() != input_tensor.numel() * comm.world:
-            raise ValueError(f"symmem.torch.fsdp: all-gather output has {output_tensor.numel()} elements, "
-                             f"{input_tensor.numel() * comm.world} expected")
-        comm.core.all_gather(output_tensor.data_ptr(), input_tensor.data_ptr(),
-                             input_tensor.numel() * input_tensor.element_size(), _UINT8,
-                             torch._C._cuda_getCurrentRawStream(comm.device), self._algo,
-                             max_blocks=self._max_blocks)
+        _route.all_gather(comm, output_tensor, input_tensor, self._algo, self._max_blocks)
         self.calls += 1
-        return functional._done(async_op, [output_tensor])
+        return functional._done(async_op, comm, [output_tensor])
 
 
 class SymmemReduceScatter(_Comm, _ReduceScatterBase):
@@ -187,20 +192,18 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
         super().__init__(group, algo, max_blocks)
         self._input_numel = None  # the last lent input, whose output request comes next
 
-    def _lends(self, size):
+    def _lends(self, size, comm):
         numel = math.prod(int(s) for s in size)
-        world = self._lender._comm.world if self._lender is not None else None
-        if self._input_numel is not None and world is not None and numel * world == self._input_numel:
+        if self._input_numel is not None and numel * comm.world == self._input_numel:
             self._input_numel = None
             return False  # the output of the input just lent
         self._input_numel = numel
         return True
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        from . import ops
         comm = _served(group, self._purpose, (output_tensor, input_tensor))
         name = "sum" if op is dist.ReduceOp.SUM else "avg" if op is dist.ReduceOp.AVG else None
-        dtype = ops._REDUCIBLE.get(input_tensor.dtype) if output_tensor.dtype == input_tensor.dtype else None
+        dtype = _route.REDUCIBLE.get(input_tensor.dtype) if output_tensor.dtype == input_tensor.dtype else None
         if comm is not None and (name is None or dtype is None):
             _say_once(f"reduce-scatter op {op} or dtype {input_tensor.dtype} (symmem: sum, avg of "
                       "float32/float16/bfloat16)")
@@ -210,16 +213,9 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
             comm = None
         if comm is None:
             return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
-        if input_tensor.numel() != output_tensor.numel() * comm.world:
-            raise ValueError(f"symmem.torch.fsdp: reduce-scatter input has {input_tensor.numel()} elements, "
-                             f"{output_tensor.numel() * comm.world} expected")
-        comm.core.reduce_scatter(output_tensor.data_ptr(), input_tensor.data_ptr(), output_tensor.numel(), dtype,
-                                 _native.REDUCE_OPS["sum"], torch._C._cuda_getCurrentRawStream(comm.device),
-                                 self._algo, max_blocks=self._max_blocks)
-        if name == "avg":
-            output_tensor.div_(comm.world)
+        _route.reduce_scatter(comm, output_tensor, input_tensor, name, self._algo, self._max_blocks)
         self.calls += 1
-        return functional._done(async_op, [output_tensor])
+        return functional._done(async_op, comm, [output_tensor])
 
 
 # The SM budget of FSDP's symmem collectives: they overlap the GEMMs, and every block they take is
@@ -262,8 +258,8 @@ def enable(model, all_gather="copy_engine", reduce_scatter=True, max_blocks=FSDP
 def check(group=None):
     """Raises the recorded failure (SymmemError naming the rank) of any symmem call FSDP made on
     `group` (default: the world group), on either of its communicators; never collective."""
-    name = group_name_of(group)
-    for key in (name, f"{name}#{SymmemAllGather._purpose}"):
-        comm = _by_name.get(key)
+    state = state_of(group)
+    for purpose in (None, SymmemAllGather._purpose):
+        comm = state.communicators.get(purpose)
         if comm is not None:
             comm.check()

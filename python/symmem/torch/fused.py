@@ -22,18 +22,23 @@ torch.distributed.
 ``all_gather_matmul(a_shard, b, group=None, return_a=False)`` and
 ``matmul_reduce_scatter(a, b, group=None)`` are the Python entry points.
 """
+from typing import Optional, Tuple
+
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .. import _native
-from ._groups import communicator_of, group_name_of
-from .memory import _HeapSpan
-from .ops import _check_contiguous, _check_operand, _stream_of
+from . import _route
+from ._route import check_contiguous, check_operand
+from .groups import Communicator, group_name_of
+from .memory import heap_tensor
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
-_lib.define("all_gather_matmul(Tensor a_shard, Tensor b, str group_name, bool return_a=False) -> (Tensor, Tensor?)")
-_lib.define("matmul_reduce_scatter(Tensor a, Tensor b, str group_name) -> Tensor")
+_TAGS = (torch.Tag.pt2_compliant_tag,)
+_lib.define("all_gather_matmul(Tensor a_shard, Tensor b, str group_name, bool return_a=False) -> (Tensor, Tensor?)",
+            tags=_TAGS)
+_lib.define("matmul_reduce_scatter(Tensor a, Tensor b, str group_name) -> Tensor", tags=_TAGS)
 
 _TYPES = {torch.float16: _native.DTYPES["float16"], torch.bfloat16: _native.DTYPES["bfloat16"]}
 
@@ -47,8 +52,8 @@ def _check_pair(a, b, op, a_name):
                          "must equal b's rows")
     if a.dtype != b.dtype or a.dtype not in _TYPES:
         raise TypeError(f"symmem.{op}: {a_name} ({a.dtype}) and b ({b.dtype}) must both be float16 or bfloat16")
-    _check_contiguous(a, a_name, op)
-    _check_contiguous(b, "b", op)
+    check_contiguous(a, a_name, op)
+    check_contiguous(b, "b", op)
 
 
 def _check(a_shard, b, world):
@@ -64,43 +69,31 @@ def _check_reduce_scatter(a, b, world):
     return a.shape[0], b.shape[1], a.shape[1]
 
 
-def _workspace(comm, nbytes, purpose="_gather_workspace", op="all_gather_matmul"):
-    """This communicator's workspace for `purpose` of at least nbytes (heap memory, symmetric).
-    Growing it is collective (every rank makes the same calls, so every rank grows alike) and never
-    frees the old one (a CUDA graph may reference it): it grows in steps of 32 MiB, so that a
-    slowly growing shape does not leave one dead workspace per size."""
-    ws = getattr(comm, purpose, None)
-    if ws is not None and ws[1] >= nbytes:
-        return ws[0]
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"symmem.{op}: the workspace of group {comm.group_name!r} holds "
-                           f"{ws[1] if ws else 0} bytes, {nbytes} needed; growing it is collective and cannot run "
-                           "during CUDA graph capture: make one eager call of the largest shape first")
-    step = 32 << 20
-    nbytes = (nbytes + step - 1) // step * step
-    ptr = comm.core.allocate(nbytes)
-    setattr(comm, purpose, (ptr, nbytes))
-    return ptr
+def _workspace(comm, nbytes, purpose="gather", op="all_gather_matmul"):
+    """The communicator's workspace for `purpose` of at least nbytes (heap memory, symmetric; grows
+    collectively, never freed while the communicator lives: Communicator.workspace)."""
+    return comm.workspace(f"{op}:{purpose}", nbytes)
 
 
 def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
-    comm = communicator_of(group_name)
+    comm = Communicator(group_name)
+    comm._ensure_open()
     m, n, k = _check(a_shard, b, comm.world)
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
         a = a_shard.new_empty((m, k)) if return_a else None
         return a_shard.new_zeros((m, n)), a
-    _check_operand(a_shard, "a_shard", "all_gather_matmul", comm)
-    _check_operand(b, "b", "all_gather_matmul", comm)
+    check_operand(a_shard, "a_shard", "all_gather_matmul", comm)
+    check_operand(b, "b", "all_gather_matmul", comm)
     c = a_shard.new_empty((m, n))
     a_bytes = m * k * a_shard.element_size()
     gathered = _workspace(comm, a_bytes)
     comm.core.all_gather_matmul(c.data_ptr(), gathered, a_shard.data_ptr(), b.data_ptr(), m, n, k,
-                                _TYPES[a_shard.dtype], _stream_of(comm.device))
+                                _TYPES[a_shard.dtype], _route.current_stream(comm.device))
     a = None
     if return_a:
         # The workspace is overwritten by the next call: hand out a copy.
         a = a_shard.new_empty((m, k))
-        a.view(-1).view(torch.uint8).copy_(torch.as_tensor(_HeapSpan(comm, gathered, a_bytes), device=c.device))
+        a.view(-1).view(torch.uint8).copy_(heap_tensor(comm, gathered, a_bytes))
     return c, a
 
 
@@ -124,7 +117,7 @@ _lib.impl("all_gather_matmul", _all_gather_matmul_cpu, "CPU")
 torch.library.register_fake("symmem::all_gather_matmul", _all_gather_matmul_fake, lib=_lib)
 
 
-def all_gather_matmul_input(rows, k, dtype=torch.bfloat16, group=None):
+def all_gather_matmul_input(rows: int, k: int, dtype: torch.dtype = torch.bfloat16, group=None) -> torch.Tensor:
     """A [rows, k] tensor over this rank's slot of `group`'s gather workspace. An a_shard written
     there (e.g. as the out= of the op that produces it) is not copied by the next all_gather_matmul
     of rows x world rows: the peers pull it and the GEMM reads it where it is, which saves the own
@@ -138,26 +131,27 @@ def all_gather_matmul_input(rows, k, dtype=torch.bfloat16, group=None):
         raise ValueError(f"symmem.all_gather_matmul_input: negative shape ({rows}, {k})")
     if dtype not in _TYPES:
         raise TypeError(f"symmem.all_gather_matmul_input: dtype {dtype} is not float16 or bfloat16")
-    comm = communicator_of(group_name_of(group))
+    comm = Communicator(group)
+    comm._ensure_open()
     element = torch.empty((), dtype=dtype).element_size()
     slot_bytes = rows * k * element
     workspace = _workspace(comm, max(1, slot_bytes * comm.world))
-    span = _HeapSpan(comm, workspace + comm.rank * slot_bytes, slot_bytes)
-    return torch.as_tensor(span, device=torch.device("cuda", comm.device)).view(dtype).view(rows, k)
+    return heap_tensor(comm, workspace + comm.rank * slot_bytes, slot_bytes).view(dtype).view(rows, k)
 
 
 def _matmul_reduce_scatter_cuda(a, b, group_name):
-    comm = communicator_of(group_name)
+    comm = Communicator(group_name)
+    comm._ensure_open()
     m, n, k = _check_reduce_scatter(a, b, comm.world)
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
         return a.new_zeros((m // comm.world, n))
-    _check_operand(a, "a", "matmul_reduce_scatter", comm)
-    _check_operand(b, "b", "matmul_reduce_scatter", comm)
+    check_operand(a, "a", "matmul_reduce_scatter", comm)
+    check_operand(b, "b", "matmul_reduce_scatter", comm)
     c_shard = a.new_empty((m // comm.world, n))
-    workspace = _workspace(comm, comm.core.matmul_reduce_scatter_workspace_bytes(m, n), "_reduce_workspace",
+    workspace = _workspace(comm, comm.core.matmul_reduce_scatter_workspace_bytes(m, n), "partial_sums",
                            "matmul_reduce_scatter")
     comm.core.matmul_reduce_scatter(c_shard.data_ptr(), workspace, a.data_ptr(), b.data_ptr(), m, n, k,
-                                    _TYPES[a.dtype], _stream_of(comm.device))
+                                    _TYPES[a.dtype], _route.current_stream(comm.device))
     return c_shard
 
 
@@ -181,11 +175,12 @@ _lib.impl("matmul_reduce_scatter", _matmul_reduce_scatter_cpu, "CPU")
 torch.library.register_fake("symmem::matmul_reduce_scatter", _matmul_reduce_scatter_fake, lib=_lib)
 
 
-def all_gather_matmul(a_shard, b, group=None, return_a=False):
+def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group=None,
+                      return_a: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(C, A or None): C = all_gather(a_shard) @ b over `group` (default: the world group)."""
     return torch.ops.symmem.all_gather_matmul(a_shard, b, group_name_of(group), return_a)
 
 
-def matmul_reduce_scatter(a, b, group=None):
+def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
     """C_shard = this rank's rows of the sum over `group` (default: the world group) of a @ b."""
     return torch.ops.symmem.matmul_reduce_scatter(a, b, group_name_of(group))

@@ -12,61 +12,92 @@ fills its whole segment; the caching allocator decides that, so treat pool tenso
 Both are collective: every rank makes the same allocations in the same order; the pool's
 allocations come from the caching allocator, so every rank's program must allocate alike under it.
 
-Lifetimes follow the core's rules: heap memory is never unmapped before the communicator closes.
-A tensor from ``empty`` stays valid while the communicator is open (its memory returns at close,
-not when the tensor dies); a segment the pool frees is retired, not reused or unmapped, so a CUDA
-graph or a peer that still references it never reads freed memory. Closing the communicator
-invalidates every such tensor: delete them first.
+Lifetimes (groups.py): heap memory is never unmapped while anything may use it. A tensor from
+``empty`` keeps its communicator's memory mapped as long as it (or a view of it) lives, even after
+the group is closed or destroyed; its memory returns when the communicator is released, not when
+the tensor dies, so allocate symmetric buffers once and reuse them. A segment the pool frees is
+retired (not reused or unmapped) until the communicator is released, because the caching allocator
+frees on its own schedule, which may differ across ranks. A closed communicator's pool allocates
+nothing more; its slot is reused only once the MemPool object is gone and its segments freed.
 """
 import math
-import warnings
-import weakref
+from typing import Optional
 
 import torch
 from torch.cuda.memory import CUDAPluggableAllocator, MemPool
 
-from .. import _native
-from ..errors import SymmemError
-from ._groups import Communicator, existing
-
-_pools = {}  # group name -> (slot, MemPool)
-_live_spans = weakref.WeakSet()  # heap memory that tensors from empty() still reference
-_next_slot = 0
-
+from .. import _native, errors
+from . import pools
+from .groups import Communicator, cached_state, capturing, release_unused, state_of
 
 class _HeapSpan:
     """Exposes a span of heap memory through __cuda_array_interface__; the tensor made from it keeps
-    this object (and through it the communicator) alive."""
+    this object, and through it the communicator, alive, and the communicator counts it: its memory
+    is released only once no span is left."""
 
     def __init__(self, comm, ptr, nbytes):
         self._comm = comm
-        _live_spans.add(self)
+        spans = getattr(comm, "_spans", None)  # a core communicator counts nothing (its close() is its owner's)
+        if spans is not None:
+            spans.add(self)
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
                                          "strides": None, "stream": None}
 
 
-def empty(*size, dtype=torch.float32, group=None):
+def heap_tensor(comm, ptr: int, nbytes: int) -> torch.Tensor:
+    """A uint8 CUDA tensor over [ptr, ptr + nbytes) of `comm`'s heap that keeps the memory mapped while
+    it, or any view of it, lives. `comm` may also be a core communicator (symmem.communicator, as
+    ranks built through the C ABI use): the tensor then keeps the object alive, and its memory lives
+    until the communicator's close(), which its owner orders after the tensor's last use."""
+    device = getattr(comm, "torch_device", None) or torch.device("cuda", comm.device)
+    return torch.as_tensor(_HeapSpan(comm, ptr, nbytes), device=device)
+
+
+def _element_size(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def empty(*size: int, dtype: Optional[torch.dtype] = None, device=None, group=None) -> torch.Tensor:
     """Collective: an uninitialised tensor of `size` in symmetric heap memory of `group`'s
-    communicator (default: the world group), on the communicator's device."""
+    communicator (default: the world group; a ProcessGroup or its name), on the communicator's
+    device. ``dtype`` defaults to torch's default dtype; ``device``, if given, must be that device."""
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
-    if any(int(d) < 0 for d in size):
-        raise ValueError(f"symmem.torch.empty: negative size {tuple(size)}")
-    if torch.cuda.is_current_stream_capturing():
+    size = tuple(int(d) for d in size)
+    if any(d < 0 for d in size):
+        raise ValueError(f"symmem.torch.empty: negative size {size}")
+    if capturing():
         raise RuntimeError("symmem.torch.empty: allocation is collective and cannot run during CUDA graph capture")
+    dtype = torch.get_default_dtype() if dtype is None else dtype
     comm = Communicator(group)
-    element = torch.empty((), dtype=dtype).element_size()
+    if device is not None:
+        asked = torch.device(device)
+        if asked.type != "cuda" or (asked.index is not None and asked.index != comm.device):
+            raise ValueError(f"symmem.torch.empty: device {asked} is not the communicator's {comm.torch_device}")
+    comm._ensure_open()
+    element = _element_size(dtype)
     nbytes = math.prod(size) * element
     # Exactly nbytes, so that the tensor is the whole buffer (a symmetric operand).
     ptr = comm.core.allocate(max(nbytes, element))
-    raw = torch.as_tensor(_HeapSpan(comm, ptr, max(nbytes, element)), device=comm.torch_device)
-    return raw[:nbytes].view(dtype).view(size)
+    return heap_tensor(comm, ptr, max(nbytes, element))[:nbytes].view(dtype).view(size)
 
 
-def is_symmetric(tensor, group=None):
+def _existing(group):
+    """The open communicator of `group`, if one was made (never collective)."""
+    state = cached_state(group) if not isinstance(group, str) else None
+    if state is None:
+        try:
+            state = state_of(group)
+        except (ValueError, RuntimeError):
+            return None
+    comm = state.communicators.get(None)
+    return None if comm is None or comm.closed else comm
+
+
+def is_symmetric(tensor: torch.Tensor, group=None) -> bool:
     """True when collectives of `group` run zero-copy on `tensor`: it is a whole heap buffer of the
     group's communicator (a tensor from ``empty``, not a view of one). Local: makes nothing."""
-    comm = existing(group)
+    comm = _existing(group)
     if comm is None or not tensor.is_cuda or not tensor.is_contiguous():
         return False
     nbytes = tensor.numel() * tensor.element_size()
@@ -74,43 +105,31 @@ def is_symmetric(tensor, group=None):
     return found is not None and found == (tensor.data_ptr(), nbytes)
 
 
-def in_heap(tensor, group=None):
+def in_heap(tensor: torch.Tensor, group=None) -> bool:
     """True when `tensor`'s memory lies in the heap of `group`'s communicator (``empty`` or the
     pool), whether or not collectives on it run zero-copy. Local: makes nothing."""
-    comm = existing(group)
+    comm = _existing(group)
     if comm is None or not tensor.is_cuda:
         return False
     return comm.core.buffer_of(tensor.data_ptr(), max(tensor.numel() * tensor.element_size(), 1)) is not None
 
 
-def mem_pool(group=None):
-    """The torch.cuda.MemPool of `group`'s communicator (one per group, made on first use):
+def mem_pool(group=None) -> MemPool:
+    """The torch.cuda.MemPool of `group`'s communicator (one per communicator, made on first use):
     ``with torch.cuda.use_mem_pool(symmem.torch.mem_pool(group)): t = torch.empty(...)``
-    allocates symmetric tensors. Allocation inside the pool is collective."""
+    allocates heap tensors. Allocation inside the pool is collective."""
     comm = Communicator(group)
-    entry = _pools.get(comm.key)
-    if entry is None:
-        # A slot is never reused in a process: a MemPool the user still holds after its
-        # communicator closed must not start allocating on another communicator.
-        global _next_slot
-        if _next_slot >= _native.POOL_SLOTS:
-            raise SymmemError("kUnsupported", f"symmem: at most {_native.POOL_SLOTS} memory pools per process")
-        slot, _next_slot = _next_slot, _next_slot + 1
-        _native.check(_native.lib.symmem_pool_bind(slot, comm.core.handle))
+    comm._ensure_open()
+    if comm.pool is not None:
+        return comm.pool
+
+    def make_pool(slot):
         allocator = CUDAPluggableAllocator(_native.library_path(), f"symmem_pool_alloc_{slot}",
                                            f"symmem_pool_free_{slot}")
-        entry = (slot, MemPool(allocator.allocator()))
-        _pools[comm.key] = entry
-    return entry[1]
+        return MemPool(allocator.allocator())
 
-
-def _forget(comm):
-    """Unbinds the pool of a communicator that is closing, and says when tensors from empty()
-    still reference its memory (they become invalid)."""
-    alive = sum(1 for span in list(_live_spans) if span._comm is comm)
-    if alive:
-        warnings.warn(f"symmem: closing the communicator of group {comm.group_name!r} while {alive} tensors from "
-                      "symmem.torch.empty are alive; they become invalid", stacklevel=3)
-    entry = _pools.pop(comm.key, None)
-    if entry is not None:
-        _native.lib.symmem_pool_bind(entry[0], None)
+    try:
+        return pools.bind(comm, make_pool)
+    except errors.SymmemError:
+        release_unused()  # a retired communicator's slot may be free by now
+        return pools.bind(comm, make_pool)

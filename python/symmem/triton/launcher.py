@@ -1,11 +1,13 @@
 """Launching a Triton kernel as a call of a symmem communicator (include/symmem/user_call.hpp).
 
-launch() does what a library collective does before its kernel: refuses a communicator that
-failed, orders the call after the communicator's previous one whatever its stream, and signs and
-logs it; then it launches the kernel on the current stream with the parameters it knows filled in
-by name: `sync` (the communicator's sync context), `signature` (this call's), `rank` and `WORLD`
-(the node's), `heap_stride`. Graph-capturable: nothing happens on the host after the launch, and
-the kernel advances its epochs on the device.
+launch() does what a library collective does around its kernel: refuses a communicator that
+failed, orders the call after the communicator's previous one whatever its stream, holds the
+communicator for a CUDA graph that captures the call, and signs and logs it
+(symmem_comm_begin_user_call); then it launches the kernel on the current stream with the
+parameters it knows filled in by name: `sync` (the communicator's sync context), `signature` (this
+call's), `rank` and `WORLD` (the node's), `heap_stride`; then it records the call's end
+(symmem_comm_end_user_call), as a library call does after its last enqueue. Graph-capturable:
+replays run only the kernel, which advances its epochs on the device.
 """
 import threading
 
@@ -54,4 +56,7 @@ def launch(kernel, grid, *args, comm=None, name=None, shape=(), **kwargs):
             if key in names and key not in kwargs:
                 kwargs[key] = known[key]
         with _launch_lock:
-            return kernel[(blocks,)](*args, **kwargs)
+            launched = kernel[(blocks,)](*args, **kwargs)
+        # The call's end, after its kernel (begin_user_call left it open).
+        _device.end_user_call(core, stream.cuda_stream)
+        return launched

@@ -70,26 +70,11 @@ class _RecordingCore:
         self.calls.append(("matmul_reduce_scatter",) + args)
 
 
-def _fake_group(monkeypatch, name, world, stream=None):
-    """A communicator of `world` ranks with a recording core, registered as group `name`; the CUDA
-    kernels' stream is `stream`."""
-    from symmem.torch import _groups, fused
-
-    class FakeComm:
-        device, group_name, nodes = -1, name, 1
-
-    comm = FakeComm()
-    comm.world, comm.core = world, _RecordingCore()
-    monkeypatch.setitem(_groups._by_name, name, comm)
-    monkeypatch.setattr(fused, "_stream_of", lambda device: stream)
-    return comm
-
-
-def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(monkeypatch):
+def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(fake_group):
     from symmem import _native
     from symmem.torch import fused
 
-    comm = _fake_group(monkeypatch, "fake-fused", 4, stream=99)
+    comm = fake_group("fake-fused", 4, _RecordingCore(), stream=99)
     a, b = torch.empty(8, 16, dtype=torch.bfloat16), torch.empty(16, 24, dtype=torch.bfloat16)
     c, none = fused._all_gather_matmul_cuda(a, b, "fake-fused")
     assert c.shape == (32, 24) and none is None
@@ -123,11 +108,11 @@ def test_reduce_scatter_result_on_one_rank(group_name):
     assert torch.equal(st.matmul_reduce_scatter(a, b), (a.float() @ b.float()).to(torch.bfloat16))
 
 
-def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(monkeypatch):
+def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(fake_group):
     from symmem import _native
     from symmem.torch import fused
 
-    comm = _fake_group(monkeypatch, "fake-fused-rs", 4, stream=77)
+    comm = fake_group("fake-fused-rs", 4, _RecordingCore(), stream=77)
     a, b = torch.empty(32, 16, dtype=torch.float16), torch.empty(16, 24, dtype=torch.float16)
     c = fused._matmul_reduce_scatter_cuda(a, b, "fake-fused-rs")
     assert c.shape == (8, 24)
@@ -137,14 +122,14 @@ def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(monkeypatch):
     with pytest.raises(ValueError, match="not a multiple of the group's 4 ranks"):
         fused._matmul_reduce_scatter_cuda(torch.empty(30, 16, dtype=torch.float16), b, "fake-fused-rs")
     # Its workspace is its own: the gather workspace is never handed to it.
-    assert getattr(comm, "_gather_workspace", None) is None and comm._reduce_workspace == (4096, 32 << 20)
+    assert comm.workspaces == {"matmul_reduce_scatter:partial_sums": (4096, 32 << 20)}
 
 
-def test_empty_shapes_need_no_communication(monkeypatch):
+def test_empty_shapes_need_no_communication(fake_group):
     """m, n or k of 0 (an empty micro-batch): empty or zero results, nothing handed to the core."""
     from symmem.torch import fused
 
-    comm = _fake_group(monkeypatch, "fake-fused-empty", 2)
+    comm = fake_group("fake-fused-empty", 2, _RecordingCore())
     half = torch.float16
     c, a = fused._all_gather_matmul_cuda(torch.empty(0, 16, dtype=half), torch.empty(16, 8, dtype=half),
                                           "fake-fused-empty", True)

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import pytest
 
@@ -97,15 +96,16 @@ def test_bad_input_errors(group_name):
         ops.all_gather(x, group_name, [torch.empty_like(x), torch.empty_like(x)])
 
 
-def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name):
+def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name, caplog):
     import symmem.torch as st
+    from symmem.torch import functional
+    functional._said.clear()  # (another test may have said it already)
     x = _rand((5,), torch.float32)
     y = x.clone()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caplog.at_level("WARNING", logger="symmem"):
         st.all_reduce(y)
         st.all_reduce(y)
-    reasons = [str(w.message) for w in caught if "falls back to torch.distributed" in str(w.message)]
+    reasons = [r.getMessage() for r in caplog.records if "falls back to torch.distributed" in r.getMessage()]
     assert len(reasons) == 1 and "cpu tensors" in reasons[0]
     assert torch.equal(y, x)
     out = torch.empty(5)
@@ -117,35 +117,44 @@ def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name
     assert torch.equal(lst[0], x)
 
 
-def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, monkeypatch):
+class _FakeState:
+    """A live GroupState of the world group holding `comm` (the drop-ins' cache reads these fields)."""
+
+    def __init__(self, comm, group):
+        self.communicators = {None: comm}
+        self.closed = False
+        self.group_ref = lambda: group
+
+
+def test_drop_in_all_reduce_goes_straight_to_the_route_when_it_can(group_name, monkeypatch):
     # Eager drop-in calls skip the dispatcher, only for what the op itself would serve as it is;
     # everything else takes the full checks (and the op, or the fallback).
     import torch.distributed as dist
-    from symmem.torch import _groups, functional, ops
+    from symmem.torch import _route, functional, groups
 
     class FakeComm:
         group_name = "fake-world"
-        group = dist.group.WORLD
         nodes = 1
 
     comm = FakeComm()
-    _groups._by_argument.clear()
-    monkeypatch.setitem(_groups._by_name, group_name, comm)
+    world = dist.group.WORLD
+    state = _FakeState(comm, world)
+    monkeypatch.setitem(groups._by_id, id(world), state)
     calls = []
-    monkeypatch.setattr(ops, "all_reduce_in_place", lambda c, t, op: calls.append((c, t, op)))
+    monkeypatch.setattr(_route, "all_reduce", lambda c, out, t, op: calls.append((c, out, t, op)))
     # Enough of a plain CUDA tensor for the test: a real torch.Tensor whose is_cuda says True.
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     bf16, i32 = _rand((4,), torch.bfloat16), torch.ones(4, dtype=torch.int32)
     assert functional.all_reduce(bf16) is None
-    assert calls == [(comm, bf16, "sum")]
+    assert calls == [(comm, bf16, bf16, "sum")]
     functional.all_reduce(bf16, op=dist.ReduceOp.AVG)
     functional.all_reduce(i32, op=dist.ReduceOp.MAX)
-    assert [c[2] for c in calls[1:]] == ["avg", "max"]
+    assert [c[3] for c in calls[1:]] == ["avg", "max"]
     served = functional._served_in_place
     assert served(i32, dist.ReduceOp.AVG, None) is None  # avg of integers: the op refuses it
     assert served(torch.ones(2, dtype=torch.float64), dist.ReduceOp.SUM, None) is None  # not reducible
     assert served(bf16, dist.ReduceOp.PRODUCT, None) is None
-    assert served(bf16, dist.ReduceOp.SUM, dist.group.WORLD) == (comm, "sum")
+    assert served(bf16, dist.ReduceOp.SUM, world) == (comm, "sum")
     # A FakeTensor or a dispatch mode must see the op (its fake kernel), never the C call.
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -159,45 +168,133 @@ def test_drop_in_all_reduce_goes_straight_to_the_kernel_when_it_can(group_name, 
     assert served(fake, dist.ReduceOp.SUM, None) is None
     with Watch():
         assert served(bf16, dist.ReduceOp.SUM, None) is None
-    # A communicator spanning nodes runs no reductions: the fast path is never taken, and the
-    # full checks give the reason the fallback warns with.
+    # A communicator spanning nodes runs no reductions: the fast path is never taken.
     comm.nodes = 2
-    _groups._by_argument.clear()
     assert served(bf16, dist.ReduceOp.SUM, None) is None
-    assert "spans 2 nodes" in functional._why_not("all_reduce", [bf16], None, dist.ReduceOp.SUM)
-    assert functional._why_not("all_gather_into_tensor", [bf16, bf16], None) is None  # served across nodes
     comm.nodes = 1
-    # A communicator of another group under this name (torch reuses the names of destroyed
-    # groups) is never served, from the cache or from the name.
-    comm.group = object()
+    # A closed state, or one of another group object (torch reuses the ids and names of destroyed
+    # groups), is never served from the cache.
+    state.closed = True
     assert served(bf16, dist.ReduceOp.SUM, None) is None
-    _groups._by_argument.clear()
+    state.closed = False
+    state.group_ref = lambda: object()
     assert served(bf16, dist.ReduceOp.SUM, None) is None
-    monkeypatch.delitem(_groups._by_name, group_name)
-    assert served(bf16, dist.ReduceOp.SUM, None) is None  # no communicator: built by the full path
 
 
-def test_close_forgets_the_drop_ins_cache(group_name, monkeypatch):
-    from symmem.torch import _groups, memory
+def test_a_failure_to_build_is_remembered_with_the_group_not_its_name(group_name, monkeypatch):
+    # A communicator that could not be built keeps symmem off for that group only: the group made
+    # again under the same name starts afresh (seen failing before: the reason was cached by name).
+    import torch.distributed as dist
+    import symmem
+    from symmem.torch import groups
 
-    class Core:
-        def close(self):
+    built = []
+
+    def refuse(cls, state, group, purpose):
+        built.append(state)
+        raise symmem.SymmemError("kInvalidArgument", "workspace too small")
+
+    monkeypatch.setattr(groups.Communicator, "_build", classmethod(refuse))
+    sub = dist.new_group([0])
+    state = groups.state_of(sub)
+    assert "workspace too small" in state.unavailable_reason()
+    assert "workspace too small" in state.unavailable_reason() and len(built) == 1  # remembered
+    with pytest.raises(symmem.SymmemError, match="workspace too small"):
+        groups.Communicator(sub)
+    dist.destroy_process_group(sub)
+    del sub
+    again = dist.new_group([0])
+    class Built:
+        def _retire(self):
             pass
 
-    comm = object.__new__(_groups.Communicator)
-    comm.group_name, comm.key, comm.core = "closing", "closing", Core()
-    # A second communicator of the group (a purpose's, as FSDP's all-gathers have) is its own entry.
-    other = object.__new__(_groups.Communicator)
-    other.group_name, other.key, other.core = "closing", "closing#purpose", Core()
-    monkeypatch.setattr(memory, "_forget", lambda c: None)
-    _groups._by_name["closing"] = comm
-    _groups._by_name["closing#purpose"] = other
-    _groups._by_argument["some group"] = comm
-    comm.close()
-    assert "closing" not in _groups._by_name and not _groups._by_argument
-    assert _groups._by_name["closing#purpose"] is other
-    other.close()
-    assert "closing#purpose" not in _groups._by_name
+        def _releasable(self):
+            return False
+
+    built_again = Built()
+    monkeypatch.setattr(groups.Communicator, "_build", classmethod(lambda cls, s, g, p: built_again))
+    fresh = groups.state_of(again)
+    assert fresh is not state and state.closed
+    assert fresh.unavailable_reason() is None and groups.Communicator(again) is built_again
+    dist.destroy_process_group(again)
+    groups.release_unused()
+    assert fresh.closed and built_again in groups._retired  # (kept: it says it is still in use)
+    groups._retired.remove(built_again)
+
+
+def test_a_destroyed_or_closed_group_retires_its_state_and_its_communicators(group_name, monkeypatch):
+    import torch.distributed as dist
+    from symmem.torch import groups
+
+    class Core:
+        live_graphs = 0
+
+        def __init__(self):
+            self.destroyed = False
+
+        def check(self):
+            pass
+
+        def destroy(self):
+            self.destroyed = True
+
+    def build(cls, state, group, purpose):
+        comm = object.__new__(cls)
+        comm.__dict__.update(state=state, purpose=purpose, key=f"{state.name}#{purpose}", group_name=state.name,
+                             device=0, closed=False, workspaces={"w": (1, 2)}, lenders={"fsdp": object()},
+                             pool_slot=None, pool=None, core=Core(), nodes=1)
+        import weakref
+        comm._spans = weakref.WeakSet()
+        return comm
+
+    monkeypatch.setattr(groups.Communicator, "_build", classmethod(build))
+    monkeypatch.setattr(groups.Communicator, "_release", lambda self: self.core.destroy())
+    sub = dist.new_group([0])
+    own, fsdp = groups.Communicator(sub), groups.Communicator(sub, "fsdp_all_gather")
+    assert groups.Communicator(sub) is own and groups.cached_state(sub) is own.state
+    own.close()  # closes the whole group's state
+    assert own.closed and fsdp.closed and not own.lenders and not own.workspaces
+    assert own.core.destroyed and fsdp.core.destroyed and groups.cached_state(sub) is None
+    again = groups.Communicator(sub)
+    assert again is not own and not again.closed
+    # Destroying the group retires its state at once (its Python object dies) ...
+    dist.destroy_process_group(sub)
+    del sub
+    assert again.closed and again.core.destroyed
+    # ... and a group torch.distributed no longer knows, though its object lives, at the next lookup.
+    kept = dist.new_group([0])
+    held = groups.Communicator(kept)
+    dist.destroy_process_group(kept)
+    groups.release_unused()
+    assert held.closed and held.core.destroyed
+    del kept
+
+
+def test_memory_stays_mapped_while_anything_may_use_it(group_name, monkeypatch):
+    from symmem.torch import groups
+
+    class Core:
+        live_graphs = 0
+
+    comm = object.__new__(groups.Communicator)
+    import weakref
+    comm.__dict__.update(core=Core(), pool_slot=None, _spans=weakref.WeakSet())
+
+    class Span:
+        pass
+
+    span = Span()
+    comm._spans.add(span)
+    assert not comm._releasable()  # a tensor over its heap is alive
+    del span
+    assert comm._releasable()
+    comm.core.live_graphs = 1
+    assert not comm._releasable()  # a CUDA graph that captured one of its calls exists
+    comm.core.live_graphs = 0
+    from symmem import _native
+    monkeypatch.setattr(_native.lib, "symmem_pool_live_segments", lambda slot: 2)
+    comm.pool_slot = 3
+    assert not comm._releasable()  # its pool's segments are in use
 
 
 FAKE_SHAPES = textwrap.dedent("""
@@ -247,32 +344,27 @@ class _RecordingCore:
         self.calls.append(("reduce_scatter",) + args)
 
 
-def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, monkeypatch):
+def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, fake_group):
     # The CUDA kernels' Python side, run on CPU tensors against a recording core (world 4): the
     # pointers, counts (elements; bytes for gathers), enum values and the in-place forms.
     from symmem import _native
-    from symmem.torch import _groups, ops
+    from symmem.torch import _route, ops
 
-    class FakeComm:
-        device, world, group_name, nodes = -1, 4, "fake", 1
-        core = _RecordingCore()
-
-    comm = FakeComm()
-    monkeypatch.setitem(_groups._by_name, "fake", comm)
-    monkeypatch.setattr(ops, "_stream_of", lambda device: 1234)
+    comm = fake_group("fake", 4, _RecordingCore(), stream=1234)
     x = _rand((8, 3), torch.bfloat16)
     y = ops._all_reduce_cuda(x, "max", "fake")
     assert comm.core.calls[-1] == ("all_reduce", y.data_ptr(), x.data_ptr(), 24, _native.DTYPES["bfloat16"],
-                                   _native.REDUCE_OPS["max"], 1234)
+                                   _native.REDUCE_OPS["max"], 1234, 0, 0, -1)
     ops._all_reduce_inplace_cuda(x, "sum", "fake")
     assert comm.core.calls[-1][1] == comm.core.calls[-1][2] == x.data_ptr()
     g = ops._all_gather_cuda(x, "fake")
     assert g.shape == (32, 3)
-    assert comm.core.calls[-1] == ("all_gather", g.data_ptr(), x.data_ptr(), 48, _native.DTYPES["uint8"], 1234)
+    assert comm.core.calls[-1] == ("all_gather", g.data_ptr(), x.data_ptr(), 48, _native.DTYPES["uint8"], 1234, 0, 0,
+                                   -1)
     r = ops._reduce_scatter_cuda(x, "sum", "fake")
     assert r.shape == (2, 3)
     assert comm.core.calls[-1] == ("reduce_scatter", r.data_ptr(), x.data_ptr(), 6, _native.DTYPES["bfloat16"],
-                                   _native.REDUCE_OPS["sum"], 1234)
+                                   _native.REDUCE_OPS["sum"], 1234, 0, 0, -1)
     # avg: a sum, then one division by the world.
     z = torch.full((4,), 8.0)
     ops._all_reduce_inplace_cuda(z, "avg", "fake")
@@ -288,15 +380,20 @@ def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, monkeypat
         device, group_name = 0, "g"
 
     with pytest.raises(ValueError, match="input is on cpu"):
-        ops._check_operand(x, "input", "all_reduce", OtherDevice())
+        _route.check_operand(x, "input", "all_reduce", OtherDevice())
 
 
 def test_tp_all_reduce_returns_its_output_under_compile(group_name):
     # all_reduce_out returns nothing (so that it can be functionalised); TPAllReduce must still
     # return the output tensor when traced.
     from symmem.torch import TPAllReduce
+
+    class Comm:
+        closed = False
+
+    Comm.group_name = group_name
     tp = TPAllReduce.__new__(TPAllReduce)
-    tp.group_name = group_name
+    tp._comm, tp.should_use = Comm(), lambda t: True  # (a CPU tensor stands in for a CUDA one)
     x = _rand((16,), torch.float32, 3)
     torch._dynamo.reset()
     got = torch.compile(lambda t: tp.all_reduce(t) * 1, fullgraph=True, backend="aot_eager")(x)
@@ -305,7 +402,7 @@ def test_tp_all_reduce_returns_its_output_under_compile(group_name):
 
 def test_creation_outcome_is_agreed_by_every_rank():
     import threading
-    from symmem.torch._groups import _agree_on_outcome
+    from symmem.torch.groups import _agree_on_outcome
     store = torch.distributed.HashStore()
     results = {}
 
@@ -403,9 +500,9 @@ def test_fsdp_reduce_scatter_lends_its_input_not_its_output():
     from symmem.torch import fsdp
 
     rs = fsdp.SymmemReduceScatter.__new__(fsdp.SymmemReduceScatter)
-    rs._input_numel, rs._lender = None, None
-    assert rs._lends((8,))  # the first request: no lender yet, an input
-    rs._lender = type("L", (), {"_comm": type("C", (), {"world": 2})()})()
-    assert not rs._lends((4,))  # its output
-    assert rs._lends((6, 2)) and not rs._lends((6,))
-    assert rs._lends((5,)) and rs._lends((7,))  # no pair: both lent (inputs)
+    rs._input_numel = None
+    comm = type("C", (), {"world": 2})()
+    assert rs._lends((8,), comm)  # the first request: an input
+    assert not rs._lends((4,), comm)  # its output
+    assert rs._lends((6, 2), comm) and not rs._lends((6,), comm)
+    assert rs._lends((5,), comm) and rs._lends((7,), comm)  # no pair: both lent (inputs)

@@ -130,13 +130,18 @@ def test_a_delayed_rank_delivers_late_and_right(group):
 
 def test_input_written_into_the_workspace_is_used_in_place(group):
     """a_shard in this rank's slot of the gather workspace (all_gather_matmul_input): no own copy,
-    the same results; the slot rewritten between back-to-back calls, in stream order; a second
-    shape, then the first again (its view may be stale once the workspace grew: still right)."""
+    the same results; the slot rewritten between back-to-back calls, in stream order; then a shape
+    large enough that the workspace grows, after which the first view is stale (it lies in the old
+    workspace, which stays mapped) and is used again: still right, through the copy."""
     dtype = torch.float16
     rows, n, k = 512, 768, 1024
+    world = dist.get_world_size()
+    comm = st.Communicator()
     b = _shared_random((k, n), dtype, ("inplace-b",), integers=True)
     x = st.all_gather_matmul_input(rows, k, dtype)
     assert x.shape == (rows, k) and x.dtype == dtype and x.is_cuda
+    workspace, capacity = comm.workspaces["all_gather_matmul:gather"]
+    assert workspace <= x.data_ptr() < workspace + capacity  # in the slot: no copy before the GEMM
     wrong = torch.zeros((), dtype=torch.int64, device="cuda")
     for call in range(30):
         shard = _random((rows, k), dtype, ("inplace", call % 3), integers=True)
@@ -144,11 +149,16 @@ def test_input_written_into_the_workspace_is_used_in_place(group):
         c, gathered = st.all_gather_matmul(x, b, return_a=True)
         a, ref = _reference(shard, b)
         wrong += (gathered != a).sum() + (c != ref.to(dtype)).sum()
-        if call == 10:  # another shape, larger: the workspace grows and x may be stale
-            big = st.all_gather_matmul_input(2 * rows, k, dtype)
-            big.copy_(_random((2 * rows, k), dtype, "inplace-big", integers=True))
+        if call == 10:  # a shape whose gather does not fit: the workspace grows and x becomes stale
+            big_rows = capacity // (k * 2 * world) + 512
+            big = st.all_gather_matmul_input(big_rows, k, dtype)
+            grown, grown_capacity = comm.workspaces["all_gather_matmul:gather"]
+            assert grown_capacity > capacity and not grown <= x.data_ptr() < grown + grown_capacity, \
+                "the workspace did not grow: x is not stale and the case tests nothing"
+            big.copy_(_random((big_rows, k), dtype, "inplace-big", integers=True))
             c2, _ = st.all_gather_matmul(big, b)
             wrong += (c2 != _reference(big.clone(), b)[1].to(dtype)).sum()
+            del big, c2
     assert wrong.item() == 0
 
 

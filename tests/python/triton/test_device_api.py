@@ -41,11 +41,11 @@ def test_sync_words_follow_the_heap_stride():
     ctx = device.SyncContext(flags=0x7000_0000_0000 + 2 * 0x1000_0000, peer_flags=(0x7000_0000_0000,
                              0x7000_1000_0000, 0x7000_2000_0000, 0x7000_3000_0000), epochs=0x7100, failure_claim=0x7200,
                              failure=0x7300, abort_word=0x7400, timeout_ns=5 * 10**9, heap_stride=0x1000_0000, rank=2,
-                             world=4, phases=4, max_blocks=160, user_op=9)
+                             world=4, phases=4, max_blocks=160, user_op=16)
     words = device.sync_words(ctx)
     assert len(words) == device.SYNC_WORDS and words[0] == device.SYNC_MAGIC
     assert words[device.SYNC_FLAGS] == ctx.flags and words[device.SYNC_HEAP_STRIDE] == ctx.heap_stride
-    assert words[device.SYNC_RANK] == 2 and words[device.SYNC_WORLD] == 4 and words[device.SYNC_USER_OP] == 9
+    assert words[device.SYNC_RANK] == 2 and words[device.SYNC_WORLD] == 4 and words[device.SYNC_USER_OP] == 16
     bent = device.SyncContext(**{**ctx.__dict__, "peer_flags": (0x7000_0000_0000, 0x7000_1000_0000, ctx.flags,
                                                                 0x7000_4000_0000)})
     with pytest.raises(AssertionError, match="rank 3"):

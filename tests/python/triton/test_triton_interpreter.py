@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("triton", reason="symmem.triton needs Triton (pip install triton==3.6.0)")
 pytest.importorskip("torch", reason="the interpreted ranks hold their data in torch tensors")
 
-from triton_interpreter_ranks import run_ranks  # noqa: E402
+from triton_interpreter_ranks import USER_OP, run_ranks  # noqa: E402
 
 SIGNATURE = 0x5EED1234
 TIMEOUT, MISMATCH, ABORTED = 1, 2, 3
@@ -42,7 +42,7 @@ def test_a_mismatched_call_fails_on_both_ranks_naming_the_other():
     out = run_ranks(2, "mismatch")
     for rank in (0, 1):
         record = out[rank]["record"]
-        assert record["code"] == MISMATCH and record["op"] == 9 and record["rank"] == rank
+        assert record["code"] == MISMATCH and record["op"] == USER_OP and record["rank"] == rank
         assert record["peer"] == 1 - rank
         assert record["signature"] == SIGNATURE + rank and record["peer_signature"] == SIGNATURE + 1 - rank
         assert out[rank]["aborted"]

@@ -28,7 +28,7 @@ EPOCHS_OFFSET = FLAGS_BYTES
 CLAIM_OFFSET = EPOCHS_OFFSET + 160 * 4
 DATA_OFFSET = 64 << 10
 RECORD_BYTES = 64
-USER_OP = 9
+USER_OP = 16
 RECORD_FIELDS = ("code", "op", "rank", "peer", "block", "phase", "signature", "peer_signature")
 
 _PROT_NONE, _PROT_RW = 0, 3

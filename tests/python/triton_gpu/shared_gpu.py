@@ -14,7 +14,7 @@ import traceback
 import torch
 
 import symmem
-from symmem.torch.device import heap_tensor
+from symmem.torch.memory import heap_tensor
 
 WORKSPACE_BYTES = 64 << 20
 
@@ -24,6 +24,9 @@ class _Group:
         self.world = world
         self.barrier = threading.Barrier(world, timeout=300)
         self.slots = [None] * world
+        # Teardown: never aborted. Once every rank is there (no rank waits on `barrier` any more),
+        # `barrier` is reset, so that close() can be collective even after a rank failed.
+        self.teardown = threading.Barrier(world, action=self.barrier.reset, timeout=300)
 
 
 class _Exchange(symmem.Exchange):
@@ -61,25 +64,40 @@ class Rank:
 
 def run_ranks(world, body, timeout_ms=20000):
     """Runs body(rank) for `world` ranks, each on its own thread, stream and communicator (closed
-    after); returns their results in rank order, or raises with every failed rank's traceback."""
+    after, also when a rank failed: a communicator left open would keep its kernels, memory and
+    watchdog into the next test); returns their results in rank order, or raises with every failed
+    rank's traceback."""
     group = _Group(world)
     results, errors = [None] * world, [None] * world
 
+    def fail(r):
+        errors[r] = errors[r] or traceback.format_exc()
+        group.barrier.abort()  # peers waiting in wait_for_every_rank or an exchange leave
+
     def main(r):
+        torch.cuda.set_device(0)
+        me = None
         try:
-            torch.cuda.set_device(0)
             me = Rank(group, r, timeout_ms)
             me.wait_for_every_rank()  # nobody launches before every rank is set up
-            try:
-                with torch.cuda.stream(me.stream):
-                    results[r] = body(me)
-                me.stream.synchronize()
-            finally:
-                me.wait_for_every_rank()  # nobody tears down while a peer's kernel may still wait
-                me.comm.close()
+            with torch.cuda.stream(me.stream):
+                results[r] = body(me)
+            me.stream.synchronize()
         except BaseException:  # noqa: B036 (reported below)
-            errors[r] = traceback.format_exc()
-            group.barrier.abort()
+            fail(r)
+        try:
+            if me is not None:
+                me.stream.synchronize()  # bounded: every wait has the communicator's deadline
+        except BaseException:  # noqa: B036
+            fail(r)
+        # Nobody tears down while a peer's kernel may still wait (every rank comes here); close()
+        # synchronises the device first, so no peer still reads this rank's memory.
+        try:
+            group.teardown.wait()
+            if me is not None:
+                me.comm.close()
+        except BaseException:  # noqa: B036
+            fail(r)
 
     threads = [threading.Thread(target=main, args=(r,), name=f"rank{r}") for r in range(world)]
     for t in threads:

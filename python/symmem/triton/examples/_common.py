@@ -1,6 +1,10 @@
 """What the examples' host wrappers share: the communicator behind a group argument, and the
 element types the kernels accumulate in."""
+import torch
 import triton.language as tl
+
+# The examples' torch ops are tagged as symmem.torch's are: safe under torch.compile.
+TAGS = (torch.Tag.pt2_compliant_tag,)
 
 # symmem's reduction rule (src/device/reduce.cuh): 16-bit floats accumulate in fp32, int32 in int32.
 ACCUMULATE = {"float32": tl.float32, "float16": tl.float32, "bfloat16": tl.float32, "int32": tl.int32}
@@ -12,9 +16,8 @@ def dtype_name(tensor):
 
 def group_communicator(group_name):
     """The symmem.torch communicator of a process group's name (the torch ops take names)."""
-    import torch.distributed.distributed_c10d as c10d
-    import symmem.torch as st
-    return st.Communicator(c10d._resolve_process_group(group_name))
+    from ...torch.groups import Communicator
+    return Communicator(group_name)
 
 
 def require_heap(comm, tensor, what, op):

@@ -18,7 +18,7 @@ import triton.language as tl
 
 import symmem.triton as smt
 
-from ._common import dtype_name, group_communicator, require_heap
+from ._common import TAGS, dtype_name, group_communicator, require_heap
 
 
 @triton.jit(do_not_specialize=["signature", "rank"])
@@ -76,7 +76,7 @@ def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16,
     return out
 
 
-@torch.library.custom_op("symmem_triton::all_gather", mutates_args=())
+@torch.library.custom_op("symmem_triton::all_gather", mutates_args=(), tags=TAGS)
 def _all_gather_op(inp: torch.Tensor, group_name: str, programs: int = 16) -> torch.Tensor:
     """Pull (inp symmetric); the result is a new tensor."""
     return all_gather(inp, group_communicator(group_name), programs=programs, mode="pull")
@@ -88,7 +88,7 @@ def _(inp, group_name, programs=16):
     return inp.new_empty(world * inp.numel())
 
 
-@torch.library.custom_op("symmem_triton::all_gather_into", mutates_args=("out",))
+@torch.library.custom_op("symmem_triton::all_gather_into", mutates_args=("out",), tags=TAGS)
 def _all_gather_into_op(out: torch.Tensor, inp: torch.Tensor, group_name: str, programs: int = 16,
                         mode: str = "pull") -> None:
     """Pull (inp symmetric) or push (out symmetric) into `out`."""

@@ -30,7 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 import symmem.triton as smt
 
-from ._common import dtype_name, group_communicator, require_heap
+from ._common import TAGS, dtype_name, group_communicator, require_heap
 
 # (BM, BN, BK, STAGES, num_warps, EPILOGUE_SUBTILE): the first is the default; --world1-vs-mm tries all.
 CONFIGS = [(128, 256, 64, 3, 8, True), (128, 256, 64, 4, 8, True), (128, 128, 64, 4, 8, False),
@@ -124,7 +124,7 @@ def all_gather_matmul(a_shard, b, gathered, comm=None, out=None, programs=None, 
     return c
 
 
-@torch.library.custom_op("symmem_triton::all_gather_matmul", mutates_args=("gathered",))
+@torch.library.custom_op("symmem_triton::all_gather_matmul", mutates_args=("gathered",), tags=TAGS)
 def _all_gather_matmul_op(a_shard: torch.Tensor, b: torch.Tensor, gathered: torch.Tensor,
                           group_name: str) -> torch.Tensor:
     return all_gather_matmul(a_shard, b, gathered, group_communicator(group_name))
@@ -167,7 +167,7 @@ def world1_vs_mm(csv_path, commit, shapes, dtype, reps):
     configuration against torch.mm, interleaved A/B, median of `reps`; the best configuration per
     shape goes to the CSV with its ratio and its largest error relative to torch.mm's result."""
     import symmem
-    from symmem.torch.device import heap_tensor
+    from symmem.torch.memory import heap_tensor
     torch.cuda.set_device(0)
     comm = symmem.Communicator(0, 1, 0, _OneRank())
     gpu = torch.cuda.get_device_name(0)

@@ -12,7 +12,7 @@ import triton.language as tl
 
 import symmem.triton as smt
 
-from ._common import ACCUMULATE, dtype_name, group_communicator, require_heap
+from ._common import ACCUMULATE, TAGS, dtype_name, group_communicator, require_heap
 
 
 @triton.jit(do_not_specialize=["signature", "rank"])
@@ -53,7 +53,7 @@ def one_shot_all_reduce(inp, comm=None, out=None, programs=None, num_warps=16, b
     return out
 
 
-@torch.library.custom_op("symmem_triton::one_shot_all_reduce", mutates_args=())
+@torch.library.custom_op("symmem_triton::one_shot_all_reduce", mutates_args=(), tags=TAGS)
 def _one_shot_all_reduce_op(inp: torch.Tensor, group_name: str) -> torch.Tensor:
     return one_shot_all_reduce(inp, group_communicator(group_name))
 

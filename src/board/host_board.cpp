@@ -7,7 +7,7 @@
 // outcome after each step and either all keep their board or all throw. Whatever was made is
 // released on every path; every descriptor, received or created, is closed once its pages are
 // mapped (a mapping keeps the memory alive).
-#include "comm/host_board.hpp"
+#include "board/host_board.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

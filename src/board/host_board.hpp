@@ -44,8 +44,8 @@ struct alignas(64) BoardPage {
   // Copy-engine wait state of this rank's stream: the stream writes 1 before a handshake wait and
   // 2 after it; the watchdog acknowledges a 1 by swapping it for 3 (starting the clock) and a 2 by
   // swapping it for 0. A 3 that stays means the same wait is still blocked
-  // (src/collectives/copy_engine_state.hpp). The low byte is the state; with a 1 (and the 3 that
-  // replaces it) the upper bytes say which wait it is (CopyEngineState::wait_word): the phase (0
+  // (board/wait_word.hpp, board/copy_engine_watchdog.hpp). The low byte is the state; with a 1 (and the 3 that
+  // replaces it) the upper bytes say which wait it is (WaitWord::make): the phase (0
   // ready handshake, 1 done handshake, 2 piece), the one peer a piece wait awaits (0xFF: every
   // peer, the handshakes) and the piece. One word: every stream write costs a system-scope fence.
   alignas(64) uint32_t ce_wait_state;

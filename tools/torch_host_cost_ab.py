@@ -1,0 +1,207 @@
+"""Host cost of symmem.torch calls at world 1, two trees interleaved in one run (issue 27: the cost
+of ordering a group's calls across streams, before and after).
+
+    python3 tools/torch_host_cost_ab.py --tree old=/path/old --tree new=. --reps 7 --out results.csv
+
+Each tree is a source checkout with build/libsymmem_capi.so (or `LABEL=DIR:LIBRARY`; a COMMIT file
+beside the library names the commit it was built from). Every rep
+runs one measuring process per tree, in turn (ABAB...), so that clock and load drift cancel. A
+measuring process (``--measure``) makes a one-rank NCCL group on GPU 0 and reports, per row, the
+median over `--samples` samples of:
+
+  host_us    CPU time to issue one call while the GPU is held busy by a sleep kernel (the launch
+             queue never drains: the layer's own cost, whatever the GPU time)
+  graph_us   GPU time per call of a CUDA graph of 64 calls, replayed (rows *_graph)
+
+Rows: the C ABI's symmem_all_reduce called directly (ctypes and the C++ path, no Python layer);
+eager st.all_reduce in place on a symmetric 0.5 MiB bf16 tensor and on a plain one, on one
+stream, and alternating two streams (every call changes stream: the join's cost, where the tree
+has one); the same calls captured in a graph, on one stream and alternating two streams forked
+from the capture stream. The CSV has date, commit, gpu, tree, row, rep, host_us, graph_us.
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _measure(args):
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(0)
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    import symmem.torch as st
+    n = args.elements
+    sym = st.empty(n, dtype=torch.bfloat16)
+    sym.normal_()
+    local = torch.randn(n, device="cuda").bfloat16()
+    streams = [torch.cuda.current_stream(), torch.cuda.Stream()]
+
+    def one_stream(t):
+        return lambda: st.all_reduce(t)
+
+    def two_streams(t):
+        state = [0]
+
+        def call():
+            state[0] ^= 1
+            with torch.cuda.stream(streams[state[0]]):
+                st.all_reduce(t)
+        return call
+
+    def host(fn):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU sleep: far longer than issuing the calls
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            fn()
+        elapsed = (time.perf_counter() - start) * 1e6 / args.calls
+        busy = not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+        return elapsed if busy else float("nan")
+
+    def graph_of(fn, forked):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            capture = torch.cuda.current_stream()
+            if forked:
+                streams[1].wait_stream(capture)
+            for _ in range(64):
+                fn()
+            if forked:
+                capture.wait_stream(streams[1])
+        return graph
+
+    def graph_time(graph):
+        graph.replay()
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(5):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) * 1e3 / (5 * 64)
+
+    def graph_two_streams(t):
+        # Under capture the forked stream and the capture stream alternate.
+        state = [0]
+
+        def call():
+            state[0] ^= 1
+            stream = streams[1] if state[0] else torch.cuda.current_stream()
+            with torch.cuda.stream(stream):
+                st.all_reduce(t)
+        return call
+
+    comm = st.Communicator()
+    handle, stream = comm.core._handle, torch._C._cuda_getCurrentRawStream(0)
+    lib = __import__("symmem._native", fromlist=["lib"]).lib
+    ptr, count = sym.data_ptr(), sym.numel()
+    rows = {
+        # The C ABI alone (ctypes + the C++ call path), the same call in both trees.
+        "c_abi_symmetric_one_stream": lambda: lib.symmem_all_reduce(handle, ptr, ptr, count, 2, 0, stream, 0, 0, -1),
+        "eager_symmetric_one_stream": one_stream(sym),
+        "eager_symmetric_two_streams": two_streams(sym),
+        "eager_local_one_stream": one_stream(local),
+        "eager_local_two_streams": two_streams(local),
+    }
+    for fn in rows.values():  # warm-up (the communicator, the caching allocator)
+        for _ in range(50):
+            fn()
+    torch.cuda.synchronize()
+    graphs = {"graph_symmetric_one_stream": graph_of(one_stream(sym), False),
+              "graph_symmetric_two_streams": graph_of(graph_two_streams(sym), True)}
+    out = {}
+    for name, fn in rows.items():
+        out[name] = {"host_us": statistics.median(host(fn) for _ in range(args.samples)), "graph_us": ""}
+    for name, graph in graphs.items():
+        out[name] = {"host_us": "", "graph_us": statistics.median(graph_time(graph) for _ in range(args.samples))}
+    print("RESULT " + json.dumps(out), flush=True)
+    del graphs
+    dist.destroy_process_group()
+
+
+def _commit(tree, library):
+    """The commit a tree's library was built from: COMMIT beside the library, else the tree's HEAD."""
+    beside = os.path.join(os.path.dirname(library), "COMMIT")
+    if os.path.exists(beside):
+        return open(beside).read().strip()
+    try:
+        return subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = os.path.join(tree, "COMMIT")
+        return open(commit).read().strip() if os.path.exists(commit) else "unknown"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--measure", action="store_true")
+    parser.add_argument("--tree", action="append", default=[], help="LABEL=DIR[:LIBRARY]")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--elements", type=int, default=32 * 8192)  # 0.5 MiB bf16
+    parser.add_argument("--gpu", default=os.environ.get("SYMMEM_GPU_KIND", "unknown"))
+    parser.add_argument("--out", default="torch_host_cost_ab.csv")
+    parser.add_argument("--cpu", type=int, default=None, help="pin every measuring process to this CPU (taskset)")
+    args = parser.parse_args()
+    if args.measure:
+        return _measure(args)
+    trees = []
+    for spec in args.tree:
+        label, rest = spec.split("=", 1)
+        folder, _, library = rest.partition(":")
+        trees.append((label, os.path.abspath(folder), library or os.path.join(folder, "build", "libsymmem_capi.so")))
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    with open(args.out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["date", "commit", "gpu", "tree", "row", "rep", "host_us", "graph_us"])
+        for rep in range(args.reps):
+            for label, folder, library in trees:
+                env = dict(os.environ, PYTHONPATH=os.path.join(folder, "python"), SYMMEM_LIBRARY=library,
+                           NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+                for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                    env.pop(k, None)
+                cmd = [sys.executable, os.path.abspath(__file__), "--measure", "--samples", str(args.samples),
+                       "--calls", str(args.calls), "--elements", str(args.elements)]
+                if args.cpu is not None:
+                    cmd = ["taskset", "-c", str(args.cpu)] + cmd
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+                line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    print(f"{label} rep {rep} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}", file=sys.stderr)
+                    continue
+                for row, values in json.loads(line[len("RESULT "):]).items():
+                    writer.writerow([date, _commit(folder, library), args.gpu, label, row, rep, values["host_us"],
+                                     values["graph_us"]])
+                f.flush()
+    _summarise(args.out)
+
+
+def _summarise(path):
+    rows = {}
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            for metric in ("host_us", "graph_us"):
+                if r[metric] not in ("", "nan"):
+                    rows.setdefault((r["row"], metric, r["tree"]), []).append(float(r[metric]))
+    print(f"{'row':34} {'metric':8} " + " ".join(f"{t:>24}" for t in sorted({k[2] for k in rows})))
+    for row, metric in sorted({(k[0], k[1]) for k in rows}):
+        cells = []
+        for tree in sorted({k[2] for k in rows}):
+            v = rows.get((row, metric, tree), [])
+            cells.append(f"{statistics.median(v):8.2f} [{min(v):.2f}-{max(v):.2f}]" if v else " " * 24)
+        print(f"{row:34} {metric:8} " + " ".join(f"{c:>24}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
