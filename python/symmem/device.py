@@ -7,7 +7,6 @@ symmem.triton launches kernels with them. docs/kernels.md has the rules.
 import ctypes
 from dataclasses import dataclass
 
-from . import _native
 from ._native import lib
 
 MAX_WORLD = 8

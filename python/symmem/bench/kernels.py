@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ._results import write_results
+from ._timing import time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -56,16 +57,6 @@ def _torch_symm_mem(numel, dtype, group):
         return buffer, (handle, _Address(handle.buffer_ptrs_dev, torch.int64))
     except Exception as e:  # not every build runs it (NVSHMEM, driver, multicast settings)
         return None, f"{type(e).__name__}: {str(e)[:160]}"
-
-
-def _sample_us(fn, calls):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / calls
 
 
 def main():
@@ -138,7 +129,7 @@ def main():
         for _ in range(args.reps):
             for key, (fn, _) in cases.items():  # ABAB: drift hits every configuration alike
                 dist.barrier(group)
-                samples[key].append(_sample_us(fn, args.calls))
+                samples[key].append(time_us(fn, args.calls))
         comm.check()
         for (impl, sms), (fn, out) in cases.items():
             out.fill_(float("nan"))

@@ -157,6 +157,18 @@ def keep_waiting(sync, signature, lanes, start, peer, phase):
     return ok
 
 
+@triton.jit
+def _spin(sync, signature, lanes, start, spins, peer, phase):
+    """One more spin of a wait's loop: (spins + 1, 2 once the wait failed, recorded, else 0); every
+    256 spins the slow half (keep_waiting)."""
+    spins += 1
+    state = tl.full([], 0, tl.int32)
+    if spins % _SPINS_PER_CHECK == 0:
+        if keep_waiting(sync, signature, lanes, start, peer, phase) == 0:
+            state = 2
+    return spins, state
+
+
 # ---- Signals --------------------------------------------------------------------------------------
 
 @triton.jit
@@ -205,10 +217,7 @@ def wait_signals(sync, signature, words, count, value, CMP: tl.constexpr, peer, 
             if base >= count:
                 state = 1
         else:
-            spins += 1
-            if spins % _SPINS_PER_CHECK == 0:
-                if keep_waiting(sync, signature, lanes, start, peer, phase) == 0:
-                    state = 2
+            spins, state = _spin(sync, signature, lanes, start, spins, peer, phase)
     tl.debug_barrier()  # what the threads acquired, every thread sees
     return state == 1
 
@@ -292,9 +301,6 @@ def barrier(sync, signature, epoch, PHASE: tl.constexpr, rank, WORLD: tl.constex
             record_failure(sync, signature, MISMATCH, first_peer, PHASE, (first & 0xFFFFFFFF).to(tl.uint32))
             state = 2
         else:
-            spins += 1
-            if spins % _SPINS_PER_CHECK == 0:
-                if keep_waiting(sync, signature, lanes, start, first_peer, PHASE) == 0:
-                    state = 2
+            spins, state = _spin(sync, signature, lanes, start, spins, first_peer, PHASE)
     tl.debug_barrier()  # what each thread acquired, every thread sees
     return state == 1

@@ -62,3 +62,19 @@ def test_import_symmem_triton_needs_no_gpu_and_no_torch():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_examples_ops_are_tagged_pt2_compliant():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import symmem.triton.examples  # noqa: F401  registers torch.ops.symmem_triton.*
+    import symmem.triton.examples.all_gather_matmul  # noqa: F401
+    for name in ("one_shot_all_reduce", "all_gather", "all_gather_into", "all_gather_matmul"):
+        assert torch.Tag.pt2_compliant_tag in getattr(torch.ops.symmem_triton, name).default.tags, name
+
+
+def test_user_calls_end_through_the_c_abi():
+    # symmem_comm_end_user_call exists and refuses a missing communicator (symmem.triton.launch calls
+    # it after every launch: the call's end, as a library call records it after its last enqueue).
+    rc = _native.lib.symmem_comm_end_user_call(None, None)
+    assert _native.ERROR_CODES[rc - 1] == "kInvalidArgument"

@@ -1,8 +1,15 @@
 """symmem.triton on one GPU with 2, 4 and 8 ranks as threads (shared_gpu.py): the examples bit-exact
 against symmem's CUDA collectives, user kernels interleaved with library calls on one
-communicator, mismatched launches (kMismatch on every rank), a rank that never launches (kTimeout
-naming it on every other rank within the timeout plus 2 s, the CUDA context still usable), and
-1000 CUDA graph replays. Run by scripts/gpu_issue29.sh; worlds from SYMMEM_SHARED_GPU_WORLDS."""
+communicator (on one stream and across streams), mismatched launches (kMismatch on every rank), a
+rank that never launches (kTimeout naming it on every other rank within the timeout plus 2 s, the
+CUDA context still usable), and 1000 CUDA graph replays. Run by scripts/gpu_issue29.sh; worlds
+from SYMMEM_SHARED_GPU_WORLDS.
+
+Grids: every Triton grid here is programs(world) <= the core's shared-GPU SM share (sm_count / (2
+ranks), src/plan/shared_gpu.hpp), which the library's own plans use too. A rank holds at most two
+grids at once (a library kernel and its early-launched successor; Triton kernels launch no
+successor early), so every rank's blocks are resident together and no barrier waits for a block
+that cannot start."""
 import os
 import time
 
@@ -29,7 +36,8 @@ PULL = _native.algo_code("pull")
 
 
 def programs(world):
-    """A grid every rank's kernel can hold at once on the shared GPU (the core's own share rule)."""
+    """A grid every rank's kernel can hold at once on the shared GPU: at most the core's own share
+    (plan/shared_gpu.hpp: sm_count / (2 ranks), at least 1), and 8."""
     return max(1, min(8, torch.cuda.get_device_properties(0).multi_processor_count // (2 * world)))
 
 
@@ -127,6 +135,36 @@ def test_user_kernels_interleave_with_library_calls(world):
             me.comm.check()
             close = torch.allclose(ours.float(), planned.float(), rtol=1e-2, atol=1e-2)
             wrong += int(not same_bits(gathered, reference)) + int(not same_bits(ours, one_shot)) + int(not close)
+        return wrong
+
+    assert run_ranks(world, body) == [0] * world
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_user_kernels_and_library_calls_on_other_streams_stay_in_order(world):
+    """A user kernel held back on its stream (a sleep ahead of it), then a library call of the same
+    communicator on another stream that reads what the kernel wrote: the library call runs after
+    the kernel (the communicator's calls run in host order, whatever their streams), and the next
+    user call after the library call. The sum of identical copies times a power of two is exact."""
+    n = 4099
+
+    def body(me):
+        x, gathered = me.heap(n, torch.bfloat16), me.heap(world * n, torch.bfloat16)
+        other = torch.cuda.Stream()
+        wrong = 0
+        for call in range(4):
+            x.copy_(rank_input(me.rank, call, n, torch.bfloat16))
+            gathered.fill_(float("nan"))
+            torch.cuda._sleep(20_000_000)  # ~10 ms: unordered, the library call would read the NaNs
+            all_gather(x, me.comm, out=gathered, programs=programs(world), mode="push")
+            with torch.cuda.stream(other):
+                summed = symmem_all_reduce(me, gathered)
+            other.synchronize()
+            torch.cuda.current_stream().synchronize()
+            me.comm.check()
+            full = torch.cat([rank_input(r, call, n, torch.bfloat16) for r in range(world)])
+            wrong += int(not same_bits(summed, full * world))
+            me.wait_for_every_rank()  # nobody refills `gathered` while a peer's call still reads it
         return wrong
 
     assert run_ranks(world, body) == [0] * world

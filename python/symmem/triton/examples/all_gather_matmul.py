@@ -148,18 +148,9 @@ class _OneRank:
 
 
 def _median_ms(fn, reps, batches=5):
-    """Median over `batches` of the mean time of `reps` back-to-back calls (the host enqueues ahead of
-    the GPU, so a call's host cost is not in the time)."""
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return statistics.median(times)
+    """Median over `batches` of the mean time of `reps` back-to-back calls."""
+    from symmem.bench._timing import time_us
+    return statistics.median(time_us(fn, reps) / 1000 for _ in range(batches))
 
 
 def world1_vs_mm(csv_path, commit, shapes, dtype, reps):
