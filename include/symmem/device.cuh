@@ -9,8 +9,9 @@
 //     ... read symmem::dev::peer_ptr(in, local, p) ...
 //     if (symmem::dev::barrier(sync, epoch, 1)) symmem::dev::epoch_commit(sync, epoch);
 //   }
-//   // host: k<<<blocks, threads, 0, stream>>>(buf->device_handle(), out, n,
-//   //          symmem::begin_user_call(comm, "my_kernel(n=...)", blocks, stream));
+//   // host: const symmem::UserSync sync = symmem::begin_user_call(comm, "my_kernel(n=...)", blocks, stream);
+//   //       k<<<blocks, threads, 0, stream>>>(buf->device_handle(), out, n, sync);
+//   //       symmem::end_user_call(comm, stream);
 //
 // Every wait here has the communicator's deadline and polls its abort word. A wait that fails
 // records why in this rank's failure record (timeout: the peer never came; mismatch: the peer is

@@ -34,9 +34,11 @@ def launch(kernel, grid, *args, comm=None, name=None, shape=(), **kwargs):
     group, or None for the world group). `name` and `shape` describe the call: every rank must pass
     the same, and ranks that differ fail with kMismatch naming both. Returns what the launch returns."""
     import torch
-    from ..torch.device import _sync_of, core_of
+    from ..torch.device import _ensure_open, _owner_of, _sync_of, core_of
 
-    core = core_of(comm)
+    owner = _owner_of(comm)
+    _ensure_open(owner)  # a closed group's communicator takes no more calls
+    core = core_of(owner)
     grid = tuple(grid) if isinstance(grid, (tuple, list)) else (int(grid),)
     if len(grid) > 1 and any(int(g) != 1 for g in grid[1:]):
         raise ValueError(f"symmem.triton.launch: user kernels take a 1-D grid, not {grid}")
