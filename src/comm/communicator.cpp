@@ -380,6 +380,12 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.settings = read_settings(config, *st.tuning);
   st.debug = env::debug();
   agree_on_settings(st.settings, *st.job_bootstrap, layout.rank, layout.world);
+  // Tests only: ranks sharing a GPU share its hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, at
+  // most 32). A stream wait at the head of a queue holds every stream mapped to it, so eight ranks
+  // with four copy-engine streams each (40 streams) put one rank's kernel behind another rank's wait
+  // for it. One copy-engine stream each keeps every rank's streams on queues of their own. (Every
+  // rank computes the same ranks_on_gpu, so the setting stays agreed.)
+  if (st.ranks_on_gpu > 1) st.settings.copy_engine_streams = 1;
 
   // Per-block epochs (blocks < kMaxBlocks: every plan clamps to it), then the parity kernels'
   // call counter and its finished-block count, then the word a failing wait claims before it

@@ -66,7 +66,11 @@ void gather_pieces_around(CommunicatorState& st, const PieceGather& g, const voi
                           cudaStream_t stream, const char* op, const std::function<void()>& consume) {
   const bool capturing = stream_is_capturing(stream);
   const size_t flag_bytes = size_t(g.world) * g.pieces.pieces * sizeof(uint32_t);
-  SideStreams sides(*st.copy_engine, stream, !capturing || !captured_branches_may_share_a_queue(st));
+  // Branches only where they cannot share a hardware queue in an order the call cannot choose:
+  // under capture (fused_problems.hpp), and for ranks sharing a GPU (tests only) at all, whose
+  // streams share its queues.
+  const bool branch = capturing ? !captured_branches_may_share_a_queue(st) : st.ranks_on_gpu <= 1;
+  SideStreams sides(*st.copy_engine, stream, branch);
   try {
     enqueue_piece_gather(g, a_shard, *st.board, signature, sides, stream);
     consume();

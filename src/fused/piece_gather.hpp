@@ -13,8 +13,9 @@
 //   caller's stream: the consumer, then the join of side stream 0 and the reset of the flags to 0,
 //                    before anything of the next call. Every flag is r's own and written by r's
 //                    streams only.
-// Where a captured call's branches may share a hardware queue (fused_problems.hpp) nothing
-// branches: every step above runs on the caller's stream, ahead of the consumer.
+// Where the branches may share a hardware queue in an order the call cannot choose (a capture
+// where fused_problems.hpp says so, and ranks sharing a GPU, tests only, at all) nothing branches:
+// every step above runs on the caller's stream, ahead of the consumer.
 #pragma once
 
 #include <cuda_runtime_api.h>

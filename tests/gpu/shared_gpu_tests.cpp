@@ -12,11 +12,15 @@
 // traffic stays in one L2), timing, and the copy engines themselves (copies within one GPU run as
 // kernels). Results are checked on the device against exact references (pattern bytes, sums of
 // small integers, exact in every type and order), with the output poisoned before every call.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -396,6 +400,95 @@ TEST(shared_gpu_graph_replays_between_eager_calls) {
       r.comm->synchronize(r.stream);
       expect_no_mismatches(captured, graph_counters.read(r.stream), r, "captured calls");
       expect_no_mismatches(eager, eager_counters.read(r.stream), r, "eager calls between replays");
+    });
+  }
+}
+
+// max and min of floating types ignore NaN, as NCCL's (fmaxf / __hmax): the result is NaN only
+// where every rank holds NaN, whatever rank holds it and whichever algorithm runs. Before issue 27
+// the kernels compared (a > b ? a : b), so the result depended on which rank held the NaN. Inputs
+// are small integers (exact in every type) with NaN at places that differ by rank, and everywhere
+// at every 97th element; compared on the host with the bits of the reference's non-NaN results.
+namespace {
+
+float nan_test_value(int rank, size_t i, int world) {
+  if (i % 97 == 0) return NAN;                                  // NaN on every rank
+  if (i % size_t(world + 1) == size_t(rank)) return NAN;       // NaN on this rank only
+  return float(int((i * 7919 + size_t(rank) * 104729) % 17) - 8);  // a small integer
+}
+
+uint16_t to_bits16(float x, DataType type) {
+  if (type == DataType::kFloat16) {
+    const __half h = __float2half(x);
+    return *reinterpret_cast<const uint16_t*>(&h);
+  }
+  const __nv_bfloat16 b = __float2bfloat16(x);
+  return *reinterpret_cast<const uint16_t*>(&b);
+}
+
+bool is_nan_bits(uint16_t bits, DataType type) {
+  return type == DataType::kFloat16 ? (bits & 0x7c00) == 0x7c00 && (bits & 0x03ff)
+                                    : (bits & 0x7f80) == 0x7f80 && (bits & 0x007f);
+}
+
+}  // namespace
+
+TEST(shared_gpu_max_min_ignore_nan_as_nccl) {
+  const Algo algos[] = {Algo::kAuto, Algo::kOneShot, Algo::kTwoShot, Algo::kOneShotPush, Algo::kTwoShotPush,
+                        Algo::kLowLatency, Algo::kLowLatencyTwoShot};
+  const DataType types[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16};
+  constexpr size_t kCount = 40000;  // a vector body and a scalar tail
+  for (int world : worlds()) {
+    run_ranks(world, [&](Rank& r) {
+      for (DataType type : types) {
+        const size_t elem = dtype_size(type);
+        std::vector<uint8_t> input(kCount * elem);
+        for (size_t i = 0; i < kCount; ++i) {
+          const float v = nan_test_value(r.rank, i, world);
+          if (type == DataType::kFloat32) {
+            std::memcpy(&input[i * 4], &v, 4);
+          } else {
+            const uint16_t b = to_bits16(v, type);
+            std::memcpy(&input[i * 2], &b, 2);
+          }
+        }
+        for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
+          for (Algo algo : algos) {
+            // Heap operands (symmetric): every algorithm takes them.
+            TEST_CUDA(cudaMemcpyAsync(r.heap_in->ptr(), input.data(), input.size(), cudaMemcpyHostToDevice, r.stream));
+            TEST_CUDA(cudaMemsetAsync(r.heap_out->ptr(), 0xEE, input.size(), r.stream));  // poison
+            const CollectiveOptions o{algo, 0, max_blocks_for_calls()};
+            all_reduce(Operand(r.heap_out, 0), Operand(r.heap_in, 0), kCount, type, op, *r.comm, r.stream, o);
+            r.comm->synchronize(r.stream);
+            std::vector<uint8_t> got(input.size());
+            TEST_CUDA(cudaMemcpy(got.data(), r.heap_out->ptr(), got.size(), cudaMemcpyDeviceToHost));
+            size_t wrong = 0;
+            for (size_t i = 0; i < kCount; ++i) {
+              bool any = false;
+              float best = 0;
+              for (int q = 0; q < world; ++q) {
+                const float v = nan_test_value(q, i, world);
+                if (std::isnan(v)) continue;
+                best = !any ? v : op == ReduceOp::kMax ? std::max(best, v) : std::min(best, v);
+                any = true;
+              }
+              if (type == DataType::kFloat32) {
+                float g;
+                std::memcpy(&g, &got[i * 4], 4);
+                wrong += any ? !(g == best) : !std::isnan(g);
+              } else {
+                uint16_t g;
+                std::memcpy(&g, &got[i * 2], 2);
+                wrong += any ? g != to_bits16(best, type) : !is_nan_bits(g, type);
+              }
+            }
+            if (wrong)
+              throw Failure(std::string(op == ReduceOp::kMax ? "max " : "min ") + dtype_name(type) + " " +
+                            algo_name(algo) + ": " + std::to_string(wrong) + " of " + std::to_string(kCount) +
+                            " elements differ from NCCL's NaN rule");
+          }
+        }
+      }
     });
   }
 }

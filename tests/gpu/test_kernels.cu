@@ -162,21 +162,18 @@ __global__ void small_integer_check_kernel(const T* p, size_t count, uint64_t se
   if (bad) atomicAdd(mismatches, bad);
 }
 
-__global__ void hog_kernel(const volatile int* release, uint64_t ns) {
+// Spins `ns` nanoseconds of the global timer, or until *release != 0 (no release: the full time).
+__device__ void spin_for(uint64_t ns, const volatile int* release) {
   uint64_t start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (*release == 0 && now - start < ns);
+  } while ((release == nullptr || *release == 0) && now - start < ns);
 }
 
-__global__ void delay_kernel(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
+__global__ void hog_kernel(const volatile int* release, uint64_t ns) { spin_for(ns, release); }
+
+__global__ void delay_kernel(uint64_t ns) { spin_for(ns, nullptr); }
 
 __global__ void differences_kernel(const uint8_t* a, const uint8_t* b, size_t bytes, unsigned long long* mismatches) {
   unsigned long long bad = 0;
