@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 rm -rf build-bundle && mkdir -p build-bundle
 cp build/symmem-bench build/symmem-copy-probe build/symmem-run build/tests/symmem_gpu_tests build/tests/symmem_kill_tests build/tests/symmem_shared_gpu_tests build/tests/symmem_shared_gpu_moe_tests build-bundle/
 cp build/libsymmem_capi.so build-bundle/  # the Python package's native library (SYMMEM_LIBRARY)
+# The CUDA example on the heap (scripts/gpu_issue29.sh runs it).
+[ -f build/examples/symmem_example_one_shot_all_reduce ] && cp build/examples/symmem_example_one_shot_all_reduce build-bundle/
 [ -n "${WITH_OLD:-}" ] || rm -f build-bundle/old_* 2>/dev/null
 [ -n "${WITH_OLD:-}" ] && [ -d build-negctl/build ] && cp build-negctl/build/old_api_gpu_tests build-negctl/build/old_api_kill_tests build-bundle/
 [ -n "${OLD_BENCH:-}" ] && cp "$OLD_BENCH" build-bundle/old-symmem-bench

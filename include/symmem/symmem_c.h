@@ -128,6 +128,77 @@ int symmem_ep_dispatch(symmem_ep* ep, const void* x, const void* x_scales, const
 int symmem_ep_combine(symmem_ep* ep, const void* expert_out, void* out, int weights_applied, const void* topk_weights,
                       void* stream);
 int symmem_ep_describe(symmem_ep* ep, char* text, size_t text_bytes);
+/* Programming the heap from user kernels (include/symmem/user_call.hpp, device.cuh; the Triton
+ * helpers of python/symmem/triton). Structs begin with struct_size: the caller sets it to the
+ * size it was built with, the library fills what both know (the struct only grows at its end). */
+int symmem_comm_local_rank(const symmem_comm* comm);  /* rank in this node (the index of peers) */
+int symmem_comm_local_world(const symmem_comm* comm); /* ranks of this node */
+
+/* A heap buffer as a kernel sees it; every address is a device address in this process. */
+typedef struct symmem_device_handle {
+  uint64_t struct_size;
+  uint64_t local;            /* this rank's copy */
+  uint64_t bytes;
+  uint64_t signal_pad;       /* this rank's signal pad: uint32 words, zeroed at allocation, the user's */
+  uint64_t signal_pad_words;
+  uint64_t peer_table;       /* device array of world pointers: every rank's copy */
+  uint64_t heap_stride;      /* peers[p] == local + (p - rank) * heap_stride, for every heap address */
+  uint64_t peers[8];
+  uint64_t peer_signal_pads[8];
+  int32_t rank;  /* local */
+  int32_t world; /* local */
+} symmem_device_handle;
+/* `buffer` must be the start of a heap buffer (what symmem_comm_allocate returned). Local. */
+int symmem_buffer_device_handle(symmem_comm* comm, const void* buffer, symmem_device_handle* out);
+
+/* The communicator's synchronisation state for user kernels (user_call.hpp's UserSync without the
+ * signature): fixed for the communicator's life. */
+typedef struct symmem_sync_context {
+  uint64_t struct_size;
+  uint64_t flags;         /* this rank's barrier flags: uint64 [phases][max_blocks][8] */
+  uint64_t peer_flags[8]; /* every rank's, mapped here */
+  uint64_t epochs;        /* this rank's per-block call numbers: uint32 [max_blocks] */
+  uint64_t failure_claim; /* uint32: elects the failed wait that writes the record */
+  uint64_t failure;       /* this rank's failure record: uint32 code, op; int32 rank, peer, block, phase;
+                             uint32 signature, peer_signature */
+  uint64_t abort_word;    /* uint32, host memory mapped for the device */
+  uint64_t timeout_ns;
+  uint64_t heap_stride;
+  int32_t rank;           /* local */
+  int32_t world;          /* local */
+  int32_t phases;         /* barriers per call */
+  int32_t max_blocks;     /* blocks of a kernel that uses epochs or barriers */
+  uint32_t user_op;       /* the failure record's op for a user kernel */
+  uint32_t reserved;
+} symmem_sync_context;
+int symmem_comm_sync_context(symmem_comm* comm, symmem_sync_context* out);
+/* The host half of a user kernel call, made right before launching it on `stream` with `blocks`
+ * blocks: checks the communicator, orders the call, logs `description` (what the ranks must agree
+ * on) and returns the call's signature, for the kernel's flags. */
+int symmem_comm_begin_user_call(symmem_comm* comm, const char* description, int blocks, void* stream,
+                                uint32_t* signature);
+/* Optional, right after launching that kernel on `stream`: records the call's end (symmem::end_user_call),
+ * so that the next call on another stream waits for the kernel only. */
+int symmem_comm_end_user_call(symmem_comm* comm, void* stream);
+/* The signature begin_user_call gives (description, blocks); no communicator involved. */
+uint32_t symmem_user_call_signature(const char* description, int blocks);
+
+/* symmem::all_gather_pieces (symmem/all_gather_pieces.hpp): gathered [m x row_bytes] inside one heap
+ * buffer (the same offset on every rank); consume(context, pieces) enqueues the consumer on `stream`
+ * and returns 0 (nonzero fails the call with kInternal after the side streams are joined). */
+typedef struct symmem_gathered_pieces {
+  uint64_t struct_size;
+  uint64_t flags; /* uint32 [world * pieces]: flags[s * pieces + j] == 1 once piece j of shard s arrived */
+  int32_t pieces;
+  int32_t piece_rows;
+  int32_t shard_rows;
+  int32_t rank;
+  int32_t world;
+  int32_t reserved;
+} symmem_gathered_pieces;
+typedef int (*symmem_pieces_consumer_fn)(void* context, const symmem_gathered_pieces* pieces);
+int symmem_all_gather_pieces(symmem_comm* comm, void* gathered, const void* shard, int64_t m, size_t row_bytes,
+                             int tile_rows, void* stream, symmem_pieces_consumer_fn consume, void* context);
 
 /* Allocator functions for torch.cuda.memory.CUDAPluggableAllocator, in kPoolSlots slots: slot k
  * serves the communicator bound to it. Allocation is collective (every rank's pool must ask for

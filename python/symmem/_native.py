@@ -84,6 +84,15 @@ _SIGNATURES = {
                                    c_void_p]),
     "symmem_ep_combine": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_void_p]),
     "symmem_ep_describe": (c_int, [c_void_p, c_char_p, c_size_t]),
+    "symmem_comm_local_rank": (c_int, [c_void_p]),
+    "symmem_comm_local_world": (c_int, [c_void_p]),
+    "symmem_buffer_device_handle": (c_int, [c_void_p, c_void_p, c_void_p]),
+    "symmem_comm_sync_context": (c_int, [c_void_p, c_void_p]),
+    "symmem_comm_begin_user_call": (c_int, [c_void_p, c_char_p, c_int, c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
+    "symmem_comm_end_user_call": (c_int, [c_void_p, c_void_p]),
+    "symmem_user_call_signature": (ctypes.c_uint32, [c_char_p, c_int]),
+    "symmem_all_gather_pieces": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_size_t, c_int, c_void_p, c_void_p,
+                                         c_void_p]),
 }
 POOL_SLOTS = 8
 

@@ -95,6 +95,16 @@ class Communicator:
         return lib.symmem_comm_world(self.handle)
 
     @property
+    def local_rank(self):
+        """Rank in this node: the index of a heap buffer's peers."""
+        return lib.symmem_comm_local_rank(self.handle)
+
+    @property
+    def local_world(self):
+        """Ranks of this node (that share the heap)."""
+        return lib.symmem_comm_local_world(self.handle)
+
+    @property
     def nodes(self):
         """Nodes the ranks span: 1 for one NVLink domain; more, and only all_gather is served."""
         return lib.symmem_comm_nodes(self.handle)

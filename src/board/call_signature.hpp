@@ -36,6 +36,9 @@ struct CallDescriptor {
   // is logged, not at every call).
   uint64_t shape_hash = 0;
   std::function<std::string()> description;
+  // A user kernel (kOpUser): what the ranks must agree on, as its launcher wrote it (its name,
+  // shapes, dtypes; include/symmem/user_call.hpp). Signed and logged with `blocks`, nothing else.
+  std::string text;
 };
 
 // The descriptor of a planned call. Pass 0 as the offset of the operand that in place derives
@@ -43,6 +46,12 @@ struct CallDescriptor {
 CallDescriptor make_call_descriptor(uint32_t op, DataType type, ReduceOp reduce, size_t count, Algo algo, int blocks,
                                     bool in_place, bool in_symmetric, uint64_t in_heap_offset, bool out_symmetric,
                                     uint64_t out_heap_offset);
+
+// A user kernel launched with `blocks` blocks (include/symmem/user_call.hpp).
+CallDescriptor make_user_call_descriptor(const std::string& description, int blocks);
+// all_gather_pieces (include/symmem/all_gather_pieces.hpp): m rows of row_bytes gathered into the
+// symmetric operand at `heap_offset`, in pieces of whole tile_rows.
+CallDescriptor make_gather_pieces_descriptor(int64_t m, size_t row_bytes, int tile_rows, uint64_t heap_offset);
 
 // Nonzero (0 marks an empty flag).
 uint32_t signature_of(const CallDescriptor& call);

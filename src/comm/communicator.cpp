@@ -23,6 +23,7 @@
 #include "net/between_nodes.hpp"
 #include "plan/capacity_failure.hpp"
 #include "plan/shared_gpu.hpp"
+#include "workspace/user_call_area.hpp"
 
 namespace symmem {
 namespace detail {
@@ -216,14 +217,20 @@ void CommunicatorState::ensure_usable(const char* op) {
               abort_reason);
 }
 
-EnqueueScope::EnqueueScope(CommunicatorState& st, cudaStream_t stream) : st_(st), stream_(stream) {
+unsigned long long capture_id_of(cudaStream_t stream, cudaGraph_t* graph) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long capture = 0;
-  cudaGraph_t graph = nullptr;
-  SYMMEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture, &graph));
+  cudaGraph_t captured = nullptr;
+  SYMMEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture, &captured));
   if (status == cudaStreamCaptureStatusInvalidated)
     throw Error(ErrorCode::kInvalidArgument, "the stream's CUDA graph capture was invalidated by an earlier error");
-  capture_ = status == cudaStreamCaptureStatusActive ? capture : 0;
+  if (graph) *graph = captured;
+  return status == cudaStreamCaptureStatusActive ? capture : 0;
+}
+
+EnqueueScope::EnqueueScope(CommunicatorState& st, cudaStream_t stream) : st_(st), stream_(stream) {
+  cudaGraph_t graph = nullptr;
+  capture_ = capture_id_of(stream, &graph);
   if (capture_) st.graphs.hold(graph, capture_);
   st.call_order->before_call(stream, capture_);
 }
@@ -423,6 +430,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   s.timeout_ns = static_cast<uint64_t>(st.timeout_ms()) * 1000000ull;
   s.rank = st.rank;
   s.world = world;
+  st.user_sync = detail::user_sync_template(*st.workspaces->user_calls(), s);
   return comm;
 }
 

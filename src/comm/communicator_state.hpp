@@ -18,6 +18,7 @@
 #include "heap/heap.hpp"
 #include "plan/tuning_table.hpp"
 #include "symmem/communicator.hpp"
+#include "symmem/user_call.hpp"
 #include "workspace/workspaces.hpp"
 
 namespace symmem::detail {
@@ -71,6 +72,7 @@ struct CommunicatorState {
 
   uint32_t* epochs = nullptr;  // per-block epochs, the call counter pair, the failure claim (device memory)
   SyncArgs sync_template{};    // sync_args() without the op and signature
+  UserSync user_sync{};        // users' kernels' UserSync without the signature (workspace/user_call_area.hpp)
   std::string abort_reason;    // set once a failure was seen; every later call fails with it
   bool closed = false;
 
@@ -113,17 +115,32 @@ struct CommunicatorState {
 // orders the call after the communicator's previous one, whatever stream that took
 // (call_order.hpp), holds the communicator for a graph that captures it (graph_references.hpp),
 // and records the call's end where the order needs it. Every call path opens one.
+//
+// A user kernel's call (begin_user_call) enqueues its last work after the scope closed: the user
+// launches the kernel once begin_user_call returned. leave_end_open() keeps the scope from
+// recording an end that would precede the kernel; the call's end then stays unrecorded, and the
+// next call on another stream waits for what this stream holds at that moment (call_order.hpp),
+// the kernel included. end_user_call() records the end after the launch (so later stream changes
+// do not also wait for work queued behind the kernel); correctness never depends on it.
 class EnqueueScope {
  public:
   EnqueueScope(CommunicatorState& st, cudaStream_t stream);
-  ~EnqueueScope() { st_.call_order->after_call(stream_, capture_); }
+  ~EnqueueScope() {
+    if (record_end_) st_.call_order->after_call(stream_, capture_);
+  }
   EnqueueScope(const EnqueueScope&) = delete;
   EnqueueScope& operator=(const EnqueueScope&) = delete;
+  void leave_end_open() { record_end_ = false; }
 
  private:
   CommunicatorState& st_;
   cudaStream_t stream_;
   unsigned long long capture_ = 0;
+  bool record_end_ = true;
 };
+
+// The id of the capture `stream` is in, 0 when it is not capturing (throws when the capture was
+// invalidated); when `graph` is given, the graph being captured.
+unsigned long long capture_id_of(cudaStream_t stream, cudaGraph_t* graph = nullptr);
 
 }  // namespace symmem::detail

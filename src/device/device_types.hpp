@@ -56,6 +56,9 @@ enum OpCode : uint32_t {
   kOpAllToAll = 9,
   kOpMoeDispatch = 10,
   kOpMoeCombine = 11,
+  // The calls of users' kernels, numbered apart from the library's collectives:
+  kOpUser = 16,             // a user kernel (include/symmem/user_call.hpp): its description is in the call log
+  kOpAllGatherPieces = 17,  // all_gather_pieces (its waits are the copy-engine handshakes and the consumer's)
 };
 
 inline const char* op_code_name(uint32_t op) {
@@ -71,6 +74,8 @@ inline const char* op_code_name(uint32_t op) {
     case kOpAllToAll: return "all_to_all";
     case kOpMoeDispatch: return "moe_dispatch";
     case kOpMoeCombine: return "moe_combine";
+    case kOpUser: return "user kernel";
+    case kOpAllGatherPieces: return "all_gather_pieces";
     default: return "collective";
   }
 }

@@ -1,41 +1,30 @@
-// Every inline PTX instruction symmem uses, one per function, named by semantics and scope.
+// Every inline PTX instruction symmem uses, one per function, named by semantics and scope. Those
+// behind the flags (acquire/release at system scope, volatile access to host memory, fences, the
+// clock) are the public device API's (include/symmem/device_ptx.cuh), re-exported here: users'
+// kernels and the library's use the same instructions.
 #pragma once
 
 #include <cstdint>
 
+#include "symmem/device_ptx.cuh"
+
 namespace symmem::device {
+
+using dev::fence_acq_rel_sys;
+using dev::fence_proxy_async_global;
+using dev::global_timer_ns;
+using dev::ld_acquire_sys;
+using dev::ld_acquire_sys_u64;
+using dev::ld_volatile_u32;
+using dev::st_release_sys;
+using dev::st_release_sys_u64;
+using dev::st_volatile_u32;
 
 // Programmatic dependent launch (device/dependent_launch.cuh): waits until the grids this one
 // depends on have completed and their memory operations are visible; a no-op without PDL.
 __device__ __forceinline__ void wait_for_prerequisite_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 // Lets the dependent grid (the next kernel on the stream, launched with PDL) be scheduled now.
 __device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-// Load that synchronises-with a release store of another GPU (or the CPU) to the same flag.
-__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Store that publishes every write this thread has observed (cumulativity) before the flag.
-__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// The same two for the 64-bit barrier flags {epoch << 32 | signature}: single-copy atomic, so the
-// signature a waiter reads is the one stored together with the epoch it reads.
-//
-// Load that synchronises-with the release store (of a peer GPU) that wrote the value it returns.
-__device__ __forceinline__ uint64_t ld_acquire_sys_u64(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-// Store that publishes every write this thread has observed (cumulativity) before the flag.
-__device__ __forceinline__ void st_release_sys_u64(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 
 // Relaxed 8-byte store/load visible across GPUs, single-copy atomic: the low-latency protocol
 // packs {tag << 32 | data} in one word, so a reader that sees the tag also sees its data.
@@ -46,29 +35,6 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys_u64(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
-}
-
-// Volatile read of host-mapped memory (the abort word, a failure record), never cached.
-__device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Volatile store to host-mapped memory (the abort word). Volatile has the ordering of relaxed.sys,
-// so it orders nothing by itself: fence_acq_rel_sys before it makes the pair a system release.
-__device__ __forceinline__ void st_volatile_u32(uint32_t* p, uint32_t v) {
-  asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Orders this thread's earlier accesses against later ones at system scope.
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-
-// Nanoseconds since an arbitrary origin, shared by all SMs of the GPU (coarse: ~1 us ticks).
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 // --- Hopper bulk copies (TMA engine) and the mbarrier that tracks them -------------------------
@@ -125,9 +91,5 @@ __device__ __forceinline__ void bulk_wait_group_read() {
 
 // Waits until every bulk group has completed (writes performed).
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
-// Orders the async proxy's completed global writes before this thread's later generic accesses
-// (the barrier's release store that tells peers their data arrived).
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 }  // namespace symmem::device

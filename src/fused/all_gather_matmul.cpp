@@ -12,7 +12,8 @@
 //                   that waits for it gets no SM: a deadlock until the deadline. So it precedes
 //                   the GEMM in stream order. Needs no handshake: the peers finished reading slot r
 //                   of the previous call (its done handshake precedes this call on this stream).
-//   side stream 0:  forked after the own copy: the ready handshake (board/handshake.hpp): every
+//   side stream 0:  forked after the own copy (fused/piece_gather.hpp enqueues both, and the
+//                   steps below up to the done handshake): the ready handshake (board/handshake.hpp): every
 //                   peer's slot holds its shard of this call, and our calls match (the signature).
 //                   Then this rank PULLS every peer's slot into its own over NVLink (copy engines,
 //                   zero SMs), piece by piece, on up to `streams` lanes (peers r+1, r+2, ...
@@ -53,24 +54,16 @@
 
 #include "symmem/fused.hpp"
 
-#include <cuda.h>
-
 #include <string>
-#include <vector>
 
 #include "board/call_signature.hpp"
-#include "board/handshake.hpp"
-#include "board/wait_word.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
-#include "common/check.hpp"
 #include "common/device_guard.hpp"
-#include "common/driver_api.hpp"
-#include "common/stream_capture.hpp"
 #include "fused/flagged_gemm.hpp"
 #include "fused/fused_problems.hpp"
-#include "fused/side_streams.hpp"
+#include "fused/piece_gather.hpp"
 #include "plan/fused_plan.hpp"
 
 static_assert(symmem::kMaxWorld * symmem::detail::kMaxGatherPieces <= symmem::detail::Workspaces::kFusedFlagWords,
@@ -148,30 +141,6 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   return p;
 }
 
-void write_flag(const uint32_t* flag, cudaStream_t stream) {
-  CUstreamBatchMemOpParams op = detail::stream_write_op(flag, 1u);
-  SYMMEM_CU_CHECK(detail::DriverApi::get().stream_batch_mem_op(stream, 1, &op, 0));
-}
-
-// Copies of a peer's shard from `from` into `to` (both the shard's first row), piece by piece,
-// each followed by the write of this rank's flag for the piece.
-void enqueue_peer_copies(const Prepared& p, int shard, const void* from, void* to, cudaStream_t stream) {
-  for (const detail::GatherCopy& piece : detail::plan_gather_copies(shard, p.shard_rows, p.pieces)) {
-    const size_t at = size_t(piece.first_row) * p.row_bytes;
-    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(to) + at, static_cast<const char*>(from) + at,
-                                      size_t(piece.rows) * p.row_bytes, cudaMemcpyDeviceToDevice, stream));
-    write_flag(p.gemm.chunks.flags + piece.chunk, stream);
-  }
-}
-
-// The own shard into its slot in one copy (the GEMM starts after all of it: pieces would gain
-// nothing); the GEMM does not wait for its flags (ChunkFlags::ready_shard).
-void enqueue_own_shard(const Prepared& p, const void* a_shard, void* slot, cudaStream_t stream) {
-  if (!p.in_place)
-    SYMMEM_CUDA_CHECK(cudaMemcpyAsync(slot, a_shard, size_t(p.shard_rows) * p.row_bytes, cudaMemcpyDeviceToDevice,
-                                      stream));
-}
-
 }  // namespace
 
 std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t n, int64_t k, DataType type,
@@ -193,54 +162,11 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   chunks.sync = st.sync_args(detail::kOpAllGatherMatmul, signature);
   chunks.sync.timeout_ns = 2 * chunks.sync.timeout_ns + 1'000'000'000ull;
 
-  const bool capturing = detail::stream_is_capturing(stream);
-
-  const int rank = st.rank, world = st.world;
-  detail::CopyEngineStreams& ce = *st.copy_engine;
-  const size_t shard_bytes = size_t(p.shard_rows) * p.row_bytes;
-  const size_t flag_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
-  char* gathered = static_cast<char*>(p.gathered.local);
-  // Branches only where they cannot share a hardware queue in an order the call cannot choose:
-  // under capture (fused_problems.hpp), and for ranks sharing a GPU (tests only) at all, whose
-  // streams share its queues.
-  const bool branch = capturing ? !detail::captured_branches_may_share_a_queue(st) : st.ranks_on_gpu <= 1;
-  detail::SideStreams sides(ce, stream, branch);
-  try {
-    // The own shard, on SMs before the GEMM takes them (no handshake: see the top of the file).
-    enqueue_own_shard(p, a_shard, gathered + size_t(rank) * shard_bytes, stream);
-    // Invariant (caller's stream): this rank's slot holds its shard.
-    sides.fork_control();
-
-    if (world > 1) {
-      cudaStream_t control = sides.control();
-      detail::enqueue_handshake(*st.board, rank, world, detail::WaitWord::kPhaseReady, signature, control);
-      // Invariant: every peer's slot holds its shard of this call.
-      const std::vector<cudaStream_t> lanes = sides.fork_lanes(world - 1);
-      for (int i = 0; i < world - 1; ++i) {
-        const int peer = (rank + 1 + i) % world;
-        const size_t slot = size_t(peer) * shard_bytes;
-        enqueue_peer_copies(p, peer, p.gathered.peer(peer, slot), gathered + slot, lanes[i % lanes.size()]);
-      }
-      sides.join_lanes();
-      detail::enqueue_handshake(*st.board, rank, world, detail::WaitWord::kPhaseDone, signature, control);
-      // Invariant (control stream): every slot holds its shard; no peer reads this rank's slot any more.
-    }
-
-    detail::run_flagged_gemm(p.gemm, stream);
-
-    sides.join_control();
-    SYMMEM_CUDA_CHECK(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0, flag_bytes, stream));
-    // Invariant: this rank's flags are 0 again, before anything of the next call.
-  } catch (const std::exception& e) {
-    // Leave no side stream forked (a capture would fail to end) and no flag set.
-    sides.unwind();
-    SYMMEM_CUDA_CHECK_NOTHROW(cudaMemsetAsync(const_cast<uint32_t*>(chunks.flags), 0, flag_bytes, stream));
-    // Eagerly, a handshake may have been enqueued without its partner: the sequence every rank
-    // relies on is broken, so the communicator is unusable from here on, on every rank. Under
-    // capture nothing ran (the graph is the caller's to discard).
-    if (!capturing) st.poison(std::string("all_gather_matmul failed while enqueuing its work: ") + e.what());
-    throw;
-  }
+  // The own shard, the handshakes and the pulls (see the top of the file), then the GEMM.
+  const detail::PieceGather gather{p.gathered, st.rank, st.world, p.shard_rows, p.row_bytes, p.pieces, chunks.flags,
+                                   p.in_place};
+  detail::gather_pieces_around(st, gather, a_shard, signature, stream, kOp,
+                               [&] { detail::run_flagged_gemm(p.gemm, stream); });
 }
 
 }  // namespace symmem

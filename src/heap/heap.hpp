@@ -34,6 +34,8 @@ class Heap {
   void release(size_t offset) noexcept;
 
   char* base(int rank) const { return reinterpret_cast<char*>(base_) + size_t(rank) * reserve_; }
+  // Bytes between two consecutive ranks' copies of any heap address (the per-rank reserve).
+  size_t stride() const { return reserve_; }
   size_t granularity() const { return granularity_; }
   size_t mapped_bytes() const;
 

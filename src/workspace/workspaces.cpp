@@ -4,6 +4,7 @@
 
 #include "common/check.hpp"
 #include "device/device_types.hpp"
+#include "workspace/user_call_area.hpp"
 
 namespace symmem::detail {
 
@@ -18,7 +19,11 @@ Workspaces::Workspaces(Heap& heap, Bootstrap& bootstrap, FdExchange& exchange, i
   area_bytes_ = budget / 4 / kUnit * kUnit;
   if (area_bytes_ == 0) area_bytes_ = kUnit;
   auto allocate = [&](size_t bytes) { return HeapArea(heap, rank, heap.allocate(bytes, bootstrap, exchange), bytes); };
-  control_ = allocate(kSignalFlagCount * sizeof(uint64_t) + kFusedFlagWords * sizeof(uint32_t));
+  // The control area and the user-call area share one heap range (a granule holds both).
+  constexpr size_t kControlBytes = kSignalFlagCount * sizeof(uint64_t) + kFusedFlagWords * sizeof(uint32_t);
+  const size_t control = heap.allocate(kControlBytes + kUserAreaBytes, bootstrap, exchange);
+  control_ = HeapArea(heap, rank, control, kControlBytes);
+  user_calls_ = HeapArea(heap, rank, control + kControlBytes, kUserAreaBytes);
   staging_in_ = allocate(area_bytes_);
   staging_out_ = allocate(area_bytes_);
   push_slots_ = allocate(area_bytes_);

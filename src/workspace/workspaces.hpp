@@ -41,6 +41,10 @@ class Workspaces {
   // of the next call (src/fused/all_gather_matmul.cpp, src/fused/matmul_reduce_scatter.cpp).
   uint32_t* fused_flags() const;
   static constexpr size_t kFusedFlagWords = 1024;
+  // The user-call area (user_call_area.hpp: users' barrier flags and epochs), in the control
+  // area's heap range after the fused ops' flags. No library kernel touches it, and users' kernels
+  // touch nothing else of the control area. Fixed size.
+  const HeapArea* user_calls() const { return &user_calls_; }
 
   // Local operands that peers must read (pull all-gather, copy-engine pull, one-/two-shot
   // reductions): this rank copies them in before the kernel; peers read between barriers.
@@ -77,6 +81,7 @@ class Workspaces {
   int world_ = 1;
   size_t area_bytes_ = 0;
   HeapArea control_;
+  HeapArea user_calls_;
   HeapArea staging_in_;
   HeapArea staging_out_;
   HeapArea push_slots_;

@@ -96,6 +96,23 @@ TEST(descriptions_name_the_call) {
   EXPECT(d.find("pull") != std::string::npos);
 }
 
+TEST(user_calls_and_piece_gathers_are_signed_by_what_their_ranks_agree_on) {
+  // A user kernel: its description and grid, nothing else; described as its launcher wrote it.
+  const uint32_t user = signature_of(make_user_call_descriptor("triton:k(4096, bfloat16)", 8));
+  EXPECT(user != 0);
+  EXPECT_EQ(signature_of(make_user_call_descriptor("triton:k(4096, bfloat16)", 8)), user);
+  EXPECT(signature_of(make_user_call_descriptor("triton:k(4097, bfloat16)", 8)) != user);
+  EXPECT(signature_of(make_user_call_descriptor("triton:k(4096, bfloat16)", 9)) != user);
+  EXPECT(describe_call(make_user_call_descriptor("triton:k(4096, bfloat16)", 8)) == "triton:k(4096, bfloat16) blocks=8");
+  // all_gather_pieces: rows, row bytes, tile rows and the symmetric offset.
+  const uint32_t pieces = signature_of(make_gather_pieces_descriptor(4096, 2048, 128, 1 << 20));
+  EXPECT(signature_of(make_gather_pieces_descriptor(4096, 2048, 64, 1 << 20)) != pieces);
+  EXPECT(signature_of(make_gather_pieces_descriptor(8192, 1024, 128, 1 << 20)) != pieces);  // same bytes
+  EXPECT(signature_of(make_gather_pieces_descriptor(4096, 2048, 128, 2 << 20)) != pieces);
+  EXPECT(describe_call(make_gather_pieces_descriptor(4096, 2048, 128, 1 << 20)) ==
+         "all_gather_pieces(rows=4096, row_bytes=2048, tile_rows=128, gathered=symmetric@1048576)");
+}
+
 TEST(ranks_with_equal_signatures_run_equal_plans) {
   // Every combination two ranks could pass for one logical call (operand kinds, symmetric
   // offsets, options): whenever their signatures agree, so must their plans; where plans differ,

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ._results import write_results
+from ._timing import time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -134,16 +135,6 @@ def _reduce_scatter_cases(m, n, k, dtype, group, torch_fused):
     return calls, check, None
 
 
-def _time(call, calls):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / calls
-
-
 def _wrong(c, reference, dtype, k, scale):
     bound = RTOL[dtype] * scale + 1e-3 * (k ** 0.5)
     return int(((c.float() - reference).abs() > bound).sum().item())
@@ -228,7 +219,7 @@ def main(argv=None):
             samples = {impl: [] for impl in calls}
             for _ in range(args.reps):  # interleaved: every configuration once per round
                 for impl, call in calls.items():
-                    samples[impl].append(_time(call, args.calls))
+                    samples[impl].append(time_us(call, args.calls))
             shape = f"{m}x{args.n}x{args.k}"
             for impl in calls:
                 stats = torch.tensor([statistics.median(samples[impl]), min(samples[impl]), max(samples[impl])],

@@ -37,15 +37,20 @@ class _HeapSpan:
 
     def __init__(self, comm, ptr, nbytes):
         self._comm = comm
-        comm._spans.add(self)
+        spans = getattr(comm, "_spans", None)  # a core communicator counts nothing (its close() is its owner's)
+        if spans is not None:
+            spans.add(self)
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
                                          "strides": None, "stream": None}
 
 
 def heap_tensor(comm, ptr: int, nbytes: int) -> torch.Tensor:
     """A uint8 CUDA tensor over [ptr, ptr + nbytes) of `comm`'s heap that keeps the memory mapped while
-    it, or any view of it, lives."""
-    return torch.as_tensor(_HeapSpan(comm, ptr, nbytes), device=comm.torch_device)
+    it, or any view of it, lives. `comm` may also be a core communicator (symmem.communicator, as
+    ranks built through the C ABI use): the tensor then keeps the object alive, and its memory lives
+    until the communicator's close(), which its owner orders after the tensor's last use."""
+    device = getattr(comm, "torch_device", None) or torch.device("cuda", comm.device)
+    return torch.as_tensor(_HeapSpan(comm, ptr, nbytes), device=device)
 
 
 def _element_size(dtype):

@@ -1,0 +1,218 @@
+// The device API for users' kernels on the symmetric heap: peer addresses, acquire/release flags,
+// signals, a barrier, put-with-signal, and waits that cannot hang. python/symmem/triton mirrors it
+// by name for Triton kernels. The rules (what a signal pad may hold, ordering, epochs, one ordered
+// stream per communicator) are in docs/kernels.md; examples/cuda/ has a complete kernel.
+//
+//   __global__ void k(symmem::Buffer::DeviceHandle in, float* out, size_t n, symmem::UserSync sync) {
+//     const uint32_t epoch = symmem::dev::epoch_begin(sync);
+//     if (!symmem::dev::barrier(sync, epoch, 0)) return;    // every rank's `in` is written
+//     ... read symmem::dev::peer_ptr(in, local, p) ...
+//     if (symmem::dev::barrier(sync, epoch, 1)) symmem::dev::epoch_commit(sync, epoch);
+//   }
+//   // host: const symmem::UserSync sync = symmem::begin_user_call(comm, "my_kernel(n=...)", blocks, stream);
+//   //       k<<<blocks, threads, 0, stream>>>(buf->device_handle(), out, n, sync);
+//   //       symmem::end_user_call(comm, stream);
+//
+// Every wait here has the communicator's deadline and polls its abort word. A wait that fails
+// records why in this rank's failure record (timeout: the peer never came; mismatch: the peer is
+// in a different call; aborted: another rank failed first), sets the abort word so that every wait
+// of every rank leaves, and returns false; the kernel then returns. comm.check() raises kTimeout /
+// kMismatch naming the peer and both calls, on every rank. Never __trap(): a trap kills the CUDA
+// context, and the process could not even say which peer was missing.
+//
+// The PTX instructions (acquire/release at system scope, volatile access to host memory, fences,
+// the clock) are in symmem/device_ptx.cuh.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "symmem/communicator.hpp"
+#include "symmem/device_ptx.cuh"
+#include "symmem/user_call.hpp"
+
+namespace symmem::dev {
+
+// ---- Peers --------------------------------------------------------------------------------------
+
+// Peer `peer`'s copy of `local`, an address inside the buffer `h` on this rank (no load: the
+// handle carries every peer's base).
+template <typename T>
+__device__ __forceinline__ T* peer_ptr(const Buffer::DeviceHandle& h, T* local, int peer) {
+  const ptrdiff_t offset = reinterpret_cast<const char*>(local) - static_cast<const char*>(h.local);
+  return reinterpret_cast<T*>(static_cast<char*>(h.peers[peer]) + offset);
+}
+
+// Word `word` of peer `peer`'s signal pad of buffer `h` (where this rank signals that peer).
+__device__ __forceinline__ uint32_t* peer_signal(const Buffer::DeviceHandle& h, int peer, size_t word) {
+  return h.peer_signal_pads[peer] + word;
+}
+
+// ---- Failure ------------------------------------------------------------------------------------
+
+// Records this rank's failure; the first failure of this rank wins (a later one changes nothing).
+// A timeout or mismatch also sets the abort word, after a system fence that publishes the record.
+// The winner is elected on a word in device memory (an atomic on host memory is atomic only on
+// hosts with native host atomics); the record's code is written last.
+__device__ __forceinline__ void record_failure(const UserSync& s, uint32_t code, int peer, int phase,
+                                               uint32_t peer_signature) {
+  if (ld_volatile_u32(&s.failure->code) != kFailureNone) return;
+  if (atomicCAS(s.failure_claim, 0u, 1u) != 0u) {
+    // Another wait of this rank is writing the record: return once it is visible, so that no
+    // kernel ends unreported. Bounded by the deadline as every wait is.
+    const uint64_t start = global_timer_ns();
+    while (ld_volatile_u32(&s.failure->code) == kFailureNone && global_timer_ns() - start <= s.timeout_ns) {
+    }
+    return;
+  }
+  if (ld_volatile_u32(&s.failure->code) != kFailureNone) return;  // a watchdog's, meanwhile
+  uint32_t* record = reinterpret_cast<uint32_t*>(s.failure);
+  st_volatile_u32(record + 1, kUserCallOp);
+  st_volatile_u32(record + 2, static_cast<uint32_t>(s.rank));
+  st_volatile_u32(record + 3, static_cast<uint32_t>(peer));
+  st_volatile_u32(record + 4, blockIdx.x);
+  st_volatile_u32(record + 5, static_cast<uint32_t>(phase));
+  st_volatile_u32(record + 6, s.signature);
+  st_volatile_u32(record + 7, peer_signature);
+  fence_acq_rel_sys();
+  st_volatile_u32(&s.failure->code, code);
+  fence_acq_rel_sys();  // the record is visible before the abort word
+  if (code != kFailureAborted) {
+    st_volatile_u32(s.abort, 1u);
+    fence_acq_rel_sys();  // push it out now: the other ranks' waits are polling it
+  }
+}
+
+// The slow half of every wait, every 256 spins: false, after recording why, once the communicator
+// is aborted or the deadline has passed.
+__device__ __forceinline__ bool keep_waiting(const UserSync& s, uint64_t start, int peer, int phase) {
+  if (ld_volatile_u32(s.abort) != 0u) {
+    record_failure(s, kFailureAborted, peer, phase, 0);
+    return false;
+  }
+  if (global_timer_ns() - start > s.timeout_ns) {
+    record_failure(s, kFailureTimeout, peer, phase, 0);
+    return false;
+  }
+  return true;
+}
+
+// ---- Signals ------------------------------------------------------------------------------------
+
+// Sets a word of a peer's signal pad to `value`, after every write this thread observed.
+__device__ __forceinline__ void signal(uint32_t* word_on_peer, uint32_t value) { st_release_sys(word_on_peer, value); }
+// Adds `value` to a word of a peer's signal pad, after every write this thread observed.
+__device__ __forceinline__ void signal_add(uint32_t* word_on_peer, uint32_t value) {
+  red_add_release_sys(word_on_peer, value);
+}
+
+enum class Cmp {
+  kEqual,     // word == value
+  kAtLeast,   // word - value, as a signed 32-bit number, >= 0 (counters and epochs that wrap)
+  kNotEqual,  // word != value
+};
+
+__device__ __forceinline__ bool compare(uint32_t word, uint32_t value, Cmp cmp) {
+  switch (cmp) {
+    case Cmp::kEqual: return word == value;
+    case Cmp::kAtLeast: return static_cast<int32_t>(word - value) >= 0;
+    default: return word != value;
+  }
+}
+
+// One thread waits until `word` (this rank's memory, written by `peer`) compares true with
+// `value`; then its later reads see what the peer wrote before signalling (acquire). `phase` is
+// any number the kernel gives this wait, for the error message. False on timeout or abort.
+__device__ __forceinline__ bool wait_signal(const UserSync& s, const uint32_t* word, uint32_t value, Cmp cmp, int peer,
+                                            int phase) {
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spins = 1;; ++spins) {
+    if (compare(ld_acquire_sys(word), value, cmp)) return true;
+    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase)) return false;
+  }
+}
+
+// Block-wide (every thread calls it): waits until each of the `count` words from `words` on (this
+// rank's memory, all written by `peer`: e.g. the piece flags of one shard) compares true with
+// `value`; then the whole block sees what the peer wrote before signalling. False on timeout or
+// abort (the same in every thread).
+__device__ __forceinline__ bool wait_signals(const UserSync& s, const uint32_t* words, int count, uint32_t value,
+                                             Cmp cmp, int peer, int phase) {
+  bool mine = true;
+  for (int i = threadIdx.x; i < count && mine; i += blockDim.x) mine = wait_signal(s, words + i, value, cmp, peer, phase);
+  return __syncthreads_and(mine) != 0;
+}
+
+// Block-wide: copies `bytes` from `src` to `dst_on_peer` (a peer's heap memory) with every thread
+// of the block, then sets `signal_on_peer` to `value` once all of it is visible to the peer.
+__device__ __forceinline__ void put_signal(void* dst_on_peer, const void* src, size_t bytes, uint32_t* signal_on_peer,
+                                           uint32_t value) {
+  const bool vectors = ((reinterpret_cast<uintptr_t>(dst_on_peer) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0;
+  const size_t head = vectors ? bytes / 16 * 16 : 0;
+  for (size_t i = threadIdx.x * size_t(16); i < head; i += blockDim.x * size_t(16))
+    *reinterpret_cast<uint4*>(static_cast<char*>(dst_on_peer) + i) =
+        *reinterpret_cast<const uint4*>(static_cast<const char*>(src) + i);
+  for (size_t i = head + threadIdx.x; i < bytes; i += blockDim.x)
+    static_cast<char*>(dst_on_peer)[i] = static_cast<const char*>(src)[i];
+  __syncthreads();  // every thread's stores happen before thread 0's release (cumulative)
+  if (threadIdx.x == 0) signal(signal_on_peer, value);
+}
+
+// ---- Epochs and the barrier ---------------------------------------------------------------------
+
+// This block's number for the call (all threads must call it): one per block, kept on the device so
+// that CUDA graph replays advance it. The block commits it with epoch_commit once it is done.
+__device__ __forceinline__ uint32_t epoch_begin(const UserSync& s) {
+  __shared__ uint32_t epoch;
+  if (threadIdx.x == 0) epoch = s.epochs[blockIdx.x % kUserMaxBlocks] + 1;
+  __syncthreads();
+  return epoch;
+}
+
+__device__ __forceinline__ void epoch_commit(const UserSync& s, uint32_t epoch) {
+  if (threadIdx.x == 0) s.epochs[blockIdx.x % kUserMaxBlocks] = epoch;
+}
+
+// Waits until the peer's barrier flag carries epoch `epoch` or the next one (a peer one call
+// ahead: it passed this barrier on this rank's flag of `epoch`, so the calls matched). An equal
+// epoch with another signature is a peer in a different call (mismatch).
+__device__ __forceinline__ bool wait_barrier_flag(const UserSync& s, const uint64_t* flag, uint32_t epoch, int peer,
+                                                  int phase) {
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spins = 1;; ++spins) {
+    const uint64_t f = ld_acquire_sys_u64(flag);
+    const uint32_t ahead = static_cast<uint32_t>(f >> 32) - epoch;
+    if (ahead <= 1u) {
+      const uint32_t signature = static_cast<uint32_t>(f);
+      if (ahead == 1u || signature == s.signature) return true;
+      record_failure(s, kFailureMismatch, peer, phase, signature);
+      return false;
+    }
+    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase)) return false;
+  }
+}
+
+__device__ __forceinline__ size_t flag_slot(int phase, int block, int peer) {
+  return (size_t(phase) * kUserMaxBlocks + block) * kMaxWorld + peer;
+}
+
+// Barrier among the same-index blocks of every rank (all threads call it; blockDim.x >= world).
+// Block b of each rank tells block b of every peer that it reached `phase` (0 to kUserPhases - 1,
+// each used once per call) of call `epoch`, then waits for the same from each of them. The block's
+// writes before it are visible to the peers' block b after it. False if a wait failed.
+__device__ __forceinline__ bool barrier(const UserSync& s, uint32_t epoch, int phase) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) ok = blockIdx.x < kUserMaxBlocks && phase >= 0 && phase < kUserPhases;
+  __syncthreads();
+  if (!ok) return false;  // outside the flags (begin_user_call checked the grid it was given)
+  const uint64_t flag = (uint64_t(epoch) << 32) | s.signature;
+  const int peer = threadIdx.x;
+  bool mine = true;
+  if (peer < s.world && peer != s.rank) {
+    st_release_sys_u64(s.peer_flags[peer] + flag_slot(phase, blockIdx.x, s.rank), flag);
+    mine = wait_barrier_flag(s, s.flags + flag_slot(phase, blockIdx.x, peer), epoch, peer, phase);
+  }
+  return __syncthreads_and(mine) != 0;
+}
+
+}  // namespace symmem::dev

@@ -1,0 +1,14 @@
+"""The GPU time of back-to-back calls, as every benchmark here measures it."""
+import torch
+
+
+def time_us(call, calls):
+    """Microseconds per call of `calls` back-to-back calls of `call()` on the current stream, between
+    two CUDA events (the host enqueues ahead of the GPU, so a call's host cost is not in the time)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / calls

@@ -1,0 +1,110 @@
+"""Ranks as threads of one process sharing GPU 0, each with its own symmem communicator built
+through the C ABI with an in-process exchange (no torch.distributed), as tests/gpu/shared_gpu_tests.cpp
+does in C++. Needs SYMMEM_TEST_SHARED_GPU=1 (ranks may share a GPU; each plans with a share of its
+SMs) and CUDA_DEVICE_MAX_CONNECTIONS=32 (every rank's stream its own hardware queue), both set
+before CUDA starts (scripts/gpu_issue29.sh sets them).
+
+What it covers: the protocols of symmem.triton's helpers and examples at 2 to 8 ranks, their
+results against symmem's CUDA collectives, failures (mismatch, a rank that never comes) and CUDA
+graph replays. What it cannot: NVLink's memory ordering (all traffic stays in one L2) and timing.
+"""
+import threading
+import traceback
+
+import torch
+
+import symmem
+from symmem.torch.memory import heap_tensor
+
+WORKSPACE_BYTES = 64 << 20
+
+
+class _Group:
+    def __init__(self, world):
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=300)
+        self.slots = [None] * world
+        # Teardown: never aborted. Once every rank is there (no rank waits on `barrier` any more),
+        # `barrier` is reset, so that close() can be collective even after a rank failed.
+        self.teardown = threading.Barrier(world, action=self.barrier.reset, timeout=300)
+
+
+class _Exchange(symmem.Exchange):
+    def __init__(self, group, rank):
+        self.group, self.rank = group, rank
+
+    def all_gather(self, mine):
+        self.group.slots[self.rank] = bytes(mine)
+        self.group.barrier.wait()
+        out = list(self.group.slots)
+        self.group.barrier.wait()
+        return out
+
+    def barrier(self):
+        self.group.barrier.wait()
+
+
+class Rank:
+    """One simulated rank: its communicator (symmem.communicator.Communicator), its stream."""
+
+    def __init__(self, group, rank, timeout_ms):
+        self.group, self.rank, self.world = group, rank, group.world
+        self.comm = symmem.Communicator(rank, group.world, 0, _Exchange(group, rank), timeout_ms=timeout_ms,
+                                        workspace_bytes=WORKSPACE_BYTES)
+        self.stream = torch.cuda.Stream()
+
+    def heap(self, numel, dtype):
+        """Collective: a symmetric tensor of `numel` elements (a whole heap buffer)."""
+        nbytes = max(numel, 1) * torch.empty((), dtype=dtype).element_size()
+        return heap_tensor(self.comm, self.comm.allocate(nbytes), nbytes).view(dtype)[:numel]
+
+    def wait_for_every_rank(self):
+        self.group.barrier.wait()
+
+
+def run_ranks(world, body, timeout_ms=20000):
+    """Runs body(rank) for `world` ranks, each on its own thread, stream and communicator (closed
+    after, also when a rank failed: a communicator left open would keep its kernels, memory and
+    watchdog into the next test); returns their results in rank order, or raises with every failed
+    rank's traceback."""
+    group = _Group(world)
+    results, errors = [None] * world, [None] * world
+
+    def fail(r):
+        errors[r] = errors[r] or traceback.format_exc()
+        group.barrier.abort()  # peers waiting in wait_for_every_rank or an exchange leave
+
+    def main(r):
+        torch.cuda.set_device(0)
+        me = None
+        try:
+            me = Rank(group, r, timeout_ms)
+            me.wait_for_every_rank()  # nobody launches before every rank is set up
+            with torch.cuda.stream(me.stream):
+                results[r] = body(me)
+            me.stream.synchronize()
+        except BaseException:  # noqa: B036 (reported below)
+            fail(r)
+        try:
+            if me is not None:
+                me.stream.synchronize()  # bounded: every wait has the communicator's deadline
+        except BaseException:  # noqa: B036
+            fail(r)
+        # Nobody tears down while a peer's kernel may still wait (every rank comes here); close()
+        # synchronises the device first, so no peer still reads this rank's memory.
+        try:
+            group.teardown.wait()
+            if me is not None:
+                me.comm.close()
+        except BaseException:  # noqa: B036
+            fail(r)
+
+    threads = [threading.Thread(target=main, args=(r,), name=f"rank{r}") for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [f"rank {r}:\n{e}" for r, e in enumerate(errors) if e]
+    if failed:
+        raise AssertionError(f"world {world}: " + "\n".join(failed))
+    return results

@@ -1,0 +1,75 @@
+"""The examples' torch ops at world 1 on a real process group (gloo, one process): schema and fake
+kernels checked by opcheck, results equal to the input (a sum and a gather over one rank).
+Run by scripts/gpu_issue29.sh."""
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a GPU", allow_module_level=True)
+
+import torch.distributed as dist  # noqa: E402
+
+import symmem.torch as st  # noqa: E402
+import symmem.triton.examples  # noqa: E402,F401  registers torch.ops.symmem_triton.*
+import symmem.triton.examples.all_gather_matmul  # noqa: E402,F401
+
+
+@pytest.fixture(scope="module")
+def group_name():
+    if not dist.is_initialized():
+        path = os.path.join(tempfile.mkdtemp(prefix="symmem-ops-"), "store")
+        dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    return dist.group.WORLD.group_name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_one_shot_all_reduce_op(group_name, dtype):
+    x = st.empty(5000, dtype=dtype)
+    x.copy_(torch.randn(5000, device="cuda").to(dtype))
+    y = torch.ops.symmem_triton.one_shot_all_reduce(x, group_name)
+    assert torch.equal(y, x)
+    torch.library.opcheck(torch.ops.symmem_triton.one_shot_all_reduce.default, (x, group_name),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_all_gather_op(group_name):
+    x = st.empty(4097, dtype=torch.float16)
+    x.copy_(torch.randn(4097, device="cuda").to(torch.float16))
+    y = torch.ops.symmem_triton.all_gather(x, group_name, 4)
+    assert torch.equal(y, x)
+    torch.library.opcheck(torch.ops.symmem_triton.all_gather.default, (x, group_name, 4),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_all_gather_into_op(group_name, mode):
+    x = st.empty(4097, dtype=torch.float16)
+    out = st.empty(4097, dtype=torch.float16)
+    x.copy_(torch.randn(4097, device="cuda").to(torch.float16))
+    out.fill_(float("nan"))
+    torch.ops.symmem_triton.all_gather_into(out, x, group_name, 4, mode)
+    assert torch.equal(out, x)
+    torch.library.opcheck(torch.ops.symmem_triton.all_gather_into.default, (out, x, group_name, 4, mode),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_a_tensor_outside_the_heap_is_refused(group_name):
+    x = torch.ones(64, device="cuda")
+    with pytest.raises(ValueError, match="symmetric tensor"):
+        torch.ops.symmem_triton.one_shot_all_reduce(x, group_name)
+
+
+def test_all_gather_matmul_op(group_name):
+    gathered = st.empty(256, 512, dtype=torch.float16)
+    a_shard = torch.randn(256, 512, device="cuda").half()  # world 1: the shard is the whole matrix
+    b = torch.randn(512, 384, device="cuda").half()
+    c = torch.ops.symmem_triton.all_gather_matmul(a_shard, b, gathered, group_name)
+    reference = a_shard.float() @ b.float()
+    assert torch.equal(gathered, a_shard)
+    assert ((c.float() - reference).abs().max() / reference.abs().max()).item() < 1e-2
+    torch.library.opcheck(torch.ops.symmem_triton.all_gather_matmul.default, (a_shard, b, gathered, group_name),
+                          test_utils=("test_schema", "test_faketensor"))
