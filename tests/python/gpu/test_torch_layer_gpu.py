@@ -148,11 +148,12 @@ def test_two_streams_under_graph_capture(group, delay_us):
 
 
 def test_eager_calls_stay_ordered_across_a_capture(group):
-    # Eager call on s1, a capture of a call on another stream, an eager call on s2: the second eager
-    # call must wait for the first (a captured call runs at replays, never between them). Seen
-    # wrong in review when a captured call took the place of the previous eager stream.
+    # Eager call on s1, a capture of a call on another stream, an eager call on s2, both eager calls
+    # held by one gate (a sleep on a third stream) so that, unordered, they run at once: the second
+    # must wait for the first (a captured call runs at replays, never between them). Seen wrong in
+    # review, 12 of 48, when a captured call took the place of the previous eager stream.
     n = 32 * MiB // 4
-    s1, s2, cs = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    s1, s2, cs, gate_stream = (torch.cuda.Stream() for _ in range(4))
     warm = torch.ones(16, device="cuda")
     st.all_reduce(warm)
     wrong = 0
@@ -160,16 +161,20 @@ def test_eager_calls_stay_ordered_across_a_capture(group):
         xs = [_random(n, torch.float32, 3000 + 2 * it + s) for s in range(2)]
         expected = [_nccl_sum(x) for x in xs]
         torch.cuda.synchronize()
+        gate = torch.cuda.Event()
+        with torch.cuda.stream(gate_stream):
+            torch.cuda._sleep(_sleep_cycles(20_000))  # 20 ms: the capture below ends long before
+            gate.record()
         with torch.cuda.stream(s1):
-            torch.cuda._sleep(_sleep_cycles(40))
+            s1.wait_event(gate)
             st.all_reduce(xs[0])
         graph = torch.cuda.CUDAGraph()
-        cs.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(cs):
             graph.capture_begin()
             st.all_reduce(warm)
             graph.capture_end()
         with torch.cuda.stream(s2):
+            s2.wait_event(gate)
             st.all_reduce(xs[1])
         torch.cuda.synchronize()
         wrong += sum(not torch.allclose(xs[s], expected[s], rtol=1e-5, atol=1e-5) for s in range(2))
