@@ -46,8 +46,11 @@ for stage in "$@"; do
     torch_old)
       step torch_layer_tests_8ad5a53_must_fail 150 env PYTHONPATH="$PWD/.device/old/python" \
         SYMMEM_LIBRARY="$PWD/.device/old/libsymmem_capi.so" python3 -m torch.distributed.run --nproc-per-node 1 \
-        -m pytest tests/python/gpu/test_torch_layer_gpu.py -p no:cacheprovider -q -rs \
-        -k "two_streams_on_one or fsdp_never or async_work_orders or group_cycles or across_a_capture or unrelated" ;;
+        -m pytest tests/python/gpu/test_torch_layer_gpu.py -p no:cacheprovider -q -rA \
+        -k "${OLD_K:-two_streams_on_one or fsdp_never or async_work_orders or group_cycles or across_a_capture or unrelated}" ;;
+    triton_ops)
+      step triton_ops_world1 120 env SYMMEM_LIBRARY="$B/libsymmem_capi.so" PYTHONPATH="$PWD/python" \
+        python3 -m pytest -q -p no:cacheprovider -rA tests/python/triton_gpu/test_triton_ops_world1.py ;;
     torch_cost)
       cp "$B/libsymmem_capi.so" "$W/libsymmem_capi.so" && cp "$B/COMMIT" "$W/COMMIT"
       step torch_host_cost_ab 240 python3 tools/torch_host_cost_ab.py \
