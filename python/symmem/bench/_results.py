@@ -3,6 +3,18 @@ import csv
 import os
 
 
+def pyplot():
+    """matplotlib.pyplot drawing to files (the Agg backend), or None where matplotlib is missing:
+    the benchmarks then write no figure."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def write_results(out, stem, fields, rows, text, plot, ignore_extra_keys=False):
     """CSV of `rows` (dicts; floats with 3 decimals) in `fields` order, the printed `text`, and the
     figure `plot(rows, path)` draws. A key outside `fields` is an error unless ignore_extra_keys."""

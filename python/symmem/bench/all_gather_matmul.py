@@ -35,7 +35,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from ._results import write_results
+from ._results import pyplot, write_results
 from ._timing import time_us
 from ._torchrun import init_nccl
 from .torch import _commit
@@ -141,11 +141,8 @@ def _wrong(c, reference, dtype, k, scale):
 
 
 def _plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     dtypes = sorted({r["dtype"] for r in rows})
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4.5), squeeze=False)

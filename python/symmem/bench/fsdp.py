@@ -37,7 +37,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from ._results import write_results
+from ._results import pyplot, write_results
 from ._torchrun import init_nccl
 from .llama import Decoder, loss_of, parameter_count
 from .torch import _commit
@@ -197,11 +197,8 @@ def _table(results, args, world, gpu, commit, date):
 
 def plot(rows, path):
     """Bars: median step time per model size and impl (error bars: fastest..slowest step)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     models = list(dict.fromkeys(r["model"] for r in rows))
     impls = list(dict.fromkeys(r["impl"] for r in rows))

@@ -26,7 +26,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from ._results import write_results
+from ._results import pyplot, write_results
 from ._timing import time_us
 from ._torchrun import init_nccl
 from .torch import _commit
@@ -156,11 +156,8 @@ def main():
 
 
 def _plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)

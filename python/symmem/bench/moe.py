@@ -44,7 +44,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from ._results import write_results
+from ._results import pyplot, write_results
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -443,11 +443,8 @@ def main():
 
 
 def _plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     keys = sorted({(r["shape"], r["payload"], r["op"], r["mode"]) for r in rows})
     impls = sorted({r["impl"] for r in rows})

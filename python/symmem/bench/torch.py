@@ -32,7 +32,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from ._results import write_results
+from ._results import pyplot, write_results
 from ._torchrun import init_nccl
 
 TOKENS = [32, 64, 96, 128, 192, 256, 1024, 2048, 3062, 4096]
@@ -222,11 +222,8 @@ def _vllm_table(rows, op, mode, impls, file=None):
 
 
 def _plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     ops = sorted({r["op"] for r in rows})
     fig, axes = plt.subplots(len(ops), 2, figsize=(12, 4.5 * len(ops)), squeeze=False)
