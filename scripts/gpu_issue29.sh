@@ -93,7 +93,7 @@ for stage in $STAGES; do
         python3 -m pytest -v -p no:cacheprovider -rA tests/python/triton_gpu/test_triton_ops_world1.py
       ;;
     shared)
-      SYMMEM_TEST_SHARED_GPU=1 CUDA_DEVICE_MAX_CONNECTIONS=32 SYMMEM_SHARED_GPU_WORLDS="2 4 8" \
+      SYMMEM_TEST_SHARED_GPU=1 CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER SYMMEM_SHARED_GPU_WORLDS="2 4 8" \
         run triton_shared_gpu "$OUT/triton_shared_gpu.log" 330 \
         python3 -m pytest -v -p no:cacheprovider -rA -o faulthandler_timeout=150 \
         --junitxml="$LOGS/triton_shared_gpu.xml" tests/python/triton_gpu/test_triton_shared_gpu.py

@@ -11,6 +11,7 @@ AllToAllState::AllToAllState(int device) {
   DeviceGuard guard(device);
   SYMMEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(AllToAllTable)));
   SYMMEM_CUDA_CHECK(cudaMemset(table_, 0, sizeof(AllToAllTable)));
+  SYMMEM_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // (cudaMemset's legacy stream orders nothing else)
 }
 
 AllToAllState::~AllToAllState() {

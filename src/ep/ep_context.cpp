@@ -149,6 +149,9 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   const detail::EpScratchOffsets o = detail::ep_scratch_offsets(s.g);
   SYMMEM_CUDA_CHECK(cudaMalloc(&s.scratch_memory, o.total));
   SYMMEM_CUDA_CHECK(cudaMemset(s.scratch_memory, 0, o.total));
+  // cudaMemset runs on the legacy stream, which orders nothing with the callers' non-blocking
+  // streams: the first dispatch must not overtake it.
+  SYMMEM_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   char* base = static_cast<char*>(s.scratch_memory);
   s.scratch.tile_base = reinterpret_cast<int32_t*>(base + o.tile_base);
   s.scratch.warp_base = reinterpret_cast<int32_t*>(base + o.warp_base);

@@ -1,8 +1,10 @@
 """Ranks as threads of one process sharing GPU 0, each with its own symmem communicator built
 through the C ABI with an in-process exchange (no torch.distributed), as tests/gpu/shared_gpu_tests.cpp
 does in C++. Needs SYMMEM_TEST_SHARED_GPU=1 (ranks may share a GPU; each plans with a share of its
-SMs) and CUDA_DEVICE_MAX_CONNECTIONS=32 (every rank's stream its own hardware queue), both set
-before CUDA starts (scripts/gpu_issue29.sh sets them).
+SMs), CUDA_DEVICE_MAX_CONNECTIONS=32 (every rank's stream its own hardware queue) and
+CUDA_MODULE_LOADING=EAGER (torch's default, lazy loading, loads a kernel at its first launch, which
+may wait for the context while peers' kernels spin for that very rank), all set before CUDA starts
+(scripts/gpu_issue29.sh sets them; the C++ suite sets them itself).
 
 What it covers: the protocols of symmem.triton's helpers and examples at 2 to 8 ranks, their
 results against symmem's CUDA collectives, failures (mismatch, a rank that never comes) and CUDA
