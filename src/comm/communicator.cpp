@@ -10,6 +10,7 @@
 #include <exception>
 #include <vector>
 
+#include "board/wait_chain.hpp"
 #include "comm/all_to_all_state.hpp"
 #include "comm/communicator_state.hpp"
 #include "comm/node_agreement.hpp"
@@ -187,27 +188,48 @@ void CommunicatorState::ensure_usable(const char* op) {
   }
   DeviceStatus s{};
   std::memcpy(&s, &board->page(who)->status, sizeof(s));
-  // A timeout whose peer was itself waiting in a call with another signature is a mismatch that
-  // no flag could show: the two calls ran different protocols (say a barrier kernel against a
-  // low-latency one), so neither ever wrote what the other waited for.
+  std::string waited_through;
   if (s.code == kStatusTimeout && s.op != kOpBetweenNodes && s.peer >= 0 && s.peer < world) {
-    const DeviceStatus& theirs = board->page(s.peer)->status;
-    // A live peer records its own failure within a poll interval of the abort word; a dead one
-    // never does. Wait that long, on this error path only, for the whole record (code and
-    // signature both set, whichever order its recorder wrote them in).
-    auto recorded = [&] {
-      return __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk &&
-             __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE) != 0;
+    // Whom the awaited rank waited for in turn (board/wait_chain.hpp): a live rank records its own
+    // failure within a poll interval of the abort word, a dead one never does. Wait that long, on
+    // this error path only, for each record (code and signature both set, whichever order its
+    // recorder wrote them in).
+    auto final_record = [&](int r) {
+      const DeviceStatus& theirs = board->page(r)->status;
+      auto recorded = [&] {
+        return __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk &&
+               __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE) != 0;
+      };
+      for (int i = 0; r != who && i < 500 && !recorded(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      DeviceStatus copy{};
+      if (recorded()) std::memcpy(&copy, &theirs, sizeof(copy));
+      return copy;
     };
-    for (int i = 0; i < 500 && !recorded(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    const uint32_t their_signature = __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk && their_signature != 0 &&
-        their_signature != s.signature) {
+    const WaitChain chain = follow_waits(who, world, final_record);
+    const int end = chain.ranks.back();
+    const DeviceStatus end_record = final_record(end);
+    if (chain.mismatch) {
+      who = chain.mismatch_rank;
+      s = final_record(who);
       s.code = kStatusMismatch;
-      s.peer_signature = their_signature;
+      s.peer = chain.mismatch_peer;
+      s.peer_signature = final_record(chain.mismatch_peer).signature;
+    } else if (chain.cycle_start < 0 && end != who && is_cause(end_record.code) &&
+               end_record.code != kStatusTimeout) {
+      who = end;  // a mismatch, capacity or network failure of its own down the path: the cause
+      s = end_record;
+    } else if (chain.cycle_start < 0 && chain.ranks.size() > 2) {
+      for (size_t i = 1; i + 1 < chain.ranks.size(); ++i)
+        waited_through += (i == 1 ? "; " : ", which ") + std::string("rank ") +
+                          std::to_string(job_rank(chain.ranks[i])) + (i == 1 ? " was itself waiting for" : " waited for") +
+                          " rank " + std::to_string(job_rank(chain.ranks[i + 1]));
+      if (end_record.code == kStatusOk)
+        waited_through += ", which recorded no failure: rank " + std::to_string(job_rank(end)) +
+                          " is the one that never came (dead, stalled, or never launched)";
     }
   }
-  abort_reason = describe_failure(*this, who, s);
+  abort_reason = describe_failure(*this, who, s) + waited_through;
   // A capacity verdict is every rank's own (the same matrix everywhere): no rank failed "first".
   if (who != rank && s.code != kStatusCapacity)
     abort_reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + abort_reason;

@@ -32,6 +32,12 @@ int max_blocks_for_calls() {
   return -1;
 }
 
+int shared_gpu_window() {
+  const char* forced = std::getenv("SYMMEM_SHARED_GPU_WINDOW");
+  if (forced && *forced) return std::max(1, std::atoi(forced));
+  return 50;
+}
+
 void wait_for_every_rank(SharedRank& r) { r.bootstrap->barrier(); }
 
 void run_rank_threads(int world, const std::function<std::unique_ptr<SharedRank>()>& make,
@@ -75,7 +81,7 @@ void replay_captured(SharedRank& r, const std::function<void()>& record, int rep
   CapturedGraph graph(r.stream, record);
   for (int i = 0; i < replays; ++i) {
     graph.launch(r.stream);
-    if ((i + 1) % kWindow == 0) r.comm->synchronize(r.stream);
+    if ((i + 1) % shared_gpu_window() == 0) r.comm->synchronize(r.stream);
   }
   r.comm->synchronize(r.stream);
 }

@@ -10,7 +10,7 @@
 //     after the last one: cudaFree waits for the GPU, which waits for a peer's kernel that waits for
 //     this rank, whose launches the free holds up;
 //   - use the rank's stream (non-blocking), never a device-wide synchronisation;
-//   - synchronise every few dozen calls or graph replays (kWindow): the ranks share one CUDA
+//   - synchronise every few dozen calls or graph replays (shared_gpu_window()): the ranks share one CUDA
 //     context, whose launch queue a rank far ahead fills with work waiting for a rank behind, which
 //     then cannot launch.
 #pragma once
@@ -27,8 +27,9 @@
 
 namespace symmem::test {
 
-// Calls (or graph replays) a rank enqueues between two synchronisations of its stream.
-constexpr int kWindow = 50;
+// Calls (or graph replays) a rank enqueues between two synchronisations of its stream:
+// SYMMEM_SHARED_GPU_WINDOW, default 50 (1 tells a crowded launch queue from a protocol fault).
+int shared_gpu_window();
 
 struct SharedRank {
   int rank = 0;
@@ -68,7 +69,7 @@ void run_shared_ranks(int world, const Body& body, int64_t timeout_ms = 20000,
       timeout_ms, workspace_bytes);
 }
 
-// Captures record() on r's stream, replays the graph `replays` times, synchronising every kWindow
+// Captures record() on r's stream, replays the graph `replays` times, synchronising every shared_gpu_window()
 // replays (the shared launch queue; nothing of the call needs it), and waits for it.
 void replay_captured(SharedRank& r, const std::function<void()>& record, int replays);
 

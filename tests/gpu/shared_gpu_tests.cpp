@@ -257,12 +257,12 @@ TEST(shared_gpu_random_calls_match_references) {
     run_ranks(world, [&](Rank& r) {
       const std::vector<Step> steps = draw_steps(calls, 0x5EED0000ull + world, r, max_blocks);
       Counters counters(steps.size(), r.stream);
-      // Synchronised every kWindow calls: the ranks share one CUDA context, whose launch queue a
+      // Synchronised every shared_gpu_window() calls: the ranks share one CUDA context, whose launch queue a
       // rank far ahead can fill with work that waits for a rank behind it, which then cannot
       // launch (seen at world 8 without the windows; separate processes have separate queues).
       // A failure also names the calls it happened among.
-      for (size_t begin = 0; begin < steps.size(); begin += kWindow) {
-        const size_t end = std::min(steps.size(), begin + size_t(kWindow));
+      for (size_t begin = 0; begin < steps.size(); begin += size_t(shared_gpu_window())) {
+        const size_t end = std::min(steps.size(), begin + size_t(shared_gpu_window()));
         for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, max_blocks, counters.at(i));
         try {
           r.comm->synchronize(r.stream);
@@ -321,7 +321,7 @@ TEST(shared_gpu_graph_replays_between_eager_calls) {
     const int max_blocks = max_blocks_for_calls();
     run_ranks(world, [&](Rank& r) {
       // Beyond four ranks: no copy-engine calls, and each replay's work finished before the next
-      // (a host far ahead filled the one launch queue of the process: see kWindow). Seen on one
+      // (a host far ahead filled the one launch queue of the process: see shared_gpu_window). Seen on one
       // H100 at 8 ranks: a timeout, or a mismatch read from a peer stalled in an earlier call.
       const bool crowded = world > 4;
       const std::vector<Step> captured = draw_steps(8, 0x6AA9ull + world, r, max_blocks, !crowded);

@@ -1,0 +1,39 @@
+// Why a timeout happened, read from every rank's failure record (no CUDA: tests/unit runs it).
+//
+// A rank that timed out waiting for a peer may have waited for a peer that was itself waiting for a
+// third rank, in an earlier call: ranks run ahead of each other by whole calls. A waiting rank
+// records a timeout when its own deadline passes, or `aborted` when another rank's failure reached
+// it first; both name whom it waited for. Following those records from rank to awaited rank tells
+// three causes apart:
+//   - the path ends at a rank that recorded nothing (dead, stalled, or never launched): that rank
+//     is the one that never came, whatever calls the ranks on the way ran;
+//   - the path ends at a rank that recorded a cause of its own (a mismatch it saw in a flag, a
+//     capacity verdict, a network failure): that record is the cause;
+//   - the path comes back to a rank already on it, and the ranks on that cycle ran calls of
+//     different signatures: a mismatch no flag could show (two protocols, each waiting for what
+//     the other never writes). A cycle of one call is a plain timeout.
+// A timeout is read as a mismatch only on such a cycle: a peer behind in an earlier call, waiting
+// for someone else, is not one (seen at 8 ranks on one GPU before this rule).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "device/device_types.hpp"
+
+namespace symmem::detail {
+
+struct WaitChain {
+  std::vector<int> ranks;  // ranks[0] is where the path began; each waited for the next
+  int cycle_start = -1;    // >= 0: ranks.back() waited for ranks[cycle_start]
+  bool mismatch = false;   // the cycle's ranks ran calls of different signatures
+  // With `mismatch`: the first rank on the cycle and the first after it whose call differs.
+  int mismatch_rank = -1, mismatch_peer = -1;
+};
+
+// Follows the records from `first` (whose record is a timeout) through timeouts and aborts. `record(r)` returns rank r's record
+// (code kStatusOk when it recorded nothing, or nothing yet; it may wait a moment for a live one).
+// Visits each rank at most once; ranks outside [0, world) end the path.
+WaitChain follow_waits(int first, int world, const std::function<DeviceStatus(int)>& record);
+
+}  // namespace symmem::detail
