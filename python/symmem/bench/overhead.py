@@ -7,6 +7,11 @@
 
 Rows are taken in turn (ABAB...) `--reps` times; per row the slower rank's median.
 
+The cost of ordering a group's calls across streams (docs/torch.md, "Streams"): the drop-in on one
+stream against the same call alternating two streams (every call changes stream, so every call
+joins the previous one's stream), eager (host and wall) and captured (GPU us per call of a graph of
+64 calls, replayed: one stream, and two streams forked from the capture stream).
+
     torchrun --nproc-per-node 2 -m symmem.bench.overhead
 """
 import argparse
@@ -94,6 +99,9 @@ def main():
         ("TPAllReduce.all_reduce, caching-allocator tensor", lambda: tp.all_reduce(xl)),
     ]
     tp = st.TPAllReduce(dist.group.WORLD)
+    side = torch.cuda.Stream()
+    rows.append(("drop-in, symmetric in place, alternating two streams", _alternating(side, lambda: st.all_reduce(x))))
+    rows.append(("stream switch alone (torch.cuda.stream, no call)", _alternating(side, lambda: None)))
     # Rows that run without the C call: the stand-in core is swapped in around the whole sample.
     bare = {"the route without the C call", "dispatcher + Python kernel without the C call"}
     rows.append(("the route without the C call", lambda: _route.all_reduce(comm, x, x, "sum")))
@@ -118,12 +126,67 @@ def main():
                            dtype=torch.float64, device="cuda")
     dist.all_reduce(medians, op=dist.ReduceOp.MAX)
     results = [(name, h, w) for name, (h, w) in zip(samples, medians.tolist())]
+    graphs = {"one stream": _graph_of(lambda: st.all_reduce(x), None),
+              "alternating two streams": _graph_of(_alternating(side, lambda: st.all_reduce(x)), side)}
+    graph_samples = {name: [] for name in graphs}
+    for _ in range(args.reps):
+        for name, graph in graphs.items():
+            graph_samples[name].append(_graph_us(graph))
+    graph_medians = torch.tensor([statistics.median(v) for v in graph_samples.values()], dtype=torch.float64,
+                                 device="cuda")
+    dist.all_reduce(graph_medians, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        print(f"{args.elements} bf16 elements, {args.calls} calls per sample, {args.reps} samples (medians)")
+        print(f"{args.elements} bf16 elements, {args.calls} calls per sample, {args.reps} samples (medians), "
+              f"world {dist.get_world_size()}")
         print(f"{'host us':>8} {'wall us':>8}  layer")
         for name, host, wall in results:
             print(f"{host:8.2f} {wall:8.2f}  {name}")
+        print(f"{'graph us':>8}  drop-in captured, {_GRAPH_CALLS} calls per graph (GPU time per call)")
+        for name, us in zip(graphs, graph_medians.tolist()):
+            print(f"{us:8.2f}  {name}")
+    del graphs
     dist.barrier()
+
+
+_GRAPH_CALLS = 64
+
+
+def _alternating(side, fn):
+    """fn() on the current stream and on `side` in turn (every call changes stream)."""
+    state = [0]
+
+    def call():
+        state[0] ^= 1
+        with torch.cuda.stream(side if state[0] else torch.cuda.current_stream()):
+            fn()
+    return call
+
+
+def _graph_of(fn, forked):
+    """A graph of _GRAPH_CALLS calls of fn(); `forked`: a stream joined to the capture stream around them."""
+    _quiet()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        capture = torch.cuda.current_stream()
+        if forked is not None:
+            forked.wait_stream(capture)
+        for _ in range(_GRAPH_CALLS):
+            fn()
+        if forked is not None:
+            capture.wait_stream(forked)
+    return graph
+
+
+def _graph_us(graph, replays=5):
+    _quiet()
+    graph.replay()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) * 1e3 / (replays * _GRAPH_CALLS)
 
 
 if __name__ == "__main__":

@@ -53,37 +53,40 @@ def run_killed_rank_job(group, worker, tmp_path, extra_args=()):
     if torch.cuda.device_count() < 2:
         pytest.skip(f"a killed-rank job needs two GPUs (one per process); this machine has "
                     f"{torch.cuda.device_count()}")
-    if dist.get_rank() == 0:
-        env = dict(os.environ, SYMMEM_TIMEOUT_MS="3000", NCCL_NVLS_ENABLE="0")
-        # torchrun's variables would make the workers' rendezvous join torchrun's store
-        # (TORCHELASTIC_USE_AGENT_STORE) instead of hosting their own.
-        for k in list(env):
-            if k.startswith("TORCHELASTIC_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                                      "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
-                                                      "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME"):
-                env.pop(k)
-        port, result = _free_port(), tmp_path / "survivor.txt"
-        logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(2)]
-        start = time.monotonic()
-        procs = [subprocess.Popen([sys.executable, worker, str(r), str(port), str(result), *extra_args], env=env,
-                                  stdout=logs[r], stderr=subprocess.STDOUT) for r in range(2)]
-        try:
-            procs[0].wait(timeout=100)
-        except subprocess.TimeoutExpired:
-            pass
-        elapsed = time.monotonic() - start
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        output = "".join(f"--- rank {r}:\n" + (tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(2))
-        print(output)
-        assert procs[0].returncode == 0, f"the survivor did not finish:\n{output}"
-        assert procs[1].returncode == -signal.SIGKILL, output
-        assert result.exists(), f"the survivor wrote no result:\n{output}"
-        code, message = result.read_text().split("\n", 1)
-        assert code in ("kTimeout", "kAborted"), (code, message)
-        assert "rank 1" in message, message
-        assert elapsed < 90, f"the survivor took {elapsed:.0f} s to raise"
-        print(f"survivor raised {code} after {elapsed:.1f} s: {message[:300]}")
-    dist.barrier()
+    try:  # every rank meets at the barrier, also when rank 0's checks fail (else the next test's
+        # collectives would pair with this barrier)
+        if dist.get_rank() == 0:
+            env = dict(os.environ, SYMMEM_TIMEOUT_MS="3000", NCCL_NVLS_ENABLE="0")
+            # torchrun's variables would make the workers' rendezvous join torchrun's store
+            # (TORCHELASTIC_USE_AGENT_STORE) instead of hosting their own.
+            for k in list(env):
+                if k.startswith("TORCHELASTIC_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                          "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
+                                                          "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME"):
+                    env.pop(k)
+            port, result = _free_port(), tmp_path / "survivor.txt"
+            logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(2)]
+            start = time.monotonic()
+            procs = [subprocess.Popen([sys.executable, worker, str(r), str(port), str(result), *extra_args], env=env,
+                                      stdout=logs[r], stderr=subprocess.STDOUT) for r in range(2)]
+            try:
+                procs[0].wait(timeout=100)
+            except subprocess.TimeoutExpired:
+                pass
+            elapsed = time.monotonic() - start
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            output = "".join(f"--- rank {r}:\n" + (tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(2))
+            print(output)
+            assert procs[0].returncode == 0, f"the survivor did not finish:\n{output}"
+            assert procs[1].returncode == -signal.SIGKILL, output
+            assert result.exists(), f"the survivor wrote no result:\n{output}"
+            code, message = result.read_text().split("\n", 1)
+            assert code in ("kTimeout", "kAborted"), (code, message)
+            assert "rank 1" in message, message
+            assert elapsed < 90, f"the survivor took {elapsed:.0f} s to raise"
+            print(f"survivor raised {code} after {elapsed:.1f} s: {message[:300]}")
+    finally:
+        dist.barrier()

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The multi-GPU measurement run (issue 31) on a device machine of 2 or 4 GPUs, from binaries built
+# here and carried (scripts/bundle.sh, then `tar cJf .device/bundle.tar.xz build-bundle`); it
+# builds nothing. Run from the repository root:
+#
+#   scripts/multi_gpu_session.sh TAG LANE... [-- LANE...]...
+#
+# A LANE is "DEVICES:STEP STEP ...": its steps run one after the other on those GPUs
+# (CUDA_VISIBLE_DEVICES=DEVICES; a step uses every GPU of its lane). The lanes of one phase run
+# at the same time, on disjoint GPUs; `--` starts the next phase once every lane of this one has
+# finished. Example (4 GPUs): tests on GPUs 0-1 while the one-GPU suites run on GPUs 2 and 3, then
+# the 4-rank tests on all four:
+#   scripts/multi_gpu_session.sh checks "0,1:gpu_tests kill torch_tests" "2:shared" "3:triton_shared" \
+#     -- "0,1,2,3:gpu_tests"
+#
+# Every step runs under `timeout`, never past BUDGET_S (default 540) from the start; what is left
+# when the budget is spent is skipped and said so. Its output goes to $W/logs/<step>_<ranks>.log,
+# CSVs and plots beside it; after every step $OUT/TAG_logs.tgz is rewritten (a device returns at
+# most 8 files), and $OUT/TAG_summary.txt holds one line per step: rc, seconds, the last line
+# saying what passed or failed.
+#
+# Benchmarks of two lanes that run at once share the host and the NVSwitch fabric (each pair of
+# GPUs its own links): every bench interleaves symmem with its references within its own run, so
+# a comparison within a CSV holds; absolute figures of such a phase say "concurrent" in the log.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+TAG=${1:?usage: scripts/multi_gpu_session.sh TAG LANE... [-- LANE...]...}
+shift
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/session-out}
+W=${SESSION_WORK:-/tmp/symmem-session}
+mkdir -p "$OUT" "$W/logs"
+if [ ! -d "$W/bundle" ]; then
+  mkdir -p "$W/unpack" && tar xJf .device/bundle.tar.xz -C "$W/unpack" && mv "$W/unpack/build-bundle" "$W/bundle"
+fi
+B=$W/bundle
+export SYMMEM_LIBRARY="$B/libsymmem_capi.so" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+SYMMEM_COMMIT=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+export SYMMEM_COMMIT SYMMEM_GPU_KIND="$GPU"
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$W/triton-cache}
+# torch's NVSHMEM heap must hold the torch_vdev rows' buffers (symmem.bench.moe, all_to_all_vdev).
+export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-8G}
+START=$SECONDS
+BUDGET=${BUDGET_S:-540}
+SUMMARY=$OUT/${TAG}_summary.txt
+L=$W/logs
+
+say() {
+  # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments
+  flock "$W/lock" bash -c 'echo "$1" >> "$2"' _ "$*" "$SUMMARY"
+  echo "$*"
+}
+pack() { flock "$W/lock" tar czf "$OUT/${TAG}_logs.tgz" -C "$L" . 2>/dev/null; }
+
+# step NAME LIMIT_S COMMAND...: COMMAND on this lane's GPUs under the limit and what is left of
+# the budget, its output in $L/NAME.log.
+step() {
+  local name=$1 limit=$2 left t0 rc
+  shift 2
+  left=$((BUDGET - (SECONDS - START)))
+  if [ "$left" -lt 15 ]; then
+    say "$name [$DEV]: not run (budget spent)"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  t0=$SECONDS
+  echo "== $name on GPUs $DEV ($GPU, ${NG} ranks, commit $SYMMEM_COMMIT, $(date -u +%FT%TZ), limit ${limit} s${CONCURRENT:+, concurrent with other lanes})" > "$L/$name.log"
+  timeout -k 10 "$limit" "$@" >> "$L/$name.log" 2>&1
+  rc=$?
+  say "$name [$DEV]: rc=$rc in $((SECONDS - t0)) s: $(grep -aE 'passed|failed|FAIL|wrong|SKIPPED' "$L/$name.log" | tail -1 | cut -c1-200)"
+  pack
+}
+
+# A bench's CSV and text into $L/bench/ (bench NAME LIMIT symmem-bench ARGS...).
+bench() {
+  local name=$1 limit=$2
+  shift 2
+  mkdir -p "$L/bench"
+  step "$name" "$limit" "$B/symmem-bench" "$@" --gpus "$NG" --csv "$L/bench/$name.csv" --json /dev/null
+}
+
+run_step() {
+  local s=$1 n=$NG
+  # (commands, not functions: `timeout` runs them)
+  local torchrun_n=(python3 -m torch.distributed.run --nproc-per-node "$n")
+  local shared_env=(env SYMMEM_TEST_SHARED_GPU=1 CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER)
+  case $s in
+    # --- tests ---
+    gpu_tests) step "gpu_tests_${n}_ranks" 300 "$B/symmem-run" -n "$n" --timeout 290 "$B/symmem_gpu_tests" ;;
+    kill)
+      for path in sm low_latency copy_engine graph; do
+        step "kill_${path}" 60 "$B/symmem-run" -n 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" "$path"
+      done ;;
+    hier_tests)
+      step hier_tests_1x2 120 "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical
+      step hier_tests_2x1 120 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical ;;
+    torch_tests) step "torch_tests_${n}_ranks" 420 tests/python/gpu/run.sh "$n" ;;
+    torch_nodes) step "torch_nodes_${n}_ranks" 150 env SYMMEM_NODE_SIZE=$((n / 2)) tests/python/gpu/run.sh "$n" -k simulated_nodes ;;
+    shared)
+      for w in ${SHARED_WORLDS:-2 3 4 8}; do
+        step "shared_gpu_world_$w" 200 env SYMMEM_SHARED_GPU_WORLDS="$w" "$B/symmem_shared_gpu_tests"
+      done ;;
+    moe_shared)
+      for w in ${SHARED_WORLDS:-2 3 4 8}; do
+        step "shared_gpu_moe_$w" 150 env SYMMEM_SHARED_GPU_WORLDS="$w" CUDA_DEVICE_MAX_CONNECTIONS=32 \
+          "$B/symmem_shared_gpu_moe_tests"
+      done ;;
+    triton_shared)
+      step triton_shared_gpu 330 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 4 8" python3 -m pytest -v -p no:cacheprovider \
+        -rA -o faulthandler_timeout=150 tests/python/triton_gpu/test_triton_shared_gpu.py ;;
+    cuda_examples)
+      for w in 2 4 8; do
+        step "cuda_example_${w}_ranks" 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" --threads "$w"
+      done
+      step cuda_example_dead_rank 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" --threads 4 --dead-rank ;;
+    triton_ops) step triton_ops_world1 150 python3 -m pytest -v -p no:cacheprovider -rA \
+      tests/python/triton_gpu/test_triton_ops_world1.py ;;
+    triton_fused1)
+      mkdir -p "$L/bench"
+      step triton_fused_world1 200 python3 -m symmem.triton.examples.all_gather_matmul --world1-vs-mm \
+        --csv "$L/bench/triton_fused_world1.csv" --commit "$SYMMEM_COMMIT" --dtype float16 ;;
+    # --- benchmarks (n ranks) ---
+    ag) bench "all_gather_$n" 200 all_gather -b 1K -e 256M -f 2 -n 20 -w 5 --reps 5 ;;
+    ag_graph) bench "all_gather_graph_$n" 120 all_gather -b 1K -e 16M -f 4 -n 20 -w 5 --reps 5 --graph ;;
+    ar) bench "all_reduce_$n" 200 all_reduce -b 1K -e 256M -f 4 -n 20 -w 5 --reps 5 ;;
+    rs) bench "reduce_scatter_$n" 200 reduce_scatter -b 1K -e 256M -f 4 -n 20 -w 5 --reps 5 ;;
+    vllm)
+      bench "vllm_table_eager_$n" 150 all_reduce --vllm-table -n 20 -w 5 --reps 5
+      bench "vllm_table_graph_$n" 150 all_reduce --vllm-table -n 20 -w 5 --reps 5 --graph ;;
+    a2a)
+      bench "all_to_all_$n" 150 all_to_all -b 1K -e 64M -f 4 -n 20 -w 5 --reps 5
+      bench "all_to_all_graph_$n" 100 all_to_all -b 1K -e 1M -f 4 -n 20 -w 5 --reps 5 --graph
+      bench "all_to_all_zipf_$n" 100 all_to_all -b 64K -e 64M -f 16 -n 20 -w 5 --reps 5 --splits zipf ;;
+    tune)  # every algorithm x block count, the table chosen from it (--tune)
+      for op in all_gather all_reduce reduce_scatter; do
+        bench "tune_${op}_$n" 240 "$op" -b 4K -e 256M -f 4 -n 10 -w 3 --reps 3 --blocks 8,16,32,64,128 --nccl 0 \
+          --tune "$L/bench/tune_${op}_$n.json"
+      done ;;
+    hier_bench)  # issue 13 at 4: 2 simulated nodes x 2 GPUs, flat NCCL under the same simulation
+      bench "all_gather_hier_2x$((n / 2))" 200 all_gather --simulate-nodes 2 -b 16M -e 256M -f 2 -n 10 -w 3 --reps 5 \
+        --algos copy_engine,hierarchical ;;
+    torch_bench) step "torch_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.torch --out "$L/torch_bench_$n" ;;
+    overhead) step "overhead_$n" 90 "${torchrun_n[@]}" -m symmem.bench.overhead ;;
+    fused)
+      for op in all_gather_matmul matmul_reduce_scatter; do
+        step "${op}_bench_$n" 200 "${torchrun_n[@]}" -m symmem.bench.all_gather_matmul --op $op --reps 7 --out "$L/fused_$n"
+      done ;;
+    kernels) step "kernels_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.kernels --reps 5 --out "$L/kernels_$n" ;;
+    moe) step "moe_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 --out "$L/moe_$n" ;;
+    vdev) step "all_to_all_vdev_bench_$n" 150 "${torchrun_n[@]}" -m symmem.bench.all_to_all_vdev --out "$L/vdev_$n" ;;
+    fsdp) step "fsdp_bench_$n" 300 "${torchrun_n[@]}" -m symmem.bench.fsdp --out "$L/fsdp_$n" --steps "${FSDP_STEPS:-12}" \
+      --sizes "${FSDP_SIZES:-2048:16:8192}" ;;
+    *) say "unknown step $s" ;;
+  esac
+}
+
+run_lane() {  # DEVICES:STEPS
+  local spec=$1
+  export DEV=${spec%%:*}
+  export CUDA_VISIBLE_DEVICES=$DEV
+  NG=$(($(tr -cd ',' <<< "$DEV" | wc -c) + 1))
+  export NG
+  # Lanes at once: torchrun's rendezvous port apart per lane (tests/python/gpu/run.sh too).
+  export PET_MASTER_PORT=$((29500 + 10 * ${DEV%%,*}))
+  for s in ${spec#*:}; do run_step "$s"; done
+}
+
+{
+  echo "$(date -u +%FT%TZ) $TAG: $GPU x $(nvidia-smi -L | wc -l), commit $SYMMEM_COMMIT, budget ${BUDGET} s"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,power.draw --format=csv,noheader
+  nvidia-smi topo -m 2>/dev/null | head -8
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
+} > "$L/${TAG}_machine.txt" 2>&1
+say "$(head -1 "$L/${TAG}_machine.txt")"
+phase=()
+run_phase() {
+  [ ${#phase[@]} -eq 0 ] && return
+  local pids=() lane
+  unset CONCURRENT
+  if [ ${#phase[@]} -gt 1 ]; then export CONCURRENT=1; fi
+  for lane in "${phase[@]}"; do
+    run_lane "$lane" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  phase=()
+}
+for a in "$@"; do
+  if [ "$a" = "--" ]; then run_phase; else phase+=("$a"); fi
+done
+run_phase
+say "$(date -u +%FT%TZ) $TAG done in $((SECONDS - START)) s"
+pack
