@@ -96,6 +96,15 @@ run_step() {
       step hier_tests_1x2 120 "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical
       step hier_tests_2x1 120 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical ;;
     torch_tests) step "torch_tests_${n}_ranks" 420 tests/python/gpu/run.sh "$n" ;;
+    torch_tests_but_delayed) step "torch_tests_${n}_ranks" 420 tests/python/gpu/run.sh "$n" -k "not delayed" ;;
+    fused_delayed_diag)  # the delayed-rank fused test hung on 2 H100s: every thread's stack after 30 s
+      step "fused_delayed_diag_${n}_ranks" 60 tests/python/gpu/run.sh "$n" -k delayed -o faulthandler_timeout=30 ;;
+    triton_interleave_diag)  # 4 ranks sharing the GPU, with and without PDL, stacks after 12 s
+      for pdl in 1 0; do
+        step "triton_interleave_world4_pdl$pdl" 50 "${shared_env[@]}" SYMMEM_PDL=$pdl SYMMEM_SHARED_GPU_WORLDS=4 \
+          python3 -m pytest -v -p no:cacheprovider -rA -o faulthandler_timeout=12 -k "interleave and 4" \
+          tests/python/triton_gpu/test_triton_shared_gpu.py
+      done ;;
     torch_nodes) step "torch_nodes_${n}_ranks" 150 env SYMMEM_NODE_SIZE=$((n / 2)) tests/python/gpu/run.sh "$n" -k simulated_nodes ;;
     shared)
       for w in ${SHARED_WORLDS:-2 3 4 8}; do

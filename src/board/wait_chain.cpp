@@ -15,7 +15,12 @@ WaitChain follow_waits(int first, int world, const std::function<DeviceStatus(in
   records.push_back(record(first));
   while (waited(records.back())) {
     const int next = records.back().peer;
-    if (next < 0 || next >= world) break;
+    if (next < 0 || next >= world) {
+      // A wait that named no one (the copy engine's, released by an abort) waited for some rank
+      // of the call, maybe any on the path: the waits may close here.
+      if (chain.ranks.size() > 1) chain.cycle_start = 0;
+      break;
+    }
     const auto seen = std::find(chain.ranks.begin(), chain.ranks.end(), next);
     if (seen != chain.ranks.end()) {
       chain.cycle_start = static_cast<int>(seen - chain.ranks.begin());

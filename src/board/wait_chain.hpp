@@ -12,6 +12,8 @@
 //   - the path comes back to a rank already on it, and the ranks on that cycle ran calls of
 //     different signatures: a mismatch no flag could show (two protocols, each waiting for what
 //     the other never writes). A cycle of one call is a plain timeout.
+// A wait that names no peer (the copy engine's, when an abort released it) may have waited for any
+// rank of its call: it closes the path into a cycle at its start.
 // A timeout is read as a mismatch only on such a cycle: a peer behind in an earlier call, waiting
 // for someone else, is not one (seen at 8 ranks on one GPU before this rule).
 #pragma once
@@ -33,7 +35,7 @@ struct WaitChain {
 
 // Follows the records from `first` (whose record is a timeout) through timeouts and aborts. `record(r)` returns rank r's record
 // (code kStatusOk when it recorded nothing, or nothing yet; it may wait a moment for a live one).
-// Visits each rank at most once; ranks outside [0, world) end the path.
+// Visits each rank at most once; a peer outside [0, world) ends the path (see above).
 WaitChain follow_waits(int first, int world, const std::function<DeviceStatus(int)>& record);
 
 }  // namespace symmem::detail

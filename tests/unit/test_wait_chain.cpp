@@ -77,7 +77,19 @@ TEST(a_cycle_of_one_call_and_a_path_to_a_cause_are_no_mismatch) {
   c = follow(0, 3, {{0, waiting(kStatusTimeout, 1, 7)}, {1, waiting(kStatusMismatch, 2, 9)}});
   EXPECT(!c.mismatch);
   EXPECT_EQ(c.ranks.back(), 1);
-  // Peers outside the world (a copy-engine wait for every peer) end the path.
+  // Peers outside the world end the path.
   c = follow(0, 2, {{0, waiting(kStatusTimeout, -1, 7)}});
   EXPECT_EQ(c.ranks.size(), size_t(1));
+}
+
+TEST(a_copy_engine_wait_that_named_no_peer_closes_the_path) {
+  // Seen on 2 H100s: rank 1 (SM pull) timed out waiting for rank 0, whose copy-engine call the
+  // abort released (its record names no peer): a mismatch, as the calls differ.
+  WaitChain c = follow(1, 2, {{1, waiting(kStatusTimeout, 0, 0xA)}, {0, waiting(kStatusAborted, -1, 0xB)}});
+  EXPECT(c.mismatch);
+  EXPECT_EQ(c.mismatch_rank, 1);
+  EXPECT_EQ(c.mismatch_peer, 0);
+  // The same call on both: a timeout.
+  c = follow(1, 2, {{1, waiting(kStatusTimeout, 0, 0xA)}, {0, waiting(kStatusAborted, -1, 0xA)}});
+  EXPECT(!c.mismatch);
 }
