@@ -11,6 +11,15 @@ gathered over the ranks. Rows:
   symmem_fused    symmem.torch.all_gather_matmul (copy-engine shards, one persistent GEMM)
   symmem_fused_in_place  the same with A_shard already in the workspace (all_gather_matmul_input):
                   no own-shard copy before the GEMM
+  symmem_triton_fused  symmem.triton.examples.all_gather_matmul: symmem's copy-engine pieces feeding a
+                  persistent Triton TMA GEMM (A_shard copied into a symmetric gather buffer, as
+                  symmem_fused). Its tile configuration (the example's CONFIGS) is picked per shape
+                  at warm-up: the fastest, by the slowest rank's median of 3 interleaved samples,
+                  of those that compile and run on this GPU (tried first on a communicator of each
+                  rank alone: a failed launch inside the collective would leave the group's
+                  communicator unusable); CSV column `config`. Run when named (--impls);
+                  skipped, and said why, without Triton or TMA (sm_90), with N or K not a multiple
+                  of 8, or across nodes
 --op matmul_reduce_scatter: C_shard [M / world x N] = this rank's rows of the sum over ranks of
 A [M x K] @ B [K x N] (every rank's own A and B: K is each rank's slice). Rows:
   gemm_alone      torch.mm(A, B) [M x N]: the floor
@@ -25,7 +34,8 @@ data); `wrong` counts elements of C farther from a float32 reference than the ou
 rounding allows (the reference of matmul_reduce_scatter: float32 products reduce-scattered in
 float32 by NCCL; the rows that sum partials rounded to the output type are allowed world + 1
 roundings of the partials' summed magnitude, since partials of opposite signs cancel in the sum
-but not in their rounding). CSV op=all_gather_matmul or matmul_reduce_scatter, shape MxNxK.
+but not in their rounding). CSV op=all_gather_matmul or matmul_reduce_scatter, shape MxNxK, config
+(symmem_triton_fused only).
 """
 import argparse
 import datetime
@@ -40,16 +50,135 @@ from ._timing import time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
-IMPLS = {"all_gather_matmul": ("gemm_alone", "nccl_then_gemm", "torch_fused", "symmem_fused", "symmem_fused_in_place"),
+IMPLS = {"all_gather_matmul": ("gemm_alone", "nccl_then_gemm", "torch_fused", "symmem_fused", "symmem_fused_in_place",
+                               "symmem_triton_fused"),
          "matmul_reduce_scatter": ("gemm_alone", "gemm_then_nccl", "torch_fused", "symmem_fused")}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 RTOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 FIELDS = ["op", "impl", "world", "dtype", "shape", "m", "n", "k", "time_us", "time_min_us", "time_max_us",
-          "vs_gemm_alone", "tflops", "wrong", "gpu", "commit", "date"]
+          "vs_gemm_alone", "tflops", "wrong", "gpu", "commit", "date", "config"]
+TRITON_SAMPLES = 3  # interleaved samples of each tile configuration at warm-up
 
 
-def _cases(m, n, k, dtype, group, torch_fused):
-    """impl -> (call, output getter) on shared inputs; plus the float32 reference of C."""
+class _TritonFused:
+    """symmem_triton_fused: the Triton example gathering into one symmetric buffer sized for the
+    largest shape (heap memory returns only with the communicator: allocated once, viewed per
+    shape at offset 0, the same on every rank), with a tile configuration picked per shape."""
+
+    def __init__(self, example, group, max_m, k, calls):
+        import symmem.torch as st
+        self.example, self.group, self.calls = example, group, calls
+        self.buffer = st.empty(max_m * k * 2, dtype=torch.uint8, group=group)  # fp16 and bf16: 2 bytes
+        self.runnable = {}  # dtype -> the example's configurations that run on this GPU, on every rank
+        self.chosen = {}    # (dtype, m) -> the configuration picked
+
+    @staticmethod
+    def create(group, max_m, n, k, calls):
+        """A _TritonFused, or None (rank 0 prints why) where any rank cannot run the row: every rank
+        leaves it out alike, or their sequences of calls would differ."""
+        import symmem.torch as st
+        why = None
+        major, minor = torch.cuda.get_device_capability()
+        if st.Communicator(group).nodes > 1:  # every rank: the communicator's first use is collective
+            why = "the copy-engine pieces and the Triton kernel's waits serve one node; this group spans several"
+        elif major < 9:
+            why = f"it needs TMA and wgmma (sm_90 or newer); this GPU is sm_{major}{minor}"
+        elif n % 8 or k % 8:
+            why = f"TMA needs rows of a multiple of 16 bytes: N = {n} and K = {k} must be multiples of 8"
+        example = None
+        if why is None:
+            try:
+                from symmem.triton.examples import all_gather_matmul as example
+            except Exception as e:  # no Triton, or one symmem.triton does not work with
+                why = f"symmem.triton does not import ({type(e).__name__}: {str(e)[:160]})"
+        able = torch.tensor([why is None], dtype=torch.int32, device="cuda")
+        dist.all_reduce(able, op=dist.ReduceOp.MIN, group=group)
+        if not able.item():
+            if group.rank() == 0:
+                print(f"symmem_triton_fused skipped: {why or 'another rank cannot run it'}", flush=True)
+            return None
+        return _TritonFused(example, group, max_m, k, calls)
+
+    def _runnable(self, dtype):
+        """The example's configurations that compile and run here, on every rank. Each is tried on a
+        communicator of this rank alone (world 1, the shard in place, as world1_vs_mm runs them):
+        a consumer that fails inside all_gather_pieces makes its communicator unusable, so a
+        configuration beyond this GPU (shared memory) must fail there, not in the group's. A failed
+        one's communicator is released and the next configuration gets a new one."""
+        if dtype in self.runnable:
+            return self.runnable[dtype]
+        import symmem
+        from symmem.torch.memory import heap_tensor
+        size = 512  # a few tiles of every configuration
+        nbytes = size * size * 2
+        b = torch.randn(size, size, device="cuda").to(dtype)
+        runs, alone, a = [], None, None
+        for config in self.example.CONFIGS:
+            try:
+                if alone is None:
+                    alone = symmem.Communicator(0, 1, torch.cuda.current_device(), self.example._OneRank())
+                    a = heap_tensor(alone, alone.allocate(nbytes), nbytes).view(dtype).view(size, size)
+                    a.copy_(b)
+                self.example.all_gather_matmul(a, b, a, alone, config=config)
+                torch.cuda.synchronize()
+                alone.check()
+                runs.append(1)
+            except Exception as e:  # shared memory or registers beyond this GPU's
+                print(f"rank {self.group.rank()}: symmem_triton_fused configuration {config} does not run on this "
+                      f"GPU ({type(e).__name__}: {str(e)[:160]})", flush=True)
+                runs.append(0)
+                a = None
+                if alone is not None:
+                    torch.cuda.synchronize()  # what the failed call enqueued ends before its memory goes
+                    alone.destroy()  # local release: a communicator of one rank has no peer to close with
+                alone = None
+        a = None
+        if alone is not None:
+            alone.close()
+        agreed = torch.tensor(runs, dtype=torch.int32, device="cuda")
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.group)
+        self.runnable[dtype] = [c for c, ok in zip(self.example.CONFIGS, agreed.tolist()) if ok]
+        return self.runnable[dtype]
+
+    def call(self, a_shard, b, out):
+        """The row's call at this shape, with the fastest runnable configuration, or None (rank 0
+        prints why) where none runs. Collective: every rank times every configuration in turn,
+        TRITON_SAMPLES rounds of `calls` calls after two warm-up calls (the first compiles), and
+        takes the one whose slowest rank's median is least: the same on every rank."""
+        world, (rows, k) = self.group.size(), a_shard.shape
+        m, dtype = world * rows, a_shard.dtype
+        gathered = self.buffer[:m * k * 2].view(dtype).view(m, k)
+
+        def run(config):
+            return lambda: self.example.all_gather_matmul(a_shard, b, gathered, comm=self.group, out=out,
+                                                          config=config)
+        configs = self._runnable(dtype)
+        if not configs:
+            if self.group.rank() == 0:
+                print(f"symmem_triton_fused skipped at {dtype}: none of the example's configurations runs here",
+                      flush=True)
+            return None
+        for config in configs:
+            run(config)()
+            run(config)()
+        samples = [[] for _ in configs]
+        for _ in range(TRITON_SAMPLES):
+            for i, config in enumerate(configs):
+                samples[i].append(time_us(run(config), self.calls))
+        times = torch.tensor([statistics.median(s) for s in samples], dtype=torch.float64, device="cuda")
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.group)
+        best = int(torch.argmin(times).item())
+        self.chosen[(dtype, m)] = configs[best]
+        if self.group.rank() == 0:
+            tried = ", ".join(f"{c}: {t:.1f} us" for c, t in zip(configs, times.tolist()))
+            print(f"symmem_triton_fused {str(dtype).replace('torch.', '')} {m}x{b.shape[1]}x{k}: "
+                  f"configuration {configs[best]} ({tried})", flush=True)
+        return run(configs[best])
+
+
+def _cases(m, n, k, dtype, group, torch_fused, triton):
+    """impl -> (call, output getter) on shared inputs; plus the float32 reference of C. `triton`: the
+    _TritonFused of the symmem_triton_fused row, or None."""
     import symmem.torch as st
     world, rank = group.size(), group.rank()
     g = torch.Generator(device="cuda").manual_seed(1000 + rank)
@@ -86,6 +215,10 @@ def _cases(m, n, k, dtype, group, torch_fused):
              "symmem_fused_in_place": symmem_fused_in_place}
     if torch_fused:
         calls["torch_fused"] = torch_fused_call
+    if triton is not None:
+        symmem_triton_fused = triton.call(a_shard, b, c["symmem_triton_fused"])
+        if symmem_triton_fused is not None:
+            calls["symmem_triton_fused"] = symmem_triton_fused
     return calls, (lambda impl: c[impl]), reference
 
 
@@ -180,10 +313,12 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=9, help="samples per configuration, interleaved")
     parser.add_argument("--calls", type=int, default=5, help="back-to-back calls per sample")
     parser.add_argument("--impls", nargs="*", default=None,
-                        choices=sorted({i for impls in IMPLS.values() for i in impls}), help="default: every row")
+                        choices=sorted({i for impls in IMPLS.values() for i in impls}), help="default: every row but symmem_triton_fused")
     parser.add_argument("--stem", default=None, help="file name stem (default: the op)")
     args = parser.parse_args(argv)
-    args.impls = [i for i in (args.impls or IMPLS[args.op]) if i in IMPLS[args.op]]
+    # symmem_triton_fused only when named: not yet measured on GPUs.
+    default = [i for i in IMPLS[args.op] if i != "symmem_triton_fused"]
+    args.impls = [i for i in (args.impls or default) if i in IMPLS[args.op]]
     args.stem = args.stem or args.op
 
     init_nccl()
@@ -193,6 +328,9 @@ def main(argv=None):
     if torch_fused:
         import torch.distributed._symmetric_memory as symm_mem
         symm_mem.enable_symm_mem_for_group(group.group_name)
+    triton = None
+    if "symmem_triton_fused" in args.impls:
+        triton = _TritonFused.create(group, max(args.m), args.n, args.k, args.calls)
 
     rows, date, commit, gpu = [], datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), \
         _commit(), torch.cuda.get_device_name()
@@ -200,7 +338,7 @@ def main(argv=None):
         dtype = DTYPES[dname]
         for m in args.m:
             if args.op == "all_gather_matmul":
-                calls, output, reference = _cases(m, args.n, args.k, dtype, group, torch_fused)
+                calls, output, reference = _cases(m, args.n, args.k, dtype, group, torch_fused, triton)
                 checked = lambda impl: (output(impl), reference, reference.abs())  # noqa: E731
             else:
                 calls, checked, _ = _reduce_scatter_cases(m, args.n, args.k, dtype, group, torch_fused)
@@ -228,7 +366,8 @@ def main(argv=None):
                 rows.append({"op": args.op, "impl": impl, "world": world, "dtype": dname, "shape": shape,
                              "m": m, "n": args.n, "k": args.k, "time_us": t, "time_min_us": stats[1].item(),
                              "time_max_us": stats[2].item(), "tflops": 2.0 * m * args.n * args.k / t / 1e6,
-                             "wrong": int(w.item()), "gpu": gpu, "commit": commit, "date": date})
+                             "wrong": int(w.item()), "gpu": gpu, "commit": commit, "date": date,
+                             "config": str(triton.chosen[(dtype, m)]) if impl == "symmem_triton_fused" else ""})
             del calls, checked
             torch.cuda.empty_cache()
     for r in rows:
@@ -244,6 +383,9 @@ def main(argv=None):
                     r = [x for x in rows if x["shape"] == shape and x["dtype"] == dname and x["impl"] == impl]
                     cells.append(f"{r[0]['time_us']:9.1f} us {r[0]['vs_gemm_alone']:5.3f}x" if r else "-")
                 lines.append(f"{dname:5} {shape:>18} " + " ".join(f"{c:>22}" for c in cells))
+        if triton is not None and triton.chosen:
+            lines.append("symmem_triton_fused configurations (BM, BN, BK, STAGES, num_warps, EPILOGUE_SUBTILE): " +
+                         "; ".join(f"{str(d).replace('torch.', '')} M={m}: {c}" for (d, m), c in triton.chosen.items()))
         lines.append(f"world {world}, {gpu}, commit {commit}, {date}; median of {args.reps} interleaved samples of "
                      f"{args.calls} calls (slowest rank); wrong elements in all rows: {sum(r['wrong'] for r in rows)}")
         text = "\n".join(lines)

@@ -15,6 +15,13 @@ Rows (impl):
                            symmem_torch, through the dispatcher (what torch.compile'd code calls)
   symmem_torch_staged      TPAllReduce.all_reduce / the drop-in all_gather_into_tensor on tensors from
                            the caching allocator (what vLLM passes): the input is staged when needed
+  symmem_triton_one_shot   symmem.triton.examples.one_shot_all_reduce (all-reduce only): a Triton kernel
+                           reading every peer's symmetric input (symmem.torch.empty) through the heap,
+                           fp32 sums in rank order, into a tensor of the caching allocator; a user call
+                           of the same communicator (signed by symmem.triton.launch, capturable);
+                           its eager time holds Triton's launch path in Python. Left out, and said
+                           why, without Triton or on a group across nodes; run with --triton (not yet measured on
+                           GPUs: off by default until it is)
 Eager: `calls` back-to-back calls between two events (Python, dispatcher and launch included).
 Graph: one CUDA graph of 10 calls, replayed `replays` times between two events. Every sample of
 every configuration is taken in turn (ABAB...), `reps` times; the CSV holds the median with the
@@ -70,7 +77,7 @@ def _fill(tensors, seed):
         t.copy_(torch.randn(t.shape, generator=g, device="cuda", dtype=torch.float32).to(t.dtype))
 
 
-def _build_all_reduce(tokens, group, symm_mem, st):
+def _build_all_reduce(tokens, group, symm_mem, st, triton_one_shot):
     g = group.group_name
     n = tokens * HIDDEN
     cases = []
@@ -101,7 +108,31 @@ def _build_all_reduce(tokens, group, symm_mem, st):
     def symmem_staged():
         out_l["y"] = tp.all_reduce(xl)
     cases.append(Case("all_reduce", "symmem_torch_staged", tokens, symmem_staged, lambda: out_l["y"], [xl], "sum"))
+    if triton_one_shot is not None:
+        xt = st.empty(n, dtype=DTYPE, group=group)
+        yt = torch.empty(n, dtype=DTYPE, device="cuda")  # out of place: peers read xt while yt is written
+        cases.append(Case("all_reduce", "symmem_triton_one_shot", tokens,
+                          lambda: triton_one_shot(xt, group, out=yt), lambda: yt, [xt], "sum"))
     return cases
+
+
+def _triton_one_shot(group, st):
+    """symmem.triton.examples.one_shot_all_reduce, or None (rank 0 prints why) where any rank cannot
+    run it: the ranks leave the row out alike, or their sequences of calls would differ."""
+    why = None
+    if st.Communicator(group).nodes > 1:  # every rank: the communicator's first use is collective
+        why = "a Triton kernel reaches its peers through the heap, which spans one node; this group spans several"
+    try:
+        from symmem.triton.examples import one_shot_all_reduce
+    except Exception as e:  # no Triton, or one symmem.triton does not work with
+        why = f"symmem.triton does not import ({type(e).__name__}: {str(e)[:160]})"
+    able = torch.tensor([why is None], dtype=torch.int32, device="cuda")
+    dist.all_reduce(able, op=dist.ReduceOp.MIN, group=group)
+    if able.item():
+        return one_shot_all_reduce
+    if group.rank() == 0:
+        print(f"symmem_triton_one_shot skipped: {why or 'another rank cannot run it'}", flush=True)
+    return None
 
 
 def _build_all_gather(tokens, group, st):
@@ -259,6 +290,7 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, nargs="*", default=TOKENS)
     parser.add_argument("--ops", nargs="*", default=["all_reduce", "all_gather"])
     parser.add_argument("--no-symm-mem", action="store_true", help="leave out the torch symmetric-memory rows")
+    parser.add_argument("--triton", action="store_true", help="add the symmem.triton row (symmem_triton_one_shot)")
     args = parser.parse_args(argv)
 
     init_nccl()
@@ -270,11 +302,14 @@ def main(argv=None):
         import torch.distributed._symmetric_memory as symm_mem
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
             symm_mem.enable_symm_mem_for_group(group.group_name)
+    triton_one_shot = None
+    if "all_reduce" in args.ops and args.triton:
+        triton_one_shot = _triton_one_shot(group, st)
 
     cases = []
     for tokens in args.tokens:
         if "all_reduce" in args.ops:
-            cases += _build_all_reduce(tokens, group, symm_mem, st)
+            cases += _build_all_reduce(tokens, group, symm_mem, st, triton_one_shot)
         if "all_gather" in args.ops:
             cases += _build_all_gather(tokens, group, st)
     for i, case in enumerate(cases):
@@ -314,7 +349,7 @@ def main(argv=None):
 
     if rank == 0:
         impls_ar = ["nccl", "torch_symm_mem_one_shot", "torch_symm_mem_two_shot", "symmem_torch", "symmem_torch_op",
-                    "symmem_torch_staged"]
+                    "symmem_torch_staged", "symmem_triton_one_shot"]
         impls_ag = ["nccl", "symmem_torch", "symmem_torch_staged"]
         text = []
         for op, impls in (("all_reduce", impls_ar), ("all_gather", impls_ag)):
