@@ -12,3 +12,9 @@ def time_us(call, calls):
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1000 / calls
+
+
+def replay_us(graph, replays, calls_per_graph):
+    """Microseconds per captured call of `replays` back-to-back replays of `graph`, which holds
+    `calls_per_graph` calls (warm it up first: its first replay uploads it)."""
+    return time_us(graph.replay, replays) / calls_per_graph

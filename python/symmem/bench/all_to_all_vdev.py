@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from ._results import pyplot, write_results
-from ._timing import time_us
+from ._timing import replay_us, time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -250,14 +250,8 @@ def _capture(fn):
 
 
 def _replay_us(graph, replays):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * GRAPH_CALLS)
+    return replay_us(graph, replays, GRAPH_CALLS)
 
 
 def _lined_up():

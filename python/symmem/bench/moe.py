@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from ._results import pyplot, write_results
+from ._timing import replay_us, time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -319,7 +320,6 @@ class TorchVdev2d(Impl):
 
 def _time(fn, mode, calls, replays, graphs, key):
     """Microseconds per call of fn (eager: `calls` calls; graph: replays of a graph of 10)."""
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     if mode == "graph":
         g = graphs.get(key)
         if g is None:
@@ -333,18 +333,8 @@ def _time(fn, mode, calls, replays, graphs, key):
                 for _ in range(GRAPH_CALLS):
                     fn()
             graphs[key] = g
-        start.record()
-        for _ in range(replays):
-            g.replay()
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) * 1e3 / (replays * GRAPH_CALLS)
-    start.record()
-    for _ in range(calls):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) * 1e3 / calls
+        return replay_us(g, replays, GRAPH_CALLS)
+    return time_us(fn, calls)
 
 
 def _slowest(us):

@@ -21,6 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ._timing import replay_us
 from ._torchrun import init_nccl
 
 
@@ -180,13 +181,7 @@ def _graph_of(fn, forked):
 def _graph_us(graph, replays=5):
     _quiet()
     graph.replay()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) * 1e3 / (replays * _GRAPH_CALLS)
+    return replay_us(graph, replays, _GRAPH_CALLS)
 
 
 if __name__ == "__main__":
