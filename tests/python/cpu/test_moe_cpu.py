@@ -4,6 +4,8 @@ process per rank) against references written from the documented layouts; memory
 allocation; the kCapacity error code."""
 import math
 import os
+import pathlib
+import sys
 import tempfile
 
 import pytest
@@ -11,6 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from moe_layout import layout_reference  # noqa: E402  (the GPU tests' reference)
 
 A2A_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8]
 
@@ -239,6 +244,32 @@ def _vdev_cases(rank, world, group_name):
         first = sum((s + q) % 3 for q in range(rank))
         assert torch.equal(got[at:at + outs[s]], _rows_of(s, first + outs[s], 4, 0)[first:first + outs[s]])
         at += outs[s]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_layout_reference_takes_inputs_of_different_lengths(world):
+    """The GPU tests' reference (tests/python/moe_layout.py) on gloo ranks whose inputs differ in
+    length, as their splits make them on GPUs: gathering them unpadded aborts gloo here and hung
+    NCCL there (2 x H100, test_all_to_all_vdev_matches_the_layout)."""
+    _run(world, _layout_case)
+
+
+def _layout_case(rank, world, group_name):
+    for experts, align in ((1, 0), (2, 1), (2, 4)):
+        n = world * experts
+        in_splits = torch.tensor([(3 * rank + 5 * j) % 7 for j in range(n)], dtype=torch.int64)
+        x = _rows_of(rank, 7 * n + 1 + rank, 8, experts)  # a length of its own on every rank
+        out = torch.full((world * n * 7 + n * 4, 8), float("nan"))
+        oso = torch.full((2, n), -1, dtype=torch.int64)
+        if align == 0:
+            torch.ops.symmem.all_to_all_vdev(x, out, in_splits, oso, group_name)
+        else:
+            torch.ops.symmem.all_to_all_vdev_2d(x, out, in_splits, oso, group_name, align)
+        chunks, splits, offsets, needed = layout_reference(x, in_splits, experts, align)
+        assert oso.tolist() == [splits, offsets]
+        for at, rows in chunks:
+            assert torch.equal(out[at:at + rows.shape[0]], rows)
+        assert torch.isnan(out[needed:]).all()
 
 
 @pytest.mark.parametrize("world", [2, 3])

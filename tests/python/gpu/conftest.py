@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -34,7 +35,9 @@ def group():
             os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         local = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        # A bounded NCCL: collectives that differ across ranks (a test's bug) raise after 5 minutes
+        # instead of hanging the job (NCCL checks no counts; torch's default waits 10 minutes).
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=timedelta(minutes=5))
     import symmem.torch  # noqa: F401
     return dist.group.WORLD
 

@@ -3,6 +3,8 @@ every dtype, heap and ordinary tensors, with and without splits, from CUDA graph
 and its 2-D form against the documented layout (and against torch.ops.symm_mem's where torch's
 NVSHMEM backend runs); ExpertParallel dispatch and combine of both layouts and payloads against a
 reference from every rank's tokens; a receiver too small raising kCapacity on every rank."""
+import pathlib
+import sys
 import zlib
 
 import pytest
@@ -12,6 +14,9 @@ import torch.distributed as dist
 import symmem.torch as st
 from symmem.errors import SymmemError
 from symmem.torch.moe import ExpertParallel, dequantize_fp8, quantize_fp8
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from moe_layout import layout_reference  # noqa: E402
 
 ops = torch.ops.symmem
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8]
@@ -73,32 +78,6 @@ def test_all_to_all_single_replays_from_a_graph(group):
         assert torch.equal(out, want), f"replay {i}"
 
 
-def _layout_reference(group, x, in_splits, experts, align):
-    """What rank `me` must receive: every rank's rows for it, expert-major, torch's alignment."""
-    world, me = dist.get_world_size(), dist.get_rank()
-    n = world * experts
-    matrix = torch.empty((world, n), dtype=torch.int64, device="cuda")
-    dist.all_gather_into_tensor(matrix.view(-1), in_splits)
-    rows = torch.empty((world, x.shape[0], *x.shape[1:]), dtype=x.dtype, device="cuda")
-    dist.all_gather_into_tensor(rows.view(-1, *x.shape[1:]), x)
-    m = matrix.tolist()
-    chunks, splits, offsets, at = [], [0] * n, [0] * n, 0
-    for e in range(experts):
-        start = at
-        for s in range(world):
-            j = me * experts + e
-            first = sum(m[s][:j])
-            count = m[s][j]
-            chunks.append((at, rows[s, first:first + count]))
-            splits[e * world + s], offsets[e * world + s] = count, at
-            at += count
-        extent = at - start
-        if align:
-            extent = max((extent + align - 1) // align * align, align)
-        at = start + extent
-    return chunks, splits, offsets, at
-
-
 @pytest.mark.parametrize("experts,align", [(1, 0), (2, 1), (4, 16)])
 def test_all_to_all_vdev_matches_the_layout(group, experts, align):
     world = dist.get_world_size()
@@ -115,7 +94,7 @@ def test_all_to_all_vdev_matches_the_layout(group, experts, align):
             ops.all_to_all_vdev(x, out, in_splits, oso, group.group_name)
         else:
             ops.all_to_all_vdev_2d(x, out, in_splits, oso, group.group_name, align)
-        chunks, splits, offsets, needed = _layout_reference(group, x, in_splits, experts, align)
+        chunks, splits, offsets, needed = layout_reference(x, in_splits, experts, align)
         assert oso.tolist() == [splits, offsets]
         for at, rows in chunks:
             assert torch.equal(out[at:at + rows.shape[0]], rows)
