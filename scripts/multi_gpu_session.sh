@@ -14,7 +14,7 @@
 #     -- "0,1,2,3:gpu_tests"
 #
 # Every step runs under `timeout`, never past BUDGET_S (default 540) from the start; what is left
-# when the budget is spent is skipped and said so. Its output goes to $W/logs/<step>_<ranks>.log,
+# when the budget is spent is skipped and said so. Its output goes to $W/logs_TAG/<step>_<ranks>.log,
 # CSVs and plots beside it; after every step $OUT/TAG_logs.tgz is rewritten (a device returns at
 # most 8 files), and $OUT/TAG_summary.txt holds one line per step: rc, seconds, the last line
 # saying what passed or failed.
@@ -27,13 +27,17 @@ cd "$(dirname "$0")/.." || exit 2
 TAG=${1:?usage: scripts/multi_gpu_session.sh TAG LANE... [-- LANE...]...}
 shift
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+START=$SECONDS  # the budget counts from here: unpacking too
 OUT=${OUT:-$PWD/session-out}
 W=${SESSION_WORK:-/tmp/symmem-session}
-mkdir -p "$OUT" "$W/logs"
-if [ ! -d "$W/bundle" ]; then
-  mkdir -p "$W/unpack" && tar xJf .device/bundle.tar.xz -C "$W/unpack" && mv "$W/unpack/build-bundle" "$W/bundle"
+# A warm machine keeps /tmp: a bundle is unpacked once per content, logs are kept per TAG.
+BUNDLE_ID=$(md5sum .device/bundle.tar.xz | cut -c1-12)
+mkdir -p "$OUT" "$W/logs_$TAG"
+if [ ! -d "$W/bundle_$BUNDLE_ID" ]; then
+  rm -rf "$W/unpack" && mkdir -p "$W/unpack" && tar xJf .device/bundle.tar.xz -C "$W/unpack" &&
+    mv "$W/unpack/build-bundle" "$W/bundle_$BUNDLE_ID"
 fi
-B=$W/bundle
+B=$W/bundle_$BUNDLE_ID
 export SYMMEM_LIBRARY="$B/libsymmem_capi.so" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 SYMMEM_COMMIT=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -41,17 +45,20 @@ export SYMMEM_COMMIT SYMMEM_GPU_KIND="$GPU"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$W/triton-cache}
 # torch's NVSHMEM heap must hold the torch_vdev rows' buffers (symmem.bench.moe, all_to_all_vdev).
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-8G}
-START=$SECONDS
 BUDGET=${BUDGET_S:-540}
 SUMMARY=$OUT/${TAG}_summary.txt
-L=$W/logs
+L=$W/logs_$TAG
 
 say() {
   # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments
   flock "$W/lock" bash -c 'echo "$1" >> "$2"' _ "$*" "$SUMMARY"
   echo "$*"
 }
-pack() { flock "$W/lock" tar czf "$OUT/${TAG}_logs.tgz" -C "$L" . 2>/dev/null; }
+# Written beside and renamed: a pack cut short leaves the previous archive whole.
+pack() {
+  # shellcheck disable=SC2016  # the inner shell's arguments
+  flock "$W/lock" bash -c 'tar czf "$1.part" -C "$2" . 2>/dev/null && mv "$1.part" "$1"' _ "$OUT/${TAG}_logs.tgz" "$L"
+}
 
 # step NAME LIMIT_S COMMAND...: COMMAND on this lane's GPUs under the limit and what is left of
 # the budget, its output in $L/NAME.log.

@@ -99,7 +99,9 @@ CopyEngineWatchdog::Clock::duration CopyEngineWatchdog::poll(Clock::time_point n
   } else if (aborted) {
     // Another failure came first: this wait is a consequence, not a cause (a peer that an abort
     // released may even have left a later call's signature in a word: no mismatch is claimed).
-    record(kStatusAborted, -1, phase, signature, 0);
+    // It names the first peer whose word had not come (a word is reset to 0 after each wait), so
+    // that whoever waited for this rank can follow the wait on (board/wait_chain.hpp).
+    record(kStatusAborted, missing, phase, signature, 0);
     release = true;
   } else if (foreign >= 0) {
     // The peer's flag carries another call's signature, and it cannot change while that peer

@@ -194,8 +194,10 @@ void record_failure(BoardPage* page, uint32_t* abort_word, const DeviceStatus& f
     status->peer = failure.peer;
     status->block = failure.block;
     status->phase = failure.phase;
-    status->signature = failure.signature;
     status->peer_signature = failure.peer_signature;
+    // The signature last, released: a reader that sees it (ensure_usable waits for code and
+    // signature) sees the fields before it. The code was claimed first, by the swap above.
+    __atomic_store_n(&status->signature, failure.signature, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);  // the record is visible before the abort word
   }
   __atomic_store_n(abort_word, 1u, __ATOMIC_SEQ_CST);

@@ -113,7 +113,10 @@ SyncArgs CommunicatorState::sync_args(uint32_t op, uint32_t signature) const {
 
 namespace {
 
-std::string describe_failure(const CommunicatorState& st, int who, const DeviceStatus& s) {
+// `waited_through`: the ranks the awaited one waited for in turn, the last of which never came
+// (board/wait_chain.hpp); the message then leads with that rank.
+std::string describe_failure(const CommunicatorState& st, int who, const DeviceStatus& s,
+                             const std::vector<int>& waited_through = {}) {
   const bool spans = st.layout.spans_nodes();
   // Failure records name local ranks, except the between-nodes step's peer, a job rank.
   auto name = [&](int local) {
@@ -149,12 +152,17 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
            ": its GEMM waited for rows of " + peer + "'s shard (flag " + std::to_string(s.phase) +
            ") that never arrived; " + peer + " is dead or stalled, or its copy could not start";
   }
-  return me + " timed out after " + std::to_string(st.timeout_ms()) + " ms in " + mine + " waiting for " + peer +
-         (s.block >= 0 ? " (block " + std::to_string(s.block) + ", phase " + std::to_string(s.phase) + ")"
-                       : s.op == kOpCopyEngine && s.phase == 2
-                           ? std::string(" (its signal that a piece of partial sums is ready)")
-                                      : " (copy-engine handshake " + std::to_string(s.phase) + ")") +
-         "; " + peer + " is dead, stalled, or called a different collective";
+  const std::string wait =
+      me + " timed out after " + std::to_string(st.timeout_ms()) + " ms in " + mine + " waiting for " + peer +
+      (s.block >= 0 ? " (block " + std::to_string(s.block) + ", phase " + std::to_string(s.phase) + ")"
+                    : s.op == kOpCopyEngine && s.phase == 2
+                        ? std::string(" (its signal that a piece of partial sums is ready)")
+                        : " (copy-engine handshake " + std::to_string(s.phase) + ")");
+  if (waited_through.empty()) return wait + "; " + peer + " is dead, stalled, or called a different collective";
+  std::string path;
+  for (int r : waited_through) path += ", which was waiting for " + name(r);
+  return name(waited_through.back()) + " never came (dead, stalled, or never launched; it recorded no failure): " +
+         wait + path;
 }
 
 }  // namespace
@@ -186,50 +194,28 @@ void CommunicatorState::ensure_usable(const char* op) {
     abort_reason = "another rank aborted the communicator";
     throw Error(ErrorCode::kAborted, std::string(op) + ": " + abort_reason);
   }
-  DeviceStatus s{};
-  std::memcpy(&s, &board->page(who)->status, sizeof(s));
-  std::string waited_through;
-  if (s.code == kStatusTimeout && s.op != kOpBetweenNodes && s.peer >= 0 && s.peer < world) {
-    // Whom the awaited rank waited for in turn (board/wait_chain.hpp): a live rank records its own
-    // failure within a poll interval of the abort word, a dead one never does. Wait that long, on
-    // this error path only, for each record (code and signature both set, whichever order its
-    // recorder wrote them in).
-    auto final_record = [&](int r) {
-      const DeviceStatus& theirs = board->page(r)->status;
-      auto recorded = [&] {
-        return __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk &&
-               __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE) != 0;
-      };
-      for (int i = 0; r != who && i < 500 && !recorded(); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      DeviceStatus copy{};
-      if (recorded()) std::memcpy(&copy, &theirs, sizeof(copy));
-      return copy;
+  // Whom the awaited ranks waited for in turn (board/wait_chain.hpp). A live rank records its own
+  // failure within a poll interval of the abort word, a dead one never does: wait that long, on
+  // this error path only and once for the whole walk, for each record (code and signature both
+  // set, whichever order its recorder wrote them in); then take what is there.
+  const auto records_due = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  const int first = who;
+  auto final_record = [&](int r) {
+    const DeviceStatus& theirs = board->page(r)->status;
+    auto recorded = [&] {
+      return __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk &&
+             __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE) != 0;
     };
-    const WaitChain chain = follow_waits(who, world, final_record);
-    const int end = chain.ranks.back();
-    const DeviceStatus end_record = final_record(end);
-    if (chain.mismatch) {
-      who = chain.mismatch_rank;
-      s = final_record(who);
-      s.code = kStatusMismatch;
-      s.peer = chain.mismatch_peer;
-      s.peer_signature = final_record(chain.mismatch_peer).signature;
-    } else if (chain.cycle_start < 0 && end != who && is_cause(end_record.code) &&
-               end_record.code != kStatusTimeout) {
-      who = end;  // a mismatch, capacity or network failure of its own down the path: the cause
-      s = end_record;
-    } else if (chain.cycle_start < 0 && chain.ranks.size() > 2) {
-      for (size_t i = 1; i + 1 < chain.ranks.size(); ++i)
-        waited_through += (i == 1 ? "; " : ", which ") + std::string("rank ") +
-                          std::to_string(job_rank(chain.ranks[i])) + (i == 1 ? " was itself waiting for" : " waited for") +
-                          " rank " + std::to_string(job_rank(chain.ranks[i + 1]));
-      if (end_record.code == kStatusOk)
-        waited_through += ", which recorded no failure: rank " + std::to_string(job_rank(end)) +
-                          " is the one that never came (dead, stalled, or never launched)";
-    }
-  }
-  abort_reason = describe_failure(*this, who, s) + waited_through;
+    while (r != first && !recorded() && std::chrono::steady_clock::now() < records_due)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    DeviceStatus copy{};
+    if (__atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk) std::memcpy(&copy, &theirs, sizeof(copy));
+    return copy;
+  };
+  const FailureVerdict verdict = judge_failure(first, world, final_record);
+  who = verdict.who;
+  const DeviceStatus s = verdict.record;
+  abort_reason = describe_failure(*this, who, s, verdict.waited_through);
   // A capacity verdict is every rank's own (the same matrix everywhere): no rank failed "first".
   if (who != rank && s.code != kStatusCapacity)
     abort_reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + abort_reason;

@@ -82,14 +82,89 @@ TEST(a_cycle_of_one_call_and_a_path_to_a_cause_are_no_mismatch) {
   EXPECT_EQ(c.ranks.size(), size_t(1));
 }
 
-TEST(a_copy_engine_wait_that_named_no_peer_closes_the_path) {
+TEST(a_copy_engine_wait_released_by_an_abort_is_followed_to_whom_it_waited_for) {
   // Seen on 2 H100s: rank 1 (SM pull) timed out waiting for rank 0, whose copy-engine call the
-  // abort released (its record names no peer): a mismatch, as the calls differ.
-  WaitChain c = follow(1, 2, {{1, waiting(kStatusTimeout, 0, 0xA)}, {0, waiting(kStatusAborted, -1, 0xB)}});
+  // abort released, waiting for rank 1's word: a mismatch, as the calls differ.
+  WaitChain c = follow(1, 2, {{1, waiting(kStatusTimeout, 0, 0xA)}, {0, waiting(kStatusAborted, 1, 0xB)}});
   EXPECT(c.mismatch);
   EXPECT_EQ(c.mismatch_rank, 1);
   EXPECT_EQ(c.mismatch_peer, 0);
-  // The same call on both: a timeout.
-  c = follow(1, 2, {{1, waiting(kStatusTimeout, 0, 0xA)}, {0, waiting(kStatusAborted, -1, 0xA)}});
+  // Seen on 4 H100s sharing one GPU: rank 1 waited for live rank 2, whose copy-engine wait the
+  // abort released while it waited for absent rank 3: rank 3 is the end, no mismatch.
+  c = follow(1, 4, {{1, waiting(kStatusTimeout, 2, 0xA)}, {2, waiting(kStatusAborted, 3, 0xA)}});
   EXPECT(!c.mismatch);
+  EXPECT_EQ(c.ranks.back(), 3);
+  // A wait that names no one closes the path at its start, and only a path of two ranks or more.
+  c = follow(1, 2, {{1, waiting(kStatusTimeout, 0, 0xA)}, {0, waiting(kStatusAborted, -1, 0xB)}});
+  EXPECT(c.mismatch);
+  EXPECT_EQ(c.cycle_start, 0);
+  c = follow(1, 2, {{1, waiting(kStatusAborted, -1, 0xA)}});
+  EXPECT_EQ(c.cycle_start, -1);
+}
+
+TEST(a_lead_in_from_another_call_into_a_cycle_of_one_call_is_no_mismatch) {
+  // 0 (call B) waits for 1; 1 and 2 (call A) wait for each other: the cycle is of one call.
+  const WaitChain c = follow(0, 3,
+                             {{0, waiting(kStatusTimeout, 1, 0xB)}, {1, waiting(kStatusTimeout, 2, 0xA)},
+                              {2, waiting(kStatusAborted, 1, 0xA)}});
+  EXPECT_EQ(c.cycle_start, 1);
+  EXPECT(!c.mismatch);
+}
+
+namespace {
+
+DeviceStatus between_nodes(uint32_t code, uint32_t signature) {
+  DeviceStatus s = waiting(code, -1, signature);
+  s.op = kOpBetweenNodes;
+  return s;
+}
+
+FailureVerdict judge(int who, int world, const std::map<int, DeviceStatus>& records) {
+  return judge_failure(who, world, [&](int r) {
+    const auto it = records.find(r);
+    return it == records.end() ? DeviceStatus{} : it->second;
+  });
+}
+
+}  // namespace
+
+TEST(the_verdict_names_the_rank_that_never_came_or_the_cause_down_the_path) {
+  // A dead rank behind a peer in an earlier call: a timeout, through the path to the dead rank.
+  FailureVerdict v =
+      judge(0, 4, {{0, waiting(kStatusTimeout, 1, 0xB)}, {1, waiting(kStatusAborted, 2, 0xA)},
+                   {2, waiting(kStatusTimeout, 3, 0xA)}});
+  EXPECT_EQ(v.who, 0);
+  EXPECT_EQ(v.record.code, uint32_t(kStatusTimeout));
+  EXPECT_EQ(v.record.peer, 1);
+  EXPECT_EQ(v.waited_through.size(), size_t(2));
+  EXPECT_EQ(v.waited_through.back(), 3);
+  // The awaited rank itself recorded nothing: no path to tell (the message names it as before).
+  v = judge(0, 2, {{0, waiting(kStatusTimeout, 1, 0xB)}});
+  EXPECT(v.waited_through.empty());
+  EXPECT_EQ(v.record.peer, 1);
+  // Ranks waiting for each other in different calls: a mismatch, described from the cycle's start.
+  v = judge(1, 2, {{1, waiting(kStatusTimeout, 0, 0xA)}, {0, waiting(kStatusAborted, 1, 0xB)}});
+  EXPECT_EQ(v.record.code, uint32_t(kStatusMismatch));
+  EXPECT_EQ(v.who, 1);
+  EXPECT_EQ(v.record.peer, 0);
+  EXPECT_EQ(v.record.peer_signature, 0xBu);
+  EXPECT_EQ(v.record.signature, 0xAu);
+  // A mismatch a peer saw in a flag, down the path: that record is the cause.
+  DeviceStatus seen = waiting(kStatusMismatch, 2, 0xA);
+  seen.peer_signature = 0xC;
+  v = judge(0, 3, {{0, waiting(kStatusTimeout, 1, 0xA)}, {1, seen}});
+  EXPECT_EQ(v.who, 1);
+  EXPECT_EQ(v.record.code, uint32_t(kStatusMismatch));
+  EXPECT_EQ(v.record.peer_signature, 0xCu);
+  // A local rank behind in the step between nodes (its peer a remote rank): that step is the cause,
+  // a timeout too, and no mismatch whatever its signature.
+  for (uint32_t code : {kStatusTimeout, kStatusNetwork}) {
+    v = judge(0, 2, {{0, waiting(kStatusTimeout, 1, 0xA)}, {1, between_nodes(code, 0xB)}});
+    EXPECT_EQ(v.who, 1);
+    EXPECT_EQ(v.record.code, code);
+    EXPECT_EQ(v.record.op, uint32_t(kOpBetweenNodes));
+  }
+  // A failure that is not a timeout is reported as it is.
+  v = judge(0, 2, {{0, waiting(kStatusCapacity, -1, 0xA)}});
+  EXPECT_EQ(v.record.code, uint32_t(kStatusCapacity));
 }

@@ -4,7 +4,8 @@ import torch
 
 def time_us(call, calls):
     """Microseconds per call of `calls` back-to-back calls of `call()` on the current stream, between
-    two CUDA events (the host enqueues ahead of the GPU, so a call's host cost is not in the time)."""
+    two CUDA events: the GPU's time where the host enqueues faster than the GPU runs the calls; a
+    call whose host cost is the larger (small eager calls) is timed at its host cost."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(calls):
