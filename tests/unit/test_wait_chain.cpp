@@ -1,6 +1,7 @@
 // Reading a timeout from every rank's failure record (board/wait_chain.hpp): a rank behind in an
 // earlier call, waiting for a third rank, is not a mismatch; ranks waiting for each other in calls
 // of different signatures are.
+#include <functional>
 #include <map>
 
 #include "board/wait_chain.hpp"
@@ -18,12 +19,17 @@ DeviceStatus waiting(uint32_t code, int peer, uint32_t signature) {
   return s;
 }
 
-WaitChain follow(int first, int world, const std::map<int, DeviceStatus>& records) {
-  return follow_waits(first, world, [&](int r) {
+using Records = std::map<int, DeviceStatus>;
+
+// The records as the board shows them: a rank with none has code kStatusOk.
+std::function<DeviceStatus(int)> board(const Records& records) {
+  return [&records](int r) {
     const auto it = records.find(r);
     return it == records.end() ? DeviceStatus{} : it->second;
-  });
+  };
 }
+
+WaitChain follow(int first, int world, const Records& records) { return follow_waits(first, world, board(records)); }
 
 }  // namespace
 
@@ -119,12 +125,7 @@ DeviceStatus between_nodes(uint32_t code, uint32_t signature) {
   return s;
 }
 
-FailureVerdict judge(int who, int world, const std::map<int, DeviceStatus>& records) {
-  return judge_failure(who, world, [&](int r) {
-    const auto it = records.find(r);
-    return it == records.end() ? DeviceStatus{} : it->second;
-  });
-}
+FailureVerdict judge(int who, int world, const Records& records) { return judge_failure(who, world, board(records)); }
 
 }  // namespace
 
