@@ -51,12 +51,13 @@ WaitChain follow_waits(int first, int world, const std::function<DeviceStatus(in
 }
 
 FailureVerdict judge_failure(int who, int world, const std::function<DeviceStatus(int)>& record) {
+  // (A record that is no timeout, or one of the step between nodes, is a path of itself alone.)
+  const WaitChain chain = follow_waits(who, world, record);
   FailureVerdict v;
   v.who = who;
-  v.record = record(who);
+  v.record = chain.records.front();
   const DeviceStatus& s = v.record;
   if (s.code != kStatusTimeout || s.op == kOpBetweenNodes || s.peer < 0 || s.peer >= world) return v;
-  const WaitChain chain = follow_waits(who, world, record);
   auto record_of = [&](int rank) {
     const size_t i = static_cast<size_t>(std::find(chain.ranks.begin(), chain.ranks.end(), rank) - chain.ranks.begin());
     return chain.records[i];

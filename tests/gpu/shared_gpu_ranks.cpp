@@ -33,9 +33,11 @@ int max_blocks_for_calls() {
 }
 
 int shared_gpu_window() {
-  const char* forced = std::getenv("SYMMEM_SHARED_GPU_WINDOW");
-  if (forced && *forced) return std::max(1, std::atoi(forced));
-  return 50;
+  static const int window = [] {
+    const char* forced = std::getenv("SYMMEM_SHARED_GPU_WINDOW");
+    return forced && *forced ? std::max(1, std::atoi(forced)) : 50;
+  }();
+  return window;
 }
 
 void wait_for_every_rank(SharedRank& r) { r.bootstrap->barrier(); }

@@ -19,3 +19,21 @@ def replay_us(graph, replays, calls_per_graph):
     """Microseconds per captured call of `replays` back-to-back replays of `graph`, which holds
     `calls_per_graph` calls (warm it up first: its first replay uploads it)."""
     return time_us(graph.replay, replays) / calls_per_graph
+
+
+def capture(fn, calls, warmups=1):
+    """A CUDA graph of `calls` calls of fn(), after `warmups` calls on a side stream outside capture
+    (what a first call makes, a workspace or a compiled kernel, exists before the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return graph

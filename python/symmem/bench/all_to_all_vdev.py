@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from ._results import pyplot, write_results
-from ._timing import replay_us, time_us
+from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -233,22 +233,6 @@ def _why(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
-def _capture(fn):
-    """A CUDA graph of GRAPH_CALLS calls of fn (one warm-up call on a side stream first)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 def _replay_us(graph, replays):
     graph.replay()
     return replay_us(graph, replays, GRAPH_CALLS)
@@ -278,7 +262,7 @@ def _capture_all(impls, label, notes):
     graphs = {}
     for n, impl in impls.items():
         try:
-            graph, reason = _capture(impl.call), None
+            graph, reason = capture(impl.call, GRAPH_CALLS), None
         except Exception as e:  # noqa: BLE001 (capture unsupported: the graph row is dropped)
             graph, reason = None, _why(e)
         failed = [(r, why) for r, why in enumerate(_reasons(reason)) if why is not None]

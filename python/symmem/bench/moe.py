@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from ._results import pyplot, write_results
-from ._timing import replay_us, time_us
+from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -323,15 +323,7 @@ def _time(fn, mode, calls, replays, graphs, key):
     if mode == "graph":
         g = graphs.get(key)
         if g is None:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fn()  # warm up outside capture
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(GRAPH_CALLS):
-                    fn()
+            g = capture(fn, GRAPH_CALLS)
             graphs[key] = g
             g.replay()  # the first replay uploads the graph
         return replay_us(g, replays, GRAPH_CALLS)

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ._results import pyplot, write_results
+from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 
 TOKENS = [32, 64, 96, 128, 192, 256, 1024, 2048, 3062, 4096]
@@ -155,46 +156,21 @@ def _build_all_gather(tokens, group, st):
 
 
 def _time_eager(case, calls):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(3):
         case.call()
-    start.record()
-    for _ in range(calls):
-        case.call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / calls
+    return time_us(case.call, calls)
 
 
 def _capture(case):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            case.call()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    case.graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(case.graph):
-        for _ in range(GRAPH_CALLS):
-            case.call()
+    case.graph = capture(case.call, GRAPH_CALLS, warmups=3)
     case.graph_output = case.output()
     if case.op == "all_reduce" and case.impl in IN_PLACE:
-        case.graph_of_one = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(case.graph_of_one):
-            case.call()
-    torch.cuda.synchronize()
+        case.graph_of_one = capture(case.call, 1, warmups=0)
 
 
 def _time_graph(case, replays):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     case.graph.replay()
-    start.record()
-    for _ in range(replays):
-        case.graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * GRAPH_CALLS)
+    return replay_us(case.graph, replays, GRAPH_CALLS)
 
 
 def _check(case, group, mode):
