@@ -46,4 +46,10 @@ CapturedGraph::~CapturedGraph() {
 
 void CapturedGraph::launch(cudaStream_t stream) { TEST_CUDA(cudaGraphLaunch(exec_, stream)); }
 
+size_t CapturedGraph::nodes() const {
+  size_t count = 0;
+  TEST_CUDA(cudaGraphGetNodes(graph_, nullptr, &count));
+  return count;
+}
+
 }  // namespace symmem::test

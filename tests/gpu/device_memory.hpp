@@ -54,6 +54,8 @@ class CapturedGraph {
   CapturedGraph(const CapturedGraph&) = delete;
   CapturedGraph& operator=(const CapturedGraph&) = delete;
   void launch(cudaStream_t stream);
+  // The graph's nodes: what one replay puts in the launch queue.
+  size_t nodes() const;
 
  private:
   cudaGraph_t graph_ = nullptr;

@@ -494,10 +494,11 @@ TEST(shared_gpu_all_to_all_overflow_raises_on_every_rank) {
 // the graph fills the splits and rows from a device counter, runs the call, checks this rank's
 // output and out_splits_offsets on the device against the layout, and advances the counter.
 // 1000 replays; nothing of the call needs the host between them. The harness synchronises each
-// rank every shared_gpu_window() replays (replay_captured): the ranks share one CUDA context, whose launch
-// queue a rank 1000 replays ahead fills with work that waits for a rank behind, which then cannot
-// launch (at 8 ranks on one H100 without it, ranks 7 and 6 waited for rank 0 until the deadline,
-// in this test and in the MoE one).
+// rank every few replays (replay_captured: the ranks' pending launches together at most
+// kSharedLaunchBudget): the ranks share one CUDA context, whose launch queue a rank far ahead fills
+// with work that waits for a rank behind, which then cannot launch (at 8 ranks on one H100 without
+// a window, ranks 7 and 6 waited for rank 0 until the deadline, in this test and in the MoE one;
+// with 50 replays a window, at 4 and 8 ranks).
 TEST(shared_gpu_all_to_all_vdev_graph_replays_follow_device_routing) {
   constexpr int kReplays = 1000;
   for (int world : shared_gpu_worlds()) {
@@ -999,7 +1000,7 @@ TEST(shared_gpu_moe_overflow_raises_on_every_rank) {
 }
 
 // 1000 replays of a captured step (routing from a device counter, dispatch, fake experts, combine,
-// a device check of the combined output, counter += 1), the host synchronising only every shared_gpu_window()
+// a device check of the combined output, counter += 1), the host synchronising only every few
 // replays (as above);
 // both layouts, both payload widths of the rows (bf16 x; the fp8 path is the same kernels).
 TEST(shared_gpu_moe_graph_replays_follow_device_routing) {

@@ -32,12 +32,14 @@ int max_blocks_for_calls() {
   return -1;
 }
 
-int shared_gpu_window() {
-  static const int window = [] {
-    const char* forced = std::getenv("SYMMEM_SHARED_GPU_WINDOW");
-    return forced && *forced ? std::max(1, std::atoi(forced)) : 50;
+int shared_gpu_window(int world, size_t launches) {
+  static const int forced = [] {
+    const char* text = std::getenv("SYMMEM_SHARED_GPU_WINDOW");
+    return text && *text ? std::max(1, std::atoi(text)) : 0;
   }();
-  return window;
+  if (forced) return forced;
+  const size_t pending_per_window = size_t(std::max(world, 1)) * std::max<size_t>(launches, 1);
+  return int(std::clamp<size_t>(kSharedLaunchBudget / pending_per_window, 1, 50));
 }
 
 void wait_for_every_rank(SharedRank& r) { r.bootstrap->barrier(); }
@@ -81,9 +83,10 @@ void run_rank_threads(int world, const std::function<std::unique_ptr<SharedRank>
 
 void replay_captured(SharedRank& r, const std::function<void()>& record, int replays) {
   CapturedGraph graph(r.stream, record);
+  const int window = shared_gpu_window(r.world, graph.nodes());
   for (int i = 0; i < replays; ++i) {
     graph.launch(r.stream);
-    if ((i + 1) % shared_gpu_window() == 0) r.comm->synchronize(r.stream);
+    if ((i + 1) % window == 0) r.comm->synchronize(r.stream);
   }
   r.comm->synchronize(r.stream);
 }

@@ -27,9 +27,14 @@
 
 namespace symmem::test {
 
-// Calls (or graph replays) a rank enqueues between two synchronisations of its stream:
-// SYMMEM_SHARED_GPU_WINDOW, default 50 (1 tells a crowded launch queue from a protocol fault).
-int shared_gpu_window();
+// Calls (or graph replays) a rank enqueues between two synchronisations of its stream, when each
+// puts `launches` kernels or copies in the queue and `world` ranks share it: at most 50, and the
+// ranks' pending launches together at most kSharedLaunchBudget (1000 replays of a 7-node MoE
+// graph timed out at 4 and 8 ranks with 50 replays a window, 1400 and 2800 pending launches, and
+// passed at 2 and 3, 700 and 1050). SYMMEM_SHARED_GPU_WINDOW=N forces N (1 tells a crowded launch
+// queue from a protocol fault).
+constexpr int kSharedLaunchBudget = 256;
+int shared_gpu_window(int world = 1, size_t launches = 1);
 
 struct SharedRank {
   int rank = 0;
@@ -69,8 +74,9 @@ void run_shared_ranks(int world, const Body& body, int64_t timeout_ms = 20000,
       timeout_ms, workspace_bytes);
 }
 
-// Captures record() on r's stream, replays the graph `replays` times, synchronising every shared_gpu_window()
-// replays (the shared launch queue; nothing of the call needs it), and waits for it.
+// Captures record() on r's stream, replays the graph `replays` times, synchronising every
+// shared_gpu_window(world, graph nodes) replays (the shared launch queue; nothing of the call
+// needs it), and waits for it.
 void replay_captured(SharedRank& r, const std::function<void()>& record, int replays);
 
 // Main of a shared-GPU suite: keeps multicast off, sets the environment the ranks need before

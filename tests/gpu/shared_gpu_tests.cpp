@@ -257,12 +257,14 @@ TEST(shared_gpu_random_calls_match_references) {
     run_ranks(world, [&](Rank& r) {
       const std::vector<Step> steps = draw_steps(calls, 0x5EED0000ull + world, r, max_blocks);
       Counters counters(steps.size(), r.stream);
-      // Synchronised every shared_gpu_window() calls: the ranks share one CUDA context, whose launch queue a
-      // rank far ahead can fill with work that waits for a rank behind it, which then cannot
-      // launch (seen at world 8 without the windows; separate processes have separate queues).
+      // Synchronised every shared_gpu_window() calls (a poisoning, the call, its check: three
+      // launches each): the ranks share one CUDA context, whose launch queue a rank far ahead can
+      // fill with work that waits for a rank behind it, which then cannot launch (seen at world 8
+      // without the windows; separate processes have separate queues).
       // A failure also names the calls it happened among.
-      for (size_t begin = 0; begin < steps.size(); begin += size_t(shared_gpu_window())) {
-        const size_t end = std::min(steps.size(), begin + size_t(shared_gpu_window()));
+      const size_t window = size_t(shared_gpu_window(world, 3));
+      for (size_t begin = 0; begin < steps.size(); begin += window) {
+        const size_t end = std::min(steps.size(), begin + window);
         for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, max_blocks, counters.at(i));
         try {
           r.comm->synchronize(r.stream);

@@ -4,7 +4,9 @@ does in C++. Needs SYMMEM_TEST_SHARED_GPU=1 (ranks may share a GPU; each plans w
 SMs), CUDA_DEVICE_MAX_CONNECTIONS=32 (every rank's stream its own hardware queue) and
 CUDA_MODULE_LOADING=EAGER (torch's default, lazy loading, loads a kernel at its first launch, which
 may wait for the context while peers' kernels spin for that very rank), all set before CUDA starts
-(scripts/gpu_issue29.sh sets them; the C++ suite sets them itself).
+(scripts/gpu_issue29.sh sets them; the C++ suite sets them itself). A rank's tensors come from
+memory reserved before its first barrier (a cudaMalloc may wait for the GPU to idle), and a body
+settles its ranks after the calls that may launch a Triton kernel for the first time (Rank.settle).
 
 What it covers: the protocols of symmem.triton's helpers and examples at 2 to 8 ranks, their
 results against symmem's CUDA collectives, failures (mismatch, a rank that never comes) and CUDA
@@ -19,6 +21,8 @@ import symmem
 from symmem.torch.memory import heap_tensor
 
 WORKSPACE_BYTES = 64 << 20
+RESERVED_LARGE_BYTES = 256 << 20
+RESERVED_SMALL_MIB = 32
 
 
 class _Group:
@@ -54,6 +58,26 @@ class Rank:
         self.comm = symmem.Communicator(rank, group.world, 0, _Exchange(group, rank), timeout_ms=timeout_ms,
                                         workspace_bytes=WORKSPACE_BYTES)
         self.stream = torch.cuda.Stream()
+        self._reserve_memory()
+
+    def _reserve_memory(self):
+        """Fills torch's caching allocator for this rank's stream, so that the body's tensors come
+        from the cache: a cudaMalloc may wait for the shared GPU to idle, which a peer's kernel
+        waiting for this rank never lets it do. (Before the ranks' first barrier; run_ranks empties
+        the cache once every rank has left.)"""
+        with torch.cuda.stream(self.stream):
+            large = torch.empty(RESERVED_LARGE_BYTES, dtype=torch.uint8, device="cuda")
+            # Tensors of at most 1 MiB come from the allocator's small pool, of 2 MiB segments.
+            small = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(RESERVED_SMALL_MIB)]
+        del large, small
+        self.stream.synchronize()
+
+    def settle(self):
+        """Waits for this rank's stream, then for every rank: afterwards no rank's kernel waits. A
+        body settles after each call whose kernel may be launched for the first time in the process
+        (a Triton kernel compiled and its module loaded, which waits for the shared GPU to idle)."""
+        self.stream.synchronize()
+        self.wait_for_every_rank()
 
     def heap(self, numel, dtype):
         """Collective: a symmetric tensor of `numel` elements (a whole heap buffer)."""
@@ -106,6 +130,7 @@ def run_ranks(world, body, timeout_ms=20000):
         t.start()
     for t in threads:
         t.join()
+    torch.cuda.empty_cache()  # the ranks' reserved memory (their streams are gone): nothing runs now
     failed = [f"rank {r}:\n{e}" for r, e in enumerate(errors) if e]
     if failed:
         raise AssertionError(f"world {world}: " + "\n".join(failed))
