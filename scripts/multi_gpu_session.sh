@@ -7,7 +7,7 @@
 #
 # A LANE is "DEVICES:STEP STEP ...": its steps run one after the other on those GPUs
 # (CUDA_VISIBLE_DEVICES=DEVICES; a step uses every GPU of its lane). The lanes of one phase run
-# at the same time, on disjoint GPUs; `--` starts the next phase once every lane of this one has
+# at the same time, on disjoint GPUs (a lane may chain groups of its own: run_group); `--` starts the next phase once every lane of this one has
 # finished. Example (4 GPUs): tests on GPUs 0-1 while the one-GPU suites run on GPUs 2 and 3, then
 # the 4-rank tests on all four:
 #   scripts/multi_gpu_session.sh checks "0,1:gpu_tests kill torch_tests" "2:shared" "3:triton_shared" \
@@ -103,6 +103,11 @@ run_step() {
       step hier_tests_1x2 120 "$B/symmem-run" -n 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical
       step hier_tests_2x1 120 "$B/symmem-run" -n 2 --simulate-nodes 2 --timeout 110 "$B/symmem_gpu_tests" hierarchical ;;
     torch_tests) step "torch_tests_${n}_ranks" 420 tests/python/gpu/run.sh "$n" ;;
+    # The same tests split in two halves by file, for two pairs of GPUs at once.
+    torch_tests_a) step "torch_tests_a_${n}_ranks" 420 tests/python/gpu/run.sh "$n" \
+      -k "test_docs_gpu or test_fsdp_gpu or test_fused_gpu or test_matmul_reduce_scatter_gpu or test_torch_layer_gpu" ;;
+    torch_tests_b) step "torch_tests_b_${n}_ranks" 420 tests/python/gpu/run.sh "$n" \
+      -k "test_moe_gpu or test_torch_gpu or test_triton_gpu or test_nodes_gpu" ;;
     torch_tests_but_delayed) step "torch_tests_${n}_ranks" 420 tests/python/gpu/run.sh "$n" -k "not delayed" ;;
     fused_delayed_diag)  # the delayed-rank tests alone, stacks after 30 s (session 17 suspected them of
       # the 2-rank hang from a miscounted log: the hang was test_moe_gpu.py's, bench/results/h100x4)
@@ -117,6 +122,11 @@ run_step() {
     shared)
       for w in ${SHARED_WORLDS:-2 3 4 8}; do
         step "shared_gpu_world_$w" 200 env SYMMEM_SHARED_GPU_WORLDS="$w" "$B/symmem_shared_gpu_tests"
+      done ;;
+    moe_shared_window1)  # the graph replays synchronised after every replay: a crowded launch queue, or the protocol?
+      for w in 4 8; do
+        step "shared_gpu_moe_${w}_window1" 100 env SYMMEM_SHARED_GPU_WORLDS="$w" SYMMEM_SHARED_GPU_WINDOW=1 \
+          CUDA_DEVICE_MAX_CONNECTIONS=32 "$B/symmem_shared_gpu_moe_tests" graph_replays
       done ;;
     moe_shared)
       for w in ${SHARED_WORLDS:-2 3 4 8}; do
@@ -172,6 +182,23 @@ run_step() {
   esac
 }
 
+# A lane may chain groups: "0:shared & 1:triton_shared > 0,1:ag" runs the first two at once, then
+# the third once both are done ('&' at once, '>' after).
+run_group() {
+  local spec=$1 seq part pids
+  local -a seqs parts
+  IFS='>' read -ra seqs <<< "$spec"
+  for seq in "${seqs[@]}"; do
+    IFS='&' read -ra parts <<< "$seq"
+    pids=()
+    for part in "${parts[@]}"; do
+      part=$(sed 's/^ *//; s/ *$//' <<< "$part")
+      [ -n "$part" ] && { run_lane "$part" & pids+=($!); }
+    done
+    wait "${pids[@]}"
+  done
+}
+
 run_lane() {  # DEVICES:STEPS
   local spec=$1
   export DEV=${spec%%:*}
@@ -195,9 +222,9 @@ run_phase() {
   [ ${#phase[@]} -eq 0 ] && return
   local pids=() lane
   unset CONCURRENT
-  if [ ${#phase[@]} -gt 1 ]; then export CONCURRENT=1; fi
+  if [ ${#phase[@]} -gt 1 ] || grep -q '&' <<< "${phase[*]}"; then export CONCURRENT=1; fi
   for lane in "${phase[@]}"; do
-    run_lane "$lane" &
+    run_group "$lane" &
     pids+=($!)
   done
   wait "${pids[@]}"
