@@ -159,9 +159,10 @@ run_step() {
       bench "all_to_all_$n" 150 all_to_all -b 1K -e 64M -f 4 -n 20 -w 5 --reps 5
       bench "all_to_all_graph_$n" 100 all_to_all -b 1K -e 1M -f 4 -n 20 -w 5 --reps 5 --graph
       bench "all_to_all_zipf_$n" 100 all_to_all -b 64K -e 64M -f 16 -n 20 -w 5 --reps 5 --splits zipf ;;
-    tune)  # every algorithm x block count, the table chosen from it (--tune)
+    tune)  # every algorithm x block count, the table chosen from it (--tune); TUNE_NCCL=1 keeps NCCL's rows (a sweep)
       for op in all_gather all_reduce reduce_scatter; do
-        bench "tune_${op}_$n" 240 "$op" -b 4K -e 256M -f 4 -n 10 -w 3 --reps 3 --blocks 8,16,32,64,128 --nccl 0 \
+        bench "tune_${op}_$n" 200 "$op" -b 1K -e 256M -f 2 -n 10 -w 3 --reps 3 --blocks 8,16,32,64,128 \
+          $([ "${TUNE_NCCL:-0}" = 1 ] || echo --nccl 0) \
           --tune "$L/bench/tune_${op}_$n.json"
       done ;;
     hier_bench)  # issue 13 at 4: 2 simulated nodes x 2 GPUs, flat NCCL under the same simulation

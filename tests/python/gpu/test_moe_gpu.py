@@ -184,10 +184,13 @@ def test_all_to_all_vdev_matches_torch_symm_mem(group):
     n = world * experts
     try:
         symm_mem.set_backend("NVSHMEM")
-        x = symm_mem.empty((512, 32), dtype=torch.bfloat16, device="cuda")
-        out = symm_mem.empty((world * 512 + n * align, 32), dtype=torch.bfloat16, device="cuda")
-        in_splits = symm_mem.empty(n, dtype=torch.int64, device="cuda")
-        oso = symm_mem.empty((2, n), dtype=torch.int64, device="cuda")
+        # The device with its index: NVSHMEM's team manager refuses a device other than the one it
+        # first saw, and "cuda" alone is not cuda:0 to it (both ranks raised on 2 x H100).
+        device = torch.device("cuda", torch.cuda.current_device())
+        x = symm_mem.empty((512, 32), dtype=torch.bfloat16, device=device)
+        out = symm_mem.empty((world * 512 + n * align, 32), dtype=torch.bfloat16, device=device)
+        in_splits = symm_mem.empty(n, dtype=torch.int64, device=device)
+        oso = symm_mem.empty((2, n), dtype=torch.int64, device=device)
         for t in (x, out, in_splits, oso):
             symm_mem.rendezvous(t, group.group_name)
     except Exception as e:  # noqa: BLE001
