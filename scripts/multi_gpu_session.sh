@@ -174,7 +174,18 @@ run_step() {
       for op in all_gather_matmul matmul_reduce_scatter; do
         step "${op}_bench_$n" 200 "${torchrun_n[@]}" -m symmem.bench.all_gather_matmul --op $op --reps 7 --out "$L/fused_$n"
       done ;;
+    triton_rows)  # the Triton rows, opt-in in the benches: the one-shot in the vLLM tables, the fused all-gather + matmul
+      step "torch_bench_triton_$n" 240 "${torchrun_n[@]}" -m symmem.bench.torch --triton --out "$L/torch_bench_triton_$n"
+      step "all_gather_matmul_triton_bench_$n" 300 "${torchrun_n[@]}" -m symmem.bench.all_gather_matmul --reps 7 \
+        --dtypes fp16 --impls gemm_alone nccl_then_gemm symmem_fused symmem_triton_fused --stem all_gather_matmul_triton \
+        --out "$L/fused_triton_$n" ;;
     kernels) step "kernels_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.kernels --reps 5 --out "$L/kernels_$n" ;;
+    kernels_sweep)  # the Triton all-gather's tile (warps x bytes per thread) at 16 programs against the CUDA pull at 16 blocks
+      for cfg in ${TILE_SWEEP:-16:16 16:64 16:128 32:64 8:128}; do
+        step "kernels_tile_w${cfg%%:*}_b${cfg#*:}_$n" 60 "${torchrun_n[@]}" -m symmem.bench.kernels --reps 5 --sms 16 \
+          --impls symmem_cuda_pull,symmem_triton_pull,symmem_triton_push --triton-warps "${cfg%%:*}" \
+          --triton-bytes-per-thread "${cfg#*:}" --out "$L/kernels_tile_w${cfg%%:*}_b${cfg#*:}_$n"
+      done ;;
     moe) step "moe_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 --out "$L/moe_$n" ;;
     vdev) step "all_to_all_vdev_bench_$n" 150 "${torchrun_n[@]}" -m symmem.bench.all_to_all_vdev --out "$L/vdev_$n" ;;
     fsdp) step "fsdp_bench_$n" 300 "${torchrun_n[@]}" -m symmem.bench.fsdp --out "$L/fsdp_$n" --steps "${FSDP_STEPS:-12}" \

@@ -3,8 +3,9 @@
 // summed in float32 in a fixed order (top-k order for kExpertMajor, with the weights unless they
 // were applied before the experts; rank order for kRankMajor), rounded to bfloat16 once, written
 // locally. The order and the arithmetic depend on nothing but the token's routes, so the result is
-// the same on every run and on every rank. A warp handles 256 columns of one token (8 per lane,
-// one 16-byte vector per source row), with every source row's vector loaded before any is added.
+// the same on every run and on every rank. A warp handles units of 256 columns of one token (8 per
+// lane, one 16-byte vector per source row), several units a turn (kLoadsInFlight vectors a lane),
+// with every source row's vector of them loaded before any is added.
 // Counted low-latency call: every block reaches call_end. Failure records name phase 0.
 //
 // The staging kernel copies the valid rows of expert outputs held elsewhere into this rank's
@@ -23,6 +24,7 @@ namespace {
 
 constexpr int kSources = kEpMaxTopk > kMaxWorld ? kEpMaxTopk : kMaxWorld;
 constexpr int kColumnsPerWarp = 256;  // 32 lanes x 8 bfloat16
+constexpr int kStageUnroll = 4;
 
 __device__ void add_scaled(float (&acc)[8], const uint4& v, float w) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -34,6 +36,64 @@ __device__ void add_scaled(float (&acc)[8], const uint4& v, float w) {
   }
 }
 
+// Loads of 16 bytes a lane keeps in flight (at least; a token's every source row): what hides NVLink's latency from a small SM budget (one
+// unit of a world-2 rank-major combine, two loads, held 24 blocks to 195 GB/s on 2 x H200).
+constexpr int kLoadsInFlight = 8;
+
+// The sum of kUnits units (token, 256 columns) per warp turn, S sources each (S >= the call's
+// sources): every unit's rows are loaded before any is added. Same order, same arithmetic as one
+// unit at a time.
+template <int S>
+__device__ void sum_units(const MoeCombineArgs& a, int64_t first, int64_t step, int64_t units, int segments,
+                          int sources, const float* weights, int me, int lane) {
+  constexpr int kUnits = S < kLoadsInFlight ? kLoadsInFlight / S : 1;
+  const EpGeometry& g = a.g;
+  const EpScratch& sc = a.scratch;
+  for (int64_t u0 = first; u0 < units; u0 += step * kUnits) {
+    uint4 v[kUnits][S];
+    float w[kUnits][S];
+    uint32_t routed[kUnits];
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      routed[k] = 0;
+      const int64_t u = u0 + k * step;
+      const int t = int(u / segments);
+      const int column = int(u % segments) * kColumnsPerWarp + lane * 8;
+      const bool live = u < units && column < g.hidden;
+#pragma unroll
+      for (int i = 0; i < S; ++i) {
+        w[k][i] = 0.f;
+        if (!live || i >= sources) continue;
+        const size_t r = size_t(t) * sources + i;
+        const int q = g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
+        if (q < 0) continue;
+        const char* area = q == me ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
+        v[k][i] = *reinterpret_cast<const uint4*>(area + (size_t(sc.route_row[r]) * g.hidden + column) * 2);
+        w[k][i] = g.expert_major && !a.weights_applied ? weights[r] : 1.f;
+        routed[k] |= 1u << i;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int64_t u = u0 + k * step;
+      const int t = int(u / segments);
+      const int column = int(u % segments) * kColumnsPerWarp + lane * 8;
+      if (u >= units || column >= g.hidden) continue;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < S; ++i)
+        if (routed[k] & (1u << i)) add_scaled(acc, v[k][i], w[k][i]);
+      uint4 out;
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+      *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + (size_t(t) * g.hidden + column) * 2) = out;
+    }
+  }
+}
+
+// S: the sources a token sums at most (a register budget; the call's own count is read below).
+template <int S>
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
@@ -69,38 +129,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a
   const int sources = g.expert_major ? g.topk : world;
   const float* weights = a.weights ? a.weights : sc.weights;
   const int lane = threadIdx.x % 32;
-  const int warps = gridDim.x * (blockDim.x / 32);
-  for (int64_t u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < int64_t(tokens) * segments; u += warps) {
-    const int t = int(u / segments);
-    const int column = int(u % segments) * kColumnsPerWarp + lane * 8;
-    if (column >= g.hidden) continue;
-    uint4 v[kSources];
-    float w[kSources];
-#pragma unroll
-    for (int i = 0; i < kSources; ++i) {
-      w[i] = 0.f;
-      if (i >= sources) continue;
-      const size_t r = size_t(t) * sources + i;
-      const int q = g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
-      if (q < 0) continue;
-      const char* area = q == me ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
-      v[i] = *reinterpret_cast<const uint4*>(area + (size_t(sc.route_row[r]) * g.hidden + column) * 2);
-      w[i] = g.expert_major && !a.weights_applied ? weights[r] : 1.f;
-    }
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < kSources; ++i) {
-      if (i >= sources) continue;
-      const size_t r = size_t(t) * sources + i;
-      const bool routed = g.expert_major ? sc.route_rank[r] >= 0 : sc.route_row[r] >= 0;
-      if (routed) add_scaled(acc, v[i], w[i]);
-    }
-    uint4 out;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-    *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + (size_t(t) * g.hidden + column) * 2) = out;
-  }
+  const int64_t first = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int64_t step = gridDim.x * (blockDim.x / 32);
+  const int64_t units = int64_t(tokens) * segments;
+  sum_units<S>(a, first, step, units, segments, sources, weights, me, lane);
   device::call_end(s, call);
 }
 
@@ -118,16 +150,35 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_stage(MoeStageAr
   for (int group = blockIdx.x / per_group; group < groups; group += max(1, int(gridDim.x) / per_group)) {
     const int64_t valid = g.expert_major ? a.scratch.expert_num_tokens[group] : *a.scratch.num_rows;
     const size_t first = size_t(group * group_rows) * vectors;
-    for (int64_t i = part * int64_t(blockDim.x) + threadIdx.x; i < valid * vectors;
-         i += int64_t(per_group) * blockDim.x)
-      reinterpret_cast<uint4*>(a.combine)[first + i] = static_cast<const uint4*>(a.expert_out)[first + i];
+    // kStageUnroll vectors a thread in flight, loaded before any is stored.
+    const int64_t stride = int64_t(per_group) * blockDim.x;
+    const uint4* from = static_cast<const uint4*>(a.expert_out) + first;
+    uint4* to = reinterpret_cast<uint4*>(a.combine) + first;
+    for (int64_t i0 = part * int64_t(blockDim.x) + threadIdx.x; i0 < valid * vectors; i0 += stride * kStageUnroll) {
+      uint4 v[kStageUnroll];
+#pragma unroll
+      for (int k = 0; k < kStageUnroll; ++k)
+        if (i0 + k * stride < valid * vectors) v[k] = from[i0 + k * stride];
+#pragma unroll
+      for (int k = 0; k < kStageUnroll; ++k)
+        if (i0 + k * stride < valid * vectors) to[i0 + k * stride] = v[k];
+    }
   }
 }
 
 }  // namespace
 
 void launch_moe_combine(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {
-  launch_kernel(moe_combine, blocks, kThreadsPerBlock, 0, stream, args);
+  static_assert(kSources <= 16, "moe_combine<16> holds every source");
+  const int sources = args.g.expert_major ? args.g.topk : args.sync.world;
+  if (sources <= 2)
+    launch_kernel(moe_combine<2>, blocks, kThreadsPerBlock, 0, stream, args);
+  else if (sources <= 4)
+    launch_kernel(moe_combine<4>, blocks, kThreadsPerBlock, 0, stream, args);
+  else if (sources <= 8)
+    launch_kernel(moe_combine<8>, blocks, kThreadsPerBlock, 0, stream, args);
+  else
+    launch_kernel(moe_combine<16>, blocks, kThreadsPerBlock, 0, stream, args);
 }
 
 void launch_moe_combine_stage(const MoeStageArgs& args, int blocks, cudaStream_t stream) {

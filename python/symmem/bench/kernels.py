@@ -65,6 +65,9 @@ def main():
     parser.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
     parser.add_argument("--sms", default=",".join(str(s) for s in SMS))
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--triton-bytes-per-thread", type=int, default=None,
+                        help="the Triton kernels' tile: bytes per thread (default: the example's)")
+    parser.add_argument("--triton-warps", type=int, default=16)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--impls", default="symmem_cuda_pull,symmem_triton_pull,symmem_triton_push,"
                                             "torch_symm_mem_triton,nccl")
@@ -85,6 +88,12 @@ def main():
     nccl_groups, notes, rows = {}, [], []
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     commit, gpu = _commit(), torch.cuda.get_device_name()
+    tile = {"num_warps": args.triton_warps}
+    if args.triton_bytes_per_thread:
+        tile["bytes_per_thread"] = args.triton_bytes_per_thread
+    if rank == 0:
+        notes.append(f"Triton tiles: {args.triton_warps} warps, "
+                     f"{args.triton_bytes_per_thread or 'the default'} bytes per thread")
 
     for shape in args.shapes.split(","):
         r, c = (int(x) for x in shape.split("x"))
@@ -110,14 +119,14 @@ def main():
                     local_out.data_ptr(), heap_in.data_ptr(), nbytes, uint8, stream.cuda_stream, pull, s), local_out)
             if "symmem_triton_pull" in impls:
                 cases[("symmem_triton_pull", sms)] = (
-                    lambda s=sms: all_gather(heap_in, comm, out=local_out, programs=s, mode="pull"), local_out)
+                    lambda s=sms: all_gather(heap_in, comm, out=local_out, programs=s, mode="pull", **tile), local_out)
             if "symmem_triton_push" in impls:
                 cases[("symmem_triton_push", sms)] = (
-                    lambda s=sms: all_gather(heap_in, comm, out=heap_out, programs=s, mode="push"), heap_out)
+                    lambda s=sms: all_gather(heap_in, comm, out=heap_out, programs=s, mode="push", **tile), heap_out)
             if torch_buffer is not None:
                 cases[("torch_symm_mem_triton", sms)] = (
                     lambda s=sms: all_gather(torch_buffer, comm, out=local_out, programs=s, mode="pull",
-                                             table=torch_table[1]), local_out)
+                                             table=torch_table[1], **tile), local_out)
             if "nccl" in impls:
                 nccl_group = _nccl_group(sms, nccl_groups)
                 cases[("nccl", sms)] = (lambda g=nccl_group: dist.all_gather_into_tensor(local_out, heap_in, group=g),

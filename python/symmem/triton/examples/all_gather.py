@@ -21,6 +21,12 @@ import symmem.triton as smt
 from ._common import TAGS, dtype_name, group_communicator, require_heap
 
 
+# Bytes each thread moves per tile: a program's loads in flight are what hides NVLink's latency
+# from a small SM budget (16 bytes, one vector a thread, left a 16-program pull at a quarter of the
+# CUDA pull's bandwidth on 2 x H200).
+BYTES_PER_THREAD = 64
+
+
 @triton.jit(do_not_specialize=["signature", "rank"])
 def all_gather_kernel(inp, out, n, heap_stride, table, sync, signature, rank, WORLD: tl.constexpr,
                       BLOCK: tl.constexpr, PUSH: tl.constexpr, TABLE: tl.constexpr):
@@ -52,12 +58,14 @@ def all_gather_kernel(inp, out, n, heap_stride, table, sync, signature, rank, WO
     smt.epoch_commit(sync, epoch)
 
 
-def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16, block=None, table=None):
+def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16, block=None, table=None,
+               bytes_per_thread=BYTES_PER_THREAD):
     """out[r * n:(r + 1) * n] = rank r's `inp` (n elements), with `programs` programs. Pull: `inp`
     symmetric (the same heap offset on every rank); push: `out` symmetric. `table`: an object with
     data_ptr() (a device array of every rank's copy of the symmetric operand, as PyTorch's
     buffer_ptrs_dev) to reach peers through it instead of symmem's heap (the synchronisation stays
-    the communicator's). Returns out."""
+    the communicator's). A tile is `block` elements, by default `bytes_per_thread` bytes for each of
+    the num_warps * 32 threads. Returns out."""
     if mode not in ("pull", "push"):
         raise ValueError(f"all_gather: mode is 'pull' or 'push', not {mode!r}")
     from ...torch.device import core_of
@@ -68,7 +76,7 @@ def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16,
         raise ValueError(f"all_gather: out holds {out.numel()} {out.dtype}, expected {world * n} {inp.dtype}")
     if table is None:
         require_heap(comm, inp if mode == "pull" else out, "inp" if mode == "pull" else "out", f"all_gather({mode})")
-    block = block or max(num_warps * 32 * 16 // inp.element_size(), 128)  # 16 bytes per thread
+    block = block or max(num_warps * 32 * bytes_per_thread // inp.element_size(), 128)
     from ...torch.device import sync_context
     smt.launch(all_gather_kernel, programs, inp, out, n, comm=comm, name=f"all_gather_{mode}",
                shape=(n, dtype_name(inp)), table=table if table is not None else sync_context(comm), BLOCK=block,
