@@ -165,6 +165,14 @@ run_step() {
           $([ "${TUNE_NCCL:-0}" = 1 ] || echo --nccl 0) \
           --tune "$L/bench/tune_${op}_$n.json"
       done ;;
+    tuned)  # the tables the tune step wrote, merged (tools/merge_tuning.py) and used: the automatic rows against NCCL
+      python3 tools/merge_tuning.py "$L/bench/tuned_$n.json" "$L/bench"/tune_*_"$n".json > "$L/tuned_merge.log" 2>&1
+      export SYMMEM_TUNING_FILE="$L/bench/tuned_$n.json"
+      bench "all_gather_tuned_$n" 200 all_gather -b 1K -e 256M -f 2 -n 20 -w 5 --reps 5
+      bench "vllm_table_eager_tuned_$n" 150 all_reduce --vllm-table -n 20 -w 5 --reps 5
+      bench "vllm_table_graph_tuned_$n" 150 all_reduce --vllm-table -n 20 -w 5 --reps 5 --graph
+      bench "reduce_scatter_tuned_$n" 200 reduce_scatter -b 1K -e 256M -f 4 -n 20 -w 5 --reps 5
+      unset SYMMEM_TUNING_FILE ;;
     hier_bench)  # issue 13 at 4: 2 simulated nodes x 2 GPUs, flat NCCL under the same simulation
       bench "all_gather_hier_2x$((n / 2))" 200 all_gather --simulate-nodes 2 -b 16M -e 256M -f 2 -n 10 -w 3 --reps 5 \
         --algos copy_engine,hierarchical ;;
