@@ -11,7 +11,8 @@ Figures (each made when the CSVs hold the rows it needs):
                                        bars span the fastest to the slowest batch (time_min_us ..
                                        time_max_us) where the CSV has them
   all_gather_busbw_vs_size.png         busbw against size, same rows
-  all_reduce_latency_vs_size.png       likewise for all_reduce / reduce_scatter
+  all_reduce_latency_vs_size.png       likewise for all_reduce / reduce_scatter / all_to_all (one CSV
+                                       of one mode and split pattern at a time)
   reduce_scatter_busbw_vs_size.png
   overlap.png                          the overlap benchmark's bars (GEMM alone, sequential, overlapped)
   host_cost_<size>.png                 symmem-bench host_cost: host us per call per layer, min..max whiskers
@@ -229,7 +230,7 @@ def main(argv):
         made += busbw_vs_sms(ops["all_gather"], args.out)
         made += by_size_plot(ops["all_gather"], "all_gather", "time_us", args.out)
         made += by_size_plot(ops["all_gather"], "all_gather", "busbw_gbs", args.out)
-    for op in ("all_reduce", "reduce_scatter"):
+    for op in ("all_reduce", "reduce_scatter", "all_to_all"):
         if ops[op]:
             made += by_size_plot(ops[op], op, "time_us", args.out)
             made += by_size_plot(ops[op], op, "busbw_gbs", args.out)
