@@ -36,8 +36,9 @@ __device__ void add_scaled(float (&acc)[8], const uint4& v, float w) {
   }
 }
 
-// Loads of 16 bytes a lane keeps in flight (at least; a token's every source row): what hides NVLink's latency from a small SM budget (one
-// unit of a world-2 rank-major combine, two loads, held 24 blocks to 195 GB/s on 2 x H200).
+// Source rows of 16 bytes a lane loads a turn, for a kernel of S sources: kLoadsInFlight / S units
+// (fewer loads when a call has fewer sources than S). What hides NVLink's latency from a small SM
+// budget: one unit of a world-2 rank-major combine, two loads, held 24 blocks to 195 GB/s on 2 x H200.
 constexpr int kLoadsInFlight = 8;
 
 // The sum of kUnits units (token, 256 columns) per warp turn, S sources each (S >= the call's
