@@ -34,7 +34,7 @@ namespace symmem::test {
 // passed at 2 and 3, 700 and 1050). SYMMEM_SHARED_GPU_WINDOW=N forces N (1 tells a crowded launch
 // queue from a protocol fault).
 constexpr int kSharedLaunchBudget = 256;
-int shared_gpu_window(int world = 1, size_t launches = 1);
+int shared_gpu_window(int world, size_t launches);
 
 struct SharedRank {
   int rank = 0;

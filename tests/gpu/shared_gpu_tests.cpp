@@ -257,7 +257,7 @@ TEST(shared_gpu_random_calls_match_references) {
     run_ranks(world, [&](Rank& r) {
       const std::vector<Step> steps = draw_steps(calls, 0x5EED0000ull + world, r, max_blocks);
       Counters counters(steps.size(), r.stream);
-      // Synchronised every shared_gpu_window() calls (a poisoning, the call, its check: three
+      // Synchronised every shared_gpu_window(world, 3) calls (a poisoning, the call, its check: three
       // launches each): the ranks share one CUDA context, whose launch queue a rank far ahead can
       // fill with work that waits for a rank behind it, which then cannot launch (seen at world 8
       // without the windows; separate processes have separate queues).

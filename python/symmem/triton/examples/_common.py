@@ -29,3 +29,9 @@ def require_heap(comm, tensor, what, op):
     if not tensor.is_contiguous() or core_of(comm).buffer_of(tensor.data_ptr(), nbytes) is None:
         raise ValueError(f"{op}: {what} must be a contiguous symmetric tensor of the communicator's heap "
                          "(symmem.torch.empty), the same offset on every rank")
+
+
+def tile_elements(num_warps, bytes_per_thread, element_size):
+    """A 1-D tile of `bytes_per_thread` bytes for each of num_warps * 32 threads, in elements (at
+    least 128)."""
+    return max(num_warps * 32 * bytes_per_thread // element_size, 128)

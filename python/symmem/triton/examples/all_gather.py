@@ -18,7 +18,7 @@ import triton.language as tl
 
 import symmem.triton as smt
 
-from ._common import TAGS, dtype_name, group_communicator, require_heap
+from ._common import TAGS, dtype_name, group_communicator, require_heap, tile_elements
 
 
 # Bytes each thread moves per tile: a program's loads in flight are what hides NVLink's latency
@@ -76,7 +76,7 @@ def all_gather(inp, comm=None, out=None, programs=16, mode="pull", num_warps=16,
         raise ValueError(f"all_gather: out holds {out.numel()} {out.dtype}, expected {world * n} {inp.dtype}")
     if table is None:
         require_heap(comm, inp if mode == "pull" else out, "inp" if mode == "pull" else "out", f"all_gather({mode})")
-    block = block or max(num_warps * 32 * bytes_per_thread // inp.element_size(), 128)
+    block = block or tile_elements(num_warps, bytes_per_thread, inp.element_size())
     from ...torch.device import sync_context
     smt.launch(all_gather_kernel, programs, inp, out, n, comm=comm, name=f"all_gather_{mode}",
                shape=(n, dtype_name(inp)), table=table if table is not None else sync_context(comm), BLOCK=block,

@@ -12,7 +12,7 @@ import triton.language as tl
 
 import symmem.triton as smt
 
-from ._common import ACCUMULATE, TAGS, dtype_name, group_communicator, require_heap
+from ._common import ACCUMULATE, TAGS, dtype_name, group_communicator, require_heap, tile_elements
 
 
 @triton.jit(do_not_specialize=["signature", "rank"])
@@ -46,7 +46,7 @@ def one_shot_all_reduce(inp, comm=None, out=None, programs=None, num_warps=16, b
     if out.data_ptr() == inp.data_ptr():
         raise ValueError("one_shot_all_reduce: out must not be inp (peers read inp while out is written)")
     n = inp.numel()
-    block = block or max(num_warps * 32 * 16 // inp.element_size(), 128)  # 16 bytes per thread
+    block = block or tile_elements(num_warps, 16, inp.element_size())
     programs = programs or max(1, min(24, triton.cdiv(n, block)))
     smt.launch(one_shot_all_reduce_kernel, programs, inp, out, n, comm=comm, name="one_shot_all_reduce",
                shape=(n, dtype_name(inp)), BLOCK=block, ACC=ACCUMULATE[dtype_name(inp)], num_warps=num_warps)
