@@ -7,8 +7,8 @@
 #
 # A LANE is "DEVICES:STEP STEP ...": its steps run one after the other on those GPUs
 # (CUDA_VISIBLE_DEVICES=DEVICES; a step uses every GPU of its lane). The lanes of one phase run
-# at the same time, on disjoint GPUs (a lane may chain groups of its own: run_group); `--` starts the next phase once every lane of this one has
-# finished. Example (4 GPUs): tests on GPUs 0-1 while the one-GPU suites run on GPUs 2 and 3, then
+# at the same time, on disjoint GPUs (a lane may chain groups of its own: run_group); `--` starts
+# the next phase once every lane of this one has finished. Example (4 GPUs): tests on GPUs 0-1 while the one-GPU suites run on GPUs 2 and 3, then
 # the 4-rank tests on all four:
 #   scripts/multi_gpu_session.sh checks "0,1:gpu_tests kill torch_tests" "2:shared" "3:triton_shared" \
 #     -- "0,1,2,3:gpu_tests"
@@ -166,7 +166,11 @@ run_step() {
           --tune "$L/bench/tune_${op}_$n.json"
       done ;;
     tuned)  # the tables the tune step wrote, merged (tools/merge_tuning.py) and used: the automatic rows against NCCL
-      python3 tools/merge_tuning.py "$L/bench/tuned_$n.json" "$L/bench"/tune_*_"$n".json > "$L/tuned_merge.log" 2>&1
+      rm -f "$L/bench/tuned_$n.json"  # (a warm machine keeps an earlier call's)
+      if ! python3 tools/merge_tuning.py "$L/bench/tuned_$n.json" "$L/bench"/tune_*_"$n".json > "$L/tuned_merge.log" 2>&1; then
+        say "tuned [$DEV]: not run (no tables to merge: $(tail -1 "$L/tuned_merge.log"))"
+        return
+      fi
       export SYMMEM_TUNING_FILE="$L/bench/tuned_$n.json"
       bench "all_gather_tuned_$n" 200 all_gather -b 1K -e 256M -f 2 -n 20 -w 5 --reps 5
       bench "vllm_table_eager_tuned_$n" 150 all_reduce --vllm-table -n 20 -w 5 --reps 5
@@ -210,6 +214,8 @@ run_group() {
   IFS='>' read -ra seqs <<< "$spec"
   for seq in "${seqs[@]}"; do
     IFS='&' read -ra parts <<< "$seq"
+    # "concurrent" in a step's log: other lanes of the phase, or other parts of this group, run beside it.
+    if [ -n "${OTHER_LANES:-}" ] || [ ${#parts[@]} -gt 1 ]; then export CONCURRENT=1; else unset CONCURRENT; fi
     pids=()
     for part in "${parts[@]}"; do
       part=$(sed 's/^ *//; s/ *$//' <<< "$part")
@@ -241,8 +247,8 @@ phase=()
 run_phase() {
   [ ${#phase[@]} -eq 0 ] && return
   local pids=() lane
-  unset CONCURRENT
-  if [ ${#phase[@]} -gt 1 ] || grep -q '&' <<< "${phase[*]}"; then export CONCURRENT=1; fi
+  unset OTHER_LANES
+  if [ ${#phase[@]} -gt 1 ]; then export OTHER_LANES=1; fi
   for lane in "${phase[@]}"; do
     run_group "$lane" &
     pids+=($!)
