@@ -132,6 +132,8 @@ run_step() {
       for w in ${SHARED_WORLDS:-2 3 4 8}; do
         step "shared_gpu_moe_$w" 150 env SYMMEM_SHARED_GPU_WORLDS="$w" CUDA_DEVICE_MAX_CONNECTIONS=32 \
           "$B/symmem_shared_gpu_moe_tests"
+        step "shared_gpu_moe_bulk_$w" 120 env SYMMEM_SHARED_GPU_WORLDS="$w" CUDA_DEVICE_MAX_CONNECTIONS=32 \
+          SYMMEM_MOE_COMBINE=bulk "$B/symmem_shared_gpu_moe_tests" moe_
       done ;;
     triton_shared)
       step triton_shared_gpu 330 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 4 8" python3 -m pytest -v -p no:cacheprovider \
@@ -199,6 +201,14 @@ run_step() {
           --triton-bytes-per-thread "${cfg#*:}" --out "$L/kernels_tile_w${cfg%%:*}_b${cfg#*:}_$n"
       done ;;
     moe) step "moe_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 --out "$L/moe_$n" ;;
+    moe_paths)  # the combine's two pulls (SYMMEM_MOE_COMBINE), one run each, each with its reference rows
+      for path in registers bulk; do
+        step "moe_${path}_$n" 150 env SYMMEM_MOE_COMBINE=$path "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 \
+          --shapes decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --out "$L/moe_${path}_$n"
+      done ;;
+    triton_grids)  # the Triton one-shot's grid (programs x bytes a thread) against torch's one_shot, same run
+      step "torch_bench_triton_grids_$n" 240 "${torchrun_n[@]}" -m symmem.bench.torch --triton --ops all_reduce \
+        --triton-grids "${TRITON_GRIDS:-48:16,64:16,32:32,64:32,24:64}" --out "$L/torch_bench_triton_grids_$n" ;;
     vdev) step "all_to_all_vdev_bench_$n" 150 "${torchrun_n[@]}" -m symmem.bench.all_to_all_vdev --out "$L/vdev_$n" ;;
     fsdp) step "fsdp_bench_$n" 300 "${torchrun_n[@]}" -m symmem.bench.fsdp --out "$L/fsdp_$n" --steps "${FSDP_STEPS:-12}" \
       --sizes "${FSDP_SIZES:-2048:16:8192}" ;;

@@ -34,6 +34,7 @@ size_t workspace_bytes() { return static_cast<size_t>(get_int("SYMMEM_WORKSPACE_
 bool programmatic_launch() { return get_int("SYMMEM_PDL", 1) != 0; }
 bool push_bulk() { return get_int("SYMMEM_PUSH_BULK", 1) != 0; }
 int copy_engine_streams() { return static_cast<int>(get_int("SYMMEM_CE_STREAMS", 4)); }
+std::string moe_combine_path() { return get_string("SYMMEM_MOE_COMBINE", "auto"); }
 std::string copy_engine_direction() { return get_string("SYMMEM_CE_DIRECTION", "pull"); }
 bool copy_engine_batch() { return get_int("SYMMEM_CE_BATCH", 1) != 0; }
 int node_size() { return static_cast<int>(get_int("SYMMEM_NODE_SIZE", 0)); }

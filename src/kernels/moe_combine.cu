@@ -12,9 +12,13 @@
 // combine area first (local), on the same stream: the entry lines of combine follow it.
 #include <cuda_bf16.h>
 
+#include <string>
+
+#include "common/env.hpp"
 #include "device/call_counter.cuh"
 #include "device/dependent_launch.cuh"
 #include "device/low_latency.cuh"
+#include "device/ptx.cuh"
 #include "kernels/kernel_args.hpp"
 #include "kernels/launch.cuh"
 #include "kernels/moe_args.hpp"
@@ -93,17 +97,11 @@ __device__ void sum_units(const MoeCombineArgs& a, int64_t first, int64_t step, 
   }
 }
 
-// S: the sources a token sums at most (a register budget; the call's own count is read below).
-template <int S>
-__global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a) {
-  device::enter_kernel();
+// Entry: word blockIdx.x of this rank's slot at every peer, and every peer's at this rank. True when
+// every peer's expert outputs are written and the dispatch fit (`go`): the block may pull.
+__device__ bool enter_combine(const MoeCombineArgs& a, uint32_t call) {
   const SyncArgs& s = a.sync;
-  const EpGeometry& g = a.g;
-  const EpScratch& sc = a.scratch;
-  const uint32_t call = device::call_begin(s);
   const int world = s.world, me = s.rank;
-
-  // Entry: word blockIdx.x of this rank's slot at every peer, and every peer's at this rank.
   __shared__ int ok;
   if (threadIdx.x == 0) {
     device::fence_acq_rel_sys();  // this stream's expert outputs before the lines
@@ -120,20 +118,140 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a
   }
   __syncthreads();
   // The dispatch's `go`: a dispatch that did not fit left the communicator failed (nothing to sum).
-  if (!ok || *sc.go == 0) {
+  return ok && *a.scratch.go != 0;
+}
+
+// S: the sources a token sums at most (a register budget; the call's own count is read below).
+template <int S>
+__global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a) {
+  device::enter_kernel();
+  const SyncArgs& s = a.sync;
+  const EpGeometry& g = a.g;
+  const EpScratch& sc = a.scratch;
+  const uint32_t call = device::call_begin(s);
+  if (!enter_combine(a, call)) {
     device::call_end(s, call);
     return;
   }
-
   const int tokens = *sc.num_tokens;
   const int segments = g.hidden / kColumnsPerWarp + (g.hidden % kColumnsPerWarp ? 1 : 0);
-  const int sources = g.expert_major ? g.topk : world;
+  const int sources = g.expert_major ? g.topk : s.world;
   const float* weights = a.weights ? a.weights : sc.weights;
   const int lane = threadIdx.x % 32;
   const int64_t first = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int64_t step = gridDim.x * (blockDim.x / 32);
   const int64_t units = int64_t(tokens) * segments;
-  sum_units<S>(a, first, step, units, segments, sources, weights, me, lane);
+  sum_units<S>(a, first, step, units, segments, sources, weights, s.rank, lane);
+  device::call_end(s, call);
+}
+
+// The bulk path: the block's thread 0 streams every source row of a unit (token, kBulkColumns
+// chunk) into shared memory with bulk copies (the TMA engine keeps kBulkStages units in flight, so
+// a few SMs fill NVLink without a load per lane per 16 bytes), and the block sums the unit from
+// shared memory: same order, same arithmetic as sum_units.
+constexpr int kBulkStages = 4;
+constexpr uint32_t kBulkStageBytes = 32 << 10;  // a unit: every source's chunk
+constexpr size_t kBulkSharedBytes = size_t(kBulkStages) * kBulkStageBytes + kBulkStages * sizeof(uint64_t);
+
+// Columns of a unit's chunk: a whole row when every source's row fits a stage, else a multiple of
+// kEpScaleColumns (hidden is one, plan/ep_geometry.cpp).
+__host__ __device__ inline int bulk_chunk_columns(int hidden, int sources) {
+  const int fit = int(kBulkStageBytes / (2u * uint32_t(sources))) / kEpScaleColumns * kEpScaleColumns;
+  return hidden < fit ? hidden : fit;
+}
+
+// The source rows of (token t, source i): the area holding it and its row; false when not routed.
+__device__ inline bool source_row(const MoeCombineArgs& a, int t, int i, int sources, const char** area, int* row) {
+  const EpScratch& sc = a.scratch;
+  const size_t r = size_t(t) * sources + i;
+  const int q = a.g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
+  if (q < 0) return false;
+  *area = q == a.sync.rank ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
+  *row = sc.route_row[r];
+  return true;
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_bulk(MoeCombineArgs a) {
+  device::enter_kernel();
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kBulkStages) * kBulkStageBytes);
+  const SyncArgs& s = a.sync;
+  const EpGeometry& g = a.g;
+  const uint32_t call = device::call_begin(s);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kBulkStages; ++i) device::mbarrier_init(&bars[i], 1);
+    device::fence_mbarrier_init();
+  }
+  if (!enter_combine(a, call)) {  // its __syncthreads also publishes the initialised barriers
+    device::call_end(s, call);
+    return;
+  }
+  const int tokens = *a.scratch.num_tokens;
+  const int sources = g.expert_major ? g.topk : s.world;
+  const int columns = bulk_chunk_columns(g.hidden, sources);
+  const uint32_t chunk_bytes = uint32_t(columns) * 2;  // a source's slice of a stage
+  const int chunks = (g.hidden + columns - 1) / columns;
+  const int64_t units = int64_t(tokens) * chunks;
+  const int64_t mine = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const float* weights = a.weights ? a.weights : a.scratch.weights;
+
+  // Unit j of this block is unit blockIdx.x + j * gridDim.x: token u / chunks, chunk u % chunks.
+  auto load = [&](int64_t j) {
+    const int64_t u = blockIdx.x + j * gridDim.x;
+    const int t = int(u / chunks), c = int(u % chunks);
+    const uint32_t bytes = uint32_t(min(columns, g.hidden - c * columns)) * 2;
+    const int stage = int(j % kBulkStages);
+    unsigned char* to = smem + size_t(stage) * kBulkStageBytes;
+    const char* area;
+    int row;
+    uint32_t total = 0;
+    for (int i = 0; i < sources; ++i)
+      if (source_row(a, t, i, sources, &area, &row)) total += bytes;
+    device::mbarrier_arrive_expect_tx(&bars[stage], total);  // 0 bytes: the phase completes now
+    for (int i = 0; i < sources; ++i)
+      if (source_row(a, t, i, sources, &area, &row))
+        device::bulk_load_shared(to + size_t(i) * chunk_bytes,
+                                 area + (size_t(row) * g.hidden + size_t(c) * columns) * 2, bytes, &bars[stage]);
+  };
+  if (threadIdx.x == 0) {
+    device::fence_proxy_async_global();  // the acquired expert outputs, for the bulk copies' reads
+    for (int64_t j = 0; j < mine && j < kBulkStages; ++j) load(j);
+  }
+  for (int64_t j = 0; j < mine; ++j) {
+    const int stage = int(j % kBulkStages);
+    // A bulk copy of mapped memory always completes (a peer's allocation outlives its process
+    // while mapped here): this wait needs no deadline.
+    while (!device::mbarrier_try_wait_parity(&bars[stage], uint32_t(j / kBulkStages) & 1u)) {
+    }
+    const int64_t u = blockIdx.x + j * gridDim.x;
+    const int t = int(u / chunks), c = int(u % chunks);
+    const int vectors = min(columns, g.hidden - c * columns) / 8;
+    const unsigned char* from = smem + size_t(stage) * kBulkStageBytes;
+    uint32_t routed = 0;
+    float w[kSources];
+    for (int i = 0; i < sources; ++i) {
+      const char* area;
+      int row;
+      w[i] = 0.f;
+      if (!source_row(a, t, i, sources, &area, &row)) continue;
+      routed |= 1u << i;
+      w[i] = g.expert_major && !a.weights_applied ? weights[size_t(t) * sources + i] : 1.f;
+    }
+    for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int i = 0; i < sources; ++i)
+        if (routed & (1u << i))
+          add_scaled(acc, reinterpret_cast<const uint4*>(from + size_t(i) * chunk_bytes)[v], w[i]);
+      uint4 out;
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+      *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + (size_t(t) * g.hidden + size_t(c) * columns) * 2 +
+                                size_t(v) * 16) = out;
+    }
+    __syncthreads();  // the stage is read out before it is refilled
+    if (threadIdx.x == 0 && j + kBulkStages < mine) load(j + kBulkStages);
+  }
   device::call_end(s, call);
 }
 
@@ -169,17 +287,36 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_stage(MoeStageAr
 
 }  // namespace
 
+// The bulk path pays a stage's round trip per unit before its first sum: worth it once a call moves
+// enough rows to keep kBulkStages units in flight on every block (SYMMEM_MOE_COMBINE forces a path).
+bool moe_combine_uses_bulk(const EpGeometry& g, int sources) {
+  static const std::string forced = env::moe_combine_path();
+  if (forced == "bulk") return true;
+  if (forced == "registers") return false;
+  constexpr size_t kBulkMinBytes = size_t(16) << 20;
+  return size_t(g.max_tokens) * size_t(sources) * size_t(g.hidden) * 2 >= kBulkMinBytes;
+}
+
 void launch_moe_combine(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {
   static_assert(kSources <= 16, "moe_combine<16> holds every source");
   const int sources = args.g.expert_major ? args.g.topk : args.sync.world;
-  if (sources <= 2)
+  if (moe_combine_uses_bulk(args.g, sources)) {
+    static const bool configured = [] {
+      SYMMEM_CUDA_CHECK(cudaFuncSetAttribute(moe_combine_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kBulkSharedBytes)));
+      return true;
+    }();
+    (void)configured;
+    launch_kernel(moe_combine_bulk, blocks, kThreadsPerBlock, kBulkSharedBytes, stream, args);
+  } else if (sources <= 2) {
     launch_kernel(moe_combine<2>, blocks, kThreadsPerBlock, 0, stream, args);
-  else if (sources <= 4)
+  } else if (sources <= 4) {
     launch_kernel(moe_combine<4>, blocks, kThreadsPerBlock, 0, stream, args);
-  else if (sources <= 8)
+  } else if (sources <= 8) {
     launch_kernel(moe_combine<8>, blocks, kThreadsPerBlock, 0, stream, args);
-  else
+  } else {
     launch_kernel(moe_combine<16>, blocks, kThreadsPerBlock, 0, stream, args);
+  }
 }
 
 void launch_moe_combine_stage(const MoeStageArgs& args, int blocks, cudaStream_t stream) {

@@ -701,12 +701,13 @@ struct MoeCase {
   MoeSkew skew;
   int experts_per_rank, topk, tokens;
   bool device_count, int32_ids, staged_outputs, weights_applied;
+  int hidden = 256;
   std::string describe() const {
     return std::string(ep_layout_name(layout)) + " " + ep_payload_name(payload) + " " + moe_skew_name(skew) +
            " experts/rank=" + std::to_string(experts_per_rank) + " topk=" + std::to_string(topk) +
            " tokens=" + std::to_string(tokens) + (device_count ? " device-count" : "") +
            (int32_ids ? " int32-ids" : "") + (staged_outputs ? " staged-outputs" : "") +
-           (weights_applied ? " weights-applied" : "");
+           (weights_applied ? " weights-applied" : "") + " hidden=" + std::to_string(hidden);
   }
 };
 
@@ -722,6 +723,17 @@ std::vector<MoeCase> moe_cases() {
         cases.push_back({layout, payload, skew, i % 2 ? 2 : 3, i % 4 == 0 ? 1 : (i % 4 == 1 ? 4 : 2), tokens,
                          i % 2 == 0, i % 3 == 0, i % 2 == 1, layout == EpLayout::kExpertMajor && i % 5 == 0});
       }
+  // Every combine specialisation (2, 4, 8 and 16 sources), hidden sizes that are not a multiple of
+  // 256 columns, and rows the bulk path cuts into several chunks (kernels/moe_combine.cu: 1024
+  // columns at 16 sources, 2048 at 8).
+  cases.push_back({EpLayout::kExpertMajor, EpPayload::kBFloat16, MoeSkew::kRandom, 3, 16, 33, false, false, false,
+                   false, 2304});
+  cases.push_back({EpLayout::kExpertMajor, EpPayload::kFloat8E4M3, MoeSkew::kMasked, 2, 8, 21, true, true, true,
+                   true, 384});
+  cases.push_back({EpLayout::kExpertMajor, EpPayload::kBFloat16, MoeSkew::kZipf, 4, 11, 17, false, true, true,
+                   false, 1152});
+  cases.push_back({EpLayout::kRankMajor, EpPayload::kBFloat16, MoeSkew::kRandom, 2, 6, 29, true, false, false,
+                   false, 2304});
   return cases;
 }
 
@@ -736,7 +748,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
   EpConfig config;
   config.num_experts = c.experts_per_rank * r.world;
   config.topk = c.topk;
-  config.hidden = 256;
+  config.hidden = c.hidden;
   config.max_tokens_per_rank = c.tokens;
   config.payload = c.payload;
   config.layout = c.layout;

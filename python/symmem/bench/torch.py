@@ -78,7 +78,7 @@ def _fill(tensors, seed):
         t.copy_(torch.randn(t.shape, generator=g, device="cuda", dtype=torch.float32).to(t.dtype))
 
 
-def _build_all_reduce(tokens, group, symm_mem, st, triton_one_shot):
+def _build_all_reduce(tokens, group, symm_mem, st, triton_one_shot, triton_grids=()):
     g = group.group_name
     n = tokens * HIDDEN
     cases = []
@@ -114,6 +114,11 @@ def _build_all_reduce(tokens, group, symm_mem, st, triton_one_shot):
         yt = torch.empty(n, dtype=DTYPE, device="cuda")  # out of place: peers read xt while yt is written
         cases.append(Case("all_reduce", "symmem_triton_one_shot", tokens,
                           lambda: triton_one_shot(xt, group, out=yt), lambda: yt, [xt], "sum"))
+        for programs, nbytes in triton_grids:  # other grids than the default, on the same buffers
+            cases.append(Case("all_reduce", f"symmem_triton_one_shot_p{programs}_b{nbytes}", tokens,
+                              lambda p=programs, b=nbytes: triton_one_shot(xt, group, out=yt, max_programs=p,
+                                                                           bytes_per_thread=b),
+                              lambda: yt, [xt], "sum"))
     return cases
 
 
@@ -267,7 +272,14 @@ def main(argv=None):
     parser.add_argument("--ops", nargs="*", default=["all_reduce", "all_gather"])
     parser.add_argument("--no-symm-mem", action="store_true", help="leave out the torch symmetric-memory rows")
     parser.add_argument("--triton", action="store_true", help="add the symmem.triton row (symmem_triton_one_shot)")
+    parser.add_argument("--triton-grids", default="",
+                        help="with --triton, more one-shot rows: PROGRAMS:BYTES_PER_THREAD,... (at most PROGRAMS "
+                             "programs, tiles of BYTES_PER_THREAD a thread), e.g. 48:16,32:32")
     args = parser.parse_args(argv)
+    triton_grids = [tuple(int(v) for v in g.split(":")) for g in args.triton_grids.split(",") if g]
+    for programs, nbytes in triton_grids:
+        if programs < 1 or nbytes < 1 or nbytes & (nbytes - 1) or len((programs, nbytes)) != 2:
+            parser.error(f"--triton-grids: {programs}:{nbytes}: programs >= 1, bytes a power of two")
 
     init_nccl()
     group = dist.group.WORLD
@@ -285,7 +297,7 @@ def main(argv=None):
     cases = []
     for tokens in args.tokens:
         if "all_reduce" in args.ops:
-            cases += _build_all_reduce(tokens, group, symm_mem, st, triton_one_shot)
+            cases += _build_all_reduce(tokens, group, symm_mem, st, triton_one_shot, triton_grids)
         if "all_gather" in args.ops:
             cases += _build_all_gather(tokens, group, st)
     for i, case in enumerate(cases):
@@ -326,6 +338,7 @@ def main(argv=None):
     if rank == 0:
         impls_ar = ["nccl", "torch_symm_mem_one_shot", "torch_symm_mem_two_shot", "symmem_torch", "symmem_torch_op",
                     "symmem_torch_staged", "symmem_triton_one_shot"]
+        impls_ar += [f"symmem_triton_one_shot_p{p}_b{b}" for p, b in triton_grids]
         impls_ag = ["nccl", "symmem_torch", "symmem_torch_staged"]
         text = []
         for op, impls in (("all_reduce", impls_ar), ("all_gather", impls_ag)):

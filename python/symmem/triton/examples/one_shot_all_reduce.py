@@ -14,6 +14,11 @@ import symmem.triton as smt
 
 from ._common import ACCUMULATE, TAGS, dtype_name, group_communicator, require_heap, tile_elements
 
+# The default grid: a tile of BYTES_PER_THREAD a thread, at most MAX_PROGRAMS programs (each
+# program's tiles are summed one after the other: fewer programs, more NVLink round trips).
+BYTES_PER_THREAD = 16
+MAX_PROGRAMS = 24
+
 
 @triton.jit(do_not_specialize=["signature", "rank"])
 def one_shot_all_reduce_kernel(inp, out, n, heap_stride, sync, signature, rank, WORLD: tl.constexpr,
@@ -35,10 +40,12 @@ def one_shot_all_reduce_kernel(inp, out, n, heap_stride, sync, signature, rank, 
     smt.epoch_commit(sync, epoch)
 
 
-def one_shot_all_reduce(inp, comm=None, out=None, programs=None, num_warps=16, block=None):
+def one_shot_all_reduce(inp, comm=None, out=None, programs=None, num_warps=16, block=None,
+                        bytes_per_thread=BYTES_PER_THREAD, max_programs=MAX_PROGRAMS):
     """out = sum over ranks of `inp` (a contiguous symmetric tensor of `comm`'s communicator: the
     same heap offset on every rank); `out` may be any CUDA tensor of inp's shape and dtype (not
-    `inp`). `programs`: the grid (default: enough for the size, at most 24)."""
+    `inp`). `programs`: the grid (default: enough for the size, at most `max_programs`); a tile is
+    `block` elements, by default `bytes_per_thread` bytes for each of the num_warps * 32 threads."""
     if dtype_name(inp) not in ACCUMULATE:
         raise TypeError(f"one_shot_all_reduce: {inp.dtype} is not summed (float32, float16, bfloat16, int32)")
     require_heap(comm, inp, "inp", "one_shot_all_reduce")
@@ -46,8 +53,8 @@ def one_shot_all_reduce(inp, comm=None, out=None, programs=None, num_warps=16, b
     if out.data_ptr() == inp.data_ptr():
         raise ValueError("one_shot_all_reduce: out must not be inp (peers read inp while out is written)")
     n = inp.numel()
-    block = block or tile_elements(num_warps, 16, inp.element_size())
-    programs = programs or max(1, min(24, triton.cdiv(n, block)))
+    block = block or tile_elements(num_warps, bytes_per_thread, inp.element_size())
+    programs = programs or max(1, min(max_programs, triton.cdiv(n, block)))
     smt.launch(one_shot_all_reduce_kernel, programs, inp, out, n, comm=comm, name="one_shot_all_reduce",
                shape=(n, dtype_name(inp)), BLOCK=block, ACC=ACCUMULATE[dtype_name(inp)], num_warps=num_warps)
     return out
