@@ -209,6 +209,8 @@ run_step() {
     triton_grids)  # the Triton one-shot's grid (programs x bytes a thread) against torch's one_shot, same run
       step "torch_bench_triton_grids_$n" 240 "${torchrun_n[@]}" -m symmem.bench.torch --triton --ops all_reduce \
         --triton-grids "${TRITON_GRIDS:-48:16,64:16,32:32,64:32,24:64}" --out "$L/torch_bench_triton_grids_$n" ;;
+    triton_probe)  # the Triton one-shot call by call, per grid, alone and after other collectives (tools/triton_grid_probe.py)
+      step "triton_grid_probe_$n" 150 "${torchrun_n[@]}" tools/triton_grid_probe.py --grids "${PROBE_GRIDS:-24:64,24:16,64:16,32:32}" ;;
     vdev) step "all_to_all_vdev_bench_$n" 150 "${torchrun_n[@]}" -m symmem.bench.all_to_all_vdev --out "$L/vdev_$n" ;;
     fsdp) step "fsdp_bench_$n" 300 "${torchrun_n[@]}" -m symmem.bench.fsdp --out "$L/fsdp_$n" --steps "${FSDP_STEPS:-12}" \
       --sizes "${FSDP_SIZES:-2048:16:8192}" ;;

@@ -66,6 +66,12 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t
   return done != 0;
 }
 
+// One arrival on `bar` (release at CTA scope: this thread's accesses before it are ordered before
+// the phase's completion, which a try_wait acquires).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+
 // Global -> shared bulk load; completes `bytes` of transaction count on `bar`.
 __device__ __forceinline__ void bulk_load_shared(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(

@@ -16,9 +16,10 @@
 // Combine, one kernel (plus a copy of the expert outputs into the combine area when they are
 // elsewhere): each block exchanges one low-latency line with the same block of every peer (the
 // entry barrier: every peer's expert outputs are written, and a peer in another call shows a
-// foreign signature), then warps pull, per token and 256 columns, the token's rows from the peers'
-// combine areas, accumulate them in float32 in top-k (kRankMajor: rank) order, and write the token's
-// output row once, locally. No exit barrier: a peer overwrites its combine area only after its next
+// foreign signature), then the block pulls the token's rows from the peers' combine areas (per token
+// and 256 columns into registers, or per token and chunk into shared memory with bulk copies:
+// moe_combine.cu), accumulates them in float32 in top-k (kRankMajor: rank) order, and writes the
+// token's output row once, locally. No exit barrier: a peer overwrites its combine area only after its next
 // dispatch, whose exit barrier needs this rank's next dispatch.
 #pragma once
 

@@ -145,13 +145,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a
   device::call_end(s, call);
 }
 
-// The bulk path: the block's thread 0 streams every source row of a unit (token, kBulkColumns
-// chunk) into shared memory with bulk copies (the TMA engine keeps kBulkStages units in flight, so
-// a few SMs fill NVLink without a load per lane per 16 bytes), and the block sums the unit from
-// shared memory: same order, same arithmetic as sum_units.
-constexpr int kBulkStages = 4;
+// The bulk path: warp 0 streams every source row of a unit (token, chunk of columns) into shared
+// memory with bulk copies (the TMA engine keeps kBulkStages units in flight, so a few SMs fill
+// NVLink without a load per lane per 16 bytes), with the unit's routes and weights beside them; the
+// other warps sum each unit from shared memory as it lands and release its stage: same order, same
+// arithmetic as sum_units. Warp 0 runs ahead of the sums by up to kBulkStages units.
+constexpr int kBulkStages = 6;
 constexpr uint32_t kBulkStageBytes = 32 << 10;  // a unit: every source's chunk
-constexpr size_t kBulkSharedBytes = size_t(kBulkStages) * kBulkStageBytes + kBulkStages * sizeof(uint64_t);
+
+// What warp 0 read of a unit's routes, for the summing warps.
+struct BulkUnit {
+  uint32_t routed;  // bit i: source i holds a row of the token
+  float weight[kSources];
+};
+
+constexpr size_t kBulkBarriersOffset = size_t(kBulkStages) * kBulkStageBytes;
+constexpr size_t kBulkUnitsOffset = kBulkBarriersOffset + 2 * kBulkStages * sizeof(uint64_t);
+constexpr size_t kBulkSharedBytes = kBulkUnitsOffset + kBulkStages * sizeof(BulkUnit);
 
 // Columns of a unit's chunk: a whole row when every source's row fits a stage, else a multiple of
 // kEpScaleColumns (hidden is one, plan/ep_geometry.cpp).
@@ -160,97 +170,94 @@ __host__ __device__ inline int bulk_chunk_columns(int hidden, int sources) {
   return hidden < fit ? hidden : fit;
 }
 
-// The source rows of (token t, source i): the area holding it and its row; false when not routed.
-__device__ inline bool source_row(const MoeCombineArgs& a, int t, int i, int sources, const char** area, int* row) {
-  const EpScratch& sc = a.scratch;
-  const size_t r = size_t(t) * sources + i;
-  const int q = a.g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
-  if (q < 0) return false;
-  *area = q == a.sync.rank ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
-  *row = sc.route_row[r];
-  return true;
-}
-
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_bulk(MoeCombineArgs a) {
   device::enter_kernel();
   extern __shared__ __align__(128) unsigned char smem[];
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kBulkStages) * kBulkStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBulkBarriersOffset);  // a unit landed
+  uint64_t* empty = full + kBulkStages;                                      // a unit was summed
+  BulkUnit* meta = reinterpret_cast<BulkUnit*>(smem + kBulkUnitsOffset);
   const SyncArgs& s = a.sync;
   const EpGeometry& g = a.g;
+  const EpScratch& sc = a.scratch;
+  const int summers = int(blockDim.x) - 32;
   const uint32_t call = device::call_begin(s);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kBulkStages; ++i) device::mbarrier_init(&bars[i], 1);
+    for (int i = 0; i < kBulkStages; ++i) {
+      device::mbarrier_init(&full[i], 1);
+      device::mbarrier_init(&empty[i], uint32_t(summers));
+    }
     device::fence_mbarrier_init();
   }
   if (!enter_combine(a, call)) {  // its __syncthreads also publishes the initialised barriers
     device::call_end(s, call);
     return;
   }
-  const int tokens = *a.scratch.num_tokens;
+  const int tokens = *sc.num_tokens;
   const int sources = g.expert_major ? g.topk : s.world;
   const int columns = bulk_chunk_columns(g.hidden, sources);
   const uint32_t chunk_bytes = uint32_t(columns) * 2;  // a source's slice of a stage
   const int chunks = (g.hidden + columns - 1) / columns;
   const int64_t units = int64_t(tokens) * chunks;
   const int64_t mine = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const float* weights = a.weights ? a.weights : a.scratch.weights;
-
   // Unit j of this block is unit blockIdx.x + j * gridDim.x: token u / chunks, chunk u % chunks.
-  auto load = [&](int64_t j) {
-    const int64_t u = blockIdx.x + j * gridDim.x;
-    const int t = int(u / chunks), c = int(u % chunks);
-    const uint32_t bytes = uint32_t(min(columns, g.hidden - c * columns)) * 2;
-    const int stage = int(j % kBulkStages);
-    unsigned char* to = smem + size_t(stage) * kBulkStageBytes;
-    const char* area;
-    int row;
-    uint32_t total = 0;
-    for (int i = 0; i < sources; ++i)
-      if (source_row(a, t, i, sources, &area, &row)) total += bytes;
-    device::mbarrier_arrive_expect_tx(&bars[stage], total);  // 0 bytes: the phase completes now
-    for (int i = 0; i < sources; ++i)
-      if (source_row(a, t, i, sources, &area, &row))
-        device::bulk_load_shared(to + size_t(i) * chunk_bytes,
-                                 area + (size_t(row) * g.hidden + size_t(c) * columns) * 2, bytes, &bars[stage]);
-  };
   if (threadIdx.x == 0) {
+    const float* weights = a.weights ? a.weights : sc.weights;
     device::fence_proxy_async_global();  // the acquired expert outputs, for the bulk copies' reads
-    for (int64_t j = 0; j < mine && j < kBulkStages; ++j) load(j);
-  }
-  for (int64_t j = 0; j < mine; ++j) {
-    const int stage = int(j % kBulkStages);
-    // A bulk copy of mapped memory always completes (a peer's allocation outlives its process
-    // while mapped here): this wait needs no deadline.
-    while (!device::mbarrier_try_wait_parity(&bars[stage], uint32_t(j / kBulkStages) & 1u)) {
-    }
-    const int64_t u = blockIdx.x + j * gridDim.x;
-    const int t = int(u / chunks), c = int(u % chunks);
-    const int vectors = min(columns, g.hidden - c * columns) / 8;
-    const unsigned char* from = smem + size_t(stage) * kBulkStageBytes;
-    uint32_t routed = 0;
-    float w[kSources];
-    for (int i = 0; i < sources; ++i) {
-      const char* area;
-      int row;
-      w[i] = 0.f;
-      if (!source_row(a, t, i, sources, &area, &row)) continue;
-      routed |= 1u << i;
-      w[i] = g.expert_major && !a.weights_applied ? weights[size_t(t) * sources + i] : 1.f;
-    }
-    for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t j = 0; j < mine; ++j) {
+      const int stage = int(j % kBulkStages);
+      // The summing warps released the stage's previous unit. Local progress: no deadline.
+      if (j >= kBulkStages)
+        while (!device::mbarrier_try_wait_parity(&empty[stage], uint32_t(j / kBulkStages - 1) & 1u)) {
+        }
+      const int64_t u = blockIdx.x + j * gridDim.x;
+      const int t = int(u / chunks), c = int(u % chunks);
+      const uint32_t bytes = uint32_t(min(columns, g.hidden - c * columns)) * 2;
+      const char* from[kSources];
+      BulkUnit unit{};
+      uint32_t total = 0;
+      for (int i = 0; i < sources; ++i) {
+        const size_t r = size_t(t) * sources + i;
+        const int q = g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
+        unit.weight[i] = 0.f;
+        if (q < 0) continue;
+        const char* area = q == s.rank ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
+        from[i] = area + (size_t(sc.route_row[r]) * g.hidden + size_t(c) * columns) * 2;
+        unit.weight[i] = g.expert_major && !a.weights_applied ? weights[r] : 1.f;
+        unit.routed |= 1u << i;
+        total += bytes;
+      }
+      meta[stage] = unit;  // before the arrival below, which releases it
+      device::mbarrier_arrive_expect_tx(&full[stage], total);  // 0 bytes: the phase completes now
+      unsigned char* to = smem + size_t(stage) * kBulkStageBytes;
       for (int i = 0; i < sources; ++i)
-        if (routed & (1u << i))
-          add_scaled(acc, reinterpret_cast<const uint4*>(from + size_t(i) * chunk_bytes)[v], w[i]);
-      uint4 out;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-      *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + (size_t(t) * g.hidden + size_t(c) * columns) * 2 +
-                                size_t(v) * 16) = out;
+        if (unit.routed & (1u << i)) device::bulk_load_shared(to + size_t(i) * chunk_bytes, from[i], bytes, &full[stage]);
     }
-    __syncthreads();  // the stage is read out before it is refilled
-    if (threadIdx.x == 0 && j + kBulkStages < mine) load(j + kBulkStages);
+  } else if (threadIdx.x >= 32) {
+    for (int64_t j = 0; j < mine; ++j) {
+      const int stage = int(j % kBulkStages);
+      // A bulk copy of mapped memory always completes (a peer's allocation outlives its process
+      // while mapped here): this wait needs no deadline.
+      while (!device::mbarrier_try_wait_parity(&full[stage], uint32_t(j / kBulkStages) & 1u)) {
+      }
+      const int64_t u = blockIdx.x + j * gridDim.x;
+      const int t = int(u / chunks), c = int(u % chunks);
+      const int vectors = min(columns, g.hidden - c * columns) / 8;
+      const unsigned char* from = smem + size_t(stage) * kBulkStageBytes;
+      const uint32_t routed = meta[stage].routed;
+      char* out = static_cast<char*>(a.out) + (size_t(t) * g.hidden + size_t(c) * columns) * 2;
+      for (int v = int(threadIdx.x) - 32; v < vectors; v += summers) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int i = 0; i < sources; ++i)
+          if (routed & (1u << i))
+            add_scaled(acc, reinterpret_cast<const uint4*>(from + size_t(i) * chunk_bytes)[v], meta[stage].weight[i]);
+        uint4 packed;
+        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+        reinterpret_cast<uint4*>(out)[v] = packed;
+      }
+      device::mbarrier_arrive(&empty[stage]);  // this thread's reads of the stage are done
+    }
   }
   device::call_end(s, call);
 }
@@ -287,14 +294,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_stage(MoeStageAr
 
 }  // namespace
 
-// The bulk path pays a stage's round trip per unit before its first sum: worth it once a call moves
-// enough rows to keep kBulkStages units in flight on every block (SYMMEM_MOE_COMBINE forces a path).
+// Which pull a combine takes (SYMMEM_MOE_COMBINE forces one; both give the same bits).
 bool moe_combine_uses_bulk(const EpGeometry& g, int sources) {
   static const std::string forced = env::moe_combine_path();
   if (forced == "bulk") return true;
   if (forced == "registers") return false;
-  constexpr size_t kBulkMinBytes = size_t(16) << 20;
-  return size_t(g.max_tokens) * size_t(sources) * size_t(g.hidden) * 2 >= kBulkMinBytes;
+  // Measured on 2 x H200 (bench/results/session19): rank-major, bulk from decode-128 on; expert-major
+  // (top-k sources of narrow chunks, a unit per block turn) faster on registers at decode-128.
+  constexpr size_t kBulkMinBytes = size_t(1) << 20;
+  return !g.expert_major && size_t(g.max_tokens) * size_t(sources) * size_t(g.hidden) * 2 >= kBulkMinBytes;
 }
 
 void launch_moe_combine(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {

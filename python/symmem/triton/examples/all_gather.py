@@ -37,23 +37,39 @@ def all_gather_kernel(inp, out, n, heap_stride, table, sync, signature, rank, WO
     if ok:
         tiles = tl.cdiv(n, BLOCK)
         t = tl.program_id(0)
-        while t < tiles * WORLD:
-            p = (rank + 1 + t // tiles) % WORLD  # this rank last: its peers are the slow part
-            offsets = (t % tiles) * BLOCK + tl.arange(0, BLOCK)
-            mask = offsets < n
-            if PUSH:
-                if TABLE:
-                    dst = smt.peer_from_table(out + rank * n + offsets, table, p, rank)
+        if PUSH or WORLD == 1:
+            while t < tiles * WORLD:
+                p = (rank + 1 + t // tiles) % WORLD  # this rank last: its peers are the slow part
+                offsets = (t % tiles) * BLOCK + tl.arange(0, BLOCK)
+                mask = offsets < n
+                if PUSH:
+                    if TABLE:
+                        dst = smt.peer_from_table(out + rank * n + offsets, table, p, rank)
+                    else:
+                        dst = smt.peer(out + rank * n + offsets, p, rank, heap_stride)
+                    tl.store(dst, tl.load(inp + offsets, mask=mask), mask=mask)
                 else:
-                    dst = smt.peer(out + rank * n + offsets, p, rank, heap_stride)
-                tl.store(dst, tl.load(inp + offsets, mask=mask), mask=mask)
-            else:
+                    tl.store(out + p * n + offsets, tl.load(inp + offsets, mask=mask), mask=mask)
+                t += tl.num_programs(0)
+        else:
+            # Pull: (peer, tile) pairs; the own slot's tile t rides along with pair t, its loads in
+            # flight during the peer's round trip (as the CUDA pull's own-slot warps): copied after
+            # the peers, it added a local pass to the NVLink time (70 % of the CUDA pull).
+            while t < tiles * (WORLD - 1):
+                p = (rank + 1 + t // tiles) % WORLD
+                offsets = (t % tiles) * BLOCK + tl.arange(0, BLOCK)
+                mask = offsets < n
+                own = t * BLOCK + tl.arange(0, BLOCK)
+                own_mask = own < n  # all false once t >= tiles
                 if TABLE:
                     src = smt.peer_from_table(inp + offsets, table, p, rank)
                 else:
                     src = smt.peer(inp + offsets, p, rank, heap_stride)
-                tl.store(out + p * n + offsets, tl.load(src, mask=mask), mask=mask)
-            t += tl.num_programs(0)
+                theirs = tl.load(src, mask=mask)
+                mine = tl.load(inp + own, mask=own_mask)
+                tl.store(out + p * n + offsets, theirs, mask=mask)
+                tl.store(out + rank * n + own, mine, mask=own_mask)
+                t += tl.num_programs(0)
         ok = smt.barrier(sync, signature, epoch, 1, rank, WORLD)
     smt.epoch_commit(sync, epoch)
 
