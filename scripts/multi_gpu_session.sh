@@ -200,11 +200,13 @@ run_step() {
           --impls symmem_cuda_pull,symmem_triton_pull,symmem_triton_push --triton-warps "${cfg%%:*}" \
           --triton-bytes-per-thread "${cfg#*:}" --out "$L/kernels_tile_w${cfg%%:*}_b${cfg#*:}_$n"
       done ;;
+    kernels_graph) step "kernels_graph_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.kernels --reps 5 --graph \
+      --out "$L/kernels_graph_$n" ;;
     moe) step "moe_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 --out "$L/moe_$n" ;;
     moe_paths)  # the combine's two pulls (SYMMEM_MOE_COMBINE), one run each, each with its reference rows
       for path in registers bulk; do
         step "moe_${path}_$n" 150 env SYMMEM_MOE_COMBINE=$path "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 \
-          --shapes decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --out "$L/moe_${path}_$n"
+          --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --out "$L/moe_${path}_$n"
       done ;;
     triton_grids)  # the Triton one-shot's grid (programs x bytes a thread) against torch's one_shot, same run
       step "torch_bench_triton_grids_$n" 240 "${torchrun_n[@]}" -m symmem.bench.torch --triton --ops all_reduce \

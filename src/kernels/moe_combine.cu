@@ -299,10 +299,10 @@ bool moe_combine_uses_bulk(const EpGeometry& g, int sources) {
   static const std::string forced = env::moe_combine_path();
   if (forced == "bulk") return true;
   if (forced == "registers") return false;
-  // Measured on 2 x H200 (bench/results/session19): rank-major, bulk from decode-128 on; expert-major
-  // (top-k sources of narrow chunks, a unit per block turn) faster on registers at decode-128.
+  // Measured on 2 x H200 (bench/results/session19): bulk was faster at decode-128 and prefill-4096,
+  // both layouts; one token (decode-1, 28 KiB) is one unit on one block, on registers.
   constexpr size_t kBulkMinBytes = size_t(1) << 20;
-  return !g.expert_major && size_t(g.max_tokens) * size_t(sources) * size_t(g.hidden) * 2 >= kBulkMinBytes;
+  return size_t(g.max_tokens) * size_t(sources) * size_t(g.hidden) * 2 >= kBulkMinBytes;
 }
 
 void launch_moe_combine(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ._results import pyplot, write_results
-from ._timing import time_us
+from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -69,6 +69,9 @@ def main():
                         help="the Triton kernels' tile: bytes per thread (default: the example's)")
     parser.add_argument("--triton-warps", type=int, default=16)
     parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--graph", action="store_true",
+                        help="time replays of a CUDA graph of `calls` calls (the kernels' GPU time, without the "
+                             "host's launch cost, which bounds small eager Triton calls)")
     parser.add_argument("--impls", default="symmem_cuda_pull,symmem_triton_pull,symmem_triton_push,"
                                             "torch_symm_mem_triton,nccl")
     args = parser.parse_args()
@@ -92,6 +95,8 @@ def main():
     if args.triton_bytes_per_thread:
         tile["bytes_per_thread"] = args.triton_bytes_per_thread
     if rank == 0:
+        notes.append("timed from CUDA graphs" if args.graph else
+                     "timed eager (small Triton calls: the host's launch cost)")
         notes.append(f"Triton tiles: {args.triton_warps} warps, "
                      f"{args.triton_bytes_per_thread or 'the default'} bytes per thread")
 
@@ -115,8 +120,9 @@ def main():
         cases = {}
         for sms in sms_list:
             if "symmem_cuda_pull" in impls:
-                cases[("symmem_cuda_pull", sms)] = (lambda s=sms: comm.core.all_gather(
-                    local_out.data_ptr(), heap_in.data_ptr(), nbytes, uint8, stream.cuda_stream, pull, s), local_out)
+                cases[("symmem_cuda_pull", sms)] = (lambda s=sms: comm.core.all_gather(  # (the capture's stream)
+                    local_out.data_ptr(), heap_in.data_ptr(), nbytes, uint8, torch.cuda.current_stream().cuda_stream,
+                    pull, s), local_out)
             if "symmem_triton_pull" in impls:
                 cases[("symmem_triton_pull", sms)] = (
                     lambda s=sms: all_gather(heap_in, comm, out=local_out, programs=s, mode="pull", **tile), local_out)
@@ -135,10 +141,15 @@ def main():
         for key, (fn, _) in cases.items():  # warm up: compile, build communicators
             fn()
         torch.cuda.synchronize()
+        graphs = {key: capture(fn, args.calls) for key, (fn, _) in cases.items()} if args.graph else {}
+        for graph in graphs.values():
+            graph.replay()  # its first replay uploads it
+        torch.cuda.synchronize()
         for _ in range(args.reps):
             for key, (fn, _) in cases.items():  # ABAB: drift hits every configuration alike
                 dist.barrier(group)
-                samples[key].append(time_us(fn, args.calls))
+                torch.cuda.synchronize()
+                samples[key].append(replay_us(graphs[key], 2, args.calls) if args.graph else time_us(fn, args.calls))
         comm.check()
         for (impl, sms), (fn, out) in cases.items():
             out.fill_(float("nan"))
@@ -152,7 +163,7 @@ def main():
                          "time_min_us": min(times.tolist()), "time_max_us": max(times.tolist()),
                          "algbw_gbs": nbytes * world / us / 1e3, "busbw_gbs": nbytes * (world - 1) / us / 1e3,
                          "wrong": wrong, "world": world, "gpu": gpu, "commit": commit, "date": date})
-        del heap_in, heap_out, torch_buffer
+        del heap_in, heap_out, torch_buffer, graphs
     if rank == 0:
         text = [f"all-gather against the SM budget: world {world}, {gpu}, commit {commit}, {date}"] + notes
         text += [f"{r['shape']:>12} {r['impl']:>22} sms={r['sms']:>3} {r['time_us']:10.1f} us "

@@ -51,6 +51,11 @@ def ld_volatile_u32(p):
 
 
 @triton.jit
+def ld_volatile_u32_on(p, on):
+    return tl.load(p, mask=on != 0, other=0, volatile=True)
+
+
+@triton.jit
 def st_volatile_u32(p, v):
     tl.store(p, tl.cast(v, tl.uint32))
 

@@ -63,6 +63,14 @@ def ld_volatile_u32(p):
                                      is_pure=False, pack=1)
 
 
+# The same, only in lanes where `on` is nonzero (0 elsewhere): a host word read by one thread.
+@triton.jit
+def ld_volatile_u32_on(p, on):
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred on; setp.ne.u32 on, $2, 0; mov.u32 $0, 0; @on ld.volatile.global.u32 $0, [$1]; }",
+        "=r,l,r", [p, tl.cast(on, tl.uint32)], dtype=tl.uint32, is_pure=False, pack=1)
+
+
 @triton.jit
 def st_volatile_u32(p, v):
     tl.inline_asm_elementwise("st.volatile.global.u32 [$1], $2; mov.u32 $0, 0;", "=r,l,r", [p, tl.cast(v, tl.uint32)],

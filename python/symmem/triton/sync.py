@@ -27,12 +27,12 @@ from .. import device as _layout
 
 if triton.knobs.runtime.interpret:
     from .interpreted import (fence_acq_rel_sys, fence_proxy_async_global, global_timer_ns, ld_acquire_sys,
-                              ld_acquire_sys_u64, ld_volatile_u32, st_release_sys, st_release_sys_u64,
-                              st_volatile_u32, thread_lanes)
+                              ld_acquire_sys_u64, ld_volatile_u32, ld_volatile_u32_on, st_release_sys,
+                              st_release_sys_u64, st_volatile_u32, thread_lanes)
 else:
     from .ptx import (fence_acq_rel_sys, fence_proxy_async_global, global_timer_ns, ld_acquire_sys,
-                      ld_acquire_sys_u64, ld_volatile_u32, st_release_sys, st_release_sys_u64, st_volatile_u32,
-                      thread_lanes)
+                      ld_acquire_sys_u64, ld_volatile_u32, ld_volatile_u32_on, st_release_sys, st_release_sys_u64,
+                      st_volatile_u32, thread_lanes)
 
 # The sync context's words (symmem/device.py).
 _ABORT: tl.constexpr = tl.constexpr(_layout.SYNC_ABORT)
@@ -105,6 +105,14 @@ def peer_from_table(ptr, table, p, rank):
 # ---- Failure --------------------------------------------------------------------------------------
 
 @triton.jit
+def _host_word(p, lanes):
+    """A word of host-mapped memory (the abort word, the failure record) read by lane 0 alone (0 in
+    the other lanes): a read of every thread crosses PCIe once per thread, and a grid of 64 programs
+    of 512 threads waiting together flooded it for milliseconds (tools/triton_grid_probe.py)."""
+    return ld_volatile_u32_on(p + lanes * 0, lanes == 0)
+
+
+@triton.jit
 def record_failure(sync, signature, code, peer, phase, peer_signature):
     """Records this rank's failure (symmem::dev::record_failure): the first failure of this rank
     wins. A timeout or mismatch also sets the abort word, after a system fence that publishes the
@@ -112,10 +120,10 @@ def record_failure(sync, signature, code, peer, phase, peer_signature):
     record's code is written last."""
     lanes = thread_lanes()
     record = _pointer(sync, _FAILURE, tl.uint32)
-    if tl.max(ld_volatile_u32(record + lanes * 0), axis=0) == 0:
+    if tl.max(_host_word(record, lanes), axis=0) == 0:
         claim = _pointer(sync, _CLAIM, tl.uint32)
         if tl.atomic_cas(claim, 0, 1, sem="relaxed", scope="gpu") == 0:
-            if tl.max(ld_volatile_u32(record + lanes * 0), axis=0) == 0:  # else a watchdog's, meanwhile
+            if tl.max(_host_word(record, lanes), axis=0) == 0:  # else a watchdog's, meanwhile
                 st_volatile_u32(record + 1, tl.load(sync + _USER_OP))
                 st_volatile_u32(record + 2, tl.load(sync + _RANK))
                 st_volatile_u32(record + 3, peer)
@@ -136,7 +144,7 @@ def record_failure(sync, signature, code, peer, phase, peer_signature):
             start = global_timer_ns(lanes)
             pending = tl.full([], 1, tl.int1)
             while pending:
-                seen = _any(ld_volatile_u32(record + lanes * 0) != 0)
+                seen = _any(_host_word(record, lanes) != 0)
                 late = _any(global_timer_ns(lanes) - start > timeout)
                 pending = (seen | late) == 0
 
@@ -145,7 +153,7 @@ def record_failure(sync, signature, code, peer, phase, peer_signature):
 def keep_waiting(sync, signature, lanes, start, peer, phase):
     """The slow half of every wait (every 256 spins): False, after recording why, once the
     communicator is aborted or the deadline (counted from `start`, a lanes vector) has passed."""
-    aborted = _any(ld_volatile_u32(_pointer(sync, _ABORT, tl.uint32) + lanes * 0) != 0)
+    aborted = _any(_host_word(_pointer(sync, _ABORT, tl.uint32), lanes) != 0)
     late = _any(global_timer_ns(lanes) - start > tl.load(sync + _TIMEOUT_NS).to(tl.uint64))
     ok = tl.full([], 1, tl.int1)
     if aborted:

@@ -58,7 +58,8 @@ def test_a_rank_that_never_comes_is_named_in_time():
         if record["code"] == TIMEOUT:
             assert record["peer"] == 2 and record["rank"] == rank and record["phase"] == 0
         assert result["aborted"]
-        assert result["seconds"] < 1.0 + 10.0  # the deadline, plus the interpreter's slow spins (a loaded CI machine)
+        # The deadline, plus the interpreter's slow spins: 8 s alone, 12 s beside a build on 2 cores.
+        assert result["seconds"] < 1.0 + 20.0
         assert result["results"][0][64:66] == [0, 0]
 
 
