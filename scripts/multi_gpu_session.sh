@@ -143,6 +143,8 @@ run_step() {
         step "cuda_example_${w}_ranks" 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" --threads "$w"
       done
       step cuda_example_dead_rank 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" --threads 4 --dead-rank ;;
+    triton_profile) step triton_launch_profile 120 python3 -m torch.distributed.run --nproc-per-node 1 \
+      tools/triton_launch_profile.py ;;
     triton_ops) step triton_ops_world1 150 python3 -m pytest -v -p no:cacheprovider -rA \
       tests/python/triton_gpu/test_triton_ops_world1.py ;;
     triton_fused1)
