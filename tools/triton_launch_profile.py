@@ -14,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import triton.language as tl
 
 from symmem.bench._torchrun import init_nccl
 
@@ -46,12 +47,12 @@ def main():
 
     def launch():
         smt.launch(one_shot_all_reduce_kernel, programs, x, y, n, comm=group, name="one_shot_all_reduce",
-                   shape=(n, "bfloat16"), BLOCK=block, ACC=torch.float32, num_warps=16)
+                   shape=(n, "bfloat16"), BLOCK=block, ACC=tl.float32, num_warps=16)
 
     sync = sync_context(group)
 
     def triton_alone():  # the same kernel and arguments, no symmem call around it (world 1: no peer waits)
-        one_shot_all_reduce_kernel[(programs,)](x, y, n, 0, sync, 1, 0, WORLD=1, BLOCK=block, ACC=torch.float32,
+        one_shot_all_reduce_kernel[(programs,)](x, y, n, 0, sync, 1, 0, WORLD=1, BLOCK=block, ACC=tl.float32,
                                                 num_warps=16)
 
     for fn in (wrapper, launch):
