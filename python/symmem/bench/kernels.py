@@ -142,8 +142,8 @@ def main():
             fn()
         torch.cuda.synchronize()
         graphs = {key: capture(fn, args.calls) for key, (fn, _) in cases.items()} if args.graph else {}
-        for graph in graphs.values():
-            graph.replay()  # its first replay uploads it
+        for key in graphs:
+            graphs[key].replay()  # its first replay uploads it
         torch.cuda.synchronize()
         for _ in range(args.reps):
             for key, (fn, _) in cases.items():  # ABAB: drift hits every configuration alike
@@ -163,6 +163,10 @@ def main():
                          "time_min_us": min(times.tolist()), "time_max_us": max(times.tolist()),
                          "algbw_gbs": nbytes * world / us / 1e3, "busbw_gbs": nbytes * (world - 1) / us / 1e3,
                          "wrong": wrong, "world": world, "gpu": gpu, "commit": commit, "date": date})
+        # Every graph goes before the teardown. In session 19 the process hung after writing its results,
+        # until the step's timeout, while a loop variable kept the last NCCL graph alive (the suspected
+        # cause, not confirmed).
+        graphs.clear()
         del heap_in, heap_out, torch_buffer, graphs
     if rank == 0:
         text = [f"all-gather against the SM budget: world {world}, {gpu}, commit {commit}, {date}"] + notes

@@ -15,11 +15,12 @@ import symmem.triton as smt
 from ._common import ACCUMULATE, TAGS, dtype_name, group_communicator, require_heap, tile_elements
 
 # The default grid: a tile of BYTES_PER_THREAD a thread, at most MAX_PROGRAMS programs (each
-# program's tiles are summed one after the other: fewer programs, more NVLink round trips). 64 bytes
-# beat 16 at every vLLM size on 2 x H200 (0.5 MiB from a graph: 9.40 against 9.86 us; 64 MiB: 216
-# against 349 us; bench/results/session19).
-BYTES_PER_THREAD = 64
-MAX_PROGRAMS = 24
+# program's tiles are summed one after the other: fewer programs, more NVLink round trips). Swept on
+# 2 x H200 from graphs (bench/results/session19, torch_bench_triton_grids_2 of h200x2_s19d): 64 x 32 B
+# was the fastest grid at every vLLM size, 8.72 us at 0.5 MiB against 9.40 for 24 x 64 B and 9.86
+# for the old 24 x 16 B.
+BYTES_PER_THREAD = 32
+MAX_PROGRAMS = 64
 
 
 @triton.jit(do_not_specialize=["signature", "rank"])
