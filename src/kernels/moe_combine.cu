@@ -40,6 +40,15 @@ __device__ void add_scaled(float (&acc)[8], const uint4& v, float w) {
   }
 }
 
+// Eight float32 sums rounded to bfloat16 once, as one 16-byte vector.
+__device__ uint4 to_bf16x8(const float (&acc)[8]) {
+  uint4 out;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+  return out;
+}
+
 // Source rows of 16 bytes a lane loads a turn, for a kernel of S sources: kLoadsInFlight / S units
 // (fewer loads when a call has fewer sources than S). What hides NVLink's latency from a small SM
 // budget: one unit of a world-2 rank-major combine, two loads, held 24 blocks to 195 GB/s on 2 x H200.
@@ -88,11 +97,7 @@ __device__ void sum_units(const MoeCombineArgs& a, int64_t first, int64_t step, 
 #pragma unroll
       for (int i = 0; i < S; ++i)
         if (routed[k] & (1u << i)) add_scaled(acc, v[k][i], w[k][i]);
-      uint4 out;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-      *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + (size_t(t) * g.hidden + column) * 2) = out;
+      *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + (size_t(t) * g.hidden + column) * 2) = to_bf16x8(acc);
     }
   }
 }
@@ -250,11 +255,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_bulk(MoeCombineA
         for (int i = 0; i < sources; ++i)
           if (routed & (1u << i))
             add_scaled(acc, reinterpret_cast<const uint4*>(from + size_t(i) * chunk_bytes)[v], meta[stage].weight[i]);
-        uint4 packed;
-        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-        reinterpret_cast<uint4*>(out)[v] = packed;
+        reinterpret_cast<uint4*>(out)[v] = to_bf16x8(acc);
       }
       device::mbarrier_arrive(&empty[stage]);  // this thread's reads of the stage are done
     }
