@@ -131,7 +131,7 @@ run_step() {
     moe_shared)
       for w in ${SHARED_WORLDS:-2 3 4 8}; do
         step "shared_gpu_moe_$w" 150 env SYMMEM_SHARED_GPU_WORLDS="$w" CUDA_DEVICE_MAX_CONNECTIONS=32 \
-          "$B/symmem_shared_gpu_moe_tests"
+          SYMMEM_MOE_COMBINE=registers "$B/symmem_shared_gpu_moe_tests"
         step "shared_gpu_moe_bulk_$w" 120 env SYMMEM_SHARED_GPU_WORLDS="$w" CUDA_DEVICE_MAX_CONNECTIONS=32 \
           SYMMEM_MOE_COMBINE=bulk "$B/symmem_shared_gpu_moe_tests" moe_
       done ;;

@@ -23,6 +23,7 @@
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
 #include "plan/capacity_failure.hpp"
+#include "plan/moe_combine_path.hpp"
 #include "plan/shared_gpu.hpp"
 #include "workspace/user_call_area.hpp"
 
@@ -290,6 +291,12 @@ detail::AgreedSettings read_settings(const CommConfig& config, const detail::Tun
   a.copy_engine_streams = env::copy_engine_streams();
   a.copy_engine_batch = env::copy_engine_batch();
   a.copy_engine_piece_bytes = env::copy_engine_piece_bytes();
+  const std::string combine = env::moe_combine_path();
+  if (combine != "auto" && combine != "bulk" && combine != "registers")
+    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_MOE_COMBINE='" + combine + "' is none of auto, bulk, registers");
+  a.moe_combine_path = int(combine == "bulk"        ? detail::MoeCombinePath::kBulk
+                           : combine == "registers" ? detail::MoeCombinePath::kRegisters
+                                                    : detail::MoeCombinePath::kAuto);
   a.workspace_bytes = config.workspace_bytes ? config.workspace_bytes : env::workspace_bytes();
   a.timeout_ms = config.timeout_ms > 0 ? config.timeout_ms : env::timeout_ms();
   a.tuning_hash = detail::Fnv1a().text(detail::format_tuning_table(tuning)).digest();
@@ -321,6 +328,8 @@ void agree_on_settings(const detail::AgreedSettings& mine, Bootstrap& bootstrap,
     if (o.copy_engine_piece_bytes != mine.copy_engine_piece_bytes)
       differ("SYMMEM_CE_PIECE_KB", std::to_string(o.copy_engine_piece_bytes >> 10),
              std::to_string(mine.copy_engine_piece_bytes >> 10));
+    if (o.moe_combine_path != mine.moe_combine_path)
+      differ("SYMMEM_MOE_COMBINE", std::to_string(o.moe_combine_path), std::to_string(mine.moe_combine_path));
     if (o.workspace_bytes != mine.workspace_bytes)
       differ("the workspace budget (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB)",
              std::to_string(o.workspace_bytes), std::to_string(mine.workspace_bytes));

@@ -36,6 +36,7 @@ struct AgreedSettings {
   int copy_engine_streams = 4;         // SYMMEM_CE_STREAMS
   bool copy_engine_batch = true;       // SYMMEM_CE_BATCH
   size_t copy_engine_piece_bytes = 0;  // SYMMEM_CE_PIECE_KB
+  int moe_combine_path = 0;            // SYMMEM_MOE_COMBINE (detail::MoeCombinePath)
   size_t workspace_bytes = 0;          // CommConfig::workspace_bytes or SYMMEM_WORKSPACE_MB
   int64_t timeout_ms = 30000;          // CommConfig::timeout_ms or SYMMEM_TIMEOUT_MS
   uint64_t tuning_hash = 0;            // the tuning table in force

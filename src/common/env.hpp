@@ -30,8 +30,8 @@ size_t workspace_bytes();
 bool programmatic_launch();
 // SYMMEM_PUSH_BULK (default 1): push all-gathers use Hopper bulk copies when 16-byte aligned.
 bool push_bulk();
-// SYMMEM_MOE_COMBINE (default auto): "bulk" or "registers" forces the MoE combine's pull path
-// (kernels/moe_combine.cu); auto takes bulk copies for calls of 1 MiB and more.
+// SYMMEM_MOE_COMBINE (default auto): "bulk" or "registers" forces the MoE combine's pull
+// (plan/moe_combine_path.hpp); auto takes bulk copies for contexts whose largest call moves 1 MiB.
 std::string moe_combine_path();
 // SYMMEM_CE_STREAMS (default 4): side streams the copy-engine all-gather spreads its copies over.
 int copy_engine_streams();

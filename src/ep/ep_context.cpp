@@ -17,6 +17,7 @@
 #include "kernels/moe_args.hpp"
 #include "plan/block_rules.hpp"
 #include "plan/ep_geometry.hpp"
+#include "plan/moe_combine_path.hpp"
 #include "symmem/ep.hpp"
 
 namespace symmem {
@@ -45,6 +46,7 @@ struct EpContext::State {
   int blocks = 1;
   uint64_t shape_hash = 0;  // the geometry every rank agreed on (the signatures cover it)
   std::string dispatch_text, combine_text;
+  bool combine_bulk = false;  // plan/moe_combine_path.hpp
   bool closed = false;
 
   ~State() {
@@ -167,6 +169,8 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.shape_hash = shape_hash_of(s.g);
   s.dispatch_text = describe_call("moe_dispatch", config, s.g, s.blocks);
   s.combine_text = describe_call("moe_combine", config, s.g, s.blocks);
+  s.combine_bulk = detail::moe_combine_uses_bulk(s.g, s.g.expert_major ? s.g.topk : st.world,
+                                                 detail::MoeCombinePath(st.settings.moe_combine_path));
   return std::unique_ptr<EpContext>(new EpContext(std::move(state)));
 }
 
@@ -279,7 +283,7 @@ void EpContext::combine(const EpCombineArgs& args, cudaStream_t stream) {
   a.weights_applied = args.weights_applied;
   a.lines = st.workspaces->low_latency_lines();
   a.sync = st.sync_args(detail::kOpMoeCombine, signature);
-  detail::launch_moe_combine(a, s.blocks, stream);
+  detail::launch_moe_combine(a, s.blocks, s.combine_bulk, stream);
 }
 
 void EpContext::close() {

@@ -89,12 +89,8 @@ __global__ void __launch_bounds__(kBulkThreads) all_gather_push_bulk(AllGatherAr
 }  // namespace
 
 void launch_all_gather_push_bulk(const AllGatherArgs& args, int blocks, cudaStream_t stream) {
-  static const bool configured = [] {
-    SYMMEM_CUDA_CHECK(cudaFuncSetAttribute(all_gather_push_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kSharedBytes)));
-    return true;
-  }();
-  (void)configured;
+  static DynamicSharedLimit limit;
+  limit.raise(all_gather_push_bulk, kSharedBytes);
   launch_kernel(all_gather_push_bulk, blocks, kBulkThreads, kSharedBytes, stream, args);
 }
 

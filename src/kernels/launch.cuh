@@ -4,6 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "common/check.hpp"
 #include "common/env.hpp"
 
@@ -14,6 +17,25 @@ inline bool programmatic_launch() {
   static const bool enabled = env::programmatic_launch();
   return enabled;
 }
+
+// A kernel's dynamic shared memory limit, raised once per device (the attribute is per device:
+// a process driving several GPUs raises it on each). One instance per kernel (a static at its
+// launcher).
+class DynamicSharedLimit {
+ public:
+  template <typename Kernel>
+  void raise(Kernel kernel, size_t bytes) {
+    int device = 0;
+    SYMMEM_CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = uint64_t(1) << (device & 63);
+    if (raised_.load(std::memory_order_acquire) & bit) return;
+    SYMMEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    raised_.fetch_or(bit, std::memory_order_acq_rel);
+  }
+
+ private:
+  std::atomic<uint64_t> raised_{0};
+};
 
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), int blocks, int threads, size_t shared_bytes, cudaStream_t stream,

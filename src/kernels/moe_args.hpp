@@ -93,6 +93,7 @@ struct MoeStageArgs {
 void launch_moe_dispatch_count(const MoeDispatchArgs& args, cudaStream_t stream);
 void launch_moe_dispatch_push(const MoeDispatchArgs& args, int blocks, cudaStream_t stream);
 void launch_moe_combine_stage(const MoeStageArgs& args, int blocks, cudaStream_t stream);
-void launch_moe_combine(const MoeCombineArgs& args, int blocks, cudaStream_t stream);
+// bulk: the shared-memory pull (plan/moe_combine_path.hpp), else the register pull.
+void launch_moe_combine(const MoeCombineArgs& args, int blocks, bool bulk, cudaStream_t stream);
 
 }  // namespace symmem::detail

@@ -12,9 +12,6 @@
 // combine area first (local), on the same stream: the entry lines of combine follow it.
 #include <cuda_bf16.h>
 
-#include <string>
-
-#include "common/env.hpp"
 #include "device/call_counter.cuh"
 #include "device/dependent_launch.cuh"
 #include "device/low_latency.cuh"
@@ -295,28 +292,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_stage(MoeStageAr
 
 }  // namespace
 
-// Which pull a combine takes (SYMMEM_MOE_COMBINE forces one; both give the same bits).
-bool moe_combine_uses_bulk(const EpGeometry& g, int sources) {
-  static const std::string forced = env::moe_combine_path();
-  if (forced == "bulk") return true;
-  if (forced == "registers") return false;
-  // Measured on 2 x H200 (bench/results/session19): bulk was faster at decode-128 and prefill-4096,
-  // both layouts; at one token (decode-1: one unit on one block) registers won rank-major (7.2 against
-  // 7.8 us from graphs), bulk expert-major (8.7 against 9.9): below 1 MiB, registers.
-  constexpr size_t kBulkMinBytes = size_t(1) << 20;
-  return size_t(g.max_tokens) * size_t(sources) * size_t(g.hidden) * 2 >= kBulkMinBytes;
-}
-
-void launch_moe_combine(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {
+void launch_moe_combine(const MoeCombineArgs& args, int blocks, bool bulk, cudaStream_t stream) {
   static_assert(kSources <= 16, "moe_combine<16> holds every source");
   const int sources = args.g.expert_major ? args.g.topk : args.sync.world;
-  if (moe_combine_uses_bulk(args.g, sources)) {
-    static const bool configured = [] {
-      SYMMEM_CUDA_CHECK(cudaFuncSetAttribute(moe_combine_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kBulkSharedBytes)));
-      return true;
-    }();
-    (void)configured;
+  if (bulk) {
+    static DynamicSharedLimit limit;
+    limit.raise(moe_combine_bulk, kBulkSharedBytes);
     launch_kernel(moe_combine_bulk, blocks, kThreadsPerBlock, kBulkSharedBytes, stream, args);
   } else if (sources <= 2) {
     launch_kernel(moe_combine<2>, blocks, kThreadsPerBlock, 0, stream, args);

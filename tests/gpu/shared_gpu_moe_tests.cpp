@@ -724,14 +724,17 @@ std::vector<MoeCase> moe_cases() {
                          i % 2 == 0, i % 3 == 0, i % 2 == 1, layout == EpLayout::kExpertMajor && i % 5 == 0});
       }
   // Every combine specialisation (2, 4, 8 and 16 sources), hidden sizes that are not a multiple of
-  // 256 columns, and rows the bulk path cuts into several chunks (kernels/moe_combine.cu: 1024
-  // columns at 16 sources, 2048 at 8).
+  // 256 columns, rows the bulk path cuts into several chunks (kernels/moe_combine.cu: 1024 columns
+  // at 16 sources, 1408 at 11, 2048 at 8), and enough units that every block's ring of bulk stages
+  // wraps more than once (up to 600 tokens, 300 on average, x up to 2 chunks over at most 24 blocks).
   cases.push_back({EpLayout::kExpertMajor, EpPayload::kBFloat16, MoeSkew::kRandom, 3, 16, 33, false, false, false,
                    false, 2304});
   cases.push_back({EpLayout::kExpertMajor, EpPayload::kFloat8E4M3, MoeSkew::kMasked, 2, 8, 21, true, true, true,
                    true, 384});
   cases.push_back({EpLayout::kExpertMajor, EpPayload::kBFloat16, MoeSkew::kZipf, 4, 11, 17, false, true, true,
-                   false, 1152});
+                   false, 2816});
+  cases.push_back({EpLayout::kRankMajor, EpPayload::kBFloat16, MoeSkew::kRandom, 2, 4, 600, false, false, false,
+                   false, 2816});
   cases.push_back({EpLayout::kRankMajor, EpPayload::kBFloat16, MoeSkew::kRandom, 2, 6, 29, true, false, false,
                    false, 2304});
   return cases;

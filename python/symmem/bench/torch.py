@@ -276,10 +276,15 @@ def main(argv=None):
                         help="with --triton, more one-shot rows: PROGRAMS:BYTES_PER_THREAD,... (at most PROGRAMS "
                              "programs, tiles of BYTES_PER_THREAD a thread), e.g. 48:16,32:32")
     args = parser.parse_args(argv)
-    triton_grids = [tuple(int(v) for v in g.split(":")) for g in args.triton_grids.split(",") if g]
-    for programs, nbytes in triton_grids:
-        if programs < 1 or nbytes < 1 or nbytes & (nbytes - 1) or len((programs, nbytes)) != 2:
-            parser.error(f"--triton-grids: {programs}:{nbytes}: programs >= 1, bytes a power of two")
+    triton_grids = []
+    for grid in filter(None, args.triton_grids.split(",")):
+        try:
+            programs, nbytes = (int(v) for v in grid.split(":"))
+        except ValueError:
+            parser.error(f"--triton-grids: {grid!r} is not PROGRAMS:BYTES_PER_THREAD")
+        if programs < 1 or nbytes < 1 or nbytes & (nbytes - 1):
+            parser.error(f"--triton-grids: {grid}: programs >= 1, bytes a power of two")
+        triton_grids.append((programs, nbytes))
 
     init_nccl()
     group = dist.group.WORLD

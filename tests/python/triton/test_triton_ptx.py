@@ -135,6 +135,10 @@ def test_host_words_are_read_by_one_thread(name, ptx):
     reads = re.findall(r"(@!?%?\w+\s+)?ld\.volatile\.global[.\w]*\s+[^;]*;", ptx)
     assert reads, "no host word is read"
     assert all(predicate for predicate in reads), "a host word is read by every thread"
+    # The predicate is lane 0's: the one predicated host read is _host_word's, and it passes lanes == 0.
+    sync_source = (ROOT / "python/symmem/triton/sync.py").read_text()
+    assert sync_source.count("ld_volatile_u32_on(") == 1, "ld_volatile_u32_on is called outside _host_word"
+    assert "return ld_volatile_u32_on(p + lanes * 0, lanes == 0)" in sync_source
 
 
 @pytest.mark.parametrize("name, ptx", KERNELS, ids=[k[0] for k in KERNELS])

@@ -59,16 +59,15 @@ def all_gather_kernel(inp, out, n, heap_stride, table, sync, signature, rank, WO
                 p = (rank + 1 + t // tiles) % WORLD
                 offsets = (t % tiles) * BLOCK + tl.arange(0, BLOCK)
                 mask = offsets < n
-                own = t * BLOCK + tl.arange(0, BLOCK)
-                own_mask = own < n  # all false once t >= tiles
+                own_mask = mask & (t < tiles)  # the own slot's tile t: the same offsets as pair t's
                 if TABLE:
                     src = smt.peer_from_table(inp + offsets, table, p, rank)
                 else:
                     src = smt.peer(inp + offsets, p, rank, heap_stride)
                 theirs = tl.load(src, mask=mask)
-                mine = tl.load(inp + own, mask=own_mask)
+                mine = tl.load(inp + offsets, mask=own_mask)
                 tl.store(out + p * n + offsets, theirs, mask=mask)
-                tl.store(out + rank * n + own, mine, mask=own_mask)
+                tl.store(out + rank * n + offsets, mine, mask=own_mask)
                 t += tl.num_programs(0)
         ok = smt.barrier(sync, signature, epoch, 1, rank, WORLD)
     smt.epoch_commit(sync, epoch)
