@@ -10,6 +10,7 @@
 
 #include "ep_reference.hpp"
 #include "plan/ep_geometry.hpp"
+#include "plan/moe_combine_path.hpp"
 #include "symmem/error.hpp"
 #include "test.hpp"
 
@@ -279,4 +280,24 @@ TEST(ep_geometry_states_memory_and_rejects_bad_configs) {
   bad = c;
   bad.max_tokens_per_rank = 0;
   EXPECT_ERROR(ep_geometry(bad, 8), ErrorCode::kInvalidArgument, "max_tokens_per_rank");
+}
+
+// The combine's pull (plan/moe_combine_path.hpp): forced either way, or by the context's largest call
+// at the 1 MiB line (decode-1 of DeepSeek-V3 on registers, decode-128 and prefill in bulk).
+TEST(moe_combine_path_follows_the_contexts_largest_call) {
+  EpGeometry g;
+  g.hidden = 7168;
+  auto bulk = [&](int tokens, int sources, MoeCombinePath forced) {
+    g.max_tokens = tokens;
+    return moe_combine_uses_bulk(g, sources, forced);
+  };
+  EXPECT(!bulk(1, 2, MoeCombinePath::kAuto));    // 28 KiB
+  EXPECT(!bulk(1, 8, MoeCombinePath::kAuto));    // 112 KiB
+  EXPECT(bulk(128, 2, MoeCombinePath::kAuto));   // 3.5 MiB
+  EXPECT(bulk(4096, 2, MoeCombinePath::kAuto));
+  g.hidden = 128;  // the line itself: 4096 x 1 x 128 x 2 bytes = 1 MiB
+  EXPECT(bulk(4096, 1, MoeCombinePath::kAuto));
+  EXPECT(!bulk(4095, 1, MoeCombinePath::kAuto));
+  EXPECT(bulk(1, 2, MoeCombinePath::kBulk));
+  EXPECT(!bulk(4096, 8, MoeCombinePath::kRegisters));
 }
