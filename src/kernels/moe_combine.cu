@@ -51,15 +51,29 @@ __device__ uint4 to_bf16x8(const float (&acc)[8]) {
 // budget: one unit of a world-2 rank-major combine, two loads, held 24 blocks to 195 GB/s on 2 x H200.
 constexpr int kLoadsInFlight = 8;
 
+// Token t's row from its source i (kExpertMajor: top-k entry i; kRankMajor: rank i), at `column`,
+// in the combine area that holds it, and the weight it is summed with; false when the token has no
+// row there. Both pulls read the routes through this.
+__device__ __forceinline__ bool source_row(const MoeCombineArgs& a, int t, int i, int sources, size_t column,
+                                           const float* weights, const char** row, float* weight) {
+  const EpScratch& sc = a.scratch;
+  const size_t r = size_t(t) * sources + i;
+  const int q = a.g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
+  if (q < 0) return false;
+  const char* area = q == a.sync.rank ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
+  *row = area + (size_t(sc.route_row[r]) * a.g.hidden + column) * 2;
+  *weight = a.g.expert_major && !a.weights_applied ? weights[r] : 1.f;
+  return true;
+}
+
 // The sum of kUnits units (token, 256 columns) per warp turn, S sources each (S >= the call's
 // sources): every unit's rows are loaded before any is added. Same order, same arithmetic as one
 // unit at a time.
 template <int S>
 __device__ void sum_units(const MoeCombineArgs& a, int64_t first, int64_t step, int64_t units, int segments,
-                          int sources, const float* weights, int me, int lane) {
+                          int sources, const float* weights, int lane) {
   constexpr int kUnits = S < kLoadsInFlight ? kLoadsInFlight / S : 1;
   const EpGeometry& g = a.g;
-  const EpScratch& sc = a.scratch;
   for (int64_t u0 = first; u0 < units; u0 += step * kUnits) {
     uint4 v[kUnits][S];
     float w[kUnits][S];
@@ -74,13 +88,9 @@ __device__ void sum_units(const MoeCombineArgs& a, int64_t first, int64_t step, 
 #pragma unroll
       for (int i = 0; i < S; ++i) {
         w[k][i] = 0.f;
-        if (!live || i >= sources) continue;
-        const size_t r = size_t(t) * sources + i;
-        const int q = g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
-        if (q < 0) continue;
-        const char* area = q == me ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
-        v[k][i] = *reinterpret_cast<const uint4*>(area + (size_t(sc.route_row[r]) * g.hidden + column) * 2);
-        w[k][i] = g.expert_major && !a.weights_applied ? weights[r] : 1.f;
+        const char* row;
+        if (!live || i >= sources || !source_row(a, t, i, sources, column, weights, &row, &w[k][i])) continue;
+        v[k][i] = *reinterpret_cast<const uint4*>(row);
         routed[k] |= 1u << i;
       }
     }
@@ -143,7 +153,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a
   const int64_t first = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int64_t step = gridDim.x * (blockDim.x / 32);
   const int64_t units = int64_t(tokens) * segments;
-  sum_units<S>(a, first, step, units, segments, sources, weights, s.rank, lane);
+  sum_units<S>(a, first, step, units, segments, sources, weights, lane);
   device::call_end(s, call);
 }
 
@@ -218,13 +228,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_bulk(MoeCombineA
       BulkUnit unit{};
       uint32_t total = 0;
       for (int i = 0; i < sources; ++i) {
-        const size_t r = size_t(t) * sources + i;
-        const int q = g.expert_major ? sc.route_rank[r] : (sc.route_row[r] >= 0 ? i : -1);
-        unit.weight[i] = 0.f;
-        if (q < 0) continue;
-        const char* area = q == s.rank ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
-        from[i] = area + (size_t(sc.route_row[r]) * g.hidden + size_t(c) * columns) * 2;
-        unit.weight[i] = g.expert_major && !a.weights_applied ? weights[r] : 1.f;
+        if (!source_row(a, t, i, sources, size_t(c) * columns, weights, &from[i], &unit.weight[i])) continue;
         unit.routed |= 1u << i;
         total += bytes;
       }
