@@ -110,8 +110,9 @@ def signals(me, n):
     pad = me.tensor(me.data() + 4096, 4, torch.int32)
     if me.rank == 0:
         data[:n] = torch.arange(n, dtype=torch.float32) + 0.5
-    else:
-        data.fill_(-1.0)
+        # The receiver's copy is poisoned by its only writer, before the put: poisoned by the
+        # receiver itself, it could land after the put (received all -1.0 in a CI run).
+        me.tensor(me.data(1), 64, torch.float32).fill_(-1.0)
     out = torch.full((66,), -2.0, dtype=torch.float32)
     start = time.monotonic()
     signal_kernel[(1,)](sync, SIGNATURE, me.rank, data, pad, out, n, SENDER=0, RECEIVER=1, BLOCK=64)
