@@ -105,13 +105,13 @@ class Impl:
 
 
 class Symmem(Impl):
-    def __init__(self, r, group, layout):
+    def __init__(self, r, group, layout, blocks=24):
         from symmem.torch.moe import ExpertParallel
         self.r = r
         world = group.size()
         self.ep = ExpertParallel(group, num_experts=EXPERTS, topk=TOPK, hidden=HIDDEN, max_tokens_per_rank=r.tokens,
-                                 payload=r.payload, layout=layout, max_blocks=24)
-        self.blocks = 24
+                                 payload=r.payload, layout=layout, max_blocks=blocks)
+        self.blocks = blocks
         self.out = torch.empty(r.tokens, HIDDEN, dtype=torch.bfloat16, device="cuda")
         self.layout = layout
         self.world = world
@@ -346,7 +346,10 @@ def main():
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--replays", type=int, default=5)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--blocks", default="24",
+                   help="symmem's SM budget (max_blocks), a list: rows beyond the first are named IMPL_bN")
     args = p.parse_args()
+    budgets = [int(b) for b in args.blocks.split(",")]
     init_nccl()
     import symmem.torch as st  # noqa: F401  (registers the ops)
     group = dist.group.WORLD
@@ -363,10 +366,9 @@ def main():
                 if name == "symmem_expert_major" and tokens > 128:
                     continue  # its receive area: world x T rows per local expert (decode)
                 try:
-                    if name == "symmem_expert_major":
-                        impls[name] = Symmem(r, group, "expert_major")
-                    elif name == "symmem_rank_major":
-                        impls[name] = Symmem(r, group, "rank_major")
+                    if name in ("symmem_expert_major", "symmem_rank_major"):
+                        for i, b in enumerate(budgets):
+                            impls[name if i == 0 else f"{name}_b{b}"] = Symmem(r, group, name[len("symmem_"):], b)
                     elif name == "nccl_host_sync":
                         impls[name] = NcclHostSync(r, group)
                     elif name == "vllm_ag_rs":
