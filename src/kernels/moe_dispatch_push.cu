@@ -8,6 +8,7 @@
 // (decode). kRankMajor also marks this rank's unused rows with ids -1 (vLLM's experts see the whole area). One barrier
 // at the end: when the kernel has finished on a rank, every block of every rank has stored its rows.
 #include "device/dependent_launch.cuh"
+#include "device/ptx.cuh"
 #include "device/wait.cuh"
 #include "kernels/kernel_args.hpp"
 #include "kernels/launch.cuh"
@@ -38,6 +39,11 @@ __device__ void warp_copy(const uint4* src, uint4* dst, int begin, int end, int 
   }
 }
 
+// The bulk path: two stages of a row a warp (one loads while the other is stored), mbarriers after.
+constexpr int kPushWarps = kThreadsPerBlock / 32;
+constexpr uint32_t kStageBytes = 7168;  // 16 warps x 2 stages: 224 KiB of the SM's 227
+constexpr size_t kBulkSharedBytes = size_t(kPushWarps) * 2 * kStageBytes + size_t(kPushWarps) * 2 * sizeof(uint64_t);
+
 __device__ int warp_sum(int v) {
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, d);
@@ -58,9 +64,35 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
   const int vectors = static_cast<int>(g.payload_bytes / 16);  // of a row
   // Chunks per token: enough warps busy at small batches, at least 32 vectors (512 B) per chunk.
   const int chunks = max(1, min(warps / max(tokens, 1), vectors / 32));
+  // Whole rows that fit a stage go by bulk copies: a warp's lane 0 loads the next row into shared
+  // memory while the TMA engine writes the current one to every destination (the LSU path's
+  // per-thread 16-byte NVLink stores carry less per SM). Rows cut in chunks (decode, or rows
+  // beyond a stage) stay on registers: at those sizes the bulk path measured no faster.
+  const bool bulk = chunks == 1 && g.payload_bytes <= kStageBytes;
   const int chunk_vectors = (vectors + chunks - 1) / chunks;
   const int destinations = g.expert_major ? g.topk : s.world;
-  for (int64_t u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < int64_t(tokens) * chunks; u += warps) {
+  const int64_t units = int64_t(tokens) * chunks;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int w = threadIdx.x / 32;
+  unsigned char* stage = smem + size_t(w) * 2 * kStageBytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kPushWarps) * 2 * kStageBytes) + 2 * w;
+  auto load_row = [&](int64_t t, int b) {  // bulk: unit t is token t's whole row
+    device::mbarrier_arrive_expect_tx(&bars[b], uint32_t(g.payload_bytes));
+    device::bulk_load_shared(stage + size_t(b) * kStageBytes, static_cast<const char*>(a.x) + size_t(t) * g.payload_bytes,
+                             uint32_t(g.payload_bytes), &bars[b]);
+  };
+  const int64_t first = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (bulk) {
+    if (lane == 0) {
+      device::mbarrier_init(&bars[0], 1);
+      device::mbarrier_init(&bars[1], 1);
+      device::fence_mbarrier_init();
+      if (first < units) load_row(first, 0);
+    }
+    __syncwarp();
+  }
+  int iteration = 0;
+  for (int64_t u = first; u < units; u += warps, ++iteration) {
     const int t = int(u / chunks), chunk = int(u % chunks);
     const int tile = t / kEpTileTokens, t_lane = t % kEpTileTokens;
     const int lane_token = tile * kEpTileTokens + lane;
@@ -114,13 +146,32 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
     }
     const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(a.x) + size_t(t) * g.payload_bytes);
     const int begin = chunk * chunk_vectors, end = min(vectors, begin + chunk_vectors);
+    if (bulk && lane == 0) {
+      const int b = iteration & 1;
+      if (u + warps < units) {
+        // The other stage's row must be read out by its stores before the next row fills it.
+        device::bulk_wait_group_read<0>();
+        load_row(u + warps, b ^ 1);
+      }
+      // A local load always completes; this wait needs no deadline.
+      while (!device::mbarrier_try_wait_parity(&bars[b], (iteration >> 1) & 1)) {
+      }
+#pragma unroll
+      for (int d = 0; d < kDestinations; ++d) {
+        if (q[d] < 0) continue;
+        char* area = q[d] == s.rank ? a.buffers.dispatch : a.buffers.dispatch_peers[q[d] & (kMaxWorld - 1)];
+        device::bulk_store_global(area + g.x_offset + size_t(row[d]) * g.payload_bytes, stage + size_t(b) * kStageBytes,
+                                  uint32_t(g.payload_bytes));
+      }
+      device::bulk_commit_group();
+    }
 #pragma unroll
     for (int d = 0; d < kDestinations; ++d) {
       if (q[d] < 0) continue;
       char* area = q[d] == s.rank ? a.buffers.dispatch : a.buffers.dispatch_peers[q[d] & (kMaxWorld - 1)];
       // The chunk of the payload (the source stays in L1/L2 across destinations).
       uint4* dst = reinterpret_cast<uint4*>(area + g.x_offset + size_t(row[d]) * g.payload_bytes);
-      warp_copy(src, dst, begin, end, lane);
+      if (!bulk) warp_copy(src, dst, begin, end, lane);
       if (chunk != 0) continue;
       if (g.fp8) {
         const size_t scales = g.scale_bytes / 4;
@@ -136,6 +187,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
             a.topk_weights[size_t(t) * g.topk + lane];
       }
     }
+  }
+  if (bulk && lane == 0) {
+    // Every bulk write performed, and ordered before the barrier's release (generic proxy).
+    device::bulk_wait_all();
+    device::fence_proxy_async_global();
   }
   if (!g.expert_major) {
     // Rows no token fills this call: ids -1, so that experts reading the whole area skip them.
@@ -154,7 +210,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
 }  // namespace
 
 void launch_moe_dispatch_push(const MoeDispatchArgs& args, int blocks, cudaStream_t stream) {
-  launch_kernel(moe_dispatch_push, blocks, kThreadsPerBlock, 0, stream, args);
+  static DynamicSharedLimit limit;
+  limit.raise(moe_dispatch_push, kBulkSharedBytes);
+  launch_kernel(moe_dispatch_push, blocks, kThreadsPerBlock, kBulkSharedBytes, stream, args);
 }
 
 }  // namespace symmem::detail

@@ -702,12 +702,14 @@ struct MoeCase {
   int experts_per_rank, topk, tokens;
   bool device_count, int32_ids, staged_outputs, weights_applied;
   int hidden = 256;
+  int max_blocks = 0;  // 0: the context's default
   std::string describe() const {
     return std::string(ep_layout_name(layout)) + " " + ep_payload_name(payload) + " " + moe_skew_name(skew) +
            " experts/rank=" + std::to_string(experts_per_rank) + " topk=" + std::to_string(topk) +
            " tokens=" + std::to_string(tokens) + (device_count ? " device-count" : "") +
            (int32_ids ? " int32-ids" : "") + (staged_outputs ? " staged-outputs" : "") +
-           (weights_applied ? " weights-applied" : "") + " hidden=" + std::to_string(hidden);
+           (weights_applied ? " weights-applied" : "") + " hidden=" + std::to_string(hidden) +
+           (max_blocks ? " max_blocks=" + std::to_string(max_blocks) : "");
   }
 };
 
@@ -737,6 +739,16 @@ std::vector<MoeCase> moe_cases() {
                    false, 2816});
   cases.push_back({EpLayout::kRankMajor, EpPayload::kBFloat16, MoeSkew::kRandom, 2, 6, 29, true, false, false,
                    false, 2304});
+  // The dispatch's bulk path (kernels/moe_dispatch_push.cu: whole rows of at most 7168 bytes, a
+  // warp per token): one block of 16 warps and up to 70 tokens, so each warp's two stages take
+  // turns several times; a row exactly the stage's size, a small one, and one a vector too large
+  // for a stage (the register path with whole rows).
+  cases.push_back({EpLayout::kRankMajor, EpPayload::kFloat8E4M3, MoeSkew::kRandom, 2, 4, 70, false, false, false,
+                   false, 7168, 1});
+  cases.push_back({EpLayout::kExpertMajor, EpPayload::kBFloat16, MoeSkew::kOneHotAtCapacity, 2, 3, 70, true, true,
+                   true, false, 384, 1});
+  cases.push_back({EpLayout::kRankMajor, EpPayload::kFloat8E4M3, MoeSkew::kZipf, 3, 5, 70, false, false, false,
+                   false, 7296, 1});
   return cases;
 }
 
@@ -755,7 +767,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
   config.max_tokens_per_rank = c.tokens;
   config.payload = c.payload;
   config.layout = c.layout;
-  config.max_blocks = ep_max_blocks();
+  config.max_blocks = c.max_blocks > 0 ? c.max_blocks : ep_max_blocks();
   // One-hot at capacity: every token of every rank to expert 0 (rank 0), which holds exactly that.
   if (c.skew == MoeSkew::kOneHotAtCapacity) {
     if (c.layout == EpLayout::kExpertMajor)
