@@ -17,6 +17,10 @@ cp build/libsymmem_capi.so build-bundle/  # the Python package's native library 
 [ -n "${OLD_SHARED_GPU_TESTS:-}" ] && cp "$OLD_SHARED_GPU_TESTS" build-bundle/old_symmem_shared_gpu_tests
 [ -n "${MID_BENCH:-}" ] && cp "$MID_BENCH" build-bundle/mid-symmem-bench
 [ -n "${MID_BENCH:-}" ] && [ -n "${MID_COMMIT:-}" ] && echo "$MID_COMMIT" > build-bundle/MID_COMMIT
+# OLD_CAPI=path [OLD_COMMIT=rev]: an older build's Python library for A/B runs (step moe_ab).
+if [ -n "${OLD_CAPI:-}" ]; then
+  mkdir -p build-bundle/old && cp "$OLD_CAPI" build-bundle/old/ && strip build-bundle/old/* && echo "${OLD_COMMIT:-unknown}" > build-bundle/old/COMMIT
+fi
 strip build-bundle/* 2>/dev/null || true
 # The commit the binaries and the Python package (carried in the working tree) come from: the benches
 # write it into every CSV row, so a change to either marks it dirty.

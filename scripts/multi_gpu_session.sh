@@ -205,6 +205,16 @@ run_step() {
     kernels_graph) step "kernels_graph_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.kernels --reps 5 --graph \
       --out "$L/kernels_graph_$n" ;;
     moe) step "moe_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 --out "$L/moe_$n" ;;
+    moe_ab)  # the moe bench alternating the bundle's library with old/libsymmem_capi.so (bundle.sh OLD_CAPI=path), ABAB
+      for rep in 1 2; do
+        for lib in old new; do
+          local so="$B/libsymmem_capi.so" commit=$SYMMEM_COMMIT
+          [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
+          step "moe_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" "${torchrun_n[@]}" \
+            -m symmem.bench.moe --reps 5 --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" \
+            --out "$L/moe_ab_${lib}_${rep}"
+        done
+      done ;;
     moe_paths)  # the combine's two pulls (SYMMEM_MOE_COMBINE), one run each, each with its reference rows
       for path in registers bulk; do
         step "moe_${path}_$n" 150 env SYMMEM_MOE_COMBINE=$path "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 \
