@@ -21,6 +21,13 @@ cp build/libsymmem_capi.so build-bundle/  # the Python package's native library 
 if [ -n "${OLD_CAPI:-}" ]; then
   mkdir -p build-bundle/old && cp "$OLD_CAPI" build-bundle/old/ && strip build-bundle/old/* && echo "${OLD_COMMIT:-unknown}" > build-bundle/old/COMMIT
 fi
+# OLD_TORCH_TREE=dir: an older checkout's Python package and build/libsymmem_capi.so (step torch_cost).
+if [ -n "${OLD_TORCH_TREE:-}" ]; then
+  mkdir -p build-bundle/old_torch && cp -r "$OLD_TORCH_TREE/python" build-bundle/old_torch/ &&
+    find build-bundle/old_torch -name __pycache__ -prune -exec rm -rf {} + &&
+    cp "$OLD_TORCH_TREE/build/libsymmem_capi.so" build-bundle/old_torch/ && strip build-bundle/old_torch/libsymmem_capi.so &&
+    git -C "$OLD_TORCH_TREE" rev-parse --short HEAD > build-bundle/old_torch/COMMIT
+fi
 strip build-bundle/* 2>/dev/null || true
 # The commit the binaries and the Python package (carried in the working tree) come from: the benches
 # write it into every CSV row, so a change to either marks it dirty.

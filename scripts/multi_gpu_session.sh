@@ -215,6 +215,10 @@ run_step() {
             --out "$L/moe_ab_${lib}_${rep}"
         done
       done ;;
+    torch_cost)  # host and graph cost of st.all_reduce at 0.5 MiB, world 1: an older tree (bundle.sh OLD_TORCH_TREE) and this one interleaved
+      step torch_host_cost_ab 300 python3 tools/torch_host_cost_ab.py \
+        --tree "$(cat "$B/old_torch/COMMIT")=$B/old_torch:$B/old_torch/libsymmem_capi.so" --tree "new=.:$B/libsymmem_capi.so" \
+        --reps "${REPS:-5}" --samples 5 --cpu 3 --gpu "$GPU" --out "$L/torch_host_cost_ab.csv" ;;
     moe_paths)  # the combine's two pulls (SYMMEM_MOE_COMBINE), one run each, each with its reference rows
       for path in registers bulk; do
         step "moe_${path}_$n" 150 env SYMMEM_MOE_COMBINE=$path "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 \

@@ -60,15 +60,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_count(MoeDispat
     __syncwarp();
     const int t = tile * kEpTileTokens + lane;
     if (t < tokens) {
-      // Every id of the token loaded before any is counted: one memory latency a tile, not K.
-      int64_t ids[kEpMaxTopk];
-#pragma unroll
-      for (int k = 0; k < kEpMaxTopk; ++k) ids[k] = k < g.topk ? expert_at(a, t, k) : -1;
       uint32_t ranks = 0;
-#pragma unroll
-      for (int k = 0; k < kEpMaxTopk; ++k) {
-        if (k >= g.topk) break;
-        const int64_t e = ids[k];
+      for (int k = 0; k < g.topk; ++k) {
+        const int64_t e = expert_at(a, t, k);
         if (ep_routed(e, g.experts)) {
           atomicAdd(&expert_count[warp][e], 1);
           ranks |= 1u << ep_rank_of(int(e), g.local_experts);
