@@ -19,15 +19,19 @@ cp build/libsymmem_capi.so build-bundle/  # the Python package's native library 
 [ -n "${MID_BENCH:-}" ] && [ -n "${MID_COMMIT:-}" ] && echo "$MID_COMMIT" > build-bundle/MID_COMMIT
 # OLD_CAPI=path [OLD_COMMIT=rev]: an older build's Python library for A/B runs (step moe_ab).
 if [ -n "${OLD_CAPI:-}" ]; then
-  mkdir -p build-bundle/old && cp "$OLD_CAPI" build-bundle/old/ && strip build-bundle/old/* && echo "${OLD_COMMIT:-unknown}" > build-bundle/old/COMMIT
+  mkdir -p build-bundle/old && cp "$OLD_CAPI" build-bundle/old/libsymmem_capi.so && strip build-bundle/old/libsymmem_capi.so &&
+    echo "${OLD_COMMIT:?OLD_CAPI needs OLD_COMMIT, the commit it was built from}" > build-bundle/old/COMMIT
 fi
 # OLD_TORCH_TREE=dir: an older checkout's Python package and build/libsymmem_capi.so (step torch_cost).
 if [ -n "${OLD_TORCH_TREE:-}" ]; then
   mkdir -p build-bundle/old_torch && cp -r "$OLD_TORCH_TREE/python" build-bundle/old_torch/ &&
     find build-bundle/old_torch -name __pycache__ -prune -exec rm -rf {} + &&
     cp "$OLD_TORCH_TREE/build/libsymmem_capi.so" build-bundle/old_torch/ && strip build-bundle/old_torch/libsymmem_capi.so &&
-    git -C "$OLD_TORCH_TREE" rev-parse --short HEAD > build-bundle/old_torch/COMMIT
+    echo "$(git -C "$OLD_TORCH_TREE" rev-parse --short HEAD)$(git -C "$OLD_TORCH_TREE" diff --quiet HEAD -- src python || echo -dirty)" \
+      > build-bundle/old_torch/COMMIT
 fi
+# MUTANT_MOE_TESTS=path: a shared-GPU MoE test binary built with a planted bug (step moe_mutant: must fail).
+[ -n "${MUTANT_MOE_TESTS:-}" ] && cp "$MUTANT_MOE_TESTS" build-bundle/mutant_symmem_shared_gpu_moe_tests
 strip build-bundle/* 2>/dev/null || true
 # The commit the binaries and the Python package (carried in the working tree) come from: the benches
 # write it into every CSV row, so a change to either marks it dirty.

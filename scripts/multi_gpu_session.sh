@@ -206,19 +206,25 @@ run_step() {
       --out "$L/kernels_graph_$n" ;;
     moe) step "moe_bench_$n" 240 "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 --out "$L/moe_$n" ;;
     moe_ab)  # the moe bench alternating the bundle's library with old/libsymmem_capi.so (bundle.sh OLD_CAPI=path), ABAB
+      # (the old library runs under this tree's Python package: for changes that keep the C ABI)
+      [ -f "$B/old/COMMIT" ] || { say "moe_ab: no old library in the bundle (bundle.sh OLD_CAPI)"; return; }
       for rep in 1 2; do
         for lib in old new; do
           local so="$B/libsymmem_capi.so" commit=$SYMMEM_COMMIT
           [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
           step "moe_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" "${torchrun_n[@]}" \
             -m symmem.bench.moe --reps 5 --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" \
-            --out "$L/moe_ab_${lib}_${rep}"
+            --out "$L/moe_ab_${lib}_${rep}_$n"
         done
       done ;;
     torch_cost)  # host and graph cost of st.all_reduce at 0.5 MiB, world 1: an older tree (bundle.sh OLD_TORCH_TREE) and this one interleaved
+      [ -f "$B/old_torch/COMMIT" ] || { say "torch_cost: no old tree in the bundle (bundle.sh OLD_TORCH_TREE)"; return; }
       step torch_host_cost_ab 300 python3 tools/torch_host_cost_ab.py \
         --tree "$(cat "$B/old_torch/COMMIT")=$B/old_torch:$B/old_torch/libsymmem_capi.so" --tree "new=.:$B/libsymmem_capi.so" \
         --reps "${REPS:-5}" --samples 5 --cpu 3 --gpu "$GPU" --out "$L/torch_host_cost_ab.csv" ;;
+    moe_mutant)  # the shared-GPU MoE suite built with a planted bug (bundle.sh MUTANT_MOE_TESTS): rc != 0 expected
+      step "moe_mutant_must_fail_2" 120 env SYMMEM_TEST_SHARED_GPU=1 SYMMEM_SHARED_GPU_WORLDS=2 CUDA_DEVICE_MAX_CONNECTIONS=32 \
+        "$B/mutant_symmem_shared_gpu_moe_tests" ;;
     moe_paths)  # the combine's two pulls (SYMMEM_MOE_COMBINE), one run each, each with its reference rows
       for path in registers bulk; do
         step "moe_${path}_$n" 150 env SYMMEM_MOE_COMBINE=$path "${torchrun_n[@]}" -m symmem.bench.moe --reps 5 \

@@ -33,6 +33,8 @@ def main():
         w.writeheader()
         w.writerows(rows)
     combine = [r for r in rows if r["op"] == op]
+    if not combine:
+        sys.exit(f"no rows of op {op!r} in the CSVs")
     groups = list(dict.fromkeys((r["shape"], r["payload"], r["mode"]) for r in combine))
     bars = list(dict.fromkeys((r["impl"], r["path"]) for r in combine))
     fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 4.5), squeeze=False)

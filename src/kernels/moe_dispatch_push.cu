@@ -3,10 +3,13 @@
 // pairs_before over the lanes (the in-tile rank) for each of the token's destinations, adds the
 // bases the count kernel left (plan/ep_layout.hpp's slot formula), keeps the routes for combine
 // (chunk 0), and stores its chunk of the token's row into every destination with 16-byte vectors
-// (NVLink), destination after destination (the chunk stays in L1 between them). Chunk 0 also stores the scales and, for
+// (NVLink), destination after destination (the chunk stays in L1 between them), or, for whole rows
+// of 1 to 7 KiB, with bulk copies from shared memory (takes_bulk). Chunk 0 also stores the scales and, for
 // kRankMajor, the ids and weights. Tokens are cut into as many chunks as keep every warp busy at small batches
 // (decode). kRankMajor also marks this rank's unused rows with ids -1 (vLLM's experts see the whole area). One barrier
 // at the end: when the kernel has finished on a rank, every block of every rank has stored its rows.
+#include <algorithm>
+
 #include "device/dependent_launch.cuh"
 #include "device/ptx.cuh"
 #include "device/wait.cuh"
@@ -45,9 +48,18 @@ constexpr uint32_t kStageBytes = 7168;  // 16 warps x 2 stages: 224 KiB of the S
 constexpr size_t kBulkSharedBytes = size_t(kPushWarps) * 2 * kStageBytes + size_t(kPushWarps) * 2 * sizeof(uint64_t);
 
 // Chunks per token: enough warps busy at small batches, at least 32 vectors (512 B) per chunk.
-// Never more for more tokens: the host bounds a call by its context's max_tokens.
 __host__ __device__ inline int chunks_per_token(int warps, int tokens, int vectors) {
   return max(1, min(warps / max(tokens, 1), vectors / 32));
+}
+
+// Whole rows of 1 to 7 KiB go by bulk copies: a warp's lane 0 loads the next row into shared
+// memory while the TMA engine writes the current one to every destination (the LSU path's
+// per-thread 16-byte NVLink stores carry less per SM: fp8 prefill 208 -> 189 us on 2 x H200).
+// Rows cut in chunks (decode) stay on registers (the bulk path measured no faster there), and so
+// do rows under 1 KiB (never measured). The host decides with the call's token count (or, for a
+// count on the device, the context's maximum, which the device clamps to); the device again.
+__host__ __device__ inline bool takes_bulk(int warps, int tokens, int vectors) {
+  return vectors >= 64 && vectors * 16 <= int(kStageBytes) && chunks_per_token(warps, tokens, vectors) == 1;
 }
 
 __device__ int warp_sum(int v) {
@@ -70,11 +82,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
   const int warps = gridDim.x * (blockDim.x / 32);
   const int vectors = static_cast<int>(g.payload_bytes / 16);  // of a row
   const int chunks = chunks_per_token(warps, tokens, vectors);
-  // Whole rows that fit a stage go by bulk copies: a warp's lane 0 loads the next row into shared
-  // memory while the TMA engine writes the current one to every destination (the LSU path's
-  // per-thread 16-byte NVLink stores carry less per SM). Rows cut in chunks (decode) stay on
-  // registers: there the bulk path measured no faster. kMayBulk: the launch gave the stages.
-  const bool bulk = kMayBulk && chunks == 1;
+  const bool bulk = kMayBulk && takes_bulk(warps, tokens, vectors);  // kMayBulk: the launch gave the stages
   const int chunk_vectors = (vectors + chunks - 1) / chunks;
   const int destinations = g.expert_major ? g.topk : s.world;
   const int64_t units = int64_t(tokens) * chunks;
@@ -84,8 +92,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kPushWarps) * 2 * kStageBytes) + 2 * w;
   auto load_row = [&](int64_t t, int b) {  // bulk: unit t is token t's whole row
     device::mbarrier_arrive_expect_tx(&bars[b], uint32_t(g.payload_bytes));
-    device::bulk_load_shared(stage + size_t(b) * kStageBytes, static_cast<const char*>(a.x) + size_t(t) * g.payload_bytes,
-                             uint32_t(g.payload_bytes), &bars[b]);
+    device::bulk_load_shared(stage + size_t(b) * kStageBytes,
+                             static_cast<const char*>(a.x) + size_t(t) * g.payload_bytes, uint32_t(g.payload_bytes),
+                             &bars[b]);
   };
   const int64_t first = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (bulk) {
@@ -183,7 +192,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
         const size_t scales = g.scale_bytes / 4;
         const float* from = a.x_scales + size_t(t) * scales;
         float* to = reinterpret_cast<float*>(area + g.scales_offset) + size_t(row[d]) * scales;
-        if (g.scale_bytes % 16 == 0 && ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to)) & 15) == 0) {
+        if (g.scale_bytes % 16 == 0 &&
+            ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to)) & 15) == 0) {
           // 16-byte stores: a quarter of the NVLink writes of per-float ones (fp8 prefill: 20 us of 200).
           for (size_t c = lane; c < scales / 4; c += 32)
             reinterpret_cast<uint4*>(to)[c] = reinterpret_cast<const uint4*>(from)[c];
@@ -222,11 +232,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_push(MoeDispatc
 }  // namespace
 
 void launch_moe_dispatch_push(const MoeDispatchArgs& args, int blocks, cudaStream_t stream) {
-  // The stages only where a call of this context can take the bulk path: they leave the SM almost
-  // no L1, which the register path's rows use between destinations (bf16 prefill: 260 -> 276 us).
+  // The stages only for a call that takes the bulk path: they leave the SM almost no L1, which
+  // the register path's rows use between destinations (bf16 prefill: 260 -> 276 us when given).
   const int warps = blocks * (kThreadsPerBlock / 32);
   const int vectors = static_cast<int>(args.g.payload_bytes / 16);
-  if (args.g.payload_bytes <= kStageBytes && chunks_per_token(warps, args.g.max_tokens, vectors) == 1) {
+  const int tokens =
+      args.num_tokens_device ? args.g.max_tokens : std::min(std::max(args.num_tokens, 0), args.g.max_tokens);
+  if (takes_bulk(warps, tokens, vectors)) {
     static DynamicSharedLimit limit;
     limit.raise(moe_dispatch_push<true>, kBulkSharedBytes);
     launch_kernel(moe_dispatch_push<true>, blocks, kThreadsPerBlock, kBulkSharedBytes, stream, args);

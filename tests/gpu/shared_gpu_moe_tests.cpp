@@ -664,9 +664,9 @@ uint16_t expert_output(uint64_t seed, int s, int t, int which, int c) {
   return float_to_bf16(float(int(h % 65) - 32) / 8.f);
 }
 
-enum class MoeSkew { kRandom, kZipf, kOneHotAtCapacity, kEmptyRanks, kMasked };
+enum class MoeSkew { kRandom, kZipf, kOneHotAtCapacity, kEmptyRanks, kMasked, kFullBatch };
 const char* moe_skew_name(MoeSkew s) {
-  static const char* names[] = {"random", "zipf", "one-hot at capacity", "empty ranks", "masked"};
+  static const char* names[] = {"random", "zipf", "one-hot at capacity", "empty ranks", "masked", "full batch"};
   return names[int(s)];
 }
 
@@ -675,7 +675,8 @@ std::vector<EpRouting> moe_routing(const detail::EpGeometry& g, MoeSkew skew, ui
   std::vector<EpRouting> routing(g.world);
   for (int s = 0; s < g.world; ++s) {
     EpRouting& r = routing[s];
-    r.tokens = skew == MoeSkew::kOneHotAtCapacity           ? g.max_tokens
+    const bool full = skew == MoeSkew::kOneHotAtCapacity || skew == MoeSkew::kFullBatch;
+    r.tokens = full                                         ? g.max_tokens
                : skew == MoeSkew::kEmptyRanks && s % 2 == 1 ? 0
                                                             : int(rng() % (g.max_tokens + 1));
     r.ids.assign(size_t(g.max_tokens) * g.topk, -1);
@@ -739,15 +740,15 @@ std::vector<MoeCase> moe_cases() {
                    false, 2816});
   cases.push_back({EpLayout::kRankMajor, EpPayload::kBFloat16, MoeSkew::kRandom, 2, 6, 29, true, false, false,
                    false, 2304});
-  // The dispatch's bulk path (kernels/moe_dispatch_push.cu: whole rows of at most 7168 bytes, a
-  // warp per token): one block of 16 warps and up to 70 tokens, so each warp's two stages take
-  // turns several times; a row exactly the stage's size, a small one, and one a vector too large
-  // for a stage (the register path with whole rows).
-  cases.push_back({EpLayout::kRankMajor, EpPayload::kFloat8E4M3, MoeSkew::kRandom, 2, 4, 70, false, false, false,
+  // The dispatch's bulk path (kernels/moe_dispatch_push.cu takes_bulk: whole rows of 1 to 7 KiB, a
+  // warp per token): one block of 16 warps and 70 tokens on every rank (full batch), so that each
+  // warp's two stages take turns four or five times; a row exactly the stage's size, a 2 KiB one,
+  // and one of 7296 bytes, 128 over the stage (the register path with whole rows).
+  cases.push_back({EpLayout::kRankMajor, EpPayload::kFloat8E4M3, MoeSkew::kFullBatch, 2, 4, 70, false, false, false,
                    false, 7168, 1});
-  cases.push_back({EpLayout::kExpertMajor, EpPayload::kBFloat16, MoeSkew::kOneHotAtCapacity, 2, 3, 70, true, true,
-                   true, false, 384, 1});
-  cases.push_back({EpLayout::kRankMajor, EpPayload::kFloat8E4M3, MoeSkew::kZipf, 3, 5, 70, false, false, false,
+  cases.push_back({EpLayout::kExpertMajor, EpPayload::kBFloat16, MoeSkew::kFullBatch, 2, 3, 70, true, true, true,
+                   false, 1024, 1});
+  cases.push_back({EpLayout::kRankMajor, EpPayload::kFloat8E4M3, MoeSkew::kFullBatch, 3, 5, 70, false, false, false,
                    false, 7296, 1});
   return cases;
 }
