@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_dispatch_count(MoeDispat
   if (threadIdx.x == 0) *sc.go = 0;  // until the verdict
 
   const int requested = a.num_tokens_device ? *a.num_tokens_device : a.num_tokens;
-  const int tokens = min(max(requested, 0), g.max_tokens);
+  const int tokens = ep_call_tokens(requested, g.max_tokens);
 
   // Per-warp counts: per expert (always: the receivers' expert_num_tokens), per rank (kRankMajor).
   __shared__ int32_t expert_count[kEpCountWarps][kEpMaxExperts];

@@ -8,8 +8,6 @@
 // kRankMajor, the ids and weights. Tokens are cut into as many chunks as keep every warp busy at small batches
 // (decode). kRankMajor also marks this rank's unused rows with ids -1 (vLLM's experts see the whole area). One barrier
 // at the end: when the kernel has finished on a rank, every block of every rank has stored its rows.
-#include <algorithm>
-
 #include "device/dependent_launch.cuh"
 #include "device/ptx.cuh"
 #include "device/wait.cuh"
@@ -236,8 +234,7 @@ void launch_moe_dispatch_push(const MoeDispatchArgs& args, int blocks, cudaStrea
   // the register path's rows use between destinations (bf16 prefill: 260 -> 276 us when given).
   const int warps = blocks * (kThreadsPerBlock / 32);
   const int vectors = static_cast<int>(args.g.payload_bytes / 16);
-  const int tokens =
-      args.num_tokens_device ? args.g.max_tokens : std::min(std::max(args.num_tokens, 0), args.g.max_tokens);
+  const int tokens = args.num_tokens_device ? args.g.max_tokens : ep_call_tokens(args.num_tokens, args.g.max_tokens);
   if (takes_bulk(warps, tokens, vectors)) {
     static DynamicSharedLimit limit;
     limit.raise(moe_dispatch_push<true>, kBulkSharedBytes);

@@ -67,6 +67,12 @@ struct EpGeometry {
   SYMMEM_HOST_DEVICE int header_bad_id_word() const { return header_tokens_word() + 1; }
 };
 
+// The tokens a call moves: its request clamped to [0, T] (a request beyond T is a capacity
+// fault, reported by the count exchange). The count kernel and the push's launch agree on it.
+SYMMEM_HOST_DEVICE inline int ep_call_tokens(int requested, int max_tokens) {
+  return requested < 0 ? 0 : requested > max_tokens ? max_tokens : requested;
+}
+
 // A pair's bin: the global expert (kExpertMajor) or the rank holding it (kRankMajor).
 SYMMEM_HOST_DEVICE inline int ep_rank_of(int expert, int local_experts) { return expert / local_experts; }
 
