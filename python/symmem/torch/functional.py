@@ -6,7 +6,8 @@ symmem serves what it can (CUDA tensors of a supported dtype and op, on a group 
 rest goes to torch.distributed, logged once per reason on ``logging.getLogger("symmem")``. The
 decision depends only on values that are the same on every rank (device type, dtype, op, the
 group), so every rank takes the same path. On a rank outside the group they return None and do
-nothing, as torch.distributed does.
+nothing, as torch.distributed does. A destroyed group is refused on every path (SymmemError, a
+DistBackendError, as ProcessGroupNCCL raises), also where torch.distributed's gloo would run it.
 
 Streams: a group's calls run in host order whatever streams they come from (the core joins a
 stream change), as with torch.distributed. With ``async_op=True`` the call returns a ``Work``
@@ -54,7 +55,8 @@ def _not_in_group(function, group):
 
 
 def _why_not(function, tensors, group, reduce_op=None):
-    """Why symmem cannot serve this call (None: it can), and the communicator that can."""
+    """Why symmem cannot serve this call on `group` (a resolved ProcessGroup; None: it can), and the
+    communicator that can."""
     for t in tensors:
         if not t.is_cuda:
             return f"{t.device.type} tensors are not served (CUDA only)", None
@@ -111,10 +113,11 @@ def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group: GroupLike = No
         return Work(served[0], [tensor]) if async_op else None
     if _not_in_group("all_reduce", group):
         return None
+    group = resolve(group)  # refuses a destroyed group, whatever would serve the call
     reason, comm = _why_not("all_reduce", [tensor], group, op)
     if reason:
         say_once("all_reduce", reason)
-        return dist.all_reduce(tensor, op=op, group=resolve(group), async_op=async_op)
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     torch.ops.symmem.all_reduce_(tensor, op_name(op), comm.group_name)
     return _done(async_op, comm, [tensor])
 
@@ -123,10 +126,11 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                            async_op: bool = False) -> Optional[dist.Work]:
     if _not_in_group("all_gather_into_tensor", group):
         return None
+    group = resolve(group)
     reason, comm = _why_not("all_gather_into_tensor", [output_tensor, input_tensor], group)
     if reason:
         say_once("all_gather_into_tensor", reason)
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=resolve(group), async_op=async_op)
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
     torch.ops.symmem.all_gather_into_tensor_out(input_tensor, comm.group_name, out=output_tensor)
     return _done(async_op, comm, [output_tensor])
 
@@ -135,10 +139,11 @@ def all_gather(tensor_list: List[torch.Tensor], tensor: torch.Tensor, group: Gro
                async_op: bool = False) -> Optional[dist.Work]:
     if _not_in_group("all_gather", group):
         return None
+    group = resolve(group)
     reason, comm = _why_not("all_gather", [tensor, *tensor_list], group)
     if reason:
         say_once("all_gather", reason)
-        return dist.all_gather(tensor_list, tensor, group=resolve(group), async_op=async_op)
+        return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
     torch.ops.symmem.all_gather(tensor, comm.group_name, tensor_list)
     return _done(async_op, comm, tensor_list)
 
@@ -147,10 +152,11 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=dist.Red
                           async_op: bool = False) -> Optional[dist.Work]:
     if _not_in_group("reduce_scatter_tensor", group):
         return None
+    group = resolve(group)
     reason, comm = _why_not("reduce_scatter_tensor", [output, input], group, op)
     if reason:
         say_once("reduce_scatter_tensor", reason)
-        return dist.reduce_scatter_tensor(output, input, op=op, group=resolve(group), async_op=async_op)
+        return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
     torch.ops.symmem.reduce_scatter_tensor_out(input, op_name(op), comm.group_name, out=output)
     return _done(async_op, comm, [output])
 

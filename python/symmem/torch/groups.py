@@ -9,6 +9,9 @@ group:
 - A group that is gone (its Python object died, or torch.distributed no longer knows it after
   ``destroy_process_group``), re-created under its name, or closed (``close``, ``close_all``) retires
   its state: nothing is lent from it again and every later call takes the new group's state.
+- A call on a destroyed group (its object, or its name) is refused (``resolve``: SymmemError, a
+  DistBackendError, as ProcessGroupNCCL refuses it), also where torch.distributed would serve it
+  (gloo runs collectives on a destroyed group).
 - A retired communicator releases its memory (locally: unmapping needs no peer, whose own mappings
   keep the memory alive for it) only once nothing may still use it: no tensor over its heap alive,
   no CUDA graph that captured one of its calls, no segment of its pool in use; the release
@@ -72,15 +75,33 @@ def capturing():
 
 
 def resolve(group):
-    """The ProcessGroup of `group`: a ProcessGroup, its name, or None for the default (world) group."""
+    """The ProcessGroup of `group`: a ProcessGroup, its name, or None for the default (world) group.
+    A group torch.distributed no longer knows (destroy_process_group), or a name no live group has,
+    is refused with a SymmemError (a DistBackendError, what ProcessGroupNCCL raises for a collective
+    on a destroyed group), whatever would serve the call; so is a default group that was never made
+    or was destroyed (ValueError, as torch.distributed)."""
     if group is None:
         return c10d._get_default_group()
     if isinstance(group, str):
-        return c10d._resolve_process_group(group)
+        try:
+            return c10d._resolve_process_group(group)
+        except RuntimeError:  # "Could not resolve the process group registered under the name ..."
+            raise _gone(group) from None
     if c10d._rank_not_in_group(group):
         raise ValueError("symmem: this rank is not a member of the group (torch.distributed.new_group gave it "
                          "GroupMember.NON_GROUP_MEMBER)")
+    if group not in c10d._pg_names:  # c10d's own registry of live groups
+        raise _gone(group.group_name)
     return group
+
+
+def _gone(name):
+    """The refusal of a call on a group torch.distributed no longer knows; what symmem held for it is
+    retired (and released once nothing uses it)."""
+    release_unused()
+    return errors.SymmemError(_native.ErrorCode.kInvalidArgument,
+                              f"symmem: process group {name!r} was destroyed (torch.distributed.destroy_process_group) "
+                              "or is not registered with torch.distributed; no collective runs on it")
 
 
 def group_name_of(group):
@@ -112,12 +133,12 @@ def state_of(group=None):
 
 def cached_state(group):
     """The drop-ins' fast path: the state of `group` (None: the default group) if one was made for
-    this very group object and is not retired, else None. A dict read and an identity check, never
-    collective. (A group destroyed while its object lives is retired at the next lookup that makes
-    a state, or release_unused.)"""
+    this very group object, is not retired, and torch.distributed still knows the group (its
+    registry, a dict, holds the object until destroy_process_group), else None: then state_of
+    decides, and refuses a destroyed group. Dict reads and an identity check, never collective."""
     g = c10d.GroupMember.WORLD if group is None else group
     state = _by_id.get(id(g))
-    if state is not None and not state.closed and state.group_ref() is g:
+    if state is not None and not state.closed and state.group_ref() is g and g in c10d._pg_names:
         return state
     return None
 

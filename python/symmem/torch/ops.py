@@ -16,7 +16,8 @@ reduce-scatter splits along dim 0 (as torch.distributed's tensor forms do). The 
 torch.cuda.current_stream() and are capturable in CUDA graphs; tensors in symmetric heap memory
 (symmem.torch.empty / mem_pool) run zero-copy, others are staged. The all-gather is in place when
 the input is this rank's slot of the output. The CPU kernels call torch.distributed on the group
-(e.g. gloo), so that the ops are usable, and checkable with opcheck, on any machine.
+(e.g. gloo), so that the ops are usable, and checkable with opcheck, on any machine. Every kernel
+refuses a group name torch.distributed no longer knows (SymmemError, a DistBackendError).
 
 The CUDA kernels are thin: the arguments are checked and the core called by ``_route``, the one
 route every entry point takes. They are registered with Library.impl rather than
@@ -24,10 +25,9 @@ torch.library.custom_op: the dispatcher then calls them directly.
 """
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from . import _route
-from .groups import Communicator
+from .groups import Communicator, resolve
 
 _lib = torch.library.Library("symmem", "DEF")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
@@ -154,12 +154,13 @@ def _check_cpu_reduction(inp, out, reduce_op, op):
 
 
 def _all_reduce_out_cpu(inp, reduce_op, group_name, *, out):
+    group = resolve(group_name)
     _check_cpu_reduction(inp, out, reduce_op, "all_reduce")
     if out.numel() != inp.numel():
         raise ValueError(f"symmem.all_reduce: output has {out.numel()} elements, {inp.numel()} expected")
     if out.data_ptr() != inp.data_ptr():
         out.copy_(inp.view(out.shape))
-    _dist_all_reduce(out, reduce_op, c10d._resolve_process_group(group_name))
+    _dist_all_reduce(out, reduce_op, group)
     return out
 
 
@@ -172,7 +173,7 @@ def _all_reduce_inplace_cpu(inp, reduce_op, group_name):
 
 
 def _all_gather_out_cpu(inp, group_name, *, out):
-    group = c10d._resolve_process_group(group_name)
+    group = resolve(group_name)
     _route.check_contiguous(inp, "input", "all_gather_into_tensor")
     _route.check_contiguous(out, "out", "all_gather_into_tensor")
     _route.check_same_dtype(out, inp, "all_gather_into_tensor")
@@ -185,19 +186,19 @@ def _all_gather_out_cpu(inp, group_name, *, out):
 
 
 def _all_gather_cpu(inp, group_name):
-    group = c10d._resolve_process_group(group_name)
+    group = resolve(group_name)
     return _all_gather_out_cpu(inp, group_name, out=inp.new_empty(gathered_shape(inp, group.size())))
 
 
 def _all_gather_list_cpu(inp, group_name, outputs):
-    group = c10d._resolve_process_group(group_name)
+    group = resolve(group_name)
     _route.check_contiguous(inp, "input", "all_gather")
     _check_list(inp, outputs, group.size(), "all_gather")
     dist.all_gather(list(outputs), inp, group=group)
 
 
 def _reduce_scatter_out_cpu(inp, reduce_op, group_name, *, out):
-    group = c10d._resolve_process_group(group_name)
+    group = resolve(group_name)
     _check_cpu_reduction(inp, out, reduce_op, "reduce_scatter_tensor")
     if inp.numel() != out.numel() * group.size():
         raise ValueError(f"symmem.reduce_scatter_tensor: input has {inp.numel()} elements, output {out.numel()}")
@@ -208,7 +209,7 @@ def _reduce_scatter_out_cpu(inp, reduce_op, group_name, *, out):
 
 
 def _reduce_scatter_cpu(inp, reduce_op, group_name):
-    group = c10d._resolve_process_group(group_name)
+    group = resolve(group_name)
     out = inp.new_empty(scattered_shape(inp, group.size()))
     return _reduce_scatter_out_cpu(inp, reduce_op, group_name, out=out)
 
@@ -237,7 +238,7 @@ for _name, _cuda, _cpu in (
 # Fake kernels: shapes only (FakeTensor, meta, torch.compile) -----------------------------------
 
 def _group_size(group_name):
-    return c10d._resolve_process_group(group_name).size()
+    return resolve(group_name).size()
 
 
 def _register_fake(name):

@@ -197,6 +197,75 @@ def test_drop_in_all_reduce_goes_straight_to_the_route_when_it_can(group_name, m
     assert served(bf16, dist.ReduceOp.SUM, None) is None
 
 
+def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch):
+    # ProcessGroupNCCL refuses a collective on a destroyed group (DistBackendError: its
+    # communicators are destroyed with it); symmem must too, on every path. On 0bbf9f1 the drop-in
+    # all_reduce served a destroyed group from its cache and returned the sum, the other drop-ins
+    # fell back to gloo, which runs collectives on a destroyed group, and the ops raised a
+    # RuntimeError that is no DistBackendError.
+    import torch.distributed as dist
+    import symmem
+    import symmem.torch as st
+    from symmem.torch import _route, groups
+
+    class FakeComm:
+        group_name = "fake-sub"
+        nodes = 1
+
+    sub = dist.new_group([0])
+    name = sub.group_name
+    monkeypatch.setitem(groups._by_id, id(sub), _FakeState(FakeComm(), sub))  # a communicator was made
+    served = []
+    monkeypatch.setattr(_route, "all_reduce", lambda c, out, t, op: served.append(op))
+    x = _rand((4,), torch.float32, 3)
+    y = x.clone()
+    with monkeypatch.context() as m:  # a tensor the fast path takes (it reads is_cuda)
+        m.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+        st.all_reduce(y, group=sub)
+    assert served == ["sum"]
+    st.all_reduce(y, group=sub)  # CPU: gloo, through the fallback
+    assert torch.equal(y, x)
+    dist.destroy_process_group(sub)
+
+    out, outs = torch.zeros(4), [torch.zeros(4)]
+    ops = torch.ops.symmem
+    calls = {
+        "all_reduce (fast path)": None,
+        "all_reduce": lambda: st.all_reduce(y, group=sub),
+        "all_reduce async": lambda: st.all_reduce(y, group=sub, async_op=True),
+        "all_reduce by name": lambda: st.all_reduce(y, group=name),
+        "all_gather_into_tensor": lambda: st.all_gather_into_tensor(out, y, group=sub),
+        "all_gather (list)": lambda: st.all_gather(outs, y, group=sub),
+        "reduce_scatter_tensor": lambda: st.reduce_scatter_tensor(out, y, group=sub),
+        "op all_reduce": lambda: ops.all_reduce(y, "sum", name),
+        "op all_reduce_": lambda: ops.all_reduce_(y, "sum", name),
+        "op all_reduce_out": lambda: ops.all_reduce_out(y, "sum", name, out=out),
+        "op all_gather_into_tensor": lambda: ops.all_gather_into_tensor(y, name),
+        "op all_gather_into_tensor_out": lambda: ops.all_gather_into_tensor_out(y, name, out=out),
+        "op all_gather": lambda: ops.all_gather(y, name, outs),
+        "op reduce_scatter_tensor": lambda: ops.reduce_scatter_tensor(y, "sum", name),
+        "op reduce_scatter_tensor_out": lambda: ops.reduce_scatter_tensor_out(y, "sum", name, out=out),
+        "Communicator": lambda: st.Communicator(sub),
+        "empty": lambda: st.empty(4, group=sub),
+    }
+    problems = []
+    for what, call in calls.items():
+        with monkeypatch.context() as m:
+            if call is None:
+                m.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+                call = calls["all_reduce"]
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001
+                if not (isinstance(e, dist.DistBackendError) and isinstance(e, symmem.SymmemError)
+                        and e.code == "kInvalidArgument" and "destroyed" in str(e) and repr(name) in str(e)):
+                    problems.append(f"{what}: {type(e).__name__}: {e}")
+            else:
+                problems.append(f"{what}: ran")
+    assert not problems, "not refused as a destroyed group:\n" + "\n".join(problems)
+    assert served == ["sum"] and torch.equal(y, x) and not out.any() and not outs[0].any()
+
+
 def test_a_failure_to_build_is_remembered_with_the_group_not_its_name(group_name, monkeypatch):
     # A communicator that could not be built keeps symmem off for that group only: the group made
     # again under the same name starts afresh (seen failing before: the reason was cached by name).
