@@ -1,6 +1,10 @@
 """GPU tests of symmem.torch: one process per GPU under torchrun (tests/python/gpu/run.sh).
-Every rank runs every test in the same order; NCCL (torch.distributed) is the reference."""
+Every rank runs every test in the same order; NCCL (torch.distributed) is the reference, and
+reduction_checks.py holds the reductions' oracles. Every test is bounded (tests/python/deadline.py:
+240 s unless marked ``deadline(seconds)``): a rank past its bound dumps its stacks and exits, and
+torchrun stops the others."""
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -9,6 +13,9 @@ import time
 from datetime import timedelta
 
 import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/python: deadline.py
+import deadline  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="needs torch")
 import torch.distributed as dist  # noqa: E402
@@ -21,6 +28,7 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 def pytest_configure(config):
     if "RANK" not in os.environ:
         pytest.exit("symmem GPU tests run under torchrun: tests/python/gpu/run.sh", returncode=4)
+    config.pluginmanager.register(deadline.Deadlines(dump_on_sigterm=True), "symmem-deadlines")
 
 
 @pytest.fixture(scope="session")

@@ -11,5 +11,9 @@ gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) 
 if [ "$gpus" -lt "$ranks" ]; then
   echo "SKIPPED: symmem.torch GPU tests need $ranks GPUs, this machine has $gpus"; exit 77
 fi
-exec timeout 1200 python3 -m torch.distributed.run --nproc-per-node "$ranks" --tee 3 \
+# Bounded: every test (tests/python/deadline.py: 240 s unless marked, SYMMEM_TEST_DEADLINE_SCALE
+# scales every bound; a rank past its test's bound dumps its stacks and exits, and torchrun stops
+# the others, dumping theirs) and the whole job (SYMMEM_TEST_SUITE_TIMEOUT_S, 1200 s).
+exec timeout --kill-after=30 "${SYMMEM_TEST_SUITE_TIMEOUT_S:-1200}" \
+  python3 -m torch.distributed.run --nproc-per-node "$ranks" --tee 3 \
   -m pytest tests/python/gpu -p no:cacheprovider -q -rs "$@"
