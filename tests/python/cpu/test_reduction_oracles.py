@@ -48,6 +48,10 @@ def test_symmem_order_is_float32_in_rank_order_rounded_once():
     nan = torch.tensor([[float("nan"), float("nan")], [1.0, float("nan")]])
     got = testing.in_symmem_order(nan, "max")
     assert got[0].item() == 1.0 and got[1].isnan()
+    # A NaN result matches a NaN of other bits (CUDA's conversion writes 0x7fff, torch's 0x7fc0).
+    nans = torch.tensor([[1.0], [float("nan")]], dtype=torch.bfloat16)
+    other_nan = torch.tensor([0x7FFF], dtype=torch.int16).view(torch.bfloat16)
+    assert not testing.wrong_elements(other_nan, nans, SYMMEM).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -1,6 +1,7 @@
 """symmem.triton's examples across real GPUs, one process per GPU (tests/python/gpu/run.sh 2 -k triton):
 the one-shot all-reduce bit-exact against the fp32 sum in rank order (from NCCL's gather of the
-inputs) and against symmem's CUDA one-shot, within a stated tolerance of NCCL's all-reduce; the
+inputs) and against symmem's CUDA one-shot, NCCL's all-reduce within the rounding bound of its
+order; the
 all-gather, pull and push, bit-exact against NCCL's; the examples' torch ops; CUDA graph replays
 after the inputs change in place; a killed rank named in time (triton_kill_worker.py).
 
@@ -19,6 +20,7 @@ import torch.distributed as dist
 pytest.importorskip("triton", reason="symmem.triton needs Triton")
 
 import symmem.torch as st  # noqa: E402
+from reduction_checks import ANY, SYMMEM, gathered, problems  # noqa: E402
 from symmem import _native  # noqa: E402
 from symmem.triton.examples import all_gather, one_shot_all_reduce  # noqa: E402  (and torch.ops.symmem_triton.*)
 
@@ -79,44 +81,15 @@ def _heap(comm, purpose, numel, dtype):
     return _heaps[key]
 
 
-def _gathered(x):
-    """Every rank's x, [world, n], bit-exact (NCCL moves bytes)."""
-    parts = torch.empty(dist.get_world_size() * x.numel(), dtype=x.dtype, device="cuda")
-    dist.all_gather_into_tensor(parts, x)
-    return parts.view(dist.get_world_size(), -1)
-
-
-def _rank_order_sum(parts):
-    """What the one-shot computes (src/device/reduce.cuh): the ranks' inputs summed in rank order
-    0..W-1 in fp32 (int32 for int32), rounded once to the type."""
-    accumulate = torch.float32 if parts.dtype.is_floating_point else torch.int32
-    total = parts[0].to(accumulate)
-    for part in parts[1:]:
-        total = total + part.to(accumulate)
-    return total.to(parts.dtype)
-
-
 def _sum_problems(got, x, what):
-    """What is wrong with `got` as the sum over ranks of x: it must be the rank-order fp32 sum bit
-    for bit, and NCCL's sum (another order, rounded at every step) within world * eps of the sum
-    of magnitudes (exact for int32). Collective."""
-    parts = _gathered(x)
+    """What is wrong with `got` as the sum over ranks of x: it must be symmem's order (the fp32 sum
+    in rank order, rounded once) bit for bit, and NCCL's sum (another order, rounded at every step)
+    within the rounding bound of any order (reduction_checks, symmem.testing). Collective."""
+    parts = gathered(x)
     nccl = x.clone()
     dist.all_reduce(nccl)
-    reference = _rank_order_sum(parts)
-    problems = []
-    if not _same_bits(got, reference):
-        bad = (got != reference).nonzero()[:3].flatten().tolist()
-        problems.append(f"{what}: not the fp32 sum in rank order (first at {bad})")
-    if x.dtype.is_floating_point:
-        scale = parts.double().abs().sum(0) + torch.finfo(x.dtype).tiny
-        error = ((got.double() - nccl.double()).abs() / scale).max().item()
-        tolerance = dist.get_world_size() * torch.finfo(x.dtype).eps
-        if not error <= tolerance:  # (NaN included)
-            problems.append(f"{what}: {error:.3g} from NCCL relative to the sum of magnitudes, over {tolerance:.3g}")
-    elif not torch.equal(got, nccl):
-        problems.append(f"{what}: differs from NCCL")
-    return problems
+    return problems(got, parts, SYMMEM, what=f"{what}: symmem's order") + problems(nccl, parts, ANY,
+                                                                                 what=f"{what}: NCCL")
 
 
 def _fail_together(problems):
