@@ -70,7 +70,7 @@ case "${1:-}" in
     for m in "${option_mutants[@]}"; do
       IFS='|' read -r name option target filter worlds env <<<"$m"
       dir="$out/$option.build"
-      cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSYMMEM_BUILD_TESTS=ON -DSYMMEM_BUILD_BENCH=OFF \
+      cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSYMMEM_BUILD_TESTS=ON -DSYMMEM_BUILD_BENCH=ON \
         "-D$option=ON" >/dev/null
       cmake --build "$dir" --target "$target" symmem_capi >/dev/null
       cp "$dir/tests/$target" "$out/$name"
