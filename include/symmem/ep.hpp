@@ -28,10 +28,12 @@
 // comes is named (kTimeout), a rank in another call (a combine against a dispatch, another
 // context's shape) raises kMismatch.
 //
-// Ordering rules (what makes the receive areas safe without extra barriers; docs/moe.md): calls
-// of a context alternate dispatch, combine, dispatch, ... on every rank; the expert computation
-// that reads received() and writes combine_input runs between them, on the dispatch's stream or
-// ordered after it; nothing writes combine_input outside that window.
+// Ordering rules (docs/moe.md): a context's calls run in the same order on every rank; any number
+// of combines may follow a dispatch, back to back (a combine ends on a rank only once no peer reads
+// its combine area any more, so the next combine's staging copy, or new outputs written into
+// combine_input right after it on the stream, are safe). The expert computation that reads
+// received() and writes combine_input runs on the calls' stream, or ordered after the dispatch and
+// before the combine.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -135,9 +137,12 @@ class EpContext {
   std::string describe() const;
 
   // Collective: releases the heap buffers (after the device is idle) unless a CUDA graph that
-  // captured a call of the communicator still exists, in which case they stay until the
-  // communicator closes. The context is unusable afterwards.
-  void close();
+  // captured a call of the communicator still exists, or some rank passes `memory_lent` (it still
+  // holds objects over the context's memory, e.g. the tensors a binding made of received()), in
+  // which case every rank keeps them, mapped and unused, until the communicator closes. The
+  // context is unusable afterwards (its calls raise kInvalidArgument); its local scratch
+  // (expert_num_tokens, num_rows) lives until the context is destroyed.
+  void close(bool memory_lent = false);
 
   struct State;
 

@@ -121,6 +121,9 @@ int symmem_ep_create(symmem_comm* comm, int num_experts, int topk, int hidden, i
                      int layout, int max_tokens_per_expert, int max_received_rows, int max_blocks, symmem_ep** out);
 void symmem_ep_destroy(symmem_ep* ep); /* local; the heap buffers stay with the communicator */
 int symmem_ep_close(symmem_ep* ep);    /* collective */
+/* collective; memory_lent nonzero: this rank still holds objects over the context's memory, and
+ * every rank keeps its heap buffers until the communicator closes (EpContext::close) */
+int symmem_ep_close_lent(symmem_ep* ep, int memory_lent);
 int symmem_ep_received(symmem_ep* ep, void** x, void** x_scales, void** topk_idx, void** topk_weights,
                        void** expert_num_tokens, void** num_rows, void** combine_input, size_t* rows);
 int symmem_ep_dispatch(symmem_ep* ep, const void* x, const void* x_scales, const void* topk_idx, int topk_idx_int64,

@@ -79,6 +79,7 @@ _SIGNATURES = {
     "symmem_ep_create": (c_int, [c_void_p] + [c_int] * 9 + [ctypes.POINTER(c_void_p)]),
     "symmem_ep_destroy": (None, [c_void_p]),
     "symmem_ep_close": (c_int, [c_void_p]),
+    "symmem_ep_close_lent": (c_int, [c_void_p, c_int]),
     "symmem_ep_received": (c_int, [c_void_p] + [ctypes.POINTER(c_void_p)] * 7 + [ctypes.POINTER(c_size_t)]),
     "symmem_ep_dispatch": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_int, c_void_p,
                                    c_void_p]),

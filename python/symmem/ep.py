@@ -82,16 +82,16 @@ class EpContext:
         self._comm._call(lib.symmem_ep_describe(self.handle, text, len(text)))
         return text.value.decode()
 
-    def close(self):
-        """Collective: releases the context's heap buffers (kept until the communicator closes while a
-        CUDA graph that captured a call may still replay)."""
-        if self._handle is not None:
-            try:
-                self._comm._call(lib.symmem_ep_close(self._handle))
-            finally:
-                self.destroy()
+    def close(self, memory_lent=False):
+        """Collective: releases the context's heap buffers, unless a CUDA graph that captured a call
+        may still replay or some rank says `memory_lent` (it still holds objects over the context's
+        memory): then every rank keeps them until the communicator closes. The context takes no more
+        calls; its local scratch (the counts) lives until destroy()."""
+        self._comm._call(lib.symmem_ep_close_lent(self.handle, int(bool(memory_lent))))
 
     def destroy(self):
+        """Local: frees the context's local scratch; its heap buffers stay with the communicator
+        (until close() releases them, or the communicator closes)."""
         handle, self._handle = self._handle, None
         if handle is not None:
             lib.symmem_ep_destroy(handle)

@@ -82,6 +82,10 @@ int symmem_ep_close(symmem_ep* ep) {
   return c_api_guard([&] { context_of(ep).close(); });
 }
 
+int symmem_ep_close_lent(symmem_ep* ep, int memory_lent) {
+  return c_api_guard([&] { context_of(ep).close(memory_lent != 0); });
+}
+
 int symmem_ep_received(symmem_ep* ep, void** x, void** x_scales, void** topk_idx, void** topk_weights,
                        void** expert_num_tokens, void** num_rows, void** combine_input, size_t* rows) {
   return c_api_guard([&] {

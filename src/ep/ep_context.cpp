@@ -286,14 +286,14 @@ void EpContext::combine(const EpCombineArgs& args, cudaStream_t stream) {
   detail::launch_moe_combine(a, s.blocks, s.combine_bulk, stream);
 }
 
-void EpContext::close() {
+void EpContext::close(bool memory_lent) {
   State& s = *state_;
   if (s.closed) return;
   detail::CommunicatorState& st = *s.st;
   detail::DeviceGuard guard(st.device);
-  // Free only when no rank has a graph that may still replay a call on these buffers; the ranks
-  // must agree (freeing is collective).
-  const int32_t mine = s.comm->live_graphs() == 0 && !s.comm->aborted() ? 1 : 0;
+  // Free only when no rank has a graph that may still replay a call on these buffers, nor objects
+  // over them; the ranks must agree (freeing is collective).
+  const int32_t mine = !memory_lent && s.comm->live_graphs() == 0 && !s.comm->aborted() ? 1 : 0;
   std::vector<int32_t> all(st.world);
   st.bootstrap->all_gather(&mine, all.data(), sizeof(mine));
   const bool free_now = std::all_of(all.begin(), all.end(), [](int32_t v) { return v == 1; });

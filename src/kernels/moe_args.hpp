@@ -19,8 +19,10 @@
 // foreign signature), then the block pulls the token's rows from the peers' combine areas (per token
 // and 256 columns into registers, or per token and chunk into shared memory with bulk copies:
 // moe_combine.cu), accumulates them in float32 in top-k (kRankMajor: rank) order, and writes the
-// token's output row once, locally. No exit barrier: a peer overwrites its combine area only after its next
-// dispatch, whose exit barrier needs this rank's next dispatch.
+// token's output row once, locally; an exit line per block, posted once its loads of the peers have
+// returned and awaited from every peer at the block's end (the exit guard): when the kernel has
+// finished on a rank, no peer reads its combine area any more, so the next combine's staging copy,
+// or the caller's next expert outputs, may overwrite it at once.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -6,7 +6,13 @@
 // the same on every run and on every rank. A warp handles units of 256 columns of one token (8 per
 // lane, one 16-byte vector per source row), several units a turn (kLoadsInFlight vectors a lane),
 // with every source row's vector of them loaded before any is added.
-// Counted low-latency call: every block reaches call_end. Failure records name phase 0.
+// Exit guard: a block ends only once the same block of every peer has finished reading this rank's
+// combine area, so the kernel's end means every peer has: whatever the stream runs next (the next
+// combine's staging copy, the caller's next expert outputs) may overwrite it. Each block posts its
+// "done reading" line as soon as its last loads of peer memory have returned, and waits for the
+// peers' lines only at its very end, so the round trip overlaps its last sums and stores.
+// Counted low-latency call: every block reaches call_end. Failure records name phase 0 (entry) or
+// 1 (exit).
 //
 // The staging kernel copies the valid rows of expert outputs held elsewhere into this rank's
 // combine area first (local), on the same stream: the entry lines of combine follow it.
@@ -109,28 +115,64 @@ __device__ void sum_units(const MoeCombineArgs& a, int64_t first, int64_t step, 
   }
 }
 
-// Entry: word blockIdx.x of this rank's slot at every peer, and every peer's at this rank. True when
-// every peer's expert outputs are written and the dispatch fit (`go`): the block may pull.
-__device__ bool enter_combine(const MoeCombineArgs& a, uint32_t call) {
+// The exit guard (file comment). SYMMEM_MUTANT_NO_COMBINE_EXIT_GUARD, set only by a test's mutant
+// build (CMake option of the same name, tests/gpu/shared_gpu_mutants.sh), removes it: the
+// back-to-back combine cases must then fail.
+#ifdef SYMMEM_MUTANT_NO_COMBINE_EXIT_GUARD
+constexpr bool kExitGuard = false;
+#else
+constexpr bool kExitGuard = true;
+#endif
+
+// A block's lines: the entry line (phase 0) in word blockIdx.x of the sender's slot, the exit line
+// (phase 1) in word kMaxBlocks + blockIdx.x, both in the half of the call's parity. Every line is
+// taken and cleared in its call (device/low_latency.cuh).
+constexpr int kEntryPhase = 0, kExitPhase = 1;
+__device__ __forceinline__ size_t line_word(int phase) { return size_t(phase) * kMaxBlocks + blockIdx.x; }
+
+// One thread: this block's line of `phase` into this rank's slot at every peer.
+__device__ void post_lines(const MoeCombineArgs& a, uint32_t call, int phase) {
   const SyncArgs& s = a.sync;
-  const int world = s.world, me = s.rank;
+  const uint64_t line = uint64_t(s.signature) << 32;
+  for (int k = 1; k < s.world; ++k) {
+    const int peer = (s.rank + k) % s.world;
+    device::st_relaxed_sys_u64(
+        device::low_latency_slot(a.lines.peers[peer], call, s.rank, a.lines.slot_words) + line_word(phase), line);
+  }
+}
+
+// One thread: every peer's line of `phase` for this block, with the communicator's deadline (the
+// record names the first peer missing, and the phase). False on timeout, mismatch or abort.
+__device__ bool collect_lines(const MoeCombineArgs& a, uint32_t call, int phase) {
+  const SyncArgs& s = a.sync;
+  uint32_t word[kMaxWorld];
+  return device::collect_words(s, device::low_latency_slot(a.lines.peers[s.rank], call, 0, a.lines.slot_words),
+                               a.lines.slot_words, line_word(phase), (1u << s.world) - 1, 0, phase, word);
+}
+
+// Entry: every peer's expert outputs are written, and the dispatch fit (`go`): the block may pull.
+__device__ bool enter_combine(const MoeCombineArgs& a, uint32_t call) {
   __shared__ int ok;
   if (threadIdx.x == 0) {
     device::fence_acq_rel_sys();  // this stream's expert outputs before the lines
-    const uint64_t line = uint64_t(s.signature) << 32;
-    for (int k = 1; k < world; ++k) {
-      const int peer = (me + k) % world;
-      device::st_relaxed_sys_u64(
-          device::low_latency_slot(a.lines.peers[peer], call, me, a.lines.slot_words) + blockIdx.x, line);
-    }
-    uint32_t word[kMaxWorld];
-    ok = device::collect_words(s, device::low_latency_slot(a.lines.peers[me], call, 0, a.lines.slot_words),
-                               a.lines.slot_words, blockIdx.x, (1u << world) - 1, 0, 0, word);
+    post_lines(a, call, kEntryPhase);
+    ok = collect_lines(a, call, kEntryPhase);
     device::fence_acq_rel_sys();  // acquire: the peers' expert outputs
   }
   __syncthreads();
   // The dispatch's `go`: a dispatch that did not fit left the communicator failed (nothing to sum).
   return ok && *a.scratch.go != 0;
+}
+
+// Exit, one thread. "Done reading": no fence before the lines, since the loads they answer for have
+// returned their values (summed, or landed in shared memory) and no later store can change what a
+// returned load read; nothing else is published. The wait: the same block of every peer is done
+// with this rank's combine area (a failed wait is recorded; the block ends as usual).
+__device__ __forceinline__ void post_done_reading(const MoeCombineArgs& a, uint32_t call) {
+  if (kExitGuard) post_lines(a, call, kExitPhase);
+}
+__device__ __forceinline__ void wait_peers_done_reading(const MoeCombineArgs& a, uint32_t call) {
+  if (kExitGuard) (void)collect_lines(a, call, kExitPhase);
 }
 
 // S: the sources a token sums at most (a register budget; the call's own count is read below).
@@ -154,6 +196,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine(MoeCombineArgs a
   const int64_t step = gridDim.x * (blockDim.x / 32);
   const int64_t units = int64_t(tokens) * segments;
   sum_units<S>(a, first, step, units, segments, sources, weights, lane);
+  __syncthreads();  // every warp's loads have returned: they were summed
+  if (threadIdx.x == 0) {
+    post_done_reading(a, call);
+    wait_peers_done_reading(a, call);
+  }
+  // Invariant: the same block of every peer finished reading this rank's combine area; the
+  // kernel's end, every block.
   device::call_end(s, call);
 }
 
@@ -238,6 +287,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_bulk(MoeCombineA
       for (int i = 0; i < sources; ++i)
         if (unit.routed & (1u << i)) device::bulk_load_shared(to + size_t(i) * chunk_bytes, from[i], bytes, &full[stage]);
     }
+    // Done reading once the last unit of each stage has landed (earlier ones landed before their
+    // stage was reused): posted while the summing warps still work on those units. No deadline,
+    // as for the summing warps' waits below.
+    for (int64_t j = mine > kBulkStages ? mine - kBulkStages : 0; kExitGuard && j < mine; ++j)
+      while (!device::mbarrier_try_wait_parity(&full[j % kBulkStages], uint32_t(j / kBulkStages) & 1u)) {
+      }
+    post_done_reading(a, call);
   } else if (threadIdx.x >= 32) {
     for (int64_t j = 0; j < mine; ++j) {
       const int stage = int(j % kBulkStages);
@@ -261,6 +317,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_bulk(MoeCombineA
       device::mbarrier_arrive(&empty[stage]);  // this thread's reads of the stage are done
     }
   }
+  if (threadIdx.x == 0) wait_peers_done_reading(a, call);  // beside the summing warps' last units
+  // Invariant: the same block of every peer finished reading this rank's combine area; the
+  // kernel's end, every block.
   device::call_end(s, call);
 }
 

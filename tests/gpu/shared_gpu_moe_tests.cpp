@@ -32,6 +32,7 @@
 #include "shared_gpu_ranks.hpp"
 #include "symmem/symmem.hpp"
 #include "test.hpp"
+#include "test_kernels.hpp"
 
 using namespace symmem;
 using namespace symmem::test;
@@ -664,6 +665,66 @@ uint16_t expert_output(uint64_t seed, int s, int t, int which, int c) {
   return float_to_bf16(float(int(h % 65) - 32) / 8.f);
 }
 
+// Rank `rank`'s router weight i (token i / K, entry i % K) in a case of `seed`, known to every rank.
+float moe_weight(uint64_t seed, int rank, size_t i) {
+  return float(1 + mix64(seed ^ (uint64_t(rank) << 32) ^ i) % 997) / 512.f;
+}
+
+// The fake experts' outputs of `rank`, laid out like its combine area: every received row's
+// expert_output from its source, 0xFFFF elsewhere.
+std::vector<uint16_t> fake_expert_outputs(const detail::EpGeometry& g, const EpExpected& x, int rank, uint64_t seed) {
+  std::vector<uint16_t> outputs(g.combine_bytes / 2, 0xFFFF);
+  const int groups = g.expert_major ? g.local_experts : 1;
+  for (int e = 0; e < groups; ++e) {
+    const auto& list = x.rows[rank][e];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const size_t row = size_t(e) * (g.expert_major ? g.rows_per_expert : 0) + i;
+      for (int col = 0; col < g.hidden; ++col)
+        outputs[row * g.hidden + col] =
+            expert_output(seed, list[i].rank, list[i].token, g.expert_major ? list[i].k : rank, col);
+    }
+  }
+  return outputs;
+}
+
+// What combine writes on `rank` ([T, H] bfloat16) for the fake experts of `seed`: float32 in top-k
+// (rank) order, rounded once; rows past the rank's tokens keep the poison 0xFFFF.
+std::vector<uint16_t> expected_combine(const detail::EpGeometry& g, const std::vector<EpRouting>& routing,
+                                       const EpExpected& x, int rank, uint64_t seed, uint64_t weight_seed,
+                                       bool weights_applied) {
+  const int K = g.topk, H = g.hidden;
+  const EpRouting& mine = routing[rank];
+  std::vector<uint16_t> expected(size_t(g.max_tokens) * H, 0xFFFF);
+  for (int t = 0; t < mine.tokens; ++t)
+    for (int col = 0; col < H; ++col) {
+      float acc = 0.f;
+      if (g.expert_major) {
+        for (int k = 0; k < K; ++k) {
+          if (mine.ids[size_t(t) * K + k] < 0) continue;
+          const float w = weights_applied ? 1.f : moe_weight(weight_seed, rank, size_t(t) * K + k);
+          acc = std::fmaf(w, bf16_to_float(expert_output(seed, rank, t, k, col)), acc);
+        }
+      } else {
+        for (int q = 0; q < g.world; ++q)
+          if (x.route[rank][size_t(t) * g.world + q].rank >= 0)
+            acc = std::fmaf(1.f, bf16_to_float(expert_output(seed, rank, t, q, col)), acc);
+      }
+      expected[size_t(t) * H + col] = float_to_bf16(acc);
+    }
+  return expected;
+}
+
+// Elements of a downloaded bfloat16 output that differ from `expected`.
+size_t wrong_elements(const std::vector<uint8_t>& got, const std::vector<uint16_t>& expected) {
+  size_t wrong = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    uint16_t v;
+    std::memcpy(&v, &got[i * 2], 2);
+    wrong += v != expected[i];
+  }
+  return wrong;
+}
+
 enum class MoeSkew { kRandom, kZipf, kOneHotAtCapacity, kEmptyRanks, kMasked, kFullBatch };
 const char* moe_skew_name(MoeSkew s) {
   static const char* names[] = {"random", "zipf", "one-hot at capacity", "empty ranks", "masked", "full batch"};
@@ -801,8 +862,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
   fill_rows(m.x->ptr, T, g.payload_bytes, seed, r.rank, r.stream);
   if (g.fp8) fill_rows(m.scales->ptr, T, g.scale_bytes, seed ^ 0x5CA1E, r.rank, r.stream);
   std::vector<float> weights(size_t(T) * K);
-  for (size_t i = 0; i < weights.size(); ++i)
-    weights[i] = float(1 + mix64(seed ^ (uint64_t(r.rank) << 32) ^ i) % 997) / 512.f;
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = moe_weight(seed, r.rank, i);
   upload(m.weights->ptr, weights, r.stream);
   if (c.int32_ids) {
     std::vector<int32_t> ids(mine.ids.begin(), mine.ids.end());
@@ -861,8 +921,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
           std::memcpy(&w, &area[g.topk_weights_offset + (row * K + k) * 4], 4);
           const int64_t e2 = routing[src.rank].ids[size_t(src.token) * K + k];
           expected_id = e2 >= 0 && e2 / g.local_experts == r.rank ? int32_t(e2 % g.local_experts) : -1;
-          const float expected_w =
-              float(1 + mix64(seed ^ (uint64_t(src.rank) << 32) ^ (size_t(src.token) * K + k)) % 997) / 512.f;
+          const float expected_w = moe_weight(seed, src.rank, size_t(src.token) * K + k);
           bad_meta += id != expected_id || w != expected_w;
         }
       }
@@ -880,16 +939,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
 
   // Fake experts: every received row's output from its source, written into the combine input
   // (zero copy) or a separate buffer (staged by combine).
-  std::vector<uint16_t> outputs(g.combine_bytes / 2, 0xFFFF);
-  for (int e = 0; e < groups; ++e) {
-    const auto& list = x.rows[r.rank][e];
-    for (size_t i = 0; i < list.size(); ++i) {
-      const size_t row = size_t(e) * (g.expert_major ? g.rows_per_expert : 0) + i;
-      for (int col = 0; col < H; ++col)
-        outputs[row * H + col] =
-            expert_output(seed, list[i].rank, list[i].token, g.expert_major ? list[i].k : r.rank, col);
-    }
-  }
+  const std::vector<uint16_t> outputs = fake_expert_outputs(g, x, r.rank, seed);
   upload(c.staged_outputs ? m.expert_out->ptr : rec.combine_input, outputs, r.stream);
   wait_for_every_rank(r);  // (the outputs are uploaded synchronously; the combine's lines order the rest)
 
@@ -910,29 +960,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
   // The expected combine: float32 in top-k (rank) order, rounded once.
   const std::vector<uint8_t> got = download(m.out->ptr, size_t(T) * H * 2, r.stream);
   const std::vector<uint8_t> again = download(m.out_again->ptr, size_t(T) * H * 2, r.stream);
-  size_t bad_out = 0;
-  for (int t = 0; t < T; ++t)
-    for (int col = 0; col < H; ++col) {
-      uint16_t expected = 0xFFFF;  // rows past the tokens: untouched
-      if (t < mine.tokens) {
-        float acc = 0.f;
-        if (g.expert_major) {
-          for (int k = 0; k < K; ++k) {
-            if (mine.ids[size_t(t) * K + k] < 0) continue;
-            const float w = c.weights_applied ? 1.f : weights[size_t(t) * K + k];
-            acc = std::fmaf(w, bf16_to_float(expert_output(seed, r.rank, t, k, col)), acc);
-          }
-        } else {
-          for (int q = 0; q < r.world; ++q)
-            if (x.route[r.rank][size_t(t) * r.world + q].rank >= 0)
-              acc = std::fmaf(1.f, bf16_to_float(expert_output(seed, r.rank, t, q, col)), acc);
-        }
-        expected = float_to_bf16(acc);
-      }
-      uint16_t v;
-      std::memcpy(&v, &got[(size_t(t) * H + col) * 2], 2);
-      bad_out += v != expected;
-    }
+  const size_t bad_out = wrong_elements(got, expected_combine(g, routing, x, r.rank, seed, seed, c.weights_applied));
   if (bad_out) note(std::to_string(bad_out) + " combined elements wrong");
   if (got != again) note("the second combine of the same outputs differs (not bit-identical)");
   wait_for_every_rank(r);
@@ -1087,6 +1115,166 @@ TEST(shared_gpu_moe_graph_replays_follow_device_routing) {
                         " wrong combined elements over " + std::to_string(kReplays) + " replays");
         wait_for_every_rank(r);
         ctx->close();
+      });
+    }
+  }
+}
+
+// --- back-to-back combines -------------------------------------------------------------------
+
+// Combines of different expert outputs (A, B, A) after one dispatch, back to back, each exact, with
+// one rank far ahead: rank 0 dispatches one token and every other rank a full batch routed to rank
+// 0's experts, so rank 0 leaves each combine long before the others have pulled their rows from its
+// combine area, and overwrites that area at once: the next combine's staging copy, or (zero copy)
+// the caller's next outputs written into combine_input on the stream. Only the combine's exit guard
+// keeps those writes out of what a peer still reads (kernels/moe_combine.cu); the library built with
+// SYMMEM_MUTANT_NO_COMBINE_EXIT_GUARD fails these cases. What makes the race show on one GPU:
+//   - the readers start late (a delay kernel before their first combine): rank 0 waits at the entry
+//     and writes the moment they have entered;
+//   - the rows a reader sums last are those rank 0 overwrites first: every reader's last token goes
+//     to expert 0 alone, which holds nothing else, and the staging copy starts every expert's rows at
+//     once (expert-major); the zero-copy form writes the last tokens' rows before the rest (any
+//     layout);
+//   - 4 blocks, so that the readers' pulls take long.
+// Eager rounds of [dispatch, combine A, combine B, combine A], then a graph of the same round
+// replayed, its outputs checked on the device every replay.
+struct LopsidedCase {
+  EpLayout layout;
+  bool staged;  // expert outputs passed to combine (staged), else written into combine_input
+  std::string describe(int world) const {
+    return std::string(ep_layout_name(layout)) + (staged ? " staged" : " zero-copy") + ", world " +
+           std::to_string(world);
+  }
+};
+
+// Rank 0: one token to its experts 1 and 2; every other rank: T tokens to the same, but its last
+// token to expert 0 only.
+std::vector<EpRouting> lopsided_routing(const detail::EpGeometry& g) {
+  std::vector<EpRouting> routing(g.world);
+  for (int s = 0; s < g.world; ++s) {
+    EpRouting& r = routing[s];
+    r.tokens = s == 0 ? 1 : g.max_tokens;
+    r.ids.assign(size_t(g.max_tokens) * g.topk, -1);
+    for (int t = 0; t < r.tokens; ++t) {
+      const bool last = s > 0 && t == r.tokens - 1;
+      r.ids[size_t(t) * g.topk] = last ? 0 : 1;
+      if (!last) r.ids[size_t(t) * g.topk + 1] = 2;
+    }
+  }
+  return routing;
+}
+
+TEST(shared_gpu_moe_back_to_back_combines_with_a_rank_ahead) {
+  constexpr int kRounds = 3, kReplays = 20, kCombines = 3, kReaderDelayUs = 1000;
+  const int T = 1024, K = 2, H = 2048;
+  for (int world : shared_gpu_worlds()) {
+    for (const LopsidedCase c :
+         {LopsidedCase{EpLayout::kExpertMajor, true}, LopsidedCase{EpLayout::kExpertMajor, false},
+          LopsidedCase{EpLayout::kRankMajor, true}, LopsidedCase{EpLayout::kRankMajor, false}}) {
+      run_shared_ranks(world, [&](SharedRank& r) {
+        EpConfig config = small_config(world, 3, K, H, T, c.layout);
+        config.max_blocks = 4;
+        const int rows = (world - 1) * T + 1;  // what rank 0's experts 1 and 2 (rank-major: rank 0) receive
+        if (c.layout == EpLayout::kExpertMajor)
+          config.max_tokens_per_expert = rows;
+        else
+          config.max_received_rows = rows;
+        const detail::EpGeometry g = detail::ep_geometry(config, world);
+        const std::vector<EpRouting> routing = lopsided_routing(g);
+        const EpExpected x = ep_expected(g, routing);
+        if (x.fault.kind != detail::kFaultNone) throw Failure("the case itself overflows");
+        const EpRouting& mine = routing[r.rank];
+        const uint64_t seed = mix64(0xB2B ^ uint64_t(world) << 8 ^ uint64_t(c.layout) << 4 ^ uint64_t(c.staged));
+        const uint64_t seeds[2] = {seed, mix64(seed + 1)};  // A and B
+        const size_t out_bytes = size_t(T) * H * 2;
+
+        std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
+        DeviceBuffer xin(size_t(T) * g.payload_bytes), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4);
+        DeviceBuffer outputs_a(g.combine_bytes), outputs_b(g.combine_bytes);
+        std::vector<std::unique_ptr<DeviceBuffer>> out, expected;
+        for (int i = 0; i < kCombines; ++i) out.push_back(std::make_unique<DeviceBuffer>(out_bytes));
+        for (int i = 0; i < 2; ++i) expected.push_back(std::make_unique<DeviceBuffer>(out_bytes));
+        Counters wrong(1, r.stream);
+        const EpReceived rec = ctx->received();
+
+        fill_rows(xin.ptr, T, g.payload_bytes, seed, r.rank, r.stream);
+        upload(ids.ptr, mine.ids, r.stream);
+        std::vector<float> w(size_t(T) * K);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = moe_weight(seed, r.rank, i);
+        upload(weights.ptr, w, r.stream);
+        DeviceBuffer* sources[2] = {&outputs_a, &outputs_b};
+        std::vector<uint16_t> want[2];
+        for (int i = 0; i < 2; ++i) {
+          upload(sources[i]->ptr, fake_expert_outputs(g, x, r.rank, seeds[i]), r.stream);
+          want[i] = expected_combine(g, routing, x, r.rank, seeds[i], seed, false);
+          upload(expected[i]->ptr, want[i], r.stream);
+        }
+        // Rows of this rank's combine area that some reader's last token reads: the zero-copy form
+        // writes them first.
+        std::vector<int64_t> hot_rows;
+        for (int s = 1; s < world; ++s) {
+          const int t = routing[s].tokens - 1;
+          const int places = g.expert_major ? K : world;
+          for (int j = 0; j < places; ++j) {
+            const EpPlace& p = x.route[s][size_t(t) * places + j];
+            if (p.rank == r.rank) hot_rows.push_back(p.row);
+          }
+        }
+        const size_t row_bytes = size_t(H) * 2;
+        auto write_outputs = [&](const DeviceBuffer& from) {
+          for (int64_t row : hot_rows)
+            TEST_CUDA(cudaMemcpyAsync(static_cast<char*>(rec.combine_input) + row * row_bytes,
+                                      static_cast<const char*>(from.ptr) + row * row_bytes, row_bytes,
+                                      cudaMemcpyDeviceToDevice, r.stream));
+          TEST_CUDA(cudaMemcpyAsync(rec.combine_input, from.ptr, g.combine_bytes, cudaMemcpyDeviceToDevice, r.stream));
+        };
+        EpDispatchArgs d;
+        d.x = xin.ptr;
+        d.topk_idx = ids.ptr;
+        d.topk_weights = static_cast<const float*>(weights.ptr);
+        d.num_tokens = mine.tokens;
+        // One round: dispatch, then combines of A, B, A into out[0..2], back to back.
+        auto round = [&] {
+          for (int i = 0; i < kCombines; ++i) TEST_CUDA(cudaMemsetAsync(out[i]->ptr, 0xFF, out_bytes, r.stream));
+          ctx->dispatch(d, r.stream);
+          for (int i = 0; i < kCombines; ++i) {
+            const DeviceBuffer& from = *sources[i % 2];
+            if (!c.staged) write_outputs(from);
+            if (i == 0 && r.rank != 0) launch_delay(kReaderDelayUs, r.stream);
+            EpCombineArgs cb;
+            cb.expert_out = c.staged ? from.ptr : nullptr;
+            cb.out = out[i]->ptr;
+            ctx->combine(cb, r.stream);
+          }
+        };
+        TEST_CUDA(cudaStreamSynchronize(r.stream));
+        wait_for_every_rank(r);
+
+        std::string wrongs;
+        for (int n = 0; n < kRounds; ++n) {
+          round();
+          r.comm->synchronize(r.stream);
+          for (int i = 0; i < kCombines; ++i) {
+            const size_t bad = wrong_elements(download(out[i]->ptr, out_bytes, r.stream), want[i % 2]);
+            if (bad && wrongs.size() < 400)
+              wrongs += " round " + std::to_string(n) + " combine " + std::to_string(i) + " (" + "AB"[i % 2] +
+                        "): " + std::to_string(bad) + " elements wrong;";
+          }
+          wait_for_every_rank(r);
+        }
+        replay_captured(
+            r,
+            [&] {
+              round();
+              for (int i = 0; i < kCombines; ++i)
+                count_differences(out[i]->ptr, expected[i % 2]->ptr, out_bytes, wrong.at(0), r.stream);
+            },
+            kReplays);
+        const unsigned long long bad_bytes = wrong.read(r.stream)[0];
+        if (bad_bytes) wrongs += " graph: " + std::to_string(bad_bytes) + " output bytes wrong over the replays;";
+        wait_for_every_rank(r);
+        ctx->close();
+        if (!wrongs.empty()) throw Failure(c.describe(world) + ", rank " + std::to_string(r.rank) + ":" + wrongs);
       });
     }
   }

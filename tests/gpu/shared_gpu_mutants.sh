@@ -7,7 +7,10 @@
 #
 # build edits the source tree in place, one mutant at a time, builds the test target
 # incrementally, and restores the file (also on failure or interrupt); the last step rebuilds the
-# unmutated target. Exit status of run: 0 when every mutant was caught.
+# unmutated target. Option mutants are built from a CMake option of their own instead, in a build
+# directory per option (build-mutants/<option>.build), which also gives the mutant's
+# libsymmem_capi.so (build-mutants/<name>.libsymmem_capi.so: the Python benchmarks on the mutant).
+# Exit status of run: 0 when every mutant was caught.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -26,6 +29,15 @@ mutants=(
   # max of floating types back to a comparison (issue 27): NaN wins or loses depending on the rank
   # that holds it, where NCCL ignores it.
   "nan_by_rank|src/device/reduce.cuh|    if constexpr (std::is_floating_point_v<A>) return fmaxf(a, b);||max_min_ignore_nan|2 4"
+)
+
+# name | CMake option | test target | test filter | worlds | environment of the run
+option_mutants=(
+  # The MoE combine without its exit guard (kernels/moe_combine.cu): a rank ahead overwrites its
+  # combine area (the next combine's staging copy, the caller's next outputs) while a peer still
+  # pulls from it. Both pulls.
+  "moe_no_exit_guard_registers|SYMMEM_MUTANT_NO_COMBINE_EXIT_GUARD|symmem_shared_gpu_moe_tests|back_to_back_combines|2 3|SYMMEM_MOE_COMBINE=registers"
+  "moe_no_exit_guard_bulk|SYMMEM_MUTANT_NO_COMBINE_EXIT_GUARD|symmem_shared_gpu_moe_tests|back_to_back_combines|2 3|SYMMEM_MOE_COMBINE=bulk"
 )
 
 mutate() {  # file old new: replaces the one occurrence of old (fails if it is not there once)
@@ -55,14 +67,33 @@ case "${1:-}" in
       echo "built mutant $name"
     done
     cmake --build build --target symmem_shared_gpu_tests >/dev/null
+    for m in "${option_mutants[@]}"; do
+      IFS='|' read -r name option target filter worlds env <<<"$m"
+      dir="$out/$option.build"
+      cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSYMMEM_BUILD_TESTS=ON -DSYMMEM_BUILD_BENCH=ON \
+        "-D$option=ON" >/dev/null
+      cmake --build "$dir" --target "$target" symmem_capi >/dev/null
+      cp "$dir/tests/$target" "$out/$name"
+      cp "$dir/libsymmem_capi.so" "$out/$name.libsymmem_capi.so"
+      echo "built mutant $name"
+    done
     ;;
   run)
     dir=${MUTANTS_DIR:-$out}
     missed=0
+    runs=()
     for m in "${mutants[@]}"; do
       IFS='|' read -r name file old new filter worlds <<<"$m"
+      runs+=("$name|$filter|$worlds|")
+    done
+    for m in "${option_mutants[@]}"; do
+      IFS='|' read -r name option target filter worlds env <<<"$m"
+      runs+=("$name|$filter|$worlds|$env")
+    done
+    for m in "${runs[@]}"; do
+      IFS='|' read -r name filter worlds env <<<"$m"
       rc=0
-      SYMMEM_SHARED_GPU_WORLDS="$worlds" timeout 300 "$dir/$name" "$filter" >"$dir/$name.log" 2>&1 || rc=$?
+      env SYMMEM_SHARED_GPU_WORLDS="$worlds" $env timeout 300 "$dir/$name" "$filter" >"$dir/$name.log" 2>&1 || rc=$?
       # Caught: the test ran and failed (exit 1 with a FAIL line), not skipped (77), timed out (124)
       # or missing (127).
       if [[ $rc == 1 ]] && grep -q '\[ FAIL \]' "$dir/$name.log"; then

@@ -154,6 +154,7 @@ class Symmem(Impl):
         return self.out
 
     def close(self):
+        self.received = None  # tensors over the context's memory: dropped, so that close() frees it
         self.ep.close()
 
 

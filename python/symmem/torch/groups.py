@@ -16,6 +16,10 @@ group:
   keep the memory alive for it) only once nothing may still use it: no tensor over its heap alive,
   no CUDA graph that captured one of its calls, no segment of its pool in use; the release
   synchronises the device first, so no call is in flight. Until then it stays mapped.
+- Local memory of an object closed while tensors it lent still live (an ExpertParallel's counts)
+  is held by its communicator (``hold``) and released at the same points, once those tensors are
+  gone and no CUDA graph of the communicator lives; never at garbage collection (which may run
+  inside a graph capture, where freeing is forbidden).
 - Why a communicator could not be built is remembered with the group (every rank falls back
   alike), never with its name: a group made again under the name starts afresh.
 
@@ -159,7 +163,8 @@ def _on_group_death(_ref):
 
 def release_unused() -> None:
     """Retires the states of groups torch.distributed no longer knows, and releases the memory of
-    every retired communicator that nothing may use any more (module docstring). Local; skipped
+    every retired communicator that nothing may use any more, and what live communicators hold for
+    closed objects whose tensors are gone (module docstring). Local; skipped
     during CUDA graph capture on this thread (the core releases in relaxed capture mode, so a
     capture on another thread is not disturbed)."""
     global _releasing
@@ -173,6 +178,9 @@ def release_unused() -> None:
                 state.retire()
         if capturing():
             return
+        for state in list(_states.values()):
+            for comm in list(state.communicators.values()):
+                comm._release_held()  # (a retired one releases what it holds with itself)
         for comm in list(_retired):
             if comm in _retired and comm._releasable():
                 _retired.remove(comm)
@@ -262,6 +270,8 @@ class Communicator:
     torch.distributed for it.
     """
 
+    _held = ()  # (release, spans) of closed objects (hold)
+
     def __new__(cls, group=None, purpose=None):
         return state_of(group).communicator(purpose)
 
@@ -280,7 +290,7 @@ class Communicator:
         self.pool_slot = None  # pools.py: the pool allocator's slot and the MemPool over it
         self.pool = None
         self.final_failure = None  # the recorded failure when it closed (Work reads it after release)
-        self._spans = weakref.WeakSet()  # heap memory that tensors still reference (memory.heap_tensor)
+        self._spans = weakref.WeakSet()  # memory it lent that tensors still reference (memory.lent_tensor)
         if capturing():
             raise RuntimeError(f"symmem: the communicator of group {self.group_name!r} is built on its first call, "
                                "which cannot be inside CUDA graph capture; make one call (or symmem.torch."
@@ -367,6 +377,22 @@ class Communicator:
         self.workspaces[name] = (ptr, nbytes)
         return ptr
 
+    def hold(self, release, spans):
+        """Keeps local memory of an object closed while tensors over it live: `release()` frees it
+        (locally) once `spans` (a WeakSet of those tensors' spans, memory.lent_tensor) is empty and
+        no CUDA graph of the communicator lives, at release_unused's points or the communicator's
+        release; never at garbage collection. Never collective."""
+        self._held = [*self._held, (release, spans)]
+
+    def _release_held(self, everything=False):
+        kept = []
+        for release, spans in self._held:
+            if everything or (not spans and self.core.live_graphs == 0):
+                release()
+            else:
+                kept.append((release, spans))
+        self._held = kept
+
     def _ensure_open(self):
         if self.closed:
             raise errors.SymmemError(_native.ErrorCode.kAborted,
@@ -384,6 +410,8 @@ class Communicator:
         return not self._spans and self.core.live_graphs == 0 and not pools.in_use(self)
 
     def _release(self):
-        """Local release: the core synchronises the device first (in relaxed capture mode) and unmaps."""
+        """Local release: what it holds for closed objects, then the core, which synchronises the device
+        first (in relaxed capture mode) and unmaps. Only once _releasable: no tensor over its memory."""
         log.debug("symmem: releasing the communicator %s", self.key)
+        self._release_held(everything=True)
         self.core.destroy()

@@ -30,16 +30,18 @@ from .. import _native, errors
 from . import pools
 from .groups import Communicator, cached_state, capturing, release_unused, state_of
 
-class _HeapSpan:
-    """Exposes a span of heap memory through __cuda_array_interface__; the tensor made from it keeps
-    this object, and through it the communicator, alive, and the communicator counts it: its memory
-    is released only once no span is left."""
+class _Span:
+    """Exposes a span of device memory through __cuda_array_interface__; the tensor made from it keeps
+    this object, and through it the communicator, alive, and the communicator counts it (and so does
+    `lender`, a WeakSet, when given): its memory is released only once no span is left."""
 
-    def __init__(self, comm, ptr, nbytes):
+    def __init__(self, comm, ptr, nbytes, lender=None):
         self._comm = comm
         spans = getattr(comm, "_spans", None)  # a core communicator counts nothing (its close() is its owner's)
         if spans is not None:
             spans.add(self)
+        if lender is not None:
+            lender.add(self)
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
                                          "strides": None, "stream": None}
 
@@ -49,8 +51,15 @@ def heap_tensor(comm, ptr: int, nbytes: int) -> torch.Tensor:
     it, or any view of it, lives. `comm` may also be a core communicator (symmem.communicator, as
     ranks built through the C ABI use): the tensor then keeps the object alive, and its memory lives
     until the communicator's close(), which its owner orders after the tensor's last use."""
+    return lent_tensor(comm, ptr, nbytes)
+
+
+def lent_tensor(comm, ptr: int, nbytes: int, lender=None) -> torch.Tensor:
+    """heap_tensor for memory an object of `comm` lends (its heap buffers, or local memory it owns):
+    `lender`, a WeakSet of the object's, counts the tensor's span too, so that the object, once
+    closed, releases its memory only when no such tensor is left (groups.Communicator.hold)."""
     device = getattr(comm, "torch_device", None) or torch.device("cuda", comm.device)
-    return torch.as_tensor(_HeapSpan(comm, ptr, nbytes), device=device)
+    return torch.as_tensor(_Span(comm, ptr, nbytes, lender), device=device)
 
 
 def _element_size(dtype):

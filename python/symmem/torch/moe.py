@@ -17,8 +17,10 @@ The ops behind it (schema + CUDA kernel + CPU kernel + fake, so torch.compile tr
 
 dispatch returns the context's receive area at its full, fixed shape (graph capturable: nothing
 depends on the counts, which stay on the device); tensors of a layout or payload that has none are
-empty. They are valid until the next dispatch of the context. Every call alternates dispatch,
-combine on every rank; the expert computation runs in between on the same stream (docs/moe.md).
+empty. Their contents are those of the last dispatch; the expert computation that reads them and
+writes combine_input runs between a dispatch and its combine(s) on the same stream, and combines
+may follow each other with combine_input rewritten between them (docs/moe.md, "Ordering rules").
+The tensors stay valid after close(): the memory they cover is released only once they are gone.
 
 A context of a CPU (gloo) group runs a reference implementation with torch.distributed (all-gathers
 of every rank's tokens): the same layouts, counts and errors, for tests and for machines without
@@ -27,6 +29,7 @@ GPUs.
 import collections
 import itertools
 import logging
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -35,8 +38,8 @@ import torch.distributed.distributed_c10d as c10d
 from .. import _native, errors
 from .. import ep as core_ep
 from . import _route
-from .groups import Communicator, group_name_of
-from .memory import heap_tensor
+from .groups import Communicator, capturing, group_name_of
+from .memory import lent_tensor
 
 _log = logging.getLogger("symmem")
 
@@ -70,23 +73,12 @@ def dequantize_fp8(q, scales, columns=SCALE_COLUMNS):
     return (q.float().view(t, h // columns, columns) * scales.unsqueeze(-1)).view(t, h)
 
 
-class _ContextMemory:
-    """Device memory of a core EP context that is not heap memory (its counts), as a tensor through
-    __cuda_array_interface__: keeps the context alive while the tensor lives."""
-
-    def __init__(self, owner, ptr, nbytes):
-        self._owner = owner
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
-                                         "strides": None, "stream": None}
-
-
-def _view(owner, comm, ptr, shape, dtype, heap=True):
-    """A tensor of `shape` and `dtype` over `ptr` (float8 through its bytes): heap memory of `comm`
-    (memory.heap_tensor: it keeps the communicator's memory mapped), or the context's own memory."""
+def _view(comm, lent, ptr, shape, dtype):
+    """A tensor of `shape` and `dtype` over `ptr` (float8 through its bytes), memory a context lends
+    (its heap buffers or its counts): counted by `comm` and by the context's `lent` (memory.lent_tensor),
+    so that neither releases it while the tensor, or a view of it, lives."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-    raw = heap_tensor(comm, ptr, nbytes) if heap else torch.as_tensor(_ContextMemory(owner, ptr, nbytes),
-                                                                      device=comm.torch_device)
-    return raw.view(dtype).view(shape)
+    return lent_tensor(comm, ptr, nbytes, lent).view(dtype).view(shape)
 
 
 class ExpertParallel:
@@ -122,6 +114,7 @@ class ExpertParallel:
             comm = Communicator(self.group)
             self.device = comm.torch_device
             self._impl = _DeviceContext(self, comm, max_tokens_per_expert, max_received_rows, max_blocks)
+        self.closed = False
         self.id = next(_ids)
         _contexts[self.id] = self
 
@@ -141,21 +134,31 @@ class ExpertParallel:
                           like.new_empty((self.local_experts,), dtype=torch.int32),
                           like.new_empty((1,), dtype=torch.int32))
 
+    def _require_open(self, op):
+        if self.closed:
+            raise errors.SymmemError(_native.ErrorCode.kInvalidArgument,
+                                     f"symmem.{op}: this ExpertParallel (context {self.id}) was closed")
+
     @property
     def combine_input(self):
         """Where the experts' bfloat16 outputs go (rows as the receive area), read by combine with
-        no copy."""
+        no copy. Rewriting it right after a combine is allowed (the combine has finished reading it
+        on every rank when it ends)."""
+        self._require_open("combine_input")
         return self._impl.combine_input
 
     def dispatch(self, x, topk_idx, topk_weights, x_scales=None, num_tokens=None):
         """x [T, H] (payload dtype), topk_idx [T, K] int64 or int32 (-1: none), topk_weights [T, K]
         float32, x_scales [T, H / 128] float32 for float8; num_tokens: a device int32 tensor (graphs
         captured at the maximum batch) or None for T = x.shape[0]."""
+        self._require_open("moe_dispatch")
         return Dispatched(*torch.ops.symmem.moe_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens, self.id))
 
     def combine(self, expert_out=None, out=None, weights_applied=False, topk_weights=None):
         """The tokens of the last dispatch, their expert outputs summed (float32, top-k or rank order)
-        into out [T, H] bfloat16 (allocated when None). expert_out: None to read combine_input."""
+        into out [T, H] bfloat16 (allocated when None). expert_out: None to read combine_input.
+        Several combines may follow one dispatch, back to back."""
+        self._require_open("moe_combine")
         if out is None:
             out = torch.empty((self.max_tokens_per_rank, self.hidden), dtype=torch.bfloat16, device=self.device)
         torch.ops.symmem.moe_combine(expert_out, topk_weights, self.id, bool(weights_applied), out=out)
@@ -165,8 +168,15 @@ class ExpertParallel:
         return self._impl.describe()
 
     def close(self):
-        """Collective: releases the context (its heap memory returns unless a CUDA graph may still
-        replay a call of the communicator)."""
+        """Collective (every rank calls it; a second call does nothing): the context takes no more
+        calls (they raise on every rank). Its memory returns at once when no rank still holds a tensor
+        it lent (dispatch's outputs, combine_input) and no CUDA graph of the communicator lives;
+        otherwise those tensors stay valid, and their memory mapped, until they are gone: the heap
+        buffers until the communicator is released, the counts until symmem's next release point
+        after the last of them dies. Nothing collective happens at garbage collection."""
+        if self.closed:
+            return
+        self.closed = True
         _contexts.pop(self.id, None)
         self._impl.close()
 
@@ -175,22 +185,30 @@ class _DeviceContext:
     def __init__(self, ep, comm, max_tokens_per_expert, max_received_rows, max_blocks):
         self.ep = ep
         self.comm = comm
+        if not capturing():
+            comm._release_held()  # what closed contexts left behind, once unused
         self.ctx = core_ep.EpContext(comm.core, ep.num_experts, ep.topk, ep.hidden, ep.max_tokens_per_rank, ep.payload,
                                      ep.layout, max_tokens_per_expert, max_received_rows, max_blocks)
         r = self.ctx.received()
         dev = comm.torch_device
         xs, scales, meta = ep.received_shapes()
+        # Every tensor over the context's memory (heap buffers and counts) counts in `lent`: close()
+        # releases that memory only once no rank holds one.
+        self.lent = weakref.WeakSet()
+
+        def view(name, shape, dtype):
+            return _view(comm, self.lent, r[name], shape, dtype)
+
         self.outputs = Dispatched(
-            _view(self, comm, r["x"], xs, _PAYLOAD_DTYPES[ep.payload]),
-            _view(self, comm, r["x_scales"], scales, torch.float32) if r["x_scales"] else
+            view("x", xs, _PAYLOAD_DTYPES[ep.payload]),
+            view("x_scales", scales, torch.float32) if r["x_scales"] else
             torch.empty(scales, dtype=torch.float32, device=dev),
-            _view(self, comm, r["topk_idx"], meta, torch.int32) if r["topk_idx"] else
-            torch.empty(meta, dtype=torch.int32, device=dev),
-            _view(self, comm, r["topk_weights"], meta, torch.float32) if r["topk_weights"] else
+            view("topk_idx", meta, torch.int32) if r["topk_idx"] else torch.empty(meta, dtype=torch.int32, device=dev),
+            view("topk_weights", meta, torch.float32) if r["topk_weights"] else
             torch.empty(meta, dtype=torch.float32, device=dev),
-            _view(self, comm, r["expert_num_tokens"], (ep.local_experts,), torch.int32, heap=False),
-            _view(self, comm, r["num_rows"], (1,), torch.int32, heap=False))
-        self.combine_input = _view(self, comm, r["combine_input"], xs, torch.bfloat16)
+            view("expert_num_tokens", (ep.local_experts,), torch.int32),
+            view("num_rows", (1,), torch.int32))
+        self.combine_input = view("combine_input", xs, torch.bfloat16)
         self.out_rows = 0  # rows combine writes: the last dispatch's host count, or T for a device count
 
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
@@ -217,7 +235,19 @@ class _DeviceContext:
         return self.ctx.describe()
 
     def close(self):
-        self.ctx.close()
+        """Collective. The context's own tensors go first: what `lent` still counts is the caller's.
+        The heap buffers are released now unless some rank lends (then they stay with the
+        communicator); the counts (local memory) are freed now, or held by the communicator until
+        their tensors are gone and no graph may replay a call (groups.Communicator.hold)."""
+        self.outputs = self.combine_input = None
+        lent = len(self.lent) > 0
+        try:
+            self.ctx.close(memory_lent=lent)
+        finally:
+            if lent or self.comm.core.live_graphs > 0:
+                self.comm.hold(self.ctx.destroy, self.lent)
+            else:
+                self.ctx.destroy()
 
 
 def _alias(t):
@@ -393,8 +423,8 @@ class _ReferenceContext:
 def _context(context):
     ep = _contexts.get(int(context))
     if ep is None:
-        raise errors.SymmemError(_native.ErrorCode.kInvalidArgument, f"symmem: no ExpertParallel context {context} "
-                                 "(closed?)")
+        raise errors.SymmemError(_native.ErrorCode.kInvalidArgument, f"symmem: no open ExpertParallel context "
+                                 f"{context} (it was closed, or never made)")
     return ep
 
 

@@ -311,3 +311,105 @@ def _moe_case(rank, world, group_name, layout):
                 expected[t] += w[t, k] * x[t].float() * (1 + e % local)
     assert torch.allclose(y[:T].float(), expected, rtol=2e-2, atol=2e-2)
     ep.close()
+
+
+# Closing a context --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [2])
+def test_a_closed_context_refuses_every_call_on_every_rank(world):
+    _run(world, _closed_case)
+
+
+def _closed_case(rank, world, group_name):
+    from symmem.errors import SymmemError
+    from symmem.torch.moe import ExpertParallel
+    E, K, H, T = 2 * world, 1, 128, 4
+    ep = ExpertParallel(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T)
+    x = torch.ones(T, H, dtype=torch.bfloat16)
+    ids = torch.zeros(T, K, dtype=torch.int64)
+    r = ep.dispatch(x, ids, torch.ones(T, K))
+    ep.close()
+    ep.close()  # a second close does nothing
+    for call in (lambda: ep.dispatch(x, ids, torch.ones(T, K)), lambda: ep.combine(), lambda: ep.combine_input):
+        with pytest.raises(SymmemError, match="was closed") as raised:
+            call()
+        assert raised.value.code == "kInvalidArgument"
+    with pytest.raises(SymmemError, match="no open ExpertParallel context"):  # the op, by the context's id
+        torch.ops.symmem.moe_dispatch(x, None, ids, torch.ones(T, K), None, ep.id)
+    assert int(r.expert_num_tokens[0]) == (world * T if rank == 0 else 0)  # what it lent stays readable
+
+
+class _Span:
+    """Stands for the span of a tensor over a context's memory (memory.lent_tensor)."""
+
+
+def _device_context(fake_group, name, live_graphs=0):
+    """A symmem.torch.moe._DeviceContext over a recording core context (no GPU), lending one tensor
+    of its own (its outputs): (context, calls of its core context)."""
+    import weakref
+
+    from symmem.torch import moe
+
+    class Core:
+        pass
+
+    core = Core()
+    core.live_graphs = live_graphs
+    comm = fake_group(name, 2, core)
+    calls = []
+
+    class CoreContext:
+        def close(self, memory_lent=False):
+            calls.append(("close", memory_lent))
+
+        def destroy(self):
+            calls.append(("destroy",))
+
+    context = object.__new__(moe._DeviceContext)
+    own = _Span()
+    context.__dict__.update(comm=comm, ctx=CoreContext(), lent=weakref.WeakSet([own]), outputs=(own,),
+                            combine_input=None)
+    return context, calls
+
+
+def test_a_context_closed_with_nothing_lent_releases_everything_at_once(fake_group):
+    context, calls = _device_context(fake_group, "ep-nothing-lent")
+    context.close()  # its own tensors are no loan
+    assert calls == [("close", False), ("destroy",)]
+    assert not context.comm._held
+
+
+def test_a_context_closed_while_its_tensors_live_keeps_their_memory_until_they_are_gone(fake_group):
+    context, calls = _device_context(fake_group, "ep-lent")
+    kept = _Span()
+    context.lent.add(kept)  # a tensor the caller still holds
+    context.close()
+    # Every rank keeps the heap buffers (the core agrees on it); the counts' memory stays here.
+    assert calls == [("close", True)]
+    comm = context.comm
+    comm._release_held()
+    assert calls == [("close", True)]  # still lent: nothing freed
+    del kept
+    comm._release_held()  # (symmem's release points: release_unused, the next context, ...)
+    assert calls == [("close", True), ("destroy",)] and not comm._held
+
+
+def test_a_context_closed_while_a_graph_lives_keeps_its_counts_until_the_graph_is_gone(fake_group):
+    context, calls = _device_context(fake_group, "ep-graph", live_graphs=1)
+    context.close()
+    assert calls == [("close", False)]  # the core keeps its heap buffers for the graph
+    comm = context.comm
+    comm._release_held()
+    assert calls == [("close", False)]
+    comm.core.live_graphs = 0
+    comm._release_held()
+    assert calls == [("close", False), ("destroy",)]
+
+
+def test_a_released_communicator_frees_what_it_held(fake_group):
+    context, calls = _device_context(fake_group, "ep-released")
+    kept = _Span()
+    context.lent.add(kept)
+    context.close()
+    context.comm._release_held(everything=True)  # its release (only once no tensor over its memory lives)
+    assert calls == [("close", True), ("destroy",)]
