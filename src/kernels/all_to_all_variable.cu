@@ -19,10 +19,10 @@
 // (plan/capacity_failure.hpp). The header of a rank exists only once its stream reached the call:
 // a sender pushes into a receiver, or a receiver pulls from a sender, only after reading that
 // rank's header, so no rank writes memory a peer still reads, without an entry barrier. A fence
-// (fence.acq_rel.sys) before storing the header and after reading them all turns the header into a
-// release/acquire pair for the data around it. The end barrier of block b proves only that block b
-// of every peer finished; the kernel's end proves every block did, which is what the next call
-// needs.
+// (fence.acq_rel.sys) before storing the header (pull: the peers read this rank's input) and after
+// reading them all (when rows cross by SM) turns the header into a release/acquire pair for the
+// data around it. The end barrier of block b proves only that block b of every peer finished; the
+// kernel's end proves every block did, which is what the next call needs.
 //
 // Failure records: the waits for headers and lines name phase 0, the end barrier phase 1.
 #include "common/check.hpp"
@@ -110,14 +110,16 @@ __device__ uint32_t my_header_word(const AllToAllVariableArgs& a, int n, int w) 
 
 // Block 0 stores this rank's header into every rank's slot; every block, the rows of the pairs
 // this rank sends as lines (one expert per rank: its n = world splits).
+template <Way W>
 __device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, bool lines) {
   const SyncArgs& s = a.sync;
   const int world = s.world, me = s.rank, n = world * a.experts;
   const uint64_t tag = uint64_t(s.signature) << 32;
   if (blockIdx.x == 0) {
-    // Makes this stream's earlier writes (the input rows, a staged copy) visible before the header
-    // that tells the peers this rank reached the call.
-    device::fence_acq_rel_sys();
+    // Pull: makes this stream's earlier writes (the input rows, a staged copy) visible before the
+    // header that lets the peers read them. (Push peers read nothing of this rank's; lines carry
+    // their data.)
+    if (W == Way::kPull) device::fence_acq_rel_sys();
     for (int w = threadIdx.x; w < header; w += blockDim.x) {
       const uint32_t word = my_header_word(a, n, w);
       for (int k = 0; k < world; ++k) {
@@ -456,12 +458,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
   const Columns c = columns_in(dynamic_shared, s.world, n);
   __shared__ Ranks r;
 
-  send(a, call, header, lines);
+  send<W>(a, call, header, lines);
   bool ok = __syncthreads_and(read_headers(a, call, header, c, r));
   if (ok) {
-    // Acquire: what the peers wrote before their headers (their inputs) and what they read before
-    // reaching the call (their outputs) are ordered before this block's copies.
-    device::fence_acq_rel_sys();
     sum_rows<W>(a, c, r);
     __syncthreads();
     judge(a, c, r, lines);
@@ -471,6 +470,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
     if (r.lines_from != 0) ok = receive_lines(a, call, header, r);
     ok = __syncthreads_and(ok);
     if (ok && r.go) {
+      // Acquire, when rows cross by SM: what the peers wrote before their headers (their inputs)
+      // and what they read before reaching the call (their outputs) are ordered before this
+      // block's copies. Lines need none: each carries its data.
+      if (r.sm_between_ranks) device::fence_acq_rel_sys();
       move_span<V, W>(a, c);
       if (r.sm_between_ranks) {
         const uint32_t epoch = device::epoch_begin(s);
