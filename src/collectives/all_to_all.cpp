@@ -1,7 +1,7 @@
 // all_to_all, all_to_all_v, all_to_all_vdev(_2d): validate -> plan (from values equal on every
-// rank) -> sign -> stage what peers must read -> launch the plan's kernel (after the split
-// exchange in the variable forms; the uniform form's copy engine is the copy-engine all-gather's,
-// a slice per peer). kernels/all_to_all_args.hpp describes the kernels.
+// rank) -> sign -> stage what peers must read -> launch the plan's kernel (the variable forms'
+// kernel exchanges the splits first; the uniform form's copy engine is the copy-engine
+// all-gather's, a slice per peer). kernels/all_to_all_args.hpp describes the kernels.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -10,7 +10,6 @@
 #include "collectives/all_gather_paths.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
-#include "comm/all_to_all_state.hpp"
 #include "comm/communicator_state.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
@@ -186,7 +185,6 @@ void run_uniform_chunk(const Prepared& p, CommunicatorState& st, uint32_t signat
     return;
   }
   detail::AllToAllMoveArgs a{};
-  a.table = nullptr;
   a.in = c.in;
   a.out = c.out;
   for (int r = 0; r < world; ++r) {
@@ -276,8 +274,8 @@ void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& co
 
 namespace {
 
-// The split exchange, then the plan's kernel (which moves nothing when the exchange found the
-// call does not fit, and takes the low-latency lines when it found every pair small).
+// The plan's kernel: the split exchange, then the rows (none when the exchange finds that the call
+// does not fit; small pairs as low-latency lines, the others by SM).
 void run_variable(const Prepared& p, CommunicatorState& st, const int64_t* device_in_splits,
                   const int64_t* host_in_splits, const int64_t* host_out_splits, int64_t* out_splits_offsets,
                   cudaStream_t stream) {
@@ -290,44 +288,36 @@ void run_variable(const Prepared& p, CommunicatorState& st, const int64_t* devic
     SYMMEM_CUDA_CHECK(cudaMemcpyAsync(staging->ptr(), in, p.in_bytes, cudaMemcpyDeviceToDevice, stream));
     in = static_cast<const char*>(staging->ptr());
   }
-  detail::AllToAllTable* table = st.all_to_all->table();
-
-  detail::AllToAllExchangeArgs x{};
-  x.in_splits = device_in_splits;
+  detail::AllToAllVariableArgs a{};
+  a.in_splits = device_in_splits;
   if (host_in_splits)
-    for (int r = 0; r < world; ++r) x.host_in_splits[r] = host_in_splits[r];
-  x.declared = host_out_splits != nullptr;
+    for (int r = 0; r < world; ++r) a.host_in_splits[r] = host_in_splits[r];
+  a.declared = host_out_splits != nullptr;
   if (host_out_splits)
-    for (int r = 0; r < world; ++r) x.host_out_splits[r] = host_out_splits[r];
-  x.experts = p.experts;
-  x.align = p.align;
-  x.input_rows = p.in_rows;
-  x.output_rows = p.out_rows;
-  x.row_bytes = p.row_bytes;
-  x.low_latency_pair_bytes = p.plan.low_latency_pair_bytes;
-  x.out_splits_offsets = out_splits_offsets;
-  x.lines = st.workspaces->low_latency_lines();
-  x.table = table;
-  x.sync = st.sync_args(detail::kOpAllToAll, signature);
-  detail::launch_all_to_all_split_exchange(x, stream);
-
-  detail::AllToAllMoveArgs a{};
-  a.table = table;
+    for (int r = 0; r < world; ++r) a.host_out_splits[r] = host_out_splits[r];
+  a.experts = p.experts;
+  a.align = p.align;
+  a.input_rows = p.in_rows;
+  a.output_rows = p.out_rows;
+  a.row_bytes = p.row_bytes;
+  a.low_latency_pair_bytes = p.plan.low_latency_pair_bytes;
+  a.out_splits_offsets = out_splits_offsets;
   a.in = in;
   a.out = p.out.local;
   for (int r = 0; r < world; ++r) {
     a.in_peers[r] = p.plan.stage_input ? staging->peer_ptr(r) : p.in.symmetric ? p.in.peer(r) : nullptr;
     a.out_peers[r] = p.out.symmetric ? p.out.peer(r) : nullptr;
   }
-  a.lines = x.lines;
-  a.sync = x.sync;
+  a.lines = st.workspaces->low_latency_lines();
+  a.sync = st.sync_args(detail::kOpAllToAll, signature);
   switch (p.plan.kernel) {
     case detail::KernelId::kAllToAllPush:
-      detail::launch_all_to_all_push(detail::launch_vector(p.plan.vector_bytes, {in}, {}), a, p.plan.blocks, stream);
+      detail::launch_all_to_all_variable_push(detail::launch_vector(p.plan.vector_bytes, {in}, {}), a, p.plan.blocks,
+                                              stream);
       break;
     case detail::KernelId::kAllToAllPull:
-      detail::launch_all_to_all_pull(detail::launch_vector(p.plan.vector_bytes, {p.out.local}, {}), a, p.plan.blocks,
-                                     stream);
+      detail::launch_all_to_all_variable_pull(detail::launch_vector(p.plan.vector_bytes, {p.out.local}, {}), a,
+                                              p.plan.blocks, stream);
       break;
     default:
       SYMMEM_THROW(ErrorCode::kInternal,

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "board/wait_chain.hpp"
-#include "comm/all_to_all_state.hpp"
 #include "comm/communicator_state.hpp"
 #include "comm/node_agreement.hpp"
 #include "comm/node_bootstrap.hpp"
@@ -96,7 +95,6 @@ CommunicatorState::~CommunicatorState() {
   between_nodes.reset();
   copy_engine_watchdog.reset();
   copy_engine.reset();
-  all_to_all.reset();
   call_order.reset();
   workspaces.reset();
   buffers.clear();
@@ -429,7 +427,6 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   st.copy_engine = std::make_unique<detail::CopyEngineStreams>(
       device, st.settings.copy_engine_streams, st.settings.copy_engine_batch, st.settings.copy_engine_piece_bytes);
   st.copy_engine_watchdog = std::make_unique<detail::CopyEngineWatchdog>(*st.board, st.rank, world, st.timeout_ms());
-  st.all_to_all = std::make_unique<detail::AllToAllState>(device);
   st.call_order = std::make_unique<detail::CallOrder>(device);
   if (layout.spans_nodes())
     st.between_nodes =

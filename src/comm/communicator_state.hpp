@@ -24,7 +24,6 @@
 namespace symmem::detail {
 
 class BetweenNodes;
-class AllToAllState;
 
 // Environment overrides, read once at creation and checked equal on every rank (creation fails
 // naming the variable otherwise), so that no rank plans with a value another rank does not have.
@@ -66,7 +65,6 @@ struct CommunicatorState {
   std::unique_ptr<Workspaces> workspaces;
   std::unique_ptr<CopyEngineStreams> copy_engine;
   std::unique_ptr<CopyEngineWatchdog> copy_engine_watchdog;  // times and releases the board's waits
-  std::unique_ptr<AllToAllState> all_to_all;                 // the split exchange's device table
   std::unique_ptr<BetweenNodes> between_nodes;               // only when the job spans nodes
   std::unique_ptr<CallOrder> call_order;                     // calls in host order whatever their streams
   GraphReferences graphs;                                    // graphs that captured a call (they reference the heap)

@@ -143,4 +143,24 @@ __device__ __forceinline__ void scatter(const T* const (&src)[kMaxWorld], T* con
   }
 }
 
+// dst[i] = src[i] for begin <= i < end, by the threads of one block: thread t takes begin + t,
+// begin + t + blockDim.x, ..., kUnroll vectors loaded before any is stored, so each thread has
+// kUnroll loads in flight (kUnroll x blockDim.x vectors per block and turn).
+template <typename V, int kUnroll>
+__device__ __forceinline__ void block_copy(const V* src, V* dst, uint64_t begin, uint64_t end) {
+  for (uint64_t base = begin; base < end; base += uint64_t(kUnroll) * blockDim.x) {
+    V v[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const uint64_t i = base + uint64_t(k) * blockDim.x + threadIdx.x;
+      if (i < end) v[k] = src[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const uint64_t i = base + uint64_t(k) * blockDim.x + threadIdx.x;
+      if (i < end) dst[i] = v[k];
+    }
+  }
+}
+
 }  // namespace symmem::device

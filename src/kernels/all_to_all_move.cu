@@ -1,6 +1,6 @@
-// The move kernels of the all-to-all (kernels/all_to_all_args.hpp): all_to_all_push and
-// all_to_all_pull (the rows of every piece by SM push / pull and one barrier, or by low-latency
-// lines when the split exchange says so) and all_to_all_low_latency (uniform, by lines).
+// The kernels of the uniform all-to-all (kernels/all_to_all_args.hpp): all_to_all_push and
+// all_to_all_pull (every slice by SM push / pull between two barriers) and all_to_all_low_latency
+// (by lines). The variable forms have their own (kernels/all_to_all_variable.cu).
 //
 // SM path. Pieces are cut into units of at most kUnitBytes; blocks take units in turn, in an
 // order that starts with the next rank (rank + 1, + 2, ...) so that at any moment the ranks
@@ -10,7 +10,7 @@
 // has finished on a rank, that every block of every peer has finished: its stores arrived (push)
 // or its loads of this rank's input are done (pull), whatever block moved which unit. The uniform
 // form also passes a barrier before the copies (phase 0): the peers' buffers are free and their
-// inputs ready; the variable forms have the exchange kernel's lines for that.
+// inputs ready.
 //
 // Low-latency path. Each rank stores its bytes for peer q as words {signature, word} into its slot
 // of q's low-latency area (device/low_latency.cuh), at least one word per pair even when it sends
@@ -43,48 +43,36 @@ enum class Way { kPull, kPush, kLines };
 
 // Piece i of this rank's SM path, in rotated order (the next rank's first).
 template <Way W>
-__device__ AllToAllPiece piece_at(const AllToAllMoveArgs& a, int i, int n) {
-  constexpr bool push = W == Way::kPush;
+__device__ AllToAllPiece piece_at(const AllToAllMoveArgs& a, int i) {
   const int world = a.sync.world, me = a.sync.rank;
-  if (!a.table) {
-    const int peer = (me + 1 + i) % world;
-    return push ? AllToAllPiece{peer, uint32_t(peer), peer * a.in_stride, me * a.out_stride, a.pair_bytes}
-                : AllToAllPiece{peer, uint32_t(me), me * a.in_stride, peer * a.out_stride, a.pair_bytes};
-  }
-  const int experts = n / world;
-  if (push) return a.table->send[((me + 1) * experts + i) % n];  // destinations j = q * experts + e
-  const int e = i / world, r = (me + 1 + i % world) % world;     // senders r, expert by expert
-  return a.table->receive[e * world + r];
+  const int peer = (me + 1 + i) % world;
+  return W == Way::kPush ? AllToAllPiece{peer, uint32_t(peer), peer * a.in_stride, me * a.out_stride, a.pair_bytes}
+                         : AllToAllPiece{peer, uint32_t(me), me * a.in_stride, peer * a.out_stride, a.pair_bytes};
 }
 
 template <typename V, Way W>
 __device__ void move_by_sm(const AllToAllMoveArgs& a, int n) {
   constexpr bool push = W == Way::kPush;
   // Each piece's first unit, in the rotated order: units [first[i], first[i + 1]) belong to piece i.
-  __shared__ uint32_t first[kMaxAllToAllSplits + 1];
-  __shared__ AllToAllPiece pieces[kMaxAllToAllSplits];
+  __shared__ uint32_t first[kMaxWorld + 1];
+  __shared__ AllToAllPiece pieces[kMaxWorld];
   constexpr uint64_t kUnit = unit_vectors<V>();
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    pieces[i] = piece_at<W>(a, i, n);
+    pieces[i] = piece_at<W>(a, i);
     first[i + 1] = static_cast<uint32_t>((pieces[i].bytes / sizeof(V) + kUnit - 1) / kUnit);
   }
   if (threadIdx.x == 0) first[0] = 0;
   __syncthreads();
-  // Inclusive scan of first[1 .. n] by warp 0, 32 entries at a time.
+  // Inclusive scan of first[1 .. n] by warp 0 (n <= kMaxWorld <= 32: one turn).
   if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    uint32_t carry = 0;
-    for (int base = 1; base <= n; base += 32) {
-      const int i = base + lane;
-      uint32_t x = i <= n ? first[i] : 0;
+    const int lane = threadIdx.x, i = lane + 1;
+    uint32_t x = i <= n ? first[i] : 0;
 #pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, x, d);
-        if (lane >= d) x += y;
-      }
-      if (i <= n) first[i] = carry + x;
-      carry += __shfl_sync(0xFFFFFFFFu, x, 31);
+    for (int d = 1; d < 32; d *= 2) {
+      const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, x, d);
+      if (lane >= d) x += y;
     }
+    if (i <= n) first[i] = x;
   }
   __syncthreads();
   const uint32_t units = first[n];
@@ -104,17 +92,7 @@ __device__ void move_by_sm(const AllToAllMoveArgs& a, int n) {
     V* dst = reinterpret_cast<V*>(dst_base + p.dst_byte);
     const uint64_t vectors = p.bytes / sizeof(V);
     const uint64_t begin = uint64_t(u - first[lo]) * kUnit;
-    V v[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const uint64_t i = begin + uint64_t(k) * blockDim.x + threadIdx.x;
-      if (i < vectors) v[k] = src[i];
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const uint64_t i = begin + uint64_t(k) * blockDim.x + threadIdx.x;
-      if (i < vectors) dst[i] = v[k];
-    }
+    device::block_copy<V, kUnroll>(src, dst, begin, begin + kUnit < vectors ? begin + kUnit : vectors);
   }
 }
 
@@ -125,14 +103,10 @@ struct Stream {
   uint64_t bytes;
 };
 __device__ Stream send_stream(const AllToAllMoveArgs& a, int q) {
-  if (!a.table) return {static_cast<const char*>(a.in) + q * a.in_stride, nullptr, a.pair_bytes};
-  const AllToAllPiece& p = a.table->send[q];  // one piece per pair (experts == 1)
-  return {static_cast<const char*>(a.in) + p.src_byte, nullptr, p.bytes};
+  return {static_cast<const char*>(a.in) + q * a.in_stride, nullptr, a.pair_bytes};
 }
 __device__ Stream receive_stream(const AllToAllMoveArgs& a, int r) {
-  if (!a.table) return {nullptr, static_cast<char*>(a.out) + r * a.out_stride, a.pair_bytes};
-  const AllToAllPiece& p = a.table->receive[r];
-  return {nullptr, static_cast<char*>(a.out) + p.dst_byte, p.bytes};
+  return {nullptr, static_cast<char*>(a.out) + r * a.out_stride, a.pair_bytes};
 }
 __device__ uint64_t words_of(uint64_t bytes) { return bytes == 0 ? 1 : (bytes + 3) / 4; }  // never none
 
@@ -187,23 +161,13 @@ template <typename V, Way W>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_move(AllToAllMoveArgs a) {
   device::enter_kernel();
   if constexpr (W == Way::kLines) {
-    move_by_lines(a);  // uniform
+    move_by_lines(a);
   } else {
     const SyncArgs& s = a.sync;
-    int n = s.world;
-    if (a.table) {
-      // Written by this call's exchange kernel, which completed before this one began.
-      if (a.table->go == 0) return;  // the call does not fit (or the exchange failed): on every rank alike
-      if (a.table->low_latency != 0) {
-        move_by_lines(a);
-        return;
-      }
-      n = static_cast<int>(a.table->pieces);
-    }
     const uint32_t epoch = device::epoch_begin(s);
-    if (!a.table && !device::barrier(s, epoch, 0)) return;
+    if (!device::barrier(s, epoch, 0)) return;
     // Invariant: every peer's input holds this call's rows and its output may be overwritten.
-    move_by_sm<V, W>(a, n);
+    move_by_sm<V, W>(a, s.world);
     if (!device::barrier(s, epoch, 1)) return;
     // Invariant: every block of every peer finished its stores into (push) or loads from (pull)
     // this rank's buffers, for the blocks of this index; the kernel's end, for all of them.

@@ -35,7 +35,7 @@ enum class KernelId : uint8_t {
   kAllReduceLowLatencyTwoShot,  // low-latency lines; each rank reduces a slice and sends it back
   kReduceScatterLowLatency,     // low-latency lines; each rank receives and reduces its slice
   kAllToAllPull,                // every rank reads its rows from every peer's input (variable forms:
-                                // low-latency lines instead when the split exchange finds every pair small)
+                                // small pairs come as low-latency lines with the split exchange)
   kAllToAllPush,                // every rank stores its rows into every peer's output (the same)
   kAllToAllLowLatency,          // uniform: every pair's bytes as low-latency lines
   kAllToAllCopyEngine,          // no kernel: the copy-engine all-gather's handshakes and copies, a

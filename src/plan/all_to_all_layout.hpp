@@ -1,7 +1,8 @@
 // Where every row of an all-to-all goes, computed from the split matrix alone. Pure arithmetic,
-// host and device: the CPU tests check these functions, and the exchange kernel
-// (src/kernels/all_to_all_split_exchange.cu) runs the same ones on the matrix every rank received, so
-// every rank derives the same offsets and the same capacity verdict.
+// host and device: the CPU tests check these functions, and the variable forms' kernel
+// (src/kernels/all_to_all_variable.cu) computes the same quantities, with parallel sums, from the
+// matrix every rank received, so every rank derives the same offsets, the same capacity verdict
+// and the same choice of lines or SM for every pair.
 //
 // The split matrix. M(s, j) = rows sender s sends to destination j, where j = q * experts + e:
 // destination rank q, its local expert e (experts = 1 for the plain all-to-all). A sender's input
@@ -34,6 +35,14 @@ SYMMEM_HOST_DEVICE inline uint32_t split_word(int64_t v) {
 }
 // A capacity in rows as a header word (saturated: a capacity beyond 2^32 - 2 is never binding).
 SYMMEM_HOST_DEVICE inline uint32_t capacity_word(uint64_t v) { return v < 0xFFFFFFFFull ? uint32_t(v) : 0xFFFFFFFEu; }
+
+// Header words of a variable call, the low-latency lines every rank sends every rank before any
+// rows: its splits, its input rows, its output capacity, and for all_to_all_v (`declared`) the
+// rows it expects from each sender. The lines of a pair follow the header in the sender's slot.
+SYMMEM_HOST_DEVICE inline int all_to_all_header_words(int world, int experts, bool declared) {
+  return world * experts + 2 + (declared ? world : 0);
+}
+constexpr int kMaxAllToAllHeaderWords = kMaxAllToAllSplits + 2 + kMaxWorld;
 
 // The matrix as every rank holds it: matrix[s * destinations + j], plus each rank's input rows and
 // output capacity (in rows).
@@ -185,6 +194,57 @@ SYMMEM_HOST_DEVICE inline AllToAllPiece receive_piece(const SplitMatrix& m, int 
   const int j = me * m.experts + e;
   return {s, uint32_t(j), input_row(m, s, j) * row_bytes, output_row(m, me, e, s) * row_bytes,
           uint64_t(m.at(s, j)) * row_bytes};
+}
+
+// Piece i of what rank `me` moves by SM, in the order its kernel lays them end to end (the balanced
+// cut, all_to_all_cut.hpp): the next rank's first (rank + 1, + 2, ..., itself last), so that the
+// same-index blocks of the ranks address different peers. Push moves the send pieces (returns j),
+// pull the receive pieces, expert by expert (returns k = e * world + s).
+SYMMEM_HOST_DEVICE inline int send_piece_in_turn(const SplitMatrix& m, int me, int i) {
+  return ((me + 1) * m.experts + i) % m.destinations();
+}
+SYMMEM_HOST_DEVICE inline int receive_piece_in_turn(const SplitMatrix& m, int me, int i) {
+  const int e = i / m.world, s = (me + 1 + i % m.world) % m.world;
+  return e * m.world + s;
+}
+
+// Whether a sender's header (its `n` split words and its input rows) is one it can send from: no
+// invalid split, and its splits add up to at most its input. A sender judges this from its own
+// words before the exchange; every receiver judges the same from the header it received.
+SYMMEM_HOST_DEVICE inline bool sender_fits_row(const uint32_t* splits, int n, uint32_t input_rows) {
+  uint64_t rows = 0;
+  for (int j = 0; j < n; ++j) {
+    if (splits[j] == kInvalidSplit) return false;
+    rows += splits[j];
+  }
+  return rows <= input_rows;
+}
+SYMMEM_HOST_DEVICE inline bool sender_fits(const SplitMatrix& m, int s) {
+  return sender_fits_row(m.splits + size_t(s) * m.destinations(), m.destinations(), m.input_rows[s]);
+}
+
+// Whether a pair's rows travel as low-latency lines instead of by SM (one expert per rank only: a
+// 2-D pair lands in several places): another rank, some rows, at most `threshold` bytes, from a
+// sender that fits. Decided per pair, from what the sender knows alone, so that the sender stores
+// its lines together with its header: small pairs cost one crossing, however large the others.
+SYMMEM_HOST_DEVICE inline bool pair_by_lines(uint32_t rows, uint64_t row_bytes, uint64_t threshold, bool fits,
+                                             bool self) {
+  return !self && fits && rows > 0 && rows != kInvalidSplit && uint64_t(rows) * row_bytes <= threshold;
+}
+SYMMEM_HOST_DEVICE inline bool pair_by_lines(const SplitMatrix& m, int s, int q, uint64_t row_bytes,
+                                             uint64_t threshold) {
+  return m.experts == 1 && pair_by_lines(m.at(s, q), row_bytes, threshold, sender_fits(m, s), s == q);
+}
+
+// Whether any rows cross between ranks by SM (push or pull) in a call that fits: only then do the
+// ranks pass the barrier at the kernel's end (lines and a rank's copy to itself need none).
+SYMMEM_HOST_DEVICE inline bool moves_by_sm_between_ranks(const SplitMatrix& m, uint64_t row_bytes, uint64_t threshold) {
+  for (int s = 0; s < m.world; ++s)
+    for (int j = 0; j < m.destinations(); ++j) {
+      const int q = j / m.experts;
+      if (q != s && m.at(s, j) > 0 && !pair_by_lines(m, s, q, row_bytes, threshold)) return true;
+    }
+  return false;
 }
 
 // torch's out_splits_offsets for rank `me`: row 0 (index k = e * world + s) the rows from sender

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "plan/all_to_all_layout.hpp"
 #include "plan/block_rules.hpp"
 #include "plan/plan.hpp"
 #include "symmem/error.hpp"
@@ -71,10 +72,13 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
       if (algo == Algo::kLowLatency && blocks <= 0) blocks = low_latency_blocks(words);
     }
   } else if (algo == Algo::kAuto || algo == Algo::kLowLatency) {
-    // The device decides per call between low latency and the SM path; the plan names the SM path.
+    // The device sends each pair of at most this many bytes as lines, the others by the SM path
+    // the plan names. Per pair: a rank then stores and receives at most (W - 1) x the threshold as
+    // lines, the uniform rule's bound on a rank's lines, however skewed the matrix. A pair's lines
+    // follow the header in its slot.
+    const size_t room = r.low_latency_capacity - std::min(r.low_latency_capacity, 4 * size_t(kMaxAllToAllHeaderWords));
     plan.low_latency_pair_bytes =
-        std::min(r.low_latency_capacity,
-                 algo == Algo::kLowLatency ? r.low_latency_capacity : low_latency_rule_pair_bytes(r.world));
+        std::min(room, algo == Algo::kLowLatency ? room : low_latency_rule_pair_bytes(r.world));
     // One piece per pair only: a 2-D call's pieces land in several places (the SM path serves it).
     if (r.experts > 1) plan.low_latency_pair_bytes = 0;
     algo = Algo::kAuto;

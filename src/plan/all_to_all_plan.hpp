@@ -1,9 +1,10 @@
 // Planning the all-to-all: which algorithm (a row of the table, algorithms.hpp) and so which
-// kernel, how many blocks, what is staged, and for the variable-size forms the threshold under
-// which the device takes the low-latency path. Pure C++
-// with no CUDA: every input is equal on every rank (the signature covers them), so every rank
-// plans the same call. Row counts of all_to_all_v / all_to_all_vdev are NOT inputs: they are known
-// on every rank only on the device, after the split exchange (all_to_all_layout.hpp).
+// kernel, how many blocks, what is staged, and for the variable-size forms the bytes per pair under
+// which a pair travels as low-latency lines. Pure C++ with no CUDA: every input is equal on every
+// rank (the signature covers them), so every rank plans the same call. Row counts of all_to_all_v /
+// all_to_all_vdev are NOT inputs: they are known on every rank only on the device, after the split
+// exchange (all_to_all_layout.hpp), where the kernel decides per pair between lines and SM and cuts
+// the SM traffic into equal spans per block (all_to_all_cut.hpp).
 #pragma once
 
 #include <cstddef>
@@ -46,10 +47,12 @@ struct AllToAllPlan {
   KernelId kernel = KernelId::kAllToAllPush;
   int blocks = 0;         // 0 for the copy engine
   int vector_bytes = 16;  // agreed width; launch narrows it for local pointers
-  bool exchange = false;  // variable forms: the split-exchange kernel runs first
-  // Variable forms: the device moves the data through low-latency lines when every pair's bytes
-  // are at most this (the same verdict on every rank: it reads the exchanged matrix); 0: never
-  // (always for the 2-D form with several experts: a pair's rows land in several places).
+  bool exchange = false;  // variable forms: the kernel exchanges the splits before moving rows
+  // Variable forms: a pair of at most this many bytes travels as low-latency lines, stored by the
+  // sender with its header, the others by the kernel's SM path (the sender decides from its own
+  // splits, every receiver the same from the sender's header: plan/all_to_all_layout.hpp's
+  // pair_by_lines); 0: every pair by SM (always for the 2-D form with several experts: a pair's
+  // rows land in several places).
   size_t low_latency_pair_bytes = 0;
   bool stage_input = false;     // the input is copied into staging_in first (pull from a local
                                 // input; in place, where peers would read what this rank overwrites)

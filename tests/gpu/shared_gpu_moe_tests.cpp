@@ -5,8 +5,11 @@
 // What it checks, exactly, against host references built from plan/all_to_all_layout.hpp and a
 // keyed hash of every input byte (moe_test_kernels.hpp): every form of the all-to-all (uniform,
 // host splits, device splits, 2-D expert-major with alignment), every algorithm, heap and local
-// operands, in place, under uniform, skewed (Zipf), one-hot-at-capacity and empty-rank routing;
-// outputs poisoned before each call, rows past what a rank needs must stay poisoned. Overflow:
+// operands, in place, under uniform, skewed (Zipf), one-hot-at-capacity, empty-rank, single-pair and
+// zero-row routing, small (pairs as lines) and large (pairs by SM, one pair over many blocks, or a
+// single block for everything); outputs poisoned before each call, rows past what a rank needs must
+// stay poisoned. Back-to-back calls of one signature whose routing changes, with no host
+// synchronisation between them. Overflow:
 // every rank raises kCapacity naming the rank, and no rank's output changed. 1000 graph replays
 // whose routing changes every replay on the device, checked on the device, no host
 // synchronisation. A rank that never comes is named in time; a mismatched call raises kMismatch.
@@ -18,6 +21,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -147,9 +152,9 @@ TEST(shared_gpu_all_to_all_uniform_matches_reference) {
 
 // --- variable forms ---------------------------------------------------------------------------
 
-enum class Skew { kUniform, kZipf, kOneHotAtCapacity, kEmptyRanks };
+enum class Skew { kUniform, kZipf, kOneHotAtCapacity, kEmptyRanks, kSinglePair, kZeroRows };
 const char* skew_name(Skew s) {
-  static const char* names[] = {"uniform", "zipf", "one-hot at capacity", "empty ranks"};
+  static const char* names[] = {"uniform", "zipf", "one-hot at capacity", "empty ranks", "single pair", "zero rows"};
   return names[int(s)];
 }
 
@@ -201,6 +206,8 @@ Routing route(int world, int experts, int64_t align, Skew skew, uint32_t max_ent
         case Skew::kEmptyRanks:
           v = (s % 2 == 1 || (j / experts) % 2 == 1) ? 0 : uint32_t(rng() % (max_entry + 1));
           break;
+        case Skew::kSinglePair: v = s == hot % world && j == hot ? max_entry : 0; break;  // one pair, maybe to itself
+        case Skew::kZeroRows: v = s % 2 == 1 ? 0 : uint32_t(rng() % (max_entry + 1)); break;
       }
       m.splits[size_t(s) * n + j] = v;
     }
@@ -230,15 +237,18 @@ size_t wrong_bytes(const Routing& m, int me, const std::vector<uint8_t>& got, si
   return wrong;
 }
 
-// Runs one case on one rank; returns "" or what was wrong.
+// Runs one case on one rank (max_entry: the largest split; 0: small enough for the test buffers
+// at any skew); returns "" or what was wrong.
 std::string run_variable_case(const VariableCase& c, SharedRank& r, const Memory& mem, void* splits_in,
-                              void* splits_out, size_t span, int budget, uint64_t id) {
-  const uint32_t max_entry =
-      static_cast<uint32_t>(std::max<size_t>(1, span / c.row_bytes / (size_t(2) * r.world * r.world * c.experts + 8)));
+                              void* splits_out, size_t span, int budget, uint64_t id, uint32_t max_entry = 0,
+                              int blocks = 0) {
+  if (max_entry == 0)
+    max_entry = static_cast<uint32_t>(
+        std::max<size_t>(1, span / c.row_bytes / (size_t(2) * r.world * r.world * c.experts + 8)));
   const Routing m = route(r.world, c.experts, c.align, c.skew, max_entry, c.slack, mix64(id));
   const int n = r.world * c.experts;
   const size_t in_rows = m.input_rows[r.rank], out_rows = m.output_rows[r.rank];
-  const CollectiveOptions o{c.algo, 0, budget};
+  const CollectiveOptions o{c.algo, blocks, budget};
   const Operand out = mem.out(c.kinds), in = mem.in(c.kinds);
   if (out_rows * c.row_bytes > span || in_rows * c.row_bytes > span) return "case too large for the test buffers";
   const uint64_t seed = mix64(id ^ 0x5151);
@@ -328,6 +338,119 @@ TEST(shared_gpu_all_to_all_v_and_vdev_match_reference) {
       }
       if (ran < cases.size() / 2)
         findings.add("only " + std::to_string(ran) + " of " + std::to_string(cases.size()) + " cases were plannable");
+      findings.raise(r);
+    });
+  }
+}
+
+// Skewed matrices large enough that the balanced cut spreads one pair over many blocks, that one
+// call sends some pairs as lines and others by SM, and that a single block moves everything (blocks
+// = 1): every form, zipf, one-hot, a single pair, zero rows and uniform, rows of 6, 256 and 14336
+// bytes (2-, 16- and 16-byte vectors), and the 2-D form at 1024 destinations; exact against the
+// layout's reference.
+TEST(shared_gpu_all_to_all_skewed_matches_reference) {
+  struct Skewed {
+    VariableCase c;
+    int blocks;
+  };
+  std::vector<Skewed> cases;
+  const Skew skews[] = {Skew::kZipf, Skew::kOneHotAtCapacity, Skew::kSinglePair, Skew::kZeroRows, Skew::kUniform};
+  for (Skew skew : skews)
+    for (size_t row_bytes : {size_t(6), size_t(256), size_t(14336)})
+      for (Algo algo : {Algo::kAuto, Algo::kPush, Algo::kPull, Algo::kLowLatency})
+        for (int blocks : {0, 3, 1}) {
+          if (blocks == 1 && algo != Algo::kPush) continue;
+          const Kinds kinds = algo == Algo::kPull && blocks == 0 ? Kinds::kLocal : Kinds::kHeap;
+          cases.push_back({{Form::kDeviceSplits, 1, 0, row_bytes, skew, 0, algo, kinds}, blocks});
+          if (blocks == 0) cases.push_back({{Form::kHostSplits, 1, 0, row_bytes, skew, 0, algo, kinds}, blocks});
+          if (algo != Algo::kLowLatency)
+            cases.push_back({{Form::kTwoD, 2, 8, row_bytes, skew, 0, algo, kinds}, blocks});
+        }
+  for (int world : shared_gpu_worlds()) {
+    const int budget = max_blocks_for_calls();
+    // The 2-D form at the most destinations a call takes (its layout needs more than the default
+    // 48 KiB of shared memory, and every scan several turns).
+    std::vector<Skewed> world_cases = cases;
+    const int most_experts = detail::kMaxAllToAllSplits / world;
+    for (Skew skew : {Skew::kZipf, Skew::kOneHotAtCapacity, Skew::kEmptyRanks})
+      for (Algo algo : {Algo::kAuto, Algo::kPull})
+        world_cases.push_back({{Form::kTwoD, most_experts, 4, 16, skew, 0, algo, Kinds::kHeap}, 0});
+    run_shared_ranks(world, [&](SharedRank& r) {
+      const size_t span = size_t(2) << 20;
+      Memory mem(*r.comm, span);
+      const size_t most = detail::kMaxAllToAllSplits;
+      DeviceBuffer splits_in(most * sizeof(int64_t)), splits_out(2 * most * sizeof(int64_t));
+      wait_for_every_rank(r);
+      Findings findings;
+      uint64_t id = (uint64_t(world) << 32) | 0x5000;
+      for (const Skewed& k : world_cases) {
+        ++id;
+        const VariableCase& c = k.c;
+        // The largest split that fits the buffers whatever the skew (one-hot: every rank's rows to
+        // one destination; 2-D: padding).
+        const uint32_t max_entry = static_cast<uint32_t>(span / c.row_bytes / (size_t(world) * c.experts + 2));
+        const CollectiveOptions o{c.algo, k.blocks, budget};
+        try {
+          describe_all_to_all_v(mem.out(c.kinds), 1, mem.in(c.kinds), 1, c.row_bytes, c.form != Form::kHostSplits,
+                                c.experts, c.form == Form::kTwoD ? c.align : 0, *r.comm, o);
+        } catch (const Error& e) {
+          findings.add(c.describe() + ": not plannable: " + e.what());
+          continue;
+        }
+        const std::string wrong =
+            run_variable_case(c, r, mem, splits_in.ptr, splits_out.ptr, span, budget, id, max_entry, k.blocks);
+        if (!wrong.empty()) findings.add(c.describe() + " blocks=" + std::to_string(k.blocks) + ": " + wrong);
+      }
+      findings.raise(r);
+    });
+  }
+}
+
+// Back-to-back calls of one signature (same form, rows and buffers) whose routing changes every
+// call, with no host synchronisation between them: each call must take its own headers and lines
+// (the previous call's are cleared within it), small pairs and large ones alike. Each output is
+// copied aside on the stream and checked at the end.
+TEST(shared_gpu_all_to_all_back_to_back_calls_follow_their_routing) {
+  constexpr int kCalls = 10;
+  const Skew skews[] = {Skew::kZipf, Skew::kOneHotAtCapacity, Skew::kSinglePair, Skew::kUniform, Skew::kZeroRows};
+  for (int world : shared_gpu_worlds()) {
+    const int budget = max_blocks_for_calls();
+    run_shared_ranks(world, [&](SharedRank& r) {
+      const size_t row_bytes = 64, span = size_t(1) << 20, rows = span / row_bytes;
+      Buffer* in = r.comm->allocate(span);
+      Buffer* out = r.comm->allocate(span);
+      std::vector<std::unique_ptr<DeviceBuffer>> kept;
+      std::vector<Routing> routes;
+      const int window = shared_gpu_window(world, 4);
+      wait_for_every_rank(r);
+      for (int call = 0; call < kCalls; ++call) {
+        // Alternately tiny (every pair as lines) and large (most pairs by SM) splits.
+        const uint32_t max_entry = call % 2 ? uint32_t(rows / (world + 2)) : uint32_t(3 + call);
+        routes.push_back(route(world, 1, 0, skews[call % std::size(skews)], max_entry, 0, mix64(0xB2B + call)));
+        const Routing& m = routes.back();
+        std::vector<int64_t> mine(world), expect_from(world);
+        for (int q = 0; q < world; ++q) mine[q] = m.splits[size_t(r.rank) * world + q];
+        for (int s = 0; s < world; ++s) expect_from[s] = m.splits[size_t(s) * world + r.rank];
+        TEST_CUDA(cudaMemsetAsync(out->ptr(), kPoison, span, r.stream));
+        fill_rows(in->ptr(), m.input_rows[r.rank], row_bytes, mix64(call), r.rank, r.stream);
+        // Capacities as large as the buffers on every call: only the splits change.
+        all_to_all_v(Operand(*out), rows, Operand(*in), rows, mine.data(), expect_from.data(), row_bytes, *r.comm,
+                     r.stream, {Algo::kAuto, 0, budget});
+        kept.push_back(std::make_unique<DeviceBuffer>(span));
+        TEST_CUDA(cudaMemcpyAsync(kept.back()->ptr, out->ptr(), span, cudaMemcpyDeviceToDevice, r.stream));
+        if ((call + 1) % window == 0) TEST_CUDA(cudaStreamSynchronize(r.stream));
+      }
+      r.comm->synchronize(r.stream);
+      Findings findings;
+      for (int call = 0; call < kCalls; ++call) {
+        const Routing& m = routes[call];
+        std::vector<uint8_t> got = download(kept[call]->ptr, span, r.stream);
+        got.resize(m.output_rows[r.rank] * row_bytes);  // past what the call fills: poison, not checked here
+        const size_t bad = wrong_bytes(m, r.rank, got, row_bytes, mix64(call));
+        if (bad)
+          findings.add("call " + std::to_string(call) + " (" + skew_name(skews[call % std::size(skews)]) +
+                       "): " + std::to_string(bad) + " bytes wrong");
+      }
       findings.raise(r);
     });
   }

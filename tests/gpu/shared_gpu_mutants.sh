@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Negative control of the shared-GPU tests (tests/gpu/shared_gpu_tests.cpp): each mutant puts one
-# protocol bug back into the library, and the test that guards against it must fail.
+# Negative control of the shared-GPU tests (tests/gpu/shared_gpu_tests.cpp and
+# shared_gpu_moe_tests.cpp): each mutant puts one protocol bug back into the library, and the test
+# that guards against it must fail.
 #
 #   tests/gpu/shared_gpu_mutants.sh build   # here: one test binary per mutant, in build-mutants/
 #   tests/gpu/shared_gpu_mutants.sh run     # on a GPU machine: runs each, says caught or NOT CAUGHT
@@ -17,6 +18,7 @@ cd "$root"
 out=build-mutants
 
 # name | file | the text the mutant removes or replaces | its replacement | test filter | worlds
+# [| test target, symmem_shared_gpu_tests when absent]
 mutants=(
   # Low latency: a receiver that never clears the lines it took leaves stale lines behind for
   # the call two counted calls later.
@@ -29,6 +31,11 @@ mutants=(
   # max of floating types back to a comparison (issue 27): NaN wins or loses depending on the rank
   # that holds it, where NCCL ignores it.
   "nan_by_rank|src/device/reduce.cuh|    if constexpr (std::is_floating_point_v<A>) return fmaxf(a, b);||max_min_ignore_nan|2 4"
+  # Variable all-to-all: the last block never clears the headers, so the call two counted calls
+  # later may read the old call's splits (same signature) before its own arrive.
+  "a2a_headers_kept|src/kernels/all_to_all_variable.cu|i < s.world * header; i += blockDim.x)|i < 0; i += blockDim.x)|all_to_all_back_to_back|2 4|symmem_shared_gpu_moe_tests"
+  # Variable all-to-all: a block's span of the balanced cut loses its last vector when it is odd.
+  "a2a_span_short|src/kernels/all_to_all_variable.cu|end = cut_begin(total, gridDim.x, blockIdx.x + 1);|end = begin + (cut_begin(total, gridDim.x, blockIdx.x + 1) - begin) / 2 * 2;|all_to_all_skewed|2 4|symmem_shared_gpu_moe_tests"
 )
 
 # name | CMake option | test target | test filter | worlds | environment of the run
@@ -55,18 +62,19 @@ case "${1:-}" in
   build)
     mkdir -p "$out"
     for m in "${mutants[@]}"; do
-      IFS='|' read -r name file old new filter worlds <<<"$m"
+      IFS='|' read -r name file old new filter worlds target <<<"$m"
+      target=${target:-symmem_shared_gpu_tests}
       cp "$file" "$out/$name.orig"
       trap 'cp "$out/'"$name"'.orig" "'"$file"'"' EXIT
       trap 'cp "$out/'"$name"'.orig" "'"$file"'"; exit 130' INT TERM
       mutate "$file" "$old" "$new"
-      cmake --build build --target symmem_shared_gpu_tests >/dev/null
-      cp build/tests/symmem_shared_gpu_tests "$out/$name"
+      cmake --build build --target "$target" >/dev/null
+      cp "build/tests/$target" "$out/$name"
       cp "$out/$name.orig" "$file" && rm "$out/$name.orig"
       trap - EXIT INT TERM
       echo "built mutant $name"
     done
-    cmake --build build --target symmem_shared_gpu_tests >/dev/null
+    cmake --build build --target symmem_shared_gpu_tests symmem_shared_gpu_moe_tests >/dev/null
     for m in "${option_mutants[@]}"; do
       IFS='|' read -r name option target filter worlds env <<<"$m"
       dir="$out/$option.build"
@@ -83,7 +91,7 @@ case "${1:-}" in
     missed=0
     runs=()
     for m in "${mutants[@]}"; do
-      IFS='|' read -r name file old new filter worlds <<<"$m"
+      IFS='|' read -r name file old new filter worlds target <<<"$m"
       runs+=("$name|$filter|$worlds|")
     done
     for m in "${option_mutants[@]}"; do
