@@ -10,6 +10,7 @@
 #include "capi/c_api_guard.hpp"
 #include "capi/c_api_comm.hpp"
 #include "capi/callback_bootstrap.hpp"
+#include "comm/refusal.hpp"
 #include "symmem/symmem.hpp"
 
 namespace symmem::detail {
@@ -85,6 +86,24 @@ Communicator& comm_of(symmem_comm* comm) {
 
 cudaStream_t stream_of(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// The C ABI's own checks of a collective call's arguments (enum values, operands that must lie in
+// the heap): one that fails refuses the call, as the library's checks do, so that the peers raise
+// it too instead of waiting in the call (Communicator::refuse_call).
+template <typename Checks>
+auto checked(Communicator& comm, const char* op, void* stream, Checks&& checks) -> decltype(checks()) {
+  try {
+    return checks();
+  } catch (const Error& e) {
+    comm.refuse_call(op, e.code(), e.what(), stream_of(stream));
+  }
+}
+
+struct TypeAndOptions {
+  DataType type;
+  ReduceOp op;
+  CollectiveOptions options;
+};
+
 }  // namespace
 
 void set_last_error(const std::string& message) { last_error = message; }
@@ -92,6 +111,8 @@ void set_last_error(const std::string& message) { last_error = message; }
 }  // namespace symmem::detail
 
 using symmem::detail::c_api_guard;
+using symmem::detail::checked;
+using symmem::detail::TypeAndOptions;
 using symmem::detail::comm_of;
 using symmem::detail::dtype_of;
 using symmem::detail::operands_of;
@@ -202,9 +223,11 @@ int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count
                       int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kAllGather, c, out, in, count, type);
-    symmem::all_gather(o, i, count, type, c, stream_of(stream), options_of(algo, blocks, max_blocks));
+    const auto a = checked(c, "all_gather", stream, [&] {
+      return TypeAndOptions{dtype_of(dtype), symmem::ReduceOp::kSum, options_of(algo, blocks, max_blocks)};
+    });
+    auto [o, i] = operands_of(symmem::detail::kAllGather, c, out, in, count, a.type);
+    symmem::all_gather(o, i, count, a.type, c, stream_of(stream), a.options);
   });
 }
 
@@ -212,10 +235,11 @@ int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const
                              int64_t m, int64_t n, int64_t k, int dtype, void* stream) {
   return c_api_guard([&] {
     symmem::Communicator& cm = comm_of(comm);
-    const symmem::DataType type = dtype_of(dtype);
+    const symmem::DataType type = checked(cm, "all_gather_matmul", stream, [&] { return dtype_of(dtype); });
     const size_t a_bytes = size_t(std::max<int64_t>(m, 0)) * size_t(std::max<int64_t>(k, 0)) * dtype_size(type);
-    symmem::all_gather_matmul(c, symmetric_operand_at(cm, gathered_a, a_bytes), a_shard, b, m, n, k, type, cm,
-                              stream_of(stream));
+    const symmem::Operand gathered = checked(cm, "all_gather_matmul", stream,
+                                             [&] { return symmetric_operand_at(cm, gathered_a, a_bytes); });
+    symmem::all_gather_matmul(c, gathered, a_shard, b, m, n, k, type, cm, stream_of(stream));
   });
 }
 
@@ -223,10 +247,11 @@ int symmem_matmul_reduce_scatter(symmem_comm* comm, void* c_shard, void* workspa
                                  int64_t m, int64_t n, int64_t k, int dtype, void* stream) {
   return c_api_guard([&] {
     symmem::Communicator& cm = comm_of(comm);
-    const symmem::DataType type = dtype_of(dtype);
-    symmem::matmul_reduce_scatter(
-        c_shard, symmetric_operand_at(cm, workspace, symmem::matmul_reduce_scatter_workspace_bytes(m, n)), a, b, m, n,
-        k, type, cm, stream_of(stream));
+    const symmem::DataType type = checked(cm, "matmul_reduce_scatter", stream, [&] { return dtype_of(dtype); });
+    const symmem::Operand space = checked(cm, "matmul_reduce_scatter", stream, [&] {
+      return symmetric_operand_at(cm, workspace, symmem::matmul_reduce_scatter_workspace_bytes(m, n));
+    });
+    symmem::matmul_reduce_scatter(c_shard, space, a, b, m, n, k, type, cm, stream_of(stream));
   });
 }
 
@@ -238,9 +263,10 @@ int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count
                       int algo, int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kAllReduce, c, out, in, count, type);
-    symmem::all_reduce(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
+    const auto a = checked(c, "all_reduce", stream,
+                           [&] { return TypeAndOptions{dtype_of(dtype), op_of(op), options_of(algo, blocks, max_blocks)}; });
+    auto [o, i] = operands_of(symmem::detail::kAllReduce, c, out, in, count, a.type);
+    symmem::all_reduce(o, i, count, a.type, a.op, c, stream_of(stream), a.options);
   });
 }
 
@@ -248,9 +274,10 @@ int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t c
                           void* stream, int algo, int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kReduceScatter, c, out, in, count, type);
-    symmem::reduce_scatter(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
+    const auto a = checked(c, "reduce_scatter", stream,
+                           [&] { return TypeAndOptions{dtype_of(dtype), op_of(op), options_of(algo, blocks, max_blocks)}; });
+    auto [o, i] = operands_of(symmem::detail::kReduceScatter, c, out, in, count, a.type);
+    symmem::reduce_scatter(o, i, count, a.type, a.op, c, stream_of(stream), a.options);
   });
 }
 
@@ -286,8 +313,9 @@ int symmem_all_to_all(symmem_comm* comm, void* out, const void* in, size_t bytes
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const size_t bytes = bytes_per_pair * static_cast<size_t>(c.world());
+    const auto options = checked(c, "all_to_all", stream, [&] { return options_of(algo, blocks, max_blocks); });
     symmem::all_to_all(operand_at(c, out, bytes), operand_at(c, in, bytes), bytes_per_pair, c, stream_of(stream),
-                       options_of(algo, blocks, max_blocks));
+                       options);
   });
 }
 
@@ -296,9 +324,9 @@ int symmem_all_to_all_v(symmem_comm* comm, void* out, size_t out_rows, const voi
                         int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
+    const auto options = checked(c, "all_to_all_v", stream, [&] { return options_of(algo, blocks, max_blocks); });
     symmem::all_to_all_v(operand_at(c, out, out_rows * row_bytes), out_rows, operand_at(c, in, in_rows * row_bytes),
-                         in_rows, in_splits, out_splits, row_bytes, c, stream_of(stream),
-                         options_of(algo, blocks, max_blocks));
+                         in_rows, in_splits, out_splits, row_bytes, c, stream_of(stream), options);
   });
 }
 
@@ -309,16 +337,20 @@ int symmem_all_to_all_vdev(symmem_comm* comm, void* out, size_t out_rows, const 
     symmem::Communicator& c = comm_of(comm);
     const symmem::Operand o = operand_at(c, out, out_rows * row_bytes);
     const symmem::Operand i = operand_at(c, in, in_rows * row_bytes);
-    if (major_align == 0) {
-      if (experts != 1)
+    const char* op = major_align == 0 ? "all_to_all_vdev" : "all_to_all_vdev_2d";
+    const auto options = checked(c, op, stream, [&] {
+      if (major_align == 0 && experts != 1)
         throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
                             "symmem_all_to_all_vdev: major_align 0 (the plain form) takes one expert, got " +
                                 std::to_string(experts));
+      return options_of(algo, blocks, max_blocks);
+    });
+    if (major_align == 0) {
       symmem::all_to_all_vdev(o, out_rows, i, in_rows, in_splits, out_splits_offsets, row_bytes, c, stream_of(stream),
-                              options_of(algo, blocks, max_blocks));
+                              options);
     } else {
       symmem::all_to_all_vdev_2d(o, out_rows, i, in_rows, in_splits, out_splits_offsets, row_bytes, experts,
-                                 major_align, c, stream_of(stream), options_of(algo, blocks, max_blocks));
+                                 major_align, c, stream_of(stream), options);
     }
   });
 }
@@ -344,6 +376,34 @@ int symmem_describe_all_to_all(symmem_comm* comm, int form, void* out, size_t ou
     if (text && text_bytes) {
       const size_t n = std::min(plan.size(), text_bytes - 1);
       std::memcpy(text, plan.data(), n);
+      text[n] = '\0';
+    }
+  });
+}
+
+int symmem_refuse_call(symmem_comm* comm, const char* op, int error_code, const char* message, void* stream) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const auto code = static_cast<symmem::ErrorCode>(error_code);
+    if (error_code < 0 || !symmem::error_code_id(code))
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          "symmem_refuse_call: " + std::to_string(error_code) + " is not a symmem::ErrorCode");
+    c.refuse_call(op ? op : "collective", code, message ? message : "", stream_of(stream));
+  });
+}
+
+int symmem_refusal_message(const char* op, int rank, int error_code, const char* cause, char* text,
+                           size_t text_bytes) {
+  return c_api_guard([&] {
+    const auto code = static_cast<symmem::ErrorCode>(error_code);
+    if (error_code < 0 || !symmem::error_code_id(code))
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          "symmem_refusal_message: " + std::to_string(error_code) + " is not a symmem::ErrorCode");
+    const std::string message =
+        symmem::detail::refusal_message(op ? op : "collective", rank, code, cause ? cause : "");
+    if (text && text_bytes) {
+      const size_t n = std::min(message.size(), text_bytes - 1);
+      std::memcpy(text, message.data(), n);
       text[n] = '\0';
     }
   });

@@ -9,6 +9,7 @@
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "kernels/kernel_args.hpp"
@@ -172,7 +173,8 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   st.ensure_usable("all_gather");
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
-  const Prepared p = prepare(out, in, count, type, st, options);
+  const Prepared p = detail::checked_or_refused(st, detail::kOpAllGather, "all_gather", stream,
+                                                [&] { return prepare(out, in, count, type, st, options); });
   detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature = st.sign_call(p.call);
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, detail::describe(p.plan).c_str());

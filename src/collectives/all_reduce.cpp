@@ -7,6 +7,7 @@
 #include "collectives/reduction_launch.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "kernels/kernel_args.hpp"
@@ -219,7 +220,10 @@ void all_reduce(Operand out, Operand in, size_t count, DataType type, ReduceOp o
   st.require_one_node("all_reduce");
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
-  detail::run_reduction(detail::prepare_reduction(false, out, in, count, type, op, st, options), st, stream);
+  const detail::PreparedReduction p = detail::checked_or_refused(st, detail::kOpAllReduce, "all_reduce", stream, [&] {
+    return detail::prepare_reduction(false, out, in, count, type, op, st, options);
+  });
+  detail::run_reduction(p, st, stream);
 }
 
 }  // namespace symmem

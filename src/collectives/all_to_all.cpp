@@ -12,6 +12,7 @@
 #include "collectives/validate.hpp"
 #include "comm/all_to_all_state.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/hash.hpp"
@@ -74,7 +75,8 @@ void plan(Prepared& p, CommunicatorState& st, const CollectiveOptions& options) 
   if (p.form != AllToAllForm::kUniform && p.plan.stage_input && p.in_bytes > st.workspaces->staging_capacity())
     throw Error(
         ErrorCode::kInvalidArgument,
-        std::string(p.name) + ": the input (" + std::to_string(p.in_bytes) + " bytes) must be staged" +
+        std::string(p.name) + ": the input (" + std::to_string(p.in_rows) + " rows, " + std::to_string(p.in_bytes) +
+            " bytes) must be staged" +
             (p.in_place ? " (in place)" : " (it is not in the heap and the algorithm reads it from the peers)") +
             " but the staging workspace holds " + std::to_string(st.workspaces->staging_capacity()) +
             " bytes (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB); pass a heap buffer (symmem.torch.empty) "
@@ -245,7 +247,8 @@ void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& co
   st.require_one_node("all_to_all");
   if (bytes_per_pair == 0) return;
   detail::DeviceGuard guard(st.device);
-  const Prepared p = prepare_uniform(out, in, bytes_per_pair, st, options);
+  const Prepared p = detail::checked_or_refused(st, detail::kOpAllToAll, "all_to_all", stream,
+                                                [&] { return prepare_uniform(out, in, bytes_per_pair, st, options); });
   detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature = sign(p, st);
   const int world = st.world;
@@ -345,34 +348,41 @@ void all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, cons
                   const int64_t* out_splits, size_t row_bytes, Communicator& comm, cudaStream_t stream,
                   const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
-  st.ensure_usable("all_to_all_v");
-  st.require_one_node("all_to_all_v");
-  require_splits(in_splits, "in_splits", "all_to_all_v");
-  require_splits(out_splits, "out_splits", "all_to_all_v");
+  const char* op = "all_to_all_v";
+  st.ensure_usable(op);
+  st.require_one_node(op);
   detail::DeviceGuard guard(st.device);
-  const Prepared p =
-      prepare_variable(AllToAllForm::kHostSplits, out, out_rows, in, in_rows, row_bytes, 1, 0, st, options);
+  const Prepared p = detail::checked_or_refused(st, detail::kOpAllToAll, op, stream, [&] {
+    require_splits(in_splits, "in_splits", op);
+    require_splits(out_splits, "out_splits", op);
+    return prepare_variable(AllToAllForm::kHostSplits, out, out_rows, in, in_rows, row_bytes, 1, 0, st, options);
+  });
   run_variable(p, st, nullptr, in_splits, out_splits, nullptr, stream);
 }
 
 namespace {
 
-// all_to_all_vdev (align 0, one expert) and all_to_all_vdev_2d (align >= 1).
+// all_to_all_vdev (two_d false: align 0, one expert) and all_to_all_vdev_2d (align >= 1).
 void run_device_splits(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
-                       int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,
+                       int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align, bool two_d,
                        Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
-  const char* op = name_of(AllToAllForm::kDeviceSplits, major_align);
+  const char* op = two_d ? "all_to_all_vdev_2d" : "all_to_all_vdev";
   st.ensure_usable(op);
   st.require_one_node(op);
-  require_splits(in_splits, "in_splits", op);
-  require_splits(out_splits_offsets, "out_splits_offsets", op);
   detail::DeviceGuard guard(st.device);
-  const size_t splits = size_t(std::max(experts, 1)) * st.world;
-  detail::require_device_pointer(in_splits, splits * sizeof(int64_t), "in_splits", op, comm);
-  detail::require_device_pointer(out_splits_offsets, 2 * splits * sizeof(int64_t), "out_splits_offsets", op, comm);
-  const Prepared p = prepare_variable(AllToAllForm::kDeviceSplits, out, out_rows, in, in_rows, row_bytes, experts,
-                                      major_align, st, options);
+  const Prepared p = detail::checked_or_refused(st, detail::kOpAllToAll, op, stream, [&] {
+    if (two_d && major_align < 1)
+      throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": major_align must be positive (torch's default is " +
+                                                   "1), got " + std::to_string(major_align));
+    require_splits(in_splits, "in_splits", op);
+    require_splits(out_splits_offsets, "out_splits_offsets", op);
+    const size_t splits = size_t(std::max(experts, 1)) * st.world;
+    detail::require_device_pointer(in_splits, splits * sizeof(int64_t), "in_splits", op, comm);
+    detail::require_device_pointer(out_splits_offsets, 2 * splits * sizeof(int64_t), "out_splits_offsets", op, comm);
+    return prepare_variable(AllToAllForm::kDeviceSplits, out, out_rows, in, in_rows, row_bytes, experts, major_align,
+                            st, options);
+  });
   run_variable(p, st, in_splits, nullptr, nullptr, out_splits_offsets, stream);
 }
 
@@ -381,18 +391,15 @@ void run_device_splits(Operand out, size_t out_rows, Operand in, size_t in_rows,
 void all_to_all_vdev(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
                      int64_t* out_splits_offsets, size_t row_bytes, Communicator& comm, cudaStream_t stream,
                      const CollectiveOptions& options) {
-  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, 1, 0, comm, stream, options);
+  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, 1, 0, false, comm, stream,
+                    options);
 }
 
 void all_to_all_vdev_2d(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
                         int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,
                         Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
-  if (major_align < 1)
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        "all_to_all_vdev_2d: major_align must be positive (torch's default is 1), got " + std::to_string(major_align));
-  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, major_align, comm,
-                    stream, options);
+  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, major_align, true,
+                    comm, stream, options);
 }
 
 }  // namespace symmem

@@ -1,6 +1,7 @@
 // reduce_scatter: the same preparation and launch as all_reduce (reduction_launch.hpp).
 #include "collectives/reduction_launch.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/device_guard.hpp"
 #include "symmem/collectives.hpp"
 
@@ -20,7 +21,10 @@ void reduce_scatter(Operand out, Operand in, size_t count, DataType type, Reduce
   st.require_one_node("reduce_scatter");
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
-  detail::run_reduction(detail::prepare_reduction(true, out, in, count, type, op, st, options), st, stream);
+  const detail::PreparedReduction p =
+      detail::checked_or_refused(st, detail::kOpReduceScatter, "reduce_scatter", stream,
+                                 [&] { return detail::prepare_reduction(true, out, in, count, type, op, st, options); });
+  detail::run_reduction(p, st, stream);
 }
 
 }  // namespace symmem
