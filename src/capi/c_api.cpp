@@ -86,9 +86,10 @@ Communicator& comm_of(symmem_comm* comm) {
 
 cudaStream_t stream_of(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-// The C ABI's own checks of a collective call's arguments (enum values, operands that must lie in
-// the heap): one that fails refuses the call, as the library's checks do, so that the peers raise
-// it too instead of waiting in the call (Communicator::refuse_call).
+// The C ABI's own checks of one rank's operands (an operand that must lie in the heap): one that
+// fails refuses the call, as the library's checks of a rank's operands do, so that the peers raise
+// it too instead of waiting in the call (Communicator::refuse_call). Enum values are checked plainly:
+// every rank passes the same ones.
 template <typename Checks>
 auto checked(Communicator& comm, const char* op, void* stream, Checks&& checks) -> decltype(checks()) {
   try {
@@ -98,12 +99,6 @@ auto checked(Communicator& comm, const char* op, void* stream, Checks&& checks) 
   }
 }
 
-struct TypeAndOptions {
-  DataType type;
-  ReduceOp op;
-  CollectiveOptions options;
-};
-
 }  // namespace
 
 void set_last_error(const std::string& message) { last_error = message; }
@@ -112,7 +107,6 @@ void set_last_error(const std::string& message) { last_error = message; }
 
 using symmem::detail::c_api_guard;
 using symmem::detail::checked;
-using symmem::detail::TypeAndOptions;
 using symmem::detail::comm_of;
 using symmem::detail::dtype_of;
 using symmem::detail::operands_of;
@@ -223,11 +217,9 @@ int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count
                       int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const auto a = checked(c, "all_gather", stream, [&] {
-      return TypeAndOptions{dtype_of(dtype), symmem::ReduceOp::kSum, options_of(algo, blocks, max_blocks)};
-    });
-    auto [o, i] = operands_of(symmem::detail::kAllGather, c, out, in, count, a.type);
-    symmem::all_gather(o, i, count, a.type, c, stream_of(stream), a.options);
+    const symmem::DataType type = dtype_of(dtype);
+    auto [o, i] = operands_of(symmem::detail::kAllGather, c, out, in, count, type);
+    symmem::all_gather(o, i, count, type, c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -235,7 +227,7 @@ int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const
                              int64_t m, int64_t n, int64_t k, int dtype, void* stream) {
   return c_api_guard([&] {
     symmem::Communicator& cm = comm_of(comm);
-    const symmem::DataType type = checked(cm, "all_gather_matmul", stream, [&] { return dtype_of(dtype); });
+    const symmem::DataType type = dtype_of(dtype);
     const size_t a_bytes = size_t(std::max<int64_t>(m, 0)) * size_t(std::max<int64_t>(k, 0)) * dtype_size(type);
     const symmem::Operand gathered = checked(cm, "all_gather_matmul", stream,
                                              [&] { return symmetric_operand_at(cm, gathered_a, a_bytes); });
@@ -247,7 +239,7 @@ int symmem_matmul_reduce_scatter(symmem_comm* comm, void* c_shard, void* workspa
                                  int64_t m, int64_t n, int64_t k, int dtype, void* stream) {
   return c_api_guard([&] {
     symmem::Communicator& cm = comm_of(comm);
-    const symmem::DataType type = checked(cm, "matmul_reduce_scatter", stream, [&] { return dtype_of(dtype); });
+    const symmem::DataType type = dtype_of(dtype);
     const symmem::Operand space = checked(cm, "matmul_reduce_scatter", stream, [&] {
       return symmetric_operand_at(cm, workspace, symmem::matmul_reduce_scatter_workspace_bytes(m, n));
     });
@@ -263,10 +255,9 @@ int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count
                       int algo, int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const auto a = checked(c, "all_reduce", stream,
-                           [&] { return TypeAndOptions{dtype_of(dtype), op_of(op), options_of(algo, blocks, max_blocks)}; });
-    auto [o, i] = operands_of(symmem::detail::kAllReduce, c, out, in, count, a.type);
-    symmem::all_reduce(o, i, count, a.type, a.op, c, stream_of(stream), a.options);
+    const symmem::DataType type = dtype_of(dtype);
+    auto [o, i] = operands_of(symmem::detail::kAllReduce, c, out, in, count, type);
+    symmem::all_reduce(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -274,10 +265,9 @@ int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t c
                           void* stream, int algo, int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const auto a = checked(c, "reduce_scatter", stream,
-                           [&] { return TypeAndOptions{dtype_of(dtype), op_of(op), options_of(algo, blocks, max_blocks)}; });
-    auto [o, i] = operands_of(symmem::detail::kReduceScatter, c, out, in, count, a.type);
-    symmem::reduce_scatter(o, i, count, a.type, a.op, c, stream_of(stream), a.options);
+    const symmem::DataType type = dtype_of(dtype);
+    auto [o, i] = operands_of(symmem::detail::kReduceScatter, c, out, in, count, type);
+    symmem::reduce_scatter(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -313,9 +303,8 @@ int symmem_all_to_all(symmem_comm* comm, void* out, const void* in, size_t bytes
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const size_t bytes = bytes_per_pair * static_cast<size_t>(c.world());
-    const auto options = checked(c, "all_to_all", stream, [&] { return options_of(algo, blocks, max_blocks); });
     symmem::all_to_all(operand_at(c, out, bytes), operand_at(c, in, bytes), bytes_per_pair, c, stream_of(stream),
-                       options);
+                       options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -324,9 +313,9 @@ int symmem_all_to_all_v(symmem_comm* comm, void* out, size_t out_rows, const voi
                         int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const auto options = checked(c, "all_to_all_v", stream, [&] { return options_of(algo, blocks, max_blocks); });
     symmem::all_to_all_v(operand_at(c, out, out_rows * row_bytes), out_rows, operand_at(c, in, in_rows * row_bytes),
-                         in_rows, in_splits, out_splits, row_bytes, c, stream_of(stream), options);
+                         in_rows, in_splits, out_splits, row_bytes, c, stream_of(stream),
+                         options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -337,20 +326,16 @@ int symmem_all_to_all_vdev(symmem_comm* comm, void* out, size_t out_rows, const 
     symmem::Communicator& c = comm_of(comm);
     const symmem::Operand o = operand_at(c, out, out_rows * row_bytes);
     const symmem::Operand i = operand_at(c, in, in_rows * row_bytes);
-    const char* op = major_align == 0 ? "all_to_all_vdev" : "all_to_all_vdev_2d";
-    const auto options = checked(c, op, stream, [&] {
-      if (major_align == 0 && experts != 1)
+    if (major_align == 0) {
+      if (experts != 1)
         throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
                             "symmem_all_to_all_vdev: major_align 0 (the plain form) takes one expert, got " +
                                 std::to_string(experts));
-      return options_of(algo, blocks, max_blocks);
-    });
-    if (major_align == 0) {
       symmem::all_to_all_vdev(o, out_rows, i, in_rows, in_splits, out_splits_offsets, row_bytes, c, stream_of(stream),
-                              options);
+                              options_of(algo, blocks, max_blocks));
     } else {
       symmem::all_to_all_vdev_2d(o, out_rows, i, in_rows, in_splits, out_splits_offsets, row_bytes, experts,
-                                 major_align, c, stream_of(stream), options);
+                                 major_align, c, stream_of(stream), options_of(algo, blocks, max_blocks));
     }
   });
 }

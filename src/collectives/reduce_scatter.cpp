@@ -11,7 +11,8 @@ std::string describe_reduce_scatter(Operand out, Operand in, size_t count, DataT
                                     const CollectiveOptions& options) {
   detail::CommunicatorState& st = detail::state_of(comm);
   detail::DeviceGuard guard(st.device);
-  return detail::describe(detail::prepare_reduction(true, out, in, count, type, ReduceOp::kSum, st, options).plan);
+  return detail::describe(
+      detail::prepare_reduction(true, out, in, count, type, ReduceOp::kSum, st, options, nullptr).plan);
 }
 
 void reduce_scatter(Operand out, Operand in, size_t count, DataType type, ReduceOp op, Communicator& comm,
@@ -21,10 +22,8 @@ void reduce_scatter(Operand out, Operand in, size_t count, DataType type, Reduce
   st.require_one_node("reduce_scatter");
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
-  const detail::PreparedReduction p =
-      detail::checked_or_refused(st, detail::kOpReduceScatter, "reduce_scatter", stream,
-                                 [&] { return detail::prepare_reduction(true, out, in, count, type, op, st, options); });
-  detail::run_reduction(p, st, stream);
+  const detail::RefusalSite site{st, detail::kOpReduceScatter, "reduce_scatter", stream};
+  detail::run_reduction(detail::prepare_reduction(true, out, in, count, type, op, st, options, &site), st, stream);
 }
 
 }  // namespace symmem

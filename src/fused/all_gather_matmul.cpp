@@ -155,6 +155,9 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
+  // The shape is every rank's alike (a plain error); the rest is this rank's own (refused).
+  const std::string shape = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
+  if (!shape.empty()) throw Error(ErrorCode::kInvalidArgument, shape);
   Prepared p = detail::checked_or_refused(st, detail::kOpAllGatherMatmul, kOp, stream, [&] {
     return prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
   });

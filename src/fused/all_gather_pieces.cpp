@@ -28,14 +28,14 @@ void all_gather_pieces(Operand gathered, const void* shard, int64_t m, size_t ro
   st.require_one_node(kOp);
   detail::DeviceGuard guard(st.device);
   const int rank = st.rank, world = st.world;
+  if (m <= 0 || m % world != 0 || row_bytes == 0 || tile_rows <= 0)
+    throw Error(ErrorCode::kInvalidArgument, std::string(kOp) + ": m = " + std::to_string(m) +
+                                                 " rows must be a positive multiple of the " + std::to_string(world) +
+                                                 " ranks, row_bytes (" + std::to_string(row_bytes) +
+                                                 ") and tile_rows (" + std::to_string(tile_rows) + ") positive");
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, std::string(kOp) + ": no copy-engine state");
+  // The shape above is every rank's alike (a plain error); the operands are this rank's own (refused).
   detail::PieceGather g = detail::checked_or_refused(st, detail::kOpAllGatherPieces, kOp, stream, [&] {
-    if (m <= 0 || m % world != 0 || row_bytes == 0 || tile_rows <= 0)
-      throw Error(ErrorCode::kInvalidArgument, std::string(kOp) + ": m = " + std::to_string(m) +
-                                                   " rows must be a positive multiple of the " +
-                                                   std::to_string(world) + " ranks, row_bytes (" +
-                                                   std::to_string(row_bytes) + ") and tile_rows (" +
-                                                   std::to_string(tile_rows) + ") positive");
     if (!gathered.symmetric())
       throw Error(ErrorCode::kInvalidArgument, std::string(kOp) +
                                                    ": gathered must be a symmetric operand (a heap Buffer and "

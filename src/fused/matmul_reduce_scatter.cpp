@@ -199,6 +199,9 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
+  // The shape is every rank's alike (a plain error); the rest is this rank's own (refused).
+  const std::string shape = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
+  if (!shape.empty()) throw Error(ErrorCode::kInvalidArgument, shape);
   Prepared p = detail::checked_or_refused(st, detail::kOpMatmulReduceScatter, kOp, stream, [&] {
     return prepare(c_shard, workspace, a, b, m, n, k, type, st, comm);
   });

@@ -7,7 +7,6 @@
 
 #include "board/call_signature.hpp"
 #include "comm/communicator_state.hpp"
-#include "comm/refusal.hpp"
 #include "common/device_guard.hpp"
 #include "symmem/user_call.hpp"
 
@@ -24,14 +23,11 @@ UserSync begin_user_call(Communicator& comm, const std::string& description, int
                                              "everything the ranks must agree on (shapes, dtypes)");
   st.ensure_usable(description.c_str());
   st.require_one_node(description.c_str());
+  if (blocks < 1 || blocks > kUserMaxBlocks)
+    throw Error(ErrorCode::kInvalidArgument, description + ": a user kernel runs 1 to " +
+                                                 std::to_string(kUserMaxBlocks) + " blocks (its per-block flags and "
+                                                 "epochs), not " + std::to_string(blocks));
   detail::DeviceGuard guard(st.device);
-  detail::checked_or_refused(st, detail::kOpUser, description.c_str(), stream, [&] {
-    if (blocks < 1 || blocks > kUserMaxBlocks)
-      throw Error(ErrorCode::kInvalidArgument, description + ": a user kernel runs 1 to " +
-                                                   std::to_string(kUserMaxBlocks) +
-                                                   " blocks (its per-block flags and epochs), not " +
-                                                   std::to_string(blocks));
-  });
   detail::EnqueueScope enqueue(st, stream);
   enqueue.leave_end_open();  // the kernel comes after this returns
   UserSync sync = st.user_sync;
