@@ -151,12 +151,15 @@ class ExpertParallel:
     def dispatch(self, x, topk_idx, topk_weights, x_scales=None, num_tokens=None):
         """x [T, H] (payload dtype), topk_idx [T, K] int64 or int32 (-1: none), topk_weights [T, K]
         float32, x_scales [T, H / 128] float32 for float8; num_tokens: a device int32 tensor (graphs
-        captured at the maximum batch) or None for T = x.shape[0]."""
+        captured at the maximum batch: the tensors then hold max_tokens_per_rank rows) or None for
+        T = x.shape[0]. A rank with no tokens passes T = 0. A tensor that fails a check refuses the
+        call: every rank raises, naming this rank (docs/moe.md)."""
         return Dispatched(*torch.ops.symmem.moe_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens, self.id))
 
     def combine(self, expert_out=None, out=None, weights_applied=False, topk_weights=None):
         """The tokens of the last dispatch, their expert outputs summed (float32, top-k or rank order)
-        into out [T, H] bfloat16 (allocated when None). expert_out: None to read combine_input."""
+        into out [>= T, H] bfloat16 (allocated when None; [0, H] after a dispatch of no tokens).
+        expert_out: None to read combine_input; topk_weights: None for the dispatch's, else [T, K]."""
         if out is None:
             out = torch.empty((self.max_tokens_per_rank, self.hidden), dtype=torch.bfloat16, device=self.device)
         torch.ops.symmem.moe_combine(expert_out, topk_weights, self.id, bool(weights_applied), out=out)
