@@ -13,16 +13,16 @@
 // another value made another call (a mismatch, or a rank its peers wait for).
 //
 // How. Every check of a call's own arguments runs before anything is enqueued (own_arguments,
-// checked_or_refused below). On failure the rank does not drop the call: it writes the message into its page of the
-// host board, then enqueues on the call's stream one thread (kernels/refusal.cu) that writes its
-// failure record as kStatusRefused (the ErrorCode in the record) and sets the abort word. In stream
-// order, so the calls before it finish as they would have; then every wait of every peer's kernels
-// of the refused call (barrier flags, low-latency lines, copy-engine handshakes through the
-// watchdog, the fused GEMM's flags) sees the abort word within a poll interval and leaves, and
-// every host's next call, check() or synchronize() finds the record (ensure_usable; a cause of its
-// own for board/wait_chain.hpp) and raises the refusing rank's ErrorCode with its message. No
-// protocol carries anything for it, so a call that is not refused pays nothing: no launch, no
-// word, no round trip.
+// checked_or_refused below). On failure the rank does not drop the call: it writes the message
+// into its page of the host board, then enqueues on the call's stream one thread
+// (kernels/refusal.cu) that writes its failure record as kStatusRefused (the ErrorCode in the
+// record) and sets the abort word. In stream order, so the calls before it finish as they would
+// have; then every wait of every peer's kernels of the refused call (barrier flags, low-latency
+// lines, copy-engine handshakes through the watchdog, the fused GEMM's flags) sees the abort word
+// within a poll interval and leaves, and every host's next call, check() or synchronize() finds
+// the record (ensure_usable; a cause of its own for board/wait_chain.hpp) and raises the refusing
+// rank's ErrorCode with its message. No protocol carries anything for it, so a call that is not
+// refused pays nothing: no launch, no word, no round trip.
 //
 // Under CUDA graph capture nothing captured would ever run the refusal (the refusing rank raises,
 // its graph is incomplete), so the record and the abort word are written from the host at once:
@@ -33,10 +33,9 @@
 // Afterwards the communicator is unusable on every rank, as after a mismatch or a capacity verdict
 // (the peers may have entered the call's protocol half way): every later call raises kAborted with
 // the same message. kUnsupported and kAborted (a build or GPU without the fused GEMM, a
-// communicator that spans nodes, one closed or failed) never refuse: every rank that makes the call
-// raises them alike. A refusal reaches the ranks
-// of this node (they share the host board); ranks on other nodes of a hierarchical all_gather
-// learn of it through their NCCL step's deadline.
+// communicator that spans nodes, one closed or failed) never refuse: every rank that makes the
+// call raises them alike. A refusal reaches the ranks of this node (they share the host board);
+// ranks on other nodes of a hierarchical all_gather learn of it through their NCCL step's deadline.
 #pragma once
 
 #include <cuda_runtime_api.h>
