@@ -21,7 +21,12 @@
 // Operands follow symmem/collectives.hpp: symmetric operands (heap Buffers) move zero-copy; a
 // local input is staged into the workspace when the algorithm reads it from the peers (the
 // variable forms need it to fit: an error names the budget otherwise); a local output takes the
-// pull algorithm. In place (in and out the same memory) stages the input.
+// pull algorithm. In place (in and out the same memory) stages the input. A rank with no rows
+// passes null local operands with 0 rows (and zero splits).
+//
+// Arguments that fail a check on one rank (null or host pointers, a staged input larger than the
+// staging area, ...) refuse the call: every rank raises kInvalidArgument naming that rank and the
+// cause, and the communicator is unusable afterwards (Communicator::refuse_call).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -13,7 +13,11 @@
 // values that are equal everywhere (docs/design.md, "Ownership and lifetimes").
 //
 // Errors: kInvalidArgument for bad input (nothing launched); kTimeout / kMismatch / kAborted when a
-// device wait of an earlier call failed on some rank (the communicator is then unusable).
+// device wait of an earlier call failed on some rank (the communicator is then unusable). A check
+// of this rank's own operands that fails (null, host or another device's memory, outside its
+// buffer, overlapping) refuses the call: every rank raises it, naming this rank, and the
+// communicator is unusable afterwards (Communicator::refuse_call); a check of what every rank
+// passes alike (count, type, op, options) raises here only and leaves the communicator usable.
 #pragma once
 
 #include <cuda_runtime_api.h>

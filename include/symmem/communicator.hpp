@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "symmem/bootstrap.hpp"
 #include "symmem/error.hpp"
@@ -126,6 +127,15 @@ class Communicator {
   void check() const;
   // cudaStreamSynchronize + check().
   void synchronize(cudaStream_t stream) const;
+  // Refuses this rank's part of the collective call `op` (e.g. "all_to_all_single"), which this
+  // rank will not make because its arguments failed a check made outside symmem (a binding's
+  // shapes and dtypes): the peers' waits in that call end at once, and every rank raises `code`
+  // with the same message, "<op>: rank R refused the call: <cause>; ...", at its next call,
+  // check() or synchronize() (this rank: here, thrown). `stream` is the stream the call would have
+  // used (the refusal is ordered after the calls before it there). The communicator is unusable
+  // afterwards on every rank, as after a mismatch. symmem's own calls refuse their own bad
+  // arguments the same way (docs/design.md, "Refusals").
+  [[noreturn]] void refuse_call(const char* op, ErrorCode code, const std::string& cause, cudaStream_t stream);
   bool aborted() const;
   int64_t timeout_ms() const;
   // CUDA graphs that captured a call of this communicator and still exist, or still run: they

@@ -78,6 +78,8 @@ struct EpMemory {
 // Throws kInvalidArgument naming the first field of `config` that is out of range.
 EpMemory ep_memory(const EpConfig& config, int world);
 
+// A rank with no tokens (num_tokens 0, an idle data-parallel rank) still makes every call: its
+// tensors may then be null (torch's empty tensors), and combine's out too.
 struct EpDispatchArgs {
   const void* x = nullptr;              // [num_tokens, H] bfloat16, or float8 e4m3 (payload)
   const float* x_scales = nullptr;      // float8: [num_tokens, H / 128] float32
@@ -94,11 +96,12 @@ struct EpCombineArgs {
   // Expert outputs: null to read the context's combine_input (zero copy); else device memory laid
   // out like it (bfloat16, same rows), whose valid rows are copied in first.
   const void* expert_out = nullptr;
-  void* out = nullptr;  // [num_tokens, H] bfloat16 (rows of this rank's dispatched tokens)
+  void* out = nullptr;  // [num_tokens, H] bfloat16 (rows of this rank's dispatched tokens; T with a device count)
   // kExpertMajor: the weights were applied before the experts (vLLM's apply_router_weight_on_input):
   // combine sums without them. Ignored for kRankMajor (the experts applied them).
   bool weights_applied = false;
-  // kExpertMajor: weights to apply; null: those of the dispatch (the context kept a copy).
+  // kExpertMajor: weights to apply, [num_tokens, K] float32 as the dispatch's; null: those of the
+  // dispatch (the context kept a copy).
   const float* topk_weights = nullptr;
 };
 
@@ -130,7 +133,10 @@ class EpContext {
   EpMemory memory() const;
   EpReceived received() const;
 
-  // Asynchronous on `stream`, capturable. kInvalidArgument for bad arguments (nothing launched).
+  // Asynchronous on `stream`, capturable. Arguments that fail a check on this rank (null, misaligned
+  // or host pointers, out or weights shorter than the last dispatch's tokens) refuse the call: every
+  // rank raises kInvalidArgument naming this rank and the cause, and the communicator is unusable
+  // after (Communicator::refuse_call; nothing of the call moves).
   void dispatch(const EpDispatchArgs& args, cudaStream_t stream);
   void combine(const EpCombineArgs& args, cudaStream_t stream);
   // The kernels these calls launch, for logs ("moe_dispatch expert_major blocks=24 ...").

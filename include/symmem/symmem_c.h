@@ -87,6 +87,19 @@ size_t symmem_matmul_reduce_scatter_workspace_bytes(int64_t m, int64_t n);
 int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in, size_t count, int dtype, int algo,
                     int blocks, int max_blocks, char* text, size_t text_bytes);
 int symmem_parse_algo(const char* name, int* algo);
+/* Refuses this rank's part of the collective call `op` (e.g. "all_to_all_single"), whose arguments
+ * failed a check made by the binding (symmem::Communicator::refuse_call): the peers' waits in that
+ * call end at once and every rank raises error_code (a symmem::ErrorCode value, as
+ * symmem_error_code_id(error_code + 1) names it) with the same message, "<op>: rank R refused the
+ * call: <message>; ...", at its next call, check or synchronize; the communicator is unusable after.
+ * `stream`: the stream the call would have used. Returns 1 + error_code with that message (the
+ * error this rank raises), or another error if the arguments themselves are wrong. The library's
+ * own calls refuse their bad arguments the same way. */
+int symmem_refuse_call(symmem_comm* comm, const char* op, int error_code, const char* message, void* stream);
+/* The message symmem_refuse_call makes every rank raise (at most text_bytes - 1 bytes, NUL-ended),
+ * for a binding that agrees on a refusal over a transport of its own (a reference path). */
+int symmem_refusal_message(const char* op, int rank, int error_code, const char* cause, char* text,
+                           size_t text_bytes);
 
 /* All-to-all (symmem/all_to_all.hpp); rows are bytes, so every dtype serves. in and out are
  * operands as above (a whole heap buffer is symmetric). Splits are int64: host arrays for

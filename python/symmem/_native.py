@@ -66,6 +66,8 @@ _SIGNATURES = {
     "symmem_describe": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_int,
                                 c_char_p, c_size_t]),
     "symmem_parse_algo": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
+    "symmem_refuse_call": (c_int, [c_void_p, c_char_p, c_int, c_char_p, c_void_p]),
+    "symmem_refusal_message": (c_int, [c_char_p, c_int, c_int, c_char_p, c_char_p, c_size_t]),
     "symmem_pool_bind": (c_int, [c_int, c_void_p]),
     "symmem_pool_live_segments": (ctypes.c_long, [c_int]),
     "symmem_all_to_all": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p, c_int, c_int, c_int]),
@@ -149,6 +151,16 @@ def error(rc):
 def check(rc):
     if rc:
         raise error(rc)
+
+
+def refusal_message(op, rank, code, cause):
+    """The message every rank raises when rank `rank` refuses a call of `op` for `cause` (an
+    ErrorCode, a str): the text symmem_refuse_call gives, for a binding that agrees on a refusal
+    over a transport of its own."""
+    text = ctypes.create_string_buffer(1024)
+    check(lib.symmem_refusal_message(op.encode(), int(rank), ERROR_CODES.index(ErrorCode(code)),
+                                     str(cause).encode(errors="replace"), text, len(text)))
+    return text.value.decode(errors="replace")
 
 
 def algo_code(name):

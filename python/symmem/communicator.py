@@ -125,6 +125,16 @@ class Communicator:
         self._call(lib.symmem_comm_buffer_of(self.handle, ptr, nbytes, ctypes.byref(base), ctypes.byref(size)))
         return (base.value, size.value) if base.value else None
 
+    def refuse(self, op, code, message, stream):
+        """Refuses this rank's part of the collective call `op`, whose arguments failed a check of
+        the caller's (symmem_refuse_call): every rank raises `code` (an ErrorCode) with the same
+        message naming this rank and `message`, the peers at their next call, check or synchronize,
+        and the communicator is unusable after. `stream`: the one the call would have used. Returns
+        the SymmemError this rank raises."""
+        rc = lib.symmem_refuse_call(self.handle, op.encode(), _native.ERROR_CODES.index(_native.ErrorCode(code)),
+                                    str(message).encode(errors="replace"), stream)
+        return _native.error(rc)
+
     # Collectives: addresses and the stream are integers; dtype, op and algo are C enum values
     # (_native.DTYPES, _native.REDUCE_OPS, _native.algo_code).
     def all_gather(self, out, inp, count, dtype, stream, algo=0, blocks=0, max_blocks=-1):
@@ -173,9 +183,9 @@ class Communicator:
                      max_blocks=-1):
         world = self.world
         if len(in_splits) != world or len(out_splits) != world:
-            raise errors.SymmemError(_native.ErrorCode.kInvalidArgument,
-                                     f"all_to_all_v: {len(in_splits)} input and {len(out_splits)} output splits for "
-                                     f"a world of {world}")
+            raise self.refuse("all_to_all_v", _native.ErrorCode.kInvalidArgument,
+                              f"{len(in_splits)} input and {len(out_splits)} output splits for a world of {world}",
+                              stream)
         ins = (ctypes.c_int64 * world)(*[int(v) for v in in_splits])
         outs = (ctypes.c_int64 * world)(*[int(v) for v in out_splits])
         rc = lib.symmem_all_to_all_v(self._handle, out, out_rows, inp, in_rows, ins, outs, row_bytes, stream, algo,

@@ -12,7 +12,9 @@
 //     stream, releasable by this rank's watchdog with a CPU store);
 //   - the copy-engine wait-state word the watchdog uses to time a wait from when the GPU reached it;
 //   - a short log of each rank's recent calls (signature -> description), so that a mismatch
-//     names both calls.
+//     names both calls;
+//   - the message of a call this rank refused (its arguments failed a check on this rank only),
+//     so that every rank raises it.
 // Lifetime: created collectively with the communicator, released locally by its destructor
 // (unregister, unmap, close); nothing in it is freed before the communicator is destroyed.
 #pragma once
@@ -66,6 +68,10 @@ struct alignas(64) BoardPage {
   // NCCL's text for this rank's between-nodes failure (NUL-terminated, written once before the
   // failure record's abort word), so that every local rank's error can quote it.
   char net_failure[192];
+  // The message of a call this rank refused (src/comm/refusal.hpp: NUL-terminated, written by this
+  // rank's host once, before its failure record says kStatusRefused), which every rank raises.
+  static constexpr size_t kRefusalText = 512;
+  char refusal[kRefusalText];
   // Call log, written only by this rank's host (record_call), read by every rank's host.
   alignas(64) uint32_t call_head;  // slots written so far (the newest is (call_head - 1) % kCallLog)
   CallRecord calls[kCallLog];

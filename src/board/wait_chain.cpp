@@ -12,7 +12,7 @@ bool waited(const DeviceStatus& s) {
 }
 
 bool is_cause(const DeviceStatus& s) {
-  return s.code == kStatusMismatch || s.code == kStatusCapacity || s.code == kStatusNetwork ||
+  return s.code == kStatusMismatch || s.code == kStatusCapacity || s.code == kStatusNetwork || s.code == kStatusRefused ||
          (s.op == kOpBetweenNodes && s.code == kStatusTimeout);
 }
 

@@ -8,7 +8,8 @@
 //   - the path ends at a rank that recorded nothing (dead, stalled, or never launched): that rank
 //     is the one that never came, whatever calls the ranks on the way ran;
 //   - the path ends at a rank that recorded a cause of its own (a mismatch it saw in a flag, a
-//     capacity verdict, a failure between nodes, whose peer is a remote rank): that is the cause;
+//     capacity verdict, a call it refused, a failure between nodes, whose peer is a remote rank):
+//     that is the cause;
 //   - the path comes back to a rank already on it, and the ranks on that cycle ran calls of
 //     different signatures: a mismatch no flag could show (two protocols, each waiting for what
 //     the other never writes). A cycle of one call is a plain timeout.

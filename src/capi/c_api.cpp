@@ -10,6 +10,7 @@
 #include "capi/c_api_guard.hpp"
 #include "capi/c_api_comm.hpp"
 #include "capi/callback_bootstrap.hpp"
+#include "comm/refusal.hpp"
 #include "symmem/symmem.hpp"
 
 namespace symmem::detail {
@@ -85,6 +86,19 @@ Communicator& comm_of(symmem_comm* comm) {
 
 cudaStream_t stream_of(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// The C ABI's own checks of one rank's operands (an operand that must lie in the heap): one that
+// fails refuses the call, as the library's checks of a rank's operands do, so that the peers raise
+// it too instead of waiting in the call (Communicator::refuse_call). Enum values are checked plainly:
+// every rank passes the same ones.
+template <typename Checks>
+auto checked(Communicator& comm, const char* op, void* stream, Checks&& checks) -> decltype(checks()) {
+  try {
+    return checks();
+  } catch (const Error& e) {
+    comm.refuse_call(op, e.code(), e.what(), stream_of(stream));
+  }
+}
+
 }  // namespace
 
 void set_last_error(const std::string& message) { last_error = message; }
@@ -92,6 +106,7 @@ void set_last_error(const std::string& message) { last_error = message; }
 }  // namespace symmem::detail
 
 using symmem::detail::c_api_guard;
+using symmem::detail::checked;
 using symmem::detail::comm_of;
 using symmem::detail::dtype_of;
 using symmem::detail::operands_of;
@@ -214,8 +229,9 @@ int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const
     symmem::Communicator& cm = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
     const size_t a_bytes = size_t(std::max<int64_t>(m, 0)) * size_t(std::max<int64_t>(k, 0)) * dtype_size(type);
-    symmem::all_gather_matmul(c, symmetric_operand_at(cm, gathered_a, a_bytes), a_shard, b, m, n, k, type, cm,
-                              stream_of(stream));
+    const symmem::Operand gathered = checked(cm, "all_gather_matmul", stream,
+                                             [&] { return symmetric_operand_at(cm, gathered_a, a_bytes); });
+    symmem::all_gather_matmul(c, gathered, a_shard, b, m, n, k, type, cm, stream_of(stream));
   });
 }
 
@@ -224,9 +240,10 @@ int symmem_matmul_reduce_scatter(symmem_comm* comm, void* c_shard, void* workspa
   return c_api_guard([&] {
     symmem::Communicator& cm = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    symmem::matmul_reduce_scatter(
-        c_shard, symmetric_operand_at(cm, workspace, symmem::matmul_reduce_scatter_workspace_bytes(m, n)), a, b, m, n,
-        k, type, cm, stream_of(stream));
+    const symmem::Operand space = checked(cm, "matmul_reduce_scatter", stream, [&] {
+      return symmetric_operand_at(cm, workspace, symmem::matmul_reduce_scatter_workspace_bytes(m, n));
+    });
+    symmem::matmul_reduce_scatter(c_shard, space, a, b, m, n, k, type, cm, stream_of(stream));
   });
 }
 
@@ -344,6 +361,34 @@ int symmem_describe_all_to_all(symmem_comm* comm, int form, void* out, size_t ou
     if (text && text_bytes) {
       const size_t n = std::min(plan.size(), text_bytes - 1);
       std::memcpy(text, plan.data(), n);
+      text[n] = '\0';
+    }
+  });
+}
+
+int symmem_refuse_call(symmem_comm* comm, const char* op, int error_code, const char* message, void* stream) {
+  return c_api_guard([&] {
+    symmem::Communicator& c = comm_of(comm);
+    const auto code = static_cast<symmem::ErrorCode>(error_code);
+    if (error_code < 0 || !symmem::error_code_id(code))
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          "symmem_refuse_call: " + std::to_string(error_code) + " is not a symmem::ErrorCode");
+    c.refuse_call(op ? op : "collective", code, message ? message : "", stream_of(stream));
+  });
+}
+
+int symmem_refusal_message(const char* op, int rank, int error_code, const char* cause, char* text,
+                           size_t text_bytes) {
+  return c_api_guard([&] {
+    const auto code = static_cast<symmem::ErrorCode>(error_code);
+    if (error_code < 0 || !symmem::error_code_id(code))
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          "symmem_refusal_message: " + std::to_string(error_code) + " is not a symmem::ErrorCode");
+    const std::string message =
+        symmem::detail::refusal_message(op ? op : "collective", rank, code, cause ? cause : "");
+    if (text && text_bytes) {
+      const size_t n = std::min(message.size(), text_bytes - 1);
+      std::memcpy(text, message.data(), n);
       text[n] = '\0';
     }
   });

@@ -120,14 +120,17 @@ uint32_t symmem_user_call_signature(const char* description, int blocks) {
 int symmem_all_gather_pieces(symmem_comm* comm, void* gathered, const void* shard, int64_t m, size_t row_bytes,
                              int tile_rows, void* stream, symmem_pieces_consumer_fn consume, void* context) {
   return c_api_guard([&] {
-    if (!consume) throw symmem::Error(symmem::ErrorCode::kInvalidArgument, "symmem_all_gather_pieces: no consumer");
     symmem::Communicator& c = communicator_of(comm);
+    // A failed check refuses the call (the peers raise it too instead of waiting in it).
+    if (!consume)
+      c.refuse_call("all_gather_pieces", symmem::ErrorCode::kInvalidArgument, "no consumer",
+                    static_cast<cudaStream_t>(stream));
     const size_t bytes = m > 0 ? size_t(m) * row_bytes : 0;
     symmem::Buffer* buffer = c.find(gathered, bytes ? bytes : 1);
     if (!buffer)
-      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
-                          "symmem_all_gather_pieces: gathered (" + std::to_string(bytes) +
-                              " bytes) is not inside one heap buffer of this communicator");
+      c.refuse_call("all_gather_pieces", symmem::ErrorCode::kInvalidArgument,
+                    "gathered (" + std::to_string(bytes) + " bytes) is not inside one heap buffer of this communicator",
+                    static_cast<cudaStream_t>(stream));
     const symmem::Operand operand(buffer, static_cast<size_t>(static_cast<char*>(gathered) -
                                                               static_cast<char*>(buffer->ptr())));
     symmem::all_gather_pieces(operand, shard, m, row_bytes, tile_rows, c, static_cast<cudaStream_t>(stream),

@@ -9,6 +9,7 @@
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "kernels/kernel_args.hpp"
@@ -30,18 +31,21 @@ struct Prepared {
   detail::CallDescriptor call;
 };
 
+// `site`: where this rank's operand checks refuse the call (null: describe_all_gather).
 Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType type, CommunicatorState& st,
-                 const CollectiveOptions& options) {
+                 const CollectiveOptions& options, const detail::RefusalSite* site) {
   Prepared p;
   p.bytes = count * dtype_size(type);
-  // The output has a slot per rank of the job (of its nodes, when it spans several).
-  const size_t out_bytes = p.bytes * st.layout.world;
-  const size_t own_slot = st.layout.rank * p.bytes;
-  p.out = detail::resolve(out, out_bytes, "output", "all_gather", st);
-  // In place: the input is this rank's slot of the output; it is then whatever the output is.
-  p.in_place = in.ptr() == static_cast<char*>(p.out.local) + own_slot;
-  p.in = p.in_place ? detail::shifted(p.out, own_slot) : detail::resolve(in, p.bytes, "input", "all_gather", st);
-  detail::require_no_partial_overlap(p.out.local, out_bytes, p.in.local, p.bytes, p.in_place, "all_gather");
+  detail::own_arguments(site, [&] {
+    // The output has a slot per rank of the job (of its nodes, when it spans several).
+    const size_t out_bytes = p.bytes * st.layout.world;
+    const size_t own_slot = st.layout.rank * p.bytes;
+    p.out = detail::resolve(out, out_bytes, "output", "all_gather", st);
+    // In place: the input is this rank's slot of the output; it is then whatever the output is.
+    p.in_place = in.ptr() == static_cast<char*>(p.out.local) + own_slot;
+    p.in = p.in_place ? detail::shifted(p.out, own_slot) : detail::resolve(in, p.bytes, "input", "all_gather", st);
+    detail::require_no_partial_overlap(p.out.local, out_bytes, p.in.local, p.bytes, p.in_place, "all_gather");
+  });
 
   detail::AllGatherRequest request;
   request.bytes_per_rank = p.bytes;
@@ -163,7 +167,7 @@ std::string describe_all_gather(Operand out, Operand in, size_t count, DataType 
                                 const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
   detail::DeviceGuard guard(st.device);
-  return detail::describe(prepare(out, in, count, type, st, options).plan);
+  return detail::describe(prepare(out, in, count, type, st, options, nullptr).plan);
 }
 
 void all_gather(Operand out, Operand in, size_t count, DataType type, Communicator& comm, cudaStream_t stream,
@@ -172,7 +176,8 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   st.ensure_usable("all_gather");
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
-  const Prepared p = prepare(out, in, count, type, st, options);
+  const detail::RefusalSite site{st, detail::kOpAllGather, "all_gather", stream};
+  const Prepared p = prepare(out, in, count, type, st, options, &site);
   detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature = st.sign_call(p.call);
   if (st.debug) std::fprintf(stderr, "symmem rank %d: %s\n", st.layout.rank, detail::describe(p.plan).c_str());

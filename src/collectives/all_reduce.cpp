@@ -7,6 +7,7 @@
 #include "collectives/reduction_launch.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "kernels/kernel_args.hpp"
@@ -16,7 +17,7 @@ namespace symmem::detail {
 
 PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, const Operand& in, size_t count,
                                     DataType type, ReduceOp op, CommunicatorState& st,
-                                    const CollectiveOptions& options) {
+                                    const CollectiveOptions& options, const RefusalSite* site) {
   const char* name = reduce_scatter ? "reduce_scatter" : "all_reduce";
   st.require_one_node(name);
   if (type == DataType::kUInt8)
@@ -27,15 +28,17 @@ PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, con
   p.type = type;
   p.op = op;
   const size_t elem = dtype_size(type);
-  const size_t out_bytes = count * elem;
-  const size_t in_bytes = reduce_scatter ? out_bytes * st.world : out_bytes;
-  p.in = resolve(in, in_bytes, "input", name, st);
-  // In place: all-reduce with in == out; reduce-scatter with out = this rank's slice of in.
-  const char* slice = static_cast<const char*>(p.in.local) + (reduce_scatter ? st.rank * out_bytes : 0);
-  p.in_place = out.ptr() == slice;
-  p.out = p.in_place ? shifted(p.in, reduce_scatter ? st.rank * out_bytes : 0)
-                     : resolve(out, out_bytes, "output", name, st);
-  require_no_partial_overlap(p.out.local, out_bytes, p.in.local, in_bytes, p.in_place, name);
+  own_arguments(site, [&] {
+    const size_t out_bytes = count * elem;
+    const size_t in_bytes = reduce_scatter ? out_bytes * st.world : out_bytes;
+    p.in = resolve(in, in_bytes, "input", name, st);
+    // In place: all-reduce with in == out; reduce-scatter with out = this rank's slice of in.
+    const char* slice = static_cast<const char*>(p.in.local) + (reduce_scatter ? st.rank * out_bytes : 0);
+    p.in_place = out.ptr() == slice;
+    p.out = p.in_place ? shifted(p.in, reduce_scatter ? st.rank * out_bytes : 0)
+                       : resolve(out, out_bytes, "output", name, st);
+    require_no_partial_overlap(p.out.local, out_bytes, p.in.local, in_bytes, p.in_place, name);
+  });
 
   ReduceRequest request;
   request.reduce_scatter = reduce_scatter;
@@ -209,7 +212,8 @@ std::string describe_all_reduce(Operand out, Operand in, size_t count, DataType 
                                 const CollectiveOptions& options) {
   detail::CommunicatorState& st = detail::state_of(comm);
   detail::DeviceGuard guard(st.device);
-  return detail::describe(detail::prepare_reduction(false, out, in, count, type, ReduceOp::kSum, st, options).plan);
+  return detail::describe(
+      detail::prepare_reduction(false, out, in, count, type, ReduceOp::kSum, st, options, nullptr).plan);
 }
 
 void all_reduce(Operand out, Operand in, size_t count, DataType type, ReduceOp op, Communicator& comm,
@@ -219,7 +223,8 @@ void all_reduce(Operand out, Operand in, size_t count, DataType type, ReduceOp o
   st.require_one_node("all_reduce");
   if (count == 0) return;
   detail::DeviceGuard guard(st.device);
-  detail::run_reduction(detail::prepare_reduction(false, out, in, count, type, op, st, options), st, stream);
+  const detail::RefusalSite site{st, detail::kOpAllReduce, "all_reduce", stream};
+  detail::run_reduction(detail::prepare_reduction(false, out, in, count, type, op, st, options, &site), st, stream);
 }
 
 }  // namespace symmem

@@ -11,6 +11,7 @@
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/hash.hpp"
@@ -59,7 +60,9 @@ void resolve_operands(Prepared& p, const Operand& out, const Operand& in, Commun
   detail::require_no_partial_overlap(p.out.local, p.out_bytes, p.in.local, p.in_bytes, p.in_place, p.name);
 }
 
-void plan(Prepared& p, CommunicatorState& st, const CollectiveOptions& options) {
+// The plan, from values equal on every rank; then whether this rank's input fits the staging area
+// it needs (its own affair: refused at `site`).
+void plan(Prepared& p, CommunicatorState& st, const CollectiveOptions& options, const detail::RefusalSite* site) {
   detail::AllToAllRequest r;
   r.form = p.form;
   r.pair_bytes = p.pair_bytes;
@@ -70,30 +73,35 @@ void plan(Prepared& p, CommunicatorState& st, const CollectiveOptions& options) 
   r.low_latency_capacity = detail::Workspaces::kLowLatencySlotBytes;
   p.plan = detail::plan_all_to_all(r, *st.tuning);
   // The variable forms cannot cut a staged input into chunks (the rows are counted on the device).
-  if (p.form != AllToAllForm::kUniform && p.plan.stage_input && p.in_bytes > st.workspaces->staging_capacity())
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        std::string(p.name) + ": the input (" + std::to_string(p.in_bytes) + " bytes) must be staged" +
-            (p.in_place ? " (in place)" : " (it is not in the heap and the algorithm reads it from the peers)") +
-            " but the staging workspace holds " + std::to_string(st.workspaces->staging_capacity()) +
-            " bytes (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB); pass a heap buffer (symmem.torch.empty) "
-            "or raise the budget");
+  detail::own_arguments(site, [&] {
+    if (p.form != AllToAllForm::kUniform && p.plan.stage_input && p.in_bytes > st.workspaces->staging_capacity())
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          std::string(p.name) + ": the input (" + std::to_string(p.in_rows) + " rows, " +
+              std::to_string(p.in_bytes) + " bytes) must be staged" +
+              (p.in_place ? " (in place)" : " (it is not in the heap and the algorithm reads it from the peers)") +
+              " but the staging workspace holds " + std::to_string(st.workspaces->staging_capacity()) +
+              " bytes (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB); pass a heap buffer (symmem.torch.empty) "
+              "or raise the budget");
+  });
 }
 
+// `site`: where this rank's own checks (its operands, its staged input) refuse the call (null: a
+// describe_* query).
 Prepared prepare_uniform(const Operand& out, const Operand& in, size_t bytes_per_pair, CommunicatorState& st,
-                         const CollectiveOptions& options) {
+                         const CollectiveOptions& options, const detail::RefusalSite* site) {
   Prepared p;
   p.pair_bytes = bytes_per_pair;
   p.in_bytes = p.out_bytes = bytes_per_pair * static_cast<size_t>(st.world);
-  resolve_operands(p, out, in, st);
-  plan(p, st, options);
+  detail::own_arguments(site, [&] { resolve_operands(p, out, in, st); });
+  plan(p, st, options, site);
   return p;
 }
 
 // `align`: 0 for the plain forms; the 2-D form's major_align (>= 1) otherwise.
 Prepared prepare_variable(AllToAllForm form, const Operand& out, size_t out_rows, const Operand& in, size_t in_rows,
                           size_t row_bytes, int experts, int64_t align, CommunicatorState& st,
-                          const CollectiveOptions& options) {
+                          const CollectiveOptions& options, const detail::RefusalSite* site) {
   Prepared p;
   p.form = form;
   p.experts = experts;
@@ -111,8 +119,8 @@ Prepared prepare_variable(AllToAllForm form, const Operand& out, size_t out_rows
   p.out_rows = out_rows;
   p.in_bytes = in_rows * row_bytes;
   p.out_bytes = out_rows * row_bytes;
-  resolve_operands(p, out, in, st);
-  plan(p, st, options);
+  detail::own_arguments(site, [&] { resolve_operands(p, out, in, st); });
+  plan(p, st, options, site);
   return p;
 }
 
@@ -221,7 +229,7 @@ std::string describe_all_to_all(Operand out, Operand in, size_t bytes_per_pair, 
                                 const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
   detail::DeviceGuard guard(st.device);
-  return detail::describe(prepare_uniform(out, in, bytes_per_pair, st, options).plan);
+  return detail::describe(prepare_uniform(out, in, bytes_per_pair, st, options, nullptr).plan);
 }
 
 std::string describe_all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, size_t row_bytes,
@@ -233,7 +241,7 @@ std::string describe_all_to_all_v(Operand out, size_t out_rows, Operand in, size
   if (!device_splits && (experts != 1 || major_align != 0))
     throw Error(ErrorCode::kInvalidArgument, "describe_all_to_all_v: host splits have one expert and no alignment");
   return detail::describe(
-      prepare_variable(form, out, out_rows, in, in_rows, row_bytes, experts, major_align, st, options).plan);
+      prepare_variable(form, out, out_rows, in, in_rows, row_bytes, experts, major_align, st, options, nullptr).plan);
 }
 
 void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& comm, cudaStream_t stream,
@@ -243,7 +251,8 @@ void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& co
   st.require_one_node("all_to_all");
   if (bytes_per_pair == 0) return;
   detail::DeviceGuard guard(st.device);
-  const Prepared p = prepare_uniform(out, in, bytes_per_pair, st, options);
+  const detail::RefusalSite site{st, detail::kOpAllToAll, "all_to_all", stream};
+  const Prepared p = prepare_uniform(out, in, bytes_per_pair, st, options, &site);
   detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature = sign(p, st);
   const int world = st.world;
@@ -335,34 +344,45 @@ void all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, cons
                   const int64_t* out_splits, size_t row_bytes, Communicator& comm, cudaStream_t stream,
                   const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
-  st.ensure_usable("all_to_all_v");
-  st.require_one_node("all_to_all_v");
-  require_splits(in_splits, "in_splits", "all_to_all_v");
-  require_splits(out_splits, "out_splits", "all_to_all_v");
+  const char* op = "all_to_all_v";
+  st.ensure_usable(op);
+  st.require_one_node(op);
   detail::DeviceGuard guard(st.device);
+  const detail::RefusalSite site{st, detail::kOpAllToAll, op, stream};
+  detail::own_arguments(&site, [&] {
+    require_splits(in_splits, "in_splits", op);
+    require_splits(out_splits, "out_splits", op);
+  });
   const Prepared p =
-      prepare_variable(AllToAllForm::kHostSplits, out, out_rows, in, in_rows, row_bytes, 1, 0, st, options);
+      prepare_variable(AllToAllForm::kHostSplits, out, out_rows, in, in_rows, row_bytes, 1, 0, st, options, &site);
   run_variable(p, st, nullptr, in_splits, out_splits, nullptr, stream);
 }
 
 namespace {
 
-// all_to_all_vdev (align 0, one expert) and all_to_all_vdev_2d (align >= 1).
+// all_to_all_vdev (two_d false: align 0, one expert) and all_to_all_vdev_2d (align >= 1).
 void run_device_splits(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
-                       int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,
+                       int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align, bool two_d,
                        Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
-  const char* op = name_of(AllToAllForm::kDeviceSplits, major_align);
+  const char* op = two_d ? "all_to_all_vdev_2d" : "all_to_all_vdev";
   st.ensure_usable(op);
   st.require_one_node(op);
-  require_splits(in_splits, "in_splits", op);
-  require_splits(out_splits_offsets, "out_splits_offsets", op);
   detail::DeviceGuard guard(st.device);
-  const size_t splits = size_t(std::max(experts, 1)) * st.world;
-  detail::require_device_pointer(in_splits, splits * sizeof(int64_t), "in_splits", op, comm);
-  detail::require_device_pointer(out_splits_offsets, 2 * splits * sizeof(int64_t), "out_splits_offsets", op, comm);
+  if (two_d && major_align < 1)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": major_align must be positive (torch's default is 1), got " +
+                    std::to_string(major_align));
+  const detail::RefusalSite site{st, detail::kOpAllToAll, op, stream};
+  detail::own_arguments(&site, [&] {
+    require_splits(in_splits, "in_splits", op);
+    require_splits(out_splits_offsets, "out_splits_offsets", op);
+    const size_t splits = size_t(std::max(experts, 1)) * st.world;
+    detail::require_device_pointer(in_splits, splits * sizeof(int64_t), "in_splits", op, comm);
+    detail::require_device_pointer(out_splits_offsets, 2 * splits * sizeof(int64_t), "out_splits_offsets", op, comm);
+  });
   const Prepared p = prepare_variable(AllToAllForm::kDeviceSplits, out, out_rows, in, in_rows, row_bytes, experts,
-                                      major_align, st, options);
+                                      major_align, st, options, &site);
   run_variable(p, st, in_splits, nullptr, nullptr, out_splits_offsets, stream);
 }
 
@@ -371,18 +391,15 @@ void run_device_splits(Operand out, size_t out_rows, Operand in, size_t in_rows,
 void all_to_all_vdev(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
                      int64_t* out_splits_offsets, size_t row_bytes, Communicator& comm, cudaStream_t stream,
                      const CollectiveOptions& options) {
-  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, 1, 0, comm, stream, options);
+  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, 1, 0, false, comm, stream,
+                    options);
 }
 
 void all_to_all_vdev_2d(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
                         int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,
                         Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
-  if (major_align < 1)
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        "all_to_all_vdev_2d: major_align must be positive (torch's default is 1), got " + std::to_string(major_align));
-  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, major_align, comm,
-                    stream, options);
+  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, major_align, true,
+                    comm, stream, options);
 }
 
 }  // namespace symmem

@@ -12,6 +12,7 @@
 namespace symmem::detail {
 
 struct CommunicatorState;
+struct RefusalSite;
 
 struct PreparedReduction {
   ReducePlan plan;
@@ -26,10 +27,10 @@ struct PreparedReduction {
 };
 
 // `reduce_scatter`: in holds count * world elements, out count. Else both hold count. Launches
-// nothing.
+// nothing. `site`: where this rank's operand checks refuse the call (null: a describe_* query).
 PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, const Operand& in, size_t count,
                                     DataType type, ReduceOp op, CommunicatorState& state,
-                                    const CollectiveOptions& options);
+                                    const CollectiveOptions& options, const RefusalSite* site);
 
 // Launches the prepared reduction on `stream`, in as many chunks as its workspaces need.
 void run_reduction(const PreparedReduction& p, CommunicatorState& state, cudaStream_t stream);

@@ -135,6 +135,14 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
            (nccl.empty() ? "" : ": " + nccl) + "; " + peer + " is dead or stalled, or the network or NCCL failed";
   }
   if (s.code == kStatusCapacity) return describe_capacity_failure(decode_fault(s), mine, name);
+  if (s.code == kStatusRefused) {
+    // The refusing rank's own message (comm/refusal.hpp), written before its record.
+    const char* text = st.board->page(who)->refusal;
+    const std::string refusal(text, strnlen(text, sizeof(st.board->page(who)->refusal)));
+    if (!refusal.empty()) return refusal;
+    return me + " refused a call of " + op + " whose arguments failed a check there" +
+           "; every rank raises this error and the communicator is unusable now";
+  }
   const std::string peer = name(s.peer);
   if (s.code == kStatusMismatch) {
     std::string theirs = s.peer >= 0 && s.peer < st.world ? st.board->lookup_call(s.peer, s.peer_signature) : "";
@@ -164,6 +172,12 @@ std::string describe_failure(const CommunicatorState& st, int who, const DeviceS
          wait + path;
 }
 
+// The ErrorCode a refusing rank raised, as its record carries it (kInvalidArgument if out of range).
+ErrorCode refused_error_code(const DeviceStatus& s) {
+  const auto code = static_cast<ErrorCode>(s.block);
+  return s.block >= 0 && error_code_id(code) ? code : ErrorCode::kInvalidArgument;
+}
+
 }  // namespace
 
 void CommunicatorState::ensure_usable(const char* op) {
@@ -182,7 +196,8 @@ void CommunicatorState::ensure_usable(const char* op) {
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
   int who = -1;
   auto is_cause = [](uint32_t code) {
-    return code == kStatusTimeout || code == kStatusMismatch || code == kStatusNetwork || code == kStatusCapacity;
+    return code == kStatusTimeout || code == kStatusMismatch || code == kStatusNetwork || code == kStatusCapacity ||
+           code == kStatusRefused;
   };
   if (is_cause(own.code)) who = rank;
   for (int r = 0; r < world && who < 0; ++r)
@@ -215,11 +230,13 @@ void CommunicatorState::ensure_usable(const char* op) {
   who = verdict.who;
   const DeviceStatus s = verdict.record;
   abort_reason = describe_failure(*this, who, s, verdict.waited_through);
-  // A capacity verdict is every rank's own (the same matrix everywhere): no rank failed "first".
-  if (who != rank && s.code != kStatusCapacity)
+  // A capacity verdict is every rank's own (the same matrix everywhere), and a refusal's message
+  // names its rank already: every rank raises the same text, no rank failed "first".
+  if (who != rank && s.code != kStatusCapacity && s.code != kStatusRefused)
     abort_reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + abort_reason;
   throw Error(s.code == kStatusMismatch   ? ErrorCode::kMismatch
               : s.code == kStatusCapacity ? ErrorCode::kCapacity
+              : s.code == kStatusRefused  ? refused_error_code(s)
                                           : ErrorCode::kTimeout,
               abort_reason);
 }

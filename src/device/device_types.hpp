@@ -41,6 +41,8 @@ enum StatusCode : uint32_t {
   kStatusAborted = 3,   // another rank failed first (the abort word was set)
   kStatusNetwork = 4,   // NCCL between nodes reported an error (a remote rank died, the network failed)
   kStatusCapacity = 5,  // an all-to-all or MoE call does not fit its buffers (src/plan/capacity_failure.hpp)
+  kStatusRefused = 6,   // this rank refused a call whose arguments failed its checks (src/comm/refusal.hpp):
+                        // block holds the ErrorCode, the host board page the message
 };
 
 enum OpCode : uint32_t {

@@ -11,6 +11,7 @@
 #include "board/call_signature.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/hash.hpp"
@@ -47,6 +48,9 @@ struct EpContext::State {
   uint64_t shape_hash = 0;  // the geometry every rank agreed on (the signatures cover it)
   std::string dispatch_text, combine_text;
   bool combine_bulk = false;  // plan/moe_combine_path.hpp
+  // Rows of the last dispatch's tokens that combine writes (and reads weights for): its host
+  // count (capped at T), or T with a count on the device. 0 before the first dispatch.
+  size_t dispatched_rows = 0;
   bool closed = false;
 
   ~State() {
@@ -123,9 +127,10 @@ std::string describe_call(const char* op, const EpConfig& c, const detail::EpGeo
   return s + ", blocks=" + std::to_string(blocks) + ")";
 }
 
-void require_aligned(const void* p, const char* what, const char* op) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
-    throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what + " must be 16-byte aligned");
+void require_aligned(const void* p, size_t alignment, const char* what, const char* op) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": " + what + " must be " + std::to_string(alignment) + "-byte aligned");
 }
 
 }  // namespace
@@ -198,33 +203,76 @@ EpReceived EpContext::received() const {
 
 std::string EpContext::describe() const { return state_->dispatch_text + "; " + state_->combine_text; }
 
+namespace {
+
+// Every argument check of a dispatch (nothing is enqueued): returns the rows of its tensors the
+// kernels may read, up to T with a device count, else the host count (capped at T: a larger count
+// fails on every rank as kCapacity, and the kernels read T rows at most). A rank with no tokens
+// (host count 0) may pass null tensors.
+size_t checked_dispatch_rows(const EpContext::State& s, const EpDispatchArgs& args) {
+  const char* op = "moe_dispatch";
+  if (!args.num_tokens_device && args.num_tokens < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "moe_dispatch: num_tokens is negative (" + std::to_string(args.num_tokens) + ")");
+  const size_t rows = args.num_tokens_device ? size_t(s.g.max_tokens)
+                                             : std::min<size_t>(size_t(args.num_tokens), size_t(s.g.max_tokens));
+  if (rows > 0 && (!args.x || !args.topk_idx || !args.topk_weights))
+    throw Error(ErrorCode::kInvalidArgument, "moe_dispatch: x, topk_idx and topk_weights are required for " +
+                                                 std::to_string(rows) + " tokens" +
+                                                 (args.num_tokens_device ? " (T rows with a count on the device)" : "") +
+                                                 " (null only with num_tokens 0)");
+  if (s.g.fp8 && rows > 0 && !args.x_scales)
+    throw Error(ErrorCode::kInvalidArgument,
+                "moe_dispatch: a float8 payload needs x_scales (float32, hidden / 128 per row)");
+  const size_t k = size_t(s.g.topk);
+  const size_t id_bytes = args.topk_idx_int64 ? 8 : 4;
+  require_aligned(args.x, 16, "x", op);
+  require_aligned(args.topk_idx, id_bytes, "topk_idx", op);
+  require_aligned(args.topk_weights, 4, "topk_weights", op);
+  require_aligned(args.num_tokens_device, 4, "num_tokens_device", op);
+  detail::require_device_pointer(args.x, rows * s.g.payload_bytes, "x", op, *s.comm);
+  detail::require_device_pointer(args.topk_idx, rows * k * id_bytes, "topk_idx", op, *s.comm);
+  detail::require_device_pointer(args.topk_weights, rows * k * 4, "topk_weights", op, *s.comm);
+  if (s.g.fp8) {
+    require_aligned(args.x_scales, 4, "x_scales", op);
+    detail::require_device_pointer(args.x_scales, rows * s.g.scale_bytes, "x_scales", op, *s.comm);
+  }
+  if (args.num_tokens_device)
+    detail::require_device_pointer(args.num_tokens_device, 4, "num_tokens_device", op, *s.comm);
+  return rows;
+}
+
+// Every argument check of a combine, against the last dispatch (State::dispatched_rows): out holds
+// its rows ([rows, H] bfloat16; null when it had no token), weights given hold [rows, K].
+void check_combine(const EpContext::State& s, const EpCombineArgs& args) {
+  const char* op = "moe_combine";
+  const size_t rows = s.dispatched_rows;
+  if (rows > 0 && !args.out)
+    throw Error(ErrorCode::kInvalidArgument, "moe_combine: out is required: the last dispatch had " +
+                                                 std::to_string(rows) + " tokens (null only after one of 0)");
+  require_aligned(args.out, 16, "out", op);
+  detail::require_device_pointer(args.out, rows * size_t(s.g.hidden) * 2, "out", op, *s.comm);
+  if (args.expert_out) {
+    require_aligned(args.expert_out, 16, "expert_out", op);
+    detail::require_device_pointer(args.expert_out, s.g.combine_bytes, "expert_out", op, *s.comm);
+  }
+  if (args.topk_weights) {
+    require_aligned(args.topk_weights, 4, "topk_weights", op);
+    detail::require_device_pointer(args.topk_weights, rows * size_t(s.g.topk) * 4, "topk_weights", op, *s.comm);
+  }
+}
+
+}  // namespace
+
 void EpContext::dispatch(const EpDispatchArgs& args, cudaStream_t stream) {
   State& s = *state_;
   const char* op = "moe_dispatch";
   s.require_open(op);
   detail::CommunicatorState& st = *s.st;
   st.ensure_usable(op);
-  if (!args.x || !args.topk_idx || !args.topk_weights)
-    throw Error(ErrorCode::kInvalidArgument, "moe_dispatch: x, topk_idx and topk_weights are required");
-  if (s.g.fp8 && !args.x_scales)
-    throw Error(ErrorCode::kInvalidArgument,
-                "moe_dispatch: a float8 payload needs x_scales (float32, hidden / 128 per row)");
-  if (!args.num_tokens_device && args.num_tokens < 0)
-    throw Error(ErrorCode::kInvalidArgument,
-                "moe_dispatch: num_tokens is negative (" + std::to_string(args.num_tokens) + ")");
-  require_aligned(args.x, "x", op);
   detail::DeviceGuard guard(st.device);
-  // Rows the kernels may read: up to T with a device count, else the host count (capped at T:
-  // a larger count fails on every rank as kCapacity, and the kernels read T rows at most).
-  const size_t rows = args.num_tokens_device ? size_t(s.g.max_tokens)
-                                             : std::min<size_t>(size_t(args.num_tokens), size_t(s.g.max_tokens));
-  const size_t k = size_t(s.g.topk);
-  detail::require_device_pointer(args.x, rows * s.g.payload_bytes, "x", op, *s.comm);
-  detail::require_device_pointer(args.topk_idx, rows * k * (args.topk_idx_int64 ? 8 : 4), "topk_idx", op, *s.comm);
-  detail::require_device_pointer(args.topk_weights, rows * k * 4, "topk_weights", op, *s.comm);
-  if (s.g.fp8) detail::require_device_pointer(args.x_scales, rows * s.g.scale_bytes, "x_scales", op, *s.comm);
-  if (args.num_tokens_device)
-    detail::require_device_pointer(args.num_tokens_device, 4, "num_tokens_device", op, *s.comm);
+  const size_t rows = detail::checked_or_refused(st, detail::kOpMoeDispatch, op, stream,
+                                                 [&] { return checked_dispatch_rows(s, args); });
 
   detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature =
@@ -245,6 +293,7 @@ void EpContext::dispatch(const EpDispatchArgs& args, cudaStream_t stream) {
   a.sync = st.sync_args(detail::kOpMoeDispatch, signature);
   detail::launch_moe_dispatch_count(a, stream);
   detail::launch_moe_dispatch_push(a, s.blocks, stream);
+  s.dispatched_rows = rows;
 }
 
 void EpContext::combine(const EpCombineArgs& args, cudaStream_t stream) {
@@ -253,14 +302,8 @@ void EpContext::combine(const EpCombineArgs& args, cudaStream_t stream) {
   s.require_open(op);
   detail::CommunicatorState& st = *s.st;
   st.ensure_usable(op);
-  if (!args.out) throw Error(ErrorCode::kInvalidArgument, "moe_combine: out is required");
-  require_aligned(args.out, "out", op);
-  if (args.expert_out) require_aligned(args.expert_out, "expert_out", op);
   detail::DeviceGuard guard(st.device);
-  if (args.expert_out) detail::require_device_pointer(args.expert_out, s.g.combine_bytes, "expert_out", op, *s.comm);
-  if (args.topk_weights)
-    detail::require_device_pointer(args.topk_weights, size_t(s.g.max_tokens) * s.g.topk * 4, "topk_weights", op,
-                                   *s.comm);
+  detail::checked_or_refused(st, detail::kOpMoeCombine, op, stream, [&] { check_combine(s, args); });
 
   detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature = st.sign_call(descriptor_of(detail::kOpMoeCombine, s.blocks, s.shape_hash, s.combine_text));

@@ -60,6 +60,7 @@
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/device_guard.hpp"
 #include "fused/flagged_gemm.hpp"
 #include "fused/fused_problems.hpp"
@@ -154,7 +155,12 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
-  Prepared p = prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
+  // The shape is every rank's alike (a plain error); the rest is this rank's own (refused).
+  const std::string shape = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
+  if (!shape.empty()) throw Error(ErrorCode::kInvalidArgument, shape);
+  Prepared p = detail::checked_or_refused(st, detail::kOpAllGatherMatmul, kOp, stream, [&] {
+    return prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
+  });
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "all_gather_matmul: no copy-engine state");
   detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature = st.sign_call(p.call);

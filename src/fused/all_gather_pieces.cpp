@@ -9,6 +9,7 @@
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/device_guard.hpp"
 #include "fused/piece_gather.hpp"
 #include "plan/fused_plan.hpp"
@@ -32,23 +33,29 @@ void all_gather_pieces(Operand gathered, const void* shard, int64_t m, size_t ro
                                                  " rows must be a positive multiple of the " + std::to_string(world) +
                                                  " ranks, row_bytes (" + std::to_string(row_bytes) +
                                                  ") and tile_rows (" + std::to_string(tile_rows) + ") positive");
-  if (!gathered.symmetric())
-    throw Error(ErrorCode::kInvalidArgument, std::string(kOp) + ": gathered must be a symmetric operand (a heap "
-                                                                "Buffer and offset): the peers read their shards from it");
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, std::string(kOp) + ": no copy-engine state");
-  detail::PieceGather g;
-  g.rank = rank;
-  g.world = world;
-  g.shard_rows = static_cast<int>(m / world);
-  g.row_bytes = row_bytes;
-  const size_t shard_bytes = size_t(g.shard_rows) * row_bytes;
-  g.gathered = detail::resolve(gathered, size_t(m) * row_bytes, "gathered", kOp, st);
-  char* own_slot = static_cast<char*>(g.gathered.local) + size_t(rank) * shard_bytes;
-  g.in_place = shard == own_slot;
-  if (!g.in_place) {
-    detail::require_device_pointer(shard, shard_bytes, "shard", kOp, comm);
-    detail::require_no_partial_overlap(g.gathered.local, size_t(m) * row_bytes, shard, shard_bytes, false, kOp);
-  }
+  // The shape above is every rank's alike (a plain error); the operands are this rank's own (refused).
+  detail::PieceGather g = detail::checked_or_refused(st, detail::kOpAllGatherPieces, kOp, stream, [&] {
+    if (!gathered.symmetric())
+      throw Error(ErrorCode::kInvalidArgument, std::string(kOp) +
+                                                   ": gathered must be a symmetric operand (a heap Buffer and "
+                                                   "offset): the peers read their shards from it");
+    detail::PieceGather checked;
+    checked.rank = rank;
+    checked.world = world;
+    checked.shard_rows = static_cast<int>(m / world);
+    checked.row_bytes = row_bytes;
+    const size_t shard_bytes = size_t(checked.shard_rows) * row_bytes;
+    checked.gathered = detail::resolve(gathered, size_t(m) * row_bytes, "gathered", kOp, st);
+    char* own_slot = static_cast<char*>(checked.gathered.local) + size_t(rank) * shard_bytes;
+    checked.in_place = shard == own_slot;
+    if (!checked.in_place) {
+      detail::require_device_pointer(shard, shard_bytes, "shard", kOp, comm);
+      detail::require_no_partial_overlap(checked.gathered.local, size_t(m) * row_bytes, shard, shard_bytes, false,
+                                         kOp);
+    }
+    return checked;
+  });
   g.pieces = detail::plan_gather_pieces(g.shard_rows, row_bytes, tile_rows);
   g.flags = st.workspaces->fused_flags();  // all_gather_matmul's piece flags: one fused call at a time
   // Signed with everything the ranks must agree on (in place is this rank's own affair).

@@ -51,6 +51,7 @@
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
+#include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/driver_api.hpp"
@@ -198,7 +199,12 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
-  Prepared p = prepare(c_shard, workspace, a, b, m, n, k, type, st, comm);
+  // The shape is every rank's alike (a plain error); the rest is this rank's own (refused).
+  const std::string shape = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
+  if (!shape.empty()) throw Error(ErrorCode::kInvalidArgument, shape);
+  Prepared p = detail::checked_or_refused(st, detail::kOpMatmulReduceScatter, kOp, stream, [&] {
+    return prepare(c_shard, workspace, a, b, m, n, k, type, st, comm);
+  });
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "matmul_reduce_scatter: no copy-engine state");
   detail::EnqueueScope enqueue(st, stream);
   const uint32_t signature = st.sign_call(p.call);

@@ -127,6 +127,11 @@ void launch_reduce_scatter_low_latency(DataType type, ReduceOp op, const LowLate
 // A device barrier among all ranks (one block); used by Communicator::barrier.
 void launch_barrier(const SyncArgs& sync, cudaStream_t stream);
 
+// A call this rank refused (comm/refusal.hpp), in stream order: records kStatusRefused with
+// `error_code` (a symmem::ErrorCode) in this rank's failure record and sets the abort word. One
+// thread; sync.op and sync.signature go into the record.
+void launch_refusal(const SyncArgs& sync, int32_t error_code, cudaStream_t stream);
+
 // matmul_reduce_scatter's last step, local: out[i] = sources[0][i] + ... + sources[world-1][i] in
 // float32, added in rank order (so the result does not depend on which rank computes it), rounded
 // once to `type` (float16 or bfloat16). count is a multiple of 8; every pointer 16-byte aligned.

@@ -237,22 +237,15 @@ size_t wrong_bytes(const Routing& m, int me, const std::vector<uint8_t>& got, si
   return wrong;
 }
 
-// Runs one case on one rank (max_entry: the largest split; 0: small enough for the test buffers
-// at any skew); returns "" or what was wrong.
-std::string run_variable_case(const VariableCase& c, SharedRank& r, const Memory& mem, void* splits_in,
-                              void* splits_out, size_t span, int budget, uint64_t id, uint32_t max_entry = 0,
-                              int blocks = 0) {
-  if (max_entry == 0)
-    max_entry = static_cast<uint32_t>(
-        std::max<size_t>(1, span / c.row_bytes / (size_t(2) * r.world * r.world * c.experts + 8)));
-  const Routing m = route(r.world, c.experts, c.align, c.skew, max_entry, c.slack, mix64(id));
+// Runs case c with routing m on one rank, on operands `out` and `in` (null where the rank has no
+// rows: an idle rank); returns "" or what was wrong.
+std::string run_routed_case(const VariableCase& c, const Routing& m, SharedRank& r, const Operand& out,
+                            const Operand& in, void* splits_in, void* splits_out, int budget, uint64_t seed,
+                            int blocks = 0) {
   const int n = r.world * c.experts;
   const size_t in_rows = m.input_rows[r.rank], out_rows = m.output_rows[r.rank];
   const CollectiveOptions o{c.algo, blocks, budget};
-  const Operand out = mem.out(c.kinds), in = mem.in(c.kinds);
-  if (out_rows * c.row_bytes > span || in_rows * c.row_bytes > span) return "case too large for the test buffers";
-  const uint64_t seed = mix64(id ^ 0x5151);
-  TEST_CUDA(cudaMemsetAsync(out.ptr(), kPoison, out_rows * c.row_bytes, r.stream));
+  if (out_rows) TEST_CUDA(cudaMemsetAsync(out.ptr(), kPoison, out_rows * c.row_bytes, r.stream));
   TEST_CUDA(cudaMemsetAsync(splits_out, 0xFF, 2 * n * sizeof(int64_t), r.stream));
   fill_rows(in.ptr(), in_rows, c.row_bytes, seed, r.rank, r.stream);
   std::vector<int64_t> mine(n), expect_from(r.world);
@@ -288,6 +281,21 @@ std::string run_variable_case(const VariableCase& c, SharedRank& r, const Memory
     if (bad_offsets) wrong += (wrong.empty() ? "" : ", ") + std::to_string(bad_offsets) + " out_splits_offsets wrong";
   }
   return wrong;
+}
+
+// Runs one case on one rank; returns "" or what was wrong.
+// (max_entry: the largest split; 0: small enough for the test buffers at any skew)
+std::string run_variable_case(const VariableCase& c, SharedRank& r, const Memory& mem, void* splits_in,
+                              void* splits_out, size_t span, int budget, uint64_t id, uint32_t max_entry = 0,
+                              int blocks = 0) {
+  if (max_entry == 0)
+    max_entry = static_cast<uint32_t>(
+        std::max<size_t>(1, span / c.row_bytes / (size_t(2) * r.world * r.world * c.experts + 8)));
+  const Routing m = route(r.world, c.experts, c.align, c.skew, max_entry, c.slack, mix64(id));
+  if (m.output_rows[r.rank] * c.row_bytes > span || m.input_rows[r.rank] * c.row_bytes > span)
+    return "case too large for the test buffers";
+  return run_routed_case(c, m, r, mem.out(c.kinds), mem.in(c.kinds), splits_in, splits_out, budget,
+                         mix64(id ^ 0x5151), blocks);
 }
 
 std::vector<VariableCase> variable_cases() {
@@ -451,6 +459,63 @@ TEST(shared_gpu_all_to_all_back_to_back_calls_follow_their_routing) {
           findings.add("call " + std::to_string(call) + " (" + skew_name(skews[call % std::size(skews)]) +
                        "): " + std::to_string(bad) + " bytes wrong");
       }
+      findings.raise(r);
+    });
+  }
+}
+
+// A rank with no rows (an idle data-parallel rank) in every variable form: its input is null with
+// 0 rows, and so is its output when it receives nothing (the 2-D form still needs its experts'
+// minimum extent, torch's rule); the other ranks send to it, or not. Heap operands take 0 rows
+// too. And the uniform form with 0 bytes per pair and null operands on every rank.
+TEST(shared_gpu_all_to_all_takes_a_rank_with_no_rows) {
+  for (int world : shared_gpu_worlds()) {
+    const int budget = max_blocks_for_calls();
+    run_shared_ranks(world, [&](SharedRank& r) {
+      const size_t span = kMiB;
+      Memory mem(*r.comm, span);
+      DeviceBuffer splits_in(8 * 64 * sizeof(int64_t)), splits_out(2 * 8 * 64 * sizeof(int64_t));
+      wait_for_every_rank(r);
+      const Operand none(static_cast<void*>(nullptr));
+      all_to_all(none, none, 0, *r.comm, r.stream);
+      Findings findings;
+      const int idle = world - 1;
+      uint64_t id = uint64_t(world) << 36;
+      size_t ran = 0;
+      for (Form form : {Form::kHostSplits, Form::kDeviceSplits, Form::kTwoD})
+        for (bool receives : {false, true})
+          for (Algo algo : {Algo::kAuto, Algo::kPush, Algo::kPull, Algo::kLowLatency})
+            for (Kinds kinds : {Kinds::kLocal, Kinds::kHeapInLocalOut, Kinds::kHeap}) {
+              ++id;
+              const bool two_d = form == Form::kTwoD;
+              const VariableCase c{form, two_d ? 3 : 1, two_d ? 2 : 0, 48, Skew::kZipf, 0, algo, kinds};
+              try {  // plannable? alike on every rank
+                describe_all_to_all_v(mem.out(kinds), 1, mem.in(kinds), 1, c.row_bytes, form != Form::kHostSplits,
+                                      c.experts, c.align, *r.comm, {algo, 0, budget});
+              } catch (const Error&) {
+                continue;
+              }
+              ++ran;
+              Routing m = route(world, c.experts, c.align, Skew::kZipf, 20, 0, mix64(id));
+              const int n = world * c.experts;
+              for (int j = 0; j < n; ++j) m.splits[size_t(idle) * n + j] = 0;
+              if (!receives)
+                for (int s = 0; s < world; ++s)
+                  for (int e = 0; e < c.experts; ++e) m.splits[size_t(s) * n + idle * c.experts + e] = 0;
+              for (int q = 0; q < world; ++q) {
+                m.input_rows[q] = static_cast<uint32_t>(detail::sent_rows(m.view(), q));
+                m.output_rows[q] = static_cast<uint32_t>(detail::needed_output_rows(m.view(), q));
+              }
+              const bool me_idle = r.rank == idle;
+              const Operand in = me_idle && !mem.in(kinds).symmetric() ? none : mem.in(kinds);
+              const Operand out =
+                  me_idle && m.output_rows[idle] == 0 && !mem.out(kinds).symmetric() ? none : mem.out(kinds);
+              const std::string wrong =
+                  run_routed_case(c, m, r, out, in, splits_in.ptr, splits_out.ptr, budget, mix64(id ^ 0x1D7E));
+              if (!wrong.empty())
+                findings.add(c.describe() + (receives ? ", the idle rank receives: " : ": ") + wrong);
+            }
+      if (ran < 12) findings.add("only " + std::to_string(ran) + " cases were plannable");
       findings.raise(r);
     });
   }
@@ -848,9 +913,12 @@ size_t wrong_elements(const std::vector<uint8_t>& got, const std::vector<uint16_
   return wrong;
 }
 
-enum class MoeSkew { kRandom, kZipf, kOneHotAtCapacity, kEmptyRanks, kMasked, kFullBatch };
+// kIdleRank: the last rank has no tokens and passes null tensors and a null out (with a host count;
+// with a device count, its tensors and a count of 0); the others route to its experts too.
+enum class MoeSkew { kRandom, kZipf, kOneHotAtCapacity, kEmptyRanks, kMasked, kFullBatch, kIdleRank };
 const char* moe_skew_name(MoeSkew s) {
-  static const char* names[] = {"random", "zipf", "one-hot at capacity", "empty ranks", "masked", "full batch"};
+  static const char* names[] = {"random", "zipf", "one-hot at capacity", "empty ranks", "masked", "full batch",
+                                "idle rank"};
   return names[int(s)];
 }
 
@@ -862,6 +930,7 @@ std::vector<EpRouting> moe_routing(const detail::EpGeometry& g, MoeSkew skew, ui
     const bool full = skew == MoeSkew::kOneHotAtCapacity || skew == MoeSkew::kFullBatch;
     r.tokens = full                                         ? g.max_tokens
                : skew == MoeSkew::kEmptyRanks && s % 2 == 1 ? 0
+               : skew == MoeSkew::kIdleRank                 ? (s == g.world - 1 ? 0 : 1 + int(rng() % g.max_tokens))
                                                             : int(rng() % (g.max_tokens + 1));
     r.ids.assign(size_t(g.max_tokens) * g.topk, -1);
     for (int t = 0; t < g.max_tokens; ++t)
@@ -937,6 +1006,18 @@ std::vector<MoeCase> moe_cases() {
   return cases;
 }
 
+// A rank with no tokens, in both layouts and payloads, with a host count (null tensors, a null
+// out) and with a device count (its tensors, a count of 0); the outputs staged or read in place.
+std::vector<MoeCase> moe_idle_rank_cases() {
+  std::vector<MoeCase> cases;
+  for (EpLayout layout : {EpLayout::kExpertMajor, EpLayout::kRankMajor})
+    for (EpPayload payload : {EpPayload::kBFloat16, EpPayload::kFloat8E4M3})
+      for (bool device_count : {false, true})
+        cases.push_back({layout, payload, MoeSkew::kIdleRank, 2, 3, 24, device_count, payload == EpPayload::kBFloat16,
+                         device_count, false});
+  return cases;
+}
+
 // One rank's device memory for a MoE case: inputs up to T tokens, the output, a staging copy of
 // the expert outputs.
 struct MoeMemory {
@@ -998,12 +1079,14 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
   TEST_CUDA(cudaMemsetAsync(m.out->ptr, 0xFF, size_t(T) * H * 2, r.stream));
   TEST_CUDA(cudaMemsetAsync(m.out_again->ptr, 0xFF, size_t(T) * H * 2, r.stream));
 
+  // An idle rank with a host count passes what torch's empty tensors give: null pointers.
+  const bool null_tensors = c.skew == MoeSkew::kIdleRank && mine.tokens == 0 && !c.device_count;
   EpDispatchArgs d;
-  d.x = m.x->ptr;
-  d.x_scales = g.fp8 ? static_cast<const float*>(m.scales->ptr) : nullptr;
-  d.topk_idx = m.ids->ptr;
+  d.x = null_tensors ? nullptr : m.x->ptr;
+  d.x_scales = g.fp8 && !null_tensors ? static_cast<const float*>(m.scales->ptr) : nullptr;
+  d.topk_idx = null_tensors ? nullptr : m.ids->ptr;
   d.topk_idx_int64 = !c.int32_ids;
-  d.topk_weights = static_cast<const float*>(m.weights->ptr);
+  d.topk_weights = null_tensors ? nullptr : static_cast<const float*>(m.weights->ptr);
   d.num_tokens = c.device_count ? 0 : mine.tokens;
   d.num_tokens_device = c.device_count ? static_cast<const int32_t*>(m.count->ptr) : nullptr;
   ctx->dispatch(d, r.stream);
@@ -1068,7 +1151,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
 
   EpCombineArgs cb;
   cb.expert_out = c.staged_outputs ? m.expert_out->ptr : nullptr;
-  cb.out = m.out->ptr;
+  cb.out = null_tensors ? nullptr : m.out->ptr;
   cb.weights_applied = c.weights_applied;
   ctx->combine(cb, r.stream);
   // Again, on the same expert outputs: another dispatch first (the calls alternate), then combine.
@@ -1076,7 +1159,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
   if (!c.staged_outputs) upload(rec.combine_input, outputs, r.stream);
   r.comm->synchronize(r.stream);
   wait_for_every_rank(r);
-  cb.out = m.out_again->ptr;
+  cb.out = null_tensors ? nullptr : m.out_again->ptr;
   ctx->combine(cb, r.stream);
   r.comm->synchronize(r.stream);
 
@@ -1091,8 +1174,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
   return wrong;
 }
 
-TEST(shared_gpu_moe_dispatch_combine_match_reference) {
-  const std::vector<MoeCase> cases = moe_cases();
+void run_moe_cases(const std::vector<MoeCase>& cases) {
   for (int world : shared_gpu_worlds()) {
     run_shared_ranks(world, [&](SharedRank& r) {
       Findings findings;
@@ -1105,6 +1187,12 @@ TEST(shared_gpu_moe_dispatch_combine_match_reference) {
     });
   }
 }
+
+TEST(shared_gpu_moe_dispatch_combine_match_reference) { run_moe_cases(moe_cases()); }
+
+// An idle rank (0 tokens) dispatches and combines with its peers: on 0bbf9f1 it raised alone
+// ("x, topk_idx and topk_weights are required") and its peers waited until the deadline.
+TEST(shared_gpu_moe_with_an_idle_rank_matches_reference) { run_moe_cases(moe_idle_rank_cases()); }
 
 // A dispatch that does not fit: every rank raises kCapacity naming the expert or rank (or the
 // rank with too many tokens, or the bad id), and no rank's receive area changed.

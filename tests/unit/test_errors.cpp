@@ -1,5 +1,7 @@
 #include <cstdlib>
 
+#include "board/host_board.hpp"
+#include "comm/refusal.hpp"
 #include "common/env.hpp"
 #include "symmem/error.hpp"
 #include "symmem/types.hpp"
@@ -11,6 +13,21 @@ TEST(errors_carry_code_and_message) {
   const Error e(ErrorCode::kTimeout, "all_gather: rank 1 waited for rank 3");
   EXPECT(e.code() == ErrorCode::kTimeout);
   EXPECT(std::string(e.what()).find("symmem timeout: all_gather: rank 1 waited for rank 3") == 0);
+}
+
+TEST(a_refusal_message_names_the_rank_and_the_cause_once) {
+  // An Error's what() and a bare message give the same text: the code's prefix and the op's are dropped.
+  const Error cause(ErrorCode::kInvalidArgument, "all_to_all_v: the input (70000 rows, 300 MB) must be staged");
+  const std::string from_error = detail::refusal_message("all_to_all_v", 2, cause.code(), cause.what());
+  const std::string from_text =
+      detail::refusal_message("all_to_all_v", 2, ErrorCode::kInvalidArgument, "the input (70000 rows, 300 MB) must be staged");
+  EXPECT_EQ(from_error, from_text);
+  EXPECT(from_error.find("all_to_all_v: rank 2 refused the call: the input (70000 rows, 300 MB) must be staged;") == 0);
+  EXPECT(from_error.find("symmem invalid argument") == std::string::npos);
+  // A long cause is cut to what the host board holds.
+  const std::string longer = detail::refusal_message("op", 0, ErrorCode::kInvalidArgument, std::string(4000, 'x'));
+  EXPECT(longer.size() < detail::BoardPage::kRefusalText);
+  EXPECT(longer.find("...") != std::string::npos);
 }
 
 TEST(names_round_trip) {

@@ -169,3 +169,21 @@ TEST(the_verdict_names_the_rank_that_never_came_or_the_cause_down_the_path) {
   v = judge(0, 2, {{0, waiting(kStatusCapacity, -1, 0xA)}});
   EXPECT_EQ(v.record.code, uint32_t(kStatusCapacity));
 }
+
+TEST(a_refusal_down_the_path_is_the_cause) {
+  // A rank whose wait timed out (its abort came late) behind the rank that refused the call: the
+  // refusal is the cause, whatever the signatures (the refused call was never signed).
+  DeviceStatus refused = waiting(kStatusRefused, 1, 0x5EF05ED);
+  refused.block = 0;  // the refusing rank's ErrorCode (kInvalidArgument)
+  FailureVerdict v = judge(0, 2, {{0, waiting(kStatusTimeout, 1, 0xA)}, {1, refused}});
+  EXPECT_EQ(v.who, 1);
+  EXPECT_EQ(v.record.code, uint32_t(kStatusRefused));
+  // Through a third rank released by the abort, waiting for the refusing one.
+  v = judge(0, 3, {{0, waiting(kStatusTimeout, 2, 0xA)}, {2, waiting(kStatusAborted, 1, 0xA)}, {1, refused}});
+  EXPECT_EQ(v.who, 1);
+  EXPECT_EQ(v.record.code, uint32_t(kStatusRefused));
+  EXPECT(v.waited_through.empty());
+  // The refusing rank's own record is reported as it is.
+  v = judge(1, 2, {{1, refused}});
+  EXPECT_EQ(v.record.code, uint32_t(kStatusRefused));
+}

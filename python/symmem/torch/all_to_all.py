@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import _route
+from .errors import refused
 from .groups import Communicator, group_name_of
 from .ops import _returning_none
 
@@ -50,9 +51,17 @@ def _output_shape(inp, output_split_sizes):
 
 
 # CUDA kernels ----------------------------------------------------------------------------------
+#
+# A check of one rank's tensors that fails (a TypeError or ValueError of _route's) refuses the call
+# on the group's communicator (errors.refused): every rank raises it, naming this rank and the
+# cause, instead of the peers waiting in the call until their deadline.
 
 def _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, *, out):
-    _route.all_to_all(Communicator(group_name), out, inp, output_split_sizes, input_split_sizes)
+    comm = Communicator(group_name)
+    try:
+        _route.all_to_all(comm, out, inp, output_split_sizes, input_split_sizes)
+    except (TypeError, ValueError) as cause:
+        raise refused(comm, "symmem.all_to_all_single", cause) from cause
     return out
 
 
@@ -62,14 +71,21 @@ def _all_to_all_single_cuda(inp, output_split_sizes, input_split_sizes, group_na
 
 
 def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
-    _route.all_to_all_vdev(Communicator(group_name), out, inp, in_splits, out_splits_offsets, 1, 0, "all_to_all_vdev")
+    comm = Communicator(group_name)
+    try:
+        _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets, 1, 0, "all_to_all_vdev")
+    except (TypeError, ValueError) as cause:
+        raise refused(comm, "symmem.all_to_all_vdev", cause) from cause
 
 
 def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
     comm = Communicator(group_name)
-    _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets, _route.experts_of(in_splits, comm.world, op),
-                           _route.major_align_of(major_align, op), op)
+    try:
+        _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets,
+                               _route.experts_of(in_splits, comm.world, op), _route.major_align_of(major_align, op), op)
+    except (TypeError, ValueError) as cause:
+        raise refused(comm, "symmem." + op, cause) from cause
 
 
 # CPU kernels: torch.distributed on the group ---------------------------------------------------

@@ -2,6 +2,7 @@
 failed NCCL collective raises), so code written for NCCL catches them. ``import symmem`` needs no
 torch, so this module, imported by ``symmem.torch``, makes ``symmem.SymmemError`` a subclass of both
 when torch was imported after symmem; errors raised from then on are of that class."""
+import torch
 import torch.distributed as dist
 
 from .. import errors
@@ -18,3 +19,43 @@ if not issubclass(errors.SymmemError, dist.DistBackendError):
     errors.SymmemErrorWithoutTorch = base
     errors.SymmemError = SymmemError
 SymmemError = errors.SymmemError
+
+
+class RefusedValueError(SymmemError, ValueError):
+    """A call this rank refused because a tensor argument failed a check (a shape, a device, a
+    layout): the ValueError the op documents, and the SymmemError (kInvalidArgument, the same
+    message) that every other rank of the group raises for it."""
+
+
+class RefusedTypeError(SymmemError, TypeError):
+    """As RefusedValueError, for a check of a dtype (the TypeError the op documents)."""
+
+
+for _cls in (RefusedValueError, RefusedTypeError):
+    _cls.__module__ = __name__
+
+
+def refused(comm, op, cause):
+    """The error to raise when this rank's torch-level check of a collective call of `comm` (a
+    symmem.torch Communicator) failed with `cause` (a TypeError or ValueError): the call is refused
+    on the current stream (Communicator.refuse in the core), so that every rank raises it, naming this
+    rank and the cause, instead of the peers waiting in the call until their deadline. A cause that
+    is a SymmemError already (refused, or from the core) is returned as it is."""
+    if isinstance(cause, SymmemError):
+        return cause
+    stream = torch.cuda.current_stream(comm.device).cuda_stream
+    error = comm.core.refuse(op, "kInvalidArgument", str(cause), stream)
+    cls = RefusedTypeError if isinstance(cause, TypeError) else RefusedValueError
+    return cls(error.code, str(error))
+
+
+def refusal(op, rank, cause):
+    """The error every rank raises when rank `rank` refused a call of `op` for `cause` (a TypeError
+    or ValueError), for a path that agrees on it over torch.distributed (the CPU reference): the
+    cause's own type on the refusing rank, a SymmemError elsewhere, with the core's message."""
+    from .. import _native
+    message = _native.refusal_message(op, rank, "kInvalidArgument", cause)
+    if isinstance(cause, BaseException):
+        cls = RefusedTypeError if isinstance(cause, TypeError) else RefusedValueError
+        return cls(_native.ErrorCode.kInvalidArgument, message)
+    return SymmemError(_native.ErrorCode.kInvalidArgument, message)

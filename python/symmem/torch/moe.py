@@ -38,6 +38,7 @@ import torch.distributed.distributed_c10d as c10d
 from .. import _native, errors
 from .. import ep as core_ep
 from . import _route
+from .errors import refusal, refused
 from .groups import Communicator, capturing, group_name_of
 from .memory import lent_tensor
 
@@ -150,13 +151,16 @@ class ExpertParallel:
     def dispatch(self, x, topk_idx, topk_weights, x_scales=None, num_tokens=None):
         """x [T, H] (payload dtype), topk_idx [T, K] int64 or int32 (-1: none), topk_weights [T, K]
         float32, x_scales [T, H / 128] float32 for float8; num_tokens: a device int32 tensor (graphs
-        captured at the maximum batch) or None for T = x.shape[0]."""
+        captured at the maximum batch: the tensors then hold max_tokens_per_rank rows) or None for
+        T = x.shape[0]. A rank with no tokens passes T = 0. A tensor that fails a check refuses the
+        call: every rank raises, naming this rank (docs/moe.md)."""
         self._require_open("moe_dispatch")
         return Dispatched(*torch.ops.symmem.moe_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens, self.id))
 
     def combine(self, expert_out=None, out=None, weights_applied=False, topk_weights=None):
         """The tokens of the last dispatch, their expert outputs summed (float32, top-k or rank order)
-        into out [T, H] bfloat16 (allocated when None). expert_out: None to read combine_input.
+        into out [>= T, H] bfloat16 (allocated when None; [0, H] after a dispatch of no tokens).
+        expert_out: None to read combine_input; topk_weights: None for the dispatch's, else [T, K].
         Several combines may follow one dispatch, back to back."""
         self._require_open("moe_combine")
         if out is None:
@@ -213,20 +217,23 @@ class _DeviceContext:
 
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
         ep = self.ep
-        _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens)
-        for t, name in ((x, "x"), (topk_idx, "topk_idx"), (topk_weights, "topk_weights")):
-            if t.get_device() != self.comm.device:
-                raise ValueError(f"symmem.moe_dispatch: {name} is on {t.device}, the context on cuda:{self.comm.device}")
+        try:
+            _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens)
+        except (TypeError, ValueError) as cause:
+            raise refused(self.comm, "symmem.moe_dispatch", cause) from cause
         self.ctx.dispatch(x.data_ptr(), x_scales.data_ptr() if x_scales is not None else 0, topk_idx.data_ptr(),
                           topk_idx.dtype == torch.int64, topk_weights.data_ptr(),
                           x.shape[0] if num_tokens is None else 0,
                           num_tokens.data_ptr() if num_tokens is not None else 0,
                           _route.current_stream(self.comm.device))
-        self.out_rows = x.shape[0] if num_tokens is None else ep.max_tokens_per_rank
+        self.out_rows = x.shape[0]
         return tuple(_alias(t) for t in self.outputs)
 
     def combine(self, expert_out, topk_weights, weights_applied, out):
-        _check_combine(self.ep, expert_out, topk_weights, out)
+        try:
+            _check_combine(self.ep, expert_out, topk_weights, out)
+        except (TypeError, ValueError) as cause:
+            raise refused(self.comm, "symmem.moe_combine", cause) from cause
         self.ctx.combine(expert_out.data_ptr() if expert_out is not None else 0, out.data_ptr(), weights_applied,
                          topk_weights.data_ptr() if topk_weights is not None else 0,
                          _route.current_stream(self.comm.device))
@@ -256,44 +263,65 @@ def _alias(t):
                                                                  t.stride())
 
 
+def _check_tensor(t, name, op, shape, dtypes, device):
+    """One tensor argument: exactly `shape`, one of `dtypes`, contiguous, on `device`."""
+    if tuple(t.shape) != tuple(shape) or t.dtype not in dtypes:
+        raise ValueError(f"symmem.{op}: {name} must be {list(shape)} "
+                         f"{' or '.join(str(d).replace('torch.', '') for d in dtypes)}, got {list(t.shape)} "
+                         f"{str(t.dtype).replace('torch.', '')}")
+    if not t.is_contiguous():
+        raise ValueError(f"symmem.{op}: {name} must be contiguous (shape {list(t.shape)}, strides {list(t.stride())})")
+    if t.device != device:
+        raise ValueError(f"symmem.{op}: {name} is on {t.device}, the context on {device}")
+
+
 def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens):
+    """Every tensor argument of a dispatch, before anything is launched. T = x.shape[0] tokens (at
+    most the context's max_tokens_per_rank; 0 for an idle rank); with a device count (num_tokens)
+    the tensors hold max_tokens_per_rank rows, of which the count says how many go."""
     op = "moe_dispatch"
-    if x.dim() != 2 or x.shape[1] != ep.hidden or x.dtype != _PAYLOAD_DTYPES[ep.payload]:
-        raise ValueError(f"symmem.{op}: x must be [T, {ep.hidden}] {_PAYLOAD_DTYPES[ep.payload]}, got "
-                         f"{tuple(x.shape)} {x.dtype}")
-    if x.shape[0] > ep.max_tokens_per_rank:
-        raise ValueError(f"symmem.{op}: x has {x.shape[0]} tokens, the context holds {ep.max_tokens_per_rank}")
-    if tuple(topk_idx.shape) != (x.shape[0], ep.topk) or topk_idx.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"symmem.{op}: topk_idx must be [{x.shape[0]}, {ep.topk}] int64 or int32, got "
-                         f"{tuple(topk_idx.shape)} {topk_idx.dtype}")
-    if tuple(topk_weights.shape) != (x.shape[0], ep.topk) or topk_weights.dtype != torch.float32:
-        raise ValueError(f"symmem.{op}: topk_weights must be [{x.shape[0]}, {ep.topk}] float32")
+    payload = _PAYLOAD_DTYPES[ep.payload]
+    if x.dim() != 2 or x.shape[1] != ep.hidden or x.dtype != payload:
+        raise ValueError(f"symmem.{op}: x must be [T, {ep.hidden}] {payload}, got {list(x.shape)} {x.dtype}")
+    tokens = x.shape[0]
+    if tokens > ep.max_tokens_per_rank:
+        raise ValueError(f"symmem.{op}: x has {tokens} tokens, the context holds {ep.max_tokens_per_rank}")
+    if num_tokens is not None and tokens != ep.max_tokens_per_rank:
+        raise ValueError(f"symmem.{op}: with a device count (num_tokens), x and the routing hold the context's "
+                         f"{ep.max_tokens_per_rank} rows (the count says how many go), got {tokens}")
+    _check_tensor(x, "x", op, (tokens, ep.hidden), (payload,), ep.device)
+    _check_tensor(topk_idx, "topk_idx", op, (tokens, ep.topk), (torch.int64, torch.int32), ep.device)
+    _check_tensor(topk_weights, "topk_weights", op, (tokens, ep.topk), (torch.float32,), ep.device)
     if ep.payload == "float8_e4m3":
-        if x_scales is None or tuple(x_scales.shape) != (x.shape[0], ep.hidden // SCALE_COLUMNS) or \
-                x_scales.dtype != torch.float32:
-            raise ValueError(f"symmem.{op}: a float8 payload needs x_scales [{x.shape[0]}, "
+        if x_scales is None:
+            raise ValueError(f"symmem.{op}: a float8 payload needs x_scales [{tokens}, "
                              f"{ep.hidden // SCALE_COLUMNS}] float32")
-    if num_tokens is not None and (num_tokens.numel() != 1 or num_tokens.dtype != torch.int32):
-        raise ValueError(f"symmem.{op}: num_tokens must be a one-element int32 tensor")
-    for t, name in ((x, "x"), (topk_idx, "topk_idx"), (topk_weights, "topk_weights"), (x_scales, "x_scales")):
-        if t is not None and not t.is_contiguous():
-            raise ValueError(f"symmem.{op}: {name} must be contiguous")
+        _check_tensor(x_scales, "x_scales", op, (tokens, ep.hidden // SCALE_COLUMNS), (torch.float32,), ep.device)
+    elif x_scales is not None:
+        raise ValueError(f"symmem.{op}: x_scales is for a float8 payload; this context's is {ep.payload}")
+    if num_tokens is not None:
+        if num_tokens.numel() != 1 or num_tokens.dtype != torch.int32:
+            raise ValueError(f"symmem.{op}: num_tokens must be a one-element int32 tensor, got "
+                             f"{list(num_tokens.shape)} {num_tokens.dtype}")
+        if num_tokens.device != ep.device:
+            raise ValueError(f"symmem.{op}: num_tokens is on {num_tokens.device}, the context on {ep.device}")
 
 
 def _check_combine(ep, expert_out, topk_weights, out):
+    """Every tensor argument of a combine, against the last dispatch's T tokens (its x.shape[0]; the
+    context's max_tokens_per_rank with a device count): out [>= T, H] bfloat16, topk_weights
+    [T, K] float32, expert_out the receive area's shape in bfloat16; all contiguous, on the context's
+    device."""
     op = "moe_combine"
-    if out.dtype != torch.bfloat16 or out.dim() != 2 or out.shape[1] != ep.hidden or \
-            out.shape[0] < ep._impl.out_rows or not out.is_contiguous():
-        raise ValueError(f"symmem.{op}: out must be a contiguous [>= tokens, {ep.hidden}] bfloat16 tensor, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+    tokens = ep._impl.out_rows
+    if out.dim() != 2 or out.shape[0] < tokens:
+        raise ValueError(f"symmem.{op}: out must be [>= {tokens}, {ep.hidden}] bfloat16 (the last dispatch had "
+                         f"{tokens} tokens), got {list(out.shape)} {out.dtype}")
+    _check_tensor(out, "out", op, (out.shape[0], ep.hidden), (torch.bfloat16,), ep.device)
     if expert_out is not None:
-        shape = ep.received_shapes()[0]
-        if tuple(expert_out.shape) != shape or expert_out.dtype != torch.bfloat16 or not expert_out.is_contiguous():
-            raise ValueError(f"symmem.{op}: expert_out must be contiguous {shape} bfloat16, got "
-                             f"{tuple(expert_out.shape)} {expert_out.dtype}")
-    if topk_weights is not None and (topk_weights.dtype != torch.float32 or topk_weights.dim() != 2 or
-                                     topk_weights.shape[1] != ep.topk):
-        raise ValueError(f"symmem.{op}: topk_weights must be [T, {ep.topk}] float32")
+        _check_tensor(expert_out, "expert_out", op, ep.received_shapes()[0], (torch.bfloat16,), ep.device)
+    if topk_weights is not None:
+        _check_tensor(topk_weights, "topk_weights", op, (tokens, ep.topk), (torch.float32,), ep.device)
 
 
 class _ReferenceContext:
@@ -316,9 +344,25 @@ class _ReferenceContext:
         dist.all_gather(parts, t.contiguous(), group=self.ep.group)
         return parts
 
+    def _agree_on_checks(self, op, check):
+        """The device path's refusal over torch.distributed: every rank runs its checks, learns every
+        rank's outcome, and raises the first refusing rank's error (the refusing rank its own type)."""
+        mine = None
+        try:
+            check()
+        except (TypeError, ValueError) as cause:
+            mine = cause
+        outcomes = [None] * self.ep.world
+        dist.all_gather_object(outcomes, None if mine is None else str(mine), group=self.ep.group)
+        for rank, why in enumerate(outcomes):
+            if why is not None:
+                mine_first = rank == self.ep.rank
+                raise refusal(f"symmem.{op}", rank, mine if mine_first else why) from (mine if mine_first else None)
+
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
         ep = self.ep
-        _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens)
+        self._agree_on_checks("moe_dispatch", lambda: _check_dispatch(ep, x, x_scales, topk_idx, topk_weights,
+                                                                       num_tokens))
         tokens = x.shape[0] if num_tokens is None else int(num_tokens.item())
         T, K, L = ep.max_tokens_per_rank, ep.topk, ep.local_experts
 
@@ -391,14 +435,14 @@ class _ReferenceContext:
                                             for kk in range(K) if int(ids[s][t, kk]) == me * L + k2)
         out.num_rows[0] = received
         self.tokens = n[me]
-        self.out_rows = n[me]
+        self.out_rows = x.shape[0]
         self.route = route
         self.weights = weights[me].clone()
         return tuple(_alias(t) for t in out)
 
     def combine(self, expert_out, topk_weights, weights_applied, out):
         ep = self.ep
-        _check_combine(ep, expert_out, topk_weights, out)
+        self._agree_on_checks("moe_combine", lambda: _check_combine(ep, expert_out, topk_weights, out))
         outputs = self._gather(expert_out if expert_out is not None else self.combine_input)
         weights = topk_weights if topk_weights is not None else self.weights
         acc = torch.zeros((self.tokens, ep.hidden), dtype=torch.float32)

@@ -124,8 +124,12 @@ def test_moe_ops_pass_opcheck(group_name, layout, payload):
     utils = ("test_faketensor", "test_aot_dispatch_dynamic") if payload == "float8_e4m3" else \
         ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(torch.ops.symmem.moe_dispatch.default, (x, xs, ids, w, None, ep.id), test_utils=utils)
+    # With a count on the device the tensors hold the context's 8 rows (the count says how many go).
+    def padded(t):
+        return torch.cat([t, t[:2]]) if t is not None else None
     torch.library.opcheck(torch.ops.symmem.moe_dispatch.default,
-                          (x, xs, ids.to(torch.int32), w, torch.tensor([3], dtype=torch.int32), ep.id),
+                          (padded(x), padded(xs), padded(ids).to(torch.int32), padded(w),
+                           torch.tensor([3], dtype=torch.int32), ep.id),
                           test_utils=utils)
     ep.dispatch(x, ids, w, x_scales=xs)
     torch.library.opcheck(torch.ops.symmem.moe_combine.default, (None, None, ep.id, False),
@@ -413,3 +417,103 @@ def test_a_released_communicator_frees_what_it_held(fake_group):
     context.close()
     context.comm._release_held(everything=True)  # its release (only once no tensor over its memory lives)
     assert calls == [("close", True), ("destroy",)]
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
+@pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
+def test_moe_reference_with_an_idle_rank(world, layout, payload):
+    """A rank with no tokens (x [0, H], as an idle data-parallel rank passes) still dispatches and
+    combines (out [0, H]); the others route tokens to its experts and receive its (no) rows."""
+    _run(world, _moe_idle_case, layout, payload)
+
+
+def _moe_idle_case(rank, world, group_name, layout, payload):
+    from symmem.torch.moe import ExpertParallel, dequantize_fp8, quantize_fp8
+    E, K, H, T = 4 * world, 2, 128, 6
+    idle = world - 1
+    fp8 = payload == "float8_e4m3"
+    ep = ExpertParallel(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout, payload=payload)
+
+    def tokens_of(s):
+        """Rank s's tokens (every rank can recompute every rank's): none on the idle rank."""
+        g = torch.Generator().manual_seed(s)
+        n = 0 if s == idle else T
+        ids = torch.randint(0, E, (n, K), generator=g)
+        ids[:, 1] = torch.where(ids[:, 1] == ids[:, 0], -1, ids[:, 1])
+        w = torch.rand(n, K, generator=g)
+        x = (torch.arange(n * H).view(n, H) % 17 - 8).float().div(8).add(s)
+        if fp8:
+            q, scales = quantize_fp8(x)
+            return ids, w, q, scales, dequantize_fp8(q, scales)
+        xb = x.to(torch.bfloat16)
+        return ids, w, xb, None, xb.float()
+
+    ids, w, x, scales, exact = tokens_of(rank)
+    r = ep.dispatch(x, ids, w, x_scales=scales)
+    local = E // world
+    # What this rank received: every pair routed to its experts, from every rank (the idle one none).
+    pairs = [0] * local
+    for s in range(world):
+        for e in tokens_of(s)[0].flatten().tolist():
+            if e >= 0 and e // local == rank:
+                pairs[e % local] += 1
+    assert r.expert_num_tokens.tolist() == pairs
+
+    def rows(x_rows, scale_rows):
+        return dequantize_fp8(x_rows, scale_rows) if fp8 else x_rows.float()
+
+    # Fake experts: expert output = input row x (1 + local expert); rank-major reduces with weights.
+    if layout == "expert_major":
+        for e in range(local):
+            n = int(r.expert_num_tokens[e])
+            got = rows(r.x[e, :n], r.x_scales[e, :n] if fp8 else None)
+            ep.combine_input[e, :n] = (got * (1 + e)).to(torch.bfloat16)
+    else:
+        n = int(r.num_rows[0])
+        got = rows(r.x[:n], r.x_scales[:n] if fp8 else None)
+        acc = torch.zeros(n, H)
+        for k in range(K):
+            e = r.topk_idx[:n, k]
+            sel = e >= 0
+            acc[sel] += r.topk_weights[:n, k][sel].unsqueeze(1) * (got[sel] * (1 + e[sel]).unsqueeze(1))
+        ep.combine_input[:n] = acc.to(torch.bfloat16)
+    y = ep.combine(out=torch.empty(ids.shape[0], H, dtype=torch.bfloat16))
+    assert tuple(y.shape) == (ids.shape[0], H)
+    expected = torch.zeros(ids.shape[0], H)
+    for t in range(ids.shape[0]):
+        for k in range(K):
+            e = int(ids[t, k])
+            if e >= 0:
+                expected[t] += w[t, k] * exact[t] * (1 + e % local)
+    assert torch.allclose(y.float(), expected, rtol=2e-2, atol=2e-2)
+    ep.close()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_moe_argument_refused_on_one_rank_raises_on_every_rank(world):
+    """combine's topk_weights wrong on one rank only ([1, K] after a dispatch of T tokens; a
+    transposed, non-contiguous view): every rank raises the same error naming that rank and the
+    cause (the refusing rank its ValueError, the others SymmemError kInvalidArgument), at once."""
+    _run(world, _moe_refusal_case)
+
+
+def _moe_refusal_case(rank, world, group_name):
+    from symmem import errors
+    from symmem.torch.moe import ExpertParallel
+    E, K, H, T = 2 * world, 2, 128, 4
+    ep = ExpertParallel(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T)
+    bad = world - 1
+    ids = torch.tensor([[(rank + t) % E, -1] for t in range(T)])
+    w = torch.rand(T, K)
+    x = torch.ones(T, H, dtype=torch.bfloat16)
+    wrong = {"short": torch.rand(1, K), "transposed": torch.rand(K, T).t()}
+    for case, cause in (("short", "topk_weights must be [4, 2]"), ("transposed", "topk_weights must be contiguous")):
+        ep.dispatch(x, ids, w)
+        weights = wrong[case] if rank == bad else w
+        with pytest.raises(errors.SymmemError) as raised:
+            ep.combine(out=torch.empty(T, H, dtype=torch.bfloat16), topk_weights=weights)
+        message = str(raised.value)
+        assert raised.value.code == "kInvalidArgument", message
+        assert f"symmem.moe_combine: rank {bad} refused the call: " in message and cause in message, message
+        assert isinstance(raised.value, ValueError) == (rank == bad), case
+    ep.close()

@@ -88,3 +88,16 @@ def test_interrupts_in_exchange_callbacks_are_not_turned_into_errors():
     with pytest.raises(symmem.SymmemError) as info:
         comm._call(5)
     assert isinstance(info.value.__cause__, TimeoutError)
+
+
+def test_refusal_message_and_arguments_come_from_the_c_abi():
+    message = _native.refusal_message("symmem.all_to_all_single", 2, "kInvalidArgument",
+                                      "symmem.all_to_all_single: input_split_sizes has 3 entries for a group of 4")
+    assert message.startswith("symmem.all_to_all_single: rank 2 refused the call: input_split_sizes has 3 entries")
+    assert "every rank raises this error" in message
+    # A refusal needs a communicator and an ErrorCode: wrong ones are errors, never a crash.
+    assert _native.lib.symmem_refuse_call(None, b"op", 0, b"why", None) == 1 + _native.ERROR_CODES.index("kInvalidArgument")
+    assert b"no communicator" in _native.lib.symmem_last_error()
+    text = ctypes.create_string_buffer(64)
+    assert _native.lib.symmem_refusal_message(b"op", 0, 99, b"why", text, len(text)) == 1
+    assert b"not a symmem::ErrorCode" in _native.lib.symmem_last_error()

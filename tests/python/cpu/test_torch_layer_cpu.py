@@ -119,6 +119,14 @@ ERROR_TYPE = textwrap.dedent("""
     import pickle
     copy = pickle.loads(pickle.dumps(e))
     assert type(copy) is type(e) and copy.code is symmem.ErrorCode.kInvalidArgument and str(copy) == str(e)
+    # A refused call's error on the refusing rank: the op's documented type and the peers' SymmemError.
+    from symmem.torch.errors import RefusedTypeError, RefusedValueError
+    for cls, documented in ((RefusedValueError, ValueError), (RefusedTypeError, TypeError)):
+        refused = cls("kInvalidArgument", "symmem.op: rank 1 refused the call: why")
+        assert isinstance(refused, documented) and isinstance(refused, symmem.SymmemError)
+        assert isinstance(refused, dist.DistBackendError) and refused.code == "kInvalidArgument"
+        copy = pickle.loads(pickle.dumps(refused))
+        assert type(copy) is cls and str(copy) == str(refused)
     print("ok")
 """)
 

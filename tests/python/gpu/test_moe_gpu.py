@@ -372,3 +372,111 @@ def test_dispatch_overflow_raises_kcapacity_on_every_rank(group):
         st.Communicator(own).check()
     assert raised.value.code == "kCapacity"
     assert "expert 0 of rank 0 would receive" in str(raised.value)
+
+
+def _gather_padded(t, rows):
+    """Every rank's `t` (its first dim up to `rows`, padded): [world, rows, ...], equal shapes for NCCL."""
+    world = dist.get_world_size()
+    padded = torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device="cuda")
+    padded[:t.shape[0]] = t
+    out = torch.empty((world, rows, *t.shape[1:]), dtype=t.dtype, device="cuda")
+    dist.all_gather_into_tensor(out.view(-1, *t.shape[1:]), padded)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
+@pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
+def test_dispatch_and_combine_with_an_idle_rank(group, layout, payload):
+    """The last rank has no tokens (x [0, H]: torch gives it a null data pointer, as an idle
+    data-parallel rank passes), still dispatches and combines (out [0, H]); the other ranks route
+    tokens to its experts, and every rank receives and combines what the others sent."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    E, K, H, T = 4 * world, 2, 256, 16
+    ep = ExpertParallel(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout,
+                        payload=payload, max_blocks=16)
+    L = ep.local_experts
+    idle = world - 1
+    tokens = 0 if me == idle else T
+    g = torch.Generator(device="cuda").manual_seed(_seed("idle", layout, payload))
+    ids = torch.argsort(torch.rand(tokens, E, generator=g, device="cuda"), dim=1)[:, :K].contiguous()
+    weights = torch.rand(tokens, K, generator=g, device="cuda")
+    xf = torch.randn(tokens, H, generator=g, device="cuda")
+    x, scales = quantize_fp8(xf) if payload == "float8_e4m3" else (xf.to(torch.bfloat16), None)
+    r = ep.dispatch(x, ids, weights, x_scales=scales)
+    counts = _gather_padded(torch.tensor([tokens], device="cuda"), 1).view(-1).tolist()
+    all_ids = _gather_padded(ids, T)
+    torch.cuda.synchronize()
+    # What this rank received, counted from every rank's routing (the idle rank's: nothing).
+    for e in range(L):
+        want = sum(int((all_ids[s, :counts[s]] == me * L + e).sum()) for s in range(world))
+        assert int(r.expert_num_tokens[e]) == want, f"expert {e}"
+    deq = (lambda q, s: dequantize_fp8(q, s)) if scales is not None else (lambda q, s: q.float())
+    if layout == "expert_major":
+        for e in range(L):
+            n = int(r.expert_num_tokens[e])
+            ep.combine_input[e, :n] = (deq(r.x[e, :n], r.x_scales[e, :n] if scales is not None else None) *
+                                       (1 + e)).to(torch.bfloat16)
+    else:
+        n = int(r.num_rows[0])
+        f = torch.where(r.topk_idx[:n] >= 0, r.topk_weights[:n] * (1 + r.topk_idx[:n].clamp(min=0)).float(),
+                        torch.zeros_like(r.topk_weights[:n])).sum(dim=1)
+        ep.combine_input[:n] = (deq(r.x[:n], r.x_scales[:n] if scales is not None else None) *
+                                f.unsqueeze(1)).to(torch.bfloat16)
+    y = ep.combine(out=torch.empty(tokens, H, dtype=torch.bfloat16, device="cuda"))
+    assert tuple(y.shape) == (tokens, H)
+    factor = (weights * (1 + ids % L).float()).sum(dim=1)
+    want = deq(x, scales) * factor.unsqueeze(1)
+    assert torch.allclose(y.float(), want, rtol=2e-2, atol=2e-2)
+    ep.close()
+
+
+@pytest.mark.parametrize("case", ["short topk_weights", "transposed topk_weights", "all_to_all splits"])
+def test_an_argument_refused_on_one_rank_raises_on_every_rank(group, case):
+    """combine's topk_weights wrong on the last rank only ([1, K] after a dispatch of T tokens, or a
+    transposed, non-contiguous view), or all_to_all_single's input splits of the wrong length there:
+    every rank raises SymmemError kInvalidArgument with the same message, naming that rank and the
+    cause, within a second (not after the 30 s deadline), the refusing rank as the ValueError the op
+    documents. On 0bbf9f1 combine took such weights (wrong sums, reads past the end) and the splits
+    left the peers waiting until the deadline."""
+    import time
+    world, me = dist.get_world_size(), dist.get_rank()
+    own = dist.new_group(list(range(world)))  # its own communicator: this one is unusable afterwards
+    bad = world - 1
+    T, K, H = 8, 2, 128
+    if case == "all_to_all splits":
+        x = torch.zeros(2 * world, 4, device="cuda")
+        splits = [2] * world
+
+        def call():
+            ops.all_to_all_single(x, splits, splits[:-1] if me == bad else splits, own.group_name)
+        cause = "input_split_sizes has"
+    else:
+        ep = ExpertParallel(own, num_experts=2 * world, topk=K, hidden=H, max_tokens_per_rank=T)
+        ids = torch.tensor([[(me + t) % (2 * world), -1] for t in range(T)], device="cuda")
+        w = torch.rand(T, K, device="cuda")
+        ep.dispatch(torch.ones(T, H, dtype=torch.bfloat16, device="cuda"), ids, w)
+        torch.cuda.synchronize()
+        wrong = torch.rand(1, K, device="cuda") if case == "short topk_weights" else torch.rand(K, T, device="cuda").t()
+
+        def call():
+            ep.combine(out=torch.empty(T, H, dtype=torch.bfloat16, device="cuda"),
+                       topk_weights=wrong if me == bad else w)
+        cause = "topk_weights must be [8, 2]" if case == "short topk_weights" else "topk_weights must be contiguous"
+    dist.barrier()
+    start = time.monotonic()
+    with pytest.raises(SymmemError) as raised:
+        call()
+        torch.cuda.synchronize()
+        st.Communicator(own).check()
+    seconds = time.monotonic() - start
+    message = str(raised.value)
+    assert raised.value.code == "kInvalidArgument", message
+    assert f"rank {bad} refused the call: " in message and cause in message, message
+    assert isinstance(raised.value, ValueError) == (me == bad)
+    assert seconds < 1.0, f"{seconds:.1f} s"
+    messages = [None] * world
+    dist.all_gather_object(messages, message)
+    assert all(m == message for m in messages), messages
+    with pytest.raises(SymmemError, match="refused the call") as after:
+        st.Communicator(own).check()
+    assert after.value.code == "kAborted"
