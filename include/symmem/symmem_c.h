@@ -73,14 +73,15 @@ int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count
 int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t count, int dtype, int op,
                           void* stream, int algo, int blocks, int max_blocks);
 /* symmem::all_gather_matmul (symmem/fused.hpp): c [m x n] = all_gather(a_shard) [m x k] * b [k x n].
- * gathered_a: m * k elements inside one heap buffer (symmetric: the same offset on every rank). */
+ * gathered_a: m * k elements inside one heap buffer (symmetric: the same offset on every rank).
+ * b_layout: symmem::MatrixLayout, 0 row-major b, 1 column-major b (torch's W.t()). */
 int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const void* a_shard, const void* b,
-                             int64_t m, int64_t n, int64_t k, int dtype, void* stream);
+                             int64_t m, int64_t n, int64_t k, int dtype, void* stream, int b_layout);
 /* symmem::matmul_reduce_scatter (symmem/fused.hpp): c_shard [m / world x n] = this rank's rows of
  * the sum over ranks of a [m x k] * b [k x n]. workspace: symmem_matmul_reduce_scatter_workspace_bytes(m, n)
- * bytes inside one heap buffer (symmetric: the same offset on every rank). */
+ * bytes inside one heap buffer (symmetric: the same offset on every rank). b_layout as above. */
 int symmem_matmul_reduce_scatter(symmem_comm* comm, void* c_shard, void* workspace, const void* a, const void* b,
-                                 int64_t m, int64_t n, int64_t k, int dtype, void* stream);
+                                 int64_t m, int64_t n, int64_t k, int dtype, void* stream, int b_layout);
 size_t symmem_matmul_reduce_scatter_workspace_bytes(int64_t m, int64_t n);
 /* The plan a call would run (collective: 0 all_gather, 1 all_reduce, 2 reduce_scatter), or the
  * error it would raise; nothing is launched. */

@@ -59,9 +59,9 @@ _SIGNATURES = {
     "symmem_reduce_scatter": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_int, c_int,
                                       c_int]),
     "symmem_all_gather_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64,
-                                         c_int, c_void_p]),
+                                         c_int, c_void_p, c_int]),
     "symmem_matmul_reduce_scatter": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
-                                             c_int64, c_int, c_void_p]),
+                                             c_int64, c_int, c_void_p, c_int]),
     "symmem_matmul_reduce_scatter_workspace_bytes": (c_size_t, [c_int64, c_int64]),
     "symmem_describe": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_int,
                                 c_char_p, c_size_t]),
@@ -140,6 +140,7 @@ ERROR_CODES = tuple(ErrorCode)
 DTYPES = {name: value for value, name in enumerate(_names(lib.symmem_dtype_name))}
 REDUCE_OPS = {name: value for value, name in enumerate(_names(lib.symmem_reduce_op_name))}
 COLLECTIVES = {"all_gather": 0, "all_reduce": 1, "reduce_scatter": 2}  # symmem_describe's numbering
+MATRIX_LAYOUTS = {"row_major": 0, "column_major": 1}  # symmem::MatrixLayout: the fused ops' b_layout
 
 
 def error(rc):

@@ -152,18 +152,20 @@ class Communicator:
         if rc:
             self._call(rc)
 
-    def all_gather_matmul(self, c, gathered_a, a_shard, b, m, n, k, dtype, stream):
+    def all_gather_matmul(self, c, gathered_a, a_shard, b, m, n, k, dtype, stream, b_layout=0):
         """c [m x n] = all_gather(a_shard) [m x k] @ b [k x n] (symmem/fused.hpp); gathered_a: m * k
-        elements inside one heap buffer, at the same offset on every rank."""
-        rc = lib.symmem_all_gather_matmul(self._handle, c, gathered_a, a_shard, b, m, n, k, dtype, stream)
+        elements inside one heap buffer, at the same offset on every rank; b_layout: a value of
+        _native.MATRIX_LAYOUTS (column_major: b stored as the transpose of a row-major [n x k])."""
+        rc = lib.symmem_all_gather_matmul(self._handle, c, gathered_a, a_shard, b, m, n, k, dtype, stream, b_layout)
         if rc:
             self._call(rc)
 
-    def matmul_reduce_scatter(self, c_shard, workspace, a, b, m, n, k, dtype, stream):
+    def matmul_reduce_scatter(self, c_shard, workspace, a, b, m, n, k, dtype, stream, b_layout=0):
         """c_shard [m / world x n] = this rank's rows of the sum over ranks of a [m x k] @ b [k x n]
         (symmem/fused.hpp); workspace: matmul_reduce_scatter_workspace_bytes(m, n) bytes inside one
-        heap buffer, at the same offset on every rank."""
-        rc = lib.symmem_matmul_reduce_scatter(self._handle, c_shard, workspace, a, b, m, n, k, dtype, stream)
+        heap buffer, at the same offset on every rank; b_layout as all_gather_matmul's."""
+        rc = lib.symmem_matmul_reduce_scatter(self._handle, c_shard, workspace, a, b, m, n, k, dtype, stream,
+                                              b_layout)
         if rc:
             self._call(rc)
 

@@ -224,26 +224,28 @@ int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count
 }
 
 int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const void* a_shard, const void* b,
-                             int64_t m, int64_t n, int64_t k, int dtype, void* stream) {
+                             int64_t m, int64_t n, int64_t k, int dtype, void* stream, int b_layout) {
   return c_api_guard([&] {
     symmem::Communicator& cm = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
     const size_t a_bytes = size_t(std::max<int64_t>(m, 0)) * size_t(std::max<int64_t>(k, 0)) * dtype_size(type);
     const symmem::Operand gathered = checked(cm, "all_gather_matmul", stream,
                                              [&] { return symmetric_operand_at(cm, gathered_a, a_bytes); });
-    symmem::all_gather_matmul(c, gathered, a_shard, b, m, n, k, type, cm, stream_of(stream));
+    symmem::all_gather_matmul(c, gathered, a_shard, b, m, n, k, type, cm, stream_of(stream),
+                              static_cast<symmem::MatrixLayout>(b_layout));
   });
 }
 
 int symmem_matmul_reduce_scatter(symmem_comm* comm, void* c_shard, void* workspace, const void* a, const void* b,
-                                 int64_t m, int64_t n, int64_t k, int dtype, void* stream) {
+                                 int64_t m, int64_t n, int64_t k, int dtype, void* stream, int b_layout) {
   return c_api_guard([&] {
     symmem::Communicator& cm = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
     const symmem::Operand space = checked(cm, "matmul_reduce_scatter", stream, [&] {
       return symmetric_operand_at(cm, workspace, symmem::matmul_reduce_scatter_workspace_bytes(m, n));
     });
-    symmem::matmul_reduce_scatter(c_shard, space, a, b, m, n, k, type, cm, stream_of(stream));
+    symmem::matmul_reduce_scatter(c_shard, space, a, b, m, n, k, type, cm, stream_of(stream),
+                                  static_cast<symmem::MatrixLayout>(b_layout));
   });
 }
 

@@ -88,10 +88,11 @@ struct Prepared {
 };
 
 Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b, int64_t m, int64_t n, int64_t k,
-                 DataType type, CommunicatorState& st, Communicator& comm) {
+                 DataType type, MatrixLayout b_layout, CommunicatorState& st, Communicator& comm) {
   std::string why = detail::fused_build_problem(kOp, st);
   if (!why.empty()) throw Error(ErrorCode::kUnsupported, why);
   why = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
+  if (why.empty()) why = detail::fused_b_layout_problem(kOp, b_layout);
   if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, why);
   if (!gathered_a.symmetric())
     throw Error(ErrorCode::kInvalidArgument,
@@ -130,6 +131,7 @@ Prepared prepare(void* c, Operand gathered_a, const void* a_shard, const void* b
   p.gemm = detail::flagged_gemm_of(p.gathered.local, b, c, static_cast<int>(m), static_cast<int>(n),
                                    static_cast<int>(k), type, st.sm_count, p.shard_rows, p.pieces);
   detail::FlaggedGemm& g = p.gemm;
+  g.b_column_major = b_layout == MatrixLayout::kColumnMajor;
   detail::ChunkFlags& chunks = g.chunks;
   chunks.flags = st.workspaces->fused_flags();
   chunks.ready_shard = st.rank;
@@ -151,7 +153,7 @@ std::string all_gather_matmul_unsupported(Operand gathered_a, int64_t m, int64_t
 }
 
 void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const void* b, int64_t m, int64_t n,
-                       int64_t k, DataType type, Communicator& comm, cudaStream_t stream) {
+                       int64_t k, DataType type, Communicator& comm, cudaStream_t stream, MatrixLayout b_layout) {
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
@@ -159,7 +161,7 @@ void all_gather_matmul(void* c, Operand gathered_a, const void* a_shard, const v
   const std::string shape = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
   if (!shape.empty()) throw Error(ErrorCode::kInvalidArgument, shape);
   Prepared p = detail::checked_or_refused(st, detail::kOpAllGatherMatmul, kOp, stream, [&] {
-    return prepare(c, gathered_a, a_shard, b, m, n, k, type, st, comm);
+    return prepare(c, gathered_a, a_shard, b, m, n, k, type, b_layout, st, comm);
   });
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "all_gather_matmul: no copy-engine state");
   detail::EnqueueScope enqueue(st, stream);

@@ -1,5 +1,6 @@
-// Dispatch of the persistent flag-waiting GEMM by element type. The kernels exist only when the
-// build found CUTLASS's headers (SYMMEM_HAVE_FUSED_GEMM); otherwise every call says so.
+// Dispatch of the persistent flag-waiting GEMM by element type, output type and B's layout. The
+// kernels exist only when the build found CUTLASS's headers (SYMMEM_HAVE_FUSED_GEMM); otherwise
+// every call says so.
 #include "fused/flagged_gemm.hpp"
 
 #include <algorithm>
@@ -43,36 +44,43 @@ int flagged_gemm_tile_n(int m, int n, int sm_count) {
 
 #ifdef SYMMEM_HAVE_FUSED_GEMM
 namespace flagged_gemm {
-void run_fp16(const FlaggedGemm& gemm, cudaStream_t stream);
-void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream);
-void run_fp16_float_out(const FlaggedGemm& gemm, cudaStream_t stream);
-void run_bf16_float_out(const FlaggedGemm& gemm, cudaStream_t stream);
-std::string problem_fp16(const FlaggedGemm& gemm);
-std::string problem_bf16(const FlaggedGemm& gemm);
-std::string problem_fp16_float_out(const FlaggedGemm& gemm);
-std::string problem_bf16_float_out(const FlaggedGemm& gemm);
+// Defined by flagged_gemm_{fp16,bf16}[_float_out][_column_major_b].cu.
+extern const Instantiation kFp16, kBf16, kFp16FloatOut, kBf16FloatOut;
+extern const Instantiation kFp16ColumnMajorB, kBf16ColumnMajorB, kFp16FloatOutColumnMajorB, kBf16FloatOutColumnMajorB;
 }  // namespace flagged_gemm
+
+namespace {
+
+// The instantiation that runs `gemm` (its input type, output type and B layout), or nullptr.
+const flagged_gemm::Instantiation* instantiation_of(const FlaggedGemm& gemm) {
+  using namespace flagged_gemm;
+  const bool col = gemm.b_column_major;
+  switch (gemm.type) {
+    case DataType::kFloat16:
+      if (gemm.float_out) return col ? &kFp16FloatOutColumnMajorB : &kFp16FloatOut;
+      return col ? &kFp16ColumnMajorB : &kFp16;
+    case DataType::kBFloat16:
+      if (gemm.float_out) return col ? &kBf16FloatOutColumnMajorB : &kBf16FloatOut;
+      return col ? &kBf16ColumnMajorB : &kBf16;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
 
 bool flagged_gemm_built(std::string*) { return true; }
 
 std::string flagged_gemm_problem(const FlaggedGemm& gemm) {
-  switch (gemm.type) {
-    case DataType::kFloat16:
-      return gemm.float_out ? flagged_gemm::problem_fp16_float_out(gemm) : flagged_gemm::problem_fp16(gemm);
-    case DataType::kBFloat16:
-      return gemm.float_out ? flagged_gemm::problem_bf16_float_out(gemm) : flagged_gemm::problem_bf16(gemm);
-    default: return std::string("no GEMM for ") + dtype_name(gemm.type);
-  }
+  const flagged_gemm::Instantiation* kernel = instantiation_of(gemm);
+  if (!kernel) return std::string("no GEMM for ") + dtype_name(gemm.type);
+  return kernel->problem(gemm);
 }
 
 void run_flagged_gemm(FlaggedGemm gemm, cudaStream_t stream) {
-  switch (gemm.type) {
-    case DataType::kFloat16:
-      return gemm.float_out ? flagged_gemm::run_fp16_float_out(gemm, stream) : flagged_gemm::run_fp16(gemm, stream);
-    case DataType::kBFloat16:
-      return gemm.float_out ? flagged_gemm::run_bf16_float_out(gemm, stream) : flagged_gemm::run_bf16(gemm, stream);
-    default: throw Error(ErrorCode::kInvalidArgument, std::string("fused GEMM: no GEMM for ") + dtype_name(gemm.type));
-  }
+  const flagged_gemm::Instantiation* kernel = instantiation_of(gemm);
+  if (!kernel)
+    throw Error(ErrorCode::kInvalidArgument, std::string("fused GEMM: no GEMM for ") + dtype_name(gemm.type));
+  kernel->run(gemm, stream);
 }
 #else
 bool flagged_gemm_built(std::string* why) {

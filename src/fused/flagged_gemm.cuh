@@ -1,6 +1,10 @@
-// The CUTLASS instantiation behind flagged_gemm.hpp, included by one .cu per (input, output) type
-// pair (the translation units compile in parallel). Shipped: cooperative warp-specialised kernels,
-// 128 x 256 or 128 x 192 tiles (K step 64), clusters of 2 along M, TMA epilogue.
+// The CUTLASS instantiation behind flagged_gemm.hpp, included by one .cu per (input type, output
+// type, B layout) (the translation units compile in parallel). Shipped: cooperative
+// warp-specialised kernels, 128 x 256 or 128 x 192 tiles (K step 64), clusters of 2 along M, TMA
+// epilogue. A and C are row-major; B row-major ([k x n], N contiguous: the wgmma reads it
+// MN-major) or column-major (K contiguous, torch's W.t(): the K-major operand wgmma reads
+// natively), the layout a template argument, so each layout is its own kernel and B is never
+// copied.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -12,6 +16,7 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include <string>
+#include <type_traits>
 
 #include "common/check.hpp"
 #include "fused/flag_waiting_scheduler.cuh"
@@ -39,10 +44,12 @@ struct Cooperative {
 using Cooperative128x256Cluster2x1 = Cooperative<256, 2, 1>;
 using Cooperative128x192Cluster2x1 = Cooperative<192, 2, 1>;
 
-// Element: A and B; ElementOut: C (Element, or float for matmul_reduce_scatter's partial sums).
-template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element>
+// Element: A and B; ElementOut: C (Element, or float for matmul_reduce_scatter's partial sums);
+// LayoutB: cutlass::layout::RowMajor or ColumnMajor.
+template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element,
+          class LayoutB = cutlass::layout::RowMajor>
 struct Kernel {
-  using Layout = cutlass::layout::RowMajor;
+  using Layout = cutlass::layout::RowMajor;  // of A and C
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
   static constexpr int kAlignmentOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
   using TileShape = typename Config::TileShape;
@@ -52,7 +59,7 @@ struct Kernel {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlignmentOut, ElementOut, Layout,
       kAlignmentOut, typename Config::EpilogueSchedule>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, Layout, kAlignment, Element, Layout, kAlignment,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, Layout, kAlignment, Element, LayoutB, kAlignment,
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       typename Config::MainloopSchedule>::CollectiveOp;
@@ -76,15 +83,18 @@ struct Kernel {
 };
 static_assert(size<0>(Cooperative128x256Cluster2x1::TileShape{}) == kFlaggedGemmTileRows);
 
-template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element>
-typename Kernel<Element, Config, ElementOut>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {
-  using GemmKernel = typename Kernel<Element, Config, ElementOut>::GemmKernel;
-  typename Kernel<Element, Config, ElementOut>::Gemm::Arguments args{};
+template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element,
+          class LayoutB = cutlass::layout::RowMajor>
+typename Kernel<Element, Config, ElementOut, LayoutB>::Gemm::Arguments arguments_of(const FlaggedGemm& g) {
+  using K = Kernel<Element, Config, ElementOut, LayoutB>;
+  using GemmKernel = typename K::GemmKernel;
+  typename K::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {g.m, g.n, g.k};
   args.mainloop.ptr_A = static_cast<const Element*>(g.a);
   args.mainloop.dA = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(g.m, g.k, 1));
   args.mainloop.ptr_B = static_cast<const Element*>(g.b);
+  // Packed in its layout: (n, k) strides (1, n) row-major, (k, 1) column-major.
   args.mainloop.dB = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(g.n, g.k, 1));
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
@@ -99,15 +109,16 @@ typename Kernel<Element, Config, ElementOut>::Gemm::Arguments arguments_of(const
   args.scheduler.raster_order = g.raster_along_m ? Raster::AlongM : Raster::AlongN;
   args.scheduler.max_swizzle_size = g.swizzle;
   args.scheduler.chunks = g.chunks;
-  args.scheduler.chunks.store_groups = Kernel<Element, Config, ElementOut>::kStoreGroupsPerTile;
+  args.scheduler.chunks.store_groups = K::kStoreGroupsPerTile;
   return args;
 }
 
 // Empty when the kernel can run `g`, else why (nothing is launched).
-template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element>
+template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element,
+          class LayoutB = cutlass::layout::RowMajor>
 std::string problem(const FlaggedGemm& g) {
-  using Gemm = typename Kernel<Element, Config, ElementOut>::Gemm;
-  const auto args = arguments_of<Element, Config, ElementOut>(g);
+  using Gemm = typename Kernel<Element, Config, ElementOut, LayoutB>::Gemm;
+  const auto args = arguments_of<Element, Config, ElementOut, LayoutB>(g);
   const cutlass::Status status = Gemm::can_implement(args);
   if (status != cutlass::Status::kSuccess)
     return std::string("the GEMM cannot run this shape: ") + cutlassGetStatusString(status);
@@ -115,11 +126,12 @@ std::string problem(const FlaggedGemm& g) {
   return {};
 }
 
-template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element>
+template <class Element, class Config = Cooperative128x256Cluster2x1, class ElementOut = Element,
+          class LayoutB = cutlass::layout::RowMajor>
 void run(const FlaggedGemm& g, cudaStream_t stream) {
-  using Gemm = typename Kernel<Element, Config, ElementOut>::Gemm;
+  using Gemm = typename Kernel<Element, Config, ElementOut, LayoutB>::Gemm;
   Gemm gemm;
-  cutlass::Status status = gemm.initialize(arguments_of<Element, Config, ElementOut>(g), nullptr, stream);
+  cutlass::Status status = gemm.initialize(arguments_of<Element, Config, ElementOut, LayoutB>(g), nullptr, stream);
   if (status != cutlass::Status::kSuccess)
     throw Error(ErrorCode::kCudaError, std::string("fused GEMM initialisation failed: ") +
                                            cutlassGetStatusString(status));
@@ -136,23 +148,39 @@ inline int shipped_width(const FlaggedGemm& g) {
   return width == 192 || width == 256 ? width : 0;
 }
 
-template <class Element, class ElementOut = Element>
+// Whether `g` asks for the B layout an instantiation was built for (the dispatch picks by it; a
+// kernel given the other layout would read B transposed).
+template <class LayoutB>
+bool b_layout_is(const FlaggedGemm& g) {
+  return g.b_column_major == std::is_same_v<LayoutB, cutlass::layout::ColumnMajor>;
+}
+
+template <class Element, class ElementOut = Element, class LayoutB = cutlass::layout::RowMajor>
 std::string problem_of_shipped(const FlaggedGemm& g) {
+  if (!b_layout_is<LayoutB>(g)) return "the GEMM was dispatched to the kernel of the other B layout";
   switch (shipped_width(g)) {
-    case 192: return problem<Element, Cooperative128x192Cluster2x1, ElementOut>(g);
-    case 256: return problem<Element, Cooperative128x256Cluster2x1, ElementOut>(g);
+    case 192: return problem<Element, Cooperative128x192Cluster2x1, ElementOut, LayoutB>(g);
+    case 256: return problem<Element, Cooperative128x256Cluster2x1, ElementOut, LayoutB>(g);
     default: return "tile_n must be 192 or 256, got " + std::to_string(g.tile_n);
   }
 }
 
-template <class Element, class ElementOut = Element>
+template <class Element, class ElementOut = Element, class LayoutB = cutlass::layout::RowMajor>
 void run_shipped(const FlaggedGemm& g, cudaStream_t stream) {
+  if (!b_layout_is<LayoutB>(g))
+    throw Error(ErrorCode::kInternal, "fused GEMM: dispatched to the kernel of the other B layout");
   switch (shipped_width(g)) {
-    case 192: return run<Element, Cooperative128x192Cluster2x1, ElementOut>(g, stream);
-    case 256: return run<Element, Cooperative128x256Cluster2x1, ElementOut>(g, stream);
+    case 192: return run<Element, Cooperative128x192Cluster2x1, ElementOut, LayoutB>(g, stream);
+    case 256: return run<Element, Cooperative128x256Cluster2x1, ElementOut, LayoutB>(g, stream);
     default:
       throw Error(ErrorCode::kInvalidArgument, "fused GEMM: tile_n must be 192 or 256, got " + std::to_string(g.tile_n));
   }
+}
+
+// The Instantiation (flagged_gemm.hpp) of one translation unit.
+template <class Element, class ElementOut = Element, class LayoutB = cutlass::layout::RowMajor>
+constexpr Instantiation shipped_instantiation() {
+  return {&run_shipped<Element, ElementOut, LayoutB>, &problem_of_shipped<Element, ElementOut, LayoutB>};
 }
 
 }  // namespace symmem::detail::flagged_gemm

@@ -1,8 +1,9 @@
 // The GEMM of the fused ops: one persistent CUTLASS kernel (sm90, TMA, warp-specialised) over all of
 // C = A B whose tiles wait for their rows of A to arrive (all_gather_matmul) or announce their rows
-// of C (matmul_reduce_scatter; flag_waiting_scheduler.cuh). Row-major A [m x k], B [k x n],
-// C [m x n] (torch's layout), fp16 or bf16 in, the same type or float32 out, fp32 accumulation.
-// Host interface only; the kernels are in flagged_gemm_*.cu.
+// of C (matmul_reduce_scatter; flag_waiting_scheduler.cuh). Row-major A [m x k] and C [m x n]
+// (torch's layout), B [k x n] row-major or column-major (b_column_major: torch's W.t()), fp16 or
+// bf16 in, the same type or float32 out, fp32 accumulation. Host interface only; the kernels are
+// in flagged_gemm_*.cu, one translation unit per (input type, output type, B layout).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,10 +21,11 @@ struct FlaggedGemm {
   const void* b;
   void* c;
   int m, n, k;
-  DataType type;        // of A and B
-  bool float_out = false;  // C is float32 (else `type`)
-  ChunkFlags chunks;  // tile_rows must be kFlaggedGemmTileRows
-  int sm_count;       // SMs the persistent grid may use
+  DataType type;                // of A and B
+  bool float_out = false;       // C is float32 (else `type`)
+  bool b_column_major = false;  // B (i, j) at b[i + j * k] (else b[i * n + j])
+  ChunkFlags chunks;            // tile_rows must be kFlaggedGemmTileRows
+  int sm_count;                 // SMs the persistent grid may use
   // The tile order inside the rotated schedule: M bands taken `swizzle` at a time (1, 2, 4, 8),
   // rasterised along N (every N tile of the bands before the next bands) unless raster_along_m.
   int swizzle = 1;
@@ -51,5 +53,13 @@ std::string flagged_gemm_problem(const FlaggedGemm& gemm);
 constexpr int kFlaggedGemmTileRows = 128;
 // Launches on `stream` (capturable). Throws symmem::Error on a launch failure.
 void run_flagged_gemm(FlaggedGemm gemm, cudaStream_t stream);
+
+namespace flagged_gemm {
+// One kernel family (the shipped tile widths) of one translation unit: its launch and its check.
+struct Instantiation {
+  void (*run)(const FlaggedGemm&, cudaStream_t);
+  std::string (*problem)(const FlaggedGemm&);
+};
+}  // namespace flagged_gemm
 
 }  // namespace symmem::detail

@@ -1,9 +1,10 @@
-// The persistent flag-waiting GEMM for bfloat16 (flagged_gemm.cuh).
+// The persistent flag-waiting GEMM for bfloat16, B row-major (flagged_gemm.cuh).
 #include "fused/flagged_gemm.cuh"
 
 namespace symmem::detail::flagged_gemm {
 
-void run_bf16(const FlaggedGemm& gemm, cudaStream_t stream) { run_shipped<cutlass::bfloat16_t>(gemm, stream); }
-std::string problem_bf16(const FlaggedGemm& gemm) { return problem_of_shipped<cutlass::bfloat16_t>(gemm); }
+extern const Instantiation kBf16;
+const Instantiation kBf16 =
+    shipped_instantiation<cutlass::bfloat16_t, cutlass::bfloat16_t, cutlass::layout::RowMajor>();
 
 }  // namespace symmem::detail::flagged_gemm

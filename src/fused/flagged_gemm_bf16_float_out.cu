@@ -1,14 +1,10 @@
-// The persistent GEMM for bfloat16 inputs and float32 output: matmul_reduce_scatter's partial sums
-// (flagged_gemm.cuh).
+// The persistent GEMM for bfloat16 inputs and float32 output (matmul_reduce_scatter's partial
+// sums), B row-major (flagged_gemm.cuh).
 #include "fused/flagged_gemm.cuh"
 
 namespace symmem::detail::flagged_gemm {
 
-void run_bf16_float_out(const FlaggedGemm& gemm, cudaStream_t stream) {
-  run_shipped<cutlass::bfloat16_t, float>(gemm, stream);
-}
-std::string problem_bf16_float_out(const FlaggedGemm& gemm) {
-  return problem_of_shipped<cutlass::bfloat16_t, float>(gemm);
-}
+extern const Instantiation kBf16FloatOut;
+const Instantiation kBf16FloatOut = shipped_instantiation<cutlass::bfloat16_t, float, cutlass::layout::RowMajor>();
 
 }  // namespace symmem::detail::flagged_gemm

@@ -1,9 +1,9 @@
-// The persistent flag-waiting GEMM for float16 (flagged_gemm.cuh).
+// The persistent flag-waiting GEMM for float16, B row-major (flagged_gemm.cuh).
 #include "fused/flagged_gemm.cuh"
 
 namespace symmem::detail::flagged_gemm {
 
-void run_fp16(const FlaggedGemm& gemm, cudaStream_t stream) { run_shipped<cutlass::half_t>(gemm, stream); }
-std::string problem_fp16(const FlaggedGemm& gemm) { return problem_of_shipped<cutlass::half_t>(gemm); }
+extern const Instantiation kFp16;
+const Instantiation kFp16 = shipped_instantiation<cutlass::half_t, cutlass::half_t, cutlass::layout::RowMajor>();
 
 }  // namespace symmem::detail::flagged_gemm

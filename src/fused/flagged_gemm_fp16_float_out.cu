@@ -1,14 +1,10 @@
-// The persistent GEMM for float16 inputs and float32 output: matmul_reduce_scatter's partial sums
-// (flagged_gemm.cuh).
+// The persistent GEMM for float16 inputs and float32 output (matmul_reduce_scatter's partial
+// sums), B row-major (flagged_gemm.cuh).
 #include "fused/flagged_gemm.cuh"
 
 namespace symmem::detail::flagged_gemm {
 
-void run_fp16_float_out(const FlaggedGemm& gemm, cudaStream_t stream) {
-  run_shipped<cutlass::half_t, float>(gemm, stream);
-}
-std::string problem_fp16_float_out(const FlaggedGemm& gemm) {
-  return problem_of_shipped<cutlass::half_t, float>(gemm);
-}
+extern const Instantiation kFp16FloatOut;
+const Instantiation kFp16FloatOut = shipped_instantiation<cutlass::half_t, float, cutlass::layout::RowMajor>();
 
 }  // namespace symmem::detail::flagged_gemm

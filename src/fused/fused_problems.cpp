@@ -30,6 +30,15 @@ std::string fused_shape_problem(const char* op, int64_t m, int64_t n, int64_t k,
   return {};
 }
 
+std::string fused_b_layout_problem(const char* op, MatrixLayout b_layout) {
+  switch (b_layout) {
+    case MatrixLayout::kRowMajor:
+    case MatrixLayout::kColumnMajor: return {};
+  }
+  return std::string(op) + ": b_layout " + std::to_string(static_cast<int>(b_layout)) +
+         " is neither row-major (0) nor column-major (1)";
+}
+
 std::string fused_build_problem(const char* op, CommunicatorState& st) {
   const std::string name = op;
   if (st.layout.spans_nodes())

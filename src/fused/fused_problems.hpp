@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "symmem/collectives.hpp"
+#include "symmem/fused.hpp"
 #include "symmem/types.hpp"
 
 namespace symmem::detail {
@@ -18,6 +19,8 @@ struct CommunicatorState;
 // The shape and type: float16 / bfloat16, positive extents, m a multiple of world, k and n
 // multiples of 8 (16-byte rows for the tensor-memory loads), extents at most 2^30.
 std::string fused_shape_problem(const char* op, int64_t m, int64_t n, int64_t k, DataType type, int world);
+// b's layout: one of MatrixLayout's values (it arrives as an integer through the C ABI).
+std::string fused_b_layout_problem(const char* op, MatrixLayout b_layout);
 // The communicator and build: one node, an sm_90 GPU, the CUTLASS kernels built.
 std::string fused_build_problem(const char* op, CommunicatorState& st);
 // What the fused ops' *_unsupported functions say: the build and GPU, the shape and type, then

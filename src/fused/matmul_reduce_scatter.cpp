@@ -87,10 +87,11 @@ struct Prepared {
 };
 
 Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b, int64_t m, int64_t n, int64_t k,
-                 DataType type, CommunicatorState& st, Communicator& comm) {
+                 DataType type, MatrixLayout b_layout, CommunicatorState& st, Communicator& comm) {
   std::string why = detail::fused_build_problem(kOp, st);
   if (!why.empty()) throw Error(ErrorCode::kUnsupported, why);
   why = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
+  if (why.empty()) why = detail::fused_b_layout_problem(kOp, b_layout);
   if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, why);
   if (!workspace.symmetric())
     throw Error(ErrorCode::kInvalidArgument,
@@ -127,6 +128,7 @@ Prepared prepare(void* c_shard, Operand workspace, const void* a, const void* b,
                                    static_cast<int>(k), type, st.sm_count, p.shard_rows, p.pieces);
   detail::FlaggedGemm& g = p.gemm;
   g.float_out = true;
+  g.b_column_major = b_layout == MatrixLayout::kColumnMajor;
   g.tile_n = detail::flagged_gemm_tile_n(g.m, g.n, g.sm_count);  // the copies count its tiles
   detail::ChunkFlags& chunks = g.chunks;
   chunks.flags = nullptr;  // every row of a is local: no tile waits
@@ -195,7 +197,7 @@ std::string matmul_reduce_scatter_unsupported(Operand workspace, int64_t m, int6
 }
 
 void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, const void* b, int64_t m, int64_t n,
-                           int64_t k, DataType type, Communicator& comm, cudaStream_t stream) {
+                           int64_t k, DataType type, Communicator& comm, cudaStream_t stream, MatrixLayout b_layout) {
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable(kOp);
   detail::DeviceGuard guard(st.device);
@@ -203,7 +205,7 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
   const std::string shape = detail::fused_shape_problem(kOp, m, n, k, type, st.world);
   if (!shape.empty()) throw Error(ErrorCode::kInvalidArgument, shape);
   Prepared p = detail::checked_or_refused(st, detail::kOpMatmulReduceScatter, kOp, stream, [&] {
-    return prepare(c_shard, workspace, a, b, m, n, k, type, st, comm);
+    return prepare(c_shard, workspace, a, b, m, n, k, type, b_layout, st, comm);
   });
   if (!st.copy_engine || !st.board) throw Error(ErrorCode::kInternal, "matmul_reduce_scatter: no copy-engine state");
   detail::EnqueueScope enqueue(st, stream);

@@ -692,6 +692,65 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
   });
 }
 
+// Both fused ops with b column-major (torch's W.t(), read in place by the GEMM's column-major-B
+// kernels) between ranks on one GPU: the same exact results as with b row-major above, back to
+// back. The layout is this rank's own affair (the protocol does not see it).
+TEST(shared_gpu_fused_ops_take_a_column_major_b) {
+  for_fused_worlds("fused ops with a column-major b", [](Rank& r, std::string* unsupported) {
+    uint64_t iteration = 1000;
+    for (const FusedShape& shape : kFusedShapes) {
+      for (DataType type : kFusedTypes) {
+        const int m = shape.rows * r.world;
+        const size_t elem = dtype_size(type);
+        Buffer* gathered = r.comm->allocate(size_t(m) * shape.k * elem);
+        Buffer* workspace = r.comm->allocate(matmul_reduce_scatter_workspace_bytes(m, shape.n));
+        *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
+        if (!unsupported->empty()) return;
+        DeviceBuffer a_shard(size_t(shape.rows) * shape.k * elem), a(size_t(m) * shape.k * elem),
+            b(size_t(shape.k) * shape.n * elem), c(size_t(m) * shape.n * elem),
+            c_shard(size_t(shape.rows) * shape.n * elem);
+        Counters wrong(2, r.stream);
+        const char* op = "all_gather_matmul";
+        try {
+          const uint64_t b_seed = pattern_seed(99, 8);
+          fill_small_integers_column_major(b.ptr, shape.k, shape.n, type, b_seed, r.stream);
+          for (int i = 0; i < kFusedRepeats; ++i) {
+            const uint64_t it = ++iteration;
+            TEST_CUDA(cudaMemsetAsync(c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
+            fill_small_integers(a_shard.ptr, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+            all_gather_matmul(c.ptr, *gathered, a_shard.ptr, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream,
+                              MatrixLayout::kColumnMajor);
+            count_gathered_product_mismatches(c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed, wrong.at(0),
+                                              r.stream);
+          }
+          op = "matmul_reduce_scatter";
+          for (int i = 0; i < kFusedRepeats; ++i) {
+            const uint64_t it = ++iteration;
+            TEST_CUDA(cudaMemsetAsync(c_shard.ptr, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
+            fill_small_integers(a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+            fill_small_integers_column_major(b.ptr, shape.k, shape.n, type, pattern_seed(r.rank, it + kSecondOperand),
+                                             r.stream);
+            matmul_reduce_scatter(c_shard.ptr, *workspace, a.ptr, b.ptr, m, shape.n, shape.k, type, *r.comm,
+                                  r.stream, MatrixLayout::kColumnMajor);
+            count_summed_product_mismatches(c_shard.ptr, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
+                                            type, it, wrong.at(1), r.stream);
+          }
+        } catch (const Error& e) {
+          throw Failure(fused_case(op, type, shape) + " (column-major b): " + e.what());
+        }
+        const std::vector<unsigned long long> counts = wrong.read(r.stream);
+        for (size_t i = 0; i < counts.size(); ++i)
+          if (counts[i] != 0)
+            throw Failure(fused_case(i == 0 ? "all_gather_matmul" : "matmul_reduce_scatter", type, shape) +
+                          " (column-major b): " + std::to_string(counts[i]) + " wrong elements, rank " +
+                          std::to_string(r.rank));
+        r.comm->free(workspace);
+        r.comm->free(gathered);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) { return symmem::test::shared_gpu_main(argc, argv); }

@@ -169,3 +169,64 @@ TEST(fused_gemm_announces_a_piece_only_after_its_rows_landed) {
   TEST_CUDA(cudaStreamDestroy(copies));
   EXPECT_EQ(stale, 0L);
 }
+
+// B column-major (torch's W.t(): the kernel instantiated for a K-major B reads it where it lies):
+// the same products as from B row-major, for both input types, both tile widths, 16-bit and
+// float32 outputs, shapes on and off the tile grid. Small integers make every float32 sum exact,
+// so the 16-bit outputs must equal the exact products rounded once, and the column-major kernel's
+// outputs must equal the row-major one's bit for bit. C starts as NaN.
+TEST(fused_gemm_reads_a_column_major_b) {
+  Fixture& fx = Fixture::get();
+  skip_without_fused_gemm();
+  struct Case {
+    int m, n, k;
+  };
+  const std::vector<Case> cases = {{256, 512, 1024}, {200, 264, 520}, {8, 8, 8}, {512, 1536, 1024}};
+  const uint64_t iteration = 3, b_seed = pattern_seed(99, 5);
+  int checked = 0;
+  for (DataType type : {DataType::kFloat16, DataType::kBFloat16}) {
+    const size_t elem = dtype_size(type);
+    for (const Case& c : cases) {
+      const size_t b_bytes = size_t(c.k) * c.n * elem, c_capacity = size_t(c.m) * c.n * sizeof(float);
+      DeviceBuffer a(size_t(c.m) * c.k * elem), b_row(b_bytes), b_col(b_bytes), c_row(c_capacity), c_col(c_capacity);
+      fill_small_integers(a.ptr, size_t(c.m) * c.k, type, pattern_seed(0, iteration), fx.stream);
+      fill_small_integers(b_row.ptr, size_t(c.k) * c.n, type, b_seed, fx.stream);
+      fill_small_integers_column_major(b_col.ptr, c.k, c.n, type, b_seed, fx.stream);
+      const detail::GatherPieces pieces =
+          detail::plan_gather_pieces(c.m, size_t(c.k) * elem, detail::kFlaggedGemmTileRows);
+      for (bool float_out : {false, true}) {
+        for (int tile_n : {192, 256}) {
+          const size_t c_bytes = size_t(c.m) * c.n * (float_out ? sizeof(float) : elem);
+          // One rank's GEMM with no flags and no counters: every row is local, nothing waits for C.
+          auto gemm = [&](const void* b, bool column_major, void* out) {
+            detail::FlaggedGemm g =
+                detail::flagged_gemm_of(a.ptr, b, out, c.m, c.n, c.k, type, fx.sm_count, c.m, pieces);
+            g.float_out = float_out;
+            g.tile_n = tile_n;
+            g.b_column_major = column_major;
+            const std::string problem = detail::flagged_gemm_problem(g);
+            EXPECT_EQ(problem, std::string());
+            if (!problem.empty()) return false;
+            TEST_CUDA(cudaMemsetAsync(out, 0xFF, c_bytes, fx.stream));  // NaN
+            detail::run_flagged_gemm(g, fx.stream);
+            return true;
+          };
+          if (!gemm(b_row.ptr, false, c_row.ptr) || !gemm(b_col.ptr, true, c_col.ptr)) continue;
+          MismatchCounter wrong;
+          count_differences(c_col.ptr, c_row.ptr, c_bytes, wrong.get(), fx.stream);
+          if (!float_out)
+            count_gathered_product_mismatches(c_col.ptr, c.m, c.n, c.k, c.m, type, iteration, b_seed, wrong.get(),
+                                              fx.stream);
+          const long bad = wrong.read(fx.stream);
+          if (bad != 0)
+            fail(__FILE__, __LINE__, std::string(dtype_name(type)) + " m " + std::to_string(c.m) + " n " +
+                                         std::to_string(c.n) + " k " + std::to_string(c.k) + " tile_n " +
+                                         std::to_string(tile_n) + (float_out ? " float32 out" : "") + ": " +
+                                         std::to_string(bad) + " bytes or elements differ");
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT(checked == 2 * 4 * 2 * 2);
+}

@@ -104,6 +104,14 @@ __global__ void fill_small_kernel(T* p, size_t count, uint64_t seed) {
     p[i] = from_int<T>(small_integer(seed, i));
 }
 
+// Storage index s holds element (s % rows, s / rows) of the row-major small-integer matrix.
+template <typename T>
+__global__ void fill_small_column_major_kernel(T* p, int rows, int cols, uint64_t seed) {
+  const size_t count = size_t(rows) * cols;
+  for (size_t s = blockIdx.x * size_t(blockDim.x) + threadIdx.x; s < count; s += size_t(gridDim.x) * blockDim.x)
+    p[s] = from_int<T>(small_integer(seed, (s % rows) * cols + s / rows));
+}
+
 template <typename T>
 __global__ void sum_check_kernel(const T* out, size_t count, size_t first, int world, uint64_t iteration,
                                  unsigned long long* mismatches) {
@@ -293,6 +301,15 @@ void fill_small_integers(void* p, size_t count, DataType type, uint64_t seed, cu
   dispatch(type, [&](auto t) {
     using T = decltype(t);
     fill_small_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<T*>(p), count, seed);
+  });
+  check(cudaGetLastError());
+}
+
+void fill_small_integers_column_major(void* p, int rows, int cols, DataType type, uint64_t seed,
+                                      cudaStream_t stream) {
+  dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    fill_small_column_major_kernel<T><<<kBlocks, kThreads, 0, stream>>>(static_cast<T*>(p), rows, cols, seed);
   });
   check(cudaGetLastError());
 }

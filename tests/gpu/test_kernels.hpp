@@ -20,6 +20,10 @@ void count_gather_mismatches(const void* out, size_t bytes, int world, uint64_t 
                              unsigned long long* mismatches, cudaStream_t stream);
 // element i = small integer in [-8, 8] from (seed, i), stored as `type`.
 void fill_small_integers(void* p, size_t count, DataType type, uint64_t seed, cudaStream_t stream);
+// The rows x cols matrix fill_small_integers(p, rows * cols, type, seed) writes row-major, stored
+// column-major instead: element (i, j) at p[i + j * rows] (a fused op's b given as W.t()).
+void fill_small_integers_column_major(void* p, int rows, int cols, DataType type, uint64_t seed,
+                                      cudaStream_t stream);
 // *mismatches += elements i of out (count, `type`) != sum over r < world of the small integer of
 // (mix(r, iteration), first + i).
 void count_sum_mismatches(const void* out, size_t count, size_t first, DataType type, int world, uint64_t iteration,

@@ -3,10 +3,12 @@
 // tiles in. For many shapes: every row is copied exactly once under the flag that the GEMM's tiles
 // wait for, and every tile of the schedule appears exactly once.
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "fused/chunk_flags.hpp"
 #include "fused/flagged_gemm.hpp"
+#include "fused/fused_problems.hpp"
 #include "plan/fused_plan.hpp"
 #include "test.hpp"
 
@@ -120,4 +122,13 @@ TEST(every_piece_hears_from_exactly_the_tiles_the_copy_waits_for) {
   EXPECT(tiles_over_rows(0, 128, 128) == 1);
   EXPECT(tiles_over_rows(127, 2, 128) == 2);
   EXPECT(tiles_over_rows(100, 0, 128) == 0);
+}
+
+// b's layout arrives from the C ABI as an integer: the two layouts pass, anything else is refused
+// naming the value (before anything is resolved or launched).
+TEST(fused_b_layout_problem_refuses_an_unknown_layout) {
+  EXPECT_EQ(fused_b_layout_problem("all_gather_matmul", symmem::MatrixLayout::kRowMajor), std::string());
+  EXPECT_EQ(fused_b_layout_problem("all_gather_matmul", symmem::MatrixLayout::kColumnMajor), std::string());
+  const std::string why = fused_b_layout_problem("matmul_reduce_scatter", static_cast<symmem::MatrixLayout>(2));
+  EXPECT(why.find("matmul_reduce_scatter: b_layout 2") == 0);
 }

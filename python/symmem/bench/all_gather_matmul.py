@@ -11,6 +11,8 @@ gathered over the ranks. Rows:
   symmem_fused    symmem.torch.all_gather_matmul (copy-engine shards, one persistent GEMM)
   symmem_fused_in_place  the same with A_shard already in the workspace (all_gather_matmul_input):
                   no own-shard copy before the GEMM
+  symmem_fused_b_transposed  symmem_fused with B given as W.t() (W = B's transpose, contiguous: the
+                  weight layout of x @ W.t()): the GEMM reads B column-major where it lies
   symmem_triton_fused  symmem.triton.examples.all_gather_matmul: symmem's copy-engine pieces feeding a
                   persistent Triton TMA GEMM (A_shard copied into a symmetric gather buffer, as
                   symmem_fused). Its tile configuration (the example's CONFIGS) is picked per shape
@@ -27,6 +29,7 @@ A [M x K] @ B [K x N] (every rank's own A and B: K is each rank's slice). Rows:
   torch_fused     torch.ops.symm_mem.fused_matmul_reduce_scatter (torch's symmetric-memory op)
   symmem_fused    symmem.torch.matmul_reduce_scatter (one persistent GEMM, float32 partial sums
                   pulled by copy engine)
+  symmem_fused_b_transposed  the same with B given as W.t() (column-major, read in place)
 Every configuration runs `--calls` back-to-back calls per sample, configurations interleaved
 round after round (clocks drift); the time of a configuration is the slowest rank's median over
 `--reps` samples, with the fastest and slowest sample. Random normal inputs (power depends on the
@@ -51,8 +54,9 @@ from ._torchrun import init_nccl
 from .torch import _commit
 
 IMPLS = {"all_gather_matmul": ("gemm_alone", "nccl_then_gemm", "torch_fused", "symmem_fused", "symmem_fused_in_place",
-                               "symmem_triton_fused"),
-         "matmul_reduce_scatter": ("gemm_alone", "gemm_then_nccl", "torch_fused", "symmem_fused")}
+                               "symmem_fused_b_transposed", "symmem_triton_fused"),
+         "matmul_reduce_scatter": ("gemm_alone", "gemm_then_nccl", "torch_fused", "symmem_fused",
+                                   "symmem_fused_b_transposed")}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 RTOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 FIELDS = ["op", "impl", "world", "dtype", "shape", "m", "n", "k", "time_us", "time_min_us", "time_max_us",
@@ -176,6 +180,11 @@ class _TritonFused:
         return run(configs[best])
 
 
+def _transposed_weight(b):
+    """b's values as W.t() of a contiguous W [n, k]: column-major, as a layer's x @ W.t() gives it."""
+    return b.t().contiguous().t()
+
+
 def _cases(m, n, k, dtype, group, torch_fused, triton):
     """impl -> (call, output getter) on shared inputs; plus the float32 reference of C. `triton`: the
     _TritonFused of the symmem_triton_fused row, or None."""
@@ -211,8 +220,13 @@ def _cases(m, n, k, dtype, group, torch_fused, triton):
     def symmem_fused_in_place():
         c["symmem_fused_in_place"] = st.all_gather_matmul(a_in_place, b, group=group)[0]
 
+    b_transposed = _transposed_weight(b)
+
+    def symmem_fused_b_transposed():
+        c["symmem_fused_b_transposed"] = st.all_gather_matmul(a_shard, b_transposed, group=group)[0]
+
     calls = {"gemm_alone": gemm_alone, "nccl_then_gemm": nccl_then_gemm, "symmem_fused": symmem_fused,
-             "symmem_fused_in_place": symmem_fused_in_place}
+             "symmem_fused_in_place": symmem_fused_in_place, "symmem_fused_b_transposed": symmem_fused_b_transposed}
     if torch_fused:
         calls["torch_fused"] = torch_fused_call
     if triton is not None:
@@ -252,7 +266,13 @@ def _reduce_scatter_cases(m, n, k, dtype, group, torch_fused):
     def symmem_fused():
         c["symmem_fused"] = st.matmul_reduce_scatter(a, b, group=group)
 
-    calls = {"gemm_alone": gemm_alone, "gemm_then_nccl": gemm_then_nccl, "symmem_fused": symmem_fused}
+    b_transposed = _transposed_weight(b)
+
+    def symmem_fused_b_transposed():
+        c["symmem_fused_b_transposed"] = st.matmul_reduce_scatter(a, b_transposed, group=group)
+
+    calls = {"gemm_alone": gemm_alone, "gemm_then_nccl": gemm_then_nccl, "symmem_fused": symmem_fused,
+             "symmem_fused_b_transposed": symmem_fused_b_transposed}
     if torch_fused:
         calls["torch_fused"] = torch_fused_call
     def check(impl):
@@ -262,7 +282,7 @@ def _reduce_scatter_cases(m, n, k, dtype, group, torch_fused):
         (gemm_alone, the whole M x N) round once."""
         if impl == "gemm_alone":
             return c[impl], full, full.abs()
-        if impl == "symmem_fused":
+        if impl in ("symmem_fused", "symmem_fused_b_transposed"):
             return c[impl], reference, reference.abs()
         return c[impl], reference, (world + 1) * magnitude
     return calls, check, None

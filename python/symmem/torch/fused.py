@@ -3,8 +3,12 @@
   symmem::all_gather_matmul(Tensor a_shard, Tensor b, str group_name, bool return_a=False) -> (Tensor, Tensor?)
   symmem::matmul_reduce_scatter(Tensor a, Tensor b, str group_name) -> Tensor
 
-C = all_gather(a_shard) @ b, with a_shard [m / world, k] and b [k, n] (float16 or bfloat16,
-contiguous, on the group's device); returns (C [m, n], A [m, k] when return_a else None). The
+C = all_gather(a_shard) @ b, with a_shard [m / world, k] and b [k, n] (float16 or bfloat16, on the
+group's device; a_shard contiguous); returns (C [m, n], A [m, k] when return_a else None). b is
+read where it lies when it is packed row-major (contiguous) or column-major (W.t() of a contiguous
+weight W [n, k], the layout of every x @ W.t()): the GEMM has a kernel for each. A b packed neither
+way (a slice of a larger matrix, a broadcast) is first copied into a contiguous tensor: one pass
+over its k x n elements on the caller's stream (b_operand). The
 shards arrive by copy engine (zero SMs) into a symmetric workspace of the group's communicator
 while one persistent GEMM computes the own shard first and every other tile as its rows land
 (docs/fused.md). Runs on torch.cuda.current_stream(), capturable in CUDA graphs once the
@@ -13,7 +17,7 @@ collective). The CPU kernel gathers with torch.distributed and multiplies, so th
 and passes opcheck, on any machine.
 
 matmul_reduce_scatter: C_shard [m / world, n] = this rank's rows of the sum over the group of
-a [m, k] @ b [k, n] (the row-parallel layer: each rank holds a k-slice). float32 partial sums,
+a [m, k] @ b [k, n] (the row-parallel layer: each rank holds a k-slice; b as above). float32 partial sums,
 added in rank order and rounded once; each rank pulls the peers' partial products of its rows by
 copy engine while the GEMMs compute the rest. Its symmetric workspace (2 m n float32) grows
 as the gather workspace does. The CPU kernel reduce-scatters float32 products with
@@ -43,8 +47,37 @@ _lib.define("matmul_reduce_scatter(Tensor a, Tensor b, str group_name) -> Tensor
 _TYPES = {torch.float16: _native.DTYPES["float16"], torch.bfloat16: _native.DTYPES["bfloat16"]}
 
 
+def b_layout_of(shape, strides):
+    """The packed layout of a [k, n] matrix with these strides: "row_major" (element (i, j) at
+    i * n + j: a contiguous tensor), "column_major" (at i + j * k: W.t() of a contiguous W [n, k]),
+    or None (neither: a slice, a broadcast, padded rows). A dim of extent 1 may have any stride (as
+    for torch's is_contiguous); a matrix packed both ways (k or n of 1) counts as row-major."""
+    (k, n), (row_stride, col_stride) = shape, strides
+    if (n <= 1 or col_stride == 1) and (k <= 1 or row_stride == n):
+        return "row_major"
+    if (k <= 1 or row_stride == 1) and (n <= 1 or col_stride == k):
+        return "column_major"
+    return None
+
+
+def b_operand(b):
+    """(b as the GEMM reads it, its _native.MATRIX_LAYOUTS value): a packed b as it lies; any other
+    b, or one not 16-byte aligned (the GEMM's tensor-memory loads need it), copied into a
+    contiguous one (k x n elements read and written once, on the current stream)."""
+    layout = b_layout_of(tuple(b.shape), b.stride())
+    if layout is None or b.data_ptr() % 16:
+        b, layout = torch.empty_like(b, memory_format=torch.contiguous_format).copy_(b), "row_major"
+    return b, _native.MATRIX_LAYOUTS[layout]
+
+
+def _check_b_device(b, layout, op, comm):
+    """b on the communicator's device (check_operand on its storage, contiguous in either layout)."""
+    check_operand(b if layout == _native.MATRIX_LAYOUTS["row_major"] else b.t(), "b", op, comm)
+
+
 def _check_pair(a, b, op, a_name):
-    """a [rows, k] and b [k, n], 2-D, contiguous, of one type float16 or bfloat16."""
+    """a [rows, k] (contiguous) and b [k, n] (any strides: b_operand), 2-D, of one type float16 or
+    bfloat16."""
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"symmem.{op}: {a_name} and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.shape[1] != b.shape[0]:
@@ -53,7 +86,6 @@ def _check_pair(a, b, op, a_name):
     if a.dtype != b.dtype or a.dtype not in _TYPES:
         raise TypeError(f"symmem.{op}: {a_name} ({a.dtype}) and b ({b.dtype}) must both be float16 or bfloat16")
     check_contiguous(a, a_name, op)
-    check_contiguous(b, "b", op)
 
 
 def _check(a_shard, b, world):
@@ -83,12 +115,13 @@ def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
         a = a_shard.new_empty((m, k)) if return_a else None
         return a_shard.new_zeros((m, n)), a
     check_operand(a_shard, "a_shard", "all_gather_matmul", comm)
-    check_operand(b, "b", "all_gather_matmul", comm)
+    b, b_layout = b_operand(b)
+    _check_b_device(b, b_layout, "all_gather_matmul", comm)
     c = a_shard.new_empty((m, n))
     a_bytes = m * k * a_shard.element_size()
     gathered = _workspace(comm, a_bytes)
     comm.core.all_gather_matmul(c.data_ptr(), gathered, a_shard.data_ptr(), b.data_ptr(), m, n, k,
-                                _TYPES[a_shard.dtype], _route.current_stream(comm.device))
+                                _TYPES[a_shard.dtype], _route.current_stream(comm.device), b_layout)
     a = None
     if return_a:
         # The workspace is overwritten by the next call: hand out a copy.
@@ -146,12 +179,13 @@ def _matmul_reduce_scatter_cuda(a, b, group_name):
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
         return a.new_zeros((m // comm.world, n))
     check_operand(a, "a", "matmul_reduce_scatter", comm)
-    check_operand(b, "b", "matmul_reduce_scatter", comm)
+    b, b_layout = b_operand(b)
+    _check_b_device(b, b_layout, "matmul_reduce_scatter", comm)
     c_shard = a.new_empty((m // comm.world, n))
     workspace = _workspace(comm, comm.core.matmul_reduce_scatter_workspace_bytes(m, n), "partial_sums",
                            "matmul_reduce_scatter")
     comm.core.matmul_reduce_scatter(c_shard.data_ptr(), workspace, a.data_ptr(), b.data_ptr(), m, n, k,
-                                    _TYPES[a.dtype], _route.current_stream(comm.device))
+                                    _TYPES[a.dtype], _route.current_stream(comm.device), b_layout)
     return c_shard
 
 

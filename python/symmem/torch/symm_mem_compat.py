@@ -9,10 +9,27 @@ switches by changing the namespace:
 As torch's: A is this rank's shard along `gather_dim` (last dim k); the result is
 ``(all_gather(A, gather_dim) if return_A else None, [all_gather(A, gather_dim) @ B for B in Bs])``;
 the reduce-scatter form returns this rank's part along `scatter_dim` of reduce_op ("sum", "avg")
-over the group of ``A @ B``. Unlike torch's, A need not be a symmetric tensor. Outputs are
-contiguous. float16 / bfloat16 with the gathered (scattered) dim not the last run symmem's fused
-ops (fused.py: the first B, further Bs multiply the gathered A it hands back); any other case runs
-symmem's all-gather (reduce-scatter) and torch.matmul, with the same results.
+over the group of ``A @ B``. Unlike torch's, A need not be a symmetric tensor, and a negative dim
+counts from the end.
+
+Layout, as torch 2.11's CUDA kernels return it (and the fake kernels below, by the same function):
+  - fused_all_gather_matmul, gather_dim d not the last: the gathered A and every product have the
+    gathered dim outermost in memory (the ranks' blocks are row blocks of one matrix), the other
+    dims in order: contiguous for d = 0, else the strides of ``empty(moved).movedim(0, d)``, e.g.
+    (32, 256, 1) for a gathered A [8, 64, 32] at d = 1. Views of the one buffer the kernel wrote,
+    no copy.
+  - gather_dim the last (k is gathered: each B has world x k rows): contiguous.
+  - fused_matmul_reduce_scatter: contiguous, whatever the dim.
+A is copied once when A.movedim(dim, 0) is not contiguous (as torch's: restride it with
+torch.distributed._symmetric_memory.restride_A_shard_for_fused_all_gather_matmul to avoid that).
+B may have any strides: packed row-major or column-major (W.t() of a contiguous weight) it is read
+where it lies, otherwise copied once (symmem.torch.fused.b_operand).
+
+Which kernel: float16 / bfloat16 with the gathered (scattered) dim not the last, B of A's type, k
+and n multiples of 8 run symmem's fused ops (fused.py: the first B; further Bs multiply the gathered
+A it hands back); any other case runs symmem's all-gather (reduce-scatter) and torch.matmul, with
+the same results and layout. "avg" on the fused path divides the sum, rounded once to the output
+type, by the group size: exact for groups of 2, 4 or 8 ranks, one more rounding otherwise.
 """
 import torch
 import torch.distributed.distributed_c10d as c10d
@@ -26,6 +43,9 @@ _lib.define("fused_all_gather_matmul(Tensor A, Tensor[] Bs, int gather_dim, str 
 _lib.define("fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name) -> Tensor",
             tags=_TAGS)
 
+_AG = "fused_all_gather_matmul"
+_RS = "fused_matmul_reduce_scatter"
+
 
 def _world(group_name):
     return c10d._resolve_process_group(group_name).size()
@@ -37,78 +57,119 @@ def _dim(d, rank, op):
     return d % rank
 
 
-def _fused(A, dim):
-    """Whether symmem's fused kernel takes this A (else the all-gather or reduce-scatter and a matmul)."""
-    return A.dtype in fused._TYPES and dim != A.dim() - 1
+def output_strides(shape, dim):
+    """The strides torch's fused ops give an output of `shape` whose dim `dim` was gathered
+    (scattered): `dim` outermost, the other dims in order; contiguous when `dim` is the last (or
+    the first). As torch computes contiguous strides: extents of 0 count as 1."""
+    last = len(shape) - 1
+    order = list(range(len(shape))) if dim == last else [dim] + [d for d in range(len(shape)) if d != dim]
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
 
 
-def _gathered_shape(A, dim, world):
+def _fused(rows, B):
+    """Whether symmem's fused kernel takes A's rows (A moved to 2-D, the gathered or scattered dim
+    first, not the last) and B; else the all-gather (reduce-scatter) and a matmul. The kernel's
+    limits: 16-bit types, k and n multiples of 8, rows 16-byte aligned (a view may start anywhere)."""
+    return (rows.dtype in fused._TYPES and B.dtype == rows.dtype and rows.shape[1] % 8 == 0 and B.shape[1] % 8 == 0
+            and rows.data_ptr() % 16 == 0)
+
+
+def _check_gather(A, Bs, gather_dim, group_name):
+    """(dim, world, the gathered shape of A), or the error torch's op raises."""
+    if A.dim() < 2:
+        raise ValueError(f"symmem.{_AG}: A must have 2 or more dims ({tuple(A.shape)})")
+    dim = _dim(gather_dim, A.dim(), _AG)
+    world = _world(group_name)
     shape = list(A.shape)
     shape[dim] *= world
-    return shape
+    for B in Bs:
+        if B.dim() != 2 or B.shape[0] != shape[-1]:
+            raise ValueError(f"symmem.{_AG}: every B must be a matrix of {shape[-1]} rows (the gathered A's last "
+                             f"dim), got {tuple(B.shape)}")
+    return dim, world, shape
+
+
+def _gathered_outputs_layout(A, Bs, gather_dim, group_name):
+    """[(shape, strides)] of the gathered A, then of each product."""
+    dim, _, shape = _check_gather(A, Bs, gather_dim, group_name)
+    shapes = [shape] + [shape[:-1] + [B.shape[1]] for B in Bs]
+    return [(s, output_strides(s, dim)) for s in shapes]
 
 
 def _fused_all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
-    if A.dim() < 2 or not Bs:
-        raise ValueError(f"symmem.fused_all_gather_matmul: A must have 2 or more dims ({tuple(A.shape)}) and Bs "
-                         "at least one matrix")
-    dim = _dim(gather_dim, A.dim(), "fused_all_gather_matmul")
-    world = _world(group_name)
+    dim, world, _ = _check_gather(A, Bs, gather_dim, group_name)
+    if dim == A.dim() - 1:  # k is gathered: A's blocks sit side by side (torch's cat along the last dim)
+        blocks = torch.ops.symmem.all_gather_into_tensor(A.contiguous(), group_name)
+        a = torch.cat(blocks.chunk(world), dim=-1)
+        return (a if return_A else None), [a @ B for B in Bs]
     moved = A.movedim(dim, 0).contiguous()  # the gathered dim first: the ranks' shards are row blocks
-    if _fused(A, dim):
-        rows = moved.reshape(-1, A.shape[-1])
+    rows = moved.view(-1, A.shape[-1])
+    if Bs and _fused(rows, Bs[0]):
         c0, gathered = torch.ops.symmem.all_gather_matmul(rows, Bs[0], group_name, return_A or len(Bs) > 1)
-        first = [c0]
+        products = [c0]
     else:
-        gathered = torch.ops.symmem.all_gather_into_tensor(moved, group_name)
-        first = []
-    a_moved = None if gathered is None else gathered.view(moved.shape[0] * world, *moved.shape[1:])
-    a_gathered = None if a_moved is None else a_moved.movedim(0, dim).contiguous()
-    products = first + [a_gathered @ B for B in Bs[len(first):]]
-    shape = _gathered_shape(A, dim, world)
-    outputs = []
-    for B, c in zip(Bs, products):
-        if len(outputs) < len(first):  # the fused op's rows: the gathered dim first
-            c = c.view(moved.shape[0] * world, *moved.shape[1:-1], B.shape[1]).movedim(0, dim)
-        outputs.append(c.contiguous().view(*shape[:-1], B.shape[1]))
-    return (a_gathered if return_A else None), outputs
+        gathered = torch.ops.symmem.all_gather_into_tensor(rows, group_name)
+        products = []
+    products += [gathered @ B for B in Bs[len(products):]]
+    leading = [moved.shape[0] * world, *moved.shape[1:-1]]
+
+    def unmove(t):  # [gathered rows, cols] -> the gathered dim back in place: a view, strides as torch's
+        return t.view(*leading, t.shape[-1]).movedim(0, dim)
+    return (unmove(gathered) if return_A else None), [unmove(c) for c in products]
 
 
 def _fused_all_gather_matmul_fake(A, Bs, gather_dim, group_name, *, return_A=True):
-    dim = _dim(gather_dim, A.dim(), "fused_all_gather_matmul")
-    shape = _gathered_shape(A, dim, _world(group_name))
-    return (A.new_empty(shape) if return_A else None), [A.new_empty(shape[:-1] + [B.shape[1]]) for B in Bs]
+    layouts = _gathered_outputs_layout(A, Bs, gather_dim, group_name)
+    outputs = [A.new_empty_strided(shape, strides) for shape, strides in layouts]
+    return (outputs[0] if return_A else None), outputs[1:]
+
+
+def _reduce_scatter_shape(A, B, reduce_op, scatter_dim, group_name):
+    """(dim, world, the output's shape), or the error torch's op raises."""
+    if reduce_op not in ("sum", "avg"):
+        raise ValueError(f"symmem.{_RS}: reduce_op {reduce_op!r} is not 'sum' or 'avg'")
+    if A.dim() < 2:
+        raise ValueError(f"symmem.{_RS}: A must have 2 or more dims ({tuple(A.shape)})")
+    if B.dim() != 2 or B.shape[0] != A.shape[-1]:
+        raise ValueError(f"symmem.{_RS}: B must be a matrix of {A.shape[-1]} rows (A's last dim), got "
+                         f"{tuple(B.shape)}")
+    world = _world(group_name)
+    dim = _dim(scatter_dim, A.dim(), _RS)
+    shape = list(A.shape[:-1]) + [B.shape[1]]
+    if shape[dim] % world:
+        raise ValueError(f"symmem.{_RS}: dim {scatter_dim} of A @ B ({shape[dim]}) must divide by the group size "
+                         f"{world}")
+    shape[dim] //= world
+    return dim, world, shape
 
 
 def _fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
-    if reduce_op not in ("sum", "avg"):
-        raise ValueError(f"symmem.fused_matmul_reduce_scatter: reduce_op {reduce_op!r} is not 'sum' or 'avg'")
-    if A.dim() < 2:
-        raise ValueError(f"symmem.fused_matmul_reduce_scatter: A must have 2 or more dims ({tuple(A.shape)})")
-    world = _world(group_name)
-    dim = _dim(scatter_dim, A.dim(), "fused_matmul_reduce_scatter")
-    out_shape = list(A.shape[:-1]) + [B.shape[1]]
-    if out_shape[dim] % world:
-        raise ValueError(f"symmem.fused_matmul_reduce_scatter: dim {scatter_dim} of A @ B ({out_shape[dim]}) must "
-                         f"divide by the group size {world}")
-    if _fused(A, dim):
+    dim, world, _ = _reduce_scatter_shape(A, B, reduce_op, scatter_dim, group_name)
+    if dim != A.dim() - 1:  # the scattered dim first: this rank's part is a block of rows
         moved = A.movedim(dim, 0).contiguous()
-        c = torch.ops.symmem.matmul_reduce_scatter(moved.reshape(-1, A.shape[-1]), B, group_name)
-        c = c.view(moved.shape[0] // world, *moved.shape[1:-1], B.shape[1]).movedim(0, dim)
-        if reduce_op == "avg":
-            c = c / world
-    else:
+        rows = moved.view(-1, A.shape[-1])
+        moved_shape = [moved.shape[0] // world, *moved.shape[1:-1], B.shape[1]]
+        if _fused(rows, B):
+            c = torch.ops.symmem.matmul_reduce_scatter(rows, B, group_name)
+            if reduce_op == "avg":
+                c.div_(world)
+        else:
+            c = torch.ops.symmem.reduce_scatter_tensor(rows @ B, reduce_op, group_name)
+        c = c.view(moved_shape).movedim(0, dim)
+    else:  # n is scattered
         partial = (A @ B).movedim(dim, 0).contiguous()
         c = torch.ops.symmem.reduce_scatter_tensor(partial, reduce_op, group_name).movedim(0, dim)
-    out_shape[dim] //= world
-    return c.contiguous().view(out_shape)
+    # torch's kernel reduces into a fresh contiguous tensor whatever the dim: a copy of this rank's
+    # part when the scattered dim is not the first.
+    return c.contiguous()
 
 
 def _fused_matmul_reduce_scatter_fake(A, B, reduce_op, scatter_dim, group_name):
-    world = _world(group_name)
-    dim = _dim(scatter_dim, A.dim(), "fused_matmul_reduce_scatter")
-    shape = list(A.shape[:-1]) + [B.shape[1]]
-    shape[dim] //= world
+    _, _, shape = _reduce_scatter_shape(A, B, reduce_op, scatter_dim, group_name)
     return A.new_empty(shape)
 
 

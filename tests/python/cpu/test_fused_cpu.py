@@ -39,8 +39,10 @@ def test_bad_arguments(group_name, name):
         op(a.float(), torch.ones(16, 8), group_name)
     with pytest.raises(TypeError, match="float16 or bfloat16"):
         op(a, torch.ones(16, 8, dtype=torch.bfloat16), group_name)
-    with pytest.raises(ValueError, match="contiguous"):
-        op(a, torch.ones(8, 16, dtype=torch.float16).t(), group_name)
+    with pytest.raises(ValueError, match="a.* must be contiguous"):
+        op(torch.ones(16, 8, dtype=torch.float16).t(), torch.ones(16, 8, dtype=torch.float16), group_name)
+    b_t = torch.ones(8, 16, dtype=torch.float16).t()  # b = W.t(): taken as it lies (column-major)
+    assert op(a, b_t, group_name) is not None
 
 
 def test_compile_traces_the_op(group_name):
@@ -81,7 +83,7 @@ def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(fake_gro
     assert comm.core.calls[0] == ("allocate", 32 << 20)  # in steps of 32 MiB
     workspace = 4096
     assert comm.core.calls[1] == ("all_gather_matmul", c.data_ptr(), workspace, a.data_ptr(), b.data_ptr(), 32, 24,
-                                  16, _native.DTYPES["bfloat16"], 99)
+                                  16, _native.DTYPES["bfloat16"], 99, _native.MATRIX_LAYOUTS["row_major"])
     # The same or a smaller shape reuses the workspace; a larger one grows it (collective, eager).
     fused._all_gather_matmul_cuda(a[:4].contiguous(), b, "fake-fused")
     assert [x[0] for x in comm.core.calls] == ["allocate", "all_gather_matmul", "all_gather_matmul"]
@@ -118,7 +120,7 @@ def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(fake_group):
     assert c.shape == (8, 24)
     assert comm.core.calls[0] == ("allocate", 32 << 20)
     assert comm.core.calls[1] == ("matmul_reduce_scatter", c.data_ptr(), 4096, a.data_ptr(), b.data_ptr(), 32, 24,
-                                  16, _native.DTYPES["float16"], 77)
+                                  16, _native.DTYPES["float16"], 77, _native.MATRIX_LAYOUTS["row_major"])
     with pytest.raises(ValueError, match="not a multiple of the group's 4 ranks"):
         fused._matmul_reduce_scatter_cuda(torch.empty(30, 16, dtype=torch.float16), b, "fake-fused-rs")
     # Its workspace is its own: the gather workspace is never handed to it.

@@ -231,10 +231,9 @@ def test_symm_mem_compatible_fused_all_gather_matmul(group_name, gather_dim):
     none, outputs = op(a, bs, gather_dim, group_name, return_A=False)
     assert none is None and len(outputs) == 2
     torch.library.opcheck(op.default, (a, bs, gather_dim, group_name), {"return_A": True})
-    # Real and fake outputs agree in shape and strides (contiguous), which torch.compile relies on
-    # (seen failing for gather_dim 1: movedim views against contiguous fakes).
+    # Real and fake outputs agree in shape and strides (torch's layout: the gathered dim outermost,
+    # tests/python/cpu/test_fused_compat_cpu.py), which torch.compile relies on.
     a_gathered, outputs = op(a, bs, gather_dim, group_name)
-    assert all(c.is_contiguous() for c in outputs) and a_gathered.is_contiguous()
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: op(t, bs, gather_dim, group_name)[1][0] + 1, fullgraph=True,
                              backend="aot_eager")

@@ -1,0 +1,390 @@
+"""torch.ops.symmem.fused_all_gather_matmul / fused_matmul_reduce_scatter against torch's own
+torch.ops.symm_mem ops, on the cases of torch's AsyncTPTest (its shapes, its references: torch's
+fallback kernels, and its assertions: values close, shapes and strides equal), each run in both
+namespaces; plus B transposed (W.t(), the weight of every x @ W.t()) for both ops in float16 and
+bfloat16, where symmem's fused kernels read B column-major in place.
+
+Every output is also checked against a float64 reference (NCCL gathers the operands): within the
+float32 accumulation slack of torch's own accuracy check and the roundings the op performs. Inputs
+of small integers make symmem's fused results exact (one rounding of an exact float32 sum), so
+there they must equal the reference bit for bit. torch's op runs where it runs on this machine: if
+it raises (on any rank) its case is skipped, saying why; symmem's never is.
+"""
+import contextlib
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+# A hang may sit in a CUDA call, where no signal handler runs: the thread method ends the process
+# (torchrun then stops the other ranks).
+pytestmark = pytest.mark.timeout(300, method="thread")
+
+NAMESPACES = ["symm_mem", "symmem"]
+HALF = [torch.float16, torch.bfloat16]
+# Unit roundoff of each output type (half an ulp at 1): one rounding of a value v errs by at most
+# this times |v|.
+UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+FLOAT32_EPS = torch.finfo(torch.float32).eps
+
+
+@pytest.fixture(scope="module")
+def symm_mem(group):
+    import warnings
+
+    import torch.distributed._symmetric_memory as symm_mem
+    with warnings.catch_warnings():  # deprecated in torch 2.11 (a no-op there), needed before
+        warnings.simplefilter("ignore")
+        symm_mem.enable_symm_mem_for_group(group.group_name)
+    return symm_mem
+
+
+@pytest.fixture(autouse=True)
+def torch_test_settings():
+    """As AsyncTPTest._init_process: deterministic algorithms (warning only) and uninitialised
+    memory filled (NaN for floats), which also poisons every output the ops allocate. And cuBLAS
+    keeps float32 sums in 16-bit GEMMs (no reduced-precision split-K), so that torch's products,
+    the fallback's included, accumulate as the bounds below assume."""
+    matmul = torch.backends.cuda.matmul
+    was = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+           torch.utils.deterministic.fill_uninitialized_memory, matmul.allow_fp16_reduced_precision_reduction,
+           matmul.allow_bf16_reduced_precision_reduction)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    matmul.allow_fp16_reduced_precision_reduction = False
+    matmul.allow_bf16_reduced_precision_reduction = False
+    yield
+    torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+    torch.utils.deterministic.fill_uninitialized_memory = was[2]
+    matmul.allow_fp16_reduced_precision_reduction = was[3]
+    matmul.allow_bf16_reduced_precision_reduction = was[4]
+
+
+def _op(namespace, name):
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+def _run(namespace, call):
+    """call(); for torch's namespace a failure on any rank skips the case on every rank (torch's op
+    does not run on this machine), said with the error; symmem's failures fail the test."""
+    if namespace == "symmem":
+        return call()
+    result, error = None, None
+    try:
+        result = call()
+        torch.cuda.synchronize()
+    except Exception as e:  # torch's op refusing or failing here: not symmem's to fix
+        error = e
+    failed = torch.tensor([error is not None], dtype=torch.int32, device="cuda")
+    dist.all_reduce(failed)
+    if failed.item():
+        pytest.skip(f"torch.ops.symm_mem does not run this case here: "
+                    f"{type(error).__name__ + ': ' + str(error)[:300] if error else 'it failed on another rank'}")
+    return result
+
+
+@contextlib.contextmanager
+def _native_async_tp(namespace):
+    """TORCH_SYMM_MEM_ENABLE_NATIVE_ASYNC_TP=1 around a call of torch's op (as torch's
+    test_fused_all_gather_matmul_native: its _async_input_mm path); symmem reads no such variable."""
+    if namespace != "symm_mem":
+        yield
+        return
+    old = os.environ.get("TORCH_SYMM_MEM_ENABLE_NATIVE_ASYNC_TP")
+    os.environ["TORCH_SYMM_MEM_ENABLE_NATIVE_ASYNC_TP"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TORCH_SYMM_MEM_ENABLE_NATIVE_ASYNC_TP"]
+        else:
+            os.environ["TORCH_SYMM_MEM_ENABLE_NATIVE_ASYNC_TP"] = old
+
+
+def _gather(t, dim):
+    """NCCL's all-gather of every rank's t along dim."""
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts, dim)
+
+
+def _matmul_bound(a64, b64, rounding, extra_roundings=None):
+    """|out - a @ b| allowed elementwise: torch's fp32 accumulation slack (sqrt(k) eps |a| @ |b|,
+    from its _assert_matmul_accuracy) plus one rounding of the result to the output type, plus
+    `extra_roundings` (a magnitude times the unit roundoff) where the op rounds partial results."""
+    exact = a64 @ b64
+    bound = a64.shape[-1] ** 0.5 * FLOAT32_EPS * (a64.abs() @ b64.abs()) + rounding * exact.abs()
+    if extra_roundings is not None:
+        bound = bound + rounding * extra_roundings
+    return exact, bound
+
+
+def _check_within(out, exact, bound, what):
+    err = (out.double() - exact).abs()
+    excess = err - bound
+    bad = int((excess > 0).sum().item())
+    assert bad == 0, (f"{what}: {bad} of {out.numel()} elements beyond the bound, worst excess "
+                      f"{excess.max().item():.3g} (error {err.max().item():.3g})")
+
+
+def _check_like(out, baseline, what, **tolerance):
+    """torch's assertions: same shape and strides as its fallback's output, values close."""
+    assert out.shape == baseline.shape, f"{what}: shape {tuple(out.shape)}, torch's fallback {tuple(baseline.shape)}"
+    assert out.stride() == baseline.stride(), f"{what}: strides {out.stride()}, torch's fallback {baseline.stride()}"
+    assert out.dtype == baseline.dtype
+    torch.testing.assert_close(out, baseline, msg=lambda m: f"{what}: {m}", **tolerance)
+
+
+def _tolerance(dtype):
+    """torch's test's: allclose's defaults in float32, its bfloat16 case's 1e-2 in 16 bits."""
+    return {"rtol": 1e-5, "atol": 1e-8} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+
+
+# fused_all_gather_matmul: torch's test_fused_all_gather_matmul (float32, 8 x 64 x 32 gathered,
+# three Bs of 16 columns), also in 16 bits (symmem's fused kernel where the gathered dim is not
+# the last), with A restrided as torch's restride_A_shard_for_fused_all_gather_matmul does.
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+@pytest.mark.parametrize("dtype", [torch.float32] + HALF)
+@pytest.mark.parametrize("gather_dim", [0, 1, 2])
+@pytest.mark.parametrize("restride", [False, True])
+def test_fused_all_gather_matmul(group, symm_mem, namespace, dtype, gather_dim, restride):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    batch, m, n, k = 8, 64, 16, 32
+    shape = [batch, m, k]
+    shape[gather_dim] //= world
+    torch.manual_seed(42 + rank)
+    a_shard = torch.rand(shape, device="cuda").to(dtype)
+    bs = [torch.rand(k, n, device="cuda").to(dtype) for _ in range(3)]
+    if restride:
+        a_shard = symm_mem.restride_A_shard_for_fused_all_gather_matmul(a_shard, gather_dim)
+    ag0, mm0 = symm_mem._fused_all_gather_matmul_fallback(a_shard, bs, gather_dim=gather_dim,
+                                                          group_name=group.group_name)
+    op = _op(namespace, "fused_all_gather_matmul")
+    ag1, mm1 = _run(namespace, lambda: op(a_shard, bs, gather_dim=gather_dim, group_name=group.group_name))
+    assert len(mm1) == len(bs)
+    _check_like(ag1, ag0, "gathered A", rtol=0, atol=0)
+    a64 = _gather(a_shard, gather_dim).double()
+    assert torch.equal(ag1.double(), a64), "the gathered A differs from NCCL's"
+    for i, (b, c0, c1) in enumerate(zip(bs, mm0, mm1)):
+        _check_like(c1, c0, f"product {i}", **_tolerance(dtype))
+        # k gathered: torch's op adds the ranks' partial products into its output one by one, in
+        # the output type (world roundings of up to |A| @ |B|).
+        extra = world * (a64.abs() @ b.double().abs()) if gather_dim == 2 else None
+        exact, bound = _matmul_bound(a64, b.double(), UNIT_ROUNDOFF[dtype], extra)
+        _check_within(c1, exact, bound, f"product {i}")
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("gather_dim", [0, 1])
+def test_fused_all_gather_matmul_without_a_and_with_transposed_bs(group, symm_mem, namespace, dtype, gather_dim):
+    """return_A=False, and Bs mixing W.t() with contiguous ones: symmem's fused kernel takes the
+    first (transposed: read in place), the others multiply the gathered A it hands back."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    shape = [4, 256, 512]
+    shape[gather_dim] //= world
+    torch.manual_seed(7 + rank)
+    a_shard = torch.randn(shape, device="cuda").to(dtype)
+    ws = [torch.randn(n, 512, device="cuda").to(dtype) for n in (384, 256, 128)]
+    bs = [ws[0].t(), ws[1].t().contiguous(), ws[2].t()]
+    op = _op(namespace, "fused_all_gather_matmul")
+    for return_a in (False, True):
+        ag0, mm0 = symm_mem._fused_all_gather_matmul_fallback(a_shard, bs, gather_dim=gather_dim,
+                                                              group_name=group.group_name, return_A=return_a)
+        ag1, mm1 = _run(namespace, lambda: op(a_shard, bs, gather_dim, group.group_name, return_A=return_a))
+        assert (ag1 is None) == (not return_a) and (ag0 is None) == (not return_a)
+        a64 = _gather(a_shard, gather_dim).double()
+        if return_a:
+            _check_like(ag1, ag0, "gathered A", rtol=0, atol=0)
+        for i, (b, c0, c1) in enumerate(zip(bs, mm0, mm1)):
+            _check_like(c1, c0, f"product {i}", **_tolerance(dtype))
+            exact, bound = _matmul_bound(a64, b.double(), UNIT_ROUNDOFF[dtype])
+            _check_within(c1, exact, bound, f"product {i} (return_A={return_a})")
+
+
+# torch's test_fused_all_gather_matmul_native: M = 4096, N = K = 1024, bfloat16, gather_dim 0, A
+# a symmetric tensor or not, B row-major or W.t(); also float16.
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("symm_mem_input", [True, False])
+@pytest.mark.parametrize("is_b_row_major", [True, False])
+def test_fused_all_gather_matmul_native(group, symm_mem, namespace, dtype, symm_mem_input, is_b_row_major):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    m, n, k = 4096, 1024, 1024
+    torch.manual_seed(42 + rank)
+    if symm_mem_input:  # torch's allocator: its case is skipped where that does not run
+        a_shard = _run("symm_mem", lambda: symm_mem.empty(m // world, k, dtype=dtype, device="cuda").normal_())
+    else:
+        a_shard = torch.rand(m // world, k, device="cuda").to(dtype)
+    b = torch.rand(k, n, device="cuda").to(dtype) if is_b_row_major else torch.rand(n, k, device="cuda").to(dtype).t()
+    ag0, mm0 = symm_mem._fused_all_gather_matmul_fallback(a_shard, [b], gather_dim=0, group_name=group.group_name)
+    op = _op(namespace, "fused_all_gather_matmul")
+    with _native_async_tp(namespace):
+        ag1, mm1 = _run(namespace, lambda: op(a_shard, [b], gather_dim=0, group_name=group.group_name))
+    _check_like(ag1, ag0, "gathered A", rtol=0, atol=0)
+    exact, bound = _matmul_bound(ag0.double(), b.double(), UNIT_ROUNDOFF[dtype])
+    # torch's _assert_matmul_accuracy: no farther from the float64 product than its fallback plus
+    # the fp32 accumulation slack.
+    slack = k ** 0.5 * FLOAT32_EPS * (ag0.double().abs() @ b.double().abs())
+    excess = (mm1[0].double() - exact).abs() - (mm0[0].double() - exact).abs() - slack
+    assert excess.max().item() <= 0.0, f"product: {int((excess > 0).sum())} elements less accurate than torch's"
+    assert mm1[0].stride() == mm0[0].stride()
+    _check_within(mm1[0], exact, bound, "product")
+
+
+# fused_matmul_reduce_scatter: torch's test_fused_matmul_reduce_scatter (float32, A [8, 64, 1024],
+# B [1024, 16], "avg", every scatter dim), also in 16 bits and with B = W.t().
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+@pytest.mark.parametrize("dtype", [torch.float32] + HALF)
+@pytest.mark.parametrize("scatter_dim", [0, 1, 2])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_fused_matmul_reduce_scatter(group, symm_mem, namespace, dtype, scatter_dim, transposed):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    batch, m, n, k = 8, 64, 16, 1024
+    if scatter_dim == 2:  # N is scattered: a multiple of the group size (torch's 16 is, up to 16 ranks)
+        n = max(16, 8 * world)
+    torch.manual_seed(42 + rank)
+    a = torch.rand(batch, m, k, device="cuda").to(dtype)
+    b = torch.rand(n, k, device="cuda").to(dtype).t() if transposed else torch.rand(k, n, device="cuda").to(dtype)
+    out0 = symm_mem._fused_matmul_reduce_scatter_fallback(a, b, "avg", scatter_dim=scatter_dim,
+                                                          group_name=group.group_name)
+    op = _op(namespace, "fused_matmul_reduce_scatter")
+    out1 = _run(namespace, lambda: op(a, b, "avg", scatter_dim=scatter_dim, group_name=group.group_name))
+    _check_like(out1, out0, "output", **_tolerance(dtype))
+    _check_reduce_scatter(out1, a, b, scatter_dim, "avg", dtype)
+
+
+def _partial_products(a, b):
+    """Every rank's a_r @ b_r and |a_r| @ |b_r| in float64, stacked: [world, *a.shape[:-1], n]."""
+    world = dist.get_world_size()
+    a_all = _gather(a.unsqueeze(0), 0).double()
+    b_all = _gather(b.unsqueeze(0), 0).double().reshape(world, *[1] * (a.dim() - 2), *b.shape)
+    return a_all @ b_all, a_all.abs() @ b_all.abs()
+
+
+def _check_reduce_scatter(out, a, b, scatter_dim, reduce_op, dtype):
+    """out against the float64 sum (or mean) over ranks of a_r @ b_r, this rank's part along
+    scatter_dim: the accumulation slack, one rounding of the result, and one rounding of every
+    rank's partial product (torch's op, and symmem's unfused path, round them to the output type
+    before they reduce; both reductions accumulate 16-bit values in float32 on the GPU)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    partials, magnitudes = _partial_products(a, b)
+    scale = 1.0 / world if reduce_op == "avg" else 1.0
+
+    def mine(t):
+        return (t.sum(0) * scale).chunk(world, scatter_dim)[rank]
+    exact, magnitude = mine(partials), mine(partials.abs())
+    slack = mine(magnitudes) * a.shape[-1] ** 0.5 * FLOAT32_EPS
+    bound = slack + UNIT_ROUNDOFF[dtype] * (exact.abs() + magnitude)
+    _check_within(out, exact, bound, f"reduce-scatter along dim {scatter_dim}")
+
+
+# torch's test_fused_matmul_reduce_scatter_bfloat16_custom_reduce: M = 64, N = 32, K = 1024,
+# bfloat16, "avg" along dim 0, eager then captured in a CUDA graph and replayed; also float16 and
+# B = W.t().
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_fused_matmul_reduce_scatter_custom_reduce_and_graph(group, symm_mem, namespace, dtype, transposed):
+    rank = dist.get_rank()
+    m, n, k = 64, 32, 1024
+    torch.manual_seed(42 + rank)
+    a = torch.rand(m, k, device="cuda", dtype=dtype)
+    b = torch.rand(n, k, device="cuda", dtype=dtype).t() if transposed else torch.rand(k, n, device="cuda",
+                                                                                       dtype=dtype)
+    out0 = symm_mem._fused_matmul_reduce_scatter_fallback(a, b, "avg", scatter_dim=0, group_name=group.group_name)
+    op = _op(namespace, "fused_matmul_reduce_scatter")
+    out1 = _run(namespace, lambda: op(a, b, "avg", scatter_dim=0, group_name=group.group_name))
+    _check_like(out1, out0, "eager output", rtol=1e-2, atol=1e-2)
+    _check_reduce_scatter(out1, a, b, 0, "avg", dtype)
+
+    def captured():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = op(a, b, "avg", scatter_dim=0, group_name=group.group_name)
+        graph.replay()
+        torch.cuda.synchronize()
+        return out
+    out2 = _run(namespace, captured)
+    _check_like(out2, out0, "replayed output", rtol=1e-2, atol=1e-2)
+    if namespace == "symmem":  # symmem's sum does not depend on the order the ranks finish in
+        assert torch.equal(out2, out1), "the replay differs from the eager call"
+
+
+# B = W.t() at tensor-parallel shapes in 16 bits, both ops, both namespaces: small integers, so a
+# result rounded once from an exact float32 sum has one right value. symmem's fused kernels must
+# give it exactly (and the same bits as with W.t().contiguous()); torch's within the bounds above.
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+@pytest.mark.parametrize("dtype", HALF)
+def test_transposed_weight_all_gather_matmul(group, symm_mem, namespace, dtype):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    rows, n, k = 1024, 1536, 2048
+    g = torch.Generator(device="cuda").manual_seed(100 + rank)
+    x = torch.randint(-3, 4, (2, rows // 2, k), generator=g, device="cuda").to(dtype)
+    gw = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randint(-3, 4, (n, k), generator=gw, device="cuda").to(dtype)  # the same weight on every rank
+    op = _op(namespace, "fused_all_gather_matmul")
+    a1, (c1,) = _run(namespace, lambda: op(x, [w.t()], 0, group.group_name))
+    gathered = _gather(x, 0)
+    assert torch.equal(a1, gathered)
+    exact = gathered.double() @ w.t().double()
+    assert c1.shape == (2 * world, rows // 2, n) and c1.stride() == (rows // 2 * n, n, 1)
+    if namespace == "symmem":
+        assert torch.equal(c1, exact.to(dtype)), f"{int((c1 != exact.to(dtype)).sum())} elements differ"
+        _, (c2,) = op(x, [w.t().contiguous()], 0, group.group_name)
+        assert torch.equal(c1, c2), "W.t() and its contiguous copy give different bits"
+    else:
+        _, bound = _matmul_bound(gathered.double(), w.t().double(), UNIT_ROUNDOFF[dtype])
+        _check_within(c1, exact, bound, "product")
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+@pytest.mark.parametrize("dtype", HALF)
+def test_transposed_weight_matmul_reduce_scatter(group, symm_mem, namespace, dtype):
+    """x [2, m / 2, k] scattered along dim 1 (symmem moves it first: one copy of x), W [n, k] this
+    rank's slice of the layer."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    m, n, k = 2048, 1024, 1536
+    g = torch.Generator(device="cuda").manual_seed(200 + rank)
+    x = torch.randint(-3, 4, (2, m // 2, k), generator=g, device="cuda").to(dtype)
+    w = torch.randint(-3, 4, (n, k), generator=g, device="cuda").to(dtype)
+    op = _op(namespace, "fused_matmul_reduce_scatter")
+    c1 = _run(namespace, lambda: op(x, w.t(), "sum", 1, group.group_name))
+    assert c1.shape == (2, m // 2 // world, n) and c1.is_contiguous()
+    _check_reduce_scatter(c1, x, w.t(), 1, "sum", dtype)
+    if namespace == "symmem":
+        partials, _ = _partial_products(x, w.t())
+        exact = partials.sum(0).chunk(world, 1)[rank].to(dtype)
+        assert torch.equal(c1, exact), f"{int((c1 != exact).sum())} elements differ"
+        c2 = op(x, w.t().contiguous(), "sum", 1, group.group_name)
+        assert torch.equal(c1, c2), "W.t() and its contiguous copy give different bits"
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_misaligned_operands_still_run(group, symm_mem, dtype):
+    """A and W views 2 bytes into their storage (not 16-byte aligned, which the fused GEMM's
+    tensor-memory loads need): symmem's ops take the unfused path for A and copy B, with torch's
+    results and layout."""
+    torch.manual_seed(300 + dist.get_rank())
+    shape, n, k = (4, 128, 256), 128, 256
+    # (uniform in [0, 1) as torch's tests: no cancellation, so its 1e-2 tolerance applies)
+    a = torch.rand(1 + 4 * 128 * 256, device="cuda").to(dtype)[1:].view(shape)
+    w = torch.rand(1 + n * k, device="cuda").to(dtype)[1:].view(n, k)
+    assert a.data_ptr() % 16 and w.data_ptr() % 16
+    for gather_dim in (0, 1):
+        ag0, (c0,) = symm_mem._fused_all_gather_matmul_fallback(a, [w.t()], gather_dim=gather_dim,
+                                                               group_name=group.group_name)
+        ag1, (c1,) = torch.ops.symmem.fused_all_gather_matmul(a, [w.t()], gather_dim, group.group_name)
+        _check_like(ag1, ag0, f"gathered A, dim {gather_dim}", rtol=0, atol=0)
+        _check_like(c1, c0, f"product, dim {gather_dim}", **_tolerance(dtype))
+        out0 = symm_mem._fused_matmul_reduce_scatter_fallback(a, w.t(), "sum", scatter_dim=gather_dim,
+                                                              group_name=group.group_name)
+        out1 = torch.ops.symmem.fused_matmul_reduce_scatter(a, w.t(), "sum", gather_dim, group.group_name)
+        _check_like(out1, out0, f"reduce-scatter, dim {gather_dim}", **_tolerance(dtype))
+        _check_reduce_scatter(out1, a, w.t(), gather_dim, "sum", dtype)
