@@ -2,7 +2,7 @@
 pull kernel, NCCL, and the same Triton kernel reaching peers through PyTorch's symmetric memory
 (rendezvous tables) instead of symmem's heap; the Iris plot (GB/s against SM count per fp16 shape).
 
-    torchrun --nproc-per-node 2 -m symmem.bench.kernels --out bench/results/h200/kernels
+    torchrun --nproc-per-node 2 -m symmem.bench.kernels --out results
 
 Rows (impl), each with `sms` SMs (blocks, programs or CTAs):
   symmem_cuda_pull         symmem's all_gather, Algo pull, blocks = sms (symmetric input, local output)
