@@ -18,7 +18,8 @@
 #   NAME.tgz         every step's log and result, in the layout of bench/results: <machine>/
 #                    (<machine> = h200x4 for 4 x H200: the GPU kind and this machine's GPU count)
 #                    holds <what>_<ranks>.csv and .png, <machine>/tests/<suite>_<ranks>.log the test
-#                    logs; logs/ every step's full output. Unpack it in bench/results/ to commit it.
+#                    logs; logs/ every step's full output. To commit it:
+#                    tar xzf NAME.tgz -C bench/results --exclude ./logs
 #   NAME_summary.txt one line per step: exit code, seconds, the last line saying what passed.
 # NAME.tgz is rewritten after every step (a device machine returns a few files, and a run cut
 # short keeps what it finished).

@@ -153,7 +153,8 @@ TEST(every_row_records_the_command_that_reproduces_it) {
   m.commit = "abc1234";
   m.date = "2026-11-23T00:00:00Z";
   m.command = reproducing_command({{"SYMMEM_TUNING_FILE", "t.json"}}, a.command_line);
-  EXPECT_EQ(m.command, std::string("SYMMEM_TUNING_FILE=t.json symmem-bench all_gather -b 1K --algos pull,push --graph"));
+  EXPECT_EQ(m.command,
+            std::string("SYMMEM_TUNING_FILE=t.json symmem-bench all_gather -b 1K --algos pull,push --graph"));
   const std::string header = csv_header();
   EXPECT(header.size() > 8 && header.compare(header.size() - 8, 8, ",command") == 0);
   Row r;

@@ -97,10 +97,10 @@ std::string usage() {
 }
 
 const std::vector<const char*>& settings_that_change_a_run() {
-  static const std::vector<const char*> names{
-      "SYMMEM_TUNING_FILE", "SYMMEM_ALGO",       "SYMMEM_BLOCKS",    "SYMMEM_PUSH_BULK",   "SYMMEM_PDL",
-      "SYMMEM_CE_DIRECTION", "SYMMEM_CE_BATCH", "SYMMEM_CE_STREAMS", "SYMMEM_CE_PIECE_KB", "SYMMEM_MOE_COMBINE",
-      "SYMMEM_WORKSPACE_MB"};
+  static const std::vector<const char*> names{"SYMMEM_TUNING_FILE", "SYMMEM_ALGO",        "SYMMEM_BLOCKS",
+                                              "SYMMEM_PUSH_BULK",   "SYMMEM_PDL",         "SYMMEM_CE_DIRECTION",
+                                              "SYMMEM_CE_BATCH",    "SYMMEM_CE_STREAMS",  "SYMMEM_CE_PIECE_KB",
+                                              "SYMMEM_MOE_COMBINE", "SYMMEM_WORKSPACE_MB"};
   return names;
 }
 
@@ -120,8 +120,7 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
       continue;
     }
     const std::string& s = argv[k];
-    a->command_line += (a->command_line.empty() ? "" : " ") +
-                       (s.find(' ') == std::string::npos ? s : "'" + s + "'");
+    a->command_line += (a->command_line.empty() ? "" : " ") + (s.find(' ') == std::string::npos ? s : "'" + s + "'");
   }
   if (i < argv.size() && !argv[i].empty() && argv[i][0] != '-') {
     a->op = argv[i++];

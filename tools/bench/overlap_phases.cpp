@@ -143,7 +143,8 @@ void write_phases_csv(const std::vector<PhaseFigures>& figures, const Meta& meta
   std::ofstream csv(path);
   if (!csv) throw std::runtime_error("cannot write " + path);
   csv << "op,impl,world,iteration_us,iteration_min_us,iteration_max_us,gemm_us,gemm_min_us,gemm_max_us,"
-         "allgather_us,allgather_min_us,allgather_max_us,hidden_fraction,hidden_min,hidden_max,gpu,commit,date,command\n";
+         "allgather_us,allgather_min_us,allgather_max_us,hidden_fraction,hidden_min,hidden_max,gpu,commit,date,"
+         "command\n";
   for (const auto& f : figures) {
     char buf[512];
     std::snprintf(buf, sizeof(buf), "overlap_phases,%s,%d,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.4f,%.4f,%.4f,",

