@@ -1,39 +1,38 @@
 #!/usr/bin/env bash
-# Collects what scripts/h200_session.sh runs into build-bundle/ (stripped, to carry to a GPU
-# machine): this tree's build, and the 6cf5c42 binaries for the negative control and the A/B
-# (tests/gpu/negative_control.sh with NEGCTL_DIR=build-negctl BUILD_ONLY=1; WITH_OLD=1, OLD_BENCH=path;
-# OLD_SHARED_GPU_TESTS=path adds an old shared-GPU test binary for scripts/gpu_issue28.sh).
+# Collects what scripts/gpu_run.sh runs into build-bundle/ (stripped) and packs it as
+# .device/bundle.tar.xz, to carry to a GPU machine with the working tree (which holds the Python
+# package and the tests). Build first: scripts/build.sh, or at least the targets copied below.
+#
+#   scripts/bundle.sh
+#   OLD_CAPI=path OLD_COMMIT=rev scripts/bundle.sh   also an older build's libsymmem_capi.so, for
+#                                                    gpu_run.sh's moe_ab step (the same C ABI)
+#   OLD_TORCH_TREE=dir scripts/bundle.sh             also an older checkout's python/ and
+#                                                    build/libsymmem_capi.so, for its host_cost_ab step
+#
+# build-bundle/COMMIT names the commit the binaries and the Python package come from ("-dirty" with
+# uncommitted changes to either): the benches write it into every CSV row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf build-bundle && mkdir -p build-bundle
-cp build/symmem-bench build/symmem-copy-probe build/symmem-run build/tests/symmem_gpu_tests build/tests/symmem_kill_tests build/tests/symmem_shared_gpu_tests build/tests/symmem_shared_gpu_moe_tests build-bundle/
+cp build/symmem-bench build/symmem-run build/tests/symmem_gpu_tests build/tests/symmem_kill_tests \
+  build/tests/symmem_shared_gpu_tests build/tests/symmem_shared_gpu_moe_tests build-bundle/
 cp build/libsymmem_capi.so build-bundle/  # the Python package's native library (SYMMEM_LIBRARY)
-# The CUDA example on the heap (scripts/gpu_issue29.sh runs it).
-[ -f build/examples/symmem_example_one_shot_all_reduce ] && cp build/examples/symmem_example_one_shot_all_reduce build-bundle/
-[ -n "${WITH_OLD:-}" ] || rm -f build-bundle/old_* 2>/dev/null
-[ -n "${WITH_OLD:-}" ] && [ -d build-negctl/build ] && cp build-negctl/build/old_api_gpu_tests build-negctl/build/old_api_kill_tests build-bundle/
-[ -n "${OLD_BENCH:-}" ] && cp "$OLD_BENCH" build-bundle/old-symmem-bench
-[ -n "${OLD_BENCH:-}" ] && [ -n "${OLD_COMMIT:-}" ] && echo "$OLD_COMMIT" > build-bundle/OLD_COMMIT
-[ -n "${OLD_SHARED_GPU_TESTS:-}" ] && cp "$OLD_SHARED_GPU_TESTS" build-bundle/old_symmem_shared_gpu_tests
-[ -n "${MID_BENCH:-}" ] && cp "$MID_BENCH" build-bundle/mid-symmem-bench
-[ -n "${MID_BENCH:-}" ] && [ -n "${MID_COMMIT:-}" ] && echo "$MID_COMMIT" > build-bundle/MID_COMMIT
-# OLD_CAPI=path [OLD_COMMIT=rev]: an older build's Python library for A/B runs (step moe_ab).
+# The CUDA example on the heap (gpu_run.sh's cuda_example step).
+if [ -f build/examples/symmem_example_one_shot_all_reduce ]; then
+  cp build/examples/symmem_example_one_shot_all_reduce build-bundle/
+fi
 if [ -n "${OLD_CAPI:-}" ]; then
-  mkdir -p build-bundle/old && cp "$OLD_CAPI" build-bundle/old/libsymmem_capi.so && strip build-bundle/old/libsymmem_capi.so &&
+  mkdir -p build-bundle/old && cp "$OLD_CAPI" build-bundle/old/libsymmem_capi.so &&
     echo "${OLD_COMMIT:?OLD_CAPI needs OLD_COMMIT, the commit it was built from}" > build-bundle/old/COMMIT
 fi
-# OLD_TORCH_TREE=dir: an older checkout's Python package and build/libsymmem_capi.so (step torch_cost).
 if [ -n "${OLD_TORCH_TREE:-}" ]; then
   mkdir -p build-bundle/old_torch && cp -r "$OLD_TORCH_TREE/python" build-bundle/old_torch/ &&
     find build-bundle/old_torch -name __pycache__ -prune -exec rm -rf {} + &&
-    cp "$OLD_TORCH_TREE/build/libsymmem_capi.so" build-bundle/old_torch/ && strip build-bundle/old_torch/libsymmem_capi.so &&
+    cp "$OLD_TORCH_TREE/build/libsymmem_capi.so" build-bundle/old_torch/ &&
     echo "$(git -C "$OLD_TORCH_TREE" rev-parse --short HEAD)$(git -C "$OLD_TORCH_TREE" diff --quiet HEAD -- src python || echo -dirty)" \
       > build-bundle/old_torch/COMMIT
 fi
-# MUTANT_MOE_TESTS=path: a shared-GPU MoE test binary built with a planted bug (step moe_mutant: must fail).
-[ -n "${MUTANT_MOE_TESTS:-}" ] && cp "$MUTANT_MOE_TESTS" build-bundle/mutant_symmem_shared_gpu_moe_tests
-strip build-bundle/* 2>/dev/null || true
-# The commit the binaries and the Python package (carried in the working tree) come from: the benches
-# write it into every CSV row, so a change to either marks it dirty.
+find build-bundle -type f \( -name 'symmem*' -o -name '*.so' \) -exec strip {} + 2>/dev/null || true
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests python || echo -dirty)" > build-bundle/COMMIT
-du -sh build-bundle
+mkdir -p .device && tar cJf .device/bundle.tar.xz build-bundle
+du -sh build-bundle .device/bundle.tar.xz

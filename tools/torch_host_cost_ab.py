@@ -1,7 +1,8 @@
-"""Host cost of symmem.torch calls at world 1, two trees interleaved in one run (issue 27: the cost
-of ordering a group's calls across streams, before and after).
+"""Host cost per call of symmem.torch at world 1, two or more trees interleaved in one run: how a
+change to the Python layer or the C ABI moves the CPU time of a call (the figure to check is that
+the new tree stays within the old one's spread).
 
-    python3 tools/torch_host_cost_ab.py --tree old=/path/old --tree new=. --reps 7 --out results.csv
+    python3 tools/torch_host_cost_ab.py --tree old=/path/old --tree new=. --reps 7 --out results.csv --plot
 
 Each tree is a source checkout with build/libsymmem_capi.so (or `LABEL=DIR:LIBRARY`; a COMMIT file
 beside the library names the commit it was built from). Every rep
@@ -17,7 +18,9 @@ Rows: the C ABI's symmem_all_reduce called directly (ctypes and the C++ path, no
 eager st.all_reduce in place on a symmetric 0.5 MiB bf16 tensor and on a plain one, on one
 stream, and alternating two streams (every call changes stream: the join's cost, where the tree
 has one); the same calls captured in a graph, on one stream and alternating two streams forked
-from the capture stream. The CSV has date, commit, gpu, tree, row, rep, host_us, graph_us.
+from the capture stream. The CSV has date, commit, gpu, tree, row, rep, host_us, graph_us, command;
+`--plot` draws every sample and the medians per row and tree (OUT_host.png, OUT_graph.png). Pin the
+measuring processes to one idle CPU (`--cpu`): host times move with the CPU's clock and load.
 """
 import argparse
 import csv
@@ -153,9 +156,11 @@ def main():
     parser.add_argument("--gpu", default=os.environ.get("SYMMEM_GPU_KIND", "unknown"))
     parser.add_argument("--out", default="torch_host_cost_ab.csv")
     parser.add_argument("--cpu", type=int, default=None, help="pin every measuring process to this CPU (taskset)")
+    parser.add_argument("--plot", action="store_true", help="also draw OUT_host.png and OUT_graph.png")
     args = parser.parse_args()
     if args.measure:
         return _measure(args)
+    command = " ".join(["python3", "tools/torch_host_cost_ab.py"] + [a for a in sys.argv[1:]])
     trees = []
     for spec in args.tree:
         label, rest = spec.split("=", 1)
@@ -164,7 +169,7 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     with open(args.out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["date", "commit", "gpu", "tree", "row", "rep", "host_us", "graph_us"])
+        writer.writerow(["date", "commit", "gpu", "tree", "row", "rep", "host_us", "graph_us", "command"])
         for rep in range(args.reps):
             for label, folder, library in trees:
                 env = dict(os.environ, PYTHONPATH=os.path.join(folder, "python"), SYMMEM_LIBRARY=library,
@@ -182,9 +187,12 @@ def main():
                     continue
                 for row, values in json.loads(line[len("RESULT "):]).items():
                     writer.writerow([date, _commit(folder, library), args.gpu, label, row, rep, values["host_us"],
-                                     values["graph_us"]])
+                                     values["graph_us"], command])
                 f.flush()
     _summarise(args.out)
+    if args.plot:
+        for metric in ("host_us", "graph_us"):
+            _plot(args.out, metric, os.path.splitext(args.out)[0] + f"_{metric[:-3]}.png")
 
 
 def _summarise(path):
@@ -201,6 +209,38 @@ def _summarise(path):
             v = rows.get((row, metric, tree), [])
             cells.append(f"{statistics.median(v):8.2f} [{min(v):.2f}-{max(v):.2f}]" if v else " " * 24)
         print(f"{row:34} {metric:8} " + " ".join(f"{c:>24}" for c in cells))
+
+
+def _plot(path, metric, png):
+    """Every sample of `metric` per row and tree as points, the median as a bar."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    samples = {}
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            if r[metric] not in ("", "nan"):
+                samples.setdefault(r["row"], {}).setdefault(r["tree"], []).append(float(r[metric]))
+    if not samples:
+        return
+    rows = sorted(samples)
+    trees = sorted({t for by in samples.values() for t in by})
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 1.5))
+    for j, tree in enumerate(trees):
+        for i, row in enumerate(rows):
+            v = samples[row].get(tree, [])
+            y = i + (j - (len(trees) - 1) / 2) * 0.3
+            ax.scatter(v, [y] * len(v), s=10, alpha=0.5, color=f"C{j}", label=tree if i == 0 else None)
+            if v:
+                ax.plot([statistics.median(v)] * 2, [y - 0.12, y + 0.12], color=f"C{j}", linewidth=3)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(rows, fontsize=8)
+    ax.set_xlabel(f"{metric} per call (points: samples; bars: medians)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

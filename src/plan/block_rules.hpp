@@ -36,7 +36,7 @@ inline bool low_latency_budget_binds(int max_blocks, int blocks, size_t words) {
 // Built-in rule for the low-latency all-gather, reduce-scatter and all-to-all, for GPUs without a
 // table row: while what each rank stores to its peers, (world - 1) x bytes per peer, stays within
 // 256 KiB. On 2 x H200 it won from 1 to 256 KiB per rank, eager and replayed, against every SM
-// algorithm and NCCL (bench/results/h200/small_messages); past two ranks the bound is scaled, not
+// algorithm and NCCL (bench/results/h200x2/all_gather_2.csv); past two ranks the bound is scaled, not
 // measured.
 constexpr size_t kLowLatencyAutoPeerBytes = size_t(256) << 10;
 inline bool low_latency_by_rule(size_t bytes_per_peer, int world, bool fits) {

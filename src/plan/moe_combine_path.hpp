@@ -13,7 +13,7 @@ namespace symmem::detail {
 enum class MoeCombinePath { kAuto = 0, kBulk = 1, kRegisters = 2 };
 
 // Chosen once per context from its capacity (max_tokens), not per call: a context sized for
-// prefill takes bulk for its small calls too. Measured on 2 x H200 (bench/results/session19):
+// prefill takes bulk for its small calls too. Measured on 2 x H200 (bench/results/h200x2/moe_combine_*_2.csv):
 // bulk was faster at decode-128 and prefill-4096 in both layouts; at one token (one unit on one
 // block) registers won rank-major (7.2 against 7.8 us from graphs), bulk expert-major (8.7 against
 // 9.9). `sources`: the rows a token sums (top-k for expert-major, the world for rank-major).

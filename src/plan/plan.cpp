@@ -108,7 +108,8 @@ AllGatherPlan plan_all_gather(const AllGatherRequest& r, const TuningTable& tabl
     }
     // The table may pick an SM algorithm beyond a caller's SM budget: honour the budget. When
     // the budget binds on a large message, pull moves more per block than push (2 x H200, 16
-    // blocks, 16-256 MiB per rank: 273-329 GB/s against 243-252; bench/results/h200).
+    // blocks, 16-256 MiB per rank: 273-329 GB/s against 243-252;
+    // bench/results/h200x2/all_gather_pull_vs_push_sm_budget_2.csv).
     if (algo == Algo::kPush && r.options.max_blocks > 0 && r.options.max_blocks < blocks &&
         r.bytes_per_rank >= kPullUnderBudgetBytes)
       algo = Algo::kPull;

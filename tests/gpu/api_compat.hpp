@@ -1,5 +1,5 @@
 // What differs between the API these tests are written for and the one of commit 6cf5c42, so that
-// the tests of the "Trustworthy core" issue (test_ownership, test_mismatch, test_stress,
+// the scenario tests (test_ownership, test_mismatch, test_stress,
 // test_kill) also build against the old tree, where they must fail (the negative control of
 // docs/STYLE habit 13). Build the old tree's tests with -DSYMMEM_TEST_OLD_API=1; the default is
 // the current API.

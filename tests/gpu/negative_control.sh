@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Negative control of the "Trustworthy core" GPU tests (docs STYLE habit 13): builds them against
-# the library of an older commit (default 6cf5c42: raw-pointer API, heap inferred from addresses,
-# one growing scratch buffer, no kMismatch) through tests/gpu/api_compat.hpp, runs each test on its
-# own, and reports which ones fail there, as they must.
+# Negative control of the scenario GPU tests (ownership, mismatch, stress, kill; STYLE habit 13):
+# builds them against the library of an older commit (default 6cf5c42: raw-pointer API, heap
+# inferred from addresses, one growing scratch buffer, no kMismatch) through
+# tests/gpu/api_compat.hpp, runs each test on its own, and reports which ones fail there, as they must.
 #
 #   tests/gpu/negative_control.sh [COMMIT] [RANKS]
 #

@@ -1,4 +1,4 @@
-// Oracles and load for the GPU tests of the "Trustworthy core" issue:
+// Oracles and load for the GPU tests of ownership, mismatches and stress:
 //   NcclOracle  NCCL's answer on the same inputs, on NCCL's own buffers, compared bit-exactly on
 //               the device (no host synchronisation, so thousands of calls can be checked);
 //   Flood       a stream that keeps the GPU busy (copies, optionally a kernel on part of the SMs);

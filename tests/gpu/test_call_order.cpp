@@ -1,7 +1,7 @@
 // Calls of one communicator on several streams run in host order (src/comm/call_order.hpp), and a
 // CUDA graph that captured a call holds the communicator (src/comm/graph_references.hpp).
 // On 8ad5a53 the first case returned wrong sums: two staged all-reduces on unordered streams
-// shared the staging workspace (issue 27, first found through symmem.torch).
+// shared the staging workspace (first found through symmem.torch).
 #include <chrono>
 #include <memory>
 #include <thread>

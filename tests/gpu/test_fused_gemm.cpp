@@ -121,7 +121,7 @@ TEST(fused_gemm_announces_every_tile_to_exactly_its_pieces) {
 // as NaN; a piece announced before all its rows had landed would leave NaN or old rows in the
 // snapshot. Every rotation, 3 rounds each, integer inputs (C is exact). It catches an announcement
 // made before a tile's epilogue; not one made right after it without waiting for the stores (the
-// negative control of bench/results/h200/matmul_reduce_scatter_single_gpu passed it: a store
+// negative control, an announcement right after the epilogue, passed it on one H200: a store
 // lands within about a microsecond, less than a stream wait plus a copy launch).
 TEST(fused_gemm_announces_a_piece_only_after_its_rows_landed) {
   Fixture& fx = Fixture::get();

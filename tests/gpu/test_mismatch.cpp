@@ -1,4 +1,4 @@
-// Ranks that call different things (scenario 4 of the "Trustworthy core" issue). Every rank must
+// Ranks that call different things (scenario 4 of the ownership and mismatch tests). Every rank must
 // raise kMismatch, or kAborted where another rank's failure reached it first, within the
 // deadline plus a few seconds: never success, never a hang. The message names the ranks and both
 // calls, with the values that differ. Each case runs on a communicator of its own with a 3 s

@@ -262,7 +262,7 @@ long run_replay_cases(const std::vector<ReplayCase>& cases, int* ran) {
 
 }  // namespace
 
-// Scenario 2: the cases of the issue. In the old tree the captured call referenced the scratch
+// Scenario 2: a graph replayed after larger eager calls. In the old tree the captured call referenced the scratch
 // buffer; a larger eager call freed it and allocated a bigger one; the fresh 2 MiB buffer landed
 // where the old scratch was, and every replay wrote into it.
 TEST(graph_replay_after_larger_eager_calls) {

@@ -80,7 +80,7 @@ TEST(gather_pieces_are_about_the_target_size) {
 }
 
 TEST(gemm_tile_width_leaves_the_fewest_sms_idle) {
-  // N = 6656 on 132 SMs: 192-wide tiles fill the last wave better at every M of the issue
+  // N = 6656 on 132 SMs: 192-wide tiles fill the last wave better at every M benchmarked
   // (M = 4096: 7 waves of 256 against 9 of 192, 1792 against 1728 columns).
   for (int m : {4096, 8192, 16384}) EXPECT_EQ(flagged_gemm_tile_n(m, 6656, 132), 192);
   // N = 4096, M = 4096: 4 waves of 256 against 6 of 192.

@@ -255,7 +255,7 @@ TEST(reduce_scatter_accepts_pull_push_and_low_latency_and_the_old_names) {
   EXPECT(push.kernel == KernelId::kReducePushed);
   EXPECT(push.receive_area);
   EXPECT(!push.stage_input);
-  // two_shot and two_shot_push, their names until issue 28, name them still.
+  // two_shot and two_shot_push, their earlier names, name them still.
   r.options.algo = Algo::kTwoShotPush;
   EXPECT(plan_reduce(r, TuningTable{}).algo == Algo::kPush);
   r.options.algo = Algo::kTwoShot;

@@ -1,6 +1,6 @@
 // Plan pins: what the planner chooses (algorithm, blocks, vector width, staging, the kernel that
 // runs, the chunk size) over a large grid of requests, held against tests/unit/plan_pins.txt, which
-// was computed by the planner of 455ecfe, before the algorithm table (issue 28). A refactor of the
+// was computed by the planner of 455ecfe, before the table of algorithms. A refactor of the
 // planner must leave every line as it was; a change of choice is a deliberate edit of the pins.
 // The names renamed since are mapped back below (pinned_algo_name, pinned_kernel_name).
 //
@@ -85,7 +85,7 @@ class Draw {
   uint64_t state_;
 };
 
-// Reduce-scatter's algorithms were named two_shot and two_shot_push until issue 28 (they are now
+// Reduce-scatter's algorithms were named two_shot and two_shot_push at 455ecfe (they are now
 // pull and push, the old names parse as aliases); the pins keep the old names.
 const char* pinned_algo_name(Algo algo, bool reduce_scatter) {
   if (reduce_scatter && algo == Algo::kPull) return "two_shot";
@@ -242,7 +242,7 @@ ReduceCase draw_reduce(Draw& d) {
   constexpr Algo all_reduce_algos[] = {
       Algo::kAuto,    Algo::kAuto,        Algo::kAuto,       Algo::kOneShot,           Algo::kOneShotPush,
       Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kCopyEngine};
-  // (reduce-scatter's pull and push are its new names: before issue 28 they were refused)
+  // (reduce-scatter's pull and push are its new names: the planner of 455ecfe refused them)
   constexpr Algo reduce_scatter_algos[] = {
       Algo::kAuto,        Algo::kAuto,       Algo::kAuto,    Algo::kTwoShot,
       Algo::kTwoShotPush, Algo::kLowLatency, Algo::kOneShot, Algo::kLowLatencyTwoShot};

@@ -18,7 +18,7 @@ TEST(ranks_sharing_a_gpu_fit_their_kernels_and_early_successors) {
       if (sms >= 2 * ranks) EXPECT(2 * ranks * share <= sms);
     }
   }
-  // The case of issue 28 (one H100, 132 SMs, 4 ranks): sm / (ranks + 1) = 26 blocks let
+  // One H100 (132 SMs) shared by 4 ranks: the older share sm / (ranks + 1) = 26 blocks let
   // 4 x 2 x 26 = 208 blocks ask for 132 SMs.
   EXPECT_EQ(shared_gpu_sm_share(132, 4), 16);
   EXPECT_EQ(shared_gpu_sm_share(132, 8), 8);

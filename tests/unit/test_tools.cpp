@@ -141,6 +141,31 @@ TEST(reports_carry_the_required_columns) {
   EXPECT(table_row(rows[1]).find("12.25") != std::string::npos);
 }
 
+TEST(every_row_records_the_command_that_reproduces_it) {
+  Args a;
+  std::string error;
+  EXPECT(parse_args({"all_gather", "-b", "1K", "--algos", "pull,push", "--csv", "out.csv", "--json", "out.json",
+                     "--tune", "t.json", "--graph"},
+                    &a, &error));
+  EXPECT_EQ(a.command_line, std::string("all_gather -b 1K --algos pull,push --graph"));  // not where results go
+  Meta m;
+  m.gpu = "NVIDIA H200";
+  m.commit = "abc1234";
+  m.date = "2026-11-23T00:00:00Z";
+  m.command = reproducing_command({{"SYMMEM_TUNING_FILE", "t.json"}}, a.command_line);
+  EXPECT_EQ(m.command,
+            std::string("SYMMEM_TUNING_FILE=t.json symmem-bench all_gather -b 1K --algos pull,push --graph"));
+  const std::string header = csv_header();
+  EXPECT(header.size() > 8 && header.compare(header.size() - 8, 8, ",command") == 0);
+  Row r;
+  r.op = "all_gather";
+  r.impl = "symmem_pull";
+  const std::string line = csv_row(r, m);
+  // The command holds a comma: quoted, so the row keeps the header's columns.
+  EXPECT(line.find(",\"SYMMEM_TUNING_FILE=t.json symmem-bench all_gather -b 1K --algos pull,push --graph\"") !=
+         std::string::npos);
+}
+
 TEST(launcher_runs_every_rank_with_the_job_variables) {
   launch::LaunchOptions o;
   o.processes = 3;

@@ -96,9 +96,32 @@ std::string usage() {
          "             (default 2,4), on one stream and on two: what a fused all-gather + GEMM pays\n";
 }
 
+const std::vector<const char*>& settings_that_change_a_run() {
+  static const std::vector<const char*> names{"SYMMEM_TUNING_FILE", "SYMMEM_ALGO",        "SYMMEM_BLOCKS",
+                                              "SYMMEM_PUSH_BULK",   "SYMMEM_PDL",         "SYMMEM_CE_DIRECTION",
+                                              "SYMMEM_CE_BATCH",    "SYMMEM_CE_STREAMS",  "SYMMEM_CE_PIECE_KB",
+                                              "SYMMEM_MOE_COMBINE", "SYMMEM_WORKSPACE_MB"};
+  return names;
+}
+
+std::string reproducing_command(const std::vector<std::pair<std::string, std::string>>& environment,
+                                const std::string& command_line) {
+  std::string out;
+  for (const auto& [name, value] : environment) out += name + "=" + value + " ";
+  return out + "symmem-bench" + (command_line.empty() ? "" : " " + command_line);
+}
+
 bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* error) {
   size_t i = 0;
-  for (const auto& s : argv) a->command_line += (a->command_line.empty() ? "" : " ") + s;
+  for (size_t k = 0; k < argv.size(); ++k) {
+    // Where the results go does not change them: left out of the recorded command.
+    if ((argv[k] == "--csv" || argv[k] == "--json" || argv[k] == "--tune") && k + 1 < argv.size()) {
+      ++k;
+      continue;
+    }
+    const std::string& s = argv[k];
+    a->command_line += (a->command_line.empty() ? "" : " ") + (s.find(' ') == std::string::npos ? s : "'" + s + "'");
+  }
   if (i < argv.size() && !argv[i].empty() && argv[i][0] != '-') {
     a->op = argv[i++];
     if (a->op != "all_gather" && a->op != "all_reduce" && a->op != "reduce_scatter" && a->op != "overlap" &&

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "symmem/types.hpp"
@@ -37,12 +38,20 @@ struct Args {
   int gemm_m = 8192, gemm_n = 8192, gemm_k = 8192;  // --gemm MxNxK
   size_t overlap_bytes = 64u << 20;                 // --ag-bytes: all-gather output bytes
   std::vector<int> chunks{2, 4};                    // --chunks: chunked_gemm row blocks
-  std::string command_line;                         // as typed, for the report
+  std::string command_line;                         // as typed, less where results go (--csv, --json, --tune)
 };
 
 // Returns false with a message in *error (and usage text) for bad arguments.
 bool parse_args(const std::vector<std::string>& argv, Args* args, std::string* error);
 std::string usage();
+
+// The command that reproduces a run, for every row of its report: the settings of symmem that
+// change what runs (`SYMMEM_TUNING_FILE=...`; from `environment`, in this order), then
+// "symmem-bench" and the arguments (each quoted where it holds a space).
+std::string reproducing_command(const std::vector<std::pair<std::string, std::string>>& environment,
+                                const std::string& command_line);
+// The environment variables reproducing_command records when they are set.
+const std::vector<const char*>& settings_that_change_a_run();
 
 // Sizes of the sweep: from min to max by factor, rounded down to whole elements (at least one).
 std::vector<size_t> sweep_sizes(const Args& args);

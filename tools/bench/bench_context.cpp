@@ -77,7 +77,10 @@ Meta BenchContext::meta() const {
   std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   m.date = date;
-  m.command = "symmem-bench " + args_.command_line;
+  std::vector<std::pair<std::string, std::string>> settings;
+  for (const char* name : settings_that_change_a_run())
+    if (const char* value = std::getenv(name); value && *value) settings.emplace_back(name, value);
+  m.command = reproducing_command(settings, args_.command_line);
   m.world = world();
   return m;
 }

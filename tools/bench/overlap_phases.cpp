@@ -143,14 +143,16 @@ void write_phases_csv(const std::vector<PhaseFigures>& figures, const Meta& meta
   std::ofstream csv(path);
   if (!csv) throw std::runtime_error("cannot write " + path);
   csv << "op,impl,world,iteration_us,iteration_min_us,iteration_max_us,gemm_us,gemm_min_us,gemm_max_us,"
-         "allgather_us,allgather_min_us,allgather_max_us,hidden_fraction,hidden_min,hidden_max,gpu,commit,date\n";
+         "allgather_us,allgather_min_us,allgather_max_us,hidden_fraction,hidden_min,hidden_max,gpu,commit,date,"
+         "command\n";
   for (const auto& f : figures) {
     char buf[512];
     std::snprintf(buf, sizeof(buf), "overlap_phases,%s,%d,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.4f,%.4f,%.4f,",
                   f.impl.c_str(), meta.world, f.iteration.median, f.iteration.min, f.iteration.max, f.gemm.median,
                   f.gemm.min, f.gemm.max, f.gather.median, f.gather.min, f.gather.max, f.hidden.median, f.hidden.min,
                   f.hidden.max);
-    csv << buf << meta.gpu << "," << meta.commit << "," << meta.date << "\n";
+    csv << buf << csv_field(meta.gpu) << "," << csv_field(meta.commit) << "," << csv_field(meta.date) << ","
+        << csv_field(meta.command) << "\n";
   }
 }
 

@@ -88,10 +88,10 @@ std::string table_row(const Row& r) {
 
 std::string csv_header() {
   return "op,impl,mode,world,nodes,dtype,bytes_per_rank,count,blocks,time_us,time_min_us,time_max_us,algbw_gbs,"
-         "busbw_gbs,wrong,vs_best_nccl,gpu,commit,date";
+         "busbw_gbs,wrong,vs_best_nccl,gpu,commit,date,command";
 }
 
-static std::string csv_field(const std::string& s) {
+std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string out = "\"";
   for (char c : s) {
@@ -114,7 +114,7 @@ std::string csv_row(const Row& r, const Meta& m) {
   std::snprintf(buf, sizeof(buf), "%s,%s,%s,%d,%d,%s,%zu,%zu,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%ld,%.4f,", r.op.c_str(),
                 r.impl.c_str(), r.mode.c_str(), r.world, r.nodes, r.dtype.c_str(), r.bytes_per_rank, r.count, r.blocks,
                 r.time_us, r.time_min_us, r.time_max_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.vs_best_nccl);
-  return buf + csv_field(m.gpu) + "," + csv_field(m.commit) + "," + csv_field(m.date);
+  return buf + csv_field(m.gpu) + "," + csv_field(m.commit) + "," + csv_field(m.date) + "," + csv_field(m.command);
 }
 
 static std::string json_string(const std::string& s) {

@@ -59,6 +59,8 @@ void compare_with_nccl(std::vector<Row>* rows);
 std::string table_header();
 std::string table_row(const Row& row);
 std::string csv_header();
+// A CSV field, quoted when it holds a comma, a quote or a newline.
+std::string csv_field(const std::string& text);
 std::string csv_row(const Row& row, const Meta& meta);
 std::string to_json(const std::vector<Row>& rows, const Meta& meta);
 

@@ -1,6 +1,6 @@
 """The fused ops of tensor parallelism against their references, under torchrun (one process per GPU):
 
-    torchrun --nproc-per-node 2 -m symmem.bench.all_gather_matmul --out bench/results/h200/fused
+    torchrun --nproc-per-node 2 -m symmem.bench.all_gather_matmul --out results
     torchrun --nproc-per-node 2 -m symmem.bench.all_gather_matmul --op matmul_reduce_scatter --out ...
 
 --op all_gather_matmul (default): C [M x N] = all_gather(A_shard) [M x K] @ B [K x N], M = rows

@@ -2,7 +2,7 @@
 symmem's op against torch's NVSHMEM op and NCCL, in one run on the same GPUs, bytes per rank swept,
 eager and replayed from CUDA graphs, interleaved.
 
-    torchrun --nproc-per-node 2 -m symmem.bench.all_to_all_vdev --out bench/results/h200/all_to_all_vdev
+    torchrun --nproc-per-node 2 -m symmem.bench.all_to_all_vdev --out results
     torchrun --nproc-per-node 8 -m symmem.bench.all_to_all_vdev -b 1K -e 64M -f 4 --splits uniform,zipf
 
 Rows (impl), every one on its own buffers, filled alike:

@@ -1,7 +1,7 @@
 """FSDP2 training step time: stock FSDP2 (NCCL) against FSDP2 with symmem's comms, in one run on the
 same GPUs, at one or more model sizes (a Llama-style decoder, symmem.bench.llama).
 
-    torchrun --nproc-per-node 2 -m symmem.bench.fsdp --out bench/results/h200/fsdp
+    torchrun --nproc-per-node 2 -m symmem.bench.fsdp --out results
 
 Rows (impl):
   nccl           stock FSDP2: NCCL all-gather and reduce-scatter

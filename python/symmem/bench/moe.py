@@ -2,7 +2,7 @@
 DeepSeek-V3's shape (hidden 7168, top-8 of 256 experts) for decode (1 and 128 tokens per rank) and
 prefill (4096), eager and replayed from CUDA graphs, interleaved.
 
-    torchrun --nproc-per-node 2 -m symmem.bench.moe --out bench/results/h200/moe
+    torchrun --nproc-per-node 2 -m symmem.bench.moe --out results
     torchrun --nproc-per-node 2 -m symmem.bench.moe --shapes decode_128 --blocks 24,48,132   # SM budgets
 
 Rows (impl), each timed as dispatch and as combine separately:

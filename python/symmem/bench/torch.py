@@ -2,7 +2,7 @@
 run on the same GPUs: vLLM's device-communicator table (all-reduce of T x 8192 bf16) and the
 matching all-gathers, eager and replayed from CUDA graphs.
 
-    torchrun --nproc-per-node 2 -m symmem.bench.torch --out bench/results/h200/torch
+    torchrun --nproc-per-node 2 -m symmem.bench.torch --out results
 
 Rows (impl):
   nccl                     torch.distributed.all_reduce (in place) / all_gather_into_tensor

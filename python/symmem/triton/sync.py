@@ -108,7 +108,7 @@ def peer_from_table(ptr, table, p, rank):
 def _host_word(p, lanes):
     """A word of host-mapped memory (the abort word, the failure record) read by lane 0 alone (0 in
     the other lanes): a read of every thread crosses PCIe once per thread, and a grid of 64 programs
-    of 512 threads waiting together flooded it for milliseconds (tools/triton_grid_probe.py)."""
+    of 512 threads waiting together flooded it for milliseconds a call (measured on H200)."""
     return ld_volatile_u32_on(p + lanes * 0, lanes == 0)
 
 

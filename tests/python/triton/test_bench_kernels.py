@@ -1,5 +1,5 @@
 """symmem.bench.kernels without a GPU: its CSV fields and plot from rows shaped as the benchmark
-writes them (the GPU run is scripts/gpu_issue29.sh's smoke stage and the measurement issue's)."""
+writes them (on GPUs: scripts/gpu_run.sh's kernels steps), and the command every bench's rows carry."""
 import csv
 import os
 
@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 from symmem.bench import kernels  # noqa: E402
-from symmem.bench._results import write_results  # noqa: E402
+from symmem.bench._results import reproducing_command, write_results  # noqa: E402
 
 
 def test_results_and_plot(tmp_path):
@@ -20,5 +20,15 @@ def test_results_and_plot(tmp_path):
     write_results(str(tmp_path), "kernels_2", kernels.FIELDS, rows, "text", kernels._plot)
     with open(tmp_path / "kernels_2.csv") as f:
         read = list(csv.DictReader(f))
-    assert len(read) == len(rows) and {"date", "commit", "gpu"} <= set(read[0])
+    assert len(read) == len(rows) and {"date", "commit", "gpu", "command"} <= set(read[0])
+    assert all(r["command"].startswith("torchrun --nproc-per-node ") for r in read)
     assert os.path.getsize(tmp_path / "kernels_2.png") > 10000
+
+
+def test_the_command_reproduces_the_run_without_saying_where_results_went():
+    argv = ["/x/python/symmem/bench/moe.py", "--reps", "5", "--out", "/tmp/r", "--impls", "a,b", "--stem=s",
+            "--shapes", "decode 1"]
+    environ = {"WORLD_SIZE": "2", "SYMMEM_MOE_COMBINE": "bulk", "SYMMEM_TOKEN": "secret", "SYMMEM_LIBRARY": "/x.so"}
+    assert reproducing_command(argv, environ) == (
+        "SYMMEM_MOE_COMBINE=bulk torchrun --nproc-per-node 2 -m symmem.bench.moe --reps 5 --impls a,b "
+        "--shapes 'decode 1'")

@@ -131,7 +131,7 @@ def test_cross_gpu_flags_are_acquired_and_released_at_system_scope(name, ptx):
 def test_host_words_are_read_by_one_thread(name, ptx):
     # The abort word and the failure record live in host memory: a wait's check read by every thread
     # put a PCIe read per thread on the bus, and 64 waiting programs of 512 threads then took
-    # milliseconds per call (session 19). Every such read is predicated (lane 0 alone).
+    # milliseconds per call. Every such read is predicated (lane 0 alone).
     reads = re.findall(r"(@!?%?\w+\s+)?ld\.volatile\.global[.\w]*\s+[^;]*;", ptx)
     assert reads, "no host word is read"
     assert all(predicate for predicate in reads), "a host word is read by every thread"

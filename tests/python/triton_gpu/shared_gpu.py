@@ -4,7 +4,7 @@ does in C++. Needs SYMMEM_TEST_SHARED_GPU=1 (ranks may share a GPU; each plans w
 SMs), CUDA_DEVICE_MAX_CONNECTIONS=32 (every rank's stream its own hardware queue) and
 CUDA_MODULE_LOADING=EAGER (torch's default, lazy loading, loads a kernel at its first launch, which
 may wait for the context while peers' kernels spin for that very rank), all set before CUDA starts
-(scripts/gpu_issue29.sh sets them; the C++ suite sets them itself). A rank's tensors come from
+(scripts/gpu_run.sh sets them; the C++ suite sets them itself). A rank's tensors come from
 memory reserved before its first barrier (a cudaMalloc may wait for the GPU to idle), and a body
 settles its ranks after the calls that may launch a Triton kernel for the first time (Rank.settle).
 

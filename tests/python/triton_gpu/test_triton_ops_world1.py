@@ -2,7 +2,7 @@
 outputs against the real ones (shape, dtype, strides) and the schemas' mutation marks, checked
 directly: opcheck runs an op on clones of its arguments, which are not heap tensors, and the ops
 refuse them, as they must (seen on an H100: every opcheck utility failed that way). Results equal
-the input (a sum and a gather over one rank). Run by scripts/gpu_issue29.sh."""
+the input (a sum and a gather over one rank). Run by scripts/gpu_run.sh's triton_ops_tests step."""
 import os
 import tempfile
 

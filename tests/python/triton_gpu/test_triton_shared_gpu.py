@@ -2,8 +2,8 @@
 against symmem's CUDA collectives, user kernels interleaved with library calls on one
 communicator (on one stream and across streams), mismatched launches (kMismatch on every rank), a
 rank that never launches (kTimeout naming it on every other rank within the timeout plus 2 s, the
-CUDA context still usable), and 1000 CUDA graph replays. Run by scripts/gpu_issue29.sh; worlds
-from SYMMEM_SHARED_GPU_WORLDS.
+CUDA context still usable), and 1000 CUDA graph replays. Run by scripts/gpu_run.sh's
+triton_shared_gpu_tests step; worlds from SYMMEM_SHARED_GPU_WORLDS.
 
 Grids: every Triton grid here is programs(world) <= the core's shared-GPU SM share (sm_count / (2
 ranks), src/plan/shared_gpu.hpp), which the library's own plans use too. A rank holds at most two

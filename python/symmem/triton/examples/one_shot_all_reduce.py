@@ -16,7 +16,7 @@ from ._common import ACCUMULATE, TAGS, dtype_name, group_communicator, require_h
 
 # The default grid: a tile of BYTES_PER_THREAD a thread, at most MAX_PROGRAMS programs (each
 # program's tiles are summed one after the other: fewer programs, more NVLink round trips). Swept on
-# 2 x H200 from graphs (bench/results/session19, torch_bench_triton_grids_2 of h200x2_s19d): 64 x 32 B
+# 2 x H200 from graphs (symmem.bench.torch --triton-grids, scripts/gpu_run.sh triton_all_reduce_grids): 64 x 32 B
 # was the fastest grid at every vLLM size, 8.72 us at 0.5 MiB against 9.40 for 24 x 64 B and 9.86
 # for the old 24 x 16 B.
 BYTES_PER_THREAD = 32

@@ -1,0 +1,453 @@
+#!/usr/bin/env bash
+# The GPU measurement runner: tests and benchmarks on a machine of 1 to 8 GPUs, from binaries built
+# elsewhere and carried (scripts/bundle.sh); it builds nothing. Run from the repository root:
+#
+#   scripts/gpu_run.sh NAME LANE... [-- LANE...]...
+#
+# A LANE is "DEVICES:STEP STEP ...": its steps run one after the other on those GPUs
+# (CUDA_VISIBLE_DEVICES=DEVICES; a step uses every GPU of its lane, one rank per GPU). The lanes of
+# one phase run at the same time on disjoint GPUs; `--` starts the next phase once every lane of
+# this one has finished. Inside a lane, "A & B > C" runs A and B at once, then C. Example (4 GPUs):
+# the 2-rank tests on GPUs 0-1 while the one-GPU suites run on GPUs 2 and 3, then the benchmarks on
+# all four:
+#   scripts/gpu_run.sh checks "0,1:gpu_tests kill_tests torch_tests" "2:shared_gpu_tests" \
+#     "3:triton_shared_gpu_tests" -- "0,1,2,3:all_gather all_reduce_vllm moe"
+# `scripts/gpu_run.sh --list` prints the steps (docs/benchmarking.md describes each).
+#
+# What it writes, under $OUT (default ./gpu-run-out):
+#   NAME.tgz         every step's log and result, in the layout of bench/results: <machine>/
+#                    (<machine> = h200x4 for 4 x H200: the GPU kind and this machine's GPU count)
+#                    holds <what>_<ranks>.csv and .png, <machine>/tests/<suite>_<ranks>.log the test
+#                    logs; logs/ every step's full output. To commit it:
+#                    tar xzf NAME.tgz -C bench/results --exclude ./logs
+#   NAME_summary.txt one line per step: exit code, seconds, the last line saying what passed.
+# NAME.tgz is rewritten after every step (a device machine returns a few files, and a run cut
+# short keeps what it finished).
+#
+# Every step runs under `timeout`, never past BUDGET_S (default 540) from the start; what is left
+# when the budget is spent is skipped and said so. Benchmarks of lanes that run at once share the
+# host and the NVSwitch: every bench interleaves symmem with its references within its own run, so
+# a comparison within a CSV holds; the logs of such steps say "concurrent".
+#
+# Settings: BUNDLE (default .device/bundle.tar.xz, or a build-bundle/ folder), BUDGET_S, OUT,
+# GPU_RUN_WORK (default /tmp/symmem-gpu-run, kept between runs of a warm machine), and per step
+# below (SHARED_WORLDS, FSDP_STEPS, ...). DRY_RUN=1 prints each step's command instead of running it.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+# One line per step: its name and what it runs (--list prints them).
+STEPS='
+gpu_tests                  C++ GPU tests, one process per GPU (symmem_gpu_tests)
+kill_tests                 a rank killed mid-loop on the SM, low-latency, copy-engine and graph paths (2 ranks)
+hierarchical_tests         the hierarchical tests on 1 node x N and N simulated nodes x 1 (2 ranks)
+torch_tests                every symmem.torch GPU test (tests/python/gpu/run.sh)
+torch_tests_a              the same, first half: docs, FSDP, fused ops, torch layer
+torch_tests_b              the same, second half: MoE, torch, Triton, nodes
+torch_tests_simulated_nodes  symmem.torch across simulated nodes (SYMMEM_NODE_SIZE)
+shared_gpu_tests           C++ multi-rank protocols, ranks as threads on one GPU (SHARED_WORLDS, default 2 3 4 8)
+shared_gpu_moe_tests       all-to-all and MoE on one GPU, both combine paths (SHARED_WORLDS)
+triton_shared_gpu_tests    symmem.triton on one GPU at 2, 4, 8 ranks
+triton_ops_tests           the symmem.triton example ops at world 1
+cuda_example               the CUDA example at 2, 4, 8 ranks on one GPU, and with a dead rank
+all_gather                 symmem-bench all_gather, 1 KiB-256 MiB per rank, eager
+all_gather_graph           the same replayed from CUDA graphs, 1 KiB-16 MiB
+all_gather_sm_budget       all_gather at three fp16 shapes over 4-128 blocks, NCCL at 4-32 CTAs
+all_gather_pull_vs_push    pull against push under an SM budget (8, 16, 32 blocks), 1-256 MiB
+all_gather_hierarchical    the hierarchical all-gather over 1 node, and over 2 simulated nodes, 16-256 MiB
+all_reduce                 symmem-bench all_reduce, 1 KiB-256 MiB, eager
+all_reduce_vllm            vLLM'"'"'s all-reduce table (T x 8192 bf16), eager and from CUDA graphs
+all_reduce_graph_small     all_reduce 1-64 KiB from CUDA graphs
+reduce_scatter             symmem-bench reduce_scatter, 1 KiB-256 MiB, eager
+reduce_scatter_graph_small reduce_scatter 1-256 KiB from CUDA graphs
+all_to_all                 symmem-bench all_to_all: uniform eager and graph, zipf splits
+all_to_all_graph_blocks    all_to_all 16-256 KiB from graphs over 8-64 blocks
+all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against torch and NCCL
+moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
+moe_sm_budget              the decode combine of both layouts at 24-132 blocks
+moe_combine_paths          the combine forced to each path (SYMMEM_MOE_COMBINE=registers, bulk)
+moe_ab                     moe with this bundle and an older library alternating (bundle.sh OLD_CAPI)
+overlap                    symmem-bench overlap: GEMM + in-place all-gather on two streams
+fused                      symmem.bench.all_gather_matmul: all_gather_matmul and matmul_reduce_scatter
+all_gather_matmul_triton   the Triton all-gather + matmul example against the CUDA op
+triton_gemm_vs_mm          the Triton example'"'"'s GEMM against torch.mm at world 1
+torch_collectives          symmem.bench.torch: the drop-ins against NCCL and torch symm_mem (Triton row too)
+torch_overhead             symmem.bench.overhead: host cost per call of each layer
+triton_all_gather          symmem.bench.kernels: user all-gather kernels (Triton, CUDA) against NCCL per SM count
+triton_all_gather_graph    the same from CUDA graphs
+triton_all_gather_tiles    the Triton all-gather at 16 programs per tile shape (TILE_SWEEP)
+triton_all_reduce_grids    the Triton one-shot all-reduce per grid (TRITON_GRIDS) against torch one_shot
+host_cost                  symmem-bench host_cost (one GPU): CPU time per call, 1 KiB and 64 KiB
+host_cost_ab               tools/torch_host_cost_ab.py: an older tree (bundle.sh OLD_TORCH_TREE) against this one
+chunked_gemm               symmem-bench chunked_gemm (one GPU): one GEMM against row blocks
+fsdp_step                  symmem.bench.fsdp: an FSDP2 training step, implicit and explicit prefetch
+tune                       every algorithm x block count; writes the tuning tables (--tune)
+tuned                      the tables of tune merged and used: all_gather, all_reduce_vllm, reduce_scatter
+'
+if [ "${1:-}" = --list ]; then
+  echo "$STEPS" | sed '/^$/d'
+  exit 0
+fi
+NAME=${1:?usage: scripts/gpu_run.sh NAME LANE... [-- LANE...]... (--list: the steps)}
+shift
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+START=$SECONDS  # the budget counts from here: unpacking too
+OUT=${OUT:-$PWD/gpu-run-out}
+W=${GPU_RUN_WORK:-/tmp/symmem-gpu-run}
+DRY=${DRY_RUN:-0}
+mkdir -p "$OUT" "$W"
+BUNDLE=${BUNDLE:-.device/bundle.tar.xz}
+if [ -d "$BUNDLE" ]; then
+  B=$(cd "$BUNDLE" && pwd)
+elif [ "$DRY" = 1 ] && [ ! -e "$BUNDLE" ]; then
+  B=$W/bundle
+else
+  # A warm machine keeps $W: a bundle is unpacked once per content.
+  B=$W/bundle_$(md5sum "$BUNDLE" | cut -c1-12)
+  if [ ! -d "$B" ]; then
+    rm -rf "$W/unpack" && mkdir -p "$W/unpack" && tar xJf "$BUNDLE" -C "$W/unpack" && mv "$W/unpack/build-bundle" "$B"
+  fi
+fi
+export SYMMEM_LIBRARY="$B/libsymmem_capi.so" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+SYMMEM_COMMIT=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
+if [ "$DRY" = 1 ]; then
+  GPU=${GPU_KIND:-NVIDIA H200} GPUS=${GPU_COUNT:-4}
+else
+  GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  GPUS=$(nvidia-smi -L | wc -l)
+fi
+export SYMMEM_COMMIT SYMMEM_GPU_KIND="$GPU"
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$W/triton-cache}
+# torch's NVSHMEM heap must hold the torch_vdev rows' buffers (symmem.bench.moe, all_to_all_vdev).
+export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-8G}
+BUDGET=${BUDGET_S:-540}
+SUMMARY=$OUT/${NAME}_summary.txt
+# The machine's folder in bench/results: "NVIDIA H100 80GB HBM3" x 2 -> h100x2.
+MACHINE=$(sed -E 's/^NVIDIA //; s/ .*//' <<< "$GPU" | tr '[:upper:]' '[:lower:]')x$GPUS
+R=$W/$NAME                 # what NAME.tgz holds
+RESULTS=$R/$MACHINE        # CSVs and figures
+TESTS=$RESULTS/tests       # the test logs
+L=$R/logs                  # every step's output
+mkdir -p "$TESTS" "$L"
+
+say() {
+  # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments
+  flock "$W/lock" bash -c 'echo "$1" >> "$2"' _ "$*" "$SUMMARY"
+  echo "$*"
+}
+# Written beside and renamed: a pack cut short leaves the previous archive whole.
+pack() {
+  [ "$DRY" = 1 ] && return
+  # shellcheck disable=SC2016  # the inner shell's arguments
+  flock "$W/lock" bash -c 'tar czf "$1.part" -C "$2" . 2>/dev/null && mv "$1.part" "$1"' _ "$OUT/$NAME.tgz" "$R"
+}
+
+# step LOG LIMIT_S COMMAND...: COMMAND on this lane's GPUs under the limit and what is left of the
+# budget, its output in $L/LOG.log (a test's log is copied to tests/ by test_step).
+step() {
+  local name=$1 limit=$2 left t0 rc
+  shift 2
+  if [ "$DRY" = 1 ]; then
+    echo "[$DEV] $name: $*"
+    return 0
+  fi
+  left=$((BUDGET - (SECONDS - START)))
+  if [ "$left" -lt 15 ]; then
+    say "$name [$DEV]: not run (budget spent)"
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  t0=$SECONDS
+  echo "== $name on GPUs $DEV ($GPU, ${NG} ranks, commit $SYMMEM_COMMIT, $(date -u +%FT%TZ), limit ${limit} s${CONCURRENT:+, concurrent with other lanes})" > "$L/$name.log"
+  timeout -k 10 "$limit" "$@" >> "$L/$name.log" 2>&1
+  rc=$?
+  say "$name [$DEV]: rc=$rc in $((SECONDS - t0)) s: $(grep -aE 'passed|failed|FAIL|wrong|SKIPPED' "$L/$name.log" | tail -1 | cut -c1-200)"
+  pack
+  return $rc
+}
+
+# A test: its log also goes to tests/NAME.log (the latest log of a suite, as bench/results keeps).
+test_step() {
+  local name=$1
+  step "$@"
+  [ "$DRY" = 1 ] || cp "$L/$name.log" "$TESTS/$name.log"
+}
+
+# keep CSV NAME [FIGURE]: a result into the machine's folder as NAME.csv, with the figure beside it
+# (FIGURE: a PNG the bench wrote, or the name of one tools/plot_results.py draws from the CSV).
+keep() {
+  local csv=$1 name=$2 figure=${3:-}
+  if [ "$DRY" = 1 ]; then
+    echo "      -> $MACHINE/$name.csv"
+    return
+  fi
+  [ -f "$csv" ] || return
+  cp "$csv" "$RESULTS/$name.csv"
+  if [ -n "$figure" ] && [ -f "$figure" ]; then
+    cp "$figure" "$RESULTS/$name.png"
+  elif [ -n "$figure" ]; then
+    rm -rf "$W/plot" && python3 tools/plot_results.py "$csv" --out "$W/plot" > /dev/null 2>&1 &&
+      [ -f "$W/plot/$figure" ] && cp "$W/plot/$figure" "$RESULTS/$name.png"
+  fi
+  pack
+}
+
+# merge_csvs OUT IN...: the rows of CSVs with one header, in one file.
+merge_csvs() {
+  local out=$1
+  shift
+  [ "$DRY" = 1 ] && return
+  [ -f "$1" ] || return
+  { head -1 "$1" && tail -q -n +2 "$@"; } > "$out"
+}
+
+# bench NAME LIMIT FIGURE symmem-bench ARGS...: a symmem-bench run kept as NAME.csv.
+bench() {
+  local name=$1 limit=$2 figure=$3
+  shift 3
+  step "$name" "$limit" "$B/symmem-bench" "$@" --gpus "$NG" --csv "$L/$name.csv" --json /dev/null
+  keep "$L/$name.csv" "$name" "$figure"
+}
+
+# torchbench NAME LIMIT MODULE STEM ARGS...: python -m symmem.bench.MODULE under torchrun on this
+# lane's GPUs; its STEM.csv and STEM.png kept as NAME.
+torchbench() {
+  local name=$1 limit=$2 module=$3 stem=$4
+  shift 4
+  step "$name" "$limit" python3 -m torch.distributed.run --nproc-per-node "$NG" -m "symmem.bench.$module" \
+    --out "$L/$name" "$@"
+  keep "$L/$name/$stem.csv" "$name" "$L/$name/$stem.png"
+}
+
+run_step() {
+  local s=$1 n=$NG
+  local shared_env=(env SYMMEM_TEST_SHARED_GPU=1 CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER)
+  case $s in
+    # --- tests ---
+    gpu_tests) test_step "gpu_tests_${n}_ranks" 300 "$B/symmem-run" -n "$n" --timeout 290 "$B/symmem_gpu_tests" ;;
+    kill_tests)
+      for path in sm low_latency copy_engine graph; do
+        test_step "kill_${path}_2_ranks" 60 "$B/symmem-run" -n 2 --timeout 50 --expect-killed 1 "$B/symmem_kill_tests" "$path"
+      done ;;
+    hierarchical_tests)
+      test_step "hierarchical_tests_1x$n" 120 "$B/symmem-run" -n "$n" --timeout 110 "$B/symmem_gpu_tests" hierarchical
+      test_step "hierarchical_tests_${n}x1" 120 "$B/symmem-run" -n "$n" --simulate-nodes "$n" --timeout 110 \
+        "$B/symmem_gpu_tests" hierarchical ;;
+    torch_tests) test_step "torch_tests_${n}_ranks" 420 tests/python/gpu/run.sh "$n" ;;
+    # The same tests in two halves by file, for two pairs of GPUs at once.
+    torch_tests_a) test_step "torch_tests_a_${n}_ranks" 420 tests/python/gpu/run.sh "$n" \
+      -k "test_docs_gpu or test_fsdp_gpu or test_fused_gpu or test_matmul_reduce_scatter_gpu or test_torch_layer_gpu" ;;
+    torch_tests_b) test_step "torch_tests_b_${n}_ranks" 420 tests/python/gpu/run.sh "$n" \
+      -k "test_moe_gpu or test_torch_gpu or test_triton_gpu or test_nodes_gpu" ;;
+    torch_tests_simulated_nodes) test_step "torch_tests_simulated_nodes_${n}_ranks" 150 \
+      env SYMMEM_NODE_SIZE=$((n / 2)) tests/python/gpu/run.sh "$n" -k simulated_nodes ;;
+    shared_gpu_tests)
+      for w in ${SHARED_WORLDS:-2 3 4 8}; do
+        test_step "shared_gpu_tests_${w}_ranks" 200 env SYMMEM_SHARED_GPU_WORLDS="$w" "$B/symmem_shared_gpu_tests"
+      done ;;
+    shared_gpu_moe_tests)
+      for w in ${SHARED_WORLDS:-2 3 4 8}; do
+        test_step "shared_gpu_moe_tests_${w}_ranks" 150 env SYMMEM_SHARED_GPU_WORLDS="$w" CUDA_DEVICE_MAX_CONNECTIONS=32 \
+          SYMMEM_MOE_COMBINE=registers "$B/symmem_shared_gpu_moe_tests"
+        test_step "shared_gpu_moe_tests_bulk_${w}_ranks" 120 env SYMMEM_SHARED_GPU_WORLDS="$w" \
+          CUDA_DEVICE_MAX_CONNECTIONS=32 SYMMEM_MOE_COMBINE=bulk "$B/symmem_shared_gpu_moe_tests" moe_
+      done ;;
+    triton_shared_gpu_tests)
+      test_step triton_shared_gpu_tests_2_4_8_ranks 330 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 4 8" \
+        python3 -m pytest -v -p no:cacheprovider -rA -o faulthandler_timeout=150 tests/python/triton_gpu/test_triton_shared_gpu.py ;;
+    triton_ops_tests) test_step triton_ops_1_rank 150 python3 -m pytest -v -p no:cacheprovider -rA \
+      tests/python/triton_gpu/test_triton_ops_world1.py ;;
+    cuda_example)
+      for w in 2 4 8; do
+        test_step "cuda_example_${w}_ranks" 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" --threads "$w"
+      done
+      test_step cuda_example_dead_rank_4_ranks 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" \
+        --threads 4 --dead-rank ;;
+    # --- symmem-bench (n ranks) ---
+    all_gather) bench "all_gather_$n" 200 all_gather_latency_vs_size.png all_gather -b 1K -e 256M -f 2 -n 20 -w 5 --reps 5 ;;
+    all_gather_graph) bench "all_gather_graph_$n" 120 all_gather_latency_vs_size.png \
+      all_gather -b 1K -e 16M -f 4 -n 20 -w 5 --reps 5 --graph ;;
+    all_gather_sm_budget) bench "all_gather_sm_budget_$n" 200 all_gather_busbw_vs_sms_128M.png all_gather -d float16 \
+      --shapes 2048x4096,8192x8192,16384x16384 -n 10 -w 3 --blocks 4,8,16,32,64,96,128 --nccl-ctas 4,8,16,32 ;;
+    all_gather_pull_vs_push) bench "all_gather_pull_vs_push_sm_budget_$n" 150 all_gather_busbw_vs_sms_64M.png \
+      all_gather -b 1M -e 256M -f 4 -n 10 -w 3 --blocks 8,16,32 --algos pull,push --nccl 0 ;;
+    all_gather_hierarchical)
+      bench "all_gather_hierarchical_1x${n}_$n" 150 all_gather_latency_vs_size.png all_gather -b 16M -e 256M -f 2 \
+        -n 10 -w 3 --reps 5 --algos copy_engine,hierarchical
+      bench "all_gather_hierarchical_2x$((n / 2))_$n" 200 all_gather_latency_vs_size.png all_gather --simulate-nodes 2 \
+        -b 16M -e 256M -f 2 -n 10 -w 3 --reps 5 --algos copy_engine,hierarchical ;;
+    all_reduce) bench "all_reduce_$n" 200 all_reduce_latency_vs_size.png all_reduce -b 1K -e 256M -f 4 -n 20 -w 5 --reps 5 ;;
+    all_reduce_vllm)
+      bench "all_reduce_vllm_eager_$n" 150 all_reduce_latency_vs_size.png all_reduce --vllm-table -n 20 -w 5 --reps 5
+      bench "all_reduce_vllm_graph_$n" 150 all_reduce_latency_vs_size.png all_reduce --vllm-table -n 20 -w 5 --reps 5 --graph ;;
+    all_reduce_graph_small) bench "all_reduce_graph_small_$n" 100 all_reduce_latency_vs_size.png \
+      all_reduce -b 1K -e 64K -f 2 -n 50 -w 10 --reps 7 --graph ;;
+    reduce_scatter) bench "reduce_scatter_$n" 200 reduce_scatter_latency_vs_size.png \
+      reduce_scatter -b 1K -e 256M -f 4 -n 20 -w 5 --reps 5 ;;
+    reduce_scatter_graph_small) bench "reduce_scatter_graph_small_$n" 100 reduce_scatter_latency_vs_size.png \
+      reduce_scatter -b 1K -e 256K -f 2 -n 50 -w 10 --reps 7 --graph ;;
+    all_to_all)
+      bench "all_to_all_$n" 150 all_to_all_latency_vs_size.png all_to_all -b 1K -e 64M -f 4 -n 20 -w 5 --reps 5
+      bench "all_to_all_graph_$n" 100 all_to_all_latency_vs_size.png all_to_all -b 1K -e 1M -f 4 -n 20 -w 5 --reps 5 --graph
+      bench "all_to_all_zipf_$n" 100 "" all_to_all -b 64K -e 64M -f 16 -n 20 -w 5 --reps 5 --splits zipf ;;
+    all_to_all_graph_blocks) bench "all_to_all_graph_blocks_$n" 120 "" all_to_all -b 16K -e 256K -f 2 -n 20 -w 5 \
+      --reps 5 --graph --algos low_latency,push --blocks 8,16,24,32,48,64 ;;
+    overlap)
+      bench "overlap_$n" 100 overlap.png overlap -n 10 --reps 5
+      keep "$L/overlap_${n}_phases.csv" "overlap_phases_$n" ;;
+    host_cost)
+      for b in 1K 64K; do
+        step "host_cost_${b}_$n" 100 "$B/symmem-bench" host_cost --gpus "$n" -b $b -n 200 --reps 15 \
+          --csv "$L/host_cost_${b}_$n.csv" --json /dev/null
+      done
+      merge_csvs "$L/host_cost_$n.csv" "$L/host_cost_1K_$n.csv" "$L/host_cost_64K_$n.csv"
+      keep "$L/host_cost_$n.csv" "host_cost_$n" host_cost_1K.png ;;
+    chunked_gemm)
+      for d in float16 bfloat16; do
+        for m in 4096 8192 16384; do
+          step "chunked_gemm_${d}_$m" 120 "$B/symmem-bench" chunked_gemm --gpus 1 -d $d --gemm ${m}x6656x16384 \
+            --chunks 2,4,8 -n 10 --reps 7 --csv "$L/chunked_gemm_${d}_$m.csv" --json /dev/null
+        done
+      done
+      merge_csvs "$L/chunked_gemm_1.csv" "$L"/chunked_gemm_*_*.csv
+      keep "$L/chunked_gemm_1.csv" chunked_gemm_1 chunked_gemm_float16.png ;;
+    tune)  # every algorithm x block count, the table chosen from it (--tune), in logs/; TUNE_NCCL=1 adds NCCL's rows
+      local nccl=(--nccl 0)
+      [ "${TUNE_NCCL:-0}" = 1 ] && nccl=()
+      for op in all_gather all_reduce reduce_scatter; do
+        step "tune_${op}_$n" 200 "$B/symmem-bench" "$op" -b 1K -e 256M -f 2 -n 10 -w 3 --reps 3 \
+          --blocks 8,16,32,64,128 "${nccl[@]}" --tune "$L/tune_${op}_$n.json" --gpus "$n" --csv "$L/tune_${op}_$n.csv" \
+          --json /dev/null
+      done ;;
+    tuned)  # the tables tune wrote, merged (tools/merge_tuning.py: logs/tuning_N.json, for tuning/) and used
+      if [ "$DRY" != 1 ]; then
+        rm -f "$L/tuning_$n.json"
+        if ! python3 tools/merge_tuning.py "$L/tuning_$n.json" "$L"/tune_*_"$n".json > "$L/tuned_merge.log" 2>&1; then
+          say "tuned [$DEV]: not run (no tables to merge: $(tail -1 "$L/tuned_merge.log"))"
+          return
+        fi
+      fi
+      export SYMMEM_TUNING_FILE="$L/tuning_$n.json"
+      run_step all_gather
+      run_step all_reduce_vllm
+      run_step reduce_scatter
+      unset SYMMEM_TUNING_FILE ;;
+    # --- symmem.bench modules (torchrun, n ranks) ---
+    all_to_all_vdev) torchbench "all_to_all_vdev_$n" 150 all_to_all_vdev "all_to_all_vdev_$n" ;;
+    moe) torchbench "moe_$n" 240 moe "moe_$n" --reps 5 ;;
+    moe_sm_budget) torchbench "moe_sm_budget_$n" 200 moe "moe_$n" --reps 5 --shapes decode_128 --payloads bfloat16 \
+      --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks 24,48,96,132 ;;
+    moe_combine_paths)  # one run per path, each with its reference rows
+      for path in registers bulk; do
+        (export SYMMEM_MOE_COMBINE=$path
+          torchbench "moe_combine_${path}_$n" 150 moe "moe_$n" --reps 5 \
+            --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs)
+      done ;;
+    moe_ab)  # ABAB: the bundle's library and old/libsymmem_capi.so (bundle.sh OLD_CAPI), under this tree's
+      # Python package (for changes that keep the C ABI); CSVs in logs/
+      [ -f "$B/old/COMMIT" ] || { say "moe_ab: no old library in the bundle (bundle.sh OLD_CAPI)"; return; }
+      for rep in 1 2; do
+        for lib in old new; do
+          local so="$B/libsymmem_capi.so" commit=$SYMMEM_COMMIT
+          [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
+          step "moe_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" \
+            python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.moe --reps 5 \
+            --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" --out "$L/moe_ab_${lib}_${rep}_$n"
+        done
+      done ;;
+    fused)
+      for op in all_gather_matmul matmul_reduce_scatter; do
+        torchbench "${op}_$n" 200 all_gather_matmul "$op" --op $op --reps 7
+      done ;;
+    all_gather_matmul_triton) torchbench "all_gather_matmul_triton_$n" 300 all_gather_matmul all_gather_matmul --reps 7 \
+      --dtypes fp16 --impls gemm_alone nccl_then_gemm symmem_fused symmem_triton_fused ;;
+    triton_gemm_vs_mm) step triton_gemm_vs_mm_1 200 python3 -m symmem.triton.examples.all_gather_matmul --world1-vs-mm \
+      --csv "$L/triton_gemm_vs_mm_1.csv" --commit "$SYMMEM_COMMIT" --dtype float16
+      keep "$L/triton_gemm_vs_mm_1.csv" triton_gemm_vs_mm_1 ;;
+    torch_collectives) torchbench "torch_collectives_$n" 240 torch "torch_bench_$n" --triton ;;
+    torch_overhead) step "torch_overhead_$n" 90 python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.overhead ;;
+    triton_all_gather) torchbench "triton_all_gather_$n" 240 kernels "kernels_$n" --reps 5 ;;
+    triton_all_gather_graph) torchbench "triton_all_gather_graph_$n" 240 kernels "kernels_$n" --reps 5 --graph ;;
+    triton_all_gather_tiles)  # tiles as warps:bytes per thread, at 16 programs against the CUDA pull at 16 blocks
+      for cfg in ${TILE_SWEEP:-16:64 16:128 32:64}; do
+        torchbench "triton_all_gather_tile_w${cfg%%:*}_b${cfg#*:}_$n" 60 kernels "kernels_$n" --reps 5 --sms 16 \
+          --impls symmem_cuda_pull,symmem_triton_pull,symmem_triton_push --triton-warps "${cfg%%:*}" \
+          --triton-bytes-per-thread "${cfg#*:}"
+      done ;;
+    triton_all_reduce_grids) torchbench "triton_all_reduce_grids_$n" 240 torch "torch_bench_$n" --triton \
+      --ops all_reduce --triton-grids "${TRITON_GRIDS:-48:16,64:16,32:32,64:32,24:64}" ;;
+    host_cost_ab)  # host and graph cost of st.all_reduce at 0.5 MiB, world 1: an older tree (bundle.sh OLD_TORCH_TREE) and this one interleaved
+      [ -f "$B/old_torch/COMMIT" ] || { say "host_cost_ab: no old tree in the bundle (bundle.sh OLD_TORCH_TREE)"; return; }
+      step torch_host_cost_ab_1 300 python3 tools/torch_host_cost_ab.py \
+        --tree "$(cat "$B/old_torch/COMMIT")=$B/old_torch:$B/old_torch/libsymmem_capi.so" --tree "new=.:$B/libsymmem_capi.so" \
+        --reps "${REPS:-5}" --samples 5 --cpu 3 --gpu "$GPU" --out "$L/torch_host_cost_ab_1.csv"
+      keep "$L/torch_host_cost_ab_1.csv" torch_host_cost_ab_1 ;;
+    fsdp_step)
+      for prefetch in implicit explicit; do
+        torchbench "fsdp_step_${prefetch}_prefetch_$n" 300 fsdp "fsdp_step_$n" --prefetch $prefetch \
+          --steps "${FSDP_STEPS:-30}"
+      done ;;
+    *) say "unknown step $s (scripts/gpu_run.sh --list)" ;;
+  esac
+}
+
+# A lane may chain groups: "0:shared_gpu_tests & 1:triton_shared_gpu_tests > 0,1:all_gather" runs the
+# first two at once, then the third once both are done ('&' at once, '>' after).
+run_group() {
+  local spec=$1 seq part pids
+  local -a seqs parts
+  IFS='>' read -ra seqs <<< "$spec"
+  for seq in "${seqs[@]}"; do
+    IFS='&' read -ra parts <<< "$seq"
+    # "concurrent" in a step's log: other lanes of the phase, or other parts of this group, run beside it.
+    if [ -n "${OTHER_LANES:-}" ] || [ ${#parts[@]} -gt 1 ]; then export CONCURRENT=1; else unset CONCURRENT; fi
+    pids=()
+    for part in "${parts[@]}"; do
+      part=$(sed 's/^ *//; s/ *$//' <<< "$part")
+      if [ -n "$part" ]; then
+        run_lane "$part" &
+        pids+=($!)
+      fi
+    done
+    wait "${pids[@]}"
+  done
+}
+
+run_lane() {  # DEVICES:STEPS
+  local spec=$1
+  export DEV=${spec%%:*}
+  export CUDA_VISIBLE_DEVICES=$DEV
+  NG=$(($(tr -cd ',' <<< "$DEV" | wc -c) + 1))
+  export NG
+  # Lanes at once: torchrun's rendezvous port apart per lane (tests/python/gpu/run.sh too).
+  export PET_MASTER_PORT=$((29500 + 10 * ${DEV%%,*}))
+  for s in ${spec#*:}; do run_step "$s"; done
+}
+
+if [ "$DRY" != 1 ]; then
+  {
+    echo "$(date -u +%FT%TZ) $NAME: $GPU x $GPUS, commit $SYMMEM_COMMIT, budget ${BUDGET} s"
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,power.draw --format=csv,noheader
+    nvidia-smi topo -m 2>/dev/null | head -8
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
+  } > "$L/machine.txt" 2>&1
+  say "$(head -1 "$L/machine.txt")"
+fi
+phase=()
+run_phase() {
+  [ ${#phase[@]} -eq 0 ] && return
+  local pids=() lane
+  unset OTHER_LANES
+  if [ ${#phase[@]} -gt 1 ]; then export OTHER_LANES=1; fi
+  for lane in "${phase[@]}"; do
+    run_group "$lane" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  phase=()
+}
+for a in "$@"; do
+  if [ "$a" = "--" ]; then run_phase; else phase+=("$a"); fi
+done
+run_phase
+[ "$DRY" = 1 ] || say "$(date -u +%FT%TZ) $NAME done in $((SECONDS - START)) s"
+pack
