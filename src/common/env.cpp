@@ -44,6 +44,7 @@ std::string nccl_init() { return get_string("SYMMEM_NCCL_INIT", "lazy"); }
 size_t nccl_workspace_bytes() { return static_cast<size_t>(get_int("SYMMEM_NCCL_WORKSPACE_MB", 16)) << 20; }
 int64_t nccl_timeout_ms() { return get_int("SYMMEM_NCCL_TIMEOUT_MS", 600000); }
 std::string nccl_cutover_file() { return get_string("SYMMEM_NCCL_CUTOVER_FILE", ""); }
+std::string nccl_route_log() { return get_string("SYMMEM_NCCL_ROUTE_LOG", ""); }
 bool ranks_may_share_gpu() { return get_int("SYMMEM_TEST_SHARED_GPU", 0) != 0; }
 size_t copy_engine_piece_bytes() { return static_cast<size_t>(get_int("SYMMEM_CE_PIECE_KB", 1 << 20)) << 10; }
 

@@ -73,6 +73,10 @@ int64_t nccl_timeout_ms();
 // SYMMEM_NCCL_CUTOVER_FILE (default: the table shipped for the GPU, tuning/nccl/): where NCCL is
 // faster than symmem, by collective, world, size and buffer kind.
 std::string nccl_cutover_file();
+// SYMMEM_NCCL_ROUTE_LOG (default unset): a path prefix; each process then writes
+// <prefix>.<pid>.csv, one line per distinct call shape with where it went and why (for
+// benchmarks: which rows symmem served).
+std::string nccl_route_log();
 
 // SYMMEM_TEST_SHARED_GPU (default 0): for tests only. Lets several ranks of one process (threads
 // with make_thread_bootstrap) use the same GPU, which a real job must never do: their kernels

@@ -7,6 +7,7 @@
 #include "nccl/comm_registry.hpp"
 #include "nccl/error_map.hpp"
 #include "nccl/group_queue.hpp"
+#include "nccl/route_log.hpp"
 #include "nccl/shim.hpp"
 
 namespace symmem::nccl {
@@ -28,6 +29,10 @@ std::vector<DeferredCall>& deferred_calls() {
   thread_local std::vector<DeferredCall> calls;
   return calls;
 }
+
+// Why a call routed to symmem went to NCCL after all.
+constexpr const char* kNoSymmemSide =
+    "routed to symmem, but its communicator could not be made now (under capture, or it failed)";
 
 void keep_first_failure(ncclResult_t* first, ncclResult_t result) {
   if (result != ncclSuccess && (*first == ncclSuccess || *first == ncclInProgress)) *first = result;
@@ -60,12 +65,19 @@ ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t 
     pair->handshake();
   }
   const Decision decision = pair->route(call, send, recv);
-  if (decision.route == Route::kNccl) return forwarded(forward());
+  if (decision.route == Route::kNccl) {
+    log_route(call, Route::kNccl, decision.why);
+    return forwarded(forward());
+  }
   if (group.open()) {
     deferred_calls().push_back({std::move(pair), call, send, recv, stream, forward});
     return ncclSuccess;
   }
-  if (!pair->prepare(stream)) return forwarded(forward());
+  if (!pair->prepare(stream)) {
+    log_route(call, Route::kNccl, kNoSymmemSide);
+    return forwarded(forward());
+  }
+  log_route(call, Route::kSymmem, decision.why);
   return pair->launch(call, send, recv, stream);
 }
 
@@ -101,6 +113,7 @@ ncclResult_t group_end() {
   // 2. What cannot be served joins the real group, still open, on this thread.
   for (DeferredCall& c : calls) {
     c.served = c.pair->has_symmem();
+    log_route(c.call, c.served ? Route::kSymmem : Route::kNccl, c.served ? "in a group" : kNoSymmemSide);
     if (!c.served) keep_first_failure(&first, forwarded(c.forward()));
   }
   // 3. The real group: forwarded calls launch, communicators made in it finish their init.
