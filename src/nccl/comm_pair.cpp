@@ -56,8 +56,10 @@ void CommPair::forward_only(const std::string& why) {
 
 void CommPair::handshake() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (handshake_done_) return;
-  handshake_done_ = true;
+  if (handshake_done_.load()) return;
+  // Marked done at once: whatever happens below, this rank never meets its peers again for it
+  // (a failure leaves the pair forwarding, as on every rank).
+  handshake_done_.store(true, std::memory_order_release);
   try {
     wait_until_ready(real_, settings_.timeout_ms);
     const RealNccl* real = RealNccl::get();

@@ -64,7 +64,7 @@ class CommPair {
   // The key of the next child this communicator makes (every rank of it counts alike).
   RendezvousKey next_child_key(int64_t color);
 
-  bool handshake_done() const { return handshake_done_; }
+  bool handshake_done() const { return handshake_done_.load(std::memory_order_acquire); }
   // Collective over the host's ranks, once the real communicator is ready (waits for a
   // non-blocking init to finish). Idempotent. Never throws: a failure leaves the pair forwarding.
   void handshake();
@@ -117,7 +117,7 @@ class CommPair {
   int device_ = 0;
   uint64_t children_ = 0;
 
-  bool handshake_done_ = false;
+  std::atomic<bool> handshake_done_{false};
   bool servable_ = false;  // one node, agreed settings, mode not off
   bool spans_nodes_ = false;
   std::string why_forwarding_;  // for SYMMEM_DEBUG

@@ -86,7 +86,7 @@ std::optional<ReduceOp> symmem_op(ncclRedOp_t op) {
     case ncclSum: return ReduceOp::kSum;
     case ncclMax: return ReduceOp::kMax;
     case ncclMin: return ReduceOp::kMin;
-    default: return std::nullopt;  // prod, avg and pre-multiplied sums
+    default: return std::nullopt;  // prod, avg (symmem_form) and pre-multiplied sums
   }
 }
 
@@ -99,9 +99,15 @@ std::optional<SymmemCall> symmem_form(const NcclCall& call) {
     case Collective::kAllReduce:
     case Collective::kReduceScatter: {
       const auto type = symmem_type(call.type);
-      const auto op = symmem_op(call.redop);
       // uint8 has a symmem name but no reduction.
-      if (!type || !op || *type == DataType::kUInt8) return std::nullopt;
+      if (!type || *type == DataType::kUInt8) return std::nullopt;
+      if (call.redop == ncclAvg) {
+        // Integer averages round in NCCL's own way: forwarded.
+        if (*type == DataType::kInt32 || call.world < 1) return std::nullopt;
+        return SymmemCall{*type, ReduceOp::kSum, call.count, 1.0f / static_cast<float>(call.world)};
+      }
+      const auto op = symmem_op(call.redop);
+      if (!op) return std::nullopt;
       return SymmemCall{*type, *op, call.count};
     }
     case Collective::kAllGather:

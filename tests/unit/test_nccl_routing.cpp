@@ -55,9 +55,17 @@ TEST(nccl_routing_serves_what_symmem_implements) {
       EXPECT(route_of(call_of(Collective::kAllReduce, 1000, type, op), all) == Route::kSymmem);
       EXPECT(route_of(call_of(Collective::kReduceScatter, 1000, type, op), all) == Route::kSymmem);
     }
-  // Reductions symmem lacks: prod, avg, pre-multiplied sums (dynamic ops), other types.
-  for (ncclRedOp_t op : {ncclProd, ncclAvg, static_cast<ncclRedOp_t>(ncclNumOps + 1)})
+  // Reductions symmem lacks: prod, pre-multiplied sums (dynamic ops), integer averages, other types.
+  for (ncclRedOp_t op : {ncclProd, static_cast<ncclRedOp_t>(ncclNumOps + 1)})
     EXPECT(route_of(call_of(Collective::kAllReduce, 1000, ncclFloat32, op), all) == Route::kNccl);
+  EXPECT(route_of(call_of(Collective::kAllReduce, 1000, ncclInt32, ncclAvg), all) == Route::kNccl);
+  // Floating averages: a sum, scaled by 1 / world afterwards.
+  for (ncclDataType_t type : {ncclFloat32, ncclFloat16, ncclBfloat16})
+    for (Collective op : {Collective::kAllReduce, Collective::kReduceScatter})
+      EXPECT(route_of(call_of(op, 1000, type, ncclAvg, 4), all) == Route::kSymmem);
+  const auto avg = symmem_form(call_of(Collective::kReduceScatter, 10, ncclBfloat16, ncclAvg, 4));
+  EXPECT(avg && avg->op == ReduceOp::kSum && avg->post_scale == 0.25f);
+  EXPECT(symmem_form(call_of(Collective::kAllReduce, 10, ncclFloat32, ncclSum, 4))->post_scale == 1.0f);
   for (ncclDataType_t type : {ncclInt8, ncclUint8, ncclUint32, ncclInt64, ncclUint64, ncclFloat64, ncclFloat8e4m3})
     EXPECT(route_of(call_of(Collective::kAllReduce, 1000, type), all) == Route::kNccl);
   // Data movement serves every type (as bytes where symmem has no name for it).
