@@ -490,6 +490,7 @@ TEST(shim_captures_and_replays_served_calls) {
       CUDA_OK(cudaStreamEndCapture(me.stream, &graph));
       CUDA_OK(cudaGraphDestroy(graph));
       if (forwarded(me.comm) != 1) throw symmem::test::Failure("the call under capture was not forwarded");
+      me.meet();  // no capture under way anywhere while the symmem side is made (it synchronises the device)
       NCCL_OK(ncclAllReduce(in, out, count, ncclBfloat16, ncclSum, me.comm, me.stream));  // eager: made, served
       CUDA_OK(cudaStreamSynchronize(me.stream));
       // Now captured and served: replays after the input changed in place.
