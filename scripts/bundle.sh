@@ -8,6 +8,12 @@ cd "$(dirname "$0")/.."
 rm -rf build-bundle && mkdir -p build-bundle
 cp build/symmem-bench build/symmem-copy-probe build/symmem-run build/tests/symmem_gpu_tests build/tests/symmem_kill_tests build/tests/symmem_shared_gpu_tests build/tests/symmem_shared_gpu_moe_tests build-bundle/
 cp build/libsymmem_capi.so build-bundle/  # the Python package's native library (SYMMEM_LIBRARY)
+# libsymmem_nccl.so, its shared-GPU test and stand-in NCCL (scripts/gpu_nccl_shim.sh, docs/nccl.md),
+# and nccl-tests when scripts/nccl_tests_build.sh made them.
+if [ -f build/libsymmem_nccl.so ]; then
+  cp build/libsymmem_nccl.so build/tests/symmem_shared_gpu_shim_tests build/tests/libsymmem_fake_nccl.so build-bundle/
+fi
+[ -d build-nccl-tests/bin ] && mkdir -p build-bundle/nccl-tests && cp build-nccl-tests/bin/* build-nccl-tests/COMMIT build-bundle/nccl-tests/
 # The CUDA example on the heap (scripts/gpu_issue29.sh runs it).
 [ -f build/examples/symmem_example_one_shot_all_reduce ] && cp build/examples/symmem_example_one_shot_all_reduce build-bundle/
 [ -n "${WITH_OLD:-}" ] || rm -f build-bundle/old_* 2>/dev/null
@@ -32,7 +38,7 @@ if [ -n "${OLD_TORCH_TREE:-}" ]; then
 fi
 # MUTANT_MOE_TESTS=path: a shared-GPU MoE test binary built with a planted bug (step moe_mutant: must fail).
 [ -n "${MUTANT_MOE_TESTS:-}" ] && cp "$MUTANT_MOE_TESTS" build-bundle/mutant_symmem_shared_gpu_moe_tests
-strip build-bundle/* 2>/dev/null || true
+strip build-bundle/* build-bundle/nccl-tests/* 2>/dev/null || true
 # The commit the binaries and the Python package (carried in the working tree) come from: the benches
 # write it into every CSV row, so a change to either marks it dirty.
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests python || echo -dirty)" > build-bundle/COMMIT

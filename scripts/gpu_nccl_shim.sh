@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # libsymmem_nccl.so on GPUs, from prebuilt binaries (builds nothing), every step under a time limit:
 #
-#   scripts/gpu_nccl_shim.sh RANKS            # from the repository root, RANKS = 2 or 4
+#   scripts/gpu_nccl_shim.sh RANKS [BUNDLE]   # from the repository root, RANKS = 2 or 4
 #
-# Needs, beside this working tree (the scripts and tests/nccl/*.py):
-#   SHIM=path/libsymmem_nccl.so            (default build/libsymmem_nccl.so)
-#   NCCL_TESTS_BIN=path                    (default build-nccl-tests/bin: scripts/nccl_tests_build.sh)
-#   python3 with torch (its nvidia-nccl wheel is the real NCCL of every step)
+# Needs, beside this working tree (the scripts and tests/nccl/*.py): a BUNDLE made by
+# scripts/bundle.sh (libsymmem_nccl.so, nccl-tests/, the shared-GPU shim test and its stand-in
+# NCCL), or else SHIM (default build/libsymmem_nccl.so) and NCCL_TESTS_BIN (default
+# build-nccl-tests/bin); and python3 with torch (its nvidia-nccl wheel is the real NCCL of every step).
 # Steps (OUT, default ./gpu_nccl_shim_out, gets one log or folder each, and summary.txt):
+#   0 shared_gpu           symmem_shared_gpu_shim_tests on GPU 0 (ranks as threads, stand-in NCCL)
 #   1 nccl_tests           scripts/nccl_tests_run.sh RANKS: all_reduce, all_gather, reduce_scatter,
 #                          alltoall x bf16/fp16/fp32, processes and threads, plain vs shim interleaved
 #                          (OUT/nccl_tests/summary.txt: #wrong 0 everywhere, busbw side by side)
@@ -19,7 +20,13 @@
 #   5 kill                 tests/nccl/torch_kill.py: a killed rank, the survivors raise in time
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-RANKS=${1:?usage: scripts/gpu_nccl_shim.sh RANKS}
+RANKS=${1:?usage: scripts/gpu_nccl_shim.sh RANKS [BUNDLE]}
+BUNDLE=${2:-}
+if [ -n "$BUNDLE" ]; then
+  BUNDLE=$(cd "$BUNDLE" && pwd)
+  SHIM=${SHIM:-$BUNDLE/libsymmem_nccl.so}
+  NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$BUNDLE/nccl-tests}
+fi
 SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
 export SHIM NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$PWD/build-nccl-tests/bin}
 OUT=${OUT:-$PWD/gpu_nccl_shim_out}
@@ -54,6 +61,12 @@ step() {
   python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/gpu.txt" 2>&1
 
+SHARED_TESTS=${BUNDLE:-build/tests}/symmem_shared_gpu_shim_tests
+FAKE_NCCL=${BUNDLE:-build/tests}/libsymmem_fake_nccl.so
+if [ -x "$SHARED_TESTS" ]; then
+  step shared_gpu 300 "$OUT/shared_gpu.log" env SYMMEM_NCCL_LIBRARY="$(realpath "$FAKE_NCCL")" \
+    LD_LIBRARY_PATH="$(dirname "$SHIM")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$SHARED_TESTS"
+fi
 step nccl_tests 420 "$OUT/nccl_tests.log" env OUT="$OUT/nccl_tests" scripts/nccl_tests_run.sh "$RANKS"
 step nccl_tests_windows 150 "$OUT/nccl_tests_windows.log" env OUT="$OUT/nccl_tests_windows" MODES=processes \
   COLLECTIVES="all_reduce all_gather" EXTRA="-R 2" scripts/nccl_tests_run.sh "$RANKS"

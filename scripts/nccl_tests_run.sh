@@ -66,7 +66,7 @@ DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   echo "commit $COMMIT"
   echo "gpu $GPU x $RANKS"
   echo "nccl $NCCL_LIB_DIR/libnccl.so.2"
-  echo "nccl-tests $(head -1 "$NCCL_TESTS_BIN/../COMMIT" 2> /dev/null || echo unknown)"
+  echo "nccl-tests $(head -1 "$NCCL_TESTS_BIN/COMMIT" 2> /dev/null || head -1 "$NCCL_TESTS_BIN/../COMMIT" 2> /dev/null || echo unknown)"
   echo "shim $SHIM (SYMMEM_NCCL=$SHIM_MODE)"
   echo "sweep $SWEEP $EXTRA"
 } > "$OUT/run.txt"

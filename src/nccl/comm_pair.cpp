@@ -50,6 +50,8 @@ RendezvousKey CommPair::next_child_key(int64_t color) { return key_.child(childr
 void CommPair::forward_only(const std::string& why) {
   servable_ = false;
   why_forwarding_ = why;
+  if (bootstrap_) bootstrap_->close();  // never used again: every rank forwards alike
+  bootstrap_.reset();
   detail::log_warning("NCCL shim: communicator " + std::to_string(reinterpret_cast<uintptr_t>(real_)) + " (" +
                       rank_text(rank_) + " of " + std::to_string(world_) + ") forwards every call to NCCL: " + why);
 }
@@ -87,6 +89,7 @@ void CommPair::handshake() {
     if (spans_nodes_)
       return forward_only(std::to_string(hellos.size()) + " of its " + std::to_string(world_) +
                           " ranks share this host; across nodes the shim forwards");
+    if (world_ < 2) return forward_only("a communicator of one rank");
     if (world_ > kMaxWorld)
       return forward_only(std::to_string(world_) + " ranks exceed the " + std::to_string(kMaxWorld) +
                           " of one NVLink domain");
@@ -141,6 +144,7 @@ void CommPair::create_symmem() {
     return forward_only(std::string("another rank failed to make its symmem communicator: ") + e.what());
   }
   symmem_ = std::move(made);
+  abort_word_.store(abort_word_of(*symmem_), std::memory_order_release);
 }
 
 bool CommPair::prepare(cudaStream_t stream) {
@@ -233,12 +237,14 @@ const char* CommPair::failure_message() const {
 }
 
 void CommPair::abort_waits() noexcept {
-  if (symmem_) set_abort_word(*symmem_);
+  // Lock-free: the caller may be PyTorch's watchdog while the program's thread holds the lock.
+  if (uint32_t* word = abort_word_.load(std::memory_order_acquire)) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
 }
 
 void CommPair::release() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   windows_.clear();
+  abort_word_.store(nullptr, std::memory_order_release);
   symmem_.reset();  // local release: synchronises this device, unmaps, closes descriptors
   if (bootstrap_) bootstrap_->close();
   bootstrap_.reset();

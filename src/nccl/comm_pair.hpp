@@ -127,6 +127,7 @@ class CommPair {
   Windows windows_;
 
   mutable std::mutex mutex_;  // the symmem side: calls, registration, check()
+  std::atomic<uint32_t*> abort_word_{nullptr};  // the symmem side's, while it exists (abort_waits)
   std::atomic<int> failure_code_{ncclSuccess};
   std::string failure_message_;  // written once, before failure_code_
 };

@@ -11,9 +11,9 @@ bool device_failed(const Communicator& comm) noexcept {
   return detail::load_word(&st.status_host()->code) != detail::kStatusOk || detail::load_word(st.board->abort_word()) != 0;
 }
 
-void set_abort_word(const Communicator& comm) noexcept {
+uint32_t* abort_word_of(const Communicator& comm) noexcept {
   const detail::CommunicatorState& st = detail::state_of(comm);
-  if (st.board) __atomic_store_n(st.board->abort_word(), 1u, __ATOMIC_RELEASE);
+  return st.board ? st.board->abort_word() : nullptr;
 }
 
 }  // namespace symmem::nccl

@@ -4,14 +4,16 @@
 // the thread that uses it).
 #pragma once
 
+#include <cstdint>
+
 #include "symmem/communicator.hpp"
 
 namespace symmem::nccl {
 
 // True once a device wait of this rank failed or any rank of the node set the abort word.
 bool device_failed(const Communicator& comm) noexcept;
-// Sets the abort word: every wait of every rank of the node returns at once with kAborted, and
-// every later call of the communicator fails.
-void set_abort_word(const Communicator& comm) noexcept;
+// The abort word (host memory, valid while the communicator lives): storing 1 there makes every
+// wait of every rank of the node return at once with kAborted, and every later call fail.
+uint32_t* abort_word_of(const Communicator& comm) noexcept;
 
 }  // namespace symmem::nccl
