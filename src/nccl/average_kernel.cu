@@ -2,13 +2,17 @@
 #include <cuda_fp16.h>
 
 #include "common/check.hpp"
+#include "device/dependent_launch.cuh"
 #include "nccl/average_kernel.hpp"
 
 namespace symmem::nccl {
 namespace {
 
+// Launched plainly (it waits for the served collective to end); enter_kernel() keeps the rule of
+// every symmem kernel all the same.
 template <typename T>
 __global__ void scale(T* data, size_t count, float factor) {
+  device::enter_kernel();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
     data[i] = T(float(data[i]) * factor);
 }
