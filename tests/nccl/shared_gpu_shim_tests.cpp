@@ -5,6 +5,7 @@
 // (the stand-in must count none of them) and exact.
 //
 //   symmem_shared_gpu_shim_tests [case filter]      # SYMMEM_SHIM_TEST_WORLDS (default "2 4")
+//   SYMMEM_SHIM_TEST_MODE=off symmem_shared_gpu_shim_tests shim_serves   # negative control: must fail
 //
 // Cases: every served collective, type, reduction, count, in place and out of place, checked
 // exactly on the host (integer-valued inputs: sums are exact whatever the order); registered
@@ -335,10 +336,17 @@ size_t largest_buffer(const std::vector<Shape>& shapes, int world) {
 
 void set_env(const char* name, const std::string& value) { setenv(name, value.c_str(), 1); }
 
+// SYMMEM_NCCL=all for the communicators made next. SYMMEM_SHIM_TEST_MODE=off is the negative
+// control: every call then reaches the stand-in NCCL, which moves no data, and the cases must fail.
+void serve_everything() {
+  const char* mode = std::getenv("SYMMEM_SHIM_TEST_MODE");
+  set_env("SYMMEM_NCCL", mode ? mode : "all");
+}
+
 }  // namespace
 
 TEST(shim_serves_every_collective_exactly) {
-  set_env("SYMMEM_NCCL", "all");
+  serve_everything();
   const std::vector<Shape> shapes = every_shape();
   for (int world : worlds()) {
     run_ranks(world, [&](Rank& me) {
@@ -358,7 +366,7 @@ TEST(shim_serves_every_collective_exactly) {
 }
 
 TEST(shim_serves_registered_windows_zero_copy) {
-  set_env("SYMMEM_NCCL", "all");
+  serve_everything();
   // Counts no other case uses: the route log (SYMMEM_NCCL_ROUTE_LOG, set by main for the process)
   // then tells these calls' routes apart.
   std::vector<Shape> shapes;
@@ -417,7 +425,7 @@ TEST(shim_serves_registered_windows_zero_copy) {
 }
 
 TEST(shim_groups_drive_every_rank_from_one_thread) {
-  set_env("SYMMEM_NCCL", "all");
+  serve_everything();
   for (int world : worlds()) {
     std::vector<ncclComm_t> comms(world);
     std::vector<int> devices(world, 0);
@@ -468,7 +476,7 @@ TEST(shim_groups_drive_every_rank_from_one_thread) {
 }
 
 TEST(shim_captures_and_replays_served_calls) {
-  set_env("SYMMEM_NCCL", "all");
+  serve_everything();
   for (int world : worlds()) {
     run_ranks(world, [&](Rank& me) {
       const size_t count = 8192 * 4;
@@ -537,7 +545,7 @@ ncclResult_t async_error_within(ncclComm_t comm, double seconds) {
 }  // namespace
 
 TEST(shim_reports_a_mismatch_as_a_remote_error) {
-  set_env("SYMMEM_NCCL", "all");
+  serve_everything();
   set_env("SYMMEM_NCCL_TIMEOUT_MS", "5000");
   run_ranks(
       2,
@@ -568,7 +576,7 @@ TEST(shim_reports_a_mismatch_as_a_remote_error) {
 }
 
 TEST(shim_names_a_rank_that_never_comes) {
-  set_env("SYMMEM_NCCL", "all");
+  serve_everything();
   set_env("SYMMEM_NCCL_TIMEOUT_MS", "3000");
   run_ranks(
       2,
@@ -601,7 +609,7 @@ TEST(shim_names_a_rank_that_never_comes) {
 }
 
 TEST(shim_abort_releases_a_peers_wait) {
-  set_env("SYMMEM_NCCL", "all");
+  serve_everything();
   set_env("SYMMEM_NCCL_TIMEOUT_MS", "60000");
   run_ranks(
       2,
