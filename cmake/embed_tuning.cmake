@@ -1,9 +1,18 @@
-# Embeds the shipped tuning tables (tuning/*.json) into the library, so that a build carried to
+# Embeds shipped tables (JSON files of one folder) into the library, so that a build carried to
 # another machine still finds them. Regenerated when a table changes.
-file(GLOB tables "${SRC_DIR}/tuning/*.json")
-set(body "// Generated from tuning/*.json by cmake/embed_tuning.cmake. Do not edit.\n#pragma once\n")
-string(APPEND body "namespace symmem::detail {\nstruct ShippedTable { const char* gpu_file; const char* json; };\n")
-string(APPEND body "inline constexpr ShippedTable kShippedTables[] = {\n")
+#   TABLE_DIR  the folder (default ${SRC_DIR}/tuning: the tuning tables; tuning/nccl: the NCCL cutover tables)
+#   ARRAY      the array's name (default kShippedTables)
+if(NOT TABLE_DIR)
+  set(TABLE_DIR "${SRC_DIR}/tuning")
+endif()
+if(NOT ARRAY)
+  set(ARRAY kShippedTables)
+endif()
+file(GLOB tables "${TABLE_DIR}/*.json")
+set(body "// Generated from ${TABLE_DIR}/*.json by cmake/embed_tuning.cmake. Do not edit.\n#pragma once\n")
+string(APPEND body "namespace symmem::detail {\n#ifndef SYMMEM_SHIPPED_TABLE_DEFINED\n#define SYMMEM_SHIPPED_TABLE_DEFINED\n")
+string(APPEND body "struct ShippedTable { const char* gpu_file; const char* json; };\n#endif\n")
+string(APPEND body "inline constexpr ShippedTable ${ARRAY}[] = {\n")
 foreach(table ${tables})
   get_filename_component(name "${table}" NAME_WE)
   file(READ "${table}" json)

@@ -21,6 +21,14 @@ cp build/libsymmem_capi.so build-bundle/  # the Python package's native library 
 if [ -f build/examples/symmem_example_one_shot_all_reduce ]; then
   cp build/examples/symmem_example_one_shot_all_reduce build-bundle/
 fi
+# libsymmem_nccl.so, its shared-GPU test and stand-in NCCL (scripts/gpu_nccl_shim.sh, docs/nccl.md),
+# and nccl-tests when scripts/nccl_tests_build.sh made them.
+if [ -f build/libsymmem_nccl.so ]; then
+  cp build/libsymmem_nccl.so build/tests/symmem_shared_gpu_shim_tests build/tests/libsymmem_fake_nccl.so build-bundle/
+fi
+if [ -d build-nccl-tests/bin ]; then
+  mkdir -p build-bundle/nccl-tests && cp build-nccl-tests/bin/* build-nccl-tests/COMMIT build-bundle/nccl-tests/
+fi
 if [ -n "${OLD_CAPI:-}" ]; then
   mkdir -p build-bundle/old && cp "$OLD_CAPI" build-bundle/old/libsymmem_capi.so &&
     echo "${OLD_COMMIT:?OLD_CAPI needs OLD_COMMIT, the commit it was built from}" > build-bundle/old/COMMIT
@@ -32,7 +40,7 @@ if [ -n "${OLD_TORCH_TREE:-}" ]; then
     echo "$(git -C "$OLD_TORCH_TREE" rev-parse --short HEAD)$(git -C "$OLD_TORCH_TREE" diff --quiet HEAD -- src python || echo -dirty)" \
       > build-bundle/old_torch/COMMIT
 fi
-find build-bundle -type f \( -name 'symmem*' -o -name '*.so' \) -exec strip {} + 2>/dev/null || true
+find build-bundle -type f \( -name 'symmem*' -o -name '*.so' -o -path '*/nccl-tests/*' \) -exec strip {} + 2>/dev/null || true
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests python || echo -dirty)" > build-bundle/COMMIT
 mkdir -p .device && tar cJf .device/bundle.tar.xz build-bundle
 du -sh build-bundle .device/bundle.tar.xz

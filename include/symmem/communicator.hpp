@@ -114,6 +114,21 @@ class Communicator {
   // Collective: waits for this device to be idle, then unmaps the buffer everywhere. A CUDA graph
   // that references the buffer must not be replayed afterwards (as with any freed memory).
   void free(Buffer* buffer);
+  // Collective: the caller's memory at [ptr, ptr + bytes) as a symmetric buffer, zero copy: every
+  // rank's allocation holding it is mapped into the heap, where every rank reaches every rank's.
+  // The memory must come from cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (as
+  // ncclMemAlloc makes it; cudaMalloc memory cannot be imported), be of this rank's GPU, and the
+  // range must lie in one allocation, of the same size and at the same offset in it on every rank,
+  // with the same `bytes`. Throws on every rank alike when any rank's cannot (kUnsupported naming the
+  // rank and the cause; kInvalidArgument for different sizes). The buffer's ptr() is the heap's
+  // mapping of the same memory (writes through either address are seen through the other by later
+  // kernels); it has no signal pad or peer table (signal_pad() is null): it is an operand of
+  // collectives. The caller keeps owning the memory and must not free it before release_import().
+  Buffer* import(void* ptr, size_t bytes);
+  // Local: once this device is idle, unmaps an imported buffer from this process (the peers keep
+  // their own mappings until they release theirs). Every rank releases its imports at the same point
+  // of its collective calls, so that the heap's ranges stay alike.
+  void release_import(Buffer* buffer);
   // The heap buffer containing [p, p + bytes), or nullptr. Informational only: collectives never
   // infer symmetry from an address (a raw pointer is always a local operand).
   Buffer* find(const void* p, size_t bytes) const;

@@ -508,6 +508,43 @@ void Communicator::free(Buffer* buffer) {
   st.buffers.erase(it);
 }
 
+Buffer* Communicator::import(void* ptr, size_t bytes) {
+  detail::CommunicatorState& st = *state_;
+  st.ensure_usable("import");
+  detail::DeviceGuard guard(st.device);
+  std::vector<uint64_t> sizes(st.world);
+  const uint64_t mine = bytes;
+  st.bootstrap->all_gather(&mine, sizes.data(), sizeof(uint64_t));
+  for (int r = 0; r < st.world; ++r)
+    if (sizes[r] != mine)
+      throw Error(ErrorCode::kInvalidArgument, "import: rank " + std::to_string(st.job_rank(r)) + " imports " +
+                                                   std::to_string(sizes[r]) + " bytes, rank " +
+                                                   std::to_string(st.layout.rank) + " " + std::to_string(mine));
+  size_t delta = 0;
+  const size_t offset = st.heap->import(ptr, bytes, *st.bootstrap, *st.exchange, &delta);
+  std::unique_ptr<Buffer> buffer(new Buffer());
+  buffer->comm_ = this;
+  buffer->offset_ = offset + delta;
+  buffer->bytes_ = bytes;
+  buffer->local_ = st.heap->base(st.rank) + offset + delta;
+  st.buffers.push_back(std::move(buffer));
+  return st.buffers.back().get();
+}
+
+void Communicator::release_import(Buffer* buffer) {
+  detail::CommunicatorState& st = *state_;
+  if (!buffer) return;
+  detail::DeviceGuard guard(st.device);
+  detail::RelaxedCaptureMode relaxed;
+  auto it = st.buffers.begin();
+  while (it != st.buffers.end() && it->get() != buffer) ++it;
+  if (it == st.buffers.end())
+    throw Error(ErrorCode::kInvalidArgument, "release_import: the buffer does not belong to this communicator");
+  SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());  // this rank's kernels are done with it
+  st.heap->release(buffer->offset_);
+  st.buffers.erase(it);
+}
+
 Buffer* Communicator::find(const void* p, size_t bytes) const {
   for (const auto& b : state_->buffers)
     if (b->contains(p, bytes)) return b.get();

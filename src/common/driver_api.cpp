@@ -44,6 +44,9 @@ const DriverApi& DriverApi::get() {
       resolve("cuMemSetAccess", &api.mem_set_access);
       resolve("cuMemExportToShareableHandle", &api.mem_export_to_shareable_handle);
       resolve("cuMemImportFromShareableHandle", &api.mem_import_from_shareable_handle);
+      resolve("cuMemRetainAllocationHandle", &api.mem_retain_allocation_handle);
+      resolve("cuMemGetAllocationPropertiesFromHandle", &api.mem_get_allocation_properties_from_handle);
+      resolve("cuMemGetAddressRange", &api.mem_get_address_range);
       resolve("cuStreamWriteValue32", &api.stream_write_value32);
       resolve("cuStreamWaitValue32", &api.stream_wait_value32);
       resolve("cuStreamBatchMemOp", &api.stream_batch_mem_op);

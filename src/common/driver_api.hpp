@@ -22,6 +22,9 @@ struct DriverApi {
   decltype(&::cuMemSetAccess) mem_set_access = nullptr;
   decltype(&::cuMemExportToShareableHandle) mem_export_to_shareable_handle = nullptr;
   decltype(&::cuMemImportFromShareableHandle) mem_import_from_shareable_handle = nullptr;
+  decltype(&::cuMemRetainAllocationHandle) mem_retain_allocation_handle = nullptr;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) mem_get_allocation_properties_from_handle = nullptr;
+  decltype(&::cuMemGetAddressRange) mem_get_address_range = nullptr;
   decltype(&::cuStreamWriteValue32) stream_write_value32 = nullptr;
   decltype(&::cuStreamWaitValue32) stream_wait_value32 = nullptr;
   decltype(&::cuStreamBatchMemOp) stream_batch_mem_op = nullptr;

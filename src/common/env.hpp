@@ -49,8 +49,34 @@ size_t copy_engine_piece_bytes();
 // the whole job (WORLD_SIZE ranks). Unset, such a communicator's nodes come from LOCAL_WORLD_SIZE;
 // others' from host names. Set it to simulate several nodes on one host (docs/hierarchical.md).
 int node_size();
-// SYMMEM_NCCL_LIBRARY (default libnccl.so.2): the NCCL loaded for communicators spanning nodes.
+// SYMMEM_NCCL_LIBRARY (default libnccl.so.2): the NCCL loaded for communicators spanning nodes,
+// and the real NCCL that libsymmem_nccl.so forwards to when set to anything else
+// (src/nccl/real_nccl.hpp says which it takes otherwise).
+inline constexpr const char* kDefaultNcclLibrary = "libnccl.so.2";
 std::string nccl_library();
+
+// libsymmem_nccl.so, symmem behind NCCL's API (docs/nccl.md). Every rank must see the same values
+// (the ranks of a node check them when a communicator is made and forward everything otherwise).
+// SYMMEM_NCCL (default auto): "auto" serves the calls symmem does faster (the cutover table),
+// "all" every call symmem can express, "off" forwards everything (pure forwarding, for A/B runs).
+std::string nccl_mode();
+// SYMMEM_NCCL_INIT (default lazy): "lazy" makes a communicator's symmem side at its first served
+// call (or window registration); "eager" when the NCCL communicator is made.
+std::string nccl_init();
+// SYMMEM_NCCL_WORKSPACE_MB (default 16): the workspace budget of each symmem communicator the shim
+// makes (CommConfig::workspace_bytes).
+size_t nccl_workspace_bytes();
+// SYMMEM_NCCL_TIMEOUT_MS (default 600000, PyTorch's collective timeout): the deadline of the shim's
+// device waits and of its bootstrap, long because NCCL programs expect ranks to arrive late (a
+// rank saving a checkpoint while the others wait).
+int64_t nccl_timeout_ms();
+// SYMMEM_NCCL_CUTOVER_FILE (default: the table shipped for the GPU, tuning/nccl/): where NCCL is
+// faster than symmem, by collective, world, size and buffer kind.
+std::string nccl_cutover_file();
+// SYMMEM_NCCL_ROUTE_LOG (default unset): a path prefix; each process then writes
+// <prefix>.<pid>.csv, one line per distinct call shape with where it went and why (for
+// benchmarks: which rows symmem served).
+std::string nccl_route_log();
 
 // SYMMEM_TEST_SHARED_GPU (default 0): for tests only. Lets several ranks of one process (threads
 // with make_thread_bootstrap) use the same GPU, which a real job must never do: their kernels

@@ -30,6 +30,14 @@ size_t query_granularity(int device) {
   return granularity;
 }
 
+CUmemAccessDesc read_write_access(int device) {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return access;
+}
+
 size_t align_reserve(size_t reserve, size_t granularity) {
   return (reserve + granularity - 1) / granularity * granularity;
 }
@@ -69,11 +77,33 @@ void Heap::unmap(size_t offset, Mapping& m) noexcept {
 }
 
 void Heap::release(size_t offset) noexcept {
-  auto it = mappings_.find(offset);
-  if (it == mappings_.end()) return;
-  unmap(offset, it->second);
+  auto it = mappings_.upper_bound(offset);  // the first allocation after the one holding offset
+  if (it == mappings_.begin()) return;
+  --it;
+  const size_t start = it->first;
+  if (offset >= start + it->second.size) return;
+  unmap(start, it->second);
   mappings_.erase(it);
-  ranges_.release(offset);
+  ranges_.release(start);
+}
+
+void Heap::map_peers(size_t offset, Mapping& m, int* my_fd, std::vector<int>* peer_fds, FdExchange& exchange) {
+  const DriverApi& api = DriverApi::get();
+  const CUmemAccessDesc access = read_write_access(device_);
+  *peer_fds = exchange.exchange(*my_fd);
+  ::close(*my_fd);
+  *my_fd = -1;
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    int& fd = (*peer_fds)[r];
+    SYMMEM_CU_CHECK(api.mem_import_from_shareable_handle(
+        &m.handles[r], reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    ::close(fd);
+    fd = -1;
+    SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, 0, m.handles[r], 0));
+    m.mapped[r] = true;
+    SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, &access, 1));
+  }
 }
 
 size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) {
@@ -88,10 +118,7 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
   Mapping m;
   m.size = ranges_.round_up(bytes);
 
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device_;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUmemAccessDesc access = read_write_access(device_);
   int my_fd = -1;
   std::vector<int> peer_fds;
   auto release_local = [&]() noexcept {
@@ -136,25 +163,107 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
 
   try {
     // Step 3: pass descriptors; import and map every peer's chunk.
-    peer_fds = exchange.exchange(my_fd);
-    ::close(my_fd);
-    my_fd = -1;
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_) continue;
-      SYMMEM_CU_CHECK(api.mem_import_from_shareable_handle(&m.handles[r],
-                                                           reinterpret_cast<void*>(static_cast<uintptr_t>(peer_fds[r])),
-                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-      ::close(peer_fds[r]);
-      peer_fds[r] = -1;
-      SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, 0, m.handles[r], 0));
-      m.mapped[r] = true;
-      SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, &access, 1));
-    }
+    map_peers(offset, m, &my_fd, &peer_fds, exchange);
   } catch (...) {
     failure = std::current_exception();
   }
   agree_on_outcome(bootstrap, failure, release_local, what);
   mappings_[offset] = m;
+  return offset;
+}
+
+
+
+size_t Heap::import(const void* ptr, size_t bytes, Bootstrap& bootstrap, FdExchange& exchange, size_t* delta) {
+  const DriverApi& api = DriverApi::get();
+  Mapping m;
+  int my_fd = -1;
+  std::vector<int> peer_fds;
+  size_t offset = 0;
+  bool placed = false;
+  auto release_local = [&]() noexcept {
+    if (my_fd >= 0) ::close(my_fd);
+    my_fd = -1;
+    for (int& fd : peer_fds)
+      if (fd >= 0) ::close(fd), fd = -1;
+    unmap(offset, m);  // releases the retained handle too
+    if (placed) ranges_.release(offset);
+    placed = false;
+  };
+  const std::string what = "heap import of " + std::to_string(bytes) + " bytes";
+  std::exception_ptr failure;
+
+  // Step 1: this rank's allocation, retained and exported.
+  struct Extent {
+    uint64_t size;
+    uint64_t delta;
+  } mine{};
+  try {
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    const auto at = reinterpret_cast<CUdeviceptr>(ptr);
+    SYMMEM_CU_CHECK(api.mem_get_address_range(&start, &size, at));
+    if (bytes > size || at - start > size - bytes)
+      throw Error(ErrorCode::kUnsupported, "the range spans several allocations");
+    SYMMEM_CU_CHECK(api.mem_retain_allocation_handle(&m.handles[rank_], const_cast<void*>(ptr)));
+    CUmemAllocationProp prop{};
+    SYMMEM_CU_CHECK(api.mem_get_allocation_properties_from_handle(&prop, m.handles[rank_]));
+    if (!(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+      throw Error(ErrorCode::kUnsupported, "the allocation cannot be exported as a file descriptor");
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != device_)
+      throw Error(ErrorCode::kUnsupported, "the allocation is not memory of this rank's GPU");
+    SYMMEM_CU_CHECK(
+        api.mem_export_to_shareable_handle(&my_fd, m.handles[rank_], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    mine = {size, at - start};
+  } catch (const Error& e) {
+    // cudaMalloc memory, a caching allocator's block: not an error of the program, a refusal.
+    failure = std::make_exception_ptr(Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) +
+                                                                          " cannot map its memory into the heap: " +
+                                                                          e.what()));
+  }
+  agree_on_outcome(bootstrap, failure, release_local, what);
+
+  std::vector<Extent> all(world_);
+  bootstrap.all_gather(&mine, all.data(), sizeof(Extent));
+  for (int r = 0; r < world_; ++r) {
+    if (all[r].size == mine.size && all[r].delta == mine.delta) continue;
+    release_local();
+    throw Error(ErrorCode::kUnsupported, what + ": rank " + std::to_string(r) + "'s allocation holds " +
+                                             std::to_string(all[r].size) + " bytes with the range at " +
+                                             std::to_string(all[r].delta) + ", rank " + std::to_string(rank_) + "'s " +
+                                             std::to_string(mine.size) + " at " + std::to_string(mine.delta) +
+                                             "; every rank's must be alike");
+  }
+  // Step 2: one offset on every rank (the free lists are identical), this rank's memory there too.
+  const auto offset_or = ranges_.allocate(mine.size);
+  if (!offset_or) {
+    release_local();
+    throw Error(ErrorCode::kInvalidArgument, "heap exhausted: cannot place " + std::to_string(mine.size) +
+                                                 " bytes in the " + std::to_string(reserve_ >> 20) +
+                                                 " MiB reservation (raise SYMMEM_HEAP_RESERVE_GB)");
+  }
+  offset = *offset_or;
+  placed = true;
+  m.size = mine.size;
+  try {
+    const CUmemAccessDesc access = read_write_access(device_);
+    SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, 0, m.handles[rank_], 0));
+    m.mapped[rank_] = true;
+    SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, &access, 1));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_on_outcome(bootstrap, failure, release_local, what);
+
+  // Step 3: every peer's memory.
+  try {
+    map_peers(offset, m, &my_fd, &peer_fds, exchange);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_on_outcome(bootstrap, failure, release_local, what);
+  mappings_[offset] = m;
+  *delta = mine.delta;
   return offset;
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <map>
+#include <vector>
 
 #include "bootstrap/fd_exchange.hpp"
 #include "device/device_types.hpp"
@@ -30,7 +31,18 @@ class Heap {
   // Collective: the same size on every rank (checked by the caller). Returns the heap offset;
   // the range holds round_up(bytes, granularity) bytes.
   size_t allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange);
-  // Local: unmaps the allocation at offset from this process (peers must be done with it).
+  // Collective: maps memory the caller allocated into the heap, zero copy: every rank's cuMem
+  // allocation holding [ptr, ptr + bytes) (cuMemRetainAllocationHandle), at one offset on every
+  // rank, this rank's own allocation mapped there a second time. The allocation must be exportable
+  // as a POSIX file descriptor (cuMemCreate with that handle type, as ncclMemAlloc makes it; not
+  // cudaMalloc memory) and hold the whole range, with the same size and the range at the same offset
+  // from its start on every rank. Throws on every rank alike (kUnsupported naming the rank and the
+  // cause) when any rank's cannot. Returns the heap offset of the allocation's start; *delta is the
+  // range's offset from it. Released like an allocation (release), which drops this rank's
+  // reference to the memory and never frees the caller's.
+  size_t import(const void* ptr, size_t bytes, Bootstrap& bootstrap, FdExchange& exchange, size_t* delta);
+  // Local: unmaps the allocation holding heap offset `offset` from this process (peers must be done
+  // with it).
   void release(size_t offset) noexcept;
 
   char* base(int rank) const { return reinterpret_cast<char*>(base_) + size_t(rank) * reserve_; }
@@ -46,6 +58,9 @@ class Heap {
     bool mapped[kMaxWorld] = {};
   };
   void unmap(size_t offset, Mapping& m) noexcept;
+  // Passes this rank's descriptor (closed here) to every peer and maps every peer's memory at
+  // `offset`. Throws; the caller agrees on the outcome with the peers.
+  void map_peers(size_t offset, Mapping& m, int* my_fd, std::vector<int>* peer_fds, FdExchange& exchange);
 
   int device_;
   int rank_;

@@ -8,70 +8,13 @@
 
 #include "common/check.hpp"
 #include "common/env.hpp"
+#include "common/json_reader.hpp"
 #include "shipped_tuning.hpp"
 
 namespace symmem::detail {
 namespace {
 
-// A reader for the one JSON shape above: objects of strings, numbers and one array of objects.
-class Reader {
- public:
-  explicit Reader(const std::string& text) : s_(text) {}
-
-  void expect(char c) {
-    skip();
-    if (pos_ >= s_.size() || s_[pos_] != c) fail(std::string("expected '") + c + "'");
-    ++pos_;
-  }
-  bool consume(char c) {
-    skip();
-    if (pos_ < s_.size() && s_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  bool peek(char c) {
-    skip();
-    return pos_ < s_.size() && s_[pos_] == c;
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (pos_ < s_.size() && s_[pos_] != '"') {
-      if (s_[pos_] == '\\' && pos_ + 1 < s_.size()) ++pos_;
-      out.push_back(s_[pos_++]);
-    }
-    expect('"');
-    return out;
-  }
-  double number() {
-    skip();
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(s_.substr(pos_), &used);
-    } catch (...) {
-      fail("expected a number");
-    }
-    pos_ += used;
-    return v;
-  }
-  void done() {
-    skip();
-    if (pos_ != s_.size()) fail("trailing characters");
-  }
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(ErrorCode::kInvalidArgument, "tuning table: " + what + " at character " + std::to_string(pos_));
-  }
-
- private:
-  void skip() {
-    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
-  }
-  const std::string& s_;
-  size_t pos_ = 0;
-};
+using Reader = FlatJsonReader;
 
 TuningEntry parse_entry(Reader& r) {
   TuningEntry e;
@@ -115,7 +58,7 @@ std::optional<TuningEntry> TuningTable::lookup(const std::string& op, int world,
 
 TuningTable parse_tuning_table(const std::string& json) {
   TuningTable t;
-  Reader r(json);
+  Reader r(json, "tuning table");
   r.expect('{');
   bool first = true;
   while (!r.consume('}')) {

@@ -14,9 +14,13 @@ case "$wheel" in *-py3-none-linux_x86_64.whl) ;; *) echo "unexpected wheel tag: 
 # the listing is written (BrokenPipeError), which failed CI once.
 "$python" -c 'import sys, zipfile; sys.exit("symmem/libsymmem_capi.so" not in zipfile.ZipFile(sys.argv[1]).namelist())' "$wheel" \
     || { echo "the wheel lacks libsymmem_capi.so"; exit 1; }
+"$python" -c 'import sys, zipfile; sys.exit("symmem/libsymmem_nccl.so" not in zipfile.ZipFile(sys.argv[1]).namelist())' "$wheel" \
+    || { echo "the wheel lacks libsymmem_nccl.so (symmem behind NCCL's API)"; exit 1; }
 "$python" -m pip install --no-deps -q --target "$scratch/site" "$wheel"
 cd "$scratch"
 env -u SYMMEM_LIBRARY PYTHONPATH="$scratch/site" "$python" -c "
 import symmem, symmem._native as n
 assert n.library_path().startswith('$scratch/site'), n.library_path()
+import symmem.nccl
+assert symmem.nccl.library_path().startswith('$scratch/site'), symmem.nccl.library_path()
 print('symmem', symmem.library_version(), 'from', n.library_path())"

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# libsymmem_nccl.so on GPUs, from prebuilt binaries (builds nothing), every step under a time limit:
+#
+#   scripts/gpu_nccl_shim.sh RANKS [BUNDLE]   # from the repository root, RANKS = 2 or 4
+#
+# Needs, beside this working tree (the scripts and tests/nccl/*.py): a BUNDLE made by
+# scripts/bundle.sh (libsymmem_nccl.so, nccl-tests/, the shared-GPU shim test and its stand-in
+# NCCL), or else SHIM (default build/libsymmem_nccl.so) and NCCL_TESTS_BIN (default
+# build-nccl-tests/bin); and python3 with torch (its nvidia-nccl wheel is the real NCCL of every step).
+# Steps (OUT, default ./gpu_nccl_shim_out, gets one log or folder each, and summary.txt):
+#   0 shared_gpu           symmem_shared_gpu_shim_tests on GPU 0 (ranks as threads, stand-in NCCL)
+#   1 nccl_tests           scripts/nccl_tests_run.sh RANKS: all_reduce, all_gather, reduce_scatter,
+#                          alltoall x bf16/fp16/fp32, processes and threads, plain vs shim interleaved
+#                          (OUT/nccl_tests/summary.txt: #wrong 0 everywhere, busbw side by side)
+#   2 nccl_tests_windows   the same for all_reduce and all_gather with symmetric windows (-R 2:
+#                          zero copy), processes only
+#   3 pynccl               tests/nccl/pynccl_client.py: vLLM's PyNccl shape, T x 8192 bf16, eager and
+#                          graphs, plain vs shim; then again with SYMMEM_NCCL_WORKSPACE_MB=256
+#   4 torch                tests/nccl/torch_steps.py plain, shim (auto), shim (all) + the comparisons
+#   5 kill                 tests/nccl/torch_kill.py: a killed rank, the survivors raise in time
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+RANKS=${1:?usage: scripts/gpu_nccl_shim.sh RANKS [BUNDLE]}
+BUNDLE=${2:-}
+if [ -n "$BUNDLE" ]; then
+  BUNDLE=$(cd "$BUNDLE" && pwd)
+  SHIM=${SHIM:-$BUNDLE/libsymmem_nccl.so}
+  NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$BUNDLE/nccl-tests}
+fi
+SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
+export SHIM NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$PWD/build-nccl-tests/bin}
+OUT=${OUT:-$PWD/gpu_nccl_shim_out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+unset LD_PRELOAD
+START=$(date +%s)
+BUDGET=${BUDGET_S:-900}
+
+# step NAME LIMIT_S LOG COMMAND...: COMMAND under `timeout`, never past the budget; its exit code
+# and duration go to summary.txt.
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local left=$((BUDGET - ($(date +%s) - START)))
+  if [ "$left" -le 10 ]; then
+    echo "$name: skipped (budget spent)" | tee -a "$OUT/summary.txt"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc in $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
+}
+
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  echo "commit $(cat "$(dirname "$SHIM")/COMMIT" 2> /dev/null || git rev-parse --short HEAD)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
+} > "$OUT/gpu.txt" 2>&1
+
+SHARED_TESTS=${BUNDLE:-build/tests}/symmem_shared_gpu_shim_tests
+FAKE_NCCL=${BUNDLE:-build/tests}/libsymmem_fake_nccl.so
+if [ -x "$SHARED_TESTS" ]; then
+  step shared_gpu 300 "$OUT/shared_gpu.log" env SYMMEM_NCCL_LIBRARY="$(realpath "$FAKE_NCCL")" \
+    LD_LIBRARY_PATH="$(dirname "$SHIM")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$SHARED_TESTS"
+fi
+step nccl_tests 420 "$OUT/nccl_tests.log" env OUT="$OUT/nccl_tests" scripts/nccl_tests_run.sh "$RANKS"
+step nccl_tests_windows 150 "$OUT/nccl_tests_windows.log" env OUT="$OUT/nccl_tests_windows" MODES=processes \
+  COLLECTIVES="all_reduce all_gather" EXTRA="-R 2" scripts/nccl_tests_run.sh "$RANKS"
+
+TORCHRUN=(python3 -m torch.distributed.run --nproc-per-node "$RANKS")
+step pynccl 120 "$OUT/pynccl.log" "${TORCHRUN[@]}" tests/nccl/pynccl_client.py --shim "$SHIM" --csv "$OUT/pynccl.csv"
+step pynccl_workspace_256 120 "$OUT/pynccl_workspace_256.log" env SYMMEM_NCCL_WORKSPACE_MB=256 \
+  "${TORCHRUN[@]}" tests/nccl/pynccl_client.py --shim "$SHIM" --csv "$OUT/pynccl_workspace_256.csv"
+
+step torch_nccl 150 "$OUT/torch_nccl.log" "${TORCHRUN[@]}" tests/nccl/torch_steps.py --out "$OUT/torch_nccl"
+for mode in auto all; do
+  step "torch_shim_$mode" 150 "$OUT/torch_shim_$mode.log" env LD_PRELOAD="$SHIM" SYMMEM_NCCL=$mode \
+    SYMMEM_NCCL_ROUTE_LOG="$OUT/torch_routes_$mode" "${TORCHRUN[@]}" tests/nccl/torch_steps.py --out "$OUT/torch_shim_$mode"
+  step "torch_compare_$mode" 60 "$OUT/torch_compare_$mode.txt" python3 tests/nccl/torch_steps.py \
+    --compare "$OUT/torch_nccl" "$OUT/torch_shim_$mode" --ranks "$RANKS"
+done
+
+step kill 150 "$OUT/kill.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" --world 2
+cat "$OUT/summary.txt"

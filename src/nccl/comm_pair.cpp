@@ -1,0 +1,254 @@
+#include "nccl/comm_pair.hpp"
+
+#include <chrono>
+#include <thread>
+
+#include "comm/communicator_state.hpp"
+#include "common/check.hpp"
+#include "common/device_guard.hpp"
+#include "common/stream_capture.hpp"
+#include "nccl/error_map.hpp"
+#include "nccl/real_nccl.hpp"
+#include "nccl/failure_words.hpp"
+#include "nccl/served_calls.hpp"
+
+namespace symmem::nccl {
+namespace {
+
+std::string rank_text(int rank) { return "rank " + std::to_string(rank); }
+
+// Waits until the real communicator finished its (non-blocking) init. Throws on its failure or
+// past the deadline.
+void wait_until_ready(ncclComm_t comm, int64_t timeout_ms) {
+  const RealNccl* real = RealNccl::get();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = real->ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) state = r;
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress)
+      throw Error(ErrorCode::kBootstrap, std::string("the NCCL communicator failed to initialise: ") +
+                                             real->ncclGetErrorString(state));
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw Error(ErrorCode::kTimeout, "the NCCL communicator was still initialising after " +
+                                           std::to_string(timeout_ms) + " ms");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace
+
+CommPair::CommPair(ncclComm_t real, const RendezvousKey& key, const ShimSettings& settings,
+                   const CutoverTable* table, std::unique_ptr<LocalRendezvous> rendezvous)
+    : real_(real), key_(key), settings_(settings), table_(table), rendezvous_(std::move(rendezvous)) {}
+
+CommPair::~CommPair() { release(); }
+
+RendezvousKey CommPair::next_child_key(int64_t color) { return key_.child(children_++, color); }
+
+void CommPair::forward_only(const std::string& why) {
+  servable_ = false;
+  why_forwarding_ = why;
+  if (bootstrap_) bootstrap_->close();  // never used again: every rank forwards alike
+  bootstrap_.reset();
+  detail::log_warning("NCCL shim: communicator " + std::to_string(reinterpret_cast<uintptr_t>(real_)) + " (" +
+                      rank_text(rank_) + " of " + std::to_string(world_) + ") forwards every call to NCCL: " + why);
+}
+
+void CommPair::handshake() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (handshake_done_.load()) return;
+  // Marked done at once: whatever happens below, this rank never meets its peers again for it
+  // (a failure leaves the pair forwarding, as on every rank).
+  handshake_done_.store(true, std::memory_order_release);
+  try {
+    wait_until_ready(real_, settings_.timeout_ms);
+    const RealNccl* real = RealNccl::get();
+    if (real->ncclCommUserRank(real_, &rank_) != ncclSuccess || real->ncclCommCount(real_, &world_) != ncclSuccess ||
+        real->ncclCommCuDevice(real_, &device_) != ncclSuccess)
+      throw Error(ErrorCode::kBootstrap, "the NCCL communicator does not say its rank, size or device");
+    if (!rendezvous_) return forward_only("this rank could not listen for its peers");
+    Hello mine;
+    mine.secret = key_.secret;
+    mine.rank = rank_;
+    mine.world = world_;
+    mine.device = device_;
+    mine.settings = settings_;
+    std::vector<Hello> hellos;
+    {
+      std::unique_ptr<LocalRendezvous> rendezvous = std::move(rendezvous_);  // stops listening
+      bootstrap_ = rendezvous->join(mine, settings_.timeout_ms, &hellos);
+    }
+    spans_nodes_ = static_cast<int>(hellos.size()) < world_;
+    for (const Hello& h : hellos) {
+      const std::string difference = describe_difference(h.settings, h.rank, settings_, rank_);
+      if (!difference.empty()) return forward_only("the ranks' settings differ: " + difference);
+    }
+    if (settings_.shim_mode() == Mode::kOff) return forward_only("SYMMEM_NCCL=off");
+    if (spans_nodes_)
+      return forward_only(std::to_string(hellos.size()) + " of its " + std::to_string(world_) +
+                          " ranks share this host; across nodes the shim forwards");
+    if (world_ < 2) return forward_only("a communicator of one rank");
+    if (world_ > kMaxWorld)
+      return forward_only(std::to_string(world_) + " ranks exceed the " + std::to_string(kMaxWorld) +
+                          " of one NVLink domain");
+    servable_ = true;
+  } catch (const std::exception& e) {
+    if (bootstrap_) bootstrap_->close();
+    bootstrap_.reset();
+    return forward_only(std::string("the handshake failed: ") + e.what());
+  }
+  if (settings_.eager) create_symmem();
+}
+
+Decision CommPair::route(NcclCall& call, const void* send, const void* recv) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  call.world = world_;
+  call.spans_nodes = spans_nodes_;
+  call.buffers = !windows_.empty() && windows_.find(send, send_bytes(call)) && windows_.find(recv, recv_bytes(call))
+                     ? BufferKind::kWindow
+                     : BufferKind::kStaged;
+  if (!servable_ || creation_failed_) return {Route::kNccl, "this communicator forwards everything"};
+  ServeRules rules;
+  rules.mode = settings_.shim_mode();
+  rules.workspace_bytes = settings_.workspace_bytes;
+  rules.table = table_;
+  return decide(call, rules);
+}
+
+void CommPair::create_symmem() {
+  std::unique_ptr<Communicator> made;
+  try {
+    CommConfig config;
+    config.timeout_ms = settings_.timeout_ms;
+    config.workspace_bytes = settings_.workspace_bytes;
+    config.node_size = world_;  // the handshake found every rank on this host
+    made = Communicator::create(bootstrap_, device_, config);
+  } catch (const std::exception& e) {
+    // Close this rank's end: a peer still inside a collective step of the creation fails at once
+    // instead of at its deadline, and every rank ends up here.
+    bootstrap_->close();
+    creation_failed_ = true;
+    return forward_only(std::string("making its symmem communicator failed: ") + e.what());
+  }
+  // Every rank made it if every rank reaches this exchange; a rank that failed closed its end.
+  try {
+    const uint8_t made_here = 1;
+    std::vector<uint8_t> everywhere(world_);
+    bootstrap_->all_gather(&made_here, everywhere.data(), 1);
+  } catch (const std::exception& e) {
+    made.reset();
+    bootstrap_->close();
+    creation_failed_ = true;
+    return forward_only(std::string("another rank failed to make its symmem communicator: ") + e.what());
+  }
+  symmem_ = std::move(made);
+  abort_word_.store(abort_word_of(*symmem_), std::memory_order_release);
+}
+
+bool CommPair::prepare(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (symmem_) return true;
+  if (creation_failed_ || !servable_) return false;
+  // The ranks capture alike: every rank forwards this call and makes the side at its next eager one.
+  if (detail::stream_is_capturing(stream)) return false;
+  create_symmem();
+  return symmem_ != nullptr;
+}
+
+ncclResult_t CommPair::launch(const NcclCall& call, const void* send, void* recv, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (const int code = failure_code_.load(std::memory_order_acquire); code != ncclSuccess) {
+    set_last_error(failure_message_);
+    return static_cast<ncclResult_t>(code);
+  }
+  if (!symmem_) throw Error(ErrorCode::kInternal, "the NCCL shim launched a call on an unprepared communicator");
+  try {
+    run_served_call(*symmem_, call, send, recv, stream, windows_);
+    return ncclSuccess;
+  } catch (const Error& e) {
+    const ncclResult_t code = to_nccl_result(e.code());
+    set_last_error(e.what());
+    // Bad arguments launch nothing and leave the communicator usable; anything else broke the
+    // sequence of calls the ranks share.
+    if (e.code() != ErrorCode::kInvalidArgument) fail(code, e.what());
+    return code;
+  }
+}
+
+void CommPair::register_window(ncclWindow_t window, void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Window w;
+  w.handle = window;
+  w.begin = static_cast<const char*>(ptr);
+  w.bytes = bytes;
+  if (servable_ && !creation_failed_ && failure_code_.load() == ncclSuccess) {
+    if (!symmem_) create_symmem();
+    if (symmem_) {
+      try {
+        w.buffer = symmem_->import(ptr, bytes);
+      } catch (const Error& e) {
+        // Every rank failed alike (the import agrees on its outcome): staged on every rank.
+        detail::log_warning(std::string("NCCL shim: a window is staged, not mapped: ") + e.what());
+        if (e.code() != ErrorCode::kUnsupported && e.code() != ErrorCode::kInvalidArgument &&
+            e.code() != ErrorCode::kCudaError)
+          fail(to_nccl_result(e.code()), e.what());
+      }
+    }
+  }
+  windows_.add(w);
+}
+
+void CommPair::deregister_window(ncclWindow_t window) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::optional<Window> w = windows_.remove(window);
+  if (!w || !w->buffer || !symmem_) return;
+  try {
+    symmem_->release_import(w->buffer);
+  } catch (const std::exception& e) {
+    detail::log_warning(std::string("NCCL shim: releasing a window: ") + e.what());
+  }
+}
+
+void CommPair::fail(ncclResult_t code, const std::string& message) {
+  if (failure_code_.load(std::memory_order_acquire) != ncclSuccess) return;
+  failure_message_ = message;
+  failure_code_.store(code, std::memory_order_release);
+}
+
+ncclResult_t CommPair::async_error() {
+  if (const int code = failure_code_.load(std::memory_order_acquire); code != ncclSuccess)
+    return static_cast<ncclResult_t>(code);
+  // The device's failure words, read without the lock (the watchdog thread must never wait).
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || !symmem_ || !device_failed(*symmem_)) return ncclSuccess;
+  try {
+    symmem_->check();
+  } catch (const Error& e) {
+    fail(to_nccl_result(e.code()), e.what());
+    return static_cast<ncclResult_t>(failure_code_.load());
+  }
+  return ncclSuccess;
+}
+
+const char* CommPair::failure_message() const {
+  return failure_code_.load(std::memory_order_acquire) != ncclSuccess ? failure_message_.c_str() : nullptr;
+}
+
+void CommPair::abort_waits() noexcept {
+  // Lock-free: the caller may be PyTorch's watchdog while the program's thread holds the lock.
+  if (uint32_t* word = abort_word_.load(std::memory_order_acquire)) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+}
+
+void CommPair::release() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  windows_.clear();
+  abort_word_.store(nullptr, std::memory_order_release);
+  symmem_.reset();  // local release: synchronises this device, unmaps, closes descriptors
+  if (bootstrap_) bootstrap_->close();
+  bootstrap_.reset();
+  rendezvous_.reset();
+}
+
+}  // namespace symmem::nccl

@@ -1,0 +1,210 @@
+// libsymmem_nccl.so's C boundary: every function nccl.h declares, and its pncclX profiling twin as
+// an alias of the same entry point. Each line forwards to the real NCCL (real_nccl.hpp) or calls
+// the shim (shim.hpp); no exception crosses (guarded). The library exports these names only
+// (src/nccl/exports.map).
+#include <nccl.h>
+
+#include <string>
+
+#include "nccl/error_map.hpp"
+#include "nccl/shim.hpp"
+
+#define SYMMEM_NCCL_API extern "C" __attribute__((visibility("default")))
+
+// nccl.h marks ncclResetDebugInit deprecated; it is still part of the API the shim exports.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+using symmem::nccl::Collective;
+using symmem::nccl::guarded;
+using symmem::nccl::NcclCall;
+using symmem::nccl::real_nccl;
+
+namespace {
+
+// The real function `fn`, or throws kUnsupported (ncclInvalidUsage) when the real library, an
+// older NCCL, lacks it.
+template <typename F>
+F require(F fn, const char* name) {
+  if (!fn)
+    throw symmem::Error(symmem::ErrorCode::kUnsupported,
+                        std::string("symmem NCCL shim: ") + real_nccl().path + " has no " + name);
+  return fn;
+}
+
+}  // namespace
+
+// Forwards `name` with the arguments given, under guarded().
+#define SYMMEM_NCCL_FORWARD(name, ...)                                                          \
+  return guarded([&] {                                                                          \
+    return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); \
+  })
+
+// Identifies this library to the loader of the real NCCL (real_nccl.cpp), which must never load
+// the shim as the real library.
+SYMMEM_NCCL_API int symmem_nccl_shim_identity() { return 1; }
+
+SYMMEM_NCCL_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) { SYMMEM_NCCL_FORWARD(ncclMemAlloc, ptr, size); }
+SYMMEM_NCCL_API ncclResult_t ncclMemFree(void* ptr) { SYMMEM_NCCL_FORWARD(ncclMemFree, ptr); }
+SYMMEM_NCCL_API ncclResult_t ncclGetVersion(int* version) { SYMMEM_NCCL_FORWARD(ncclGetVersion, version); }
+SYMMEM_NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* id) { SYMMEM_NCCL_FORWARD(ncclGetUniqueId, id); }
+
+SYMMEM_NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                                    ncclConfig_t* config) {
+  return guarded([&] { return symmem::nccl::init_rank(comm, nranks, id, rank, config, true); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  return guarded([&] { return symmem::nccl::init_rank(comm, nranks, id, rank, nullptr, false); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  return guarded([&] { return symmem::nccl::init_all(comms, ndev, devlist); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int nids,
+                                                      ncclUniqueId* ids, ncclConfig_t* config) {
+  return guarded([&] { return symmem::nccl::init_rank_scalable(comm, nranks, rank, nids, ids, config); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                           ncclConfig_t* config) {
+  return guarded([&] { return symmem::nccl::split(comm, color, key, newcomm, config); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int count, ncclComm_t* newcomm,
+                                            ncclConfig_t* config, int flags) {
+  return guarded([&] { return symmem::nccl::shrink(comm, exclude, count, newcomm, config, flags); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return guarded([&] { return symmem::nccl::comm_finalize(comm); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return guarded([&] { return symmem::nccl::comm_destroy(comm); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return guarded([&] { return symmem::nccl::comm_abort(comm); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int flags) {
+  return guarded([&] { return symmem::nccl::comm_revoke(comm, flags); });
+}
+
+SYMMEM_NCCL_API const char* ncclGetErrorString(ncclResult_t result) {
+  const symmem::nccl::RealNccl* real = symmem::nccl::RealNccl::get();
+  return real ? real->ncclGetErrorString(result) : "symmem NCCL shim: no real NCCL could be loaded";
+}
+SYMMEM_NCCL_API const char* ncclGetLastError(ncclComm_t comm) { return symmem::nccl::get_last_error(comm); }
+SYMMEM_NCCL_API void ncclResetDebugInit() {
+  const symmem::nccl::RealNccl* real = symmem::nccl::RealNccl::get();
+  if (real && real->ncclResetDebugInit) real->ncclResetDebugInit();
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
+  const void* caller = __builtin_return_address(0);
+  return guarded([&] { return symmem::nccl::get_async_error(comm, error, caller); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  SYMMEM_NCCL_FORWARD(ncclCommCount, comm, count);
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  SYMMEM_NCCL_FORWARD(ncclCommCuDevice, comm, device);
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  SYMMEM_NCCL_FORWARD(ncclCommUserRank, comm, rank);
+}
+// Local registration: not collective in NCCL (PyTorch's allocator hooks register segments on each
+// rank on its own), so it cannot agree on symmetric buffers: forwarded.
+SYMMEM_NCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  SYMMEM_NCCL_FORWARD(ncclCommRegister, comm, buff, size, handle);
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  SYMMEM_NCCL_FORWARD(ncclCommDeregister, comm, handle);
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+                                                    int flags) {
+  return guarded([&] { return symmem::nccl::window_register(comm, buff, size, win, flags); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  const void* caller = __builtin_return_address(0);
+  return guarded([&] { return symmem::nccl::window_deregister(comm, win, caller); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
+                                                      ncclScalarResidence_t residence, ncclComm_t comm) {
+  SYMMEM_NCCL_FORWARD(ncclRedOpCreatePreMulSum, op, scalar, type, residence, comm);
+}
+SYMMEM_NCCL_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  SYMMEM_NCCL_FORWARD(ncclRedOpDestroy, op, comm);
+}
+
+// Collectives: broadcast and reduce are forwarded (symmem has no faster path for them); the others
+// are routed per call.
+SYMMEM_NCCL_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD(ncclReduce, send, recv, count, type, op, root, comm, stream);
+}
+SYMMEM_NCCL_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                                       cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD(ncclBcast, buff, count, type, root, comm, stream);
+}
+SYMMEM_NCCL_API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                                           ncclComm_t comm, cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD(ncclBroadcast, send, recv, count, type, root, comm, stream);
+}
+SYMMEM_NCCL_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return guarded([&] {
+    NcclCall call{Collective::kAllReduce, count, type, op};
+    return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
+      return require(real_nccl().ncclAllReduce, "ncclAllReduce")(send, recv, count, type, op, comm, stream);
+    });
+  });
+}
+SYMMEM_NCCL_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
+                                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return guarded([&] {
+    NcclCall call{Collective::kReduceScatter, recvcount, type, op};
+    return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
+      return require(real_nccl().ncclReduceScatter, "ncclReduceScatter")(send, recv, recvcount, type, op, comm, stream);
+    });
+  });
+}
+SYMMEM_NCCL_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type,
+                                           ncclComm_t comm, cudaStream_t stream) {
+  return guarded([&] {
+    NcclCall call{Collective::kAllGather, sendcount, type};
+    return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
+      return require(real_nccl().ncclAllGather, "ncclAllGather")(send, recv, sendcount, type, comm, stream);
+    });
+  });
+}
+SYMMEM_NCCL_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                          ncclComm_t comm, cudaStream_t stream) {
+  return guarded([&] {
+    NcclCall call{Collective::kAlltoAll, count, type};
+    return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
+      return require(real_nccl().ncclAlltoAll, "ncclAlltoAll")(send, recv, count, type, comm, stream);
+    });
+  });
+}
+SYMMEM_NCCL_API ncclResult_t ncclGather(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                                        ncclComm_t comm, cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD(ncclGather, send, recv, count, type, root, comm, stream);
+}
+SYMMEM_NCCL_API ncclResult_t ncclScatter(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                                         ncclComm_t comm, cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD(ncclScatter, send, recv, count, type, root, comm, stream);
+}
+SYMMEM_NCCL_API ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                                      cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD(ncclSend, send, count, type, peer, comm, stream);
+}
+SYMMEM_NCCL_API ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                                      cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD(ncclRecv, recv, count, type, peer, comm, stream);
+}
+SYMMEM_NCCL_API ncclResult_t ncclGroupStart() {
+  return guarded([&] { return symmem::nccl::group_start(); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclGroupEnd() {
+  return guarded([&] { return symmem::nccl::group_end(); });
+}
+SYMMEM_NCCL_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* info) {
+  return guarded([&] { return symmem::nccl::group_simulate_end(info); });
+}
+
+// The profiling twins: the same entry points under the pncclX names nccl.h declares.
+#define SYMMEM_NCCL_ALIAS(name) SYMMEM_NCCL_API __attribute__((alias(#name))) decltype(name) p##name;
+SYMMEM_NCCL_FUNCTIONS(SYMMEM_NCCL_ALIAS)

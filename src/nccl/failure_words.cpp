@@ -1,0 +1,19 @@
+#include "nccl/failure_words.hpp"
+
+#include "board/host_board.hpp"
+#include "comm/communicator_state.hpp"
+
+namespace symmem::nccl {
+
+bool device_failed(const Communicator& comm) noexcept {
+  const detail::CommunicatorState& st = detail::state_of(comm);
+  if (!st.board) return false;
+  return detail::load_word(&st.status_host()->code) != detail::kStatusOk || detail::load_word(st.board->abort_word()) != 0;
+}
+
+uint32_t* abort_word_of(const Communicator& comm) noexcept {
+  const detail::CommunicatorState& st = detail::state_of(comm);
+  return st.board ? st.board->abort_word() : nullptr;
+}
+
+}  // namespace symmem::nccl

@@ -1,0 +1,19 @@
+// The symmem communicator's failure words as the shim reads and sets them from any thread: the
+// host board's failure record of this rank and the node's abort word (board/host_board.hpp), plain
+// host memory read and written atomically, never through the communicator's calls (which belong to
+// the thread that uses it).
+#pragma once
+
+#include <cstdint>
+
+#include "symmem/communicator.hpp"
+
+namespace symmem::nccl {
+
+// True once a device wait of this rank failed or any rank of the node set the abort word.
+bool device_failed(const Communicator& comm) noexcept;
+// The abort word (host memory, valid while the communicator lives): storing 1 there makes every
+// wait of every rank of the node return at once with kAborted, and every later call fail.
+uint32_t* abort_word_of(const Communicator& comm) noexcept;
+
+}  // namespace symmem::nccl

@@ -1,0 +1,63 @@
+#include "nccl/group_queue.hpp"
+
+#include <map>
+#include <thread>
+
+namespace symmem::nccl {
+
+bool GroupQueue::end(bool* outermost) {
+  if (depth_ == 0) return false;
+  --depth_;
+  *outermost = depth_ == 0;
+  return true;
+}
+
+std::vector<GroupItem> GroupQueue::take() {
+  std::vector<GroupItem> items;
+  items.swap(items_);
+  return items;
+}
+
+GroupQueue& this_thread_group() {
+  thread_local GroupQueue queue;
+  return queue;
+}
+
+namespace {
+
+ncclResult_t run_item(GroupItem& item) noexcept {
+  try {
+    return item.run();
+  } catch (...) {
+    return ncclInternalError;  // items report their own errors; this only keeps a thread alive
+  }
+}
+
+}  // namespace
+
+ncclResult_t run_per_communicator(std::vector<GroupItem>& items) {
+  std::vector<ncclResult_t> results(items.size(), ncclSuccess);
+  std::map<const void*, std::vector<size_t>> by_comm;  // item indices, in order
+  bool waits = false;
+  for (size_t i = 0; i < items.size(); ++i) {
+    by_comm[items[i].comm].push_back(i);
+    waits = waits || items[i].waits_for_peers;
+  }
+  if (by_comm.size() <= 1 || !waits) {
+    for (size_t i = 0; i < items.size(); ++i) results[i] = run_item(items[i]);
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(by_comm.size());
+    for (auto& [comm, indices] : by_comm) {
+      threads.emplace_back([&items, &results, &indices] {
+        for (size_t i : indices) results[i] = run_item(items[i]);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (ncclResult_t r : results)
+    if (r != ncclSuccess) return r;
+  return ncclSuccess;
+}
+
+}  // namespace symmem::nccl

@@ -1,0 +1,113 @@
+#include "nccl/real_nccl.hpp"
+
+#include <dlfcn.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/env.hpp"
+
+// Defined by the shim's entry points (nccl/entry_points.cpp): a candidate that exports it is the
+// shim itself.
+extern "C" int symmem_nccl_shim_identity();
+
+namespace symmem::nccl {
+namespace {
+
+// The directory holding this library (the wheel puts it in site-packages/symmem/).
+std::string own_directory() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<const void*>(&symmem_nccl_shim_identity), &info) || !info.dli_fname) return "";
+  const std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+struct Candidate {
+  std::string name;
+  int flags;
+  std::string why;  // shown when nothing loads
+};
+
+std::vector<Candidate> candidates() {
+  std::vector<Candidate> list;
+  const std::string forced = env::nccl_library();
+  if (forced != env::kDefaultNcclLibrary) list.push_back({forced, RTLD_NOW | RTLD_LOCAL, "SYMMEM_NCCL_LIBRARY"});
+  list.push_back({"libnccl.so.2", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, "already loaded"});
+  const std::string own = own_directory();
+  if (!own.empty()) list.push_back({own + "/../nvidia/nccl/lib/libnccl.so.2", RTLD_NOW | RTLD_LOCAL, "nvidia-nccl wheel"});
+  list.push_back({"libnccl.so.2", RTLD_NOW | RTLD_LOCAL, "loader search path"});
+  return list;
+}
+
+template <typename F>
+void resolve(void* handle, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(handle, name));
+}
+
+std::string failure;
+
+std::unique_ptr<RealNccl> load() {
+  for (const Candidate& c : candidates()) {
+    dlerror();
+    void* handle = dlopen(c.name.c_str(), c.flags);
+    if (!handle) {
+      const char* why = dlerror();
+      if (!(c.flags & RTLD_NOLOAD)) failure += c.name + " (" + c.why + "): " + (why ? why : "not found") + "; ";
+      continue;
+    }
+    // The shim under NCCL's name would forward to itself.
+    if (dlsym(handle, "symmem_nccl_shim_identity")) {
+      failure += c.name + " (" + c.why + ") is libsymmem_nccl.so itself; ";
+      dlclose(handle);
+      continue;
+    }
+    auto lib = std::make_unique<RealNccl>();
+#define SYMMEM_NCCL_RESOLVE(name) resolve(handle, #name, &lib->name);
+    SYMMEM_NCCL_FUNCTIONS(SYMMEM_NCCL_RESOLVE)
+#undef SYMMEM_NCCL_RESOLVE
+    // What the shim itself relies on; the rest may be missing in an older NCCL (calling one then
+    // fails with ncclInvalidUsage naming it).
+    const bool usable = lib->ncclGetVersion && lib->ncclGetUniqueId && lib->ncclCommInitRank &&
+                        lib->ncclCommCount && lib->ncclCommUserRank && lib->ncclCommCuDevice &&
+                        lib->ncclGetErrorString && lib->ncclGetLastError && lib->ncclGroupStart &&
+                        lib->ncclGroupEnd && lib->ncclCommGetAsyncError && lib->ncclCommAbort && lib->ncclCommDestroy;
+    if (!usable || lib->ncclGetVersion(&lib->version) != ncclSuccess) {
+      failure += c.name + " (" + c.why + ") lacks functions of NCCL 2.18+; ";
+      dlclose(handle);
+      continue;
+    }
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<const void*>(lib->ncclGetVersion), &info)) {
+      lib->base = info.dli_fbase;
+      if (info.dli_fname) lib->path = info.dli_fname;
+    }
+    if (lib->path.empty()) lib->path = c.name;
+    // The handle stays open for the process: communicators live in it.
+    return lib;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const RealNccl* RealNccl::get() {
+  static std::once_flag once;
+  static std::unique_ptr<RealNccl> loaded;
+  std::call_once(once, [] { loaded = load(); });
+  return loaded.get();
+}
+
+const std::string& RealNccl::load_failure() {
+  get();
+  return failure;
+}
+
+bool RealNccl::called_from_real(const void* code) const {
+  Dl_info info{};
+  return base && dladdr(code, &info) && info.dli_fbase == base;
+}
+
+}  // namespace symmem::nccl

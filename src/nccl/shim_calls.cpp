@@ -1,0 +1,196 @@
+// Collectives routed per call, groups, windows, and the errors the program reads back.
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "common/check.hpp"
+#include "nccl/comm_registry.hpp"
+#include "nccl/error_map.hpp"
+#include "nccl/group_queue.hpp"
+#include "nccl/route_log.hpp"
+#include "nccl/shim.hpp"
+
+namespace symmem::nccl {
+namespace {
+
+// A call routed to symmem inside a group: launched at the outermost ncclGroupEnd, or forwarded
+// there (inside the real group, still open) when its communicator cannot serve it after all.
+struct DeferredCall {
+  std::shared_ptr<CommPair> pair;
+  NcclCall call;
+  const void* send;
+  void* recv;
+  cudaStream_t stream;
+  std::function<ncclResult_t()> forward;
+  bool served = false;
+};
+
+std::vector<DeferredCall>& deferred_calls() {
+  thread_local std::vector<DeferredCall> calls;
+  return calls;
+}
+
+// Why a call routed to symmem went to NCCL after all.
+constexpr const char* kNoSymmemSide =
+    "routed to symmem, but its communicator could not be made now (under capture, or it failed)";
+
+void keep_first_failure(ncclResult_t* first, ncclResult_t result) {
+  if (result != ncclSuccess && (*first == ncclSuccess || *first == ncclInProgress)) *first = result;
+}
+
+}  // namespace
+
+const RealNccl& real_nccl() {
+  const RealNccl* real = RealNccl::get();
+  if (!real)
+    throw Error(ErrorCode::kSystemError,
+                "symmem NCCL shim: no real NCCL could be loaded (set SYMMEM_NCCL_LIBRARY): " + RealNccl::load_failure());
+  return *real;
+}
+
+ncclResult_t forwarded(ncclResult_t result) {
+  if (result != ncclSuccess && result != ncclInProgress) clear_last_error();
+  return result;
+}
+
+ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t comm, cudaStream_t stream,
+                        const std::function<ncclResult_t()>& forward) {
+  std::shared_ptr<CommPair> pair = find_pair(comm);
+  if (!pair) return forwarded(forward());
+  GroupQueue& group = this_thread_group();
+  if (!pair->handshake_done()) {
+    // A non-blocking communicator meets its peers at its first collective outside a group (every
+    // rank's first collective is the same call, so every rank forwards what comes before alike).
+    if (group.open()) return forwarded(forward());
+    pair->handshake();
+  }
+  const Decision decision = pair->route(call, send, recv);
+  if (decision.route == Route::kNccl) {
+    log_route(call, Route::kNccl, decision.why);
+    return forwarded(forward());
+  }
+  if (group.open()) {
+    deferred_calls().push_back({std::move(pair), call, send, recv, stream, forward});
+    return ncclSuccess;
+  }
+  if (!pair->prepare(stream)) {
+    log_route(call, Route::kNccl, kNoSymmemSide);
+    return forwarded(forward());
+  }
+  log_route(call, Route::kSymmem, decision.why);
+  return pair->launch(call, send, recv, stream);
+}
+
+ncclResult_t group_start() {
+  const RealNccl& real = real_nccl();
+  this_thread_group().start();
+  return forwarded(real.ncclGroupStart());
+}
+
+ncclResult_t group_end() {
+  const RealNccl& real = real_nccl();
+  GroupQueue& group = this_thread_group();
+  bool outermost = false;
+  if (!group.end(&outermost) || !outermost) return forwarded(real.ncclGroupEnd());
+  std::vector<DeferredCall> calls;
+  calls.swap(deferred_calls());
+  ncclResult_t first = ncclSuccess;
+
+  // 1. The symmem sides these calls need (collective over each node: one thread per communicator
+  //    when this thread drives several).
+  std::vector<GroupItem> prepares;
+  std::set<CommPair*> seen;
+  for (const DeferredCall& c : calls) {
+    if (!seen.insert(c.pair.get()).second || c.pair->has_symmem()) continue;
+    std::shared_ptr<CommPair> pair = c.pair;
+    cudaStream_t stream = c.stream;
+    prepares.push_back({pair.get(), true, [pair, stream] {
+                          pair->prepare(stream);
+                          return ncclSuccess;
+                        }});
+  }
+  run_per_communicator(prepares);
+  // 2. What cannot be served joins the real group, still open, on this thread.
+  for (DeferredCall& c : calls) {
+    c.served = c.pair->has_symmem();
+    log_route(c.call, c.served ? Route::kSymmem : Route::kNccl, c.served ? "in a group" : kNoSymmemSide);
+    if (!c.served) keep_first_failure(&first, forwarded(c.forward()));
+  }
+  // 3. The real group: forwarded calls launch, communicators made in it finish their init.
+  const ncclResult_t real_end = forwarded(real.ncclGroupEnd());
+  keep_first_failure(&first, real_end);
+  // 4. Handshakes of communicators made in the group, window registrations.
+  std::vector<GroupItem> items = group.take();
+  keep_first_failure(&first, run_per_communicator(items));
+  // 5. The served calls, in the order they were made.
+  for (DeferredCall& c : calls)
+    if (c.served) keep_first_failure(&first, c.pair->launch(c.call, c.send, c.recv, c.stream));
+  return first == ncclSuccess && real_end == ncclInProgress ? ncclInProgress : first;
+}
+
+ncclResult_t group_simulate_end(ncclSimInfo_t* info) {
+  const RealNccl& real = real_nccl();
+  if (!real.ncclGroupSimulateEnd) throw Error(ErrorCode::kUnsupported, real.path + " has no ncclGroupSimulateEnd");
+  GroupQueue& group = this_thread_group();
+  bool outermost = false;
+  if (!group.end(&outermost) || !outermost) return forwarded(real.ncclGroupSimulateEnd(info));
+  deferred_calls().clear();  // a simulated group launches nothing
+  ncclResult_t first = forwarded(real.ncclGroupSimulateEnd(info));
+  std::vector<GroupItem> items = group.take();
+  keep_first_failure(&first, run_per_communicator(items));
+  return first;
+}
+
+ncclResult_t window_register(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int flags) {
+  const RealNccl& real = real_nccl();
+  if (!real.ncclCommWindowRegister) throw Error(ErrorCode::kUnsupported, real.path + " has no ncclCommWindowRegister");
+  const ncclResult_t result = real.ncclCommWindowRegister(comm, buff, size, win, flags);
+  std::shared_ptr<CommPair> pair = find_pair(comm);
+  // Only symmetric windows promise equal offsets on every rank, which zero copy needs.
+  if (result != ncclSuccess || !pair || !win || !(flags & NCCL_WIN_COLL_SYMMETRIC)) return forwarded(result);
+  // The real registration completes (and *win is set) at the group's end inside a group.
+  GroupItem item{pair.get(), true, [pair, win, buff, size] {
+                   if (!pair->handshake_done()) pair->handshake();
+                   pair->register_window(*win, buff, size);
+                   return ncclSuccess;
+                 }};
+  GroupQueue& group = this_thread_group();
+  if (group.open()) {
+    group.defer(std::move(item));
+    return ncclSuccess;
+  }
+  return item.run();
+}
+
+ncclResult_t window_deregister(ncclComm_t comm, ncclWindow_t win, const void* caller) {
+  const RealNccl& real = real_nccl();
+  if (!real.ncclCommWindowDeregister)
+    throw Error(ErrorCode::kUnsupported, real.path + " has no ncclCommWindowDeregister");
+  if (!real.called_from_real(caller)) {
+    if (std::shared_ptr<CommPair> pair = find_pair(comm)) pair->deregister_window(win);
+  }
+  return forwarded(real.ncclCommWindowDeregister(comm, win));
+}
+
+ncclResult_t get_async_error(ncclComm_t comm, ncclResult_t* error, const void* caller) {
+  const RealNccl& real = real_nccl();
+  const ncclResult_t result = real.ncclCommGetAsyncError(comm, error);
+  if (result != ncclSuccess || !error || *error != ncclSuccess || real.called_from_real(caller)) return result;
+  if (std::shared_ptr<CommPair> pair = find_pair(comm)) {
+    const ncclResult_t mine = pair->async_error();
+    if (mine != ncclSuccess) *error = mine;
+  }
+  return result;
+}
+
+const char* get_last_error(ncclComm_t comm) {
+  if (comm) {
+    if (std::shared_ptr<CommPair> pair = find_pair(comm))
+      if (const char* message = pair->failure_message()) return message;
+  }
+  if (!last_error().empty()) return last_error().c_str();
+  const RealNccl* real = RealNccl::get();
+  return real ? real->ncclGetLastError(comm) : RealNccl::load_failure().c_str();
+}
+
+}  // namespace symmem::nccl

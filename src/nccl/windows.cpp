@@ -1,0 +1,25 @@
+#include "nccl/windows.hpp"
+
+namespace symmem::nccl {
+
+std::optional<Window> Windows::remove(ncclWindow_t handle) {
+  for (auto it = by_begin_.begin(); it != by_begin_.end(); ++it) {
+    if (it->second.handle != handle) continue;
+    Window w = it->second;
+    by_begin_.erase(it);
+    return w;
+  }
+  return std::nullopt;
+}
+
+const Window* Windows::find(const void* p, size_t bytes) const {
+  const char* c = static_cast<const char*>(p);
+  auto it = by_begin_.upper_bound(c);  // the first window starting after p
+  if (it == by_begin_.begin()) return nullptr;
+  --it;
+  const Window& w = it->second;
+  if (!w.buffer || c < w.begin || bytes > w.bytes || size_t(c - w.begin) > w.bytes - bytes) return nullptr;
+  return &w;
+}
+
+}  // namespace symmem::nccl

@@ -1,0 +1,176 @@
+// A stand-in for libnccl.so.2 behind libsymmem_nccl.so in the shared-GPU tests
+// (tests/nccl/shared_gpu_shim_tests.cpp): the real NCCL refuses two ranks on one GPU, and those
+// tests run every rank on GPU 0. It keeps NCCL's contract where the shim relies on it and moves no
+// data:
+//   - ncclCommInitRank returns once every rank of the unique id entered it (the shim's rendezvous
+//     relies on that), ncclCommInitAll makes every rank's at once;
+//   - count, rank, device, async error, group start / end, abort, destroy answer as NCCL does;
+//   - ncclMemAlloc makes cuMem memory exportable as a file descriptor, as NCCL's does;
+//   - every collective, send and receive is counted (fake_nccl_forwarded) and does nothing: with
+//     SYMMEM_NCCL=all a served call must never get here, and a forwarded one is seen.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+
+#define FAKE_API extern "C" __attribute__((visibility("default")))
+
+struct ncclComm {
+  int rank;
+  int nranks;
+  int device;
+  std::atomic<long> forwarded{0};
+};
+
+namespace {
+
+struct Gathering {
+  int arrived = 0;
+  std::condition_variable cv;
+};
+std::mutex mutex;
+std::map<std::string, Gathering> gatherings;
+std::map<void*, size_t> allocations;  // ncclMemAlloc'd address -> size
+thread_local int group_depth = 0;
+
+ncclResult_t count(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  comm->forwarded++;
+  return ncclSuccess;
+}
+
+}  // namespace
+
+FAKE_API long fake_nccl_forwarded(ncclComm_t comm) { return comm ? comm->forwarded.load() : -1; }
+
+FAKE_API ncclResult_t ncclGetVersion(int* version) {
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  std::random_device rd;
+  for (char& c : id->internal) c = static_cast<char>(rd());
+  return ncclSuccess;
+}
+FAKE_API const char* ncclGetErrorString(ncclResult_t r) {
+  static const char* names[] = {"no error", "unhandled cuda error", "unhandled system error", "internal error",
+                                "invalid argument", "invalid usage", "remote process exited or there was a network error",
+                                "operation in progress"};
+  return r >= 0 && r < ncclNumResults ? names[r] : "unknown result";
+}
+FAKE_API const char* ncclGetLastError(ncclComm_t) { return "fake NCCL: no error"; }
+
+FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return ncclUnhandledCudaError;
+  const std::string key(id.internal, sizeof(id.internal));
+  std::unique_lock<std::mutex> lock(mutex);
+  Gathering& g = gatherings[key];
+  if (++g.arrived == nranks) g.cv.notify_all();
+  if (!g.cv.wait_for(lock, std::chrono::seconds(60), [&] { return g.arrived >= nranks; })) return ncclSystemError;
+  *comm = new ncclComm{rank, nranks, device};
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
+  return ncclCommInitRank(comm, nranks, id, rank);
+}
+FAKE_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  for (int i = 0; i < ndev; ++i) comms[i] = new ncclComm{i, ndev, devlist ? devlist[i] : 0};
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* n) { return comm ? (*n = comm->nranks, ncclSuccess) : ncclInvalidArgument; }
+FAKE_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* r) { return comm ? (*r = comm->rank, ncclSuccess) : ncclInvalidArgument; }
+FAKE_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* d) { return comm ? (*d = comm->device, ncclSuccess) : ncclInvalidArgument; }
+FAKE_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
+  if (!comm) return ncclInvalidArgument;
+  *e = ncclSuccess;
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  delete comm;
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+FAKE_API ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
+FAKE_API ncclResult_t ncclGroupStart() {
+  ++group_depth;
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclGroupEnd() { return group_depth-- > 0 ? ncclSuccess : ncclInvalidUsage; }
+
+FAKE_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  int device = 0;
+  cudaGetDevice(&device);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t granularity = 0;
+  if (cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS)
+    return ncclUnhandledCudaError;
+  size = (size + granularity - 1) / granularity * granularity;
+  CUmemGenericAllocationHandle handle;
+  CUdeviceptr address = 0;
+  if (cuMemCreate(&handle, size, &prop, 0) != CUDA_SUCCESS) return ncclUnhandledCudaError;
+  if (cuMemAddressReserve(&address, size, granularity, 0, 0) != CUDA_SUCCESS ||
+      cuMemMap(address, size, 0, handle, 0) != CUDA_SUCCESS)
+    return ncclUnhandledCudaError;
+  cuMemRelease(handle);  // the mapping keeps it
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (cuMemSetAccess(address, size, &access, 1) != CUDA_SUCCESS) return ncclUnhandledCudaError;
+  std::lock_guard<std::mutex> lock(mutex);
+  allocations[reinterpret_cast<void*>(address)] = size;
+  *ptr = reinterpret_cast<void*>(address);
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclMemFree(void* ptr) {
+  size_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = allocations.find(ptr);
+    if (it == allocations.end()) return ncclInvalidArgument;
+    size = it->second;
+    allocations.erase(it);
+  }
+  const auto address = reinterpret_cast<CUdeviceptr>(ptr);
+  cuMemUnmap(address, size);
+  cuMemAddressFree(address, size);
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t, ncclWindow_t* win, int) {
+  if (!comm) return ncclInvalidArgument;
+  *win = reinterpret_cast<ncclWindow_t>(buff);
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t) {
+  return comm ? ncclSuccess : ncclInvalidArgument;
+}
+
+FAKE_API ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t comm,
+                                    cudaStream_t) {
+  return count(comm);
+}
+FAKE_API ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t comm, cudaStream_t) {
+  return count(comm);
+}
+FAKE_API ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t comm,
+                                        cudaStream_t) {
+  return count(comm);
+}
+FAKE_API ncclResult_t ncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t comm, cudaStream_t) {
+  return count(comm);
+}
+FAKE_API ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
+  return count(comm);
+}

@@ -1,0 +1,234 @@
+"""A client in the shape of vLLM's PyNccl, against plain NCCL and libsymmem_nccl.so in one run.
+
+vLLM (and SGLang) load an NCCL library by path with ctypes (VLLM_NCCL_SO_PATH), make a
+communicator from a unique id they broadcast themselves, warm it up with one all-reduce and then
+call ncclAllReduce on the current stream, eagerly and inside CUDA graphs. This does the same with
+both libraries side by side (two communicators, one per library), at vLLM's all-reduce sizes
+(T x 8192 bf16, T = 1 ... 4096), interleaving the libraries, and checks every result exactly
+(integer-valued inputs: their sums are exact in bf16 whatever the order).
+
+  torchrun --nproc-per-node 2 tests/nccl/pynccl_client.py --shim build/libsymmem_nccl.so \
+      --nccl /path/libnccl.so.2 --csv out.csv
+
+Rank 0 prints a table (microseconds per call, median of interleaved repetitions, and the route the
+shim took) and "faster at every size: yes/no" for eager calls and graph replays. Exit 1 on a wrong
+result, or with --require-faster when the shim is slower anywhere.
+"""
+import argparse
+import csv
+import ctypes
+import datetime
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+NCCL_BFLOAT16 = 9
+NCCL_SUM = 0
+
+
+class NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_byte * 128)]
+
+
+class NcclLibrary:
+    """The few functions vLLM's PyNccl binds, with its types."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lib = ctypes.CDLL(path)
+        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+        self.lib.ncclGetLastError.restype = ctypes.c_char_p
+        self.lib.ncclGetLastError.argtypes = [ctypes.c_void_p]
+        self.lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(NcclUniqueId)]
+        self.lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, NcclUniqueId,
+                                              ctypes.c_int]
+        self.lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        self.lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+
+    def check(self, result, what):
+        if result != 0:
+            raise RuntimeError(f"{self.path}: {what}: {self.lib.ncclGetErrorString(result).decode()}: "
+                               f"{(self.lib.ncclGetLastError(None) or b'').decode()}")
+
+    def unique_id(self):
+        uid = NcclUniqueId()
+        self.check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+        return uid
+
+    def init_rank(self, world, uid, rank):
+        comm = ctypes.c_void_p()
+        self.check(self.lib.ncclCommInitRank(ctypes.byref(comm), world, uid, rank), "ncclCommInitRank")
+        return comm
+
+    def all_reduce(self, out, inp, comm):
+        stream = torch.cuda.current_stream().cuda_stream
+        self.check(self.lib.ncclAllReduce(inp.data_ptr(), out.data_ptr(), inp.numel(), NCCL_BFLOAT16, NCCL_SUM,
+                                          comm, stream), "ncclAllReduce")
+
+
+def exact_input(rows, rank):
+    """Small integers: every sum over ranks is exact in bf16, whatever the order."""
+    base = (torch.arange(rows * 8192, device="cuda") % 7).to(torch.bfloat16)
+    return (base * (rank + 1)).reshape(rows, 8192), base
+
+
+def time_eager(lib, comm, out, inp, calls):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        lib.all_reduce(out, inp, comm)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / calls
+
+
+def capture(lib, comm, out, inp, calls):
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            lib.all_reduce(out, inp, comm)
+    return graph
+
+
+def time_graph(graph, calls):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / calls
+
+
+def routes_of(prefix):
+    """{bytes: route} the shim logged for this process's all-reduces (SYMMEM_NCCL_ROUTE_LOG)."""
+    found = {}
+    for path in glob.glob(f"{prefix}.{os.getpid()}.csv"):
+        for r in csv.DictReader(open(path)):
+            if r["collective"] == "all_reduce":
+                b = int(r["bytes"])
+                found[b] = r["route"] if found.get(b, r["route"]) == r["route"] else "mixed"
+    return found
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shim", required=True, help="libsymmem_nccl.so")
+    p.add_argument("--nccl", help="the real libnccl.so.2 (default: the one torch loaded)")
+    p.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256,512,1024,2048,4096")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--csv")
+    p.add_argument("--require-faster", action="store_true")
+    args = p.parse_args()
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("gloo")  # only to share the unique ids, as vLLM does over its CPU group
+    route_prefix = os.path.join(tempfile.gettempdir(), f"pynccl_client_routes_{os.environ.get('MASTER_PORT', '0')}")
+    os.environ["SYMMEM_NCCL_ROUTE_LOG"] = route_prefix  # read by the shim when it loads below
+    real_path = args.nccl
+    if not real_path:
+        # The libnccl.so.2 torch loaded (the shim, loaded by path, forwards to that one as well).
+        maps = open("/proc/self/maps").read().split()
+        real_path = next(m for m in maps if m.endswith("libnccl.so.2"))
+    libs = {"nccl": NcclLibrary(real_path), "symmem_nccl": NcclLibrary(args.shim)}
+    comms = {}
+    for name, lib in libs.items():
+        uid = [lib.unique_id() if rank == 0 else None]
+        dist.broadcast_object_list(uid, src=0)
+        comms[name] = lib.init_rank(world, uid[0], rank)
+        # vLLM's warm-up: one all-reduce at creation (the shim makes its symmem side here).
+        warm = torch.zeros(1, 8192, dtype=torch.bfloat16, device="cuda")
+        lib.all_reduce(warm, warm, comms[name])
+    torch.cuda.synchronize()
+
+    tokens = [int(t) for t in args.tokens.split(",")]
+    results, wrong = [], 0
+    for t in tokens:
+        inp, base = exact_input(t, rank)
+        expected = base * (world * (world + 1) // 2)
+        outs = {name: torch.empty_like(inp) for name in libs}
+        calls = max(5, min(50, (4 << 20) // max(1, inp.numel() * 2) * 5))
+        for name, lib in libs.items():  # correctness, eager, poisoned output first
+            outs[name].fill_(float("nan"))
+            lib.all_reduce(outs[name], inp, comms[name])
+            torch.cuda.synchronize()
+            if not torch.equal(outs[name].reshape(-1), expected):
+                wrong += 1
+                print(f"rank {rank}: {name} T={t}: wrong result", file=sys.stderr)
+        graphs = {name: capture(lib, comms[name], outs[name], inp, calls) for name, lib in libs.items()}
+        for name, lib in libs.items():  # correctness of a replay after the input changed in place
+            outs[name].fill_(float("nan"))
+            inp.mul_(2)
+            graphs[name].replay()
+            torch.cuda.synchronize()
+            inp.div_(2)
+            if not torch.equal(outs[name].reshape(-1), expected * 2):
+                wrong += 1
+                print(f"rank {rank}: {name} T={t}: wrong result from a graph replay", file=sys.stderr)
+        for mode in ("eager", "graph"):
+            samples = {name: [] for name in libs}
+            for rep in range(args.reps):
+                order = list(libs) if rep % 2 == 0 else list(reversed(list(libs)))  # interleaved, ABBA
+                for name in order:
+                    dist.barrier()
+                    if mode == "eager":
+                        samples[name].append(time_eager(libs[name], comms[name], outs[name], inp, calls))
+                    else:
+                        samples[name].append(time_graph(graphs[name], calls))
+            for name in libs:
+                results.append({"library": name, "mode": mode, "tokens": t, "bytes": inp.numel() * 2,
+                                "us_median": statistics.median(samples[name]), "us_min": min(samples[name]),
+                                "us_max": max(samples[name]), "reps": args.reps, "calls": calls})
+        del graphs
+    routes = routes_of(route_prefix)
+    for name, lib in libs.items():
+        lib.check(lib.lib.ncclCommDestroy(comms[name]), "ncclCommDestroy")
+
+    counts = [None] * world
+    dist.all_gather_object(counts, wrong)
+    total_wrong = sum(counts)
+    slower = []
+    if rank == 0:
+        gpu = torch.cuda.get_device_name()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        print(f"# {date} {gpu} x {world}, shim {args.shim} (commit {commit or 'unknown'}), NCCL {real_path}")
+        print(f"{'mode':6} {'T':>5} {'MiB':>7} {'NCCL us':>9} {'shim us':>9} {'speedup':>8} route")
+        for mode in ("eager", "graph"):
+            for t in tokens:
+                a = next(r for r in results if r["library"] == "nccl" and r["mode"] == mode and r["tokens"] == t)
+                b = next(r for r in results if r["library"] == "symmem_nccl" and r["mode"] == mode and r["tokens"] == t)
+                speedup = a["us_median"] / b["us_median"]
+                if speedup <= 1.0:
+                    slower.append((mode, t))
+                route = routes.get(a["bytes"], "?")
+                print(f"{mode:6} {t:>5} {a['bytes'] / 2**20:>7.2f} {a['us_median']:>9.2f} {b['us_median']:>9.2f} "
+                      f"{speedup:>8.3f} {route}")
+            faster = not any(m == mode for m, _ in slower)
+            print(f"{mode}: faster at every size: {'yes' if faster else 'no'}")
+        print(f"wrong results: {total_wrong}")
+        if args.csv:
+            with open(args.csv, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=["date", "commit", "gpu", "world", "library", "mode", "tokens", "bytes",
+                                                  "us_median", "us_min", "us_max", "reps", "calls", "route"])
+                w.writeheader()
+                for r in results:
+                    w.writerow(dict(r, date=date, commit=commit, gpu=gpu, world=world,
+                                    route=routes.get(r["bytes"], "") if r["library"] == "symmem_nccl" else "nccl"))
+    dist.destroy_process_group()
+    if total_wrong:
+        sys.exit(1)
+    if args.require_faster and slower:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,667 @@
+// libsymmem_nccl.so's served path on ONE GPU: ranks as threads sharing GPU 0
+// (SYMMEM_TEST_SHARED_GPU=1), each calling NCCL's API as a program does, the shim in front of a
+// stand-in NCCL (fake_nccl.cpp: the real one refuses two ranks on one GPU; the stand-in moves no
+// data and counts what reaches it). SYMMEM_NCCL=all: every call symmem implements must be served
+// (the stand-in must count none of them) and exact.
+//
+//   symmem_shared_gpu_shim_tests [case filter]      # SYMMEM_SHIM_TEST_WORLDS (default "2 4")
+//   SYMMEM_SHIM_TEST_MODE=off symmem_shared_gpu_shim_tests shim_serves   # negative control: must fail
+//
+// Cases: every served collective, type, reduction, count, in place and out of place, checked
+// exactly on the host (integer-valued inputs: sums are exact whatever the order); registered
+// windows (zero copy through Heap::import); one thread driving every rank through groups
+// (ncclCommInitAll), with a forwarded call in the group; CUDA graph capture and replay, and a
+// first call under capture (forwarded, then made at the next eager one); a mismatch and a missing
+// rank reported as ncclRemoteError naming the ranks; ncclCommAbort releasing a peer's wait.
+//
+// The shared-GPU rules (tests/gpu/shared_gpu_ranks.hpp): device memory is allocated before the
+// ranks' first collective and freed after their last; every rank synchronises its own stream only,
+// and the ranks meet on the host before anything waits on the whole device (communicator teardown).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test.hpp"
+
+using symmem::test::Skipped;
+
+namespace {
+
+#define NCCL_OK(expr)                                                                                           \
+  do {                                                                                                          \
+    ncclResult_t r_ = (expr);                                                                                   \
+    if (r_ != ncclSuccess)                                                                                      \
+      ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + ncclGetErrorString(r_) + ": " +     \
+                                                   (ncclGetLastError(nullptr) ? ncclGetLastError(nullptr) : "")); \
+  } while (0)
+
+#define CUDA_OK(expr)                                                                                              \
+  do {                                                                                                             \
+    cudaError_t e_ = (expr);                                                                                       \
+    if (e_ != cudaSuccess) ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + cudaGetErrorName(e_)); \
+  } while (0)
+
+std::vector<int> worlds() {
+  const char* text = std::getenv("SYMMEM_SHIM_TEST_WORLDS");
+  std::istringstream in(text ? text : "2 4");
+  std::vector<int> out;
+  for (int w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// How many calls reached the stand-in NCCL on `comm` (forwarded by the shim).
+long forwarded(ncclComm_t comm) {
+  static auto fn = [] {
+    void* fake = dlopen(std::getenv("SYMMEM_NCCL_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+    return fake ? reinterpret_cast<long (*)(ncclComm_t)>(dlsym(fake, "fake_nccl_forwarded")) : nullptr;
+  }();
+  return fn ? fn(comm) : -1;
+}
+
+// The ranks meet on the host (a failure elsewhere releases them: they then fail too).
+class Meeting {
+ public:
+  explicit Meeting(int world) : world_(world) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int generation = generation_;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(120), [&] { return generation_ != generation || broken_; }))
+      throw symmem::test::Failure("the ranks never met (a rank is stuck)");
+    if (broken_) throw symmem::test::Failure("another rank failed");
+  }
+  void break_up() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  int world_;
+  int arrived_ = 0;
+  int generation_ = 0;
+  bool broken_ = false;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+};
+
+struct Rank {
+  int rank = 0;
+  int world = 0;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  Meeting* meeting = nullptr;
+  void meet() const { meeting->wait(); }
+};
+
+// Runs body on `world` threads, each a rank with its communicator (ncclCommInitRank through the
+// shim, on GPU 0) and stream; destroys the communicators after every rank finished. Rethrows the
+// first failure.
+void run_ranks(int world, const std::function<void(Rank&)>& body, bool destroy = true) {
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  Meeting meeting(world);
+  std::vector<std::string> failures(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      Rank me;
+      me.rank = r;
+      me.world = world;
+      me.meeting = &meeting;
+      try {
+        CUDA_OK(cudaSetDevice(0));
+        CUDA_OK(cudaStreamCreateWithFlags(&me.stream, cudaStreamNonBlocking));
+        NCCL_OK(ncclCommInitRank(&me.comm, world, id, r));
+        body(me);
+        CUDA_OK(cudaStreamSynchronize(me.stream));
+        me.meet();  // nobody tears down while a peer's kernel may still wait
+        if (destroy) NCCL_OK(ncclCommDestroy(me.comm));
+      } catch (const std::exception& e) {
+        failures[r] = e.what();
+        meeting.break_up();
+      }
+      if (me.stream) cudaStreamDestroy(me.stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r)
+    if (!failures[r].empty()) throw symmem::test::Failure("rank " + std::to_string(r) + ": " + failures[r]);
+}
+
+// Element types as the host sees them.
+size_t type_bytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclFloat32: return 4;
+    default: return 8;
+  }
+}
+// A small integer of rank r at index i: every sum over 8 ranks is exact in every type.
+int value(int r, size_t i) { return int((i * 7 + size_t(r) * 3 + 1) % 11) - 5; }
+
+void store(void* base, ncclDataType_t t, size_t i, double v) {
+  switch (t) {
+    case ncclFloat32: static_cast<float*>(base)[i] = float(v); break;
+    case ncclFloat16: static_cast<__half*>(base)[i] = __float2half_rn(float(v)); break;
+    case ncclBfloat16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(float(v)); break;
+    case ncclInt32: static_cast<int32_t*>(base)[i] = int32_t(v); break;
+    case ncclInt64: static_cast<int64_t*>(base)[i] = int64_t(v); break;
+    case ncclUint8: static_cast<uint8_t*>(base)[i] = uint8_t(int(v) & 0xff); break;
+    default: throw symmem::test::Failure("no host type");
+  }
+}
+double load(const void* base, ncclDataType_t t, size_t i) {
+  switch (t) {
+    case ncclFloat32: return static_cast<const float*>(base)[i];
+    case ncclFloat16: return __half2float(static_cast<const __half*>(base)[i]);
+    case ncclBfloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case ncclInt32: return static_cast<const int32_t*>(base)[i];
+    case ncclInt64: return double(static_cast<const int64_t*>(base)[i]);
+    case ncclUint8: return static_cast<const uint8_t*>(base)[i];
+    default: throw symmem::test::Failure("no host type");
+  }
+}
+
+// The reduction of every rank's value at i, as the shim computes it: exact sums, max, min; an
+// average is the sum times 1 / world in float, rounded once to the type.
+double reduced(ncclRedOp_t op, ncclDataType_t t, int world, size_t i) {
+  double sum = 0, hi = -1e30, lo = 1e30;
+  for (int r = 0; r < world; ++r) {
+    sum += value(r, i);
+    hi = std::max<double>(hi, value(r, i));
+    lo = std::min<double>(lo, value(r, i));
+  }
+  if (op == ncclMax) return hi;
+  if (op == ncclMin) return lo;
+  if (op != ncclAvg) return sum;
+  std::vector<char> one(8);
+  store(one.data(), t, 0, double(float(sum) * (1.0f / float(world))));
+  return load(one.data(), t, 0);
+}
+
+enum class Op { kAllReduce, kAllGather, kReduceScatter, kAlltoAll };
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kAllReduce: return "all_reduce";
+    case Op::kAllGather: return "all_gather";
+    case Op::kReduceScatter: return "reduce_scatter";
+    default: return "alltoall";
+  }
+}
+
+struct Shape {
+  Op op;
+  ncclDataType_t type;
+  ncclRedOp_t redop;
+  size_t count;  // NCCL's count
+  bool in_place;
+};
+
+// Input and expected output of rank r, as host bytes; sizes in elements.
+struct Plan {
+  size_t send_elems, recv_elems;
+};
+Plan plan_of(const Shape& s, int world) {
+  switch (s.op) {
+    case Op::kAllReduce: return {s.count, s.count};
+    case Op::kAllGather: return {s.count, s.count * world};
+    case Op::kReduceScatter: return {s.count * world, s.count};
+    default: return {s.count * world, s.count * world};
+  }
+}
+
+// Where rank r's input starts in its output, in place (all_gather: its slot), in elements.
+size_t in_place_offset(const Shape& s, int rank) { return s.op == Op::kAllGather ? s.count * rank : 0; }
+
+void fill_input(std::vector<char>& host, const Shape& s, int rank, int world) {
+  const Plan p = plan_of(s, world);
+  host.assign(p.send_elems * type_bytes(s.type), 0);
+  for (size_t i = 0; i < p.send_elems; ++i) store(host.data(), s.type, i, value(rank, s.op == Op::kAlltoAll ? i + rank : i));
+}
+
+double expected_at(const Shape& s, int rank, int world, size_t i) {
+  switch (s.op) {
+    case Op::kAllReduce: return reduced(s.redop, s.type, world, i);
+    case Op::kAllGather: return value(int(i / s.count), i % s.count);
+    case Op::kReduceScatter: return reduced(s.redop, s.type, world, size_t(rank) * s.count + i);
+    default: {
+      // Block q of rank `rank`'s output is block `rank` of rank q's input.
+      const int q = int(i / s.count);
+      return value(q, size_t(rank) * s.count + i % s.count + q);
+    }
+  }
+}
+
+ncclResult_t call(const Shape& s, const void* send, void* recv, const Rank& me) {
+  switch (s.op) {
+    case Op::kAllReduce: return ncclAllReduce(send, recv, s.count, s.type, s.redop, me.comm, me.stream);
+    case Op::kAllGather: return ncclAllGather(send, recv, s.count, s.type, me.comm, me.stream);
+    case Op::kReduceScatter: return ncclReduceScatter(send, recv, s.count, s.type, s.redop, me.comm, me.stream);
+    default: return ncclAlltoAll(send, recv, s.count, s.type, me.comm, me.stream);
+  }
+}
+
+// One call of shape s on rank me with buffers send_base / recv_base (device, large enough; at
+// `offset` bytes in): poisons the output, runs, checks every element exactly.
+void check_call(const Shape& s, const Rank& me, char* send_base, char* recv_base, size_t offset) {
+  const Plan p = plan_of(s, me.world);
+  const size_t elem = type_bytes(s.type);
+  std::vector<char> input;
+  fill_input(input, s, me.rank, me.world);
+  // NCCL's in-place layouts: all_reduce send == recv; all_gather's input is this rank's slot of the
+  // output; reduce_scatter's output is this rank's slice of the input.
+  char* send = send_base + offset;
+  char* recv = recv_base + offset;
+  if (s.in_place && s.op == Op::kReduceScatter) {
+    send = recv_base + offset;
+    recv = send + size_t(me.rank) * s.count * elem;
+  } else if (s.in_place) {
+    send = recv + in_place_offset(s, me.rank) * elem;
+  }
+  // Poison what the call writes (the whole buffer in place), then the input over it.
+  CUDA_OK(cudaMemsetAsync(s.in_place && s.op == Op::kReduceScatter ? send : recv, 0xA5,
+                          (s.in_place && s.op == Op::kReduceScatter ? p.send_elems : p.recv_elems) * elem, me.stream));
+  CUDA_OK(cudaMemcpyAsync(send, input.data(), input.size(), cudaMemcpyHostToDevice, me.stream));
+  const ncclResult_t r = call(s, send, recv, me);
+  if (r != ncclSuccess)
+    throw symmem::test::Failure(std::string(op_name(s.op)) + ": " + ncclGetErrorString(r) + ": " +
+                                ncclGetLastError(me.comm));
+  std::vector<char> out(p.recv_elems * elem);
+  CUDA_OK(cudaMemcpyAsync(out.data(), recv, out.size(), cudaMemcpyDeviceToHost, me.stream));
+  CUDA_OK(cudaStreamSynchronize(me.stream));
+  for (size_t i = 0; i < p.recv_elems; ++i) {
+    double want = expected_at(s, me.rank, me.world, i);
+    if (s.type == ncclUint8) want = double(int(want) & 0xff);
+    const double got = load(out.data(), s.type, i);
+    if (got != want)
+      throw symmem::test::Failure(std::string(op_name(s.op)) + " type " + std::to_string(s.type) + " op " +
+                                  std::to_string(s.redop) + " count " + std::to_string(s.count) +
+                                  (s.in_place ? " in place" : " out of place") + ": element " + std::to_string(i) +
+                                  " is " + std::to_string(got) + ", expected " + std::to_string(want));
+  }
+}
+
+std::vector<Shape> every_shape() {
+  std::vector<Shape> shapes;
+  const size_t counts[] = {1, 3, 1000, 65537, (size_t(1) << 20) + 5};
+  for (size_t count : counts) {
+    for (bool in_place : {false, true}) {
+      for (ncclDataType_t t : {ncclFloat32, ncclFloat16, ncclBfloat16, ncclInt32}) {
+        for (ncclRedOp_t op : {ncclSum, ncclMax, ncclMin, ncclAvg}) {
+          if (op == ncclAvg && t == ncclInt32) continue;  // forwarded (NCCL's integer rounding)
+          shapes.push_back({Op::kAllReduce, t, op, count, in_place});
+          shapes.push_back({Op::kReduceScatter, t, op, count, in_place});
+        }
+      }
+      for (ncclDataType_t t : {ncclFloat32, ncclBfloat16, ncclInt64, ncclUint8})
+        shapes.push_back({Op::kAllGather, t, ncclSum, count, in_place});
+    }
+    for (ncclDataType_t t : {ncclFloat32, ncclFloat16, ncclUint8}) shapes.push_back({Op::kAlltoAll, t, ncclSum, count, false});
+  }
+  return shapes;
+}
+
+size_t largest_buffer(const std::vector<Shape>& shapes, int world) {
+  size_t bytes = 0;
+  for (const Shape& s : shapes) {
+    const Plan p = plan_of(s, world);
+    bytes = std::max(bytes, std::max(p.send_elems, p.recv_elems) * type_bytes(s.type));
+  }
+  return bytes + 4096;
+}
+
+void set_env(const char* name, const std::string& value) { setenv(name, value.c_str(), 1); }
+
+// SYMMEM_NCCL=all for the communicators made next. SYMMEM_SHIM_TEST_MODE=off is the negative
+// control: every call then reaches the stand-in NCCL, which moves no data, and the cases must fail.
+void serve_everything() {
+  const char* mode = std::getenv("SYMMEM_SHIM_TEST_MODE");
+  set_env("SYMMEM_NCCL", mode ? mode : "all");
+}
+
+}  // namespace
+
+TEST(shim_serves_every_collective_exactly) {
+  serve_everything();
+  const std::vector<Shape> shapes = every_shape();
+  for (int world : worlds()) {
+    run_ranks(world, [&](Rank& me) {
+      const size_t bytes = largest_buffer(shapes, world);
+      char *send = nullptr, *recv = nullptr;
+      CUDA_OK(cudaMalloc(&send, bytes));
+      CUDA_OK(cudaMalloc(&recv, bytes));
+      me.meet();
+      for (const Shape& s : shapes) check_call(s, me, send, recv, 0);
+      if (forwarded(me.comm) != 0)
+        throw symmem::test::Failure(std::to_string(forwarded(me.comm)) + " calls reached NCCL with SYMMEM_NCCL=all");
+      me.meet();
+      CUDA_OK(cudaFree(send));
+      CUDA_OK(cudaFree(recv));
+    });
+  }
+}
+
+TEST(shim_serves_registered_windows_zero_copy) {
+  serve_everything();
+  // Counts no other case uses: the route log (SYMMEM_NCCL_ROUTE_LOG, set by main for the process)
+  // then tells these calls' routes apart.
+  std::vector<Shape> shapes;
+  for (size_t count : {size_t(5), size_t(4099), (size_t(1) << 18) + 1}) {
+    for (bool in_place : {false, true}) {
+      shapes.push_back({Op::kAllReduce, ncclBfloat16, ncclSum, count, in_place});
+      shapes.push_back({Op::kAllGather, ncclFloat32, ncclSum, count, in_place});
+      shapes.push_back({Op::kReduceScatter, ncclFloat16, ncclMax, count, in_place});
+    }
+  }
+  for (int world : worlds()) {
+    run_ranks(world, [&](Rank& me) {
+      const size_t bytes = largest_buffer(shapes, world) + 8192;
+      void *send = nullptr, *recv = nullptr;
+      NCCL_OK(ncclMemAlloc(&send, bytes));
+      NCCL_OK(ncclMemAlloc(&recv, bytes));
+      ncclWindow_t send_window = nullptr, recv_window = nullptr;
+      // Registered inside a group, as nccl-tests does: the shim maps them at the group's end.
+      NCCL_OK(ncclGroupStart());
+      NCCL_OK(ncclCommWindowRegister(me.comm, send, bytes, &send_window, NCCL_WIN_COLL_SYMMETRIC));
+      NCCL_OK(ncclCommWindowRegister(me.comm, recv, bytes, &recv_window, NCCL_WIN_COLL_SYMMETRIC));
+      NCCL_OK(ncclGroupEnd());
+      me.meet();
+      for (size_t offset : {size_t(0), size_t(4096)})
+        for (const Shape& s : shapes) check_call(s, me, static_cast<char*>(send), static_cast<char*>(recv), offset);
+      if (forwarded(me.comm) != 0) throw symmem::test::Failure("a call on windows reached NCCL");
+      CUDA_OK(cudaStreamSynchronize(me.stream));
+      me.meet();
+      NCCL_OK(ncclCommWindowDeregister(me.comm, send_window));
+      NCCL_OK(ncclCommWindowDeregister(me.comm, recv_window));
+      me.meet();
+      NCCL_OK(ncclMemFree(send));
+      NCCL_OK(ncclMemFree(recv));
+    });
+  }
+  // Every call of these shapes went to symmem as zero copy (a window row), none staged.
+  std::ifstream log(std::string(std::getenv("SYMMEM_NCCL_ROUTE_LOG")) + "." + std::to_string(getpid()) + ".csv");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(log, line);) lines.push_back(line);
+  for (int world : worlds()) {
+    for (const Shape& s : shapes) {
+      const Plan p = plan_of(s, world);
+      const size_t size = std::max(p.send_elems, p.recv_elems) * type_bytes(s.type);  // nccl-tests' size
+      const std::string key = std::string(op_name(s.op)) + "," + std::to_string(s.type) + "," +
+                              std::to_string(s.redop) + "," + std::to_string(size) + "," + std::to_string(world) + ",";
+      bool window = false;
+      for (const std::string& line : lines) {
+        if (line.rfind(key, 0) != 0) continue;
+        if (line.find(",staged,") != std::string::npos)
+          throw symmem::test::Failure("a call on registered windows was staged: " + line);
+        window = window || line.find(",window,symmem,") != std::string::npos;
+      }
+      if (!window) throw symmem::test::Failure("no zero-copy route logged for " + key);
+    }
+  }
+}
+
+TEST(shim_groups_drive_every_rank_from_one_thread) {
+  serve_everything();
+  for (int world : worlds()) {
+    std::vector<ncclComm_t> comms(world);
+    std::vector<int> devices(world, 0);
+    CUDA_OK(cudaSetDevice(0));
+    NCCL_OK(ncclCommInitAll(comms.data(), world, devices.data()));  // the shim's handshakes run together
+    const size_t count = 100003;
+    std::vector<cudaStream_t> streams(world);
+    std::vector<float*> send(world), recv(world);
+    for (int r = 0; r < world; ++r) {
+      CUDA_OK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+      CUDA_OK(cudaMalloc(&send[r], count * 4));
+      CUDA_OK(cudaMalloc(&recv[r], count * 4));
+      std::vector<float> in(count);
+      for (size_t i = 0; i < count; ++i) in[i] = float(value(r, i));
+      CUDA_OK(cudaMemcpy(send[r], in.data(), count * 4, cudaMemcpyHostToDevice));
+    }
+    for (int round = 0; round < 3; ++round) {
+      // The first group makes every rank's symmem side (together, on threads of the shim's own);
+      // the third mixes a forwarded broadcast into the group.
+      NCCL_OK(ncclGroupStart());
+      for (int r = 0; r < world; ++r) {
+        NCCL_OK(ncclAllReduce(send[r], recv[r], count, ncclFloat32, ncclSum, comms[r], streams[r]));
+        if (round == 2) NCCL_OK(ncclBroadcast(send[r], send[r], 1, ncclFloat32, 0, comms[r], streams[r]));
+      }
+      NCCL_OK(ncclGroupEnd());
+      for (int r = 0; r < world; ++r) {
+        std::vector<float> out(count);
+        CUDA_OK(cudaMemcpyAsync(out.data(), recv[r], count * 4, cudaMemcpyDeviceToHost, streams[r]));
+        CUDA_OK(cudaStreamSynchronize(streams[r]));
+        for (size_t i = 0; i < count; ++i)
+          if (out[i] != float(reduced(ncclSum, ncclFloat32, world, i)))
+            throw symmem::test::Failure("round " + std::to_string(round) + " rank " + std::to_string(r) +
+                                        ": element " + std::to_string(i) + " wrong");
+        const long want = round == 2 ? 1 : 0;  // only the broadcast reached NCCL
+        if (forwarded(comms[r]) != want)
+          throw symmem::test::Failure("rank " + std::to_string(r) + ": " + std::to_string(forwarded(comms[r])) +
+                                      " calls reached NCCL after round " + std::to_string(round));
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      CUDA_OK(cudaStreamSynchronize(streams[r]));
+      NCCL_OK(ncclCommDestroy(comms[r]));
+      CUDA_OK(cudaFree(send[r]));
+      CUDA_OK(cudaFree(recv[r]));
+      CUDA_OK(cudaStreamDestroy(streams[r]));
+    }
+  }
+}
+
+TEST(shim_captures_and_replays_served_calls) {
+  serve_everything();
+  for (int world : worlds()) {
+    run_ranks(world, [&](Rank& me) {
+      const size_t count = 8192 * 4;
+      __nv_bfloat16 *in = nullptr, *out = nullptr;
+      CUDA_OK(cudaMalloc(&in, count * 2));
+      CUDA_OK(cudaMalloc(&out, count * 2));
+      std::vector<__nv_bfloat16> host(count), back(count);
+      auto load_input = [&](int scale) {
+        for (size_t i = 0; i < count; ++i) host[i] = __float2bfloat16_rn(float(value(me.rank, i) * scale));
+        CUDA_OK(cudaMemcpyAsync(in, host.data(), count * 2, cudaMemcpyHostToDevice, me.stream));
+      };
+      me.meet();
+      // A first call under capture: the symmem side cannot be made inside it, so every rank
+      // forwards it; the next eager call makes the side and is served.
+      load_input(1);
+      cudaGraph_t graph = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(me.stream, cudaStreamCaptureModeThreadLocal));
+      NCCL_OK(ncclAllReduce(in, out, count, ncclBfloat16, ncclSum, me.comm, me.stream));
+      CUDA_OK(cudaStreamEndCapture(me.stream, &graph));
+      CUDA_OK(cudaGraphDestroy(graph));
+      if (forwarded(me.comm) != 1) throw symmem::test::Failure("the call under capture was not forwarded");
+      me.meet();  // no capture under way anywhere while the symmem side is made (it synchronises the device)
+      NCCL_OK(ncclAllReduce(in, out, count, ncclBfloat16, ncclSum, me.comm, me.stream));  // eager: made, served
+      CUDA_OK(cudaStreamSynchronize(me.stream));
+      // Now captured and served: replays after the input changed in place.
+      CUDA_OK(cudaStreamBeginCapture(me.stream, cudaStreamCaptureModeThreadLocal));
+      for (int k = 0; k < 3; ++k) NCCL_OK(ncclAllReduce(in, out, count, ncclBfloat16, ncclSum, me.comm, me.stream));
+      CUDA_OK(cudaStreamEndCapture(me.stream, &graph));
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int scale : {2, -3}) {
+        load_input(scale);
+        CUDA_OK(cudaMemsetAsync(out, 0xA5, count * 2, me.stream));
+        CUDA_OK(cudaGraphLaunch(exec, me.stream));
+        CUDA_OK(cudaMemcpyAsync(back.data(), out, count * 2, cudaMemcpyDeviceToHost, me.stream));
+        CUDA_OK(cudaStreamSynchronize(me.stream));
+        for (size_t i = 0; i < count; ++i)
+          if (__bfloat162float(back[i]) != float(reduced(ncclSum, ncclBfloat16, world, i) * scale))
+            throw symmem::test::Failure("replay with scale " + std::to_string(scale) + ": element " +
+                                        std::to_string(i) + " wrong");
+      }
+      if (forwarded(me.comm) != 1) throw symmem::test::Failure("a captured call reached NCCL");
+      me.meet();
+      CUDA_OK(cudaGraphExecDestroy(exec));
+      CUDA_OK(cudaGraphDestroy(graph));
+      CUDA_OK(cudaFree(in));
+      CUDA_OK(cudaFree(out));
+    });
+  }
+}
+
+namespace {
+
+// Polls ncclCommGetAsyncError until it reports something, for at most `seconds`.
+ncclResult_t async_error_within(ncclComm_t comm, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  ncclResult_t state = ncclSuccess;
+  while (std::chrono::steady_clock::now() < until) {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+    if (state != ncclSuccess) return state;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return ncclSuccess;
+}
+
+}  // namespace
+
+TEST(shim_reports_a_mismatch_as_a_remote_error) {
+  serve_everything();
+  set_env("SYMMEM_NCCL_TIMEOUT_MS", "5000");
+  run_ranks(
+      2,
+      [&](Rank& me) {
+        float* buf = nullptr;
+        CUDA_OK(cudaMalloc(&buf, 1 << 20));
+        CUDA_OK(cudaMemsetAsync(buf, 0, 1 << 20, me.stream));
+        me.meet();
+        NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
+        // Rank 1 calls another count: found on the device, an error on both ranks.
+        NCCL_OK(ncclAllReduce(buf, buf, me.rank == 0 ? 1000 : 2000, ncclFloat32, ncclSum, me.comm, me.stream));
+        CUDA_OK(cudaStreamSynchronize(me.stream));
+        const ncclResult_t error = async_error_within(me.comm, 15);
+        const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
+        if (error != ncclRemoteError)
+          throw symmem::test::Failure("ncclCommGetAsyncError says " + std::to_string(error) + ": " + why);
+        if (why.find("rank") == std::string::npos || why.find("all_reduce") == std::string::npos)
+          throw symmem::test::Failure("the message names no rank or call: " + why);
+        // The next call fails with the same code and message.
+        if (ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream) != ncclRemoteError)
+          throw symmem::test::Failure("a call after the mismatch did not fail");
+        me.meet();
+        NCCL_OK(ncclCommAbort(me.comm));
+        CUDA_OK(cudaFree(buf));
+      },
+      /*destroy=*/false);
+  unsetenv("SYMMEM_NCCL_TIMEOUT_MS");
+}
+
+TEST(shim_names_a_rank_that_never_comes) {
+  serve_everything();
+  set_env("SYMMEM_NCCL_TIMEOUT_MS", "3000");
+  run_ranks(
+      2,
+      [&](Rank& me) {
+        float* buf = nullptr;
+        CUDA_OK(cudaMalloc(&buf, 4096));
+        CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
+        me.meet();
+        NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
+        CUDA_OK(cudaStreamSynchronize(me.stream));
+        me.meet();
+        if (me.rank == 0) {
+          const auto start = std::chrono::steady_clock::now();
+          NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // rank 1 never comes
+          const ncclResult_t error = async_error_within(me.comm, 15);
+          const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
+          if (error != ncclRemoteError || why.find("rank 1") == std::string::npos)
+            throw symmem::test::Failure("after " + std::to_string(waited) + " s: error " + std::to_string(error) +
+                                        ": " + why);
+          if (waited > 10) throw symmem::test::Failure("reported only after " + std::to_string(waited) + " s");
+          CUDA_OK(cudaStreamSynchronize(me.stream));
+        }
+        me.meet();
+        NCCL_OK(ncclCommAbort(me.comm));
+        CUDA_OK(cudaFree(buf));
+      },
+      /*destroy=*/false);
+  unsetenv("SYMMEM_NCCL_TIMEOUT_MS");
+}
+
+TEST(shim_abort_releases_a_peers_wait) {
+  serve_everything();
+  set_env("SYMMEM_NCCL_TIMEOUT_MS", "60000");
+  run_ranks(
+      2,
+      [&](Rank& me) {
+        float* buf = nullptr;
+        CUDA_OK(cudaMalloc(&buf, 4096));
+        CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
+        me.meet();
+        NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
+        CUDA_OK(cudaStreamSynchronize(me.stream));
+        me.meet();
+        if (me.rank == 0) {
+          const auto start = std::chrono::steady_clock::now();
+          NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // waits for rank 1
+          CUDA_OK(cudaStreamSynchronize(me.stream));  // released by rank 1's abort, not by the 60 s deadline
+          const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          if (waited > 10) throw symmem::test::Failure("the wait ended only after " + std::to_string(waited) + " s");
+          if (async_error_within(me.comm, 5) == ncclSuccess)
+            throw symmem::test::Failure("no error after the peer aborted");
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          NCCL_OK(ncclCommAbort(me.comm));
+        }
+        me.meet();
+        if (me.rank == 0) NCCL_OK(ncclCommAbort(me.comm));
+        CUDA_OK(cudaFree(buf));
+      },
+      /*destroy=*/false);
+  unsetenv("SYMMEM_NCCL_TIMEOUT_MS");
+}
+
+int main(int argc, char** argv) {
+  // Before CUDA starts: ranks share GPU 0 and its hardware queues; multicast stays off.
+  setenv("SYMMEM_TEST_SHARED_GPU", "1", 1);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  setenv("SYMMEM_CE_STREAMS", "1", 0);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
+#ifdef SYMMEM_FAKE_NCCL_PATH
+  setenv("SYMMEM_NCCL_LIBRARY", SYMMEM_FAKE_NCCL_PATH, 0);
+#endif
+  const std::string routes = "/tmp/symmem_shim_routes_" + std::to_string(getpid());
+  setenv("SYMMEM_NCCL_ROUTE_LOG", routes.c_str(), 0);  // the shim opens it at the first routed call
+  if (!std::getenv("SYMMEM_NCCL_LIBRARY")) {
+    std::printf("SKIPPED: set SYMMEM_NCCL_LIBRARY to libsymmem_fake_nccl.so\n");
+    return 77;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: the shim's shared-GPU tests need a GPU\n");
+    return 77;
+  }
+  return symmem::test::run_all(argc, argv);
+}

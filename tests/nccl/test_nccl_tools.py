@@ -1,0 +1,124 @@
+"""The nccl-tests tooling without a GPU: tools/nccl_tests_report.py turns nccl-tests' output and the
+shim's route logs into CSV rows and compares the libraries; tools/nccl_cutover.py turns an A/B run
+into a cutover table that src/nccl/cutover_table.cpp reads (the symmem_unit_tests binary parses it,
+when ctest names it in SYMMEM_UNIT_TESTS)."""
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPORT = os.path.join(REPO, "tools", "nccl_tests_report.py")
+CUTOVER = os.path.join(REPO, "tools", "nccl_cutover.py")
+
+
+def nccl_tests_log(collective, rows):
+    """nccl-tests' stdout for `rows` of (size, count, type, redop, time_us, busbw, wrong)."""
+    head = textwrap.dedent(f"""\
+        # nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809
+        # Collective test starting: {collective}_perf
+        # nThread 1 nGpus 1 minBytes 1024 maxBytes 4096 step: 4(factor) warmup iters: 5 iters: 20
+        #
+        #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+        #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+        """)
+    body = "".join(f"{size:>12} {count:>13} {t:>9} {op:>7} {-1:>7} {us:>8.2f} {1.0:>7.2f} {bw:>7.2f} {wrong:>6} "
+                   f"{us:>8.2f} {1.0:>7.2f} {bw:>7.2f} {wrong:>6}\n" for size, count, t, op, us, bw, wrong in rows)
+    return head + body + "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 1.0\n"
+
+
+def run(*args):
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture
+def ab_run(tmp_path):
+    """An A/B run of all_reduce at 2 ranks: symmem faster at 1 KiB and 4 KiB, slower at 16 KiB."""
+    csv_path = tmp_path / "nccl_tests.csv"
+    plain = [(1024, 512, "bfloat16", "sum", 10.0, 0.1, 0), (4096, 2048, "bfloat16", "sum", 12.0, 0.3, 0),
+             (16384, 8192, "bfloat16", "sum", 14.0, 1.2, 0), (1024, 512, "bfloat16", "prod", 10.0, 0.1, 0)]
+    shim = [(1024, 512, "bfloat16", "sum", 5.0, 0.2, 0), (4096, 2048, "bfloat16", "sum", 6.0, 0.6, 0),
+            (16384, 8192, "bfloat16", "sum", 20.0, 0.8, 0), (1024, 512, "bfloat16", "prod", 10.1, 0.099, 0)]
+    (tmp_path / "plain.log").write_text(nccl_tests_log("all_reduce", plain))
+    (tmp_path / "shim.log").write_text(nccl_tests_log("all_reduce", shim))
+    routes = tmp_path / "routes"
+    routes.mkdir()
+    # What the shim's SYMMEM_NCCL_ROUTE_LOG wrote: bf16 is 9, sum 0, prod 1.
+    (routes / "route.123.csv").write_text(
+        "collective,type,redop,bytes,world,buffers,route,why\n"
+        "all_reduce,9,0,1024,2,staged,symmem,\"x\"\nall_reduce,9,0,4096,2,staged,symmem,\"x\"\n"
+        "all_reduce,9,0,16384,2,staged,symmem,\"x\"\nall_reduce,9,1,1024,2,staged,nccl,\"x\"\n")
+    meta = ["--meta", "date=d", "commit=c", "gpu=NVIDIA H200", "shim_mode=all", "workspace_mb=16", "buffers=staged"]
+    assert run(REPORT, "parse", str(tmp_path / "plain.log"), "--csv", str(csv_path), "--library", "nccl", "--mode",
+               "processes", "--ranks", "2", *meta)[0] == 0
+    assert run(REPORT, "parse", str(tmp_path / "shim.log"), "--csv", str(csv_path), "--library", "symmem_nccl",
+               "--mode", "processes", "--ranks", "2", "--routes", str(routes), *meta)[0] == 0
+    return tmp_path, csv_path
+
+
+def test_report_parses_rows_and_routes(ab_run):
+    _, csv_path = ab_run
+    rows = list(csv.DictReader(open(csv_path)))
+    assert len(rows) == 8
+    shim = {(r["redop"], int(r["size"])): r for r in rows if r["library"] == "symmem_nccl"}
+    assert shim[("sum", 1024)]["route"] == "symmem"
+    assert shim[("prod", 1024)]["route"] == "nccl"
+    assert shim[("sum", 4096)]["oop_busbw"] == "0.6"
+    assert all(r["collective"] == "all_reduce" and r["nccl_version"] == "22809" for r in rows)
+
+
+def test_report_compare_judges_served_and_forwarded_rows(ab_run):
+    tmp_path, csv_path = ab_run
+    rc, out = run(REPORT, "compare", str(csv_path), "--out", str(tmp_path / "summary.txt"))
+    assert rc == 0, out
+    assert "served rows not faster: 1" in out  # 16 KiB
+    assert "forwarded rows off by more than 5 %: 0" in out
+    assert "rows with #wrong > 0: 0" in out
+
+
+def test_report_compare_fails_on_a_wrong_row(tmp_path):
+    csv_path = tmp_path / "w.csv"
+    for library, wrong in (("nccl", 0), ("symmem_nccl", 3)):
+        (tmp_path / f"{library}.log").write_text(
+            nccl_tests_log("all_gather", [(4096, 1024, "half", "none", 8.0, 1.0, wrong)]))
+        run(REPORT, "parse", str(tmp_path / f"{library}.log"), "--csv", str(csv_path), "--library", library, "--mode",
+            "threads", "--ranks", "2")
+    rc, out = run(REPORT, "compare", str(csv_path))
+    assert rc == 1 and "WRONG" in out
+
+
+def test_cutover_table_from_an_ab_run(ab_run):
+    tmp_path, csv_path = ab_run
+    out = tmp_path / "NVIDIA_H200.json"
+    rc, text = run(CUTOVER, str(csv_path), "--gpu", "NVIDIA H200", "--out", str(out))
+    assert rc == 0, text
+    table = json.load(open(out))
+    assert table["gpu"] == "NVIDIA H200" and table["workspace_mb"] == 16
+    rows = [(e["op"], e["world"], e["buffers"], e["max_bytes"], e["route"]) for e in table["entries"]]
+    # 1 KiB and 4 KiB served (one row up to 4 KiB), beyond: NCCL. prod never counts (forwarded).
+    assert rows == [("all_reduce", 2, "staged", 4096, "symmem"), ("all_reduce", 2, "staged", 1 << 40, "nccl")]
+    unit_tests = os.environ.get("SYMMEM_UNIT_TESTS")
+    if unit_tests:
+        # The library's own parser reads it (the shipped-tables case, pointed at this file).
+        done = subprocess.run([unit_tests, "nccl_shipped_cutover_tables_parse"], capture_output=True, text=True,
+                              env=dict(os.environ, SYMMEM_NCCL_CUTOVER_FILE=str(out)))
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_cutover_needs_a_run_that_served_everything(ab_run):
+    tmp_path, csv_path = ab_run
+    rows = list(csv.DictReader(open(csv_path)))
+    for r in rows:
+        r["shim_mode"] = "auto"
+    auto = tmp_path / "auto.csv"
+    with open(auto, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    rc, text = run(CUTOVER, str(auto), "--gpu", "g", "--out", str(tmp_path / "x.json"))
+    assert rc != 0 and "SHIM_MODE=all" in text

@@ -1,0 +1,93 @@
+"""A killed rank under PyTorch through libsymmem_nccl.so: every survivor must raise, in time.
+
+Starts WORLD processes itself (not torchrun, whose agent would stop the survivors as soon as a
+worker dies), each running dist.all_reduce in a loop on a ProcessGroupNCCL with the shim preloaded
+and every call served by symmem (SYMMEM_NCCL=all). The last rank kills itself with SIGKILL midway.
+Each survivor must end with an error (raised by the next call, or by PyTorch's watchdog after
+ncclCommGetAsyncError reported the device's timeout) within the shim's deadline plus a margin, and
+its output must name the cause.
+
+  python3 tests/nccl/torch_kill.py --shim build/libsymmem_nccl.so [--world 2] [--timeout-ms 15000]
+
+Exit 0 when every survivor raised in time, 1 otherwise (the survivors' output is printed).
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+WORKER = r"""
+import os, signal, sys, time, torch, torch.distributed as dist
+from datetime import timedelta
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(rank)
+dist.init_process_group("nccl", device_id=torch.device("cuda", rank), timeout=timedelta(seconds=600))
+x = torch.ones(1 << 16, device="cuda")
+start = None
+for i in range(1000000):
+    if i == 200:
+        if rank == world - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        start = time.time()
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+    except Exception as e:  # the survivor's outcome
+        print(f"RAISED after {time.time() - (start or time.time()):.1f} s: {type(e).__name__}: {e}", flush=True)
+        sys.exit(3)
+    x.fill_(1.0)
+print("the loop ended without an error", flush=True)
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shim", required=True)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--timeout-ms", type=int, default=15000)
+    p.add_argument("--margin-s", type=float, default=45.0, help="beyond the deadline, for the error to surface")
+    args = p.parse_args()
+    env = dict(os.environ, LD_PRELOAD=os.path.realpath(args.shim), SYMMEM_NCCL="all",
+               SYMMEM_NCCL_TIMEOUT_MS=str(args.timeout_ms), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               WORLD_SIZE=str(args.world), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    procs = []
+    for r in range(args.world):
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    killed = procs[-1]
+    killed.wait(timeout=600)
+    t_killed = time.time()
+    deadline = t_killed + args.timeout_ms / 1000.0 + args.margin_s
+    ok = killed.returncode == -signal.SIGKILL
+    print(f"rank {args.world - 1}: exit {killed.returncode} (expected -9, SIGKILL)")
+    for r, proc in enumerate(procs[:-1]):
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.time()))
+            elapsed = time.time() - t_killed
+            raised = proc.returncode != 0 and ("RAISED" in out or "symmem" in out or "NCCL" in out)
+            print(f"rank {r}: exit {proc.returncode} {elapsed:.1f} s after the kill "
+                  f"({'raised' if raised else 'DID NOT RAISE'})")
+            lines = [l for l in out.splitlines() if "RAISED" in l or "symmem" in l or "Error" in l]
+            print("\n".join("    " + l[:400] for l in lines[-6:]))
+            ok = ok and raised
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            print(f"rank {r}: STILL RUNNING {args.timeout_ms / 1000.0 + args.margin_s:.0f} s after the kill (hang)")
+            print("\n".join("    " + l[:400] for l in out.splitlines()[-10:]))
+            ok = False
+    print("every survivor raised in time" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Unchanged PyTorch training and decoding on plain NCCL and through libsymmem_nccl.so.
+
+scripts/nccl_torch_run.sh runs this twice under torchrun, once plainly and once with the shim
+preloaded (LD_PRELOAD), then compares the two:
+
+  torchrun --nproc-per-node 2 tests/nccl/torch_steps.py --out OUT/nccl       # each rank: OUT/nccl.rank<r>.pt
+  python3 tests/nccl/torch_steps.py --compare OUT/nccl OUT/shim --ranks 2
+
+What runs (fp32, deterministic algorithms, the same seeds in both runs):
+  ddp      an MLP under DistributedDataParallel (bucketed gradient all-reduces), 6 SGD steps;
+  fsdp2    a stack of MLP blocks under fully_shard (parameter all-gathers, gradient reduce-scatters
+           with ReduceOp.AVG), 6 SGD steps;
+  tp       a decoder block (attention and MLP) under parallelize_module with ColwiseParallel /
+           RowwiseParallel (all-reduces of the row-parallel outputs), 6 SGD steps;
+  decode   the TP block's one-token decode step captured in a CUDA graph and replayed on new inputs.
+Each records its losses, its full parameters (gathered) or outputs, and its step times.
+
+The comparison holds each part to the bound of the reduction order: the two libraries may add
+the ranks' contributions in different orders, which changes a sum by at most a few units in the
+last place (fp32: 2^-23 relative per addition, (world - 1) additions). Over 6 SGD steps at these
+learning rates that stays below REL_BOUND of each value's scale; anything larger is a wrong result,
+not rounding. Step times are printed side by side (steps 2 on: the first makes communicators).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, before CUDA starts
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+STEPS = 6
+REL_BOUND = 1e-5
+
+
+def mlp(width, hidden):
+    return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+
+
+class Attention(nn.Module):
+    """Causal attention whose heads follow the local width (tensor parallel: a share of the heads)."""
+
+    def __init__(self, dim, head_dim):
+        super().__init__()
+        self.head_dim = head_dim
+        self.q, self.k, self.v = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False), nn.Linear(
+            dim, dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (self.q(x), self.k(x), self.v(x)))
+        scores = q @ k.transpose(-1, -2) / self.head_dim**0.5
+        mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
+        y = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+        return self.o(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, dim=512, head_dim=64, hidden=1024):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, head_dim)
+        self.w1, self.w2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.w2(F.gelu(self.w1(self.norm2(x))))
+
+
+def timed_steps(model, make_batch, lr):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, times = [], []
+    for step in range(STEPS):
+        x, target = make_batch(step)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = F.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        losses.append(loss.item())
+    return losses, times
+
+
+def full_params(model):
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.detach()
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()  # DTensor: gathered (a collective, through the library under test)
+        out[name] = t.float().cpu().clone()
+    return out
+
+
+def run_ddp(rank):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(mlp(512, 1024).cuda(), device_ids=[torch.cuda.current_device()])
+    g = torch.Generator(device="cuda").manual_seed(100 + rank)
+    batches = [(torch.randn(32, 512, device="cuda", generator=g), torch.randn(32, 512, device="cuda", generator=g))
+               for _ in range(STEPS)]
+    losses, times = timed_steps(model, lambda s: batches[s], lr=0.05)
+    return {"losses": losses, "times": times, "params": full_params(model.module)}
+
+
+def run_fsdp2(rank):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(1)
+    model = nn.Sequential(*[mlp(512, 1024) for _ in range(4)]).cuda()
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    g = torch.Generator(device="cuda").manual_seed(200 + rank)
+    batches = [(torch.randn(32, 512, device="cuda", generator=g), torch.randn(32, 512, device="cuda", generator=g))
+               for _ in range(STEPS)]
+    losses, times = timed_steps(model, lambda s: batches[s], lr=0.05)
+    return {"losses": losses, "times": times, "params": full_params(model)}
+
+
+def run_tp(world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cuda", (world,))
+    torch.manual_seed(2)
+    block = DecoderBlock().cuda()
+    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(), "w1": ColwiseParallel(), "w2": RowwiseParallel()}
+    parallelize_module(block, mesh, plan)
+    g = torch.Generator(device="cuda").manual_seed(300)  # tensor parallel: every rank the same batch
+    batches = [(torch.randn(4, 64, 512, device="cuda", generator=g), torch.randn(4, 64, 512, device="cuda", generator=g))
+               for _ in range(STEPS)]
+    losses, times = timed_steps(block, lambda s: batches[s], lr=0.02)
+    result = {"losses": losses, "times": times, "params": full_params(block)}
+
+    # Decode: one token for 8 sequences, captured once, replayed on new inputs.
+    block.eval()
+    static_x = torch.zeros(8, 1, 512, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(3):  # warm-up outside the capture (the shim makes nothing inside one)
+            block(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_y = block(static_x)
+    outputs, eager, replay_times = [], [], []
+    with torch.no_grad():
+        for i in range(5):
+            x = torch.randn(8, 1, 512, device="cuda", generator=g)
+            static_x.copy_(x)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize()
+            replay_times.append((time.perf_counter() - t0) * 1e3)
+            outputs.append(static_y.detach().float().cpu().clone())
+            eager.append(block(x).float().cpu())
+    result["decode_outputs"] = outputs
+    result["decode_times"] = replay_times
+    # The replay computes what the same block computes eagerly.
+    result["decode_replay_vs_eager"] = max(relative_gap(a, b) for a, b in zip(outputs, eager))
+    return result
+
+
+def run(args):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local_rank)
+    torch.use_deterministic_algorithms(True)
+    from datetime import timedelta
+
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(seconds=300))
+    result = {"world": world, "preloaded": os.environ.get("LD_PRELOAD", ""),
+              "shim_mode": os.environ.get("SYMMEM_NCCL", "")}
+    for part, fn in (("ddp", lambda: run_ddp(rank)), ("fsdp2", lambda: run_fsdp2(rank)), ("tp", lambda: run_tp(world))):
+        result[part] = fn()
+        dist.barrier()
+    torch.save(result, f"{args.out}.rank{rank}.pt")
+    dist.destroy_process_group()
+    if rank == 0:
+        print(f"wrote {args.out}.rank*.pt")
+
+
+def relative_gap(a, b):
+    scale = max(a.abs().max().item(), b.abs().max().item(), 1e-30)
+    return (a - b).abs().max().item() / scale
+
+
+def compare(args):
+    failures = 0
+    for rank in range(args.ranks):
+        a = torch.load(f"{args.compare[0]}.rank{rank}.pt", weights_only=False)
+        b = torch.load(f"{args.compare[1]}.rank{rank}.pt", weights_only=False)
+        if rank == 0:
+            print(f"# {args.compare[0]} (LD_PRELOAD={a['preloaded'] or '-'}) vs {args.compare[1]} "
+                  f"(LD_PRELOAD={b['preloaded'] or '-'}, SYMMEM_NCCL={b['shim_mode'] or 'auto'}), world {a['world']}")
+            print(f"{'part':7} {'loss gap':>10} {'param gap':>10} {'ms/step A':>10} {'ms/step B':>10} verdict")
+        for part in ("ddp", "fsdp2", "tp"):
+            pa, pb = a[part], b[part]
+            loss_gap = max(abs(x - y) / max(abs(x), abs(y), 1e-30) for x, y in zip(pa["losses"], pb["losses"]))
+            param_gap = max(relative_gap(pa["params"][n], pb["params"][n]) for n in pa["params"])
+            ok = loss_gap <= REL_BOUND and param_gap <= REL_BOUND
+            failures += not ok
+            if rank == 0:
+                ta, tb = statistics.median(pa["times"][1:]), statistics.median(pb["times"][1:])
+                print(f"{part:7} {loss_gap:>10.2e} {param_gap:>10.2e} {ta:>10.3f} {tb:>10.3f} "
+                      f"{'ok' if ok else 'OUTSIDE THE BOUND'}")
+        da, db = a["tp"], b["tp"]
+        decode_gap = max(relative_gap(x, y) for x, y in zip(da["decode_outputs"], db["decode_outputs"]))
+        ok = decode_gap <= REL_BOUND and max(da["decode_replay_vs_eager"], db["decode_replay_vs_eager"]) <= REL_BOUND
+        failures += not ok
+        if rank == 0:
+            ta, tb = statistics.median(da["decode_times"]), statistics.median(db["decode_times"])
+            print(f"{'decode':7} {'-':>10} {decode_gap:>10.2e} {ta:>10.3f} {tb:>10.3f} "
+                  f"{'ok' if ok else 'OUTSIDE THE BOUND'} (graph replay vs eager: {da['decode_replay_vs_eager']:.1e}, "
+                  f"{db['decode_replay_vs_eager']:.1e})")
+    print(f"parts outside the bound ({REL_BOUND:g} of each value's scale), over all ranks: {failures}")
+    return 1 if failures else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="prefix of this run's result files (one per rank)")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two runs' prefixes")
+    p.add_argument("--ranks", type=int, default=2)
+    args = p.parse_args()
+    if args.compare:
+        sys.exit(compare(args))
+    if not args.out:
+        p.error("--out or --compare")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""The NCCL cutover table (src/nccl/cutover_table.hpp) from an nccl-tests A/B run.
+
+  scripts/nccl_tests_run.sh with SHIM_MODE=all (every call symmem implements goes to symmem) writes
+  nccl_tests.csv; this turns it into tuning/nccl/<GPU>.json:
+
+  python3 tools/nccl_cutover.py nccl_tests_out/nccl_tests.csv [more.csv ...] --gpu "NVIDIA H200" \
+      --out tuning/nccl/NVIDIA_H200.json
+
+For each (collective, world, buffer kind) and size, symmem keeps the size when it is faster than
+NCCL by more than --margin (geometric mean over the types and reductions symmem served of NCCL's
+time over symmem's, each library's better of out-of-place and in-place); otherwise NCCL takes it.
+Runs of sizes with the same route become one row each; the last row reaches past the largest size
+measured. One-process-per-GPU rows are used when there are any (the production launch), else
+threads. Staged rows hold for the workspace they were measured with (the CSV's workspace_mb).
+"""
+import argparse
+import collections
+import csv
+import datetime
+import json
+import math
+import sys
+
+BEYOND = 1 << 40  # the last row of each (collective, world, buffers) covers every larger size
+
+
+def best_time(row):
+    return min(float(row["oop_time_us"]), float(row["ip_time_us"]))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("csv", nargs="+")
+    p.add_argument("--gpu", required=True, help="the GPU's name as CUDA reports it, e.g. 'NVIDIA H200'")
+    p.add_argument("--out", required=True)
+    p.add_argument("--margin", type=float, default=0.02, help="symmem keeps a size when faster by more than this")
+    args = p.parse_args()
+
+    rows = [r for path in args.csv for r in csv.DictReader(open(path))]
+    modes = {r["mode"] for r in rows}
+    mode = "processes" if "processes" in modes else "threads"
+    rows = [r for r in rows if r["mode"] == mode]
+    if any(r["shim_mode"] != "all" for r in rows if r["library"] == "symmem_nccl"):
+        sys.exit("the shim's rows must come from SHIM_MODE=all (every call symmem implements served)")
+    workspaces = {r.get("workspace_mb", "") for r in rows if r["library"] == "symmem_nccl"}
+    if len(workspaces) != 1 or not next(iter(workspaces)):
+        sys.exit(f"the shim's rows must share one workspace_mb, found {sorted(workspaces)}")
+    workspace_mb = int(next(iter(workspaces)))
+
+    key = lambda r: (r["collective"], int(r["ranks"]), r.get("buffers") or "staged", r["type"], r["redop"],
+                     int(r["size"]))
+    plain = {key(r): r for r in rows if r["library"] == "nccl"}
+    ratios = collections.defaultdict(list)  # (collective, world, buffers, size) -> NCCL time / symmem time
+    for k, s in ((key(r), r) for r in rows if r["library"] == "symmem_nccl"):
+        if s["route"] != "symmem" or k not in plain:
+            continue
+        if s["oop_wrong"] not in ("0", "N/A") or s["ip_wrong"] not in ("0", "N/A"):
+            sys.exit(f"a wrong result in {k}: fix it before measuring speed")
+        ratios[(k[0], k[1], k[2], k[5])].append(best_time(plain[k]) / best_time(s))
+
+    entries = []
+    groups = collections.defaultdict(list)
+    for (collective, world, buffers, size), values in ratios.items():
+        mean = math.exp(sum(math.log(v) for v in values) / len(values))
+        groups[(collective, world, buffers)].append((size, "symmem" if mean > 1 + args.margin else "nccl", mean))
+    for (collective, world, buffers), sizes in sorted(groups.items()):
+        sizes.sort()
+        for i, (size, route, mean) in enumerate(sizes):
+            last = i + 1 == len(sizes)
+            if not last and sizes[i + 1][1] == route:
+                continue  # the run goes on
+            entries.append({"op": collective, "world": world, "buffers": buffers, "nodes": 1,
+                            "max_bytes": BEYOND if last else size, "route": route, "speedup": round(mean, 3)})
+    table = {"gpu": args.gpu, "command": "tools/nccl_cutover.py " + " ".join(sys.argv[1:]),
+             "date": datetime.date.today().isoformat(), "workspace_mb": workspace_mb, "entries": entries}
+    with open(args.out, "w") as f:
+        json.dump(table, f, indent=2)
+        f.write("\n")
+    print(f"{len(entries)} rows from {len(ratios)} sizes ({mode}) -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

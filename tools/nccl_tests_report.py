@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""nccl-tests' output as CSV rows, and the comparison of plain NCCL with libsymmem_nccl.so.
+
+  nccl_tests_report.py parse LOG --csv OUT.csv --library nccl|symmem_nccl --mode processes|threads \
+      --ranks N [--routes DIR] [--meta key=value ...]
+      Appends one row per size of each table in LOG (nccl-tests' stdout: out-of-place and in-place
+      time, algbw, busbw, #wrong). With --routes (the shim's SYMMEM_NCCL_ROUTE_LOG files of that
+      run), each row says where the shim sent it: symmem, nccl, or mixed.
+  nccl_tests_report.py compare CSV [--out SUMMARY]
+      Side by side: busbw of plain NCCL and through the shim per (mode, collective, type, op, size),
+      their ratio, the route, and the verdicts: #wrong must be 0 on every row; where the shim serves,
+      it must be faster; where it forwards, within noise (5 %). Exit 1 when a row is wrong.
+
+Plain Python 3, no dependencies: it runs on the GPU machine beside the binaries.
+"""
+import argparse
+import collections
+import csv
+import glob
+import os
+import sys
+
+FIELDS = ["date", "commit", "gpu", "nccl_version", "ranks", "mode", "library", "shim_mode", "workspace_mb", "buffers",
+          "collective", "type",
+          "redop", "size", "count", "route", "oop_time_us", "oop_algbw", "oop_busbw", "oop_wrong", "ip_time_us",
+          "ip_algbw", "ip_busbw", "ip_wrong"]
+
+# nccl-tests' type names as the shim's route log numbers them (ncclDataType_t).
+NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "half": 6, "float": 7,
+              "double": 8, "bfloat16": 9, "f8e4m3": 10, "f8e5m2": 11}
+NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+COLLECTIVES = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
+               "reduce_scatter_perf": "reduce_scatter", "alltoall_perf": "alltoall"}
+
+
+def parse_table(path):
+    """(collective, nccl version, rows): each row a dict of the table's columns."""
+    collective, version, rows = "", "", []
+    for line in open(path, errors="replace"):
+        if line.startswith("# Collective test starting:"):
+            collective = COLLECTIVES.get(line.split(":", 1)[1].strip(), line.split(":", 1)[1].strip())
+        if "nccl-library=" in line:
+            version = line.split("nccl-library=")[1].split()[0]
+        fields = line.split()
+        if len(fields) != 13 or line.lstrip().startswith("#"):
+            continue
+        try:
+            size, count = int(fields[0]), int(fields[1])
+            numbers = [float(x) for x in fields[5:8] + fields[9:12]]
+            wrong = [fields[8], fields[12]]
+        except ValueError:
+            continue
+        rows.append({"size": size, "count": count, "type": fields[2], "redop": fields[3],
+                     "oop_time_us": numbers[0], "oop_algbw": numbers[1], "oop_busbw": numbers[2],
+                     "oop_wrong": wrong[0], "ip_time_us": numbers[3], "ip_algbw": numbers[4],
+                     "ip_busbw": numbers[5], "ip_wrong": wrong[1]})
+    return collective, version, rows
+
+
+def read_routes(folder):
+    """{(collective, type number, redop number, bytes): set of routes} from the shim's route logs."""
+    routes = collections.defaultdict(set)
+    for path in glob.glob(os.path.join(folder, "*.csv")):
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                routes[(r["collective"], int(r["type"]), int(r["redop"]), int(r["bytes"]))].add(r["route"])
+    return routes
+
+
+def route_of(routes, collective, row):
+    if routes is None:
+        return ""
+    type_number = NCCL_TYPES.get(row["type"], -1)
+    # nccl-tests names pre-multiplied sums "mulsum" (dynamic ops: forwarded); all_gather and
+    # alltoall have no reduction ("none"): the shim logs ncclSum for them.
+    op_number = NCCL_OPS.get(row["redop"], 0 if row["redop"] == "none" else -1)
+    found = routes.get((collective, type_number, op_number, row["size"]), set())
+    if not found:
+        return "nccl" if op_number < 0 else "unlogged"
+    return found.pop() if len(found) == 1 else "mixed"
+
+
+def parse(args):
+    collective, version, rows = parse_table(args.log)
+    meta = dict(kv.split("=", 1) for kv in args.meta)
+    routes = read_routes(args.routes) if args.routes else None
+    new_file = not os.path.exists(args.csv) or os.path.getsize(args.csv) == 0
+    with open(args.csv, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        if new_file:
+            w.writeheader()
+        for row in rows:
+            out = {k: meta.get(k, "") for k in FIELDS}
+            out.update(row)
+            out.update({"nccl_version": version, "ranks": args.ranks, "mode": args.mode, "library": args.library,
+                        "collective": collective,
+                        "route": route_of(routes, collective, row) if args.library == "symmem_nccl" else "nccl"})
+            w.writerow(out)
+    print(f"{args.log}: {len(rows)} rows ({collective})")
+    return 0 if rows else 1
+
+
+def compare(args):
+    rows = list(csv.DictReader(open(args.csv)))
+    key = lambda r: (r["mode"], r["ranks"], r["collective"], r["type"], r["redop"], int(r["size"]))
+    plain = {key(r): r for r in rows if r["library"] == "nccl"}
+    shim = {key(r): r for r in rows if r["library"] == "symmem_nccl"}
+    lines, wrong, slower_served, off_forwarded = [], 0, 0, 0
+    header = f"{'mode':9} {'N':>2} {'collective':14} {'type':8} {'op':6} {'size':>10} {'NCCL busbw':>10} " \
+             f"{'shim busbw':>10} {'ratio':>6} {'route':8} verdict"
+    lines.append(header)
+    for k in sorted(set(plain) | set(shim)):
+        a, b = plain.get(k), shim.get(k)
+        bad = [r for r in (a, b) if r and (r["oop_wrong"] not in ("0", "N/A") or r["ip_wrong"] not in ("0", "N/A"))]
+        wrong += len(bad)
+        if not a or not b:
+            lines.append(f"{k}: only {'plain' if a else 'shim'}")
+            continue
+        # The better of out-of-place and in-place, as nccl-tests' readers take it.
+        bw_a = max(float(a["oop_busbw"]), float(a["ip_busbw"]))
+        bw_b = max(float(b["oop_busbw"]), float(b["ip_busbw"]))
+        ratio = bw_b / bw_a if bw_a > 0 else float("nan")
+        verdict = "WRONG" if bad else ""
+        if not bad and b["route"] == "symmem" and ratio <= 1.0:
+            verdict, slower_served = "served, not faster", slower_served + 1
+        elif not bad and b["route"] == "nccl" and abs(ratio - 1.0) > 0.05:
+            verdict, off_forwarded = "forwarded, off by > 5 %", off_forwarded + 1
+        lines.append(f"{k[0]:9} {k[1]:>2} {k[2]:14} {k[3]:8} {k[4]:6} {k[5]:>10} {bw_a:>10.2f} {bw_b:>10.2f} "
+                     f"{ratio:>6.3f} {b['route']:8} {verdict}")
+    lines.append(f"rows with #wrong > 0: {wrong}; served rows not faster: {slower_served}; "
+                 f"forwarded rows off by more than 5 %: {off_forwarded}")
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        open(args.out, "w").write(text)
+    return 1 if wrong else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("parse")
+    a.add_argument("log")
+    a.add_argument("--csv", required=True)
+    a.add_argument("--library", required=True, choices=["nccl", "symmem_nccl"])
+    a.add_argument("--mode", required=True, choices=["processes", "threads"])
+    a.add_argument("--ranks", required=True, type=int)
+    a.add_argument("--routes")
+    a.add_argument("--meta", nargs="*", default=[])
+    c = sub.add_parser("compare")
+    c.add_argument("csv")
+    c.add_argument("--out")
+    args = p.parse_args()
+    return parse(args) if args.command == "parse" else compare(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
