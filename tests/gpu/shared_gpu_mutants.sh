@@ -9,7 +9,7 @@
 # build edits the source tree in place, one mutant at a time, builds the test target
 # incrementally, and restores the file (also on failure or interrupt); the last step rebuilds the
 # unmutated target. Option mutants are built from a CMake option of their own instead, in a build
-# directory per option (build-mutants/<option>.build), which also gives the mutant's
+# directory per option (build-<option>), which also gives the mutant's
 # libsymmem_capi.so (build-mutants/<name>.libsymmem_capi.so: the Python benchmarks on the mutant).
 # Exit status of run: 0 when every mutant was caught.
 set -euo pipefail
@@ -77,7 +77,7 @@ case "${1:-}" in
     cmake --build build --target symmem_shared_gpu_tests symmem_shared_gpu_moe_tests >/dev/null
     for m in "${option_mutants[@]}"; do
       IFS='|' read -r name option target filter worlds env <<<"$m"
-      dir="$out/$option.build"
+      dir="build-$option"  # beside build/: ccache finds the unchanged files
       cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSYMMEM_BUILD_TESTS=ON -DSYMMEM_BUILD_BENCH=ON \
         "-D$option=ON" >/dev/null
       cmake --build "$dir" --target "$target" symmem_capi >/dev/null
