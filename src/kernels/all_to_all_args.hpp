@@ -69,6 +69,14 @@ struct AllToAllMoveArgs {
   SyncArgs sync;
 };
 
+// Dynamic shared memory of the variable forms' kernel for `destinations` = world x experts: the
+// per-destination prefix sums and expert starts (8 bytes each), the split matrix (4 bytes per
+// sender and destination) and each piece's first input and output row (4 bytes each).
+SYMMEM_HOST_DEVICE constexpr size_t all_to_all_variable_shared_bytes(int world, int destinations) {
+  return 8 * size_t(destinations + 1) + 8 * size_t(destinations) + 4 * size_t(world) * destinations +
+         8 * size_t(destinations);
+}
+
 // Uniform. vector_bytes: 16, 8, 4, 2 or 1, dividing every piece's offsets and sizes and every base address.
 void launch_all_to_all_pull(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream);
 void launch_all_to_all_push(int vector_bytes, const AllToAllMoveArgs& args, int blocks, cudaStream_t stream);

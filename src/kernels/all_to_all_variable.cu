@@ -74,11 +74,7 @@ struct Columns {
   uint32_t* dst_row;  // [i]: its first output row
 };
 
-SYMMEM_HOST_DEVICE constexpr size_t shared_bytes_for(int world, int n) {
-  return 8 * size_t(n + 1) + 8 * size_t(n) + 4 * size_t(world) * n + 8 * size_t(n);
-}
-constexpr size_t kMostSharedBytes = shared_bytes_for(kMaxWorld, kMaxAllToAllSplits);
-constexpr size_t kDefaultSharedLimit = size_t(48) << 10;
+constexpr size_t kMostSharedBytes = all_to_all_variable_shared_bytes(kMaxWorld, kMaxAllToAllSplits);
 
 __device__ Columns columns_in(uint8_t* shared, int world, int n) {
   Columns c;
@@ -488,11 +484,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
 
 template <typename V, Way W>
 void launch_as(const AllToAllVariableArgs& args, int blocks, cudaStream_t stream) {
-  const size_t shared = shared_bytes_for(args.sync.world, args.sync.world * args.experts);
-  if (shared > kDefaultSharedLimit) {  // only the 2-D form with many experts
-    static DynamicSharedLimit limit;
-    limit.raise(all_to_all_variable<V, W>, kMostSharedBytes);
-  }
+  const size_t shared = all_to_all_variable_shared_bytes(args.sync.world, args.sync.world * args.experts);
+  // Raised for every call, not only past 48 KiB of dynamic bytes: the kernel's static shared memory
+  // (Ranks and the phases' words) counts against the same default limit, so a layout just under
+  // 48 KiB (2-D form: world 8 with 108 or 109 experts, 7 with 133-135, 6 with 168-170) would fail
+  // to launch.
+  static DynamicSharedLimit limit;
+  limit.raise(all_to_all_variable<V, W>, kMostSharedBytes);
   launch_kernel(all_to_all_variable<V, W>, blocks, kThreadsPerBlock, shared, stream, args);
 }
 

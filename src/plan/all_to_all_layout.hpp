@@ -65,10 +65,14 @@ SYMMEM_HOST_DEVICE inline uint64_t expert_rows(const SplitMatrix& m, int q, int 
   return rows;
 }
 
-// Output rows an expert with `rows` rows occupies.
+// Output rows an expert with `rows` rows occupies. An alignment past 2^32 rows counts as 2^32: the
+// extent still exceeds every capacity a header carries (capacity_word), and the sums over up to
+// kMaxAllToAllSplits experts cannot wrap around to a size that seems to fit.
 SYMMEM_HOST_DEVICE inline uint64_t expert_extent(uint64_t rows, int64_t align) {
   if (align <= 0) return rows;
-  const uint64_t a = static_cast<uint64_t>(align);
+  constexpr uint64_t kBeyondEveryCapacity = uint64_t(1) << 32;
+  const uint64_t a = static_cast<uint64_t>(align) < kBeyondEveryCapacity ? static_cast<uint64_t>(align)
+                                                                         : kBeyondEveryCapacity;
   const uint64_t up = (rows + a - 1) / a * a;
   return up > a ? up : a;
 }

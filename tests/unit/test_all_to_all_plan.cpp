@@ -221,6 +221,25 @@ TEST(all_to_all_capacity_verdict_names_the_rank) {
   }
 }
 
+// An alignment so large that the experts' extents add up past 2^64 must not wrap around to a size
+// that seems to fit: four experts aligned to 2^62 rows need 2^64 rows, not 0.
+TEST(all_to_all_huge_alignment_never_fits) {
+  Matrix m;
+  m.world = 2;
+  m.experts = 4;
+  m.align = int64_t(1) << 62;
+  m.splits.assign(size_t(m.world) * m.world * m.experts, 1);
+  m.input_rows = {8, 8};
+  m.output_rows = {100, 100};
+  const LayoutFault f = layout_fault(m.view(), nullptr);
+  EXPECT_EQ(f.kind, uint32_t(kFaultOutputTooSmall));
+  EXPECT_EQ(f.rank, 0);
+  EXPECT(f.needed > f.capacity);
+  EXPECT(needed_output_rows(m.view(), 1) > uint64_t(0xFFFFFFFEu));
+  // The largest alignment a header's capacity can still hold is kept exactly.
+  EXPECT_EQ(expert_extent(3, 0xFFFFFFFEll), uint64_t(0xFFFFFFFEu));
+}
+
 TEST(all_to_all_declared_splits_must_match_the_senders) {
   Matrix m;
   m.world = 3;
