@@ -112,6 +112,7 @@ class ExpertParallel:
             self.device = torch.device("cpu")
             self._impl = _ReferenceContext(self)
         else:
+            _refuse_capture("ExpertParallel()", "allocates")
             comm = Communicator(self.group)
             self.device = comm.torch_device
             self._impl = _DeviceContext(self, comm, max_tokens_per_expert, max_received_rows, max_blocks)
@@ -177,12 +178,24 @@ class ExpertParallel:
         it lent (dispatch's outputs, combine_input) and no CUDA graph of the communicator lives;
         otherwise those tensors stay valid, and their memory mapped, until they are gone: the heap
         buffers until the communicator is released, the counts until symmem's next release point
-        after the last of them dies. Nothing collective happens at garbage collection."""
+        after the last of them dies. Nothing collective happens at garbage collection. Refused
+        (RuntimeError, nothing done) during CUDA graph capture, as is creating a context."""
         if self.closed:
             return
+        if not self.cpu:
+            _refuse_capture("ExpertParallel.close()", "frees")
         self.closed = True
         _contexts.pop(self.id, None)
         self._impl.close()
+
+
+def _refuse_capture(what, does):
+    """Creating and closing a context are collective and allocate or free device memory (a device
+    synchronisation), which a CUDA graph capture forbids: refused before anything happens, alike
+    on every rank (they capture alike)."""
+    if capturing():
+        raise RuntimeError(f"symmem: {what} is collective and {does} device memory: it cannot run during CUDA "
+                           "graph capture; call it before or after the capture")
 
 
 class _DeviceContext:

@@ -418,6 +418,31 @@ def test_a_released_communicator_frees_what_it_held(fake_group):
     context.comm._release_held(everything=True)  # its release (only once no tensor over its memory lives)
     assert calls == [("close", True), ("destroy",)]
 
+def test_closing_or_creating_a_context_during_graph_capture_is_refused(group_name, fake_group, monkeypatch):
+    # Both are collective and touch device memory: close() frees the heap buffers (a device
+    # synchronisation, then a barrier) and the counts (cudaFree), creation allocates; inside a
+    # capture that invalidated the capture and left the ranks part way through the collective.
+    # They are refused before anything happens, and work once the capture is over.
+    from symmem.torch import moe
+    context, calls = _device_context(fake_group, "ep-capture")
+    ep = object.__new__(moe.ExpertParallel)
+    ep.__dict__.update(cpu=False, closed=False, id=-1, _impl=context)
+    monkeypatch.setitem(moe._contexts, ep.id, ep)
+    monkeypatch.setattr(moe, "capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="cannot run during CUDA graph capture"):
+        ep.close()
+    assert calls == [] and not ep.closed and moe._contexts.get(ep.id) is ep
+    built = []
+    monkeypatch.setattr(moe, "Communicator", lambda group: built.append(group))
+    monkeypatch.setattr(moe.dist, "get_backend", lambda group: "nccl")
+    with pytest.raises(RuntimeError, match="cannot run during CUDA graph capture"):
+        moe.ExpertParallel(num_experts=4, topk=1, hidden=128, max_tokens_per_rank=4)
+    assert not built
+    monkeypatch.setattr(moe, "capturing", lambda: False)
+    ep.close()
+    assert calls == [("close", False), ("destroy",)] and ep.closed and ep.id not in moe._contexts
+
+
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
 @pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
