@@ -39,7 +39,7 @@ from .. import _native, errors
 from .. import ep as core_ep
 from . import _route
 from .errors import refusal, refused
-from .groups import Communicator, capturing, group_name_of
+from .groups import Communicator, capturing, group_name_of, resolve
 from .memory import lent_tensor
 
 _log = logging.getLogger("symmem")
@@ -485,12 +485,24 @@ def _context(context):
     return ep
 
 
+def _serving(context):
+    """The open context `context`, if its group is alive: a call on a group torch.distributed no
+    longer knows is refused (SymmemError, a DistBackendError, as every entry point refuses it:
+    groups.resolve), as is one on a communicator that was closed (close_all, the group made again).
+    Both are the same on every rank. (The fake kernels take the context as it is.)"""
+    ep = _context(context)
+    resolve(ep.group)
+    if not ep.cpu:
+        ep._impl.comm._ensure_open()
+    return ep
+
+
 def _dispatch_kernel(x, x_scales, topk_idx, topk_weights, num_tokens, context):
-    return _context(context)._impl.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens)
+    return _serving(context)._impl.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens)
 
 
 def _combine_kernel(expert_out, topk_weights, context, weights_applied, *, out):
-    _context(context)._impl.combine(expert_out, topk_weights, weights_applied, out)
+    _serving(context)._impl.combine(expert_out, topk_weights, weights_applied, out)
 
 
 for _key in ("CUDA", "CPU"):

@@ -443,6 +443,49 @@ def test_closing_or_creating_a_context_during_graph_capture_is_refused(group_nam
     assert calls == [("close", False), ("destroy",)] and ep.closed and ep.id not in moe._contexts
 
 
+def test_a_context_of_a_destroyed_group_refuses_its_calls(group_name):
+    # As every other entry point (groups.resolve): a DistBackendError naming the destroyed group.
+    # Before, dispatch and combine kept running on it (here gloo's collectives, on a GPU the
+    # communicator, which lives on while the context's tensors do). close() still works.
+    import symmem
+    from symmem.torch.moe import ExpertParallel
+    sub = dist.new_group([0])
+    ep = ExpertParallel(sub, num_experts=2, topk=1, hidden=128, max_tokens_per_rank=4)
+    x, ids, w = torch.ones(4, 128, dtype=torch.bfloat16), torch.zeros(4, 1, dtype=torch.int64), torch.ones(4, 1)
+    ep.dispatch(x, ids, w)
+    ep.combine()
+    dist.destroy_process_group(sub)
+    for call in (lambda: ep.dispatch(x, ids, w), lambda: ep.combine()):
+        with pytest.raises(dist.DistBackendError, match="destroyed") as raised:
+            call()
+        assert isinstance(raised.value, symmem.SymmemError) and raised.value.code == "kInvalidArgument"
+    ep.close()
+
+
+def test_a_device_context_refuses_calls_once_its_communicator_is_closed(group_name, fake_group):
+    # close_all, or the group made again, closes the communicator: nothing runs on it any more.
+    import symmem
+    from symmem.torch import moe
+    context, calls = _device_context(fake_group, "ep-closed-communicator")
+    ep = object.__new__(moe.ExpertParallel)
+    ep.__dict__.update(cpu=False, closed=False, id=-3, _impl=context, group=dist.group.WORLD, payload="bfloat16",
+                       hidden=128, topk=1, max_tokens_per_rank=4, device=torch.device("cpu"))
+    context.ep = ep
+    context.ctx.dispatch = lambda *args: calls.append(("dispatch",))
+    context.outputs = moe.Dispatched(*[torch.zeros(1)] * 6)
+    x, ids, w = torch.ones(4, 128, dtype=torch.bfloat16), torch.zeros(4, 1, dtype=torch.int64), torch.ones(4, 1)
+    moe._contexts[ep.id] = ep
+    try:
+        torch.ops.symmem.moe_dispatch(x, None, ids, w, None, ep.id)
+        assert calls == [("dispatch",)]
+        context.comm.closed = True
+        with pytest.raises(symmem.SymmemError, match="was closed") as raised:
+            torch.ops.symmem.moe_dispatch(x, None, ids, w, None, ep.id)
+        assert raised.value.code == "kAborted" and calls == [("dispatch",)]
+    finally:
+        del moe._contexts[ep.id]
+
+
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
 @pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
