@@ -80,9 +80,12 @@ def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
 def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
     comm = Communicator(group_name)
+    # The op's own argument, the same on every rank: each raises it alike, and the communicator
+    # stays usable (a refusal would end it for an error no peer waits on).
+    align = _route.major_align_of(major_align, op)
     try:
         _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets,
-                               _route.experts_of(in_splits, comm.world, op), _route.major_align_of(major_align, op), op)
+                               _route.experts_of(in_splits, comm.world, op), align, op)
     except (TypeError, ValueError) as cause:
         raise refused(comm, "symmem." + op, cause) from cause
 

@@ -83,6 +83,36 @@ def test_all_to_all_errors_name_the_problem(group_name):
                                             torch.zeros(2, 1, dtype=torch.int64), group_name, 0)
 
 
+def test_the_cuda_kernels_refuse_a_check_of_one_ranks_tensors_not_an_agreed_argument(fake_group, monkeypatch):
+    # A refusal makes the communicator unusable on every rank: right for a tensor of this rank's
+    # that fails a check (the peers would wait until their deadline), needless for major_align,
+    # the op's argument, which every rank passes alike and so raises alike (refused before).
+    import types
+
+    from symmem.errors import SymmemError
+    from symmem.torch import all_to_all
+
+    class Core:
+        def __init__(self):
+            self.calls = []
+
+        def refuse(self, op, code, message, stream):
+            self.calls.append(("refuse", op, stream))
+            return SymmemError(code, f"{op}: rank 0 refused the call: {message}")
+
+    comm = fake_group("fake-a2a-refusal", 2, Core(), stream=7)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=7))
+    x, out = torch.zeros(6, 4), torch.zeros(8, 4)
+    oso = torch.zeros(2, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="major_align must be positive"):
+        all_to_all._all_to_all_vdev_2d_cuda(x, out, torch.tensor([1, 2, 1, 2]), oso, comm.group_name, 0)
+    assert comm.core.calls == []
+    with pytest.raises(ValueError, match="rank 0 refused the call: .*not a multiple of the group size") as raised:
+        all_to_all._all_to_all_vdev_2d_cuda(x, out, torch.tensor([1, 2, 1]), oso, comm.group_name, 1)
+    assert isinstance(raised.value, SymmemError)
+    assert comm.core.calls == [("refuse", "symmem.all_to_all_vdev_2d", 7)]
+
+
 def test_ops_compile_fullgraph(group_name):
     from symmem.torch.moe import ExpertParallel
     ep = ExpertParallel(num_experts=4, topk=2, hidden=128, max_tokens_per_rank=8)
