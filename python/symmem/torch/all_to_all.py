@@ -65,7 +65,9 @@ def _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, grou
 
 
 def _all_to_all_single_cuda(inp, output_split_sizes, input_split_sizes, group_name):
-    out = inp.new_empty(_output_shape(inp, output_split_sizes))
+    # Splits of a negative total are this rank's error: refused by the checks, not raised here.
+    rows, *row = _output_shape(inp, output_split_sizes)
+    out = inp.new_empty((max(rows, 0), *row))
     return _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, out=out)
 
 

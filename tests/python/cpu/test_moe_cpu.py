@@ -111,6 +111,10 @@ def test_the_cuda_kernels_refuse_a_check_of_one_ranks_tensors_not_an_agreed_argu
         all_to_all._all_to_all_vdev_2d_cuda(x, out, torch.tensor([1, 2, 1]), oso, comm.group_name, 1)
     assert isinstance(raised.value, SymmemError)
     assert comm.core.calls == [("refuse", "symmem.all_to_all_vdev_2d", 7)]
+    # Output splits of a negative total: refused too (new_empty raised before the checks ran).
+    with pytest.raises(ValueError, match="rank 0 refused the call: .*output_split_sizes has a negative entry"):
+        all_to_all._all_to_all_single_cuda(x, [-3, 1], [3, 3], comm.group_name)
+    assert comm.core.calls[1:] == [("refuse", "symmem.all_to_all_single", 7)]
 
 
 def test_ops_compile_fullgraph(group_name):
