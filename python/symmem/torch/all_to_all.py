@@ -23,11 +23,10 @@ arguments are checked and the core called by ``_route``, as for every symmem op.
 """
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from . import _route
 from .errors import refused
-from .groups import Communicator, group_name_of
+from .groups import Communicator, group_name_of, resolve
 from .ops import _returning_none
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
@@ -66,7 +65,9 @@ def _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, grou
 
 
 def _all_to_all_single_cuda(inp, output_split_sizes, input_split_sizes, group_name):
-    out = inp.new_empty(_output_shape(inp, output_split_sizes))
+    # Splits of a negative total are this rank's error: refused by the checks, not raised here.
+    rows, *row = _output_shape(inp, output_split_sizes)
+    out = inp.new_empty((max(rows, 0), *row))
     return _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, out=out)
 
 
@@ -81,9 +82,12 @@ def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
 def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
     comm = Communicator(group_name)
+    # The op's own argument, the same on every rank: each raises it alike, and the communicator
+    # stays usable (a refusal would end it for an error no peer waits on).
+    align = _route.major_align_of(major_align, op)
     try:
         _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets,
-                               _route.experts_of(in_splits, comm.world, op), _route.major_align_of(major_align, op), op)
+                               _route.experts_of(in_splits, comm.world, op), align, op)
     except (TypeError, ValueError) as cause:
         raise refused(comm, "symmem." + op, cause) from cause
 
@@ -92,7 +96,7 @@ def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name
 
 def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, *, out):
     op = "all_to_all_single"
-    group = c10d._resolve_process_group(group_name)
+    group = resolve(group_name)
     _route.check_rows(inp, out, op)
     world = group.size()
     ins = _route.splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op)
@@ -111,7 +115,7 @@ def _all_to_all_single_cpu(inp, output_split_sizes, input_split_sizes, group_nam
 def _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, experts, major_align, op):
     """The layout of symmem/all_to_all.hpp, on the host: every rank's splits are gathered, the data
     moves rank to rank in sender order, then lands expert-major (major_align 0: plain)."""
-    group = c10d._resolve_process_group(group_name)
+    group = resolve(group_name)
     world, me = group.size(), group.rank()
     _route.check_rows(inp, out, op)
     n = world * experts
@@ -154,7 +158,7 @@ def _all_to_all_vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name):
 
 def _all_to_all_vdev_2d_cpu(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
-    world = c10d._resolve_process_group(group_name).size()
+    world = resolve(group_name).size()
     _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, _route.experts_of(in_splits, world, op),
               _route.major_align_of(major_align, op), op)
 

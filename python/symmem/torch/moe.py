@@ -39,7 +39,7 @@ from .. import _native, errors
 from .. import ep as core_ep
 from . import _route
 from .errors import refusal, refused
-from .groups import Communicator, capturing, group_name_of
+from .groups import Communicator, capturing, group_name_of, resolve
 from .memory import lent_tensor
 
 _log = logging.getLogger("symmem")
@@ -112,6 +112,7 @@ class ExpertParallel:
             self.device = torch.device("cpu")
             self._impl = _ReferenceContext(self)
         else:
+            _refuse_capture("ExpertParallel()", "allocates")
             comm = Communicator(self.group)
             self.device = comm.torch_device
             self._impl = _DeviceContext(self, comm, max_tokens_per_expert, max_received_rows, max_blocks)
@@ -177,12 +178,24 @@ class ExpertParallel:
         it lent (dispatch's outputs, combine_input) and no CUDA graph of the communicator lives;
         otherwise those tensors stay valid, and their memory mapped, until they are gone: the heap
         buffers until the communicator is released, the counts until symmem's next release point
-        after the last of them dies. Nothing collective happens at garbage collection."""
+        after the last of them dies. Nothing collective happens at garbage collection. Refused
+        (RuntimeError, nothing done) during CUDA graph capture, as is creating a context."""
         if self.closed:
             return
+        if not self.cpu:
+            _refuse_capture("ExpertParallel.close()", "frees")
         self.closed = True
         _contexts.pop(self.id, None)
         self._impl.close()
+
+
+def _refuse_capture(what, does):
+    """Creating and closing a context are collective and allocate or free device memory (a device
+    synchronisation), which a CUDA graph capture forbids: refused before anything happens, alike
+    on every rank (they capture alike)."""
+    if capturing():
+        raise RuntimeError(f"symmem: {what} is collective and {does} device memory: it cannot run during CUDA "
+                           "graph capture; call it before or after the capture")
 
 
 class _DeviceContext:
@@ -472,12 +485,24 @@ def _context(context):
     return ep
 
 
+def _serving(context):
+    """The open context `context`, if its group is alive: a call on a group torch.distributed no
+    longer knows is refused (SymmemError, a DistBackendError, as every entry point refuses it:
+    groups.resolve), as is one on a communicator that was closed (close_all, the group made again).
+    Both are the same on every rank. (The fake kernels take the context as it is.)"""
+    ep = _context(context)
+    resolve(ep.group)
+    if not ep.cpu:
+        ep._impl.comm._ensure_open()
+    return ep
+
+
 def _dispatch_kernel(x, x_scales, topk_idx, topk_weights, num_tokens, context):
-    return _context(context)._impl.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens)
+    return _serving(context)._impl.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens)
 
 
 def _combine_kernel(expert_out, topk_weights, context, weights_applied, *, out):
-    _context(context)._impl.combine(expert_out, topk_weights, weights_applied, out)
+    _serving(context)._impl.combine(expert_out, topk_weights, weights_applied, out)
 
 
 for _key in ("CUDA", "CPU"):

@@ -13,9 +13,11 @@ docs/vllm.md shows how to plug it into vLLM and SGLang.
 """
 import contextlib
 import logging
+import weakref
 from typing import Optional
 
 import torch
+import torch.distributed.distributed_c10d as c10d
 
 from .. import errors
 from . import _route
@@ -39,6 +41,7 @@ class TPAllReduce:
                 raise ValueError(f"TPAllReduce: device {device} is not the current device "
                                  f"cuda:{torch.cuda.current_device()}; call torch.cuda.set_device first")
         group = resolve(group)
+        self._group = weakref.ref(group)  # (not kept alive by this object)
         self.rank, self.world_size = group.rank(), group.size()
         self.device = device
         try:
@@ -57,11 +60,12 @@ class TPAllReduce:
             log.warning("symmem: TPAllReduce disabled: %s", self.reason)
 
     def _stop(self):
-        """The group's communicator was closed (the group destroyed, or close_all): serve no more,
-        and say why. A new TPAllReduce of the group's current communicator serves again."""
+        """The group was destroyed (torch.distributed no longer knows it) or its communicator was
+        closed (close_all): serve no more, and say why. A new TPAllReduce of the group's current
+        communicator serves again."""
         self.disabled = True
-        self.reason = (f"the communicator of group {self._comm.group_name!r} was closed (its group was destroyed or "
-                       "closed); make a new TPAllReduce")
+        self.reason = (f"group {self._comm.group_name!r} was destroyed or its communicator closed; make a new "
+                       "TPAllReduce")
         log.warning("symmem: TPAllReduce disabled: %s", self.reason)
 
     def should_use(self, inp: torch.Tensor) -> bool:
@@ -69,7 +73,7 @@ class TPAllReduce:
         float32/float16/bfloat16/int32, at most max_size bytes."""
         if self.disabled:
             return False
-        if self._comm.closed:
+        if self._comm.closed or self._group() not in c10d._pg_names:  # (c10d's registry of live groups)
             self._stop()
             return False
         return (inp.is_cuda and inp.dtype in _route.REDUCIBLE and inp.is_contiguous()

@@ -83,6 +83,40 @@ def test_all_to_all_errors_name_the_problem(group_name):
                                             torch.zeros(2, 1, dtype=torch.int64), group_name, 0)
 
 
+def test_the_cuda_kernels_refuse_a_check_of_one_ranks_tensors_not_an_agreed_argument(fake_group, monkeypatch):
+    # A refusal makes the communicator unusable on every rank: right for a tensor of this rank's
+    # that fails a check (the peers would wait until their deadline), needless for major_align,
+    # the op's argument, which every rank passes alike and so raises alike (refused before).
+    import types
+
+    from symmem.errors import SymmemError
+    from symmem.torch import all_to_all
+
+    class Core:
+        def __init__(self):
+            self.calls = []
+
+        def refuse(self, op, code, message, stream):
+            self.calls.append(("refuse", op, stream))
+            return SymmemError(code, f"{op}: rank 0 refused the call: {message}")
+
+    comm = fake_group("fake-a2a-refusal", 2, Core(), stream=7)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=7))
+    x, out = torch.zeros(6, 4), torch.zeros(8, 4)
+    oso = torch.zeros(2, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="major_align must be positive"):
+        all_to_all._all_to_all_vdev_2d_cuda(x, out, torch.tensor([1, 2, 1, 2]), oso, comm.group_name, 0)
+    assert comm.core.calls == []
+    with pytest.raises(ValueError, match="rank 0 refused the call: .*not a multiple of the group size") as raised:
+        all_to_all._all_to_all_vdev_2d_cuda(x, out, torch.tensor([1, 2, 1]), oso, comm.group_name, 1)
+    assert isinstance(raised.value, SymmemError)
+    assert comm.core.calls == [("refuse", "symmem.all_to_all_vdev_2d", 7)]
+    # Output splits of a negative total: refused too (new_empty raised before the checks ran).
+    with pytest.raises(ValueError, match="rank 0 refused the call: .*output_split_sizes has a negative entry"):
+        all_to_all._all_to_all_single_cuda(x, [-3, 1], [3, 3], comm.group_name)
+    assert comm.core.calls[1:] == [("refuse", "symmem.all_to_all_single", 7)]
+
+
 def test_ops_compile_fullgraph(group_name):
     from symmem.torch.moe import ExpertParallel
     ep = ExpertParallel(num_experts=4, topk=2, hidden=128, max_tokens_per_rank=8)
@@ -417,6 +451,74 @@ def test_a_released_communicator_frees_what_it_held(fake_group):
     context.close()
     context.comm._release_held(everything=True)  # its release (only once no tensor over its memory lives)
     assert calls == [("close", True), ("destroy",)]
+
+def test_closing_or_creating_a_context_during_graph_capture_is_refused(group_name, fake_group, monkeypatch):
+    # Both are collective and touch device memory: close() frees the heap buffers (a device
+    # synchronisation, then a barrier) and the counts (cudaFree), creation allocates; inside a
+    # capture that invalidated the capture and left the ranks part way through the collective.
+    # They are refused before anything happens, and work once the capture is over.
+    from symmem.torch import moe
+    context, calls = _device_context(fake_group, "ep-capture")
+    ep = object.__new__(moe.ExpertParallel)
+    ep.__dict__.update(cpu=False, closed=False, id=-1, _impl=context)
+    monkeypatch.setitem(moe._contexts, ep.id, ep)
+    monkeypatch.setattr(moe, "capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="cannot run during CUDA graph capture"):
+        ep.close()
+    assert calls == [] and not ep.closed and moe._contexts.get(ep.id) is ep
+    built = []
+    monkeypatch.setattr(moe, "Communicator", lambda group: built.append(group))
+    monkeypatch.setattr(moe.dist, "get_backend", lambda group: "nccl")
+    with pytest.raises(RuntimeError, match="cannot run during CUDA graph capture"):
+        moe.ExpertParallel(num_experts=4, topk=1, hidden=128, max_tokens_per_rank=4)
+    assert not built
+    monkeypatch.setattr(moe, "capturing", lambda: False)
+    ep.close()
+    assert calls == [("close", False), ("destroy",)] and ep.closed and ep.id not in moe._contexts
+
+
+def test_a_context_of_a_destroyed_group_refuses_its_calls(group_name):
+    # As every other entry point (groups.resolve): a DistBackendError naming the destroyed group.
+    # Before, dispatch and combine kept running on it (here gloo's collectives, on a GPU the
+    # communicator, which lives on while the context's tensors do). close() still works.
+    import symmem
+    from symmem.torch.moe import ExpertParallel
+    sub = dist.new_group([0])
+    ep = ExpertParallel(sub, num_experts=2, topk=1, hidden=128, max_tokens_per_rank=4)
+    x, ids, w = torch.ones(4, 128, dtype=torch.bfloat16), torch.zeros(4, 1, dtype=torch.int64), torch.ones(4, 1)
+    ep.dispatch(x, ids, w)
+    ep.combine()
+    dist.destroy_process_group(sub)
+    for call in (lambda: ep.dispatch(x, ids, w), lambda: ep.combine()):
+        with pytest.raises(dist.DistBackendError, match="destroyed") as raised:
+            call()
+        assert isinstance(raised.value, symmem.SymmemError) and raised.value.code == "kInvalidArgument"
+    ep.close()
+
+
+def test_a_device_context_refuses_calls_once_its_communicator_is_closed(group_name, fake_group):
+    # close_all, or the group made again, closes the communicator: nothing runs on it any more.
+    import symmem
+    from symmem.torch import moe
+    context, calls = _device_context(fake_group, "ep-closed-communicator")
+    ep = object.__new__(moe.ExpertParallel)
+    ep.__dict__.update(cpu=False, closed=False, id=-3, _impl=context, group=dist.group.WORLD, payload="bfloat16",
+                       hidden=128, topk=1, max_tokens_per_rank=4, device=torch.device("cpu"))
+    context.ep = ep
+    context.ctx.dispatch = lambda *args: calls.append(("dispatch",))
+    context.outputs = moe.Dispatched(*[torch.zeros(1)] * 6)
+    x, ids, w = torch.ones(4, 128, dtype=torch.bfloat16), torch.zeros(4, 1, dtype=torch.int64), torch.ones(4, 1)
+    moe._contexts[ep.id] = ep
+    try:
+        torch.ops.symmem.moe_dispatch(x, None, ids, w, None, ep.id)
+        assert calls == [("dispatch",)]
+        context.comm.closed = True
+        with pytest.raises(symmem.SymmemError, match="was closed") as raised:
+            torch.ops.symmem.moe_dispatch(x, None, ids, w, None, ep.id)
+        assert raised.value.code == "kAborted" and calls == [("dispatch",)]
+    finally:
+        del moe._contexts[ep.id]
+
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("layout", ["expert_major", "rank_major"])

@@ -228,7 +228,16 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
     dist.destroy_process_group(sub)
 
     out, outs = torch.zeros(4), [torch.zeros(4)]
+    from symmem.torch import all_to_all
+    splits, splits_offsets = torch.tensor([1]), torch.zeros(2, 1, dtype=torch.int64)
+    a, b = torch.ones(2, 8, dtype=torch.float16), torch.ones(8, 8, dtype=torch.float16)
     ops = torch.ops.symmem
+
+    def faked(op, *args):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode() as mode:
+            op(*[mode.from_tensor(t) if isinstance(t, torch.Tensor) else
+                 [mode.from_tensor(u) for u in t] if isinstance(t, list) else t for t in args])
     calls = {
         "all_reduce (fast path)": None,
         "all_reduce": lambda: st.all_reduce(y, group=sub),
@@ -247,6 +256,21 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
         "op reduce_scatter_tensor_out": lambda: ops.reduce_scatter_tensor_out(y, "sum", name, out=out),
         "Communicator": lambda: st.Communicator(sub),
         "empty": lambda: st.empty(4, group=sub),
+        # The all-to-all and fused ops' CPU and fake kernels (a RuntimeError from c10d before).
+        "op all_to_all_single": lambda: ops.all_to_all_single(y, None, None, name),
+        "op all_to_all_single_out": lambda: ops.all_to_all_single_out(y, None, None, name, out=out),
+        "op all_to_all_vdev": lambda: ops.all_to_all_vdev(y, out, splits, splits_offsets, name),
+        "op all_to_all_vdev_2d": lambda: ops.all_to_all_vdev_2d(y, out, splits, splits_offsets, name, 1),
+        "all_to_all_single by name": lambda: all_to_all.all_to_all_single(out, y, group=name),
+        "op all_gather_matmul": lambda: ops.all_gather_matmul(a, b, name),
+        "op matmul_reduce_scatter": lambda: ops.matmul_reduce_scatter(a, b, name),
+        "all_gather_matmul by name": lambda: st.all_gather_matmul(a, b, group=name),
+        "op fused_all_gather_matmul": lambda: ops.fused_all_gather_matmul(a, [b], 0, name),
+        "op fused_matmul_reduce_scatter": lambda: ops.fused_matmul_reduce_scatter(a, b, "sum", 0, name),
+        "fake all_gather_matmul": lambda: faked(ops.all_gather_matmul, a, b, name),
+        "fake matmul_reduce_scatter": lambda: faked(ops.matmul_reduce_scatter, a, b, name),
+        "fake fused_all_gather_matmul": lambda: faked(ops.fused_all_gather_matmul, a, [b], 0, name),
+        "fake fused_matmul_reduce_scatter": lambda: faked(ops.fused_matmul_reduce_scatter, a, b, "sum", 0, name),
     }
     problems = []
     for what, call in calls.items():
@@ -263,7 +287,7 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
             else:
                 problems.append(f"{what}: ran")
     assert not problems, "not refused as a destroyed group:\n" + "\n".join(problems)
-    assert served == ["sum"] and torch.equal(y, x) and not out.any() and not outs[0].any()
+    assert served == ["sum"] and torch.equal(y, x) and not out.any() and not outs[0].any() and not splits_offsets.any()
 
 
 def test_a_failure_to_build_is_remembered_with_the_group_not_its_name(group_name, monkeypatch):

@@ -177,6 +177,26 @@ def test_tp_all_reduce_is_disabled_across_nodes_and_returns_none(group_name, mon
     assert tp.custom_all_reduce(x) is None  # a CPU tensor: not served, None (vLLM then uses its other paths)
 
 
+def test_tp_all_reduce_stops_serving_a_destroyed_group(group_name, monkeypatch):
+    # Every entry point refuses a destroyed group; a TPAllReduce made before kept serving it (on
+    # the group's communicator, retired only at symmem's next release point) until then.
+    import torch.distributed as dist
+    from symmem.torch import _route, tp_all_reduce
+    sub = dist.new_group([0])
+    monkeypatch.setattr(tp_all_reduce, "Communicator", lambda group: _Comm(nodes=1))
+    tp = tp_all_reduce.TPAllReduce(sub)
+    served = []
+    monkeypatch.setattr(_route, "all_reduce", lambda comm, out, inp, op: served.append(op))
+    x = torch.ones(8)
+    with monkeypatch.context() as m:  # a tensor it takes (it reads is_cuda and the device)
+        m.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+        m.setattr(torch.Tensor, "get_device", lambda t: 0)
+        assert tp.all_reduce(x) is not None and served == ["sum"]
+        dist.destroy_process_group(sub)
+        assert not tp.should_custom_ar(x) and tp.all_reduce(x) is None and served == ["sum"]
+    assert tp.disabled and "destroyed" in tp.reason
+
+
 OUTSIDE_GROUP = textwrap.dedent("""
     import os, sys, warnings
     import torch, torch.distributed as dist

@@ -266,14 +266,32 @@ def test_back_to_back_combines_with_a_rank_ahead_are_exact(group, layout, staged
     ep.close()
 
 
+def _own_group():
+    """A group of every rank whose communicator no CUDA graph holds (a graph of an earlier test
+    that still lives would keep a closed context's memory by design, and hide what these tests
+    check): (group, its communicator)."""
+    own = dist.new_group(list(range(dist.get_world_size())))
+    comm = st.Communicator(own)
+    assert comm.core.live_graphs == 0
+    return own, comm
+
+
+def _destroy_and_check_released(own, comm):
+    """Destroys `own`; its communicator must then be released (nothing of it is used any more)."""
+    dist.destroy_process_group(own)
+    st.release_unused()
+    assert comm.closed and comm.core._handle is None, "the communicator was not released once nothing used it"
+
+
 def test_tensors_lent_by_a_closed_context_stay_valid(group):
     """dispatch, close, then the lent tensors (dispatch's outputs, combine_input) read and written and
     new symmetric tensors allocated: no crash, the old tensors keep their values, the new ones theirs;
-    every call of the closed context raises on every rank."""
+    every call of the closed context raises on every rank. The counts' memory goes at the release
+    point after the last tensor, the communicator once the group is destroyed."""
     world = dist.get_world_size()
     T, H = 64, 256
-    comm = st.Communicator(group)
-    ep = ExpertParallel(group, num_experts=2 * world, topk=1, hidden=H, max_tokens_per_rank=T)
+    own, comm = _own_group()
+    ep = ExpertParallel(own, num_experts=2 * world, topk=1, hidden=H, max_tokens_per_rank=T)
     x = _random((T, H), torch.bfloat16, _seed("lent"))
     ids = torch.randint(0, 2 * world, (T, 1), device="cuda")
     r = ep.dispatch(x, ids, torch.ones(T, 1, device="cuda"))
@@ -284,13 +302,14 @@ def test_tensors_lent_by_a_closed_context_stay_valid(group):
     before = [t.clone() for t in lent]
     heap = (r.x.data_ptr(), ci.data_ptr())
     ep.close()
+    assert comm._held, "the counts' memory was freed while tensors over it live"
     for call in (lambda: ep.dispatch(x, ids, torch.ones(T, 1, device="cuda")), lambda: ep.combine(),
                  lambda: ep.combine_input):
         with pytest.raises(SymmemError, match="was closed"):
             call()
     # Kept mapped and unused: new symmetric tensors land elsewhere.
     assert all(comm.core.buffer_of(p, 1) is not None for p in heap)
-    fresh = [st.empty(ci.numel() * 2, dtype=torch.uint8, group=group) for _ in range(3)]
+    fresh = [st.empty(ci.numel() * 2, dtype=torch.uint8, group=own) for _ in range(3)]
     for f in fresh:
         f.fill_(0x5A)
     torch.cuda.synchronize()
@@ -302,24 +321,26 @@ def test_tensors_lent_by_a_closed_context_stay_valid(group):
     assert all(bool((f == 0x5A).all()) for f in fresh)
     assert all(int(t.abs().sum()) == 0 for t in lent)
     del r, ci, lent, t, before
-    st.release_unused()  # what the closed context held for its tensors goes now (no crash)
+    st.release_unused()  # what the closed context held for its tensors goes now
+    assert not comm._held, "the counts' memory outlived its last tensor"
+    del fresh, f
     torch.cuda.synchronize()
+    _destroy_and_check_released(own, comm)
 
 
 def test_a_context_closed_with_nothing_lent_frees_its_buffers(group):
-    comm = st.Communicator(group)
+    own, comm = _own_group()
     T, H = 16, 256
-    ep = ExpertParallel(group, num_experts=2 * dist.get_world_size(), topk=1, hidden=H, max_tokens_per_rank=T)
+    ep = ExpertParallel(own, num_experts=2 * dist.get_world_size(), topk=1, hidden=H, max_tokens_per_rank=T)
     heap = ep.combine_input.data_ptr()
     r = ep.dispatch(_random((T, H), torch.bfloat16, _seed("nothing-lent")),
                     torch.zeros(T, 1, dtype=torch.int64, device="cuda"), torch.ones(T, 1, device="cuda"))
     torch.cuda.synchronize()
     del r
-    graphs = torch.tensor([comm.core.live_graphs], device="cuda")
-    dist.all_reduce(graphs)  # a graph of an earlier test that still lives keeps the buffers (by design)
     ep.close()
-    if int(graphs.item()) == 0:
-        assert comm.core.buffer_of(heap, 1) is None
+    assert comm.core.buffer_of(heap, 1) is None, "the heap buffers of a context that lent nothing were kept"
+    assert not comm._held, "the counts of a context that lent nothing were kept"
+    _destroy_and_check_released(own, comm)
 
 
 def test_all_to_all_vdev_matches_torch_symm_mem(group):
