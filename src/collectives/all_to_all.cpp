@@ -55,7 +55,7 @@ const char* name_of(AllToAllForm form, int64_t align) {
 
 void resolve_operands(Prepared& p, const Operand& out, const Operand& in, CommunicatorState& st) {
   p.out = detail::resolve(out, p.out_bytes, "output", p.name, st);
-  p.in_place = in.ptr() == out.ptr() && p.in_bytes > 0;
+  p.in_place = in.ptr() == out.ptr() && in.ptr() != nullptr;
   p.in = detail::resolve(in, p.in_bytes, "input", p.name, st);
   detail::require_no_partial_overlap(p.out.local, p.out_bytes, p.in.local, p.in_bytes, p.in_place, p.name);
 }
@@ -144,14 +144,20 @@ std::string describe_call(const Prepared& p) {
 // What every rank must agree on, for the signature: form, widths, plan, operand kinds and
 // symmetric offsets. Row counts and capacities are not in it: they differ by rank by design and
 // travel in the split exchange.
+// Whether a local input is in place or staged concerns its rank alone (peers read a local input
+// only from its staging area, under every algorithm that reads peers' inputs): signed for heap
+// inputs only, so that a rank with no rows passing null operands agrees with peers that pass
+// buffers, in place or not.
 detail::CallDescriptor descriptor_of(const Prepared& p) {
   const bool uniform = p.form == AllToAllForm::kUniform;
+  const bool signed_in_place = p.in_place && p.in.symmetric;
   detail::CallDescriptor c = detail::make_call_descriptor(
       detail::kOpAllToAll, DataType::kUInt8, ReduceOp::kSum, uniform ? p.pair_bytes : p.row_bytes, p.plan.algo,
-      p.plan.blocks, p.in_place, p.in.symmetric, p.in_place ? 0 : p.in.heap_offset, p.out.symmetric, p.out.heap_offset);
+      p.plan.blocks, signed_in_place, p.in.symmetric, p.in_place ? 0 : p.in.heap_offset, p.out.symmetric,
+      p.out.heap_offset);
   detail::Fnv1a h;
   h.value(p.form).value(p.experts).value(p.align).value(p.plan.kernel).value(p.plan.low_latency_pair_bytes);
-  h.value(p.plan.stage_input).value(p.plan.chunk_pair_bytes);
+  h.value(p.in.symmetric && p.plan.stage_input).value(p.plan.chunk_pair_bytes);
   c.shape_hash = h.digest() | 1u;
   c.description = [&p] { return describe_call(p); };
   return c;

@@ -476,7 +476,8 @@ TEST(shared_gpu_all_to_all_back_to_back_calls_follow_their_routing) {
 // A rank with no rows (an idle data-parallel rank) in every variable form: its input is null with
 // 0 rows, and so is its output when it receives nothing (the 2-D form still needs its experts'
 // minimum extent, torch's rule); the other ranks send to it, or not. Heap operands take 0 rows
-// too. And the uniform form with 0 bytes per pair and null operands on every rank.
+// too. In place as well (the idle rank's null output is its input: it signs the same call as its
+// peers). And the uniform form with 0 bytes per pair and null operands on every rank.
 TEST(shared_gpu_all_to_all_takes_a_rank_with_no_rows) {
   for (int world : shared_gpu_worlds()) {
     const int budget = max_blocks_for_calls();
@@ -494,12 +495,15 @@ TEST(shared_gpu_all_to_all_takes_a_rank_with_no_rows) {
       for (Form form : {Form::kHostSplits, Form::kDeviceSplits, Form::kTwoD})
         for (bool receives : {false, true})
           for (Algo algo : {Algo::kAuto, Algo::kPush, Algo::kPull, Algo::kLowLatency})
-            for (Kinds kinds : {Kinds::kLocal, Kinds::kHeapInLocalOut, Kinds::kHeap}) {
+            for (Kinds kinds : {Kinds::kLocal, Kinds::kHeapInLocalOut, Kinds::kHeap})
+              for (bool in_place : {false, true}) {
+              if (in_place && kinds == Kinds::kHeapInLocalOut) continue;
               ++id;
               const bool two_d = form == Form::kTwoD;
               const VariableCase c{form, two_d ? 3 : 1, two_d ? 2 : 0, 48, Skew::kZipf, 0, algo, kinds};
+              const Operand given_in = in_place ? mem.out(kinds) : mem.in(kinds);
               try {  // plannable? alike on every rank
-                describe_all_to_all_v(mem.out(kinds), 1, mem.in(kinds), 1, c.row_bytes, form != Form::kHostSplits,
+                describe_all_to_all_v(mem.out(kinds), 1, given_in, 1, c.row_bytes, form != Form::kHostSplits,
                                       c.experts, c.align, *r.comm, {algo, 0, budget});
               } catch (const Error&) {
                 continue;
@@ -516,13 +520,15 @@ TEST(shared_gpu_all_to_all_takes_a_rank_with_no_rows) {
                 m.output_rows[q] = static_cast<uint32_t>(detail::needed_output_rows(m.view(), q));
               }
               const bool me_idle = r.rank == idle;
-              const Operand in = me_idle && !mem.in(kinds).symmetric() ? none : mem.in(kinds);
               const Operand out =
                   me_idle && m.output_rows[idle] == 0 && !mem.out(kinds).symmetric() ? none : mem.out(kinds);
+              // In place, the idle rank passes its output (null when it receives nothing) as its input.
+              const Operand in = in_place ? out : me_idle && !given_in.symmetric() ? none : given_in;
               const std::string wrong =
                   run_routed_case(c, m, r, out, in, splits_in.ptr, splits_out.ptr, budget, mix64(id ^ 0x1D7E));
               if (!wrong.empty())
-                findings.add(c.describe() + (receives ? ", the idle rank receives: " : ": ") + wrong);
+                findings.add(c.describe() + (in_place ? ", in place" : "") +
+                             (receives ? ", the idle rank receives: " : ": ") + wrong);
             }
       if (ran < 12) findings.add("only " + std::to_string(ran) + " cases were plannable");
       findings.raise(r);
