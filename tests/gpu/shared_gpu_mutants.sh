@@ -27,7 +27,7 @@ mutants=(
   "mrs_no_piece_wait|src/fused/matmul_reduce_scatter.cpp|    detail::enqueue_piece_wait(board, rank, world, peer, piece.chunk - rank * p.pieces.pieces, signature, stream);||matmul_reduce_scatter|2 3"
   # all_gather_matmul: the pulls start without the ready handshake (a peer's slot may still hold
   # the previous call's shard).
-  "agm_no_ready|src/fused/all_gather_matmul.cpp|      detail::enqueue_handshake(*st.board, rank, world, detail::WaitWord::kPhaseReady, signature, control);||all_gather_matmul|2 3"
+  "agm_no_ready|src/fused/piece_gather.cpp|  enqueue_handshake(board, g.rank, g.world, WaitWord::kPhaseReady, signature, control);||all_gather_matmul|2 3"
   # max of floating types back to a comparison: NaN wins or loses depending on the rank
   # that holds it, where NCCL ignores it.
   "nan_by_rank|src/device/reduce.cuh|    if constexpr (std::is_floating_point_v<A>) return fmaxf(a, b);||max_min_ignore_nan|2 4"
