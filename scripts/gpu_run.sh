@@ -16,7 +16,7 @@
 #
 # What it writes, under $OUT (default ./gpu-run-out):
 #   NAME.tgz         every step's log and result, in the layout of bench/results: <machine>/
-#                    (<machine> = h200x4 for 4 x H200: the GPU kind and this machine's GPU count)
+#                    (<machine> = h200x4 for a lane of 4 x H200: the GPU kind and the lane's GPU count)
 #                    holds <what>_<ranks>.csv and .png, <machine>/tests/<suite>_<ranks>.log the test
 #                    logs; logs/ every step's full output. To commit it:
 #                    tar xzf NAME.tgz -C bench/results --exclude ./logs
@@ -121,13 +121,14 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$W/triton-cache}
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-8G}
 BUDGET=${BUDGET_S:-540}
 SUMMARY=$OUT/${NAME}_summary.txt
-# The machine's folder in bench/results: "NVIDIA H100 80GB HBM3" x 2 -> h100x2.
-MACHINE=$(sed -E 's/^NVIDIA //; s/ .*//' <<< "$GPU" | tr '[:upper:]' '[:lower:]')x$GPUS
+# A lane's folder in bench/results: the GPU kind and the lane's GPU count ("NVIDIA H100 80GB HBM3",
+# a lane of 2 GPUs -> h100x2), whatever the machine's count: 2 GPUs of a 4-GPU machine are the
+# same NVSwitch fabric as a 2-GPU machine. run_lane sets MACHINE, RESULTS (CSVs and figures) and
+# TESTS (the test logs) for its steps.
+KIND=$(sed -E 's/^NVIDIA //; s/ .*//' <<< "$GPU" | tr '[:upper:]' '[:lower:]')
 R=$W/$NAME                 # what NAME.tgz holds
-RESULTS=$R/$MACHINE        # CSVs and figures
-TESTS=$RESULTS/tests       # the test logs
 L=$R/logs                  # every step's output
-mkdir -p "$TESTS" "$L"
+mkdir -p "$L"
 
 say() {
   # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments
@@ -301,7 +302,9 @@ run_step() {
       done
       merge_csvs "$L/host_cost_$n.csv" "$L/host_cost_1K_$n.csv" "$L/host_cost_64K_$n.csv"
       keep "$L/host_cost_$n.csv" "host_cost_$n" host_cost_1K.png ;;
-    chunked_gemm)
+    chunked_gemm)  # one GPU whatever the lane: kept with the 1-GPU results
+      local MACHINE=${KIND}x1 RESULTS=$R/${KIND}x1
+      mkdir -p "$RESULTS"
       for d in float16 bfloat16; do
         for m in 4096 8192 16384; do
           step "chunked_gemm_${d}_$m" 120 "$B/symmem-bench" chunked_gemm --gpus 1 -d $d --gemm ${m}x6656x16384 \
@@ -360,7 +363,10 @@ run_step() {
       done ;;
     all_gather_matmul_triton) torchbench "all_gather_matmul_triton_$n" 300 all_gather_matmul all_gather_matmul --reps 7 \
       --dtypes fp16 --impls gemm_alone nccl_then_gemm symmem_fused symmem_triton_fused ;;
-    triton_gemm_vs_mm) step triton_gemm_vs_mm_1 200 python3 -m symmem.triton.examples.all_gather_matmul --world1-vs-mm \
+    triton_gemm_vs_mm)  # one GPU whatever the lane: kept with the 1-GPU results
+      local MACHINE=${KIND}x1 RESULTS=$R/${KIND}x1
+      mkdir -p "$RESULTS"
+      step triton_gemm_vs_mm_1 200 python3 -m symmem.triton.examples.all_gather_matmul --world1-vs-mm \
       --csv "$L/triton_gemm_vs_mm_1.csv" --commit "$SYMMEM_COMMIT" --dtype float16
       keep "$L/triton_gemm_vs_mm_1.csv" triton_gemm_vs_mm_1 ;;
     torch_collectives) torchbench "torch_collectives_$n" 240 torch "torch_bench_$n" --triton ;;
@@ -418,6 +424,8 @@ run_lane() {  # DEVICES:STEPS
   export CUDA_VISIBLE_DEVICES=$DEV
   NG=$(($(tr -cd ',' <<< "$DEV" | wc -c) + 1))
   export NG
+  MACHINE=${KIND}x$NG RESULTS=$R/${KIND}x$NG TESTS=$R/${KIND}x$NG/tests
+  mkdir -p "$TESTS"
   # Lanes at once: torchrun's rendezvous port apart per lane (tests/python/gpu/run.sh too).
   export PET_MASTER_PORT=$((29500 + 10 * ${DEV%%,*}))
   for s in ${spec#*:}; do run_step "$s"; done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI check of scripts/gpu_run.sh without a GPU (DRY_RUN=1: each step's commands, not run): every
 # step it lists is one it runs, and what the benchmarks keep lands in bench/results' layout
-# (<machine>/<what>_<ranks>.csv).
+# (<kind>x<lane GPUs>/<what>_<ranks>.csv: the lane's GPU count names the folder).
 set -euo pipefail
 root=${1:?usage: test_gpu_run.sh REPO_ROOT}
 work=$(mktemp -d)
@@ -14,10 +14,10 @@ out=$(DRY_RUN=1 OUT="$work/out" GPU_RUN_WORK="$work/w" GPU_KIND="NVIDIA H100 80G
 if grep -q "unknown step" <<< "$out"; then
   echo "FAIL: a listed step is not run:"; grep "unknown step" <<< "$out"; exit 1
 fi
-bad=$(grep -- '->' <<< "$out" | grep -vE -- '-> h100x4/[a-z0-9_]+_[0-9]+\.csv$' || true)
+bad=$(grep -- '->' <<< "$out" | grep -vE -- '-> h100x([0-9])/[a-z0-9_]+_\1\.csv$' || true)
 [ -z "$bad" ] || { echo "FAIL: results outside the layout:"; echo "$bad"; exit 1; }
-for expected in "h100x4/all_gather_2.csv" "h100x4/all_reduce_vllm_graph_2.csv" "h100x4/moe_2.csv" \
-                "h100x4/host_cost_1.csv"; do
+for expected in "h100x2/all_gather_2.csv" "h100x2/all_reduce_vllm_graph_2.csv" "h100x2/moe_2.csv" \
+                "h100x1/host_cost_1.csv"; do
   grep -q -- "-> $expected" <<< "$out" || { echo "FAIL: no step keeps $expected"; exit 1; }
 done
 echo "1 passed, 0 failed ($(grep -c -- '->' <<< "$out") results kept, $(wc -w <<< "$steps") steps)"
