@@ -59,7 +59,7 @@ all_reduce_vllm            vLLM'"'"'s all-reduce table (T x 8192 bf16), eager an
 all_reduce_graph_small     all_reduce 1-64 KiB from CUDA graphs
 reduce_scatter             symmem-bench reduce_scatter, 1 KiB-256 MiB, eager
 reduce_scatter_graph_small reduce_scatter 1-256 KiB from CUDA graphs
-all_to_all                 symmem-bench all_to_all: uniform eager and graph, zipf splits
+all_to_all                 symmem-bench all_to_all: uniform eager and graph, zipf and one-hot splits
 all_to_all_graph_blocks    all_to_all 16-256 KiB from graphs over 8-64 blocks
 all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against torch and NCCL
 moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
@@ -68,6 +68,7 @@ moe_combine_paths          the combine forced to each path (SYMMEM_MOE_COMBINE=r
 moe_ab                     moe with this bundle and an older library alternating (bundle.sh OLD_CAPI)
 overlap                    symmem-bench overlap: GEMM + in-place all-gather on two streams
 fused                      symmem.bench.all_gather_matmul: all_gather_matmul and matmul_reduce_scatter
+fused_b_transposed         the fused ops with B = W.t() (column-major, read in place) against a contiguous B
 all_gather_matmul_triton   the Triton all-gather + matmul example against the CUDA op
 triton_gemm_vs_mm          the Triton example'"'"'s GEMM against torch.mm at world 1
 torch_collectives          symmem.bench.torch: the drop-ins against NCCL and torch symm_mem (Triton row too)
@@ -289,7 +290,8 @@ run_step() {
     all_to_all)
       bench "all_to_all_$n" 150 all_to_all_latency_vs_size.png all_to_all -b 1K -e 64M -f 4 -n 20 -w 5 --reps 5
       bench "all_to_all_graph_$n" 100 all_to_all_latency_vs_size.png all_to_all -b 1K -e 1M -f 4 -n 20 -w 5 --reps 5 --graph
-      bench "all_to_all_zipf_$n" 100 "" all_to_all -b 64K -e 64M -f 16 -n 20 -w 5 --reps 5 --splits zipf ;;
+      bench "all_to_all_zipf_$n" 100 "" all_to_all -b 4K -e 64M -f 4 -n 20 -w 5 --reps 5 --splits zipf
+      bench "all_to_all_onehot_$n" 100 "" all_to_all -b 4K -e 64M -f 4 -n 20 -w 5 --reps 5 --splits onehot ;;
     all_to_all_graph_blocks) bench "all_to_all_graph_blocks_$n" 120 "" all_to_all -b 16K -e 256K -f 2 -n 20 -w 5 \
       --reps 5 --graph --algos low_latency,push --blocks 8,16,24,32,48,64 ;;
     overlap)
@@ -360,6 +362,11 @@ run_step() {
     fused)
       for op in all_gather_matmul matmul_reduce_scatter; do
         torchbench "${op}_$n" 200 all_gather_matmul "$op" --op $op --reps 7
+      done ;;
+    fused_b_transposed)  # B given as W.t() (read in place, column-major) against a contiguous B, same run
+      for op in all_gather_matmul matmul_reduce_scatter; do
+        torchbench "${op}_b_transposed_$n" 150 all_gather_matmul "$op" --op $op --reps 7 --dtypes fp16 bf16 \
+          --impls gemm_alone symmem_fused symmem_fused_b_transposed
       done ;;
     all_gather_matmul_triton) torchbench "all_gather_matmul_triton_$n" 300 all_gather_matmul all_gather_matmul --reps 7 \
       --dtypes fp16 --impls gemm_alone nccl_then_gemm symmem_fused symmem_triton_fused ;;
