@@ -7,7 +7,8 @@
 # scripts/bundle.sh (libsymmem_nccl.so, nccl-tests/, the shared-GPU shim test and its stand-in
 # NCCL), or else SHIM (default build/libsymmem_nccl.so) and NCCL_TESTS_BIN (default
 # build-nccl-tests/bin); and python3 with torch (its nvidia-nccl wheel is the real NCCL of every step).
-# Steps (OUT, default ./gpu_nccl_shim_out, gets one log or folder each, and summary.txt):
+# Steps (OUT, default ./gpu_nccl_shim_out, gets one log or folder each, and summary.txt; ONLY="name
+# ..." runs only the steps named, e.g. ONLY="nccl_tests pynccl torch_nccl torch_shim_auto"):
 #   0 shared_gpu           symmem_shared_gpu_shim_tests on GPU 0 (ranks as threads, stand-in NCCL)
 #   1 nccl_tests           scripts/nccl_tests_run.sh RANKS: all_reduce, all_gather, reduce_scatter,
 #                          alltoall x bf16/fp16/fp32, processes and threads, plain vs shim interleaved
@@ -41,6 +42,9 @@ BUDGET=${BUDGET_S:-900}
 step() {
   local name=$1 limit=$2 log=$3
   shift 3
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+    return
+  fi
   local left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -le 10 ]; then
     echo "$name: skipped (budget spent)" | tee -a "$OUT/summary.txt"

@@ -78,6 +78,7 @@ triton_all_gather_graph    the same from CUDA graphs
 triton_all_gather_tiles    the Triton all-gather at 16 programs per tile shape (TILE_SWEEP)
 triton_all_reduce_grids    the Triton one-shot all-reduce per grid (TRITON_GRIDS) against torch one_shot
 host_cost                  symmem-bench host_cost (one GPU): CPU time per call, 1 KiB and 64 KiB
+nccl_shim                  libsymmem_nccl.so: nccl-tests, a PyNccl client, PyTorch steps and a killed rank, against plain NCCL
 host_cost_ab               tools/torch_host_cost_ab.py: an older tree (bundle.sh OLD_TORCH_TREE) against this one
 chunked_gemm               symmem-bench chunked_gemm (one GPU): one GEMM against row blocks
 fsdp_step                  symmem.bench.fsdp: an FSDP2 training step, implicit and explicit prefetch
@@ -388,6 +389,17 @@ run_step() {
       done ;;
     triton_all_reduce_grids) torchbench "triton_all_reduce_grids_$n" 240 torch "torch_bench_$n" --triton \
       --ops all_reduce --triton-grids "${TRITON_GRIDS:-48:16,64:16,32:32,64:32,24:64}" ;;
+    nccl_shim)  # libsymmem_nccl.so against plain NCCL (scripts/gpu_nccl_shim.sh; NCCL_SHIM_ONLY: its steps to run)
+      step "nccl_shim_$n" "${NCCL_SHIM_S:-400}" env OUT="$L/nccl_shim_$n" BUDGET_S="${NCCL_SHIM_S:-400}" \
+        ONLY="${NCCL_SHIM_ONLY:-}" MODES="${NCCL_SHIM_MODES:-processes threads}" TYPES="${NCCL_SHIM_TYPES:-bfloat16 half float}" \
+        scripts/gpu_nccl_shim.sh "$n" "$B"
+      if [ "$DRY" != 1 ] && [ -d "$L/nccl_shim_$n" ]; then
+        keep "$L/nccl_shim_$n/nccl_tests/nccl_tests.csv" "nccl_tests_$n"
+        keep "$L/nccl_shim_$n/nccl_tests_windows/nccl_tests.csv" "nccl_tests_windows_$n"
+        keep "$L/nccl_shim_$n/pynccl.csv" "nccl_shim_pynccl_$n"
+        keep "$L/nccl_shim_$n/pynccl_workspace_256.csv" "nccl_shim_pynccl_workspace_256_$n"
+        cp -r "$L/nccl_shim_$n" "$TESTS/" 2>/dev/null
+      fi ;;
     host_cost_ab)  # host and graph cost of st.all_reduce at 0.5 MiB, world 1: an older tree (bundle.sh OLD_TORCH_TREE) and this one interleaved
       [ -f "$B/old_torch/COMMIT" ] || { say "host_cost_ab: no old tree in the bundle (bundle.sh OLD_TORCH_TREE)"; return; }
       step torch_host_cost_ab_1 300 python3 tools/torch_host_cost_ab.py \
