@@ -48,8 +48,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ..timing import time_us
 from ._results import pyplot, write_results
-from ._timing import time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 

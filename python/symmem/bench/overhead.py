@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ._timing import replay_us
+from ..timing import replay_us
 from ._torchrun import init_nccl
 
 

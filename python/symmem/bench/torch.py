@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from .. import testing
+from ..timing import capture, replay_us, time_us
 from ._results import pyplot, write_results
-from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 
 TOKENS = [32, 64, 96, 128, 192, 256, 1024, 2048, 3062, 4096]

@@ -149,7 +149,7 @@ class _OneRank:
 
 def _median_ms(fn, reps, batches=5):
     """Median over `batches` of the mean time of `reps` back-to-back calls."""
-    from symmem.bench._timing import time_us
+    from ...timing import time_us
     return statistics.median(time_us(fn, reps) / 1000 for _ in range(batches))
 
 
