@@ -23,11 +23,10 @@ arguments are checked and the core called by ``_route``, as for every symmem op.
 """
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from . import _route
 from .errors import refused
-from .groups import Communicator, group_name_of
+from .groups import Communicator, group_name_of, state_of
 from .ops import _returning_none
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
@@ -92,7 +91,7 @@ def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name
 
 def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, *, out):
     op = "all_to_all_single"
-    group = c10d._resolve_process_group(group_name)
+    group = state_of(group_name).group
     _route.check_rows(inp, out, op)
     world = group.size()
     ins = _route.splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op)
@@ -111,7 +110,7 @@ def _all_to_all_single_cpu(inp, output_split_sizes, input_split_sizes, group_nam
 def _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, experts, major_align, op):
     """The layout of symmem/all_to_all.hpp, on the host: every rank's splits are gathered, the data
     moves rank to rank in sender order, then lands expert-major (major_align 0: plain)."""
-    group = c10d._resolve_process_group(group_name)
+    group = state_of(group_name).group
     world, me = group.size(), group.rank()
     _route.check_rows(inp, out, op)
     n = world * experts
@@ -154,7 +153,7 @@ def _all_to_all_vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name):
 
 def _all_to_all_vdev_2d_cpu(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
-    world = c10d._resolve_process_group(group_name).size()
+    world = state_of(group_name).world
     _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, _route.experts_of(in_splits, world, op),
               _route.major_align_of(major_align, op), op)
 

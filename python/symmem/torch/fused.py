@@ -30,12 +30,11 @@ from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from .. import _native
 from . import _route
 from ._route import check_contiguous, check_operand
-from .groups import Communicator, group_name_of
+from .groups import Communicator, group_name_of, state_of
 from .memory import heap_tensor
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
@@ -131,7 +130,7 @@ def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
 
 
 def _all_gather_matmul_cpu(a_shard, b, group_name, return_a=False):
-    group = c10d._resolve_process_group(group_name)
+    group = state_of(group_name).group
     m, n, k = _check(a_shard, b, group.size())
     a = a_shard.new_empty((m, k))
     dist.all_gather(list(a.chunk(group.size())), a_shard, group=group)
@@ -140,7 +139,7 @@ def _all_gather_matmul_cpu(a_shard, b, group_name, return_a=False):
 
 
 def _all_gather_matmul_fake(a_shard, b, group_name, return_a=False):
-    world = c10d._resolve_process_group(group_name).size()
+    world = state_of(group_name).world
     m, n, k = _check(a_shard, b, world)
     return a_shard.new_empty((m, n)), (a_shard.new_empty((m, k)) if return_a else None)
 
@@ -190,7 +189,7 @@ def _matmul_reduce_scatter_cuda(a, b, group_name):
 
 
 def _matmul_reduce_scatter_cpu(a, b, group_name):
-    group = c10d._resolve_process_group(group_name)
+    group = state_of(group_name).group
     m, n, _ = _check_reduce_scatter(a, b, group.size())
     partial = a.float() @ b.float()
     c_shard = partial.new_empty((m // group.size(), n))
@@ -199,7 +198,7 @@ def _matmul_reduce_scatter_cpu(a, b, group_name):
 
 
 def _matmul_reduce_scatter_fake(a, b, group_name):
-    world = c10d._resolve_process_group(group_name).size()
+    world = state_of(group_name).world
     m, n, _ = _check_reduce_scatter(a, b, world)
     return a.new_empty((m // world, n))
 

@@ -28,7 +28,8 @@ from torch.cuda.memory import CUDAPluggableAllocator, MemPool
 
 from .. import _native, errors
 from . import pools
-from .groups import Communicator, cached_state, capturing, release_unused, state_of
+from .groups import Communicator, capturing, release_unused, state_of
+
 
 class _Span:
     """Exposes a span of device memory through __cuda_array_interface__; the tensor made from it keeps
@@ -93,12 +94,10 @@ def empty(*size: int, dtype: Optional[torch.dtype] = None, device=None, group=No
 
 def _existing(group):
     """The open communicator of `group`, if one was made (never collective)."""
-    state = cached_state(group) if not isinstance(group, str) else None
-    if state is None:
-        try:
-            state = state_of(group)
-        except (ValueError, RuntimeError):
-            return None
+    try:
+        state = state_of(group)
+    except (ValueError, RuntimeError):
+        return None
     comm = state.communicators.get(None)
     return None if comm is None or comm.closed else comm
 

@@ -33,13 +33,12 @@ import weakref
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from .. import _native, errors
 from .. import ep as core_ep
 from . import _route
 from .errors import refusal, refused
-from .groups import Communicator, capturing, group_name_of
+from .groups import capturing, state_of
 from .memory import lent_tensor
 
 _log = logging.getLogger("symmem")
@@ -92,9 +91,9 @@ class ExpertParallel:
             raise ValueError(f"ExpertParallel: payload {payload!r} is not one of {sorted(_PAYLOAD_DTYPES)}")
         if layout not in core_ep.LAYOUTS:
             raise ValueError(f"ExpertParallel: layout {layout!r} is not one of {sorted(core_ep.LAYOUTS)}")
-        self.group = group if group is not None else c10d._get_default_group()
-        self.group_name = group_name_of(group)
-        self.world, self.rank = self.group.size(), self.group.rank()
+        state = state_of(group)
+        self.group, self.group_name = state.group, state.name
+        self.world, self.rank = state.world, state.rank
         self.num_experts, self.topk, self.hidden = int(num_experts), int(topk), int(hidden)
         self.max_tokens_per_rank = int(max_tokens_per_rank)
         self.payload, self.layout = payload, layout
@@ -112,7 +111,7 @@ class ExpertParallel:
             self.device = torch.device("cpu")
             self._impl = _ReferenceContext(self)
         else:
-            comm = Communicator(self.group)
+            comm = state.communicator()
             self.device = comm.torch_device
             self._impl = _DeviceContext(self, comm, max_tokens_per_expert, max_received_rows, max_blocks)
         self.closed = False

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import _route
-from .groups import Communicator, resolve
+from .groups import Communicator, state_of
 
 _lib = torch.library.Library("symmem", "DEF")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
@@ -134,6 +134,10 @@ def _reduce_scatter_cuda(inp, reduce_op, group_name):
 
 # CPU kernels: torch.distributed on the group ---------------------------------------------------
 
+def _group_size(group_name):
+    return state_of(group_name).world
+
+
 _DIST_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -154,7 +158,7 @@ def _check_cpu_reduction(inp, out, reduce_op, op):
 
 
 def _all_reduce_out_cpu(inp, reduce_op, group_name, *, out):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _check_cpu_reduction(inp, out, reduce_op, "all_reduce")
     if out.numel() != inp.numel():
         raise ValueError(f"symmem.all_reduce: output has {out.numel()} elements, {inp.numel()} expected")
@@ -173,7 +177,7 @@ def _all_reduce_inplace_cpu(inp, reduce_op, group_name):
 
 
 def _all_gather_out_cpu(inp, group_name, *, out):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _route.check_contiguous(inp, "input", "all_gather_into_tensor")
     _route.check_contiguous(out, "out", "all_gather_into_tensor")
     _route.check_same_dtype(out, inp, "all_gather_into_tensor")
@@ -186,19 +190,18 @@ def _all_gather_out_cpu(inp, group_name, *, out):
 
 
 def _all_gather_cpu(inp, group_name):
-    group = resolve(group_name)
-    return _all_gather_out_cpu(inp, group_name, out=inp.new_empty(gathered_shape(inp, group.size())))
+    return _all_gather_out_cpu(inp, group_name, out=inp.new_empty(gathered_shape(inp, _group_size(group_name))))
 
 
 def _all_gather_list_cpu(inp, group_name, outputs):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _route.check_contiguous(inp, "input", "all_gather")
     _check_list(inp, outputs, group.size(), "all_gather")
     dist.all_gather(list(outputs), inp, group=group)
 
 
 def _reduce_scatter_out_cpu(inp, reduce_op, group_name, *, out):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _check_cpu_reduction(inp, out, reduce_op, "reduce_scatter_tensor")
     if inp.numel() != out.numel() * group.size():
         raise ValueError(f"symmem.reduce_scatter_tensor: input has {inp.numel()} elements, output {out.numel()}")
@@ -209,8 +212,7 @@ def _reduce_scatter_out_cpu(inp, reduce_op, group_name, *, out):
 
 
 def _reduce_scatter_cpu(inp, reduce_op, group_name):
-    group = resolve(group_name)
-    out = inp.new_empty(scattered_shape(inp, group.size()))
+    out = inp.new_empty(scattered_shape(inp, _group_size(group_name)))
     return _reduce_scatter_out_cpu(inp, reduce_op, group_name, out=out)
 
 
@@ -236,10 +238,6 @@ for _name, _cuda, _cpu in (
 
 
 # Fake kernels: shapes only (FakeTensor, meta, torch.compile) -----------------------------------
-
-def _group_size(group_name):
-    return resolve(group_name).size()
-
 
 def _register_fake(name):
     return torch.library.register_fake(f"symmem::{name}", lib=_lib)

@@ -32,9 +32,9 @@ the same results and layout. "avg" on the fused path divides the sum, rounded on
 type, by the group size: exact for groups of 2, 4 or 8 ranks, one more rounding otherwise.
 """
 import torch
-import torch.distributed.distributed_c10d as c10d
 
 from . import fused
+from .groups import state_of
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
@@ -48,7 +48,7 @@ _RS = "fused_matmul_reduce_scatter"
 
 
 def _world(group_name):
-    return c10d._resolve_process_group(group_name).size()
+    return state_of(group_name).world
 
 
 def _dim(d, rank, op):

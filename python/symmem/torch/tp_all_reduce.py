@@ -19,7 +19,7 @@ import torch
 
 from .. import errors
 from . import _route
-from .groups import Communicator, resolve
+from .groups import state_of
 
 log = logging.getLogger("symmem")
 
@@ -38,11 +38,11 @@ class TPAllReduce:
             if device != torch.device("cuda", torch.cuda.current_device()):
                 raise ValueError(f"TPAllReduce: device {device} is not the current device "
                                  f"cuda:{torch.cuda.current_device()}; call torch.cuda.set_device first")
-        group = resolve(group)
-        self.rank, self.world_size = group.rank(), group.size()
+        state = state_of(group)
+        self.rank, self.world_size = state.rank, state.world
         self.device = device
         try:
-            comm = Communicator(group)
+            comm = state.communicator()
         except errors.SymmemError as e:
             self.reason = str(e)
         else:

@@ -134,12 +134,16 @@ def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name
 
 
 class _FakeState:
-    """A live GroupState of the world group holding `comm` (the drop-ins' cache reads these fields)."""
+    """A live GroupState of `group` holding `comm` (the drop-ins' cache reads these fields)."""
 
     def __init__(self, comm, group):
         self.communicators = {None: comm}
         self.closed = False
         self.group_ref = lambda: group
+
+    @property
+    def group(self):
+        return self.group_ref()
 
 
 def test_drop_in_all_reduce_goes_straight_to_the_route_when_it_can(group_name, monkeypatch):
@@ -202,11 +206,12 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
     # communicators are destroyed with it); symmem must too, on every path. On 0bbf9f1 the drop-in
     # all_reduce served a destroyed group from its cache and returned the sum, the other drop-ins
     # fell back to gloo, which runs collectives on a destroyed group, and the ops raised a
-    # RuntimeError that is no DistBackendError.
+    # RuntimeError that is no DistBackendError; before every entry point resolved its group with
+    # groups.state_of, the CPU kernels of the fused and all-to-all ops still did.
     import torch.distributed as dist
     import symmem
     import symmem.torch as st
-    from symmem.torch import _route, groups
+    from symmem.torch import _route, all_to_all, groups, moe
 
     class FakeComm:
         group_name = "fake-sub"
@@ -228,6 +233,8 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
     dist.destroy_process_group(sub)
 
     out, outs = torch.zeros(4), [torch.zeros(4)]
+    a, b = _rand((4, 8), torch.float16, 4), _rand((8, 8), torch.float16, 5)
+    splits, splits_offsets = torch.ones(1, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64)
     ops = torch.ops.symmem
     calls = {
         "all_reduce (fast path)": None,
@@ -245,8 +252,19 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
         "op all_gather": lambda: ops.all_gather(y, name, outs),
         "op reduce_scatter_tensor": lambda: ops.reduce_scatter_tensor(y, "sum", name),
         "op reduce_scatter_tensor_out": lambda: ops.reduce_scatter_tensor_out(y, "sum", name, out=out),
+        "op all_gather_matmul": lambda: ops.all_gather_matmul(a, b, name),
+        "op matmul_reduce_scatter": lambda: ops.matmul_reduce_scatter(a, b, name),
+        "op fused_all_gather_matmul": lambda: ops.fused_all_gather_matmul(a, [b], 0, name),
+        "op fused_matmul_reduce_scatter": lambda: ops.fused_matmul_reduce_scatter(a, b, "sum", 0, name),
+        "op all_to_all_single": lambda: ops.all_to_all_single(y, None, None, name),
+        "op all_to_all_vdev": lambda: ops.all_to_all_vdev(y, out, splits, splits_offsets, name),
+        "all_gather_matmul": lambda: st.all_gather_matmul(a, b, group=sub),
+        "matmul_reduce_scatter": lambda: st.matmul_reduce_scatter(a, b, group=sub),
+        "all_to_all_single": lambda: all_to_all.all_to_all_single(out, y, group=sub),
         "Communicator": lambda: st.Communicator(sub),
         "empty": lambda: st.empty(4, group=sub),
+        "TPAllReduce": lambda: st.TPAllReduce(sub),
+        "ExpertParallel": lambda: moe.ExpertParallel(sub, num_experts=2, topk=1, hidden=8, max_tokens_per_rank=4),
     }
     problems = []
     for what, call in calls.items():

@@ -164,14 +164,14 @@ def test_tp_all_reduce_is_disabled_across_nodes_and_returns_none(group_name, mon
     # A vLLM integration must fall back before the forward pass, not get kUnsupported in it (seen
     # failing before: disabled stayed False for a group spanning nodes).
     import torch.distributed as dist
-    from symmem.torch import tp_all_reduce
-    monkeypatch.setattr(tp_all_reduce, "Communicator", lambda group: _Comm(nodes=2))
+    from symmem.torch import groups, tp_all_reduce
+    monkeypatch.setattr(groups.GroupState, "communicator", lambda state, purpose=None: _Comm(nodes=2))
     tp = tp_all_reduce.TPAllReduce(dist.group.WORLD)
     assert tp.disabled and "spans 2 nodes" in tp.reason
     x = torch.ones(8)
     assert not tp.should_custom_ar(x) and not tp.should_use_symm_mem(x)
     assert tp.custom_all_reduce(x) is None and tp.all_reduce(x) is None
-    monkeypatch.setattr(tp_all_reduce, "Communicator", lambda group: _Comm(nodes=1))
+    monkeypatch.setattr(groups.GroupState, "communicator", lambda state, purpose=None: _Comm(nodes=1))
     tp = tp_all_reduce.TPAllReduce(group_name, None, 1 << 20)  # a group's name, vLLM's argument order
     assert not tp.disabled and tp.max_size == 1 << 20
     assert tp.custom_all_reduce(x) is None  # a CPU tensor: not served, None (vLLM then uses its other paths)
