@@ -133,7 +133,7 @@ def _triton_one_shot(group, st):
     """symmem.triton.examples.one_shot_all_reduce, or None (rank 0 prints why) where any rank cannot
     run it: the ranks leave the row out alike, or their sequences of calls would differ."""
     why = None
-    if st.Communicator(group).nodes > 1:  # every rank: the communicator's first use is collective
+    if st.GroupCommunicator(group).nodes > 1:  # every rank: the communicator's first use is collective
         why = "a Triton kernel reaches its peers through the heap, which spans one node; this group spans several"
     try:
         from symmem.triton.examples import one_shot_all_reduce

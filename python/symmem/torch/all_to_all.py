@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from . import _route
 from .errors import refused
-from .groups import Communicator, group_name_of, state_of
+from .groups import GroupCommunicator, group_name_of, state_of
 from .ops import _returning_none
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
@@ -56,7 +56,7 @@ def _output_shape(inp, output_split_sizes):
 # cause, instead of the peers waiting in the call until their deadline.
 
 def _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, *, out):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     try:
         _route.all_to_all(comm, out, inp, output_split_sizes, input_split_sizes)
     except (TypeError, ValueError) as cause:
@@ -70,7 +70,7 @@ def _all_to_all_single_cuda(inp, output_split_sizes, input_split_sizes, group_na
 
 
 def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     try:
         _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets, 1, 0, "all_to_all_vdev")
     except (TypeError, ValueError) as cause:
@@ -79,7 +79,7 @@ def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
 
 def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     try:
         _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets,
                                _route.experts_of(in_splits, comm.world, op), _route.major_align_of(major_align, op), op)

@@ -45,7 +45,7 @@ log = logging.getLogger("symmem")
 
 _states = {}        # group name -> GroupState of a live group
 _by_id = {}         # id(group object) -> GroupState: state_of's cache (verified by identity)
-_retired = []       # Communicators retired but not released: something may still use their memory
+_retired = []       # GroupCommunicators retired but not released: something may still use their memory
 _generations = {}   # group name # purpose -> communicators built under it so far (fresh store keys)
 _releasing = False  # release_unused is running (a garbage collection may call it again inside)
 
@@ -218,7 +218,7 @@ class GroupState:
         self.group_ref = weakref.ref(group, _on_group_death)
         self.rank = group.rank()
         self.world = group.size()
-        self.communicators = {}  # purpose (None: the group's own) -> Communicator
+        self.communicators = {}  # purpose (None: the group's own) -> GroupCommunicator
         self.failures = {}       # purpose -> why its communicator could not be built (the same on every rank)
         self.closed = False
 
@@ -241,7 +241,7 @@ class GroupState:
         if group is None:
             raise errors.SymmemError(_native.ErrorCode.kAborted, f"symmem: group {self.name!r} was destroyed")
         try:
-            comm = Communicator._build(self, group, purpose)
+            comm = GroupCommunicator._build(self, group, purpose)
         except errors.SymmemError as e:
             self.failures[purpose] = str(e)
             raise
@@ -273,11 +273,11 @@ class GroupState:
             _retired.append(comm)
 
 
-class Communicator:
+class GroupCommunicator:
     """The symmem communicator of a process group (default: the world group; a ProcessGroup or its
     name).
 
-    ``Communicator(group)`` is collective the first time it is called for a group, then returns
+    ``GroupCommunicator(group)`` is collective the first time it is called for a group, then returns
     the cached instance. The ranks are one process per GPU, each on its
     ``torch.cuda.current_device()``. ``purpose`` names a second communicator of the same group, with
     state of its own, for calls on a stream unordered with the group's other symmem calls (FSDP2's
@@ -312,7 +312,7 @@ class Communicator:
         if capturing():
             raise RuntimeError(f"symmem: the communicator of group {self.group_name!r} is built on its first call, "
                                "which cannot be inside CUDA graph capture; make one call (or symmem.torch."
-                               "Communicator(group)) before capturing")
+                               "GroupCommunicator(group)) before capturing")
         # Store keys of their own per group name and purpose (and generation, for names torch
         # reuses): groups of the same ranks may build their communicators in any order.
         generation = _generations.get(self.key, 0)

@@ -244,7 +244,7 @@ class _DeviceContext:
         """Collective. The context's own tensors go first: what `lent` still counts is the caller's.
         The heap buffers are released now unless some rank lends (then they stay with the
         communicator); the counts (local memory) are freed now, or held by the communicator until
-        their tensors are gone and no graph may replay a call (groups.Communicator.hold)."""
+        their tensors are gone and no graph may replay a call (groups.GroupCommunicator.hold)."""
         self.outputs = self.combine_input = None
         lent = len(self.lent) > 0
         try:

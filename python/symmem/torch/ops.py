@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import _route
-from .groups import Communicator, state_of
+from .groups import GroupCommunicator, state_of
 
 _lib = torch.library.Library("symmem", "DEF")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
@@ -91,7 +91,7 @@ def all_gather_list(comm, inp, outputs):
 # CUDA kernels ----------------------------------------------------------------------------------
 
 def _all_reduce_out_cuda(inp, reduce_op, group_name, *, out):
-    _route.all_reduce(Communicator(group_name), out, inp, reduce_op)
+    _route.all_reduce(GroupCommunicator(group_name), out, inp, reduce_op)
     return out
 
 
@@ -101,32 +101,32 @@ def _all_reduce_cuda(inp, reduce_op, group_name):
 
 
 def _all_reduce_inplace_cuda(inp, reduce_op, group_name):
-    _route.all_reduce(Communicator(group_name), inp, inp, reduce_op)
+    _route.all_reduce(GroupCommunicator(group_name), inp, inp, reduce_op)
 
 
 def _all_gather_out_cuda(inp, group_name, *, out):
-    _route.all_gather(Communicator(group_name), out, inp)
+    _route.all_gather(GroupCommunicator(group_name), out, inp)
     return out
 
 
 def _all_gather_cuda(inp, group_name):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     out = inp.new_empty(gathered_shape(inp, comm.world))
     _route.all_gather(comm, out, inp)
     return out
 
 
 def _all_gather_list_cuda(inp, group_name, outputs):
-    all_gather_list(Communicator(group_name), inp, outputs)
+    all_gather_list(GroupCommunicator(group_name), inp, outputs)
 
 
 def _reduce_scatter_out_cuda(inp, reduce_op, group_name, *, out):
-    _route.reduce_scatter(Communicator(group_name), out, inp, reduce_op)
+    _route.reduce_scatter(GroupCommunicator(group_name), out, inp, reduce_op)
     return out
 
 
 def _reduce_scatter_cuda(inp, reduce_op, group_name):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     out = inp.new_empty(scattered_shape(inp, comm.world))
     _route.reduce_scatter(comm, out, inp, reduce_op)
     return out

@@ -20,7 +20,7 @@ def group_name():
 
 @pytest.fixture
 def fake_group(monkeypatch):
-    """fake_group(name, world, core, stream=None, nodes=1): a symmem.torch Communicator of `world`
+    """fake_group(name, world, core, stream=None, nodes=1): a symmem.torch GroupCommunicator of `world`
     ranks whose core is `core` (a recording stand-in for the C ABI), served for the group name
     `name` by every entry point; the CUDA kernels see `stream` as the current stream."""
     import types
@@ -29,7 +29,7 @@ def fake_group(monkeypatch):
     from symmem.torch import _route, groups
 
     def make(name, world, core, stream=None, nodes=1, rank=0):
-        comm = object.__new__(groups.Communicator)
+        comm = object.__new__(groups.GroupCommunicator)
         comm.__dict__.update(device=-1, torch_device=torch.device("cpu"), group_name=name, key=name, purpose=None,
                              world=world, rank=rank, nodes=nodes, core=core, closed=False, workspaces={},
                              lenders={}, pool_slot=None, pool=None, final_failure=None,

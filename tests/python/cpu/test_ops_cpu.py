@@ -261,7 +261,7 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
         "all_gather_matmul": lambda: st.all_gather_matmul(a, b, group=sub),
         "matmul_reduce_scatter": lambda: st.matmul_reduce_scatter(a, b, group=sub),
         "all_to_all_single": lambda: all_to_all.all_to_all_single(out, y, group=sub),
-        "Communicator": lambda: st.Communicator(sub),
+        "GroupCommunicator": lambda: st.GroupCommunicator(sub),
         "empty": lambda: st.empty(4, group=sub),
         "TPAllReduce": lambda: st.TPAllReduce(sub),
         "ExpertParallel": lambda: moe.ExpertParallel(sub, num_experts=2, topk=1, hidden=8, max_tokens_per_rank=4),
@@ -297,13 +297,13 @@ def test_a_failure_to_build_is_remembered_with_the_group_not_its_name(group_name
         built.append(state)
         raise symmem.SymmemError("kInvalidArgument", "workspace too small")
 
-    monkeypatch.setattr(groups.Communicator, "_build", classmethod(refuse))
+    monkeypatch.setattr(groups.GroupCommunicator, "_build", classmethod(refuse))
     sub = dist.new_group([0])
     state = groups.state_of(sub)
     assert "workspace too small" in state.unavailable_reason()
     assert "workspace too small" in state.unavailable_reason() and len(built) == 1  # remembered
     with pytest.raises(symmem.SymmemError, match="workspace too small"):
-        groups.Communicator(sub)
+        groups.GroupCommunicator(sub)
     dist.destroy_process_group(sub)
     del sub
     again = dist.new_group([0])
@@ -315,10 +315,10 @@ def test_a_failure_to_build_is_remembered_with_the_group_not_its_name(group_name
             return False
 
     built_again = Built()
-    monkeypatch.setattr(groups.Communicator, "_build", classmethod(lambda cls, s, g, p: built_again))
+    monkeypatch.setattr(groups.GroupCommunicator, "_build", classmethod(lambda cls, s, g, p: built_again))
     fresh = groups.state_of(again)
     assert fresh is not state and state.closed
-    assert fresh.unavailable_reason() is None and groups.Communicator(again) is built_again
+    assert fresh.unavailable_reason() is None and groups.GroupCommunicator(again) is built_again
     dist.destroy_process_group(again)
     groups.release_unused()
     assert fresh.closed and built_again in groups._retired  # (kept: it says it is still in use)
@@ -350,15 +350,15 @@ def test_a_destroyed_or_closed_group_retires_its_state_and_its_communicators(gro
         comm._spans = weakref.WeakSet()
         return comm
 
-    monkeypatch.setattr(groups.Communicator, "_build", classmethod(build))
-    monkeypatch.setattr(groups.Communicator, "_release", lambda self: self.core.destroy())
+    monkeypatch.setattr(groups.GroupCommunicator, "_build", classmethod(build))
+    monkeypatch.setattr(groups.GroupCommunicator, "_release", lambda self: self.core.destroy())
     sub = dist.new_group([0])
-    own, fsdp = groups.Communicator(sub), groups.Communicator(sub, "fsdp_all_gather")
-    assert groups.Communicator(sub) is own and groups.cached_state(sub) is own.state
+    own, fsdp = groups.GroupCommunicator(sub), groups.GroupCommunicator(sub, "fsdp_all_gather")
+    assert groups.GroupCommunicator(sub) is own and groups.cached_state(sub) is own.state
     own.close()  # closes the whole group's state
     assert own.closed and fsdp.closed and not own.lenders and not own.workspaces
     assert own.core.destroyed and fsdp.core.destroyed and groups.cached_state(sub) is None
-    again = groups.Communicator(sub)
+    again = groups.GroupCommunicator(sub)
     assert again is not own and not again.closed
     # Destroying the group retires its state at once (its Python object dies) ...
     dist.destroy_process_group(sub)
@@ -366,7 +366,7 @@ def test_a_destroyed_or_closed_group_retires_its_state_and_its_communicators(gro
     assert again.closed and again.core.destroyed
     # ... and a group torch.distributed no longer knows, though its object lives, at the next lookup.
     kept = dist.new_group([0])
-    held = groups.Communicator(kept)
+    held = groups.GroupCommunicator(kept)
     dist.destroy_process_group(kept)
     groups.release_unused()
     assert held.closed and held.core.destroyed
@@ -379,7 +379,7 @@ def test_memory_stays_mapped_while_anything_may_use_it(group_name, monkeypatch):
     class Core:
         live_graphs = 0
 
-    comm = object.__new__(groups.Communicator)
+    comm = object.__new__(groups.GroupCommunicator)
     import weakref
     comm.__dict__.update(core=Core(), pool_slot=None, _spans=weakref.WeakSet())
 

@@ -150,6 +150,19 @@ def test_signatures_users_already_know():
         assert list(inspect.signature(fn).parameters)[-2:] == ["group", "async_op"]
 
 
+def test_group_communicator_is_named_apart_from_the_core_one_and_its_former_name_still_works():
+    import symmem
+    import symmem.torch as st
+    assert st.GroupCommunicator is not symmem.Communicator and "GroupCommunicator" in st.__all__
+    with pytest.warns(DeprecationWarning, match="symmem.torch.GroupCommunicator"):
+        assert st.Communicator is st.GroupCommunicator
+    with pytest.warns(DeprecationWarning):
+        from symmem.torch import Communicator
+    assert Communicator is st.GroupCommunicator and "Communicator" not in st.__all__
+    with pytest.raises(AttributeError, match="no attribute 'Comunicator'"):
+        st.Comunicator
+
+
 class _Comm:
     closed = False
     device = 0

@@ -272,7 +272,7 @@ def test_tensors_lent_by_a_closed_context_stay_valid(group):
     every call of the closed context raises on every rank."""
     world = dist.get_world_size()
     T, H = 64, 256
-    comm = st.Communicator(group)
+    comm = st.GroupCommunicator(group)
     ep = ExpertParallel(group, num_experts=2 * world, topk=1, hidden=H, max_tokens_per_rank=T)
     x = _random((T, H), torch.bfloat16, _seed("lent"))
     ids = torch.randint(0, 2 * world, (T, 1), device="cuda")
@@ -307,7 +307,7 @@ def test_tensors_lent_by_a_closed_context_stay_valid(group):
 
 
 def test_a_context_closed_with_nothing_lent_frees_its_buffers(group):
-    comm = st.Communicator(group)
+    comm = st.GroupCommunicator(group)
     T, H = 16, 256
     ep = ExpertParallel(group, num_experts=2 * dist.get_world_size(), topk=1, hidden=H, max_tokens_per_rank=T)
     heap = ep.combine_input.data_ptr()
@@ -367,9 +367,9 @@ def test_dispatch_overflow_raises_kcapacity_on_every_rank(group):
     with pytest.raises(SymmemError) as raised:
         ep.dispatch(torch.zeros(T, 128, dtype=torch.bfloat16, device="cuda"), ids,
                     torch.ones(T, 1, device="cuda"))
-        st.Communicator(own).check()
+        st.GroupCommunicator(own).check()
         torch.cuda.synchronize()
-        st.Communicator(own).check()
+        st.GroupCommunicator(own).check()
     assert raised.value.code == "kCapacity"
     assert "expert 0 of rank 0 would receive" in str(raised.value)
 
@@ -467,7 +467,7 @@ def test_an_argument_refused_on_one_rank_raises_on_every_rank(group, case):
     with pytest.raises(SymmemError) as raised:
         call()
         torch.cuda.synchronize()
-        st.Communicator(own).check()
+        st.GroupCommunicator(own).check()
     seconds = time.monotonic() - start
     message = str(raised.value)
     assert raised.value.code == "kInvalidArgument", message
@@ -478,5 +478,5 @@ def test_an_argument_refused_on_one_rank_raises_on_every_rank(group, case):
     dist.all_gather_object(messages, message)
     assert all(m == message for m in messages), messages
     with pytest.raises(SymmemError, match="refused the call") as after:
-        st.Communicator(own).check()
+        st.GroupCommunicator(own).check()
     assert after.value.code == "kAborted"
