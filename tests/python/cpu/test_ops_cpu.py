@@ -431,29 +431,13 @@ def test_fake_shapes_for_a_group_of_four():
     assert out.stdout.strip().endswith("ok")
 
 
-class _RecordingCore:
-    """Stands in for the C ABI: records what the CUDA kernels pass to it."""
-
-    def __init__(self):
-        self.calls = []
-
-    def all_reduce(self, *args):
-        self.calls.append(("all_reduce",) + args)
-
-    def all_gather(self, *args):
-        self.calls.append(("all_gather",) + args)
-
-    def reduce_scatter(self, *args):
-        self.calls.append(("reduce_scatter",) + args)
-
-
 def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, fake_group):
     # The CUDA kernels' Python side, run on CPU tensors against a recording core (world 4): the
     # pointers, counts (elements; bytes for gathers), enum values and the in-place forms.
     from symmem import _native
     from symmem.torch import _route, ops
 
-    comm = fake_group("fake", 4, _RecordingCore(), stream=1234)
+    comm = fake_group("fake", 4, stream=1234)
     x = _rand((8, 3), torch.bfloat16)
     y = ops._all_reduce_cuda(x, "max", "fake")
     assert comm.core.calls[-1] == ("all_reduce", y.data_ptr(), x.data_ptr(), 24, _native.DTYPES["bfloat16"],
