@@ -19,12 +19,14 @@ class SymmemError(_base()):
     """A failure of the symmem core. ``code`` is a ``symmem.ErrorCode`` (a str enum:
     ``e.code == "kTimeout"`` holds): kInvalidArgument, kUnsupported, kCudaError, kSystemError,
     kBootstrap, kTimeout, kMismatch, kAborted, kInternal, kCapacity. The message names the rank, the
-    collective and the cause (e.g. the peer that never came)."""
+    collective and the cause (e.g. the peer that never came).
+
+    The code is kept as given: the errors symmem raises get theirs from the C ABI (symmem._native
+    makes them), so that this module, which the loader imports, imports nothing of symmem."""
 
     def __init__(self, code, message):
         super().__init__(message)
-        from ._native import ErrorCode  # loaded by now: the C ABI's callers make these errors
-        self.code = ErrorCode(code) if code in ErrorCode.__members__ else code
+        self.code = code
 
     def __reduce__(self):  # picklable (multiprocessing, torch.distributed object collectives)
-        return (type(self), (str(self.code), str(self)))
+        return (type(self), (self.code, str(self)))

@@ -48,8 +48,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ..timing import time_us
 from ._results import pyplot, write_results
-from ._timing import time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -83,7 +83,7 @@ class _TritonFused:
         import symmem.torch as st
         why = None
         major, minor = torch.cuda.get_device_capability()
-        if st.Communicator(group).nodes > 1:  # every rank: the communicator's first use is collective
+        if st.GroupCommunicator(group).nodes > 1:  # every rank: the communicator's first use is collective
             why = "the copy-engine pieces and the Triton kernel's waits serve one node; this group spans several"
         elif major < 9:
             why = f"it needs TMA and wgmma (sm_90 or newer); this GPU is sm_{major}{minor}"

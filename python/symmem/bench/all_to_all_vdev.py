@@ -48,8 +48,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ..timing import capture, replay_us, time_us
 from ._results import pyplot, write_results
-from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -406,7 +406,7 @@ def main():
             continue
         impl.inp.view(-1).copy_(torch.arange(impl.inp.numel(), dtype=torch.int64, device="cuda") + _base(rank))
         impls[name] = impl
-    comm = st.Communicator(group) if "symmem_vdev" in impls else None
+    comm = st.GroupCommunicator(group) if "symmem_vdev" in impls else None
 
     rows = _sweep(impls, kinds, sizes, out_rows, comm, args, meta, notes)
 

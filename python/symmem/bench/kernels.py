@@ -26,8 +26,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ..timing import capture, replay_us, time_us
 from ._results import pyplot, write_results
-from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 
@@ -82,7 +82,7 @@ def main():
 
     world, rank = dist.get_world_size(), dist.get_rank()
     group = dist.group.WORLD
-    comm = st.Communicator(group)
+    comm = st.GroupCommunicator(group)
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     sms_list = [min(int(s), device_sms) for s in args.sms.split(",")]
     impls = args.impls.split(",")

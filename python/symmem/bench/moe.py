@@ -45,8 +45,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ..timing import capture, replay_us, time_us
 from ._results import pyplot, write_results
-from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 from .torch import _commit
 

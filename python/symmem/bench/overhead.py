@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ._timing import replay_us
+from ..timing import replay_us
 from ._torchrun import init_nccl
 
 
@@ -73,7 +73,7 @@ def main():
     from symmem import _native
     from symmem.torch import _route, functional
     g = dist.group.WORLD.group_name
-    comm = st.Communicator()
+    comm = st.GroupCommunicator()
     core = comm.core
     h = core._handle
     x = st.empty(args.elements, dtype=torch.bfloat16)

@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from .. import testing
+from ..timing import capture, replay_us, time_us
 from ._results import pyplot, write_results
-from ._timing import capture, replay_us, time_us
 from ._torchrun import init_nccl
 
 TOKENS = [32, 64, 96, 128, 192, 256, 1024, 2048, 3062, 4096]
@@ -133,7 +133,7 @@ def _triton_one_shot(group, st):
     """symmem.triton.examples.one_shot_all_reduce, or None (rank 0 prints why) where any rank cannot
     run it: the ranks leave the row out alike, or their sequences of calls would differ."""
     why = None
-    if st.Communicator(group).nodes > 1:  # every rank: the communicator's first use is collective
+    if st.GroupCommunicator(group).nodes > 1:  # every rank: the communicator's first use is collective
         why = "a Triton kernel reaches its peers through the heap, which spans one node; this group spans several"
     try:
         from symmem.triton.examples import one_shot_all_reduce

@@ -12,15 +12,25 @@ See docs/torch.md. Every rank must be one process per GPU of one node, with its 
 (torch.cuda.set_device) before the first call on a group. A group is a ProcessGroup or its name
 (None: the default group) everywhere.
 """
+import warnings
+
 from .errors import SymmemError  # first: symmem's errors become DistBackendErrors
 from . import all_to_all, fused, moe, ops, symm_mem_compat  # noqa: F401  register torch.ops.symmem.*
 from .fused import all_gather_matmul, all_gather_matmul_input, matmul_reduce_scatter
 from .functional import all_gather, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
-from .groups import Communicator, close_all, release_unused
+from .groups import GroupCommunicator, close_all, release_unused
 from .memory import empty, in_heap, is_symmetric, mem_pool
 from .tp_all_reduce import TPAllReduce
 from .work import Work
 
-__all__ = ["Communicator", "SymmemError", "TPAllReduce", "Work", "all_gather", "all_gather_matmul",
+__all__ = ["GroupCommunicator", "SymmemError", "TPAllReduce", "Work", "all_gather", "all_gather_matmul",
            "all_gather_matmul_input", "all_gather_into_tensor", "all_reduce", "close_all", "empty", "in_heap",
            "is_symmetric", "matmul_reduce_scatter", "mem_pool", "ops", "reduce_scatter_tensor", "release_unused"]
+
+
+def __getattr__(name):
+    if name == "Communicator":  # the former name of GroupCommunicator (symmem.Communicator is the core's)
+        warnings.warn("symmem.torch.Communicator is deprecated: it is symmem.torch.GroupCommunicator",
+                      DeprecationWarning, stacklevel=2)
+        return GroupCommunicator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from . import _route
 from .errors import refused
-from .groups import Communicator, group_name_of, resolve
+from .groups import GroupCommunicator, group_name_of, state_of
 from .ops import _returning_none
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
@@ -56,7 +56,7 @@ def _output_shape(inp, output_split_sizes):
 # cause, instead of the peers waiting in the call until their deadline.
 
 def _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, *, out):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     try:
         _route.all_to_all(comm, out, inp, output_split_sizes, input_split_sizes)
     except (TypeError, ValueError) as cause:
@@ -72,7 +72,7 @@ def _all_to_all_single_cuda(inp, output_split_sizes, input_split_sizes, group_na
 
 
 def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     try:
         _route.all_to_all_vdev(comm, out, inp, in_splits, out_splits_offsets, 1, 0, "all_to_all_vdev")
     except (TypeError, ValueError) as cause:
@@ -81,7 +81,7 @@ def _all_to_all_vdev_cuda(inp, out, in_splits, out_splits_offsets, group_name):
 
 def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     # The op's own argument, the same on every rank: each raises it alike, and the communicator
     # stays usable (a refusal would end it for an error no peer waits on).
     align = _route.major_align_of(major_align, op)
@@ -96,7 +96,7 @@ def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name
 
 def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, *, out):
     op = "all_to_all_single"
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _route.check_rows(inp, out, op)
     world = group.size()
     ins = _route.splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op)
@@ -115,7 +115,7 @@ def _all_to_all_single_cpu(inp, output_split_sizes, input_split_sizes, group_nam
 def _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, experts, major_align, op):
     """The layout of symmem/all_to_all.hpp, on the host: every rank's splits are gathered, the data
     moves rank to rank in sender order, then lands expert-major (major_align 0: plain)."""
-    group = resolve(group_name)
+    group = state_of(group_name).group
     world, me = group.size(), group.rank()
     _route.check_rows(inp, out, op)
     n = world * experts
@@ -158,7 +158,7 @@ def _all_to_all_vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name):
 
 def _all_to_all_vdev_2d_cpu(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
-    world = resolve(group_name).size()
+    world = state_of(group_name).world
     _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, _route.experts_of(in_splits, world, op),
               _route.major_align_of(major_align, op), op)
 

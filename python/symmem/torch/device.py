@@ -16,24 +16,24 @@ import torch
 
 from .. import device as _device
 from ..communicator import Communicator as _CoreCommunicator
+from .groups import GroupCommunicator
 from .memory import heap_tensor
 
 _sync_tensors = weakref.WeakKeyDictionary()  # core communicator -> its sync-context tensor
 
 
 def _owner_of(comm):
-    """What heap tensors of `comm` hold on to: a symmem.torch.Communicator (its memory stays mapped
-    while they live; from itself or a process group, None: the world group), or a core communicator
+    """What heap tensors of `comm` hold on to: a GroupCommunicator (its memory stays mapped while
+    they live; from itself or a process group, None: the world group), or a core communicator
     (symmem.communicator.Communicator, e.g. ranks built through the C ABI) as given."""
     if isinstance(comm, _CoreCommunicator) or getattr(comm, "core", None) is not None:
         return comm
-    from .groups import Communicator
-    return Communicator(comm)
+    return GroupCommunicator(comm)
 
 
 def core_of(comm=None):
-    """The symmem.communicator.Communicator behind `comm`: itself, a symmem.torch.Communicator (its
-    .core), or a process group (None: the world group)."""
+    """The symmem.communicator.Communicator behind `comm`: itself, a GroupCommunicator (its .core),
+    or a process group (None: the world group)."""
     owner = _owner_of(comm)
     return owner if isinstance(owner, _CoreCommunicator) else owner.core
 

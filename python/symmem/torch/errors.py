@@ -37,8 +37,8 @@ for _cls in (RefusedValueError, RefusedTypeError):
 
 def refused(comm, op, cause):
     """The error to raise when this rank's torch-level check of a collective call of `comm` (a
-    symmem.torch Communicator) failed with `cause` (a TypeError or ValueError): the call is refused
-    on the current stream (Communicator.refuse in the core), so that every rank raises it, naming this
+    GroupCommunicator) failed with `cause` (a TypeError or ValueError): the call is refused on the
+    current stream (Communicator.refuse in the core), so that every rank raises it, naming this
     rank and the cause, instead of the peers waiting in the call until their deadline. A cause that
     is a SymmemError already (refused, or from the core) is returned as it is."""
     if isinstance(cause, SymmemError):

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import _route
-from .groups import cached_state, resolve, state_of
+from .groups import cached_state, state_of
 from .work import Work
 
 GroupLike = Union[dist.ProcessGroup, str, None]
@@ -47,15 +47,18 @@ def op_name(op):
     return None
 
 
-def _not_in_group(function, group):
+def _state(function, group):
+    """The GroupState of `group` for the drop-in `function` (state_of: a destroyed group is refused,
+    whatever would serve the call), or None on a rank outside the group: torch.distributed's
+    warning, and the call does nothing."""
     if group is not None and not isinstance(group, str) and c10d._rank_not_in_group(group):
         c10d._warn_not_in_group(function)
-        return True
-    return False
+        return None
+    return state_of(group)
 
 
-def _why_not(function, tensors, group, reduce_op=None):
-    """Why symmem cannot serve this call on `group` (a resolved ProcessGroup; None: it can), and the
+def _why_not(tensors, state, reduce_op=None):
+    """Why symmem cannot serve this call on the group of `state` (None: it can), and the
     communicator that can."""
     for t in tensors:
         if not t.is_cuda:
@@ -69,7 +72,6 @@ def _why_not(function, tensors, group, reduce_op=None):
             return f"reduce op {reduce_op} is not served (sum, avg, max, min)", None
         if name == "avg" and not dtype.is_floating_point:
             return f"avg of {dtype} is not served", None
-    state = state_of(group)
     reason = state.unavailable_reason()
     if reason is not None:
         return reason, None
@@ -111,52 +113,52 @@ def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group: GroupLike = No
     if served is not None:
         _route.all_reduce(served[0], tensor, tensor, served[1])
         return Work(served[0], [tensor]) if async_op else None
-    if _not_in_group("all_reduce", group):
+    state = _state("all_reduce", group)
+    if state is None:
         return None
-    group = resolve(group)  # refuses a destroyed group, whatever would serve the call
-    reason, comm = _why_not("all_reduce", [tensor], group, op)
+    reason, comm = _why_not([tensor], state, op)
     if reason:
         say_once("all_reduce", reason)
-        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        return dist.all_reduce(tensor, op=op, group=state.group, async_op=async_op)
     torch.ops.symmem.all_reduce_(tensor, op_name(op), comm.group_name)
     return _done(async_op, comm, [tensor])
 
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: GroupLike = None,
                            async_op: bool = False) -> Optional[dist.Work]:
-    if _not_in_group("all_gather_into_tensor", group):
+    state = _state("all_gather_into_tensor", group)
+    if state is None:
         return None
-    group = resolve(group)
-    reason, comm = _why_not("all_gather_into_tensor", [output_tensor, input_tensor], group)
+    reason, comm = _why_not([output_tensor, input_tensor], state)
     if reason:
         say_once("all_gather_into_tensor", reason)
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=state.group, async_op=async_op)
     torch.ops.symmem.all_gather_into_tensor_out(input_tensor, comm.group_name, out=output_tensor)
     return _done(async_op, comm, [output_tensor])
 
 
 def all_gather(tensor_list: List[torch.Tensor], tensor: torch.Tensor, group: GroupLike = None,
                async_op: bool = False) -> Optional[dist.Work]:
-    if _not_in_group("all_gather", group):
+    state = _state("all_gather", group)
+    if state is None:
         return None
-    group = resolve(group)
-    reason, comm = _why_not("all_gather", [tensor, *tensor_list], group)
+    reason, comm = _why_not([tensor, *tensor_list], state)
     if reason:
         say_once("all_gather", reason)
-        return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        return dist.all_gather(tensor_list, tensor, group=state.group, async_op=async_op)
     torch.ops.symmem.all_gather(tensor, comm.group_name, tensor_list)
     return _done(async_op, comm, tensor_list)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM, group: GroupLike = None,
                           async_op: bool = False) -> Optional[dist.Work]:
-    if _not_in_group("reduce_scatter_tensor", group):
+    state = _state("reduce_scatter_tensor", group)
+    if state is None:
         return None
-    group = resolve(group)
-    reason, comm = _why_not("reduce_scatter_tensor", [output, input], group, op)
+    reason, comm = _why_not([output, input], state, op)
     if reason:
         say_once("reduce_scatter_tensor", reason)
-        return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+        return dist.reduce_scatter_tensor(output, input, op=op, group=state.group, async_op=async_op)
     torch.ops.symmem.reduce_scatter_tensor_out(input, op_name(op), comm.group_name, out=output)
     return _done(async_op, comm, [output])
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from .. import _native
 from . import _route
 from ._route import check_contiguous, check_operand
-from .groups import Communicator, group_name_of, resolve
+from .groups import GroupCommunicator, group_name_of, state_of
 from .memory import heap_tensor
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
@@ -102,12 +102,12 @@ def _check_reduce_scatter(a, b, world):
 
 def _workspace(comm, nbytes, purpose="gather", op="all_gather_matmul"):
     """The communicator's workspace for `purpose` of at least nbytes (heap memory, symmetric; grows
-    collectively, never freed while the communicator lives: Communicator.workspace)."""
+    collectively, never freed while the communicator lives: GroupCommunicator.workspace)."""
     return comm.workspace(f"{op}:{purpose}", nbytes)
 
 
 def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     comm._ensure_open()
     m, n, k = _check(a_shard, b, comm.world)
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
@@ -130,7 +130,7 @@ def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
 
 
 def _all_gather_matmul_cpu(a_shard, b, group_name, return_a=False):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     m, n, k = _check(a_shard, b, group.size())
     a = a_shard.new_empty((m, k))
     dist.all_gather(list(a.chunk(group.size())), a_shard, group=group)
@@ -139,7 +139,7 @@ def _all_gather_matmul_cpu(a_shard, b, group_name, return_a=False):
 
 
 def _all_gather_matmul_fake(a_shard, b, group_name, return_a=False):
-    world = resolve(group_name).size()
+    world = state_of(group_name).world
     m, n, k = _check(a_shard, b, world)
     return a_shard.new_empty((m, n)), (a_shard.new_empty((m, k)) if return_a else None)
 
@@ -163,7 +163,7 @@ def all_gather_matmul_input(rows: int, k: int, dtype: torch.dtype = torch.bfloat
         raise ValueError(f"symmem.all_gather_matmul_input: negative shape ({rows}, {k})")
     if dtype not in _TYPES:
         raise TypeError(f"symmem.all_gather_matmul_input: dtype {dtype} is not float16 or bfloat16")
-    comm = Communicator(group)
+    comm = GroupCommunicator(group)
     comm._ensure_open()
     element = torch.empty((), dtype=dtype).element_size()
     slot_bytes = rows * k * element
@@ -172,7 +172,7 @@ def all_gather_matmul_input(rows: int, k: int, dtype: torch.dtype = torch.bfloat
 
 
 def _matmul_reduce_scatter_cuda(a, b, group_name):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     comm._ensure_open()
     m, n, k = _check_reduce_scatter(a, b, comm.world)
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
@@ -189,7 +189,7 @@ def _matmul_reduce_scatter_cuda(a, b, group_name):
 
 
 def _matmul_reduce_scatter_cpu(a, b, group_name):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     m, n, _ = _check_reduce_scatter(a, b, group.size())
     partial = a.float() @ b.float()
     c_shard = partial.new_empty((m // group.size(), n))
@@ -198,7 +198,7 @@ def _matmul_reduce_scatter_cpu(a, b, group_name):
 
 
 def _matmul_reduce_scatter_fake(a, b, group_name):
-    world = resolve(group_name).size()
+    world = state_of(group_name).world
     m, n, _ = _check_reduce_scatter(a, b, world)
     return a.new_empty((m // world, n))
 

@@ -3,13 +3,14 @@
 One GroupState per live process group. On the group's first symmem call it builds the group's
 communicator (collective over the group's ranks, through the group's c10d Store: no port or token
 of its own); it owns everything the group's communicators lend in Python: symmetric tensors
-(memory.empty), the MemPool, FSDP's buffers, the fused ops' workspaces. It lives and dies with the
-group:
+(memory.empty), the MemPool, FSDP's buffers, the fused ops' workspaces. Every entry point reaches
+a group's state through ``state_of``, the one walk from a group argument (a ProcessGroup, its name,
+or None) to its state. The state lives and dies with the group:
 
 - A group that is gone (its Python object died, or torch.distributed no longer knows it after
   ``destroy_process_group``), re-created under its name, or closed (``close``, ``close_all``) retires
   its state: nothing is lent from it again and every later call takes the new group's state.
-- A call on a destroyed group (its object, or its name) is refused (``resolve``: SymmemError, a
+- A call on a destroyed group (its object, or its name) is refused (``state_of``: SymmemError, a
   DistBackendError, as ProcessGroupNCCL refuses it), also where torch.distributed would serve it
   (gloo runs collectives on a destroyed group).
 - A retired communicator releases its memory (locally: unmapping needs no peer, whose own mappings
@@ -33,7 +34,6 @@ import sys
 import weakref
 
 import torch
-import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .. import _native, errors
@@ -44,8 +44,8 @@ from ._store_exchange import StoreExchange
 log = logging.getLogger("symmem")
 
 _states = {}        # group name -> GroupState of a live group
-_by_id = {}         # id(group object) -> GroupState: the drop-ins' cache (verified by identity)
-_retired = []       # Communicators retired but not released: something may still use their memory
+_by_id = {}         # id(group object) -> GroupState: state_of's cache (verified by identity)
+_retired = []       # GroupCommunicators retired but not released: something may still use their memory
 _generations = {}   # group name # purpose -> communicators built under it so far (fresh store keys)
 _releasing = False  # release_unused is running (a garbage collection may call it again inside)
 
@@ -78,12 +78,59 @@ def capturing():
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def resolve(group):
+def state_of(group=None):
+    """The GroupState of `group` (a ProcessGroup, its name, or None for the default group): the one
+    way every entry point resolves a group, made on first use, never collective. First the cache
+    (cached_state: dict reads and an identity check); else the walk: the ProcessGroup, refused
+    where a call may not run on it (_resolve), then its state by name: a state of a group gone or
+    replaced under its name is retired and a new one made."""
+    state = cached_state(group)
+    if state is not None:
+        return state
+    g = _resolve(group)
+    state = _states.get(g.group_name)
+    if state is None or not _alive(state, g):
+        if state is not None:
+            state.retire()
+        state = GroupState(g)
+        _states[g.group_name] = state
+        release_unused()
+    _by_id[id(g)] = state
+    return state
+
+
+def cached_state(group):
+    """state_of's first step, and the whole of the drop-ins' fast path: the state of `group` (None:
+    the default group) if one was made for this very group object (or, for a name, for the group
+    that bears it), is not retired, and torch.distributed still knows the group (its registry, a
+    dict, holds the object until destroy_process_group); else None, and state_of walks on. Dict
+    reads and an identity check, never collective, never a refusal."""
+    g = c10d.GroupMember.WORLD if group is None else group
+    state = _by_id.get(id(g))
+    if state is not None and not state.closed and state.group_ref() is g and g in c10d._pg_names:
+        return state
+    if isinstance(group, str):
+        state = _states.get(group)
+        if state is not None and not state.closed and state.group_ref() in c10d._pg_names:
+            return state
+    return None
+
+
+def group_name_of(group=None):
+    """The name of `group`, for the Python functions that call an op by it: state_of's (a group a
+    call may not run on is refused). While torch.compile traces (it cannot trace state_of's cache),
+    the name c10d gives, a constant of the graph: the op resolves it, and refuses, when it runs."""
+    if torch.compiler.is_compiling():
+        return group if isinstance(group, str) else (c10d._get_default_group() if group is None else group).group_name
+    return state_of(group).name
+
+
+def _resolve(group):
     """The ProcessGroup of `group`: a ProcessGroup, its name, or None for the default (world) group.
     A group torch.distributed no longer knows (destroy_process_group), or a name no live group has,
     is refused with a SymmemError (a DistBackendError, what ProcessGroupNCCL raises for a collective
     on a destroyed group), whatever would serve the call; so is a default group that was never made
-    or was destroyed (ValueError, as torch.distributed)."""
+    or was destroyed (ValueError, as torch.distributed), and a group this rank is not in."""
     if group is None:
         return c10d._get_default_group()
     if isinstance(group, str):
@@ -108,43 +155,9 @@ def _gone(name):
                               "or is not registered with torch.distributed; no collective runs on it")
 
 
-def group_name_of(group):
-    """The name of `group` (a ProcessGroup, a name, or None for the default group)."""
-    return group if isinstance(group, str) else resolve(group).group_name
-
-
 def _alive(state, group):
     """Whether `state` is the live state of `group` (torch reuses names and ids of dead groups)."""
     return not state.closed and state.group_ref() is group and group in c10d._pg_names
-
-
-def state_of(group=None):
-    """The GroupState of `group` (made on first use; never collective by itself)."""
-    g = resolve(group)
-    state = _by_id.get(id(g))
-    if state is not None and _alive(state, g):
-        return state
-    state = _states.get(g.group_name)
-    if state is None or not _alive(state, g):
-        if state is not None:
-            state.retire()
-        state = GroupState(g)
-        _states[g.group_name] = state
-        release_unused()
-    _by_id[id(g)] = state
-    return state
-
-
-def cached_state(group):
-    """The drop-ins' fast path: the state of `group` (None: the default group) if one was made for
-    this very group object, is not retired, and torch.distributed still knows the group (its
-    registry, a dict, holds the object until destroy_process_group), else None: then state_of
-    decides, and refuses a destroyed group. Dict reads and an identity check, never collective."""
-    g = c10d.GroupMember.WORLD if group is None else group
-    state = _by_id.get(id(g))
-    if state is not None and not state.closed and state.group_ref() is g and g in c10d._pg_names:
-        return state
-    return None
 
 
 def _on_group_death(_ref):
@@ -205,9 +218,14 @@ class GroupState:
         self.group_ref = weakref.ref(group, _on_group_death)
         self.rank = group.rank()
         self.world = group.size()
-        self.communicators = {}  # purpose (None: the group's own) -> Communicator
+        self.communicators = {}  # purpose (None: the group's own) -> GroupCommunicator
         self.failures = {}       # purpose -> why its communicator could not be built (the same on every rank)
         self.closed = False
+
+    @property
+    def group(self):
+        """The ProcessGroup (None once its object died)."""
+        return self.group_ref()
 
     def communicator(self, purpose=None):
         """The communicator for `purpose` (built on first use: collective over the group's ranks)."""
@@ -219,11 +237,11 @@ class GroupState:
         failure = self.failures.get(purpose, self.failures.get(None))
         if failure is not None:
             raise errors.SymmemError(_native.ErrorCode.kUnsupported, failure)
-        group = self.group_ref()
+        group = self.group
         if group is None:
             raise errors.SymmemError(_native.ErrorCode.kAborted, f"symmem: group {self.name!r} was destroyed")
         try:
-            comm = Communicator._build(self, group, purpose)
+            comm = GroupCommunicator._build(self, group, purpose)
         except errors.SymmemError as e:
             self.failures[purpose] = str(e)
             raise
@@ -255,11 +273,11 @@ class GroupState:
             _retired.append(comm)
 
 
-class Communicator:
+class GroupCommunicator:
     """The symmem communicator of a process group (default: the world group; a ProcessGroup or its
     name).
 
-    ``Communicator(group)`` is collective the first time it is called for a group, then returns
+    ``GroupCommunicator(group)`` is collective the first time it is called for a group, then returns
     the cached instance. The ranks are one process per GPU, each on its
     ``torch.cuda.current_device()``. ``purpose`` names a second communicator of the same group, with
     state of its own, for calls on a stream unordered with the group's other symmem calls (FSDP2's
@@ -294,7 +312,7 @@ class Communicator:
         if capturing():
             raise RuntimeError(f"symmem: the communicator of group {self.group_name!r} is built on its first call, "
                                "which cannot be inside CUDA graph capture; make one call (or symmem.torch."
-                               "Communicator(group)) before capturing")
+                               "GroupCommunicator(group)) before capturing")
         # Store keys of their own per group name and purpose (and generation, for names torch
         # reuses): groups of the same ranks may build their communicators in any order.
         generation = _generations.get(self.key, 0)
@@ -331,7 +349,7 @@ class Communicator:
     @property
     def group(self):
         """The ProcessGroup (None once it is gone)."""
-        return self.state.group_ref()
+        return self.state.group
 
     def check(self) -> None:
         """Raises the recorded failure (SymmemError naming the rank) of any earlier call; never collective."""

@@ -28,7 +28,8 @@ from torch.cuda.memory import CUDAPluggableAllocator, MemPool
 
 from .. import _native, errors
 from . import pools
-from .groups import Communicator, cached_state, capturing, release_unused, state_of
+from .groups import GroupCommunicator, capturing, release_unused, state_of
+
 
 class _Span:
     """Exposes a span of device memory through __cuda_array_interface__; the tensor made from it keeps
@@ -57,7 +58,7 @@ def heap_tensor(comm, ptr: int, nbytes: int) -> torch.Tensor:
 def lent_tensor(comm, ptr: int, nbytes: int, lender=None) -> torch.Tensor:
     """heap_tensor for memory an object of `comm` lends (its heap buffers, or local memory it owns):
     `lender`, a WeakSet of the object's, counts the tensor's span too, so that the object, once
-    closed, releases its memory only when no such tensor is left (groups.Communicator.hold)."""
+    closed, releases its memory only when no such tensor is left (groups.GroupCommunicator.hold)."""
     device = getattr(comm, "torch_device", None) or torch.device("cuda", comm.device)
     return torch.as_tensor(_Span(comm, ptr, nbytes, lender), device=device)
 
@@ -78,7 +79,7 @@ def empty(*size: int, dtype: Optional[torch.dtype] = None, device=None, group=No
     if capturing():
         raise RuntimeError("symmem.torch.empty: allocation is collective and cannot run during CUDA graph capture")
     dtype = torch.get_default_dtype() if dtype is None else dtype
-    comm = Communicator(group)
+    comm = GroupCommunicator(group)
     if device is not None:
         asked = torch.device(device)
         if asked.type != "cuda" or (asked.index is not None and asked.index != comm.device):
@@ -93,12 +94,10 @@ def empty(*size: int, dtype: Optional[torch.dtype] = None, device=None, group=No
 
 def _existing(group):
     """The open communicator of `group`, if one was made (never collective)."""
-    state = cached_state(group) if not isinstance(group, str) else None
-    if state is None:
-        try:
-            state = state_of(group)
-        except (ValueError, RuntimeError):
-            return None
+    try:
+        state = state_of(group)
+    except (ValueError, RuntimeError):
+        return None
     comm = state.communicators.get(None)
     return None if comm is None or comm.closed else comm
 
@@ -127,7 +126,7 @@ def mem_pool(group=None) -> MemPool:
     """The torch.cuda.MemPool of `group`'s communicator (one per communicator, made on first use):
     ``with torch.cuda.use_mem_pool(symmem.torch.mem_pool(group)): t = torch.empty(...)``
     allocates heap tensors. Allocation inside the pool is collective."""
-    comm = Communicator(group)
+    comm = GroupCommunicator(group)
     comm._ensure_open()
     if comm.pool is not None:
         return comm.pool

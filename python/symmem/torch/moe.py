@@ -33,13 +33,12 @@ import weakref
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from .. import _native, errors
 from .. import ep as core_ep
 from . import _route
 from .errors import refusal, refused
-from .groups import Communicator, capturing, group_name_of, resolve
+from .groups import capturing, state_of
 from .memory import lent_tensor
 
 _log = logging.getLogger("symmem")
@@ -92,9 +91,9 @@ class ExpertParallel:
             raise ValueError(f"ExpertParallel: payload {payload!r} is not one of {sorted(_PAYLOAD_DTYPES)}")
         if layout not in core_ep.LAYOUTS:
             raise ValueError(f"ExpertParallel: layout {layout!r} is not one of {sorted(core_ep.LAYOUTS)}")
-        self.group = group if group is not None else c10d._get_default_group()
-        self.group_name = group_name_of(group)
-        self.world, self.rank = self.group.size(), self.group.rank()
+        state = state_of(group)
+        self.group, self.group_name = state.group, state.name
+        self.world, self.rank = state.world, state.rank
         self.num_experts, self.topk, self.hidden = int(num_experts), int(topk), int(hidden)
         self.max_tokens_per_rank = int(max_tokens_per_rank)
         self.payload, self.layout = payload, layout
@@ -113,7 +112,7 @@ class ExpertParallel:
             self._impl = _ReferenceContext(self)
         else:
             _refuse_capture("ExpertParallel()", "allocates")
-            comm = Communicator(self.group)
+            comm = state.communicator()
             self.device = comm.torch_device
             self._impl = _DeviceContext(self, comm, max_tokens_per_expert, max_received_rows, max_blocks)
         self.closed = False
@@ -258,7 +257,7 @@ class _DeviceContext:
         """Collective. The context's own tensors go first: what `lent` still counts is the caller's.
         The heap buffers are released now unless some rank lends (then they stay with the
         communicator); the counts (local memory) are freed now, or held by the communicator until
-        their tensors are gone and no graph may replay a call (groups.Communicator.hold)."""
+        their tensors are gone and no graph may replay a call (groups.GroupCommunicator.hold)."""
         self.outputs = self.combine_input = None
         lent = len(self.lent) > 0
         try:
@@ -488,10 +487,10 @@ def _context(context):
 def _serving(context):
     """The open context `context`, if its group is alive: a call on a group torch.distributed no
     longer knows is refused (SymmemError, a DistBackendError, as every entry point refuses it:
-    groups.resolve), as is one on a communicator that was closed (close_all, the group made again).
+    groups.state_of), as is one on a communicator that was closed (close_all, the group made again).
     Both are the same on every rank. (The fake kernels take the context as it is.)"""
     ep = _context(context)
-    resolve(ep.group)
+    state_of(ep.group)
     if not ep.cpu:
         ep._impl.comm._ensure_open()
     return ep

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import _route
-from .groups import Communicator, resolve
+from .groups import GroupCommunicator, state_of
 
 _lib = torch.library.Library("symmem", "DEF")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
@@ -91,7 +91,7 @@ def all_gather_list(comm, inp, outputs):
 # CUDA kernels ----------------------------------------------------------------------------------
 
 def _all_reduce_out_cuda(inp, reduce_op, group_name, *, out):
-    _route.all_reduce(Communicator(group_name), out, inp, reduce_op)
+    _route.all_reduce(GroupCommunicator(group_name), out, inp, reduce_op)
     return out
 
 
@@ -101,38 +101,42 @@ def _all_reduce_cuda(inp, reduce_op, group_name):
 
 
 def _all_reduce_inplace_cuda(inp, reduce_op, group_name):
-    _route.all_reduce(Communicator(group_name), inp, inp, reduce_op)
+    _route.all_reduce(GroupCommunicator(group_name), inp, inp, reduce_op)
 
 
 def _all_gather_out_cuda(inp, group_name, *, out):
-    _route.all_gather(Communicator(group_name), out, inp)
+    _route.all_gather(GroupCommunicator(group_name), out, inp)
     return out
 
 
 def _all_gather_cuda(inp, group_name):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     out = inp.new_empty(gathered_shape(inp, comm.world))
     _route.all_gather(comm, out, inp)
     return out
 
 
 def _all_gather_list_cuda(inp, group_name, outputs):
-    all_gather_list(Communicator(group_name), inp, outputs)
+    all_gather_list(GroupCommunicator(group_name), inp, outputs)
 
 
 def _reduce_scatter_out_cuda(inp, reduce_op, group_name, *, out):
-    _route.reduce_scatter(Communicator(group_name), out, inp, reduce_op)
+    _route.reduce_scatter(GroupCommunicator(group_name), out, inp, reduce_op)
     return out
 
 
 def _reduce_scatter_cuda(inp, reduce_op, group_name):
-    comm = Communicator(group_name)
+    comm = GroupCommunicator(group_name)
     out = inp.new_empty(scattered_shape(inp, comm.world))
     _route.reduce_scatter(comm, out, inp, reduce_op)
     return out
 
 
 # CPU kernels: torch.distributed on the group ---------------------------------------------------
+
+def _group_size(group_name):
+    return state_of(group_name).world
+
 
 _DIST_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -154,7 +158,7 @@ def _check_cpu_reduction(inp, out, reduce_op, op):
 
 
 def _all_reduce_out_cpu(inp, reduce_op, group_name, *, out):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _check_cpu_reduction(inp, out, reduce_op, "all_reduce")
     if out.numel() != inp.numel():
         raise ValueError(f"symmem.all_reduce: output has {out.numel()} elements, {inp.numel()} expected")
@@ -173,7 +177,7 @@ def _all_reduce_inplace_cpu(inp, reduce_op, group_name):
 
 
 def _all_gather_out_cpu(inp, group_name, *, out):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _route.check_contiguous(inp, "input", "all_gather_into_tensor")
     _route.check_contiguous(out, "out", "all_gather_into_tensor")
     _route.check_same_dtype(out, inp, "all_gather_into_tensor")
@@ -186,19 +190,18 @@ def _all_gather_out_cpu(inp, group_name, *, out):
 
 
 def _all_gather_cpu(inp, group_name):
-    group = resolve(group_name)
-    return _all_gather_out_cpu(inp, group_name, out=inp.new_empty(gathered_shape(inp, group.size())))
+    return _all_gather_out_cpu(inp, group_name, out=inp.new_empty(gathered_shape(inp, _group_size(group_name))))
 
 
 def _all_gather_list_cpu(inp, group_name, outputs):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _route.check_contiguous(inp, "input", "all_gather")
     _check_list(inp, outputs, group.size(), "all_gather")
     dist.all_gather(list(outputs), inp, group=group)
 
 
 def _reduce_scatter_out_cpu(inp, reduce_op, group_name, *, out):
-    group = resolve(group_name)
+    group = state_of(group_name).group
     _check_cpu_reduction(inp, out, reduce_op, "reduce_scatter_tensor")
     if inp.numel() != out.numel() * group.size():
         raise ValueError(f"symmem.reduce_scatter_tensor: input has {inp.numel()} elements, output {out.numel()}")
@@ -209,8 +212,7 @@ def _reduce_scatter_out_cpu(inp, reduce_op, group_name, *, out):
 
 
 def _reduce_scatter_cpu(inp, reduce_op, group_name):
-    group = resolve(group_name)
-    out = inp.new_empty(scattered_shape(inp, group.size()))
+    out = inp.new_empty(scattered_shape(inp, _group_size(group_name)))
     return _reduce_scatter_out_cpu(inp, reduce_op, group_name, out=out)
 
 
@@ -236,10 +238,6 @@ for _name, _cuda, _cpu in (
 
 
 # Fake kernels: shapes only (FakeTensor, meta, torch.compile) -----------------------------------
-
-def _group_size(group_name):
-    return resolve(group_name).size()
-
 
 def _register_fake(name):
     return torch.library.register_fake(f"symmem::{name}", lib=_lib)

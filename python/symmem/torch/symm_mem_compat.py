@@ -34,7 +34,7 @@ type, by the group size: exact for groups of 2, 4 or 8 ranks, one more rounding 
 import torch
 
 from . import fused
-from .groups import resolve
+from .groups import state_of
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
@@ -48,7 +48,7 @@ _RS = "fused_matmul_reduce_scatter"
 
 
 def _world(group_name):
-    return resolve(group_name).size()
+    return state_of(group_name).world
 
 
 def _dim(d, rank, op):

@@ -13,7 +13,6 @@ docs/vllm.md shows how to plug it into vLLM and SGLang.
 """
 import contextlib
 import logging
-import weakref
 from typing import Optional
 
 import torch
@@ -21,7 +20,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from .. import errors
 from . import _route
-from .groups import Communicator, resolve
+from .groups import state_of
 
 log = logging.getLogger("symmem")
 
@@ -40,12 +39,12 @@ class TPAllReduce:
             if device != torch.device("cuda", torch.cuda.current_device()):
                 raise ValueError(f"TPAllReduce: device {device} is not the current device "
                                  f"cuda:{torch.cuda.current_device()}; call torch.cuda.set_device first")
-        group = resolve(group)
-        self._group = weakref.ref(group)  # (not kept alive by this object)
-        self.rank, self.world_size = group.rank(), group.size()
+        state = state_of(group)
+        self._group = state.group_ref  # (not kept alive by this object)
+        self.rank, self.world_size = state.rank, state.world
         self.device = device
         try:
-            comm = Communicator(group)
+            comm = state.communicator()
         except errors.SymmemError as e:
             self.reason = str(e)
         else:

@@ -30,9 +30,10 @@ def _arg_names(kernel):
 
 def launch(kernel, grid, *args, comm=None, name=None, shape=(), **kwargs):
     """Launches `kernel` on `grid` programs (an int or a 1-D tuple, at most MAX_BLOCKS) as a call of
-    `comm`'s communicator (a symmem.communicator.Communicator, a symmem.torch.Communicator, a process
-    group, or None for the world group). `name` and `shape` describe the call: every rank must pass
-    the same, and ranks that differ fail with kMismatch naming both. Returns what the launch returns."""
+    `comm`'s communicator (a symmem.communicator.Communicator, a symmem.torch.GroupCommunicator, a
+    process group, or None for the world group). `name` and `shape` describe the call: every rank
+    must pass the same, and ranks that differ fail with kMismatch naming both. Returns what the
+    launch returns."""
     import torch
     from ..torch.device import _ensure_open, _owner_of, _sync_of, core_of
 

@@ -18,20 +18,51 @@ def group_name():
     return dist.group.WORLD.group_name
 
 
+class _RecordingCore:
+    """Stands in for the C ABI of a core communicator: records what the CUDA kernels pass to it
+    (`calls`: (name, *arguments) in order). Heap buffers are at 4096 x the call's number."""
+
+    def __init__(self):
+        self.calls = []
+
+    def allocate(self, nbytes):
+        self.calls.append(("allocate", nbytes))
+        return 4096 * len(self.calls)
+
+    def all_reduce(self, *args):
+        self.calls.append(("all_reduce",) + args)
+
+    def all_gather(self, *args):
+        self.calls.append(("all_gather",) + args)
+
+    def reduce_scatter(self, *args):
+        self.calls.append(("reduce_scatter",) + args)
+
+    def all_gather_matmul(self, *args):
+        self.calls.append(("all_gather_matmul",) + args)
+
+    def matmul_reduce_scatter(self, *args):
+        self.calls.append(("matmul_reduce_scatter",) + args)
+
+    @staticmethod
+    def matmul_reduce_scatter_workspace_bytes(m, n):
+        return 2 * m * n * 4
+
+
 @pytest.fixture
 def fake_group(monkeypatch):
-    """fake_group(name, world, core, stream=None, nodes=1): a symmem.torch Communicator of `world`
-    ranks whose core is `core` (a recording stand-in for the C ABI), served for the group name
-    `name` by every entry point; the CUDA kernels see `stream` as the current stream."""
+    """fake_group(name, world, stream=None, nodes=1): a symmem.torch GroupCommunicator of `world`
+    ranks whose core records the calls (`comm.core.calls`) instead of making them, served for the
+    group name `name` by every entry point; the CUDA kernels see `stream` as the current stream."""
     import types
     import weakref
 
     from symmem.torch import _route, groups
 
-    def make(name, world, core, stream=None, nodes=1, rank=0):
-        comm = object.__new__(groups.Communicator)
+    def make(name, world, stream=None, nodes=1, rank=0):
+        comm = object.__new__(groups.GroupCommunicator)
         comm.__dict__.update(device=-1, torch_device=torch.device("cpu"), group_name=name, key=name, purpose=None,
-                             world=world, rank=rank, nodes=nodes, core=core, closed=False, workspaces={},
+                             world=world, rank=rank, nodes=nodes, core=_RecordingCore(), closed=False, workspaces={},
                              lenders={}, pool_slot=None, pool=None, final_failure=None,
                              _spans=weakref.WeakSet())
         state = types.SimpleNamespace(name=name, communicators={None: comm}, closed=False,

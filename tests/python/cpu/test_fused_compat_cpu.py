@@ -103,32 +103,13 @@ def test_b_operand_copies_only_what_is_packed_neither_way():
     assert layout == _native.MATRIX_LAYOUTS["row_major"]
 
 
-class _RecordingCore:
-    def __init__(self):
-        self.calls = []
-
-    def allocate(self, nbytes):
-        self.calls.append(("allocate", nbytes))
-        return 4096 * len(self.calls)
-
-    def all_gather_matmul(self, *args):
-        self.calls.append(("all_gather_matmul",) + args)
-
-    @staticmethod
-    def matmul_reduce_scatter_workspace_bytes(m, n):
-        return 2 * m * n * 4
-
-    def matmul_reduce_scatter(self, *args):
-        self.calls.append(("matmul_reduce_scatter",) + args)
-
-
 @pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter"])
 def test_transposed_b_reaches_the_core_in_place_with_its_layout(fake_group, op):
     """B = W.t() goes to the GEMM as W's own memory with the column-major layout (no copy); a B
     packed neither way goes as a contiguous copy, row-major."""
     from symmem import _native
     from symmem.torch import fused
-    comm = fake_group(f"fake-fused-layout-{op}", 4, _RecordingCore(), stream=5)
+    comm = fake_group(f"fake-fused-layout-{op}", 4, stream=5)
     run = fused._all_gather_matmul_cuda if op == "all_gather_matmul" else fused._matmul_reduce_scatter_cuda
     a = torch.empty(8, 16, dtype=torch.bfloat16)
     w = torch.empty(24, 16, dtype=torch.bfloat16)

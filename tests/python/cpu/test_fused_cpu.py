@@ -53,30 +53,11 @@ def test_compile_traces_the_op(group_name):
     assert torch.equal(got, (a.float() @ b.float()).to(torch.float16))
 
 
-class _RecordingCore:
-    def __init__(self):
-        self.calls = []
-
-    def allocate(self, nbytes):
-        self.calls.append(("allocate", nbytes))
-        return 4096 * len(self.calls)
-
-    def all_gather_matmul(self, *args):
-        self.calls.append(("all_gather_matmul",) + args)
-
-    @staticmethod
-    def matmul_reduce_scatter_workspace_bytes(m, n):
-        return 2 * m * n * 4
-
-    def matmul_reduce_scatter(self, *args):
-        self.calls.append(("matmul_reduce_scatter",) + args)
-
-
 def test_cuda_kernel_passes_the_right_arguments_and_grows_its_workspace(fake_group):
     from symmem import _native
     from symmem.torch import fused
 
-    comm = fake_group("fake-fused", 4, _RecordingCore(), stream=99)
+    comm = fake_group("fake-fused", 4, stream=99)
     a, b = torch.empty(8, 16, dtype=torch.bfloat16), torch.empty(16, 24, dtype=torch.bfloat16)
     c, none = fused._all_gather_matmul_cuda(a, b, "fake-fused")
     assert c.shape == (32, 24) and none is None
@@ -114,7 +95,7 @@ def test_reduce_scatter_cuda_kernel_passes_the_right_arguments(fake_group):
     from symmem import _native
     from symmem.torch import fused
 
-    comm = fake_group("fake-fused-rs", 4, _RecordingCore(), stream=77)
+    comm = fake_group("fake-fused-rs", 4, stream=77)
     a, b = torch.empty(32, 16, dtype=torch.float16), torch.empty(16, 24, dtype=torch.float16)
     c = fused._matmul_reduce_scatter_cuda(a, b, "fake-fused-rs")
     assert c.shape == (8, 24)
@@ -131,7 +112,7 @@ def test_empty_shapes_need_no_communication(fake_group):
     """m, n or k of 0 (an empty micro-batch): empty or zero results, nothing handed to the core."""
     from symmem.torch import fused
 
-    comm = fake_group("fake-fused-empty", 2, _RecordingCore())
+    comm = fake_group("fake-fused-empty", 2)
     half = torch.float16
     c, a = fused._all_gather_matmul_cuda(torch.empty(0, 16, dtype=half), torch.empty(16, 8, dtype=half),
                                           "fake-fused-empty", True)

@@ -388,12 +388,8 @@ def _device_context(fake_group, name, live_graphs=0):
 
     from symmem.torch import moe
 
-    class Core:
-        pass
-
-    core = Core()
-    core.live_graphs = live_graphs
-    comm = fake_group(name, 2, core)
+    comm = fake_group(name, 2)
+    comm.core.live_graphs = live_graphs
     calls = []
 
     class CoreContext:

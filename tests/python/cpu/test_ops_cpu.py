@@ -134,12 +134,16 @@ def test_drop_in_functions_fall_back_for_cpu_tensors_and_say_why_once(group_name
 
 
 class _FakeState:
-    """A live GroupState of the world group holding `comm` (the drop-ins' cache reads these fields)."""
+    """A live GroupState of `group` holding `comm` (the drop-ins' cache reads these fields)."""
 
     def __init__(self, comm, group):
         self.communicators = {None: comm}
         self.closed = False
         self.group_ref = lambda: group
+
+    @property
+    def group(self):
+        return self.group_ref()
 
 
 def test_drop_in_all_reduce_goes_straight_to_the_route_when_it_can(group_name, monkeypatch):
@@ -202,11 +206,12 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
     # communicators are destroyed with it); symmem must too, on every path. On 0bbf9f1 the drop-in
     # all_reduce served a destroyed group from its cache and returned the sum, the other drop-ins
     # fell back to gloo, which runs collectives on a destroyed group, and the ops raised a
-    # RuntimeError that is no DistBackendError.
+    # RuntimeError that is no DistBackendError; before every entry point resolved its group with
+    # groups.state_of, the CPU kernels of the fused and all-to-all ops still did.
     import torch.distributed as dist
     import symmem
     import symmem.torch as st
-    from symmem.torch import _route, groups
+    from symmem.torch import _route, all_to_all, groups, moe
 
     class FakeComm:
         group_name = "fake-sub"
@@ -228,9 +233,8 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
     dist.destroy_process_group(sub)
 
     out, outs = torch.zeros(4), [torch.zeros(4)]
-    from symmem.torch import all_to_all
-    splits, splits_offsets = torch.tensor([1]), torch.zeros(2, 1, dtype=torch.int64)
-    a, b = torch.ones(2, 8, dtype=torch.float16), torch.ones(8, 8, dtype=torch.float16)
+    a, b = _rand((4, 8), torch.float16, 4), _rand((8, 8), torch.float16, 5)
+    splits, splits_offsets = torch.ones(1, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64)
     ops = torch.ops.symmem
 
     def faked(op, *args):
@@ -254,19 +258,24 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
         "op all_gather": lambda: ops.all_gather(y, name, outs),
         "op reduce_scatter_tensor": lambda: ops.reduce_scatter_tensor(y, "sum", name),
         "op reduce_scatter_tensor_out": lambda: ops.reduce_scatter_tensor_out(y, "sum", name, out=out),
-        "Communicator": lambda: st.Communicator(sub),
-        "empty": lambda: st.empty(4, group=sub),
-        # The all-to-all and fused ops' CPU and fake kernels (a RuntimeError from c10d before).
-        "op all_to_all_single": lambda: ops.all_to_all_single(y, None, None, name),
-        "op all_to_all_single_out": lambda: ops.all_to_all_single_out(y, None, None, name, out=out),
-        "op all_to_all_vdev": lambda: ops.all_to_all_vdev(y, out, splits, splits_offsets, name),
-        "op all_to_all_vdev_2d": lambda: ops.all_to_all_vdev_2d(y, out, splits, splits_offsets, name, 1),
-        "all_to_all_single by name": lambda: all_to_all.all_to_all_single(out, y, group=name),
         "op all_gather_matmul": lambda: ops.all_gather_matmul(a, b, name),
         "op matmul_reduce_scatter": lambda: ops.matmul_reduce_scatter(a, b, name),
-        "all_gather_matmul by name": lambda: st.all_gather_matmul(a, b, group=name),
         "op fused_all_gather_matmul": lambda: ops.fused_all_gather_matmul(a, [b], 0, name),
         "op fused_matmul_reduce_scatter": lambda: ops.fused_matmul_reduce_scatter(a, b, "sum", 0, name),
+        "op all_to_all_single": lambda: ops.all_to_all_single(y, None, None, name),
+        "op all_to_all_vdev": lambda: ops.all_to_all_vdev(y, out, splits, splits_offsets, name),
+        "all_gather_matmul": lambda: st.all_gather_matmul(a, b, group=sub),
+        "matmul_reduce_scatter": lambda: st.matmul_reduce_scatter(a, b, group=sub),
+        "all_to_all_single": lambda: all_to_all.all_to_all_single(out, y, group=sub),
+        "GroupCommunicator": lambda: st.GroupCommunicator(sub),
+        "empty": lambda: st.empty(4, group=sub),
+        "TPAllReduce": lambda: st.TPAllReduce(sub),
+        "ExpertParallel": lambda: moe.ExpertParallel(sub, num_experts=2, topk=1, hidden=8, max_tokens_per_rank=4),
+        # The all-to-all and fused ops' CPU and fake kernels, and calls by name.
+        "op all_to_all_single_out": lambda: ops.all_to_all_single_out(y, None, None, name, out=out),
+        "op all_to_all_vdev_2d": lambda: ops.all_to_all_vdev_2d(y, out, splits, splits_offsets, name, 1),
+        "all_to_all_single by name": lambda: all_to_all.all_to_all_single(out, y, group=name),
+        "all_gather_matmul by name": lambda: st.all_gather_matmul(a, b, group=name),
         "fake all_gather_matmul": lambda: faked(ops.all_gather_matmul, a, b, name),
         "fake matmul_reduce_scatter": lambda: faked(ops.matmul_reduce_scatter, a, b, name),
         "fake fused_all_gather_matmul": lambda: faked(ops.fused_all_gather_matmul, a, [b], 0, name),
@@ -303,13 +312,13 @@ def test_a_failure_to_build_is_remembered_with_the_group_not_its_name(group_name
         built.append(state)
         raise symmem.SymmemError("kInvalidArgument", "workspace too small")
 
-    monkeypatch.setattr(groups.Communicator, "_build", classmethod(refuse))
+    monkeypatch.setattr(groups.GroupCommunicator, "_build", classmethod(refuse))
     sub = dist.new_group([0])
     state = groups.state_of(sub)
     assert "workspace too small" in state.unavailable_reason()
     assert "workspace too small" in state.unavailable_reason() and len(built) == 1  # remembered
     with pytest.raises(symmem.SymmemError, match="workspace too small"):
-        groups.Communicator(sub)
+        groups.GroupCommunicator(sub)
     dist.destroy_process_group(sub)
     del sub
     again = dist.new_group([0])
@@ -321,10 +330,10 @@ def test_a_failure_to_build_is_remembered_with_the_group_not_its_name(group_name
             return False
 
     built_again = Built()
-    monkeypatch.setattr(groups.Communicator, "_build", classmethod(lambda cls, s, g, p: built_again))
+    monkeypatch.setattr(groups.GroupCommunicator, "_build", classmethod(lambda cls, s, g, p: built_again))
     fresh = groups.state_of(again)
     assert fresh is not state and state.closed
-    assert fresh.unavailable_reason() is None and groups.Communicator(again) is built_again
+    assert fresh.unavailable_reason() is None and groups.GroupCommunicator(again) is built_again
     dist.destroy_process_group(again)
     groups.release_unused()
     assert fresh.closed and built_again in groups._retired  # (kept: it says it is still in use)
@@ -356,15 +365,15 @@ def test_a_destroyed_or_closed_group_retires_its_state_and_its_communicators(gro
         comm._spans = weakref.WeakSet()
         return comm
 
-    monkeypatch.setattr(groups.Communicator, "_build", classmethod(build))
-    monkeypatch.setattr(groups.Communicator, "_release", lambda self: self.core.destroy())
+    monkeypatch.setattr(groups.GroupCommunicator, "_build", classmethod(build))
+    monkeypatch.setattr(groups.GroupCommunicator, "_release", lambda self: self.core.destroy())
     sub = dist.new_group([0])
-    own, fsdp = groups.Communicator(sub), groups.Communicator(sub, "fsdp_all_gather")
-    assert groups.Communicator(sub) is own and groups.cached_state(sub) is own.state
+    own, fsdp = groups.GroupCommunicator(sub), groups.GroupCommunicator(sub, "fsdp_all_gather")
+    assert groups.GroupCommunicator(sub) is own and groups.cached_state(sub) is own.state
     own.close()  # closes the whole group's state
     assert own.closed and fsdp.closed and not own.lenders and not own.workspaces
     assert own.core.destroyed and fsdp.core.destroyed and groups.cached_state(sub) is None
-    again = groups.Communicator(sub)
+    again = groups.GroupCommunicator(sub)
     assert again is not own and not again.closed
     # Destroying the group retires its state at once (its Python object dies) ...
     dist.destroy_process_group(sub)
@@ -372,7 +381,7 @@ def test_a_destroyed_or_closed_group_retires_its_state_and_its_communicators(gro
     assert again.closed and again.core.destroyed
     # ... and a group torch.distributed no longer knows, though its object lives, at the next lookup.
     kept = dist.new_group([0])
-    held = groups.Communicator(kept)
+    held = groups.GroupCommunicator(kept)
     dist.destroy_process_group(kept)
     groups.release_unused()
     assert held.closed and held.core.destroyed
@@ -385,7 +394,7 @@ def test_memory_stays_mapped_while_anything_may_use_it(group_name, monkeypatch):
     class Core:
         live_graphs = 0
 
-    comm = object.__new__(groups.Communicator)
+    comm = object.__new__(groups.GroupCommunicator)
     import weakref
     comm.__dict__.update(core=Core(), pool_slot=None, _spans=weakref.WeakSet())
 
@@ -437,29 +446,13 @@ def test_fake_shapes_for_a_group_of_four():
     assert out.stdout.strip().endswith("ok")
 
 
-class _RecordingCore:
-    """Stands in for the C ABI: records what the CUDA kernels pass to it."""
-
-    def __init__(self):
-        self.calls = []
-
-    def all_reduce(self, *args):
-        self.calls.append(("all_reduce",) + args)
-
-    def all_gather(self, *args):
-        self.calls.append(("all_gather",) + args)
-
-    def reduce_scatter(self, *args):
-        self.calls.append(("reduce_scatter",) + args)
-
-
 def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, fake_group):
     # The CUDA kernels' Python side, run on CPU tensors against a recording core (world 4): the
     # pointers, counts (elements; bytes for gathers), enum values and the in-place forms.
     from symmem import _native
     from symmem.torch import _route, ops
 
-    comm = fake_group("fake", 4, _RecordingCore(), stream=1234)
+    comm = fake_group("fake", 4, stream=1234)
     x = _rand((8, 3), torch.bfloat16)
     y = ops._all_reduce_cuda(x, "max", "fake")
     assert comm.core.calls[-1] == ("all_reduce", y.data_ptr(), x.data_ptr(), 24, _native.DTYPES["bfloat16"],

@@ -150,6 +150,19 @@ def test_signatures_users_already_know():
         assert list(inspect.signature(fn).parameters)[-2:] == ["group", "async_op"]
 
 
+def test_group_communicator_is_named_apart_from_the_core_one_and_its_former_name_still_works():
+    import symmem
+    import symmem.torch as st
+    assert st.GroupCommunicator is not symmem.Communicator and "GroupCommunicator" in st.__all__
+    with pytest.warns(DeprecationWarning, match="symmem.torch.GroupCommunicator"):
+        assert st.Communicator is st.GroupCommunicator
+    with pytest.warns(DeprecationWarning):
+        from symmem.torch import Communicator
+    assert Communicator is st.GroupCommunicator and "Communicator" not in st.__all__
+    with pytest.raises(AttributeError, match="no attribute 'Comunicator'"):
+        st.Comunicator
+
+
 class _Comm:
     closed = False
     device = 0
@@ -164,14 +177,14 @@ def test_tp_all_reduce_is_disabled_across_nodes_and_returns_none(group_name, mon
     # A vLLM integration must fall back before the forward pass, not get kUnsupported in it (seen
     # failing before: disabled stayed False for a group spanning nodes).
     import torch.distributed as dist
-    from symmem.torch import tp_all_reduce
-    monkeypatch.setattr(tp_all_reduce, "Communicator", lambda group: _Comm(nodes=2))
+    from symmem.torch import groups, tp_all_reduce
+    monkeypatch.setattr(groups.GroupState, "communicator", lambda state, purpose=None: _Comm(nodes=2))
     tp = tp_all_reduce.TPAllReduce(dist.group.WORLD)
     assert tp.disabled and "spans 2 nodes" in tp.reason
     x = torch.ones(8)
     assert not tp.should_custom_ar(x) and not tp.should_use_symm_mem(x)
     assert tp.custom_all_reduce(x) is None and tp.all_reduce(x) is None
-    monkeypatch.setattr(tp_all_reduce, "Communicator", lambda group: _Comm(nodes=1))
+    monkeypatch.setattr(groups.GroupState, "communicator", lambda state, purpose=None: _Comm(nodes=1))
     tp = tp_all_reduce.TPAllReduce(group_name, None, 1 << 20)  # a group's name, vLLM's argument order
     assert not tp.disabled and tp.max_size == 1 << 20
     assert tp.custom_all_reduce(x) is None  # a CPU tensor: not served, None (vLLM then uses its other paths)

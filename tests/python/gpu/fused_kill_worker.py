@@ -21,7 +21,7 @@ import symmem.torch as st  # noqa: E402
 def body():
     a = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
-    comm = st.Communicator()
+    comm = st.GroupCommunicator()
     print(f"rank {rank}: communicator ready", flush=True)
     for i in range(100_000):
         if rank == 1 and i == 50:

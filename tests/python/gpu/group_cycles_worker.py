@@ -89,7 +89,7 @@ def graph_outlives_its_group(i):
     init(i)
     y = torch.ones(4 * MiB, device=device)
     st.all_reduce(y)
-    comm = st.Communicator()
+    comm = st.GroupCommunicator()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         st.all_reduce(y)
@@ -117,14 +117,14 @@ def failure_is_not_kept(i):
     os.environ["SYMMEM_WORKSPACE_MB"] = "0"  # too small a workspace: creation fails on every rank
     init(i)
     try:
-        st.Communicator()
+        st.GroupCommunicator()
         raise SystemExit("a communicator was built with a zero workspace")
     except st.SymmemError as e:
         say("creation failed as expected:", str(e)[:120])
     dist.destroy_process_group()
     del os.environ["SYMMEM_WORKSPACE_MB"]
     init(i + 1)
-    st.Communicator()  # the same group name, made again: built
+    st.GroupCommunicator()  # the same group name, made again: built
     dist.destroy_process_group()
 
 

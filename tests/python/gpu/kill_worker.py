@@ -17,7 +17,7 @@ import symmem.torch as st  # noqa: E402
 def body():
     x = torch.ones(1 << 16, device="cuda")
     g = dist.group.WORLD.group_name
-    comm = st.Communicator()
+    comm = st.GroupCommunicator()
     print(f"rank {rank}: communicator ready", flush=True)
     for i in range(100_000):
         if rank == 1 and i == 200:

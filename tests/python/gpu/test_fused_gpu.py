@@ -78,7 +78,7 @@ def test_back_to_back_calls_that_fill_every_sm(group):
         c, _ = st.all_gather_matmul(a_shard, b)
         wrong += (c != expected).sum()
     torch.cuda.synchronize()
-    st.Communicator().core.check()  # a deadline reached raises here, naming the wait
+    st.GroupCommunicator().core.check()  # a deadline reached raises here, naming the wait
     assert wrong.item() == 0
 
 
@@ -99,7 +99,7 @@ def test_graph_replay_follows_inputs_changed_in_place(group):
         graph.replay()
         expected = _reference(a_shard, b)[1].to(dtype)
         assert torch.equal(c, expected), f"replay {replay}: {(c != expected).sum().item()} elements differ"
-    st.Communicator().core.check()
+    st.GroupCommunicator().core.check()
 
 
 def test_input_produced_on_another_stream(group):
@@ -136,7 +136,7 @@ def test_input_written_into_the_workspace_is_used_in_place(group):
     dtype = torch.float16
     rows, n, k = 512, 768, 1024
     world = dist.get_world_size()
-    comm = st.Communicator()
+    comm = st.GroupCommunicator()
     b = _shared_random((k, n), dtype, ("inplace-b",), integers=True)
     x = st.all_gather_matmul_input(rows, k, dtype)
     assert x.shape == (rows, k) and x.dtype == dtype and x.is_cuda

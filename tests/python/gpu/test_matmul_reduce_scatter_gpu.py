@@ -87,7 +87,7 @@ def test_back_to_back_calls_that_fill_every_sm(group):
         a, b, expected = cases[call % len(cases)]
         wrong += (st.matmul_reduce_scatter(a, b) != expected).sum()
     torch.cuda.synchronize()
-    st.Communicator().core.check()
+    st.GroupCommunicator().core.check()
     assert wrong.item() == 0
 
 
@@ -108,7 +108,7 @@ def test_graph_replay_follows_inputs_changed_in_place(group):
         graph.replay()
         expected = _reference(a, b).to(dtype)
         assert torch.equal(c, expected), f"replay {replay}: {(c != expected).sum().item()} elements differ"
-    st.Communicator().core.check()
+    st.GroupCommunicator().core.check()
 
 
 def test_input_produced_on_another_stream(group):
@@ -180,7 +180,7 @@ def test_ranks_calling_different_shapes_all_raise(group):
     with pytest.raises(symmem.SymmemError) as raised:
         st.matmul_reduce_scatter(a, b, group=sub)
         torch.cuda.synchronize()
-        st.Communicator(sub).core.check()
+        st.GroupCommunicator(sub).core.check()
     assert raised.value.code in ("kMismatch", "kAborted"), (raised.value.code, str(raised.value))
     dist.barrier()
 
@@ -190,7 +190,7 @@ def test_back_to_back_with_copy_engine_all_gathers(group):
     the side streams with the copy-engine all-gather: 300 rounds of both, alternating shapes, with no
     host wait between calls."""
     from symmem import _native
-    core = st.Communicator().core
+    core = st.GroupCommunicator().core
     world, rank = dist.get_world_size(), dist.get_rank()
     dtype = torch.bfloat16
     cases = []
@@ -250,4 +250,4 @@ def test_one_graph_of_several_fused_calls(group):
         assert torch.equal(c1, _reference(a1, b1).to(dtype)), f"replay {replay}: first reduce-scatter"
         assert torch.equal(c2, _reference(a2, b2).to(dtype)), f"replay {replay}: second reduce-scatter"
         assert torch.equal(g, (gathered.float() @ w.float()).to(dtype)), f"replay {replay}: all-gather matmul"
-    st.Communicator().core.check()
+    st.GroupCommunicator().core.check()

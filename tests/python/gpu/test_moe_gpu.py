@@ -101,6 +101,11 @@ def test_all_to_all_vdev_matches_the_layout(group, experts, align):
         assert torch.isnan(out[needed:].float()).all(), "rows past the needed ones were written"
 
 
+def _dequantized(x, scales):
+    """x as float32: fp8 rows times their scales (scales given), else x itself."""
+    return dequantize_fp8(x, scales) if scales is not None else x.float()
+
+
 def _reference_dispatch(ep, x, scales, ids, weights):
     """Every rank's tokens, ids, weights (and scales), gathered: [world, T, ...]."""
     world = dist.get_world_size()
@@ -153,24 +158,12 @@ def test_dispatch_and_combine_match_a_reference(group, layout, payload):
             assert torch.equal(r.topk_idx[i].long(), want_ids)
             assert torch.equal(r.topk_weights[i], all_w[s, t])
         assert (r.topk_idx[len(rows):] == -1).all()
-    # Fake experts: x * (1 + local expert); rank-major reduces its row's local experts, weighted.
-    deq = (lambda q, s: dequantize_fp8(q, s)) if scales is not None else (lambda q, s: q.float())
-    if layout == "expert_major":
-        for e in range(L):
-            n = int(r.expert_num_tokens[e])
-            ep.combine_input[e, :n] = (deq(r.x[e, :n], r.x_scales[e, :n] if scales is not None else None) *
-                                       (1 + e)).to(torch.bfloat16)
-    else:
-        n = int(r.num_rows[0])
-        f = torch.where(r.topk_idx[:n] >= 0, r.topk_weights[:n] * (1 + r.topk_idx[:n].clamp(min=0)).float(),
-                        torch.zeros_like(r.topk_weights[:n])).sum(dim=1)
-        ep.combine_input[:n] = (deq(r.x[:n], r.x_scales[:n] if scales is not None else None) *
-                                f.unsqueeze(1)).to(torch.bfloat16)
+    ep.combine_input.copy_(_fake_experts(ep, r, lambda e: 1 + e, scaled=scales is not None))
     y = ep.combine()
     again = ep.combine(out=torch.empty_like(y))
     valid = ids >= 0
     factor = torch.where(valid, weights * (1 + ids % L).float(), torch.zeros_like(weights)).sum(dim=1)
-    want = deq(x, scales) * factor.unsqueeze(1)
+    want = _dequantized(x, scales) * factor.unsqueeze(1)
     assert torch.allclose(y[:T].float(), want, rtol=2e-2, atol=2e-2)
     assert torch.equal(y, again), "combine is not bit-identical over runs"
     ep.close()
@@ -192,20 +185,22 @@ def _lopsided(me, layout, T, K, H):
     return x, ids, weights
 
 
-def _fake_experts(ep, r, factor):
+def _fake_experts(ep, r, factor, scaled=False):
     """Expert outputs of the received rows, laid out as combine_input: row x factor(local expert)
-    (rank-major: summed over the row's local experts with their weights)."""
-    out = torch.zeros(ep.received_shapes()[0], dtype=torch.bfloat16, device="cuda")
+    (rank-major: summed over the row's local experts with their weights). `scaled`: fp8 rows, read
+    with their scales (r.x_scales)."""
+    out = torch.zeros(ep.received_shapes()[0], dtype=torch.bfloat16, device=r.x.device)
     if ep.expert_major:
         for e in range(ep.local_experts):
             n = int(r.expert_num_tokens[e])
-            out[e, :n] = (r.x[e, :n].float() * factor(e)).to(torch.bfloat16)
+            rows = _dequantized(r.x[e, :n], r.x_scales[e, :n] if scaled else None)
+            out[e, :n] = (rows * factor(e)).to(torch.bfloat16)
     else:
         n = int(r.num_rows[0])
         ids = r.topk_idx[:n].long()
         f = torch.where(ids >= 0, r.topk_weights[:n] * factor(ids.clamp(min=0)).float(),
                         torch.zeros_like(r.topk_weights[:n])).sum(dim=1)
-        out[:n] = (r.x[:n].float() * f.unsqueeze(1)).to(torch.bfloat16)
+        out[:n] = (_dequantized(r.x[:n], r.x_scales[:n] if scaled else None) * f.unsqueeze(1)).to(torch.bfloat16)
     return out
 
 
@@ -271,7 +266,7 @@ def _own_group():
     that still lives would keep a closed context's memory by design, and hide what these tests
     check): (group, its communicator)."""
     own = dist.new_group(list(range(dist.get_world_size())))
-    comm = st.Communicator(own)
+    comm = st.GroupCommunicator(own)
     assert comm.core.live_graphs == 0
     return own, comm
 
@@ -388,9 +383,9 @@ def test_dispatch_overflow_raises_kcapacity_on_every_rank(group):
     with pytest.raises(SymmemError) as raised:
         ep.dispatch(torch.zeros(T, 128, dtype=torch.bfloat16, device="cuda"), ids,
                     torch.ones(T, 1, device="cuda"))
-        st.Communicator(own).check()
+        st.GroupCommunicator(own).check()
         torch.cuda.synchronize()
-        st.Communicator(own).check()
+        st.GroupCommunicator(own).check()
     assert raised.value.code == "kCapacity"
     assert "expert 0 of rank 0 would receive" in str(raised.value)
 
@@ -431,22 +426,11 @@ def test_dispatch_and_combine_with_an_idle_rank(group, layout, payload):
     for e in range(L):
         want = sum(int((all_ids[s, :counts[s]] == me * L + e).sum()) for s in range(world))
         assert int(r.expert_num_tokens[e]) == want, f"expert {e}"
-    deq = (lambda q, s: dequantize_fp8(q, s)) if scales is not None else (lambda q, s: q.float())
-    if layout == "expert_major":
-        for e in range(L):
-            n = int(r.expert_num_tokens[e])
-            ep.combine_input[e, :n] = (deq(r.x[e, :n], r.x_scales[e, :n] if scales is not None else None) *
-                                       (1 + e)).to(torch.bfloat16)
-    else:
-        n = int(r.num_rows[0])
-        f = torch.where(r.topk_idx[:n] >= 0, r.topk_weights[:n] * (1 + r.topk_idx[:n].clamp(min=0)).float(),
-                        torch.zeros_like(r.topk_weights[:n])).sum(dim=1)
-        ep.combine_input[:n] = (deq(r.x[:n], r.x_scales[:n] if scales is not None else None) *
-                                f.unsqueeze(1)).to(torch.bfloat16)
+    ep.combine_input.copy_(_fake_experts(ep, r, lambda e: 1 + e, scaled=scales is not None))
     y = ep.combine(out=torch.empty(tokens, H, dtype=torch.bfloat16, device="cuda"))
     assert tuple(y.shape) == (tokens, H)
     factor = (weights * (1 + ids % L).float()).sum(dim=1)
-    want = deq(x, scales) * factor.unsqueeze(1)
+    want = _dequantized(x, scales) * factor.unsqueeze(1)
     assert torch.allclose(y.float(), want, rtol=2e-2, atol=2e-2)
     ep.close()
 
@@ -488,7 +472,7 @@ def test_an_argument_refused_on_one_rank_raises_on_every_rank(group, case):
     with pytest.raises(SymmemError) as raised:
         call()
         torch.cuda.synchronize()
-        st.Communicator(own).check()
+        st.GroupCommunicator(own).check()
     seconds = time.monotonic() - start
     message = str(raised.value)
     assert raised.value.code == "kInvalidArgument", message
@@ -499,5 +483,5 @@ def test_an_argument_refused_on_one_rank_raises_on_every_rank(group, case):
     dist.all_gather_object(messages, message)
     assert all(m == message for m in messages), messages
     with pytest.raises(SymmemError, match="refused the call") as after:
-        st.Communicator(own).check()
+        st.GroupCommunicator(own).check()
     assert after.value.code == "kAborted"

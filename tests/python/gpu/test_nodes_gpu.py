@@ -23,7 +23,7 @@ SIZES = [1, 3, 4097, 1 << 20, (5 << 20) + 3]
 def nodes_group(group):
     if int(os.environ.get("SYMMEM_NODE_SIZE", "0") or 0) <= 0:
         pytest.skip("needs simulated nodes: SYMMEM_NODE_SIZE=1 tests/python/gpu/run.sh 2 -k simulated_nodes")
-    comm = st.Communicator(group)
+    comm = st.GroupCommunicator(group)
     assert comm.nodes == dist.get_world_size() // int(os.environ["SYMMEM_NODE_SIZE"])
     assert comm.nodes > 1
     return group

@@ -115,7 +115,7 @@ def test_rank_dependent_views_of_a_symmetric_tensor_are_staged(group):
     expected = torch.empty(world * n, dtype=torch.float32, device="cuda")
     dist.all_gather_into_tensor(expected, shard.clone())
     assert torch.equal(gathered, expected)
-    st.Communicator(group).check()
+    st.GroupCommunicator(group).check()
 
 
 def test_views_with_offsets(group):
@@ -217,7 +217,7 @@ def test_cuda_graph_replays_after_inputs_change(group):
         dist.all_gather_into_tensor(expected, a)
         assert torch.equal(y_gather, expected), f"replay {i}: all-gather differs"
         check_reduce_scatter(y_scatter, r, "avg", SYMMEM, f"replay {i}: reduce-scatter avg")
-    st.Communicator(group).check()
+    st.GroupCommunicator(group).check()
 
 
 def test_torch_compile_inductor(group):

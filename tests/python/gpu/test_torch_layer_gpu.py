@@ -63,7 +63,7 @@ def test_two_streams_on_one_group_run_in_host_order(group):
         torch.cuda.synchronize()
         for s in range(2):
             wrong += problems(xs[s], parts[s], SYMMEM, what=f"iteration {it} stream {s}")
-    st.Communicator(group).check()
+    st.GroupCommunicator(group).check()
     fail_together(wrong)
 
 
@@ -134,7 +134,7 @@ def test_two_streams_under_graph_capture(group, delay_us):
                                    (y3, y1, "sum", "y3 (of y1)")):
             found += problems(got, gathered(inp), SYMMEM, op, f"replay {replay}: {what}")
         fail_together(found)
-    comm = st.Communicator(group)
+    comm = st.GroupCommunicator(group)
     comm.check()
     assert comm.core.live_graphs >= 1  # the graph holds the communicator's memory ...
     del graph
@@ -234,7 +234,7 @@ def test_async_work_orders_the_waiting_stream_and_its_future(group):
 def test_async_work_raises_the_recorded_failure(group, monkeypatch):
     x = _random(1024, torch.float32, 6)
     work = st.all_reduce(x, async_op=True)
-    comm = st.Communicator(group)
+    comm = st.GroupCommunicator(group)
     failure = st.SymmemError("kTimeout", "rank 1 timed out (stand-in failure)")
 
     monkeypatch.setattr(comm, "failure", lambda: failure)  # (a real failure: the kill tests, two GPUs)
@@ -275,11 +275,11 @@ def test_fsdp_never_lends_memory_of_a_closed_communicator(group):
     rs = fsdp.SymmemReduceScatter(group)
     first = rs.allocate((world * 4096,), dtype=torch.bfloat16, device="cuda")  # FSDP asks for the input,
     rs.allocate((4096,), dtype=torch.bfloat16, device="cuda")                   # then for its output
-    old = st.Communicator(group)
+    old = st.GroupCommunicator(group)
     assert st.in_heap(first, group)
     st.close_all()
     second = rs.allocate((world * 4096,), dtype=torch.bfloat16, device="cuda")
-    new = st.Communicator(group)
+    new = st.GroupCommunicator(group)
     assert new is not old
     assert st.in_heap(second, group), "lent from a closed communicator"
     assert new.core.buffer_of(first.data_ptr(), 2) is None

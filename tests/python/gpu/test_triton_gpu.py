@@ -61,7 +61,7 @@ def _same_bits(a, b):
 
 
 def _communicator(group):
-    comm = st.Communicator(group)
+    comm = st.GroupCommunicator(group)
     if comm.nodes > 1:
         pytest.skip(f"symmem.triton's kernels reach the ranks of one node through its heap; this group spans "
                     f"{comm.nodes} nodes")

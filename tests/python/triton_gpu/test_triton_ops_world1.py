@@ -86,6 +86,18 @@ def test_all_gather_matmul_op(group_name):
     fake_matches_real(torch.ops.symmem_triton.all_gather_matmul, (a_shard, b, gathered, group_name))
 
 
+def test_world1_vs_mm_writes_a_row_per_shape(tmp_path):
+    # `python -m symmem.triton.examples.all_gather_matmul --world1-vs-mm` raised UnboundLocalError at
+    # its first configuration while a local variable of the function was named dtype_name, as the
+    # helper it calls (on fed6b18).
+    from symmem.triton.examples import all_gather_matmul as example
+    csv = tmp_path / "world1.csv"
+    rows = example.world1_vs_mm(str(csv), "test", [(256, 256, 128)], torch.float16, reps=1)
+    lines = csv.read_text().splitlines()
+    assert len(rows) == 1 and len(lines) == 2 and lines[1].split(",")[3:7] == ["float16", "256", "256", "128"]
+    assert rows[0][3][3] < 1e-2  # the chosen configuration's largest error relative to torch.mm's result
+
+
 def test_schemas_mark_what_the_ops_write():
     ops = torch.ops.symmem_triton
     writes = {name: [a.name for a in getattr(ops, name).default._schema.arguments

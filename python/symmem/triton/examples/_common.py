@@ -16,8 +16,8 @@ def dtype_name(tensor):
 
 def group_communicator(group_name):
     """The symmem.torch communicator of a process group's name (the torch ops take names)."""
-    from ...torch.groups import Communicator
-    return Communicator(group_name)
+    from ...torch.groups import GroupCommunicator
+    return GroupCommunicator(group_name)
 
 
 def require_heap(comm, tensor, what, op):

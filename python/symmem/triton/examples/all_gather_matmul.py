@@ -149,7 +149,7 @@ class _OneRank:
 
 def _median_ms(fn, reps, batches=5):
     """Median over `batches` of the mean time of `reps` back-to-back calls."""
-    from symmem.bench._timing import time_us
+    from ...timing import time_us
     return statistics.median(time_us(fn, reps) / 1000 for _ in range(batches))
 
 
@@ -197,13 +197,13 @@ def world1_vs_mm(csv_path, commit, shapes, dtype, reps):
     finally:
         comm.close()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    dtype_name = str(dtype).replace("torch.", "")
-    command = (f"python3 -m symmem.triton.examples.all_gather_matmul --world1-vs-mm --dtype {dtype_name} "
+    type_name = str(dtype).replace("torch.", "")  # named apart from dtype_name, the helper called above
+    command = (f"python3 -m symmem.triton.examples.all_gather_matmul --world1-vs-mm --dtype {type_name} "
                f"--m {','.join(str(r[0]) for r in rows)} --n {rows[0][1]} --k {rows[0][2]}")
     with open(csv_path, "w") as f:
         f.write("date,commit,gpu,dtype,m,n,k,config,triton_ms,torch_mm_ms,ratio,max_rel_error,command\n")
         for m, n, k, (ours, theirs, config, error) in rows:
-            f.write(f"{date},{commit},{gpu},{dtype_name},{m},{n},{k},"
+            f.write(f"{date},{commit},{gpu},{type_name},{m},{n},{k},"
                     f"\"{config}\",{ours:.4f},{theirs:.4f},{ours / theirs:.4f},{error:.3e},\"{command}\"\n")
     return rows
 

@@ -1,4 +1,6 @@
-"""The GPU time of back-to-back calls, as every benchmark here measures it."""
+"""The GPU time of back-to-back calls, as symmem's benchmarks (symmem.bench) and the examples'
+measurements (symmem.triton.examples.all_gather_matmul --world1-vs-mm) take it: written here once,
+for them and for a user timing symmem beside another library. Needs torch and a GPU."""
 import torch
 
 
