@@ -100,7 +100,8 @@ def test_the_cuda_kernels_refuse_a_check_of_one_ranks_tensors_not_an_agreed_argu
             self.calls.append(("refuse", op, stream))
             return SymmemError(code, f"{op}: rank 0 refused the call: {message}")
 
-    comm = fake_group("fake-a2a-refusal", 2, Core(), stream=7)
+    comm = fake_group("fake-a2a-refusal", 2, stream=7)
+    comm.core = Core()
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=7))
     x, out = torch.zeros(6, 4), torch.zeros(8, 4)
     oso = torch.zeros(2, 4, dtype=torch.int64)
@@ -453,7 +454,7 @@ def test_closing_or_creating_a_context_during_graph_capture_is_refused(group_nam
     # synchronisation, then a barrier) and the counts (cudaFree), creation allocates; inside a
     # capture that invalidated the capture and left the ranks part way through the collective.
     # They are refused before anything happens, and work once the capture is over.
-    from symmem.torch import moe
+    from symmem.torch import groups, moe
     context, calls = _device_context(fake_group, "ep-capture")
     ep = object.__new__(moe.ExpertParallel)
     ep.__dict__.update(cpu=False, closed=False, id=-1, _impl=context)
@@ -463,7 +464,7 @@ def test_closing_or_creating_a_context_during_graph_capture_is_refused(group_nam
         ep.close()
     assert calls == [] and not ep.closed and moe._contexts.get(ep.id) is ep
     built = []
-    monkeypatch.setattr(moe, "Communicator", lambda group: built.append(group))
+    monkeypatch.setattr(groups.GroupState, "communicator", lambda state, purpose=None: built.append(state))
     monkeypatch.setattr(moe.dist, "get_backend", lambda group: "nccl")
     with pytest.raises(RuntimeError, match="cannot run during CUDA graph capture"):
         moe.ExpertParallel(num_experts=4, topk=1, hidden=128, max_tokens_per_rank=4)

@@ -194,9 +194,9 @@ def test_tp_all_reduce_stops_serving_a_destroyed_group(group_name, monkeypatch):
     # Every entry point refuses a destroyed group; a TPAllReduce made before kept serving it (on
     # the group's communicator, retired only at symmem's next release point) until then.
     import torch.distributed as dist
-    from symmem.torch import _route, tp_all_reduce
+    from symmem.torch import _route, groups, tp_all_reduce
     sub = dist.new_group([0])
-    monkeypatch.setattr(tp_all_reduce, "Communicator", lambda group: _Comm(nodes=1))
+    monkeypatch.setattr(groups.GroupState, "communicator", lambda state, purpose=None: _Comm(nodes=1))
     tp = tp_all_reduce.TPAllReduce(sub)
     served = []
     monkeypatch.setattr(_route, "all_reduce", lambda comm, out, inp, op: served.append(op))
