@@ -11,6 +11,7 @@
 #include "capi/c_api_comm.hpp"
 #include "capi/callback_bootstrap.hpp"
 #include "comm/refusal.hpp"
+#include "plan/algorithms.hpp"
 #include "symmem/symmem.hpp"
 
 namespace symmem::detail {
@@ -41,8 +42,6 @@ Operand symmetric_operand_at(Communicator& comm, const void* ptr, size_t bytes) 
   return Operand(buffer, static_cast<size_t>(static_cast<const char*>(ptr) - static_cast<const char*>(buffer->ptr())));
 }
 
-enum Collective { kAllGather = 0, kAllReduce = 1, kReduceScatter = 2 };  // symmem_describe's numbering
-
 // A call's two operands: the gathered side (all-gather output, reduce-scatter input) holds world
 // times `count` elements, the other side `count`.
 struct CallOperands {
@@ -53,8 +52,8 @@ CallOperands operands_of(Collective collective, Communicator& comm, const void* 
                          DataType type) {
   const size_t bytes = count * dtype_size(type);
   const size_t world_bytes = bytes * comm.world();
-  return {operand_at(comm, out, collective == kAllGather ? world_bytes : bytes),
-          operand_at(comm, in, collective == kReduceScatter ? world_bytes : bytes)};
+  return {operand_at(comm, out, collective == Collective::kAllGather ? world_bytes : bytes),
+          operand_at(comm, in, collective == Collective::kReduceScatter ? world_bytes : bytes)};
 }
 
 DataType dtype_of(int dtype) {
@@ -142,6 +141,13 @@ const char* symmem_reduce_op_name(int op) {
   return std::strcmp(name, "?") == 0 ? nullptr : name;
 }
 
+const char* symmem_collective_name(int collective) {
+  using symmem::detail::Collective;
+  return collective >= 0 && collective < symmem::detail::kCollectives
+             ? symmem::detail::collective_name(static_cast<Collective>(collective))
+             : nullptr;
+}
+
 int symmem_comm_create(int rank, int world, int device, symmem_all_gather_fn all_gather, symmem_barrier_fn barrier,
                        void* context, int64_t timeout_ms, size_t workspace_bytes, symmem_comm** out) {
   return c_api_guard([&] {
@@ -218,7 +224,7 @@ int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kAllGather, c, out, in, count, type);
+    auto [o, i] = operands_of(symmem::detail::Collective::kAllGather, c, out, in, count, type);
     symmem::all_gather(o, i, count, type, c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
@@ -258,7 +264,7 @@ int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kAllReduce, c, out, in, count, type);
+    auto [o, i] = operands_of(symmem::detail::Collective::kAllReduce, c, out, in, count, type);
     symmem::all_reduce(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
@@ -268,7 +274,7 @@ int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t c
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kReduceScatter, c, out, in, count, type);
+    auto [o, i] = operands_of(symmem::detail::Collective::kReduceScatter, c, out, in, count, type);
     symmem::reduce_scatter(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
@@ -279,18 +285,19 @@ int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
     const symmem::CollectiveOptions options = options_of(algo, blocks, max_blocks);
-    if (collective < symmem::detail::kAllGather || collective > symmem::detail::kReduceScatter)
+    using symmem::detail::Collective;
+    const auto which = static_cast<Collective>(collective);
+    if (collective < 0 || collective >= symmem::detail::kCollectives || which == Collective::kAllToAll)
       throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
-                          "symmem_describe: collective " + std::to_string(collective) + " is not 0, 1 or 2");
-    const auto which = static_cast<symmem::detail::Collective>(collective);
+                          "symmem_describe: collective " + std::to_string(collective) +
+                              " is none of all_gather, all_reduce, reduce_scatter (symmem_describe_all_to_all "
+                              "describes all_to_all)");
     auto [o, i] = operands_of(which, c, out, in, count, type);
     std::string plan;
     switch (which) {
-      case symmem::detail::kAllGather: plan = symmem::describe_all_gather(o, i, count, type, c, options); break;
-      case symmem::detail::kAllReduce: plan = symmem::describe_all_reduce(o, i, count, type, c, options); break;
-      case symmem::detail::kReduceScatter:
-        plan = symmem::describe_reduce_scatter(o, i, count, type, c, options);
-        break;
+      case Collective::kAllGather: plan = symmem::describe_all_gather(o, i, count, type, c, options); break;
+      case Collective::kAllReduce: plan = symmem::describe_all_reduce(o, i, count, type, c, options); break;
+      default: plan = symmem::describe_reduce_scatter(o, i, count, type, c, options); break;
     }
     if (text && text_bytes) {
       const size_t n = std::min(plan.size(), text_bytes - 1);
