@@ -17,12 +17,10 @@
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/env.hpp"
-#include "common/hash.hpp"
 #include "common/stream_capture.hpp"
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
 #include "plan/capacity_failure.hpp"
-#include "plan/moe_combine_path.hpp"
 #include "plan/shared_gpu.hpp"
 #include "workspace/user_call_area.hpp"
 
@@ -288,77 +286,6 @@ bool Communicator::aborted() const {
          (st.board && (st.status_host()->code != 0 || *st.board->abort_word() != 0));
 }
 
-namespace {
-
-// Reads every setting the ranks must share, then checks that every rank read the same values:
-// a plan may depend on them, and ranks that plan differently corrupt each other's memory.
-detail::AgreedSettings read_settings(const CommConfig& config, const detail::TuningTable& tuning) {
-  detail::AgreedSettings a;
-  const std::string forced = env::forced_algo();
-  if (!forced.empty() && !parse_algo(forced, &a.forced_algo))
-    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_ALGO='" + forced + "' names no algorithm");
-  a.forced_blocks = env::forced_blocks();
-  a.push_bulk = env::push_bulk();
-  const std::string direction = env::copy_engine_direction();
-  if (direction != "push" && direction != "pull")
-    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_CE_DIRECTION='" + direction + "' is neither push nor pull");
-  a.copy_engine_push = direction == "push";
-  a.copy_engine_streams = env::copy_engine_streams();
-  a.copy_engine_batch = env::copy_engine_batch();
-  a.copy_engine_piece_bytes = env::copy_engine_piece_bytes();
-  const std::string combine = env::moe_combine_path();
-  if (combine != "auto" && combine != "bulk" && combine != "registers")
-    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_MOE_COMBINE='" + combine + "' is none of auto, bulk, registers");
-  a.moe_combine_path = int(combine == "bulk"        ? detail::MoeCombinePath::kBulk
-                           : combine == "registers" ? detail::MoeCombinePath::kRegisters
-                                                    : detail::MoeCombinePath::kAuto);
-  a.workspace_bytes = config.workspace_bytes ? config.workspace_bytes : env::workspace_bytes();
-  a.timeout_ms = config.timeout_ms > 0 ? config.timeout_ms : env::timeout_ms();
-  a.tuning_hash = detail::Fnv1a().text(detail::format_tuning_table(tuning)).digest();
-  return a;
-}
-
-void agree_on_settings(const detail::AgreedSettings& mine, Bootstrap& bootstrap, int rank, int world) {
-  std::vector<detail::AgreedSettings> all(world);
-  bootstrap.all_gather(&mine, all.data(), sizeof(mine));
-  for (int r = 0; r < world; ++r) {
-    const detail::AgreedSettings& o = all[r];
-    auto differ = [&](const char* name, const std::string& theirs, const std::string& ours) {
-      throw Error(ErrorCode::kInvalidArgument, std::string("Communicator::create: ") + name +
-                                                   " differs across ranks: rank " + std::to_string(r) + " has " +
-                                                   theirs + ", rank " + std::to_string(rank) + " has " + ours +
-                                                   "; set it identically for every rank");
-    };
-    if (o.forced_algo != mine.forced_algo) differ("SYMMEM_ALGO", algo_name(o.forced_algo), algo_name(mine.forced_algo));
-    if (o.forced_blocks != mine.forced_blocks)
-      differ("SYMMEM_BLOCKS", std::to_string(o.forced_blocks), std::to_string(mine.forced_blocks));
-    if (o.push_bulk != mine.push_bulk)
-      differ("SYMMEM_PUSH_BULK", std::to_string(o.push_bulk), std::to_string(mine.push_bulk));
-    if (o.copy_engine_push != mine.copy_engine_push)
-      differ("SYMMEM_CE_DIRECTION", o.copy_engine_push ? "push" : "pull", mine.copy_engine_push ? "push" : "pull");
-    if (o.copy_engine_streams != mine.copy_engine_streams)
-      differ("SYMMEM_CE_STREAMS", std::to_string(o.copy_engine_streams), std::to_string(mine.copy_engine_streams));
-    if (o.copy_engine_batch != mine.copy_engine_batch)
-      differ("SYMMEM_CE_BATCH", std::to_string(o.copy_engine_batch), std::to_string(mine.copy_engine_batch));
-    if (o.copy_engine_piece_bytes != mine.copy_engine_piece_bytes)
-      differ("SYMMEM_CE_PIECE_KB", std::to_string(o.copy_engine_piece_bytes >> 10),
-             std::to_string(mine.copy_engine_piece_bytes >> 10));
-    if (o.moe_combine_path != mine.moe_combine_path)
-      differ("SYMMEM_MOE_COMBINE", std::to_string(o.moe_combine_path), std::to_string(mine.moe_combine_path));
-    if (o.workspace_bytes != mine.workspace_bytes)
-      differ("the workspace budget (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB)",
-             std::to_string(o.workspace_bytes), std::to_string(mine.workspace_bytes));
-    if (o.timeout_ms != mine.timeout_ms)
-      differ("the timeout (CommConfig::timeout_ms / SYMMEM_TIMEOUT_MS)", std::to_string(o.timeout_ms),
-             std::to_string(mine.timeout_ms));
-    if (o.tuning_hash != mine.tuning_hash)
-      differ("the tuning table (SYMMEM_TUNING_FILE or the GPU model)", "hash " + std::to_string(o.tuning_hash),
-             "hash " + std::to_string(mine.tuning_hash));
-  }
-}
-
-}  // namespace
-
 std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bootstrap, int device,
                                                    const CommConfig& config) {
   if (!bootstrap) throw Error(ErrorCode::kInvalidArgument, "Communicator::create: no bootstrap");
@@ -418,9 +345,9 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   }
 
   st.tuning = &detail::tuning_table_for(st.gpu_name);
-  st.settings = read_settings(config, *st.tuning);
+  st.settings = detail::read_agreed_settings(config, *st.tuning);
   st.debug = env::debug();
-  agree_on_settings(st.settings, *st.job_bootstrap, layout.rank, layout.world);
+  detail::agree_on_settings(st.settings, *st.job_bootstrap, layout.rank, layout.world);
   // Tests only: ranks sharing a GPU share its hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, at
   // most 32). A stream wait at the head of a queue holds every stream mapped to it, so eight ranks
   // with four copy-engine streams each (40 streams) put one rank's kernel behind another rank's wait
