@@ -208,7 +208,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   s.epochs = st.epochs;
   s.call_counter = st.epochs + kMaxBlocks;
   s.failure_claim = st.epochs + kMaxBlocks + 2;
-  s.status = &st.board->device_page(st.rank)->status;
+  s.failure = &st.board->device_page(st.rank)->status;
   s.abort = st.board->device_abort_word();
   s.timeout_ns = static_cast<uint64_t>(st.timeout_ms()) * 1000000ull;
   s.rank = st.rank;
