@@ -7,10 +7,12 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <utility>
 
+#include "common/json_reader.hpp"
 #include "symmem/error.hpp"
 
 namespace symmem::detail {
@@ -22,6 +24,27 @@ struct ShippedTable {  // as cmake/embed_tuning.cmake generates it
   const char* json;
 };
 #endif
+
+// Where every table says it comes from (a Table's gpu, command and date): read_origin reads the
+// value of one of those keys into `t` (false for any other key), write_origin writes them as the
+// table's JSON opens, `{"gpu": ..., "command": ..., "date": ...` (the caller goes on).
+template <typename Table>
+bool read_origin(FlatJsonReader& r, const std::string& key, Table& t) {
+  if (key == "gpu")
+    t.gpu = r.string();
+  else if (key == "command")
+    t.command = r.string();
+  else if (key == "date")
+    t.date = r.string();
+  else
+    return false;
+  return true;
+}
+template <typename Table>
+void write_origin(std::ostream& o, const Table& t) {
+  o << "{\n  \"gpu\": " << json_quote(t.gpu) << ",\n  \"command\": " << json_quote(t.command)
+    << ",\n  \"date\": " << json_quote(t.date);
+}
 
 // The table for `gpu_name`, parsed by `parse` (JSON text -> Table) once per name: the file that
 // `path_of()` names when it names one (the environment variable `variable`; an unreadable file is

@@ -74,19 +74,12 @@ CutoverTable parse_cutover_table(const std::string& json) {
   CutoverTable t;
   Reader r(json, "NCCL cutover table");
   r.object([&](const std::string& key) {
-    if (key == "entries") {
+    if (key == "entries")
       r.array([&] { t.entries.push_back(parse_entry(r)); });
-    } else if (key == "gpu") {
-      t.gpu = r.string();
-    } else if (key == "command") {
-      t.command = r.string();
-    } else if (key == "date") {
-      t.date = r.string();
-    } else if (key == "workspace_mb") {
+    else if (key == "workspace_mb")
       t.workspace_bytes = static_cast<size_t>(r.number()) << 20;
-    } else {
-      return false;
-    }
+    else
+      return detail::read_origin(r, key, t);
     return true;
   });
   r.done();
@@ -95,9 +88,8 @@ CutoverTable parse_cutover_table(const std::string& json) {
 
 std::string format_cutover_table(const CutoverTable& t) {
   std::ostringstream o;
-  o << "{\n  \"gpu\": " << json_quote(t.gpu) << ",\n  \"command\": " << json_quote(t.command)
-    << ",\n  \"date\": " << json_quote(t.date) << ",\n  \"workspace_mb\": " << (t.workspace_bytes >> 20)
-    << ",\n  \"entries\": [\n";
+  detail::write_origin(o, t);
+  o << ",\n  \"workspace_mb\": " << (t.workspace_bytes >> 20) << ",\n  \"entries\": [\n";
   for (size_t i = 0; i < t.entries.size(); ++i) {
     const auto& e = t.entries[i];
     o << "    {\"op\": " << json_quote(e.op) << ", \"world\": " << e.world << ", \"buffers\": \""

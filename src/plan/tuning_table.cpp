@@ -52,16 +52,8 @@ TuningTable parse_tuning_table(const std::string& json) {
   TuningTable t;
   Reader r(json, "tuning table");
   r.object([&](const std::string& key) {
-    if (key == "entries")
-      r.array([&] { t.entries.push_back(parse_entry(r)); });
-    else if (key == "gpu")
-      t.gpu = r.string();
-    else if (key == "command")
-      t.command = r.string();
-    else if (key == "date")
-      t.date = r.string();
-    else
-      return false;
+    if (key != "entries") return read_origin(r, key, t);
+    r.array([&] { t.entries.push_back(parse_entry(r)); });
     return true;
   });
   r.done();
@@ -70,8 +62,8 @@ TuningTable parse_tuning_table(const std::string& json) {
 
 std::string format_tuning_table(const TuningTable& t) {
   std::ostringstream o;
-  o << "{\n  \"gpu\": " << json_quote(t.gpu) << ",\n  \"command\": " << json_quote(t.command)
-    << ",\n  \"date\": " << json_quote(t.date) << ",\n  \"entries\": [\n";
+  write_origin(o, t);
+  o << ",\n  \"entries\": [\n";
   for (size_t i = 0; i < t.entries.size(); ++i) {
     const auto& e = t.entries[i];
     o << "    {\"op\": " << json_quote(e.op) << ", \"world\": " << e.world << ", \"max_bytes\": " << e.max_bytes
