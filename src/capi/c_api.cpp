@@ -126,7 +126,7 @@ const char* symmem_reduce_op_name(int op) {
 
 const char* symmem_collective_name(int collective) {
   using symmem::detail::Collective;
-  return collective >= 0 && collective < symmem::detail::kCollectives
+  return collective >= 0 && collective < symmem::detail::kCollectiveCount
              ? symmem::detail::collective_name(static_cast<Collective>(collective))
              : nullptr;
 }
@@ -270,7 +270,7 @@ int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in
     const symmem::CollectiveOptions options = options_of(algo, blocks, max_blocks);
     using symmem::detail::Collective;
     const auto which = static_cast<Collective>(collective);
-    if (collective < 0 || collective >= symmem::detail::kCollectives || which == Collective::kAllToAll)
+    if (collective < 0 || collective >= symmem::detail::kCollectiveCount || which == Collective::kAllToAll)
       throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
                           "symmem_describe: collective " + std::to_string(collective) +
                               " is none of all_gather, all_reduce, reduce_scatter (symmem_describe_all_to_all "

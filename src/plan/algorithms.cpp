@@ -125,7 +125,7 @@ const Algorithm* find_algorithm(Collective collective, Algo algo) {
   // Every call plans through here a few times: an index by (collective, enumerator), built once.
   constexpr int kSlots = 32;
   struct Index {
-    const Algorithm* rows[kCollectives][kSlots] = {};
+    const Algorithm* rows[kCollectiveCount][kSlots] = {};
     Index() {
       for (const Algorithm& a : kAlgorithms)
         for (Algo name : {a.algo, a.alias})

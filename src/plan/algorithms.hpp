@@ -15,7 +15,7 @@ namespace symmem::detail {
 // The collectives, numbered once: the C ABI (symmem_collective_name, symmem_describe) and the
 // Python package (symmem._native.COLLECTIVES) read this numbering, never copy it.
 enum class Collective : uint8_t { kAllGather, kAllReduce, kReduceScatter, kAllToAll };
-constexpr int kCollectives = 4;  // one past the last Collective
+constexpr int kCollectiveCount = 4;  // one past the last Collective
 // "all_gather", "all_reduce", "reduce_scatter", "all_to_all"; "?" for no collective
 const char* collective_name(Collective collective);
 
