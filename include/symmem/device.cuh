@@ -49,43 +49,79 @@ __device__ __forceinline__ uint32_t* peer_signal(const Buffer::DeviceHandle& h, 
 }
 
 // ---- Failure ------------------------------------------------------------------------------------
+//
+// A wait spins on one acquire load (the only instruction of its hot loop); every 256 spins it also
+// reads the communicator's abort word and the clock (keep_waiting). It fails in three ways, each
+// recorded in this rank's failure record by the first wait of this rank that fails:
+//   - timeout:  the peer's flag did not come before the deadline;
+//   - mismatch: the peer's flag came, but from a different call (its signature differs);
+//   - aborted:  the abort word is set: another rank (or this rank's copy-engine watchdog) failed.
+// The first two also set the abort word (after a system fence that publishes the record), so every
+// wait of every rank leaves within 256 spins and every host can name the rank that failed first.
+// The failure record and the abort word live in host memory shared by every rank (the host board):
+// they are read with volatile loads (never cached) and only every 256 spins, since one read is a
+// PCIe round trip. Polling the abort word alone is enough: every recorder of a timeout or mismatch
+// sets it after its record, so a failure of this rank's own is seen there too.
+//
+// These functions are the library's own waits as well: `Sync` is UserSync in users' kernels, and
+// the library's synchronisation arguments in its collectives (the same fields: failure,
+// failure_claim, abort, timeout_ns, rank, signature; failure_op(s) names the call's kind).
 
-// Records this rank's failure; the first failure of this rank wins (a later one changes nothing).
-// A timeout or mismatch also sets the abort word, after a system fence that publishes the record.
-// The winner is elected on a word in device memory (an atomic on host memory is atomic only on
-// hosts with native host atomics); the record's code is written last.
-__device__ __forceinline__ void record_failure(const UserSync& s, uint32_t code, int peer, int phase,
-                                               uint32_t peer_signature) {
+// The kind of call a user kernel's failure record names.
+__device__ __forceinline__ uint32_t failure_op(const UserSync&) { return kUserCallOp; }
+
+// Records this rank's failure as block `block`'s; the first failure of this rank wins (a later one
+// changes nothing). A timeout or mismatch also sets the abort word; `aborted` does not (it was set
+// already). The winner is elected on a word in device memory: the record lives in host memory,
+// where an atomic is atomic only on hosts with native host atomics (not x86 over PCIe;
+// compute-sanitizer rejects it there). The record's code is written last, so a host that sees it
+// sees the rest. (The copy-engine watchdog records host-side failures into the same record with a
+// CPU atomic; both ask whether the code is still 0 first, so at worst two failures at the same
+// instant mix.)
+template <typename Sync>
+__device__ __forceinline__ void record_failure_at(const Sync& s, uint32_t code, int peer, int32_t block, int phase,
+                                                  uint32_t peer_signature) {
+  // Cheap test first: after an abort every waiting thread comes here; one volatile read each
+  // instead of a storm of atomics on the same word.
   if (ld_volatile_u32(&s.failure->code) != kFailureNone) return;
   if (atomicCAS(s.failure_claim, 0u, 1u) != 0u) {
-    // Another wait of this rank is writing the record: return once it is visible, so that no
-    // kernel ends unreported. Bounded by the deadline as every wait is.
-    const uint64_t start = global_timer_ns();
-    while (ld_volatile_u32(&s.failure->code) == kFailureNone && global_timer_ns() - start <= s.timeout_ns) {
+    // Another wait of this rank is writing the record: return only once it is visible, or a
+    // kernel of another stream could end first and its stream pass synchronize() unreported.
+    // Bounded without a clock: the winner stores the code straight away, waiting for nothing (or
+    // found one the watchdog stored), and independent thread scheduling lets it run even when it
+    // shares this thread's warp.
+    while (ld_volatile_u32(&s.failure->code) == kFailureNone) {
     }
     return;
   }
-  if (ld_volatile_u32(&s.failure->code) != kFailureNone) return;  // a watchdog's, meanwhile
-  uint32_t* record = reinterpret_cast<uint32_t*>(s.failure);
-  st_volatile_u32(record + 1, kUserCallOp);
-  st_volatile_u32(record + 2, static_cast<uint32_t>(s.rank));
-  st_volatile_u32(record + 3, static_cast<uint32_t>(peer));
-  st_volatile_u32(record + 4, blockIdx.x);
-  st_volatile_u32(record + 5, static_cast<uint32_t>(phase));
-  st_volatile_u32(record + 6, s.signature);
-  st_volatile_u32(record + 7, peer_signature);
+  if (ld_volatile_u32(&s.failure->code) != kFailureNone) return;  // the watchdog's, meanwhile
+  s.failure->op = failure_op(s);
+  s.failure->rank = s.rank;
+  s.failure->peer = peer;
+  s.failure->block = block;
+  s.failure->phase = phase;
+  s.failure->signature = s.signature;
+  s.failure->peer_signature = peer_signature;
   fence_acq_rel_sys();
   st_volatile_u32(&s.failure->code, code);
-  fence_acq_rel_sys();  // the record is visible before the abort word
+  fence_acq_rel_sys();  // publishes the record (to every host, and before the abort word below)
   if (code != kFailureAborted) {
     st_volatile_u32(s.abort, 1u);
-    fence_acq_rel_sys();  // push it out now: the other ranks' waits are polling it
+    fence_acq_rel_sys();  // pushes the abort word out now: the other ranks' waits are polling it
   }
 }
 
+// The usual record: the block that failed is this one.
+template <typename Sync>
+__device__ __forceinline__ void record_failure(const Sync& s, uint32_t code, int peer, int phase,
+                                               uint32_t peer_signature) {
+  record_failure_at(s, code, peer, static_cast<int32_t>(blockIdx.x), phase, peer_signature);
+}
+
 // The slow half of every wait, every 256 spins: false, after recording why, once the communicator
-// is aborted or the deadline has passed.
-__device__ __forceinline__ bool keep_waiting(const UserSync& s, uint64_t start, int peer, int phase) {
+// is aborted or the deadline (counted from `start`) has passed.
+template <typename Sync>
+__device__ __forceinline__ bool keep_waiting(const Sync& s, uint64_t start, int peer, int phase) {
   if (ld_volatile_u32(s.abort) != 0u) {
     record_failure(s, kFailureAborted, peer, phase, 0);
     return false;
@@ -173,14 +209,26 @@ __device__ __forceinline__ void epoch_commit(const UserSync& s, uint32_t epoch) 
   if (threadIdx.x == 0) s.epochs[blockIdx.x % kUserMaxBlocks] = epoch;
 }
 
-// Waits until the peer's barrier flag carries epoch `epoch` or the next one (a peer one call
-// ahead: it passed this barrier on this rank's flag of `epoch`, so the calls matched). An equal
-// epoch with another signature is a peer in a different call (mismatch).
-__device__ __forceinline__ bool wait_barrier_flag(const UserSync& s, const uint64_t* flag, uint32_t epoch, int peer,
+// Waits until the peer's barrier flag (64 bits: {epoch << 32 | signature}, stored by one
+// single-copy-atomic release) carries epoch `epoch` or the next one (modulo 2^32).
+//   Equal epoch: the flag is the peer's for this same barrier, so it must carry our signature;
+//   another one means the peer called something else (mismatch: one compare after the flag came,
+//   nothing in the loop).
+//   Next epoch: the peer's block finished its call of `epoch`, which needed its first barrier to
+//   pass on this rank's flag of exactly `epoch` (this rank has not passed: it stored no later one)
+//   carrying the peer's own signature; so the calls matched, and the later flag's signature (of
+//   the peer's next call) is not ours to check. This happens after a one-barrier kernel: the peer
+//   leaves it on seeing this rank's flag and may store its next call's flag before this rank has
+//   read the current one.
+// False on timeout, mismatch or abort.
+template <typename Sync>
+__device__ __forceinline__ bool wait_barrier_flag(const Sync& s, const uint64_t* flag, uint32_t epoch, int peer,
                                                   int phase) {
   const uint64_t start = global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
     const uint64_t f = ld_acquire_sys_u64(flag);
+    // A peer is at most one call ahead (it needs this rank's flag of `epoch` to go further), so
+    // only 0 and 1 count as arrived: a stale flag of a phase unused for 2^31 calls must not pass.
     const uint32_t ahead = static_cast<uint32_t>(f >> 32) - epoch;
     if (ahead <= 1u) {
       const uint32_t signature = static_cast<uint32_t>(f);

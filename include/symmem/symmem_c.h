@@ -37,6 +37,9 @@ const char* symmem_error_code_id(int code);
  * ("float32", ..., "sum", ...); NULL past the last. Bindings read them instead of copying them. */
 const char* symmem_dtype_name(int dtype);
 const char* symmem_reduce_op_name(int op);
+/* The collectives' names by number ("all_gather", "all_reduce", "reduce_scatter", "all_to_all");
+ * NULL past the last. symmem_describe takes this numbering. */
+const char* symmem_collective_name(int collective);
 
 /* Collective. timeout_ms <= 0 and workspace_bytes == 0 take the environment's defaults. The
  * callbacks and their context must outlive the communicator. */
@@ -83,8 +86,8 @@ int symmem_all_gather_matmul(symmem_comm* comm, void* c, void* gathered_a, const
 int symmem_matmul_reduce_scatter(symmem_comm* comm, void* c_shard, void* workspace, const void* a, const void* b,
                                  int64_t m, int64_t n, int64_t k, int dtype, void* stream, int b_layout);
 size_t symmem_matmul_reduce_scatter_workspace_bytes(int64_t m, int64_t n);
-/* The plan a call would run (collective: 0 all_gather, 1 all_reduce, 2 reduce_scatter), or the
- * error it would raise; nothing is launched. */
+/* The plan a call would run (collective, as symmem_collective_name numbers it: all_gather,
+ * all_reduce or reduce_scatter), or the error it would raise; nothing is launched. */
 int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in, size_t count, int dtype, int algo,
                     int blocks, int max_blocks, char* text, size_t text_bytes);
 int symmem_parse_algo(const char* name, int* algo);

@@ -37,6 +37,7 @@ _SIGNATURES = {
     "symmem_error_code_id": (c_char_p, [c_int]),
     "symmem_dtype_name": (c_char_p, [c_int]),
     "symmem_reduce_op_name": (c_char_p, [c_int]),
+    "symmem_collective_name": (c_char_p, [c_int]),
     "symmem_comm_create": (c_int, [c_int, c_int, c_int, ALL_GATHER_FN, BARRIER_FN, c_void_p, c_int64, c_size_t,
                                    ctypes.POINTER(c_void_p)]),
     "symmem_comm_create_from_env": (c_int, [c_int, ctypes.POINTER(c_void_p)]),
@@ -126,8 +127,8 @@ def _names(name_of, first=0):
         value += 1
 
 
-# symmem::ErrorCode, symmem::DataType and symmem::ReduceOp as the library names them (a C ABI return
-# code is 1 + an ErrorCode value): read from the C ABI, never copied by hand.
+# symmem::ErrorCode, symmem::DataType, symmem::ReduceOp and the collectives as the library names and
+# numbers them (a C ABI return code is 1 + an ErrorCode value): read from the C ABI, never copied by hand.
 class _StrEnum(str, enum.Enum):  # enum.StrEnum before Python 3.11: a member is its name as a str
     def __str__(self):
         return self.value
@@ -139,7 +140,7 @@ ErrorCode.__doc__ = "symmem::ErrorCode: kInvalidArgument, kUnsupported, kTimeout
 ERROR_CODES = tuple(ErrorCode)
 DTYPES = {name: value for value, name in enumerate(_names(lib.symmem_dtype_name))}
 REDUCE_OPS = {name: value for value, name in enumerate(_names(lib.symmem_reduce_op_name))}
-COLLECTIVES = {"all_gather": 0, "all_reduce": 1, "reduce_scatter": 2}  # symmem_describe's numbering
+COLLECTIVES = {name: value for value, name in enumerate(_names(lib.symmem_collective_name))}  # as symmem_describe
 MATRIX_LAYOUTS = {"row_major": 0, "column_major": 1}  # symmem::MatrixLayout: the fused ops' b_layout
 
 

@@ -18,4 +18,16 @@ namespace symmem::detail {
 void agree_on_outcome(Bootstrap& bootstrap, std::exception_ptr local_failure, const std::function<void()>& release,
                       const std::string& what);
 
+// One step of such a collective: runs `step` here, then agrees on whether it threw on any rank.
+template <typename Step>
+void agree_on_step(Bootstrap& bootstrap, Step&& step, const std::function<void()>& release, const std::string& what) {
+  std::exception_ptr failure;
+  try {
+    step();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_on_outcome(bootstrap, failure, release, what);
+}
+
 }  // namespace symmem::detail

@@ -10,7 +10,9 @@
 #include "capi/c_api_guard.hpp"
 #include "capi/c_api_comm.hpp"
 #include "capi/callback_bootstrap.hpp"
+#include "collectives/entry_points.hpp"
 #include "comm/refusal.hpp"
+#include "plan/algorithms.hpp"
 #include "symmem/symmem.hpp"
 
 namespace symmem::detail {
@@ -18,16 +20,13 @@ namespace symmem::detail {
 namespace {
 thread_local std::string last_error;
 
-// A symmetric operand is a whole heap buffer: the same start and size on every rank whenever the
-// ranks allocated alike, whatever views they take of it. Anything else, views into the heap
-// included, is local: a view's offset may depend on the rank (rank r's shard starts at the base on
-// rank 0 only), and ranks that disagreed on an operand's kind or offset would all fail kMismatch.
-// In-place all-gathers still run in place: the core recognises the input at this rank's slot.
-Operand operand_at(Communicator& comm, const void* ptr, size_t bytes) {
-  Buffer* buffer = comm.find(ptr, bytes ? bytes : 1);
-  if (buffer && buffer->ptr() == ptr && buffer->size() == bytes) return Operand(buffer, 0);
-  return Operand(ptr);
-}
+// An operand of the collectives: symmetric when it is a whole heap buffer (the same start and size
+// on every rank whenever the ranks allocated alike, whatever views they take of it); anything else,
+// views into the heap included, is local: a view's offset may depend on the rank (rank r's shard
+// starts at the base on rank 0 only), and ranks that disagreed on an operand's kind or offset would
+// all fail kMismatch. In-place calls still run in place: the core recognises the input at this
+// rank's slot. The call decides the kind with its one lookup (collectives/operands.hpp).
+CallOperand operand_at(const void* ptr) { return CallOperand::at_address(ptr); }
 
 // An operand that must be symmetric (all_gather_matmul's gathered_a, matmul_reduce_scatter's workspace): the heap buffer holding
 // [ptr, ptr + bytes) at ptr's offset in it. A view whose offset differs by rank is caught on the
@@ -39,22 +38,6 @@ Operand symmetric_operand_at(Communicator& comm, const void* ptr, size_t bytes) 
                                                  " (" + std::to_string(bytes) +
                                                  " bytes) is not inside one heap buffer of this communicator");
   return Operand(buffer, static_cast<size_t>(static_cast<const char*>(ptr) - static_cast<const char*>(buffer->ptr())));
-}
-
-enum Collective { kAllGather = 0, kAllReduce = 1, kReduceScatter = 2 };  // symmem_describe's numbering
-
-// A call's two operands: the gathered side (all-gather output, reduce-scatter input) holds world
-// times `count` elements, the other side `count`.
-struct CallOperands {
-  Operand out;
-  Operand in;
-};
-CallOperands operands_of(Collective collective, Communicator& comm, const void* out, const void* in, size_t count,
-                         DataType type) {
-  const size_t bytes = count * dtype_size(type);
-  const size_t world_bytes = bytes * comm.world();
-  return {operand_at(comm, out, collective == kAllGather ? world_bytes : bytes),
-          operand_at(comm, in, collective == kReduceScatter ? world_bytes : bytes)};
 }
 
 DataType dtype_of(int dtype) {
@@ -109,7 +92,6 @@ using symmem::detail::c_api_guard;
 using symmem::detail::checked;
 using symmem::detail::comm_of;
 using symmem::detail::dtype_of;
-using symmem::detail::operands_of;
 using symmem::detail::symmetric_operand_at;
 using symmem::detail::op_of;
 using symmem::detail::operand_at;
@@ -140,6 +122,13 @@ const char* symmem_dtype_name(int dtype) {
 const char* symmem_reduce_op_name(int op) {
   const char* name = op < 0 ? "?" : symmem::reduce_op_name(static_cast<symmem::ReduceOp>(op));
   return std::strcmp(name, "?") == 0 ? nullptr : name;
+}
+
+const char* symmem_collective_name(int collective) {
+  using symmem::detail::Collective;
+  return collective >= 0 && collective < symmem::detail::kCollectiveCount
+             ? symmem::detail::collective_name(static_cast<Collective>(collective))
+             : nullptr;
 }
 
 int symmem_comm_create(int rank, int world, int device, symmem_all_gather_fn all_gather, symmem_barrier_fn barrier,
@@ -218,8 +207,8 @@ int symmem_all_gather(symmem_comm* comm, void* out, const void* in, size_t count
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kAllGather, c, out, in, count, type);
-    symmem::all_gather(o, i, count, type, c, stream_of(stream), options_of(algo, blocks, max_blocks));
+    symmem::detail::all_gather_entry(operand_at(out), operand_at(in), count, type, c, stream_of(stream),
+                                     options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -258,8 +247,8 @@ int symmem_all_reduce(symmem_comm* comm, void* out, const void* in, size_t count
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kAllReduce, c, out, in, count, type);
-    symmem::all_reduce(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
+    symmem::detail::reduction_entry(symmem::detail::Collective::kAllReduce, operand_at(out), operand_at(in), count,
+                                    type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -268,8 +257,8 @@ int symmem_reduce_scatter(symmem_comm* comm, void* out, const void* in, size_t c
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
-    auto [o, i] = operands_of(symmem::detail::kReduceScatter, c, out, in, count, type);
-    symmem::reduce_scatter(o, i, count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
+    symmem::detail::reduction_entry(symmem::detail::Collective::kReduceScatter, operand_at(out), operand_at(in),
+                                    count, type, op_of(op), c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -279,19 +268,17 @@ int symmem_describe(symmem_comm* comm, int collective, void* out, const void* in
     symmem::Communicator& c = comm_of(comm);
     const symmem::DataType type = dtype_of(dtype);
     const symmem::CollectiveOptions options = options_of(algo, blocks, max_blocks);
-    if (collective < symmem::detail::kAllGather || collective > symmem::detail::kReduceScatter)
+    using symmem::detail::Collective;
+    const auto which = static_cast<Collective>(collective);
+    if (collective < 0 || collective >= symmem::detail::kCollectiveCount || which == Collective::kAllToAll)
       throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
-                          "symmem_describe: collective " + std::to_string(collective) + " is not 0, 1 or 2");
-    const auto which = static_cast<symmem::detail::Collective>(collective);
-    auto [o, i] = operands_of(which, c, out, in, count, type);
-    std::string plan;
-    switch (which) {
-      case symmem::detail::kAllGather: plan = symmem::describe_all_gather(o, i, count, type, c, options); break;
-      case symmem::detail::kAllReduce: plan = symmem::describe_all_reduce(o, i, count, type, c, options); break;
-      case symmem::detail::kReduceScatter:
-        plan = symmem::describe_reduce_scatter(o, i, count, type, c, options);
-        break;
-    }
+                          "symmem_describe: collective " + std::to_string(collective) +
+                              " is none of all_gather, all_reduce, reduce_scatter (symmem_describe_all_to_all "
+                              "describes all_to_all)");
+    const std::string plan =
+        which == Collective::kAllGather
+            ? symmem::detail::describe_all_gather_entry(operand_at(out), operand_at(in), count, type, c, options)
+            : symmem::detail::describe_reduction_entry(which, operand_at(out), operand_at(in), count, type, c, options);
     if (text && text_bytes) {
       const size_t n = std::min(plan.size(), text_bytes - 1);
       std::memcpy(text, plan.data(), n);
@@ -304,9 +291,8 @@ int symmem_all_to_all(symmem_comm* comm, void* out, const void* in, size_t bytes
                       int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const size_t bytes = bytes_per_pair * static_cast<size_t>(c.world());
-    symmem::all_to_all(operand_at(c, out, bytes), operand_at(c, in, bytes), bytes_per_pair, c, stream_of(stream),
-                       options_of(algo, blocks, max_blocks));
+    symmem::detail::all_to_all_entry(operand_at(out), operand_at(in), bytes_per_pair, c, stream_of(stream),
+                                     options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -315,9 +301,8 @@ int symmem_all_to_all_v(symmem_comm* comm, void* out, size_t out_rows, const voi
                         int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    symmem::all_to_all_v(operand_at(c, out, out_rows * row_bytes), out_rows, operand_at(c, in, in_rows * row_bytes),
-                         in_rows, in_splits, out_splits, row_bytes, c, stream_of(stream),
-                         options_of(algo, blocks, max_blocks));
+    symmem::detail::all_to_all_v_entry(operand_at(out), out_rows, operand_at(in), in_rows, in_splits, out_splits,
+                                       row_bytes, c, stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -326,19 +311,13 @@ int symmem_all_to_all_vdev(symmem_comm* comm, void* out, size_t out_rows, const 
                            int64_t major_align, void* stream, int algo, int blocks, int max_blocks) {
   return c_api_guard([&] {
     symmem::Communicator& c = comm_of(comm);
-    const symmem::Operand o = operand_at(c, out, out_rows * row_bytes);
-    const symmem::Operand i = operand_at(c, in, in_rows * row_bytes);
-    if (major_align == 0) {
-      if (experts != 1)
-        throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
-                            "symmem_all_to_all_vdev: major_align 0 (the plain form) takes one expert, got " +
-                                std::to_string(experts));
-      symmem::all_to_all_vdev(o, out_rows, i, in_rows, in_splits, out_splits_offsets, row_bytes, c, stream_of(stream),
-                              options_of(algo, blocks, max_blocks));
-    } else {
-      symmem::all_to_all_vdev_2d(o, out_rows, i, in_rows, in_splits, out_splits_offsets, row_bytes, experts,
-                                 major_align, c, stream_of(stream), options_of(algo, blocks, max_blocks));
-    }
+    if (major_align == 0 && experts != 1)
+      throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
+                          "symmem_all_to_all_vdev: major_align 0 (the plain form) takes one expert, got " +
+                              std::to_string(experts));
+    symmem::detail::all_to_all_vdev_entry(operand_at(out), out_rows, operand_at(in), in_rows, in_splits,
+                                          out_splits_offsets, row_bytes, experts, major_align, major_align != 0, c,
+                                          stream_of(stream), options_of(algo, blocks, max_blocks));
   });
 }
 
@@ -350,12 +329,10 @@ int symmem_describe_all_to_all(symmem_comm* comm, int form, void* out, size_t ou
     const symmem::CollectiveOptions options = options_of(algo, blocks, max_blocks);
     std::string plan;
     if (form == 0) {
-      const size_t bytes = out_rows * static_cast<size_t>(c.world());
-      plan = symmem::describe_all_to_all(operand_at(c, out, bytes), operand_at(c, in, bytes), out_rows, c, options);
+      plan = symmem::detail::describe_all_to_all_entry(operand_at(out), operand_at(in), out_rows, c, options);
     } else if (form == 1 || form == 2) {
-      plan = symmem::describe_all_to_all_v(operand_at(c, out, out_rows * row_bytes), out_rows,
-                                           operand_at(c, in, in_rows * row_bytes), in_rows, row_bytes, form == 2,
-                                           experts, major_align, c, options);
+      plan = symmem::detail::describe_all_to_all_v_entry(operand_at(out), out_rows, operand_at(in), in_rows, row_bytes,
+                                                         form == 2, experts, major_align, c, options);
     } else {
       throw symmem::Error(symmem::ErrorCode::kInvalidArgument,
                           "symmem_describe_all_to_all: form " + std::to_string(form) + " is not 0, 1 or 2");

@@ -6,6 +6,7 @@
 
 #include "collectives/all_gather_paths.hpp"
 #include "board/call_signature.hpp"
+#include "collectives/entry_points.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
@@ -19,6 +20,7 @@
 namespace symmem {
 namespace {
 
+using detail::CallOperand;
 using detail::CommunicatorState;
 using detail::Resolved;
 
@@ -32,7 +34,7 @@ struct Prepared {
 };
 
 // `site`: where this rank's operand checks refuse the call (null: describe_all_gather).
-Prepared prepare(const Operand& out, const Operand& in, size_t count, DataType type, CommunicatorState& st,
+Prepared prepare(const CallOperand& out, const CallOperand& in, size_t count, DataType type, CommunicatorState& st,
                  const CollectiveOptions& options, const detail::RefusalSite* site) {
   Prepared p;
   p.bytes = count * dtype_size(type);
@@ -163,15 +165,8 @@ void run_chunk(const Prepared& p, CommunicatorState& st, uint32_t signature, siz
 
 }  // namespace
 
-std::string describe_all_gather(Operand out, Operand in, size_t count, DataType type, Communicator& comm,
-                                const CollectiveOptions& options) {
-  CommunicatorState& st = detail::state_of(comm);
-  detail::DeviceGuard guard(st.device);
-  return detail::describe(prepare(out, in, count, type, st, options, nullptr).plan);
-}
-
-void all_gather(Operand out, Operand in, size_t count, DataType type, Communicator& comm, cudaStream_t stream,
-                const CollectiveOptions& options) {
+void detail::all_gather_entry(const CallOperand& out, const CallOperand& in, size_t count, DataType type,
+                              Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable("all_gather");
   if (count == 0) return;
@@ -184,6 +179,23 @@ void all_gather(Operand out, Operand in, size_t count, DataType type, Communicat
   const size_t elem = dtype_size(type);
   for (const auto& chunk : detail::plan_chunks(count, p.plan.chunk_elements))
     run_chunk(p, st, signature, chunk.begin * elem, chunk.count * elem, stream);
+}
+
+std::string detail::describe_all_gather_entry(const CallOperand& out, const CallOperand& in, size_t count,
+                                              DataType type, Communicator& comm, const CollectiveOptions& options) {
+  CommunicatorState& st = detail::state_of(comm);
+  detail::DeviceGuard guard(st.device);
+  return detail::describe(prepare(out, in, count, type, st, options, nullptr).plan);
+}
+
+void all_gather(Operand out, Operand in, size_t count, DataType type, Communicator& comm, cudaStream_t stream,
+                const CollectiveOptions& options) {
+  detail::all_gather_entry(out, in, count, type, comm, stream, options);
+}
+
+std::string describe_all_gather(Operand out, Operand in, size_t count, DataType type, Communicator& comm,
+                                const CollectiveOptions& options) {
+  return detail::describe_all_gather_entry(out, in, count, type, comm, options);
 }
 
 }  // namespace symmem

@@ -8,6 +8,7 @@
 
 #include "board/call_signature.hpp"
 #include "collectives/all_gather_paths.hpp"
+#include "collectives/entry_points.hpp"
 #include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
@@ -25,6 +26,7 @@ namespace {
 
 using detail::AllToAllForm;
 using detail::AllToAllPlan;
+using detail::CallOperand;
 using detail::CommunicatorState;
 using detail::Resolved;
 
@@ -53,7 +55,7 @@ const char* name_of(AllToAllForm form, int64_t align) {
   return "all_to_all";
 }
 
-void resolve_operands(Prepared& p, const Operand& out, const Operand& in, CommunicatorState& st) {
+void resolve_operands(Prepared& p, const CallOperand& out, const CallOperand& in, CommunicatorState& st) {
   p.out = detail::resolve(out, p.out_bytes, "output", p.name, st);
   p.in_place = in.ptr() == out.ptr() && in.ptr() != nullptr;
   p.in = detail::resolve(in, p.in_bytes, "input", p.name, st);
@@ -88,7 +90,7 @@ void plan(Prepared& p, CommunicatorState& st, const CollectiveOptions& options, 
 
 // `site`: where this rank's own checks (its operands, its staged input) refuse the call (null: a
 // describe_* query).
-Prepared prepare_uniform(const Operand& out, const Operand& in, size_t bytes_per_pair, CommunicatorState& st,
+Prepared prepare_uniform(const CallOperand& out, const CallOperand& in, size_t bytes_per_pair, CommunicatorState& st,
                          const CollectiveOptions& options, const detail::RefusalSite* site) {
   Prepared p;
   p.pair_bytes = bytes_per_pair;
@@ -99,8 +101,8 @@ Prepared prepare_uniform(const Operand& out, const Operand& in, size_t bytes_per
 }
 
 // `align`: 0 for the plain forms; the 2-D form's major_align (>= 1) otherwise.
-Prepared prepare_variable(AllToAllForm form, const Operand& out, size_t out_rows, const Operand& in, size_t in_rows,
-                          size_t row_bytes, int experts, int64_t align, CommunicatorState& st,
+Prepared prepare_variable(AllToAllForm form, const CallOperand& out, size_t out_rows, const CallOperand& in,
+                          size_t in_rows, size_t row_bytes, int experts, int64_t align, CommunicatorState& st,
                           const CollectiveOptions& options, const detail::RefusalSite* site) {
   Prepared p;
   p.form = form;
@@ -231,16 +233,17 @@ void run_uniform_chunk(const Prepared& p, CommunicatorState& st, uint32_t signat
 
 }  // namespace
 
-std::string describe_all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& comm,
-                                const CollectiveOptions& options) {
+std::string detail::describe_all_to_all_entry(const CallOperand& out, const CallOperand& in, size_t bytes_per_pair,
+                                              Communicator& comm, const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
   detail::DeviceGuard guard(st.device);
   return detail::describe(prepare_uniform(out, in, bytes_per_pair, st, options, nullptr).plan);
 }
 
-std::string describe_all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, size_t row_bytes,
-                                  bool device_splits, int experts, int64_t major_align, Communicator& comm,
-                                  const CollectiveOptions& options) {
+std::string detail::describe_all_to_all_v_entry(const CallOperand& out, size_t out_rows, const CallOperand& in,
+                                                size_t in_rows, size_t row_bytes, bool device_splits, int experts,
+                                                int64_t major_align, Communicator& comm,
+                                                const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
   detail::DeviceGuard guard(st.device);
   const AllToAllForm form = device_splits ? AllToAllForm::kDeviceSplits : AllToAllForm::kHostSplits;
@@ -250,8 +253,8 @@ std::string describe_all_to_all_v(Operand out, size_t out_rows, Operand in, size
       prepare_variable(form, out, out_rows, in, in_rows, row_bytes, experts, major_align, st, options, nullptr).plan);
 }
 
-void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& comm, cudaStream_t stream,
-                const CollectiveOptions& options) {
+void detail::all_to_all_entry(const CallOperand& out, const CallOperand& in, size_t bytes_per_pair,
+                              Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
   st.ensure_usable("all_to_all");
   st.require_one_node("all_to_all");
@@ -346,9 +349,9 @@ void require_splits(const void* splits, const char* what, const char* op) {
 
 }  // namespace
 
-void all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
-                  const int64_t* out_splits, size_t row_bytes, Communicator& comm, cudaStream_t stream,
-                  const CollectiveOptions& options) {
+void detail::all_to_all_v_entry(const CallOperand& out, size_t out_rows, const CallOperand& in, size_t in_rows,
+                                const int64_t* in_splits, const int64_t* out_splits, size_t row_bytes,
+                                Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
   const char* op = "all_to_all_v";
   st.ensure_usable(op);
@@ -364,12 +367,10 @@ void all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, cons
   run_variable(p, st, nullptr, in_splits, out_splits, nullptr, stream);
 }
 
-namespace {
-
-// all_to_all_vdev (two_d false: align 0, one expert) and all_to_all_vdev_2d (align >= 1).
-void run_device_splits(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
-                       int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align, bool two_d,
-                       Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
+void detail::all_to_all_vdev_entry(const CallOperand& out, size_t out_rows, const CallOperand& in, size_t in_rows,
+                                   const int64_t* in_splits, int64_t* out_splits_offsets, size_t row_bytes,
+                                   int experts, int64_t major_align, bool two_d, Communicator& comm,
+                                   cudaStream_t stream, const CollectiveOptions& options) {
   CommunicatorState& st = detail::state_of(comm);
   const char* op = two_d ? "all_to_all_vdev_2d" : "all_to_all_vdev";
   st.ensure_usable(op);
@@ -392,20 +393,41 @@ void run_device_splits(Operand out, size_t out_rows, Operand in, size_t in_rows,
   run_variable(p, st, in_splits, nullptr, nullptr, out_splits_offsets, stream);
 }
 
-}  // namespace
+void all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& comm, cudaStream_t stream,
+                const CollectiveOptions& options) {
+  detail::all_to_all_entry(out, in, bytes_per_pair, comm, stream, options);
+}
+
+void all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
+                  const int64_t* out_splits, size_t row_bytes, Communicator& comm, cudaStream_t stream,
+                  const CollectiveOptions& options) {
+  detail::all_to_all_v_entry(out, out_rows, in, in_rows, in_splits, out_splits, row_bytes, comm, stream, options);
+}
 
 void all_to_all_vdev(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
                      int64_t* out_splits_offsets, size_t row_bytes, Communicator& comm, cudaStream_t stream,
                      const CollectiveOptions& options) {
-  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, 1, 0, false, comm, stream,
-                    options);
+  detail::all_to_all_vdev_entry(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, 1, 0, false,
+                                comm, stream, options);
 }
 
 void all_to_all_vdev_2d(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
                         int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,
                         Communicator& comm, cudaStream_t stream, const CollectiveOptions& options) {
-  run_device_splits(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, major_align, true,
-                    comm, stream, options);
+  detail::all_to_all_vdev_entry(out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts,
+                                major_align, true, comm, stream, options);
+}
+
+std::string describe_all_to_all(Operand out, Operand in, size_t bytes_per_pair, Communicator& comm,
+                                const CollectiveOptions& options) {
+  return detail::describe_all_to_all_entry(out, in, bytes_per_pair, comm, options);
+}
+
+std::string describe_all_to_all_v(Operand out, size_t out_rows, Operand in, size_t in_rows, size_t row_bytes,
+                                  bool device_splits, int experts, int64_t major_align, Communicator& comm,
+                                  const CollectiveOptions& options) {
+  return detail::describe_all_to_all_v_entry(out, out_rows, in, in_rows, row_bytes, device_splits, experts,
+                                             major_align, comm, options);
 }
 
 }  // namespace symmem

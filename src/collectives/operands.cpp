@@ -10,9 +10,37 @@
 
 namespace symmem::detail {
 
-Resolved resolve(const Operand& operand, size_t bytes, const char* what, const char* op, CommunicatorState& state) {
+namespace {
+
+Resolved symmetric_operand(Buffer* buffer, size_t offset, CommunicatorState& state) {
   Resolved r;
+  r.symmetric = true;
+  r.buffer = buffer;
+  r.offset = offset;
+  r.local = static_cast<char*>(buffer->ptr()) + offset;
+  r.heap_offset = static_cast<uint64_t>(static_cast<char*>(r.local) - state.heap->base(state.rank));
+  return r;
+}
+
+// The C ABI's rule: symmetric when [ptr, ptr + bytes) is exactly a heap buffer; local otherwise (a
+// view into the heap is device memory already: no query).
+Resolved resolve_address(void* ptr, size_t bytes, const char* what, const char* op, CommunicatorState& state) {
+  Buffer* holder = state.owner->find(ptr, bytes ? bytes : 1);
+  if (holder && holder->ptr() == ptr && holder->size() == bytes) return symmetric_operand(holder, 0, state);
+  if (!holder) require_device_memory(ptr, bytes, what, op, *state.owner);
+  Resolved r;
+  r.local = ptr;
+  return r;
+}
+
+}  // namespace
+
+Resolved resolve(const CallOperand& call_operand, size_t bytes, const char* what, const char* op,
+                 CommunicatorState& state) {
+  if (call_operand.by_address()) return resolve_address(call_operand.ptr(), bytes, what, op, state);
+  const Operand& operand = call_operand.operand();
   if (!operand.symmetric()) {
+    Resolved r;
     r.local = operand.ptr();
     require_device_pointer(r.local, bytes, what, op, *state.owner);
     return r;
@@ -27,12 +55,7 @@ Resolved resolve(const Operand& operand, size_t bytes, const char* what, const c
     throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": the " + what + " needs " + std::to_string(bytes) +
                                                  " bytes at offset " + std::to_string(operand.offset()) +
                                                  " of a buffer of " + std::to_string(buffer->size()) + " bytes");
-  r.symmetric = true;
-  r.buffer = buffer;
-  r.offset = operand.offset();
-  r.local = operand.ptr();
-  r.heap_offset = static_cast<uint64_t>(static_cast<char*>(r.local) - state.heap->base(state.rank));
-  return r;
+  return symmetric_operand(buffer, operand.offset(), state);
 }
 
 Resolved shifted(const Resolved& r, size_t delta) {

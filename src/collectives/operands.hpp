@@ -1,5 +1,5 @@
-// Operands at the API boundary: validated, resolved to this rank's address, and (for symmetric
-// ones) to the offset that is the same on every rank.
+// Operands at the API boundary: their kind decided once, validated, resolved to this rank's
+// address, and (for symmetric ones) to the offset that is the same on every rank.
 #pragma once
 
 #include <cstddef>
@@ -24,9 +24,30 @@ struct Resolved {
   void* peer(int r, size_t at = 0) const { return static_cast<char*>(buffer->peer_ptr(r)) + offset + at; }
 };
 
+// An operand as a collective call received it, whose kind the API it came through decides: a C++
+// Operand says it by its type; the C ABI passes an address, symmetric when it is a whole heap
+// buffer of the communicator (include/symmem/symmem_c.h: a view's offset may depend on the rank),
+// which resolve() decides with the one lookup of the heap's buffers the operand costs.
+class CallOperand {
+ public:
+  CallOperand(const Operand& operand) : operand_(operand) {}  // NOLINT: the C++ API's operands convert
+  static CallOperand at_address(const void* ptr) {
+    CallOperand c{Operand(ptr)};
+    c.by_address_ = true;
+    return c;
+  }
+  const Operand& operand() const { return operand_; }
+  bool by_address() const { return by_address_; }
+  void* ptr() const { return operand_.ptr(); }  // this rank's address
+
+ private:
+  Operand operand_;
+  bool by_address_ = false;
+};
+
 // Checks the operand covers `bytes` (symmetric: inside its buffer of this communicator; local:
 // device memory of the communicator's GPU) and resolves it. `what` is "input" or "output".
-Resolved resolve(const Operand& operand, size_t bytes, const char* what, const char* op, CommunicatorState& state);
+Resolved resolve(const CallOperand& operand, size_t bytes, const char* what, const char* op, CommunicatorState& state);
 
 // The same operand viewed `delta` bytes further on (in place: the rank's slot of the output).
 Resolved shifted(const Resolved& r, size_t delta);

@@ -9,9 +9,13 @@
 namespace symmem::detail {
 
 void require_device_pointer(const void* p, size_t bytes, const char* what, const char* op, Communicator& comm) {
+  if (bytes == 0 || (p && comm.find(p, bytes))) return;
+  require_device_memory(p, bytes, what, op, comm);
+}
+
+void require_device_memory(const void* p, size_t bytes, const char* what, const char* op, Communicator& comm) {
   if (bytes == 0) return;
   if (!p) throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what + " is null");
-  if (comm.find(p, bytes)) return;
   cudaPointerAttributes attr{};
   cudaError_t err = cudaPointerGetAttributes(&attr, p);
   if (err != cudaSuccess) {

@@ -1,28 +1,23 @@
-// Communicator lifetime: creation (devices, agreed settings, heap, host board, workspaces), buffers,
-// the failure records that turn device timeouts and mismatches into errors on every rank, and
-// collective teardown.
+// Communicator lifetime: creation (devices, agreed settings, heap, host board, workspaces, the
+// synchronisation arguments of every kernel), the enqueue scope of every call, and collective
+// teardown. Its buffers are in buffers.cpp, the errors its failure records become in
+// failure_report.cpp, the settings its ranks agree on in agreed_settings.cpp.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <thread>
 #include <exception>
 #include <vector>
 
-#include "board/wait_chain.hpp"
 #include "comm/communicator_state.hpp"
 #include "comm/node_agreement.hpp"
 #include "comm/node_bootstrap.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "common/env.hpp"
-#include "common/hash.hpp"
 #include "common/stream_capture.hpp"
 #include "kernels/kernel_args.hpp"
 #include "net/between_nodes.hpp"
-#include "plan/capacity_failure.hpp"
-#include "plan/moe_combine_path.hpp"
 #include "plan/shared_gpu.hpp"
 #include "workspace/user_call_area.hpp"
 
@@ -34,15 +29,6 @@ CommunicatorState& state_of(const Communicator& comm) { return *comm.state_; }
 namespace {
 
 using detail::kMaxBlocks;
-using detail::kSignalFlagCount;
-using detail::state_of;
-
-// Buffer layout inside its heap range: [data | signal pad | peer pointer table].
-constexpr size_t kDataAlignment = 256;
-constexpr size_t kPadBytes = kSignalFlagCount * sizeof(uint32_t);
-size_t pad_offset(size_t bytes) { return (bytes + kDataAlignment - 1) / kDataAlignment * kDataAlignment; }
-size_t table_offset(size_t bytes) { return pad_offset(bytes) + kPadBytes; }
-size_t range_bytes(size_t bytes) { return table_offset(bytes) + kMaxWorld * sizeof(void*); }
 
 struct DeviceIdentity {
   char uuid[16];
@@ -50,38 +36,6 @@ struct DeviceIdentity {
 };
 
 }  // namespace
-
-void* Buffer::peer_ptr(int rank) const {
-  const auto& impl = state_of(*comm_);
-  if (rank < 0 || rank >= impl.world)
-    throw Error(ErrorCode::kInvalidArgument,
-                "peer_ptr: rank " + std::to_string(rank) + " is outside world " + std::to_string(impl.world));
-  return impl.heap->base(rank) + offset_;
-}
-
-size_t Buffer::signal_pad_words() const { return kSignalFlagCount; }
-
-Buffer::DeviceHandle Buffer::device_handle() const {
-  const auto& impl = state_of(*comm_);
-  DeviceHandle h{};
-  h.local = local_;
-  h.signal_pad = pad_;
-  h.bytes = bytes_;
-  h.signal_pad_words = kSignalFlagCount;
-  h.rank = impl.rank;
-  h.world = impl.world;
-  for (int r = 0; r < impl.world; ++r) {
-    h.peers[r] = impl.heap->base(r) + offset_;
-    h.peer_signal_pads[r] = reinterpret_cast<uint32_t*>(impl.heap->base(r) + offset_ + pad_offset(bytes_));
-  }
-  return h;
-}
-
-bool Buffer::contains(const void* p, size_t bytes) const {
-  const char* c = static_cast<const char*>(p);
-  const char* begin = static_cast<const char*>(local_);
-  return c >= begin && bytes <= bytes_ && c - begin <= static_cast<ptrdiff_t>(bytes_ - bytes);
-}
 
 namespace detail {
 
@@ -108,137 +62,6 @@ SyncArgs CommunicatorState::sync_args(uint32_t op, uint32_t signature) const {
   s.op = op;
   s.signature = signature;
   return s;
-}
-
-namespace {
-
-// `waited_through`: the ranks the awaited one waited for in turn, the last of which never came
-// (board/wait_chain.hpp); the message then leads with that rank.
-std::string describe_failure(const CommunicatorState& st, int who, const DeviceStatus& s,
-                             const std::vector<int>& waited_through = {}) {
-  const bool spans = st.layout.spans_nodes();
-  // Failure records name local ranks, except the between-nodes step's peer, a job rank.
-  auto name = [&](int local) {
-    return spans ? st.layout.describe_rank(st.job_rank(local)) : "rank " + std::to_string(local);
-  };
-  const std::string me = name(s.rank);
-  const std::string op = op_code_name(s.op);
-  std::string mine = st.board->lookup_call(who, s.signature);
-  if (mine.empty()) mine = op;
-  if (s.op == kOpBetweenNodes) {
-    const char* text = st.board->page(who)->net_failure;
-    const std::string nccl(text, strnlen(text, sizeof(st.board->page(who)->net_failure)));
-    const std::string peer =
-        s.peer >= 0 ? st.layout.describe_rank(s.peer) : "a rank of equal local rank on another node";
-    const std::string what = s.code == kStatusNetwork ? " failed between nodes in " : " timed out between nodes in ";
-    return me + what + mine + " (piece " + std::to_string(s.phase) + ") exchanging with " + peer +
-           (nccl.empty() ? "" : ": " + nccl) + "; " + peer + " is dead or stalled, or the network or NCCL failed";
-  }
-  if (s.code == kStatusCapacity) return describe_capacity_failure(decode_fault(s), mine, name);
-  if (s.code == kStatusRefused) {
-    // The refusing rank's own message (comm/refusal.hpp), written before its record.
-    const char* text = st.board->page(who)->refusal;
-    const std::string refusal(text, strnlen(text, sizeof(st.board->page(who)->refusal)));
-    if (!refusal.empty()) return refusal;
-    return me + " refused a call of " + op + " whose arguments failed a check there" +
-           "; every rank raises this error and the communicator is unusable now";
-  }
-  const std::string peer = name(s.peer);
-  if (s.code == kStatusMismatch) {
-    std::string theirs = s.peer >= 0 && s.peer < st.world ? st.board->lookup_call(s.peer, s.peer_signature) : "";
-    if (theirs.empty())
-      theirs = "a different collective or arguments (signature " + std::to_string(s.peer_signature) + ")";
-    return me + " called " + mine + " but " + peer + " called " + theirs +
-           "; every rank must make the same collective calls with the same arguments";
-  }
-  if (s.op == kOpAllGatherMatmul && s.block >= 0) {
-    // The fused GEMM's wait for rows of a peer's shard (fused/flag_waiting_scheduler.cuh; the own
-    // shard's rows precede the GEMM and are never waited for): its deadline is twice the
-    // communicator's plus 1 s.
-    return me + " timed out after " + std::to_string(2 * st.timeout_ms() + 1000) + " ms in " + mine +
-           ": its GEMM waited for rows of " + peer + "'s shard (flag " + std::to_string(s.phase) +
-           ") that never arrived; " + peer + " is dead or stalled, or its copy could not start";
-  }
-  const std::string wait =
-      me + " timed out after " + std::to_string(st.timeout_ms()) + " ms in " + mine + " waiting for " + peer +
-      (s.block >= 0 ? " (block " + std::to_string(s.block) + ", phase " + std::to_string(s.phase) + ")"
-                    : s.op == kOpCopyEngine && s.phase == 2
-                        ? std::string(" (its signal that a piece of partial sums is ready)")
-                        : " (copy-engine handshake " + std::to_string(s.phase) + ")");
-  if (waited_through.empty()) return wait + "; " + peer + " is dead, stalled, or called a different collective";
-  std::string path;
-  for (int r : waited_through) path += ", which was waiting for " + name(r);
-  return name(waited_through.back()) + " never came (dead, stalled, or never launched; it recorded no failure): " +
-         wait + path;
-}
-
-// The ErrorCode a refusing rank raised, as its record carries it (kInvalidArgument if out of range).
-ErrorCode refused_error_code(const DeviceStatus& s) {
-  const auto code = static_cast<ErrorCode>(s.block);
-  return s.block >= 0 && error_code_id(code) ? code : ErrorCode::kInvalidArgument;
-}
-
-}  // namespace
-
-void CommunicatorState::ensure_usable(const char* op) {
-  if (closed) throw Error(ErrorCode::kAborted, std::string(op) + ": the communicator was closed");
-  if (!abort_reason.empty())
-    throw Error(ErrorCode::kAborted,
-                std::string(op) + ": communicator unusable after an earlier failure: " + abort_reason);
-  const DeviceStatus& own = *status_host();
-  const bool failed_here = __atomic_load_n(&own.code, __ATOMIC_ACQUIRE) != kStatusOk;
-  const bool failed_anywhere = __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) != 0;
-  if (!failed_here && !failed_anywhere) return;
-  // A recorder sets the abort word after its record (a device wait writes the code last, the host
-  // watchdog claims the code first): give it a moment to finish, so the fields read below are final.
-  for (int i = 0; i < 2000 && __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
-  int who = -1;
-  auto is_cause = [](uint32_t code) {
-    return code == kStatusTimeout || code == kStatusMismatch || code == kStatusNetwork || code == kStatusCapacity ||
-           code == kStatusRefused;
-  };
-  if (is_cause(own.code)) who = rank;
-  for (int r = 0; r < world && who < 0; ++r)
-    if (is_cause(__atomic_load_n(&board->page(r)->status.code, __ATOMIC_ACQUIRE))) who = r;
-  if (who < 0) {
-    // The abort word is set but the failing rank's record is not visible yet (or it died while
-    // writing it): report what is known.
-    abort_reason = "another rank aborted the communicator";
-    throw Error(ErrorCode::kAborted, std::string(op) + ": " + abort_reason);
-  }
-  // Whom the awaited ranks waited for in turn (board/wait_chain.hpp). A live rank records its own
-  // failure within a poll interval of the abort word, a dead one never does: wait that long, on
-  // this error path only and once for the whole walk, for each record (code and signature both
-  // set, whichever order its recorder wrote them in); then take what is there.
-  const auto records_due = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  const int first = who;
-  auto final_record = [&](int r) {
-    const DeviceStatus& theirs = board->page(r)->status;
-    auto recorded = [&] {
-      return __atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk &&
-             __atomic_load_n(&theirs.signature, __ATOMIC_ACQUIRE) != 0;
-    };
-    while (r != first && !recorded() && std::chrono::steady_clock::now() < records_due)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    DeviceStatus copy{};
-    if (__atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk) std::memcpy(&copy, &theirs, sizeof(copy));
-    return copy;
-  };
-  const FailureVerdict verdict = judge_failure(first, world, final_record);
-  who = verdict.who;
-  const DeviceStatus s = verdict.record;
-  abort_reason = describe_failure(*this, who, s, verdict.waited_through);
-  // A capacity verdict is every rank's own (the same matrix everywhere), and a refusal's message
-  // names its rank already: every rank raises the same text, no rank failed "first".
-  if (who != rank && s.code != kStatusCapacity && s.code != kStatusRefused)
-    abort_reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + abort_reason;
-  throw Error(s.code == kStatusMismatch   ? ErrorCode::kMismatch
-              : s.code == kStatusCapacity ? ErrorCode::kCapacity
-              : s.code == kStatusRefused  ? refused_error_code(s)
-                                          : ErrorCode::kTimeout,
-              abort_reason);
 }
 
 unsigned long long capture_id_of(cudaStream_t stream, cudaGraph_t* graph) {
@@ -287,77 +110,6 @@ bool Communicator::aborted() const {
   return !st.abort_reason.empty() || st.closed ||
          (st.board && (st.status_host()->code != 0 || *st.board->abort_word() != 0));
 }
-
-namespace {
-
-// Reads every setting the ranks must share, then checks that every rank read the same values:
-// a plan may depend on them, and ranks that plan differently corrupt each other's memory.
-detail::AgreedSettings read_settings(const CommConfig& config, const detail::TuningTable& tuning) {
-  detail::AgreedSettings a;
-  const std::string forced = env::forced_algo();
-  if (!forced.empty() && !parse_algo(forced, &a.forced_algo))
-    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_ALGO='" + forced + "' names no algorithm");
-  a.forced_blocks = env::forced_blocks();
-  a.push_bulk = env::push_bulk();
-  const std::string direction = env::copy_engine_direction();
-  if (direction != "push" && direction != "pull")
-    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_CE_DIRECTION='" + direction + "' is neither push nor pull");
-  a.copy_engine_push = direction == "push";
-  a.copy_engine_streams = env::copy_engine_streams();
-  a.copy_engine_batch = env::copy_engine_batch();
-  a.copy_engine_piece_bytes = env::copy_engine_piece_bytes();
-  const std::string combine = env::moe_combine_path();
-  if (combine != "auto" && combine != "bulk" && combine != "registers")
-    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_MOE_COMBINE='" + combine + "' is none of auto, bulk, registers");
-  a.moe_combine_path = int(combine == "bulk"        ? detail::MoeCombinePath::kBulk
-                           : combine == "registers" ? detail::MoeCombinePath::kRegisters
-                                                    : detail::MoeCombinePath::kAuto);
-  a.workspace_bytes = config.workspace_bytes ? config.workspace_bytes : env::workspace_bytes();
-  a.timeout_ms = config.timeout_ms > 0 ? config.timeout_ms : env::timeout_ms();
-  a.tuning_hash = detail::Fnv1a().text(detail::format_tuning_table(tuning)).digest();
-  return a;
-}
-
-void agree_on_settings(const detail::AgreedSettings& mine, Bootstrap& bootstrap, int rank, int world) {
-  std::vector<detail::AgreedSettings> all(world);
-  bootstrap.all_gather(&mine, all.data(), sizeof(mine));
-  for (int r = 0; r < world; ++r) {
-    const detail::AgreedSettings& o = all[r];
-    auto differ = [&](const char* name, const std::string& theirs, const std::string& ours) {
-      throw Error(ErrorCode::kInvalidArgument, std::string("Communicator::create: ") + name +
-                                                   " differs across ranks: rank " + std::to_string(r) + " has " +
-                                                   theirs + ", rank " + std::to_string(rank) + " has " + ours +
-                                                   "; set it identically for every rank");
-    };
-    if (o.forced_algo != mine.forced_algo) differ("SYMMEM_ALGO", algo_name(o.forced_algo), algo_name(mine.forced_algo));
-    if (o.forced_blocks != mine.forced_blocks)
-      differ("SYMMEM_BLOCKS", std::to_string(o.forced_blocks), std::to_string(mine.forced_blocks));
-    if (o.push_bulk != mine.push_bulk)
-      differ("SYMMEM_PUSH_BULK", std::to_string(o.push_bulk), std::to_string(mine.push_bulk));
-    if (o.copy_engine_push != mine.copy_engine_push)
-      differ("SYMMEM_CE_DIRECTION", o.copy_engine_push ? "push" : "pull", mine.copy_engine_push ? "push" : "pull");
-    if (o.copy_engine_streams != mine.copy_engine_streams)
-      differ("SYMMEM_CE_STREAMS", std::to_string(o.copy_engine_streams), std::to_string(mine.copy_engine_streams));
-    if (o.copy_engine_batch != mine.copy_engine_batch)
-      differ("SYMMEM_CE_BATCH", std::to_string(o.copy_engine_batch), std::to_string(mine.copy_engine_batch));
-    if (o.copy_engine_piece_bytes != mine.copy_engine_piece_bytes)
-      differ("SYMMEM_CE_PIECE_KB", std::to_string(o.copy_engine_piece_bytes >> 10),
-             std::to_string(mine.copy_engine_piece_bytes >> 10));
-    if (o.moe_combine_path != mine.moe_combine_path)
-      differ("SYMMEM_MOE_COMBINE", std::to_string(o.moe_combine_path), std::to_string(mine.moe_combine_path));
-    if (o.workspace_bytes != mine.workspace_bytes)
-      differ("the workspace budget (CommConfig::workspace_bytes / SYMMEM_WORKSPACE_MB)",
-             std::to_string(o.workspace_bytes), std::to_string(mine.workspace_bytes));
-    if (o.timeout_ms != mine.timeout_ms)
-      differ("the timeout (CommConfig::timeout_ms / SYMMEM_TIMEOUT_MS)", std::to_string(o.timeout_ms),
-             std::to_string(mine.timeout_ms));
-    if (o.tuning_hash != mine.tuning_hash)
-      differ("the tuning table (SYMMEM_TUNING_FILE or the GPU model)", "hash " + std::to_string(o.tuning_hash),
-             "hash " + std::to_string(mine.tuning_hash));
-  }
-}
-
-}  // namespace
 
 std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bootstrap, int device,
                                                    const CommConfig& config) {
@@ -418,9 +170,9 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   }
 
   st.tuning = &detail::tuning_table_for(st.gpu_name);
-  st.settings = read_settings(config, *st.tuning);
+  st.settings = detail::read_agreed_settings(config, *st.tuning);
   st.debug = env::debug();
-  agree_on_settings(st.settings, *st.job_bootstrap, layout.rank, layout.world);
+  detail::agree_on_settings(st.settings, *st.job_bootstrap, layout.rank, layout.world);
   // Tests only: ranks sharing a GPU share its hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, at
   // most 32). A stream wait at the head of a queue holds every stream mapped to it, so eight ranks
   // with four copy-engine streams each (40 streams) put one rank's kernel behind another rank's wait
@@ -456,99 +208,13 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   s.epochs = st.epochs;
   s.call_counter = st.epochs + kMaxBlocks;
   s.failure_claim = st.epochs + kMaxBlocks + 2;
-  s.status = &st.board->device_page(st.rank)->status;
+  s.failure = &st.board->device_page(st.rank)->status;
   s.abort = st.board->device_abort_word();
   s.timeout_ns = static_cast<uint64_t>(st.timeout_ms()) * 1000000ull;
   s.rank = st.rank;
   s.world = world;
   st.user_sync = detail::user_sync_template(*st.workspaces->user_calls(), s);
   return comm;
-}
-
-Buffer* Communicator::allocate(size_t bytes) {
-  detail::CommunicatorState& st = *state_;
-  st.ensure_usable("allocate");
-  detail::DeviceGuard guard(st.device);
-  std::vector<uint64_t> sizes(st.world);
-  const uint64_t mine = bytes;
-  st.bootstrap->all_gather(&mine, sizes.data(), sizeof(uint64_t));
-  for (int r = 0; r < st.world; ++r)
-    if (sizes[r] != mine)
-      throw Error(ErrorCode::kInvalidArgument, "allocate: rank " + std::to_string(st.job_rank(r)) + " asked for " +
-                                                   std::to_string(sizes[r]) + " bytes, rank " +
-                                                   std::to_string(st.layout.rank) + " for " + std::to_string(mine));
-  const size_t offset = st.heap->allocate(range_bytes(bytes), *st.bootstrap, *st.exchange);
-  std::unique_ptr<Buffer> buffer(new Buffer());
-  buffer->comm_ = this;
-  buffer->offset_ = offset;
-  buffer->bytes_ = bytes;
-  buffer->local_ = st.heap->base(st.rank) + offset;
-  buffer->pad_ = reinterpret_cast<uint32_t*>(st.heap->base(st.rank) + offset + pad_offset(bytes));
-  void* table[kMaxWorld] = {};
-  for (int r = 0; r < st.world; ++r) table[r] = st.heap->base(r) + offset;
-  char* table_ptr = st.heap->base(st.rank) + offset + table_offset(bytes);
-  SYMMEM_CUDA_CHECK(cudaMemcpy(table_ptr, table, sizeof(table), cudaMemcpyHostToDevice));
-  buffer->peer_table_ = reinterpret_cast<void* const*>(table_ptr);
-  st.buffers.push_back(std::move(buffer));
-  return st.buffers.back().get();
-}
-
-void Communicator::free(Buffer* buffer) {
-  detail::CommunicatorState& st = *state_;
-  if (!buffer) return;
-  detail::DeviceGuard guard(st.device);
-  auto it = st.buffers.begin();
-  while (it != st.buffers.end() && it->get() != buffer) ++it;
-  if (it == st.buffers.end())
-    throw Error(ErrorCode::kInvalidArgument, "free: the buffer does not belong to this communicator");
-  // No peer may still read or write it: finish local work, then wait for every rank.
-  SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
-  st.bootstrap->barrier();
-  st.heap->release(buffer->offset_);
-  st.buffers.erase(it);
-}
-
-Buffer* Communicator::import(void* ptr, size_t bytes) {
-  detail::CommunicatorState& st = *state_;
-  st.ensure_usable("import");
-  detail::DeviceGuard guard(st.device);
-  std::vector<uint64_t> sizes(st.world);
-  const uint64_t mine = bytes;
-  st.bootstrap->all_gather(&mine, sizes.data(), sizeof(uint64_t));
-  for (int r = 0; r < st.world; ++r)
-    if (sizes[r] != mine)
-      throw Error(ErrorCode::kInvalidArgument, "import: rank " + std::to_string(st.job_rank(r)) + " imports " +
-                                                   std::to_string(sizes[r]) + " bytes, rank " +
-                                                   std::to_string(st.layout.rank) + " " + std::to_string(mine));
-  size_t delta = 0;
-  const size_t offset = st.heap->import(ptr, bytes, *st.bootstrap, *st.exchange, &delta);
-  std::unique_ptr<Buffer> buffer(new Buffer());
-  buffer->comm_ = this;
-  buffer->offset_ = offset + delta;
-  buffer->bytes_ = bytes;
-  buffer->local_ = st.heap->base(st.rank) + offset + delta;
-  st.buffers.push_back(std::move(buffer));
-  return st.buffers.back().get();
-}
-
-void Communicator::release_import(Buffer* buffer) {
-  detail::CommunicatorState& st = *state_;
-  if (!buffer) return;
-  detail::DeviceGuard guard(st.device);
-  detail::RelaxedCaptureMode relaxed;
-  auto it = st.buffers.begin();
-  while (it != st.buffers.end() && it->get() != buffer) ++it;
-  if (it == st.buffers.end())
-    throw Error(ErrorCode::kInvalidArgument, "release_import: the buffer does not belong to this communicator");
-  SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());  // this rank's kernels are done with it
-  st.heap->release(buffer->offset_);
-  st.buffers.erase(it);
-}
-
-Buffer* Communicator::find(const void* p, size_t bytes) const {
-  for (const auto& b : state_->buffers)
-    if (b->contains(p, bytes)) return b.get();
-  return nullptr;
 }
 
 void Communicator::barrier(cudaStream_t stream) {

@@ -10,6 +10,7 @@
 #include "board/copy_engine_watchdog.hpp"
 #include "board/host_board.hpp"
 #include "bootstrap/fd_exchange.hpp"
+#include "comm/agreed_settings.hpp"
 #include "comm/call_order.hpp"
 #include "comm/copy_engine_streams.hpp"
 #include "comm/graph_references.hpp"
@@ -24,22 +25,6 @@
 namespace symmem::detail {
 
 class BetweenNodes;
-
-// Environment overrides, read once at creation and checked equal on every rank (creation fails
-// naming the variable otherwise), so that no rank plans with a value another rank does not have.
-struct AgreedSettings {
-  Algo forced_algo = Algo::kAuto;      // SYMMEM_ALGO
-  int forced_blocks = 0;               // SYMMEM_BLOCKS
-  bool push_bulk = true;               // SYMMEM_PUSH_BULK
-  bool copy_engine_push = false;       // SYMMEM_CE_DIRECTION=push
-  int copy_engine_streams = 4;         // SYMMEM_CE_STREAMS
-  bool copy_engine_batch = true;       // SYMMEM_CE_BATCH
-  size_t copy_engine_piece_bytes = 0;  // SYMMEM_CE_PIECE_KB
-  int moe_combine_path = 0;            // SYMMEM_MOE_COMBINE (detail::MoeCombinePath)
-  size_t workspace_bytes = 0;          // CommConfig::workspace_bytes or SYMMEM_WORKSPACE_MB
-  int64_t timeout_ms = 30000;          // CommConfig::timeout_ms or SYMMEM_TIMEOUT_MS
-  uint64_t tuning_hash = 0;            // the tuning table in force
-};
 
 struct CommunicatorState {
   Communicator* owner = nullptr;

@@ -22,21 +22,13 @@ int64_t get_int(const char* name, int64_t fallback) {
 }
 
 int64_t timeout_ms() { return get_int("SYMMEM_TIMEOUT_MS", 30000); }
-std::string forced_algo() { return get_string("SYMMEM_ALGO", ""); }
-int forced_blocks() { return static_cast<int>(get_int("SYMMEM_BLOCKS", 0)); }
 bool debug() {
   const char* value = std::getenv("SYMMEM_DEBUG");
   return value && *value && std::string(value) != "0";
 }
 size_t heap_reserve_bytes() { return static_cast<size_t>(get_int("SYMMEM_HEAP_RESERVE_GB", 64)) << 30; }
 std::string tuning_file() { return get_string("SYMMEM_TUNING_FILE", ""); }
-size_t workspace_bytes() { return static_cast<size_t>(get_int("SYMMEM_WORKSPACE_MB", 256)) << 20; }
 bool programmatic_launch() { return get_int("SYMMEM_PDL", 1) != 0; }
-bool push_bulk() { return get_int("SYMMEM_PUSH_BULK", 1) != 0; }
-int copy_engine_streams() { return static_cast<int>(get_int("SYMMEM_CE_STREAMS", 4)); }
-std::string moe_combine_path() { return get_string("SYMMEM_MOE_COMBINE", "auto"); }
-std::string copy_engine_direction() { return get_string("SYMMEM_CE_DIRECTION", "pull"); }
-bool copy_engine_batch() { return get_int("SYMMEM_CE_BATCH", 1) != 0; }
 int node_size() { return static_cast<int>(get_int("SYMMEM_NODE_SIZE", 0)); }
 std::string nccl_library() { return get_string("SYMMEM_NCCL_LIBRARY", kDefaultNcclLibrary); }
 std::string nccl_mode() { return get_string("SYMMEM_NCCL", "auto"); }
@@ -46,6 +38,5 @@ int64_t nccl_timeout_ms() { return get_int("SYMMEM_NCCL_TIMEOUT_MS", 600000); }
 std::string nccl_cutover_file() { return get_string("SYMMEM_NCCL_CUTOVER_FILE", ""); }
 std::string nccl_route_log() { return get_string("SYMMEM_NCCL_ROUTE_LOG", ""); }
 bool ranks_may_share_gpu() { return get_int("SYMMEM_TEST_SHARED_GPU", 0) != 0; }
-size_t copy_engine_piece_bytes() { return static_cast<size_t>(get_int("SYMMEM_CE_PIECE_KB", 1 << 20)) << 10; }
 
 }  // namespace symmem::env

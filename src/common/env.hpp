@@ -1,5 +1,6 @@
-// Every environment variable symmem reads, declared once with its default. docs/environment.md
-// lists the same table for users.
+// Every environment variable symmem reads, declared once with its default, but the settings every
+// rank must agree on (SYMMEM_ALGO, SYMMEM_CE_*, ...), whose table is comm/agreed_settings.cpp.
+// docs/environment.md lists them all for users.
 #pragma once
 
 #include <cstddef>
@@ -8,42 +9,20 @@
 
 namespace symmem::env {
 
-// SYMMEM_TIMEOUT_MS (default 30000): deadline of every device spin-wait and host wait.
+// SYMMEM_TIMEOUT_MS (default 30000): deadline of every device spin-wait and host wait (an agreed
+// setting; the bootstrap reads it too).
 int64_t timeout_ms();
-// SYMMEM_ALGO (default unset): force an algorithm by name for calls that ask for Algo::kAuto.
-std::string forced_algo();
-// SYMMEM_BLOCKS (default 0 = planner): force the SM block count of SM algorithms.
-int forced_blocks();
 // SYMMEM_DEBUG (default 0): warnings and each call's chosen algorithm go to stderr.
 bool debug();
 // SYMMEM_HEAP_RESERVE_GB (default 64): virtual address space reserved per rank for the heap.
 size_t heap_reserve_bytes();
-// SYMMEM_TUNING_FILE (default: the table shipped for the GPU): tuning table JSON.
+// SYMMEM_TUNING_FILE (default: the table shipped for the GPU): tuning table JSON (the table in force
+// is an agreed setting).
 std::string tuning_file();
-
-// SYMMEM_WORKSPACE_MB (default 256): device memory per rank for the collectives' workspaces
-// (CommConfig::workspace_bytes overrides it); see src/workspace/workspaces.hpp.
-size_t workspace_bytes();
 
 // SYMMEM_PDL (default 1): launch kernels with programmatic dependent launch, so that a kernel's
 // launch overlaps the previous kernel on its stream (device/dependent_launch.cuh).
 bool programmatic_launch();
-// SYMMEM_PUSH_BULK (default 1): push all-gathers use Hopper bulk copies when 16-byte aligned.
-bool push_bulk();
-// SYMMEM_MOE_COMBINE (default auto): "bulk" or "registers" forces the MoE combine's pull
-// (plan/moe_combine_path.hpp); auto takes bulk copies for contexts whose largest call moves 1 MiB.
-std::string moe_combine_path();
-// SYMMEM_CE_STREAMS (default 4): side streams the copy-engine all-gather spreads its copies over.
-int copy_engine_streams();
-// SYMMEM_CE_DIRECTION (default pull): "pull" reads the peers' inputs; "push" writes this rank's
-// input into its peers' outputs (needs a symmetric output, else pull is used). Pull is the default
-// because after a timeout no copy then writes into another rank's memory (board/copy_engine_watchdog.hpp).
-std::string copy_engine_direction();
-// SYMMEM_CE_BATCH (default 1): issue several peer copies as one cudaMemcpyBatchAsync (outside graphs).
-bool copy_engine_batch();
-// SYMMEM_CE_PIECE_KB (default 1048576, i.e. 1 GiB: no cutting): copies larger than this are cut
-// (measured on H200: one large copy per peer is fastest).
-size_t copy_engine_piece_bytes();
 
 // SYMMEM_NODE_SIZE (default 0 = detect): ranks per node (NVLink domain) of a communicator covering
 // the whole job (WORLD_SIZE ranks). Unset, such a communicator's nodes come from LOCAL_WORLD_SIZE;

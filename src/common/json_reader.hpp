@@ -1,6 +1,6 @@
 // A reader for the flat JSON the shipped tables use (plan/tuning_table.hpp, nccl/cutover_table.hpp):
-// objects of strings and numbers, and arrays of such objects. Errors are kInvalidArgument naming
-// the table and the character where reading stopped. No CUDA.
+// objects of strings and numbers, and arrays of such objects; and the quoting their writers use.
+// Errors are kInvalidArgument naming the table and the character where reading stopped. No CUDA.
 #pragma once
 
 #include <cctype>
@@ -55,6 +55,31 @@ class FlatJsonReader {
     pos_ += used;
     return v;
   }
+  // Reads an object {"key": value, ...}: `value(key)` reads the value of a key it takes and
+  // returns true; the value of any other key (a string or a number: e.g. measured times) is skipped.
+  template <typename Value>
+  void object(Value&& value) {
+    expect('{');
+    for (bool first = true; !consume('}'); first = false) {
+      if (!first) expect(',');
+      const std::string key = string();
+      expect(':');
+      if (value(key)) continue;
+      if (peek('"'))
+        string();
+      else
+        number();
+    }
+  }
+  // Reads an array [element, ...]: `element()` reads each.
+  template <typename Element>
+  void array(Element&& element) {
+    expect('[');
+    for (bool first = true; !consume(']'); first = false) {
+      if (!first) expect(',');
+      element();
+    }
+  }
   void done() {
     skip();
     if (pos_ != s_.size()) fail("trailing characters");
@@ -71,5 +96,15 @@ class FlatJsonReader {
   std::string what_;
   size_t pos_ = 0;
 };
+
+// `s` as a JSON string, quoted, for the tables' writers.
+inline std::string json_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out + "\"";
+}
 
 }  // namespace symmem::detail

@@ -116,7 +116,7 @@ struct SyncArgs {
   uint32_t* call_counter;          // {calls of parity-alternating kernels so far, blocks finished}
   uint32_t* failure_claim;         // 0 until a wait of this rank fails (local device memory): the
                                    // first to claim it writes the record
-  DeviceStatus* status;            // this rank's failure record (device pointer, host board)
+  DeviceStatus* failure;           // this rank's failure record (device pointer, host board)
   uint32_t* abort;                 // the communicator's abort word (host board): nonzero once any
                                    // rank failed; every wait of every rank polls it
   uint64_t timeout_ns;

@@ -42,6 +42,12 @@ size_t align_reserve(size_t reserve, size_t granularity) {
   return (reserve + granularity - 1) / granularity * granularity;
 }
 
+Error heap_exhausted(size_t bytes, size_t reserve) {
+  return Error(ErrorCode::kInvalidArgument, "heap exhausted: cannot place " + std::to_string(bytes) + " bytes in the " +
+                                                std::to_string(reserve >> 20) +
+                                                " MiB reservation (raise SYMMEM_HEAP_RESERVE_GB)");
+}
+
 }  // namespace
 
 Heap::Heap(int device, int rank, int world, size_t reserve_per_rank)
@@ -87,9 +93,16 @@ void Heap::release(size_t offset) noexcept {
   ranges_.release(start);
 }
 
-void Heap::map_peers(size_t offset, Mapping& m, int* my_fd, std::vector<int>* peer_fds, FdExchange& exchange) {
+void Heap::map_rank(int r, size_t offset, Mapping& m) {
   const DriverApi& api = DriverApi::get();
   const CUmemAccessDesc access = read_write_access(device_);
+  SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, 0, m.handles[r], 0));
+  m.mapped[r] = true;
+  SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, &access, 1));
+}
+
+void Heap::map_peers(size_t offset, Mapping& m, int* my_fd, std::vector<int>* peer_fds, FdExchange& exchange) {
+  const DriverApi& api = DriverApi::get();
   *peer_fds = exchange.exchange(*my_fd);
   ::close(*my_fd);
   *my_fd = -1;
@@ -100,9 +113,7 @@ void Heap::map_peers(size_t offset, Mapping& m, int* my_fd, std::vector<int>* pe
         &m.handles[r], reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     ::close(fd);
     fd = -1;
-    SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, 0, m.handles[r], 0));
-    m.mapped[r] = true;
-    SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(r) + offset), m.size, &access, 1));
+    map_rank(r, offset, m);
   }
 }
 
@@ -110,15 +121,11 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
   const DriverApi& api = DriverApi::get();
   const auto offset_or = ranges_.allocate(bytes);
   // Every rank has the same free list, so either all find room or none does.
-  if (!offset_or)
-    throw Error(ErrorCode::kInvalidArgument, "heap exhausted: cannot place " + std::to_string(bytes) +
-                                                 " bytes in the " + std::to_string(reserve_ >> 20) +
-                                                 " MiB reservation (raise SYMMEM_HEAP_RESERVE_GB)");
+  if (!offset_or) throw heap_exhausted(bytes, reserve_);
   const size_t offset = *offset_or;
   Mapping m;
   m.size = ranges_.round_up(bytes);
 
-  const CUmemAccessDesc access = read_write_access(device_);
   int my_fd = -1;
   std::vector<int> peer_fds;
   auto release_local = [&]() noexcept {
@@ -147,27 +154,19 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
   }
   agree_on_outcome(bootstrap, failure, release_local, what);
 
-  try {
-    // Step 2: map locally and zero, before any peer can see the memory.
-    SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, 0, m.handles[rank_], 0));
-    m.mapped[rank_] = true;
-    SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, &access, 1));
-    SYMMEM_CUDA_CHECK(cudaMemset(base(rank_) + offset, 0, m.size));
-    SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
-    SYMMEM_CU_CHECK(
-        api.mem_export_to_shareable_handle(&my_fd, m.handles[rank_], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  agree_on_outcome(bootstrap, failure, release_local, what);
-
-  try {
-    // Step 3: pass descriptors; import and map every peer's chunk.
-    map_peers(offset, m, &my_fd, &peer_fds, exchange);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  agree_on_outcome(bootstrap, failure, release_local, what);
+  // Step 2: map locally and zero, before any peer can see the memory.
+  agree_on_step(
+      bootstrap,
+      [&] {
+        map_rank(rank_, offset, m);
+        SYMMEM_CUDA_CHECK(cudaMemset(base(rank_) + offset, 0, m.size));
+        SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());
+        SYMMEM_CU_CHECK(api.mem_export_to_shareable_handle(&my_fd, m.handles[rank_],
+                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+      },
+      release_local, what);
+  // Step 3: pass descriptors; import and map every peer's chunk.
+  agree_on_step(bootstrap, [&] { map_peers(offset, m, &my_fd, &peer_fds, exchange); }, release_local, what);
   mappings_[offset] = m;
   return offset;
 }
@@ -238,30 +237,14 @@ size_t Heap::import(const void* ptr, size_t bytes, Bootstrap& bootstrap, FdExcha
   const auto offset_or = ranges_.allocate(mine.size);
   if (!offset_or) {
     release_local();
-    throw Error(ErrorCode::kInvalidArgument, "heap exhausted: cannot place " + std::to_string(mine.size) +
-                                                 " bytes in the " + std::to_string(reserve_ >> 20) +
-                                                 " MiB reservation (raise SYMMEM_HEAP_RESERVE_GB)");
+    throw heap_exhausted(mine.size, reserve_);
   }
   offset = *offset_or;
   placed = true;
   m.size = mine.size;
-  try {
-    const CUmemAccessDesc access = read_write_access(device_);
-    SYMMEM_CU_CHECK(api.mem_map(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, 0, m.handles[rank_], 0));
-    m.mapped[rank_] = true;
-    SYMMEM_CU_CHECK(api.mem_set_access(reinterpret_cast<CUdeviceptr>(base(rank_) + offset), m.size, &access, 1));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  agree_on_outcome(bootstrap, failure, release_local, what);
-
+  agree_on_step(bootstrap, [&] { map_rank(rank_, offset, m); }, release_local, what);
   // Step 3: every peer's memory.
-  try {
-    map_peers(offset, m, &my_fd, &peer_fds, exchange);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  agree_on_outcome(bootstrap, failure, release_local, what);
+  agree_on_step(bootstrap, [&] { map_peers(offset, m, &my_fd, &peer_fds, exchange); }, release_local, what);
   mappings_[offset] = m;
   *delta = mine.delta;
   return offset;

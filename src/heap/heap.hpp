@@ -58,6 +58,9 @@ class Heap {
     bool mapped[kMaxWorld] = {};
   };
   void unmap(size_t offset, Mapping& m) noexcept;
+  // Maps rank `r`'s memory (m.handles[r]) at `offset` of its range here, readable and writable by
+  // this device.
+  void map_rank(int r, size_t offset, Mapping& m);
   // Passes this rank's descriptor (closed here) to every peer and maps every peer's memory at
   // `offset`. Throws; the caller agrees on the outcome with the peers.
   void map_peers(size_t offset, Mapping& m, int* my_fd, std::vector<int>* peer_fds, FdExchange& exchange);

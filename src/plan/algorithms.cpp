@@ -123,9 +123,9 @@ const Algorithm* algorithms_end() { return std::end(kAlgorithms); }
 
 const Algorithm* find_algorithm(Collective collective, Algo algo) {
   // Every call plans through here a few times: an index by (collective, enumerator), built once.
-  constexpr int kCollectives = 4, kSlots = 32;
+  constexpr int kSlots = 32;
   struct Index {
-    const Algorithm* rows[kCollectives][kSlots] = {};
+    const Algorithm* rows[kCollectiveCount][kSlots] = {};
     Index() {
       for (const Algorithm& a : kAlgorithms)
         for (Algo name : {a.algo, a.alias})

@@ -12,8 +12,11 @@
 
 namespace symmem::detail {
 
+// The collectives, numbered once: the C ABI (symmem_collective_name, symmem_describe) and the
+// Python package (symmem._native.COLLECTIVES) read this numbering, never copy it.
 enum class Collective : uint8_t { kAllGather, kAllReduce, kReduceScatter, kAllToAll };
-// "all_gather", "all_reduce", "reduce_scatter", "all_to_all"
+constexpr int kCollectiveCount = 4;  // one past the last Collective
+// "all_gather", "all_reduce", "reduce_scatter", "all_to_all"; "?" for no collective
 const char* collective_name(Collective collective);
 
 // What runs a plan: an SM kernel (src/kernels/), or the copy engines driven by stream memory

@@ -1,7 +1,7 @@
 // Which pull an MoE combine takes (kernels/moe_combine.cu): 16-byte loads per lane into registers,
 // or bulk copies of every source row into shared memory. Both sum in the same order with the same
 // arithmetic, so the path changes no bit of the result; SYMMEM_MOE_COMBINE forces one (an agreed
-// setting, communicator.cpp). Plain C++.
+// setting, comm/agreed_settings.cpp). Plain C++.
 #pragma once
 
 #include <cstddef>

@@ -1,14 +1,12 @@
 #include "plan/tuning_table.hpp"
 
-#include <cctype>
-#include <fstream>
-#include <map>
-#include <mutex>
 #include <sstream>
+#include <string>
 
 #include "common/check.hpp"
 #include "common/env.hpp"
 #include "common/json_reader.hpp"
+#include "common/shipped_table.hpp"
 #include "shipped_tuning.hpp"
 
 namespace symmem::detail {
@@ -18,29 +16,23 @@ using Reader = FlatJsonReader;
 
 TuningEntry parse_entry(Reader& r) {
   TuningEntry e;
-  r.expect('{');
-  bool first = true;
-  while (!r.consume('}')) {
-    if (!first) r.expect(',');
-    first = false;
-    const std::string key = r.string();
-    r.expect(':');
-    if (key == "op")
+  r.object([&](const std::string& key) {
+    if (key == "op") {
       e.op = r.string();
-    else if (key == "algo") {
+    } else if (key == "algo") {
       const std::string name = r.string();
       if (!parse_algo(name, &e.algo)) r.fail("unknown algorithm '" + name + "'");
-    } else if (key == "world")
+    } else if (key == "world") {
       e.world = static_cast<int>(r.number());
-    else if (key == "max_bytes")
+    } else if (key == "max_bytes") {
       e.max_bytes = static_cast<size_t>(r.number());
-    else if (key == "blocks")
+    } else if (key == "blocks") {
       e.blocks = static_cast<int>(r.number());
-    else if (r.peek('"'))
-      r.string();  // unknown keys are ignored (e.g. measured times)
-    else
-      r.number();
-  }
+    } else {
+      return false;  // unknown keys are ignored (e.g. measured times)
+    }
+    return true;
+  });
   if (e.op.empty() || e.world <= 0) r.fail("entry without op or world");
   return e;
 }
@@ -59,52 +51,23 @@ std::optional<TuningEntry> TuningTable::lookup(const std::string& op, int world,
 TuningTable parse_tuning_table(const std::string& json) {
   TuningTable t;
   Reader r(json, "tuning table");
-  r.expect('{');
-  bool first = true;
-  while (!r.consume('}')) {
-    if (!first) r.expect(',');
-    first = false;
-    const std::string key = r.string();
-    r.expect(':');
-    if (key == "entries") {
-      r.expect('[');
-      bool first_entry = true;
-      while (!r.consume(']')) {
-        if (!first_entry) r.expect(',');
-        first_entry = false;
-        t.entries.push_back(parse_entry(r));
-      }
-    } else if (key == "gpu")
-      t.gpu = r.string();
-    else if (key == "command")
-      t.command = r.string();
-    else if (key == "date")
-      t.date = r.string();
-    else if (r.peek('"'))
-      r.string();
-    else
-      r.number();
-  }
+  r.object([&](const std::string& key) {
+    if (key != "entries") return read_origin(r, key, t);
+    r.array([&] { t.entries.push_back(parse_entry(r)); });
+    return true;
+  });
   r.done();
   return t;
 }
 
 std::string format_tuning_table(const TuningTable& t) {
-  auto quote = [](const std::string& s) {
-    std::string out = "\"";
-    for (char c : s) {
-      if (c == '"' || c == '\\') out.push_back('\\');
-      out.push_back(c);
-    }
-    return out + "\"";
-  };
   std::ostringstream o;
-  o << "{\n  \"gpu\": " << quote(t.gpu) << ",\n  \"command\": " << quote(t.command)
-    << ",\n  \"date\": " << quote(t.date) << ",\n  \"entries\": [\n";
+  write_origin(o, t);
+  o << ",\n  \"entries\": [\n";
   for (size_t i = 0; i < t.entries.size(); ++i) {
     const auto& e = t.entries[i];
-    o << "    {\"op\": " << quote(e.op) << ", \"world\": " << e.world << ", \"max_bytes\": " << e.max_bytes
-      << ", \"algo\": " << quote(algo_name(e.algo)) << ", \"blocks\": " << e.blocks << "}"
+    o << "    {\"op\": " << json_quote(e.op) << ", \"world\": " << e.world << ", \"max_bytes\": " << e.max_bytes
+      << ", \"algo\": " << json_quote(algo_name(e.algo)) << ", \"blocks\": " << e.blocks << "}"
       << (i + 1 < t.entries.size() ? "," : "") << "\n";
   }
   o << "  ]\n}\n";
@@ -112,27 +75,8 @@ std::string format_tuning_table(const TuningTable& t) {
 }
 
 const TuningTable& tuning_table_for(const std::string& gpu_name) {
-  static std::mutex mutex;
-  static std::map<std::string, TuningTable> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(gpu_name);
-  if (it != cache.end()) return it->second;
-  const std::string path = env::tuning_file();
-  TuningTable table;
-  if (!path.empty()) {
-    std::ifstream in(path);
-    if (!in) throw Error(ErrorCode::kInvalidArgument, "SYMMEM_TUNING_FILE=" + path + " cannot be read");
-    std::stringstream text;
-    text << in.rdbuf();
-    table = parse_tuning_table(text.str());
-  } else {
-    std::string file = gpu_name;
-    for (char& c : file)
-      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-    for (const ShippedTable* t = kShippedTables; t->gpu_file; ++t)
-      if (file == t->gpu_file) table = parse_tuning_table(t->json);
-  }
-  return cache.emplace(gpu_name, std::move(table)).first->second;
+  return table_for_gpu<TuningTable>(gpu_name, env::tuning_file, "SYMMEM_TUNING_FILE", kShippedTables,
+                                    parse_tuning_table);
 }
 
 }  // namespace symmem::detail

@@ -29,7 +29,7 @@ UserSync user_sync_template(const HeapArea& area, const SyncArgs& library) {
   for (int r = 0; r < library.world; ++r) s.peer_flags[r] = static_cast<uint64_t*>(area.peer_ptr(r));
   s.epochs = reinterpret_cast<uint32_t*>(static_cast<char*>(area.ptr()) + kUserEpochsOffset);
   s.failure_claim = library.failure_claim;
-  s.failure = reinterpret_cast<FailureRecord*>(library.status);
+  s.failure = reinterpret_cast<FailureRecord*>(library.failure);
   s.abort = library.abort;
   s.timeout_ns = library.timeout_ns;
   s.rank = library.rank;

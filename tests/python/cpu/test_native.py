@@ -101,3 +101,11 @@ def test_refusal_message_and_arguments_come_from_the_c_abi():
     text = ctypes.create_string_buffer(64)
     assert _native.lib.symmem_refusal_message(b"op", 0, 99, b"why", text, len(text)) == 1
     assert b"not a symmem::ErrorCode" in _native.lib.symmem_last_error()
+
+
+def test_collective_numbering_comes_from_the_c_abi():
+    lib = _native.lib
+    names = [lib.symmem_collective_name(v).decode() for v in range(len(_native.COLLECTIVES))]
+    assert list(_native.COLLECTIVES) == names and list(_native.COLLECTIVES.values()) == list(range(len(names)))
+    assert lib.symmem_collective_name(len(names)) is None and lib.symmem_collective_name(-1) is None
+    assert {"all_gather", "all_reduce", "reduce_scatter", "all_to_all"} <= set(_native.COLLECTIVES)

@@ -1,25 +1,42 @@
-// all_reduce, and the reduction path it shares with reduce_scatter: validate -> plan (from values
-// equal on every rank) -> sign -> per chunk: stage local operands peers must reach, launch.
+// all_reduce and reduce_scatter: one path. Validate -> plan (from values equal on every rank) ->
+// sign -> per chunk: stage local operands peers must reach, launch.
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
-#include "collectives/reduction_launch.hpp"
+#include "collectives/entry_points.hpp"
+#include "collectives/operands.hpp"
 #include "collectives/validate.hpp"
 #include "comm/communicator_state.hpp"
 #include "comm/refusal.hpp"
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
 #include "kernels/kernel_args.hpp"
+#include "plan/plan.hpp"
 #include "symmem/collectives.hpp"
 
 namespace symmem::detail {
+namespace {
 
-PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, const Operand& in, size_t count,
-                                    DataType type, ReduceOp op, CommunicatorState& st,
-                                    const CollectiveOptions& options, const RefusalSite* site) {
-  const char* name = reduce_scatter ? "reduce_scatter" : "all_reduce";
-  st.require_one_node(name);
+struct PreparedReduction {
+  ReducePlan plan;
+  bool reduce_scatter = false;
+  size_t count = 0;  // all-reduce: elements; reduce-scatter: elements per rank
+  DataType type = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  bool in_place = false;
+  Resolved in;
+  Resolved out;
+  CallDescriptor call;
+};
+
+// Reduce-scatter: in holds count * world elements, out count; all-reduce: both hold count. Launches
+// nothing. `site`: where this rank's operand checks refuse the call (null: a describe query).
+PreparedReduction prepare(Collective collective, const CallOperand& out, const CallOperand& in, size_t count,
+                          DataType type, ReduceOp op, CommunicatorState& st, const CollectiveOptions& options,
+                          const RefusalSite* site) {
+  const bool reduce_scatter = collective == Collective::kReduceScatter;
+  const char* name = collective_name(collective);
   if (type == DataType::kUInt8)
     throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": uint8 is not reducible; use int32");
   PreparedReduction p;
@@ -54,8 +71,6 @@ PreparedReduction prepare_reduction(bool reduce_scatter, const Operand& out, con
                                 p.in_place ? 0 : p.out.heap_offset);
   return p;
 }
-
-namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -194,37 +209,55 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
 
 }  // namespace
 
-void run_reduction(const PreparedReduction& p, CommunicatorState& st, cudaStream_t stream) {
+void reduction_entry(Collective collective, const CallOperand& out, const CallOperand& in, size_t count,
+                     DataType type, ReduceOp op, Communicator& comm, cudaStream_t stream,
+                     const CollectiveOptions& options) {
+  CommunicatorState& st = state_of(comm);
+  const char* name = collective_name(collective);
+  st.ensure_usable(name);
+  st.require_one_node(name);
+  if (count == 0) return;
+  DeviceGuard guard(st.device);
+  const RefusalSite site{st, collective == Collective::kReduceScatter ? kOpReduceScatter : kOpAllReduce, name, stream};
+  const PreparedReduction p = prepare(collective, out, in, count, type, op, st, options, &site);
   EnqueueScope enqueue(st, stream);
   const uint32_t signature = st.sign_call(p.call);
-  if (st.debug)
-    std::fprintf(stderr, "symmem rank %d: %s %s\n", st.rank, p.reduce_scatter ? "reduce_scatter" : "all_reduce",
-                 describe(p.plan).c_str());
+  if (st.debug) std::fprintf(stderr, "symmem rank %d: %s %s\n", st.rank, name, describe(p.plan).c_str());
   for (const auto& chunk : plan_chunks(p.count, p.plan.chunk_elements))
     launch_chunk(p, st, signature, chunk.begin, chunk.count, stream);
+}
+
+std::string describe_reduction_entry(Collective collective, const CallOperand& out, const CallOperand& in,
+                                     size_t count, DataType type, Communicator& comm,
+                                     const CollectiveOptions& options) {
+  CommunicatorState& st = state_of(comm);
+  DeviceGuard guard(st.device);
+  st.require_one_node(collective_name(collective));
+  return describe(prepare(collective, out, in, count, type, ReduceOp::kSum, st, options, nullptr).plan);
 }
 
 }  // namespace symmem::detail
 
 namespace symmem {
 
-std::string describe_all_reduce(Operand out, Operand in, size_t count, DataType type, Communicator& comm,
-                                const CollectiveOptions& options) {
-  detail::CommunicatorState& st = detail::state_of(comm);
-  detail::DeviceGuard guard(st.device);
-  return detail::describe(
-      detail::prepare_reduction(false, out, in, count, type, ReduceOp::kSum, st, options, nullptr).plan);
-}
-
 void all_reduce(Operand out, Operand in, size_t count, DataType type, ReduceOp op, Communicator& comm,
                 cudaStream_t stream, const CollectiveOptions& options) {
-  detail::CommunicatorState& st = detail::state_of(comm);
-  st.ensure_usable("all_reduce");
-  st.require_one_node("all_reduce");
-  if (count == 0) return;
-  detail::DeviceGuard guard(st.device);
-  const detail::RefusalSite site{st, detail::kOpAllReduce, "all_reduce", stream};
-  detail::run_reduction(detail::prepare_reduction(false, out, in, count, type, op, st, options, &site), st, stream);
+  detail::reduction_entry(detail::Collective::kAllReduce, out, in, count, type, op, comm, stream, options);
+}
+
+void reduce_scatter(Operand out, Operand in, size_t count, DataType type, ReduceOp op, Communicator& comm,
+                    cudaStream_t stream, const CollectiveOptions& options) {
+  detail::reduction_entry(detail::Collective::kReduceScatter, out, in, count, type, op, comm, stream, options);
+}
+
+std::string describe_all_reduce(Operand out, Operand in, size_t count, DataType type, Communicator& comm,
+                                const CollectiveOptions& options) {
+  return detail::describe_reduction_entry(detail::Collective::kAllReduce, out, in, count, type, comm, options);
+}
+
+std::string describe_reduce_scatter(Operand out, Operand in, size_t count, DataType type, Communicator& comm,
+                                    const CollectiveOptions& options) {
+  return detail::describe_reduction_entry(detail::Collective::kReduceScatter, out, in, count, type, comm, options);
 }
 
 }  // namespace symmem
