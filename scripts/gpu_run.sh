@@ -41,7 +41,7 @@ gpu_tests                  C++ GPU tests, one process per GPU (symmem_gpu_tests)
 kill_tests                 a rank killed mid-loop on the SM, low-latency, copy-engine and graph paths (2 ranks)
 hierarchical_tests         the hierarchical tests on 1 node x N and N simulated nodes x 1 (2 ranks)
 torch_tests                every symmem.torch GPU test (tests/python/gpu/run.sh)
-torch_tests_a              the same, first half: docs, FSDP, fused ops, torch layer
+torch_tests_a              the same, first half: every file but those of the second half (docs, FSDP, fused ops, torch layer)
 torch_tests_b              the same, second half: MoE, torch, Triton, nodes
 torch_tests_simulated_nodes  symmem.torch across simulated nodes (SYMMEM_NODE_SIZE)
 shared_gpu_tests           C++ multi-rank protocols, ranks as threads on one GPU (SHARED_WORLDS, default 2 3 4 8)
@@ -238,7 +238,7 @@ run_step() {
     torch_tests) test_step "torch_tests_${n}_ranks" 420 tests/python/gpu/run.sh "$n" ;;
     # The same tests in two halves by file, for two pairs of GPUs at once.
     torch_tests_a) test_step "torch_tests_a_${n}_ranks" 420 tests/python/gpu/run.sh "$n" \
-      -k "test_docs_gpu or test_fsdp_gpu or test_fused_gpu or test_matmul_reduce_scatter_gpu or test_torch_layer_gpu" ;;
+      -k "not (test_moe_gpu or test_torch_gpu or test_triton_gpu or test_nodes_gpu)" ;;
     torch_tests_b) test_step "torch_tests_b_${n}_ranks" 420 tests/python/gpu/run.sh "$n" \
       -k "test_moe_gpu or test_torch_gpu or test_triton_gpu or test_nodes_gpu" ;;
     torch_tests_simulated_nodes) test_step "torch_tests_simulated_nodes_${n}_ranks" 150 \
