@@ -31,7 +31,7 @@
 #
 # Settings: BUNDLE (default .device/bundle.tar.xz, or a build-bundle/ folder), BUDGET_S, OUT,
 # GPU_RUN_WORK (default /tmp/symmem-gpu-run, kept between runs of a warm machine), and per step
-# below (SHARED_WORLDS, FSDP_STEPS, ...). DRY_RUN=1 prints each step's command instead of running it.
+# below (SHARED_WORLDS, SHARED_FILTER: only the shared-GPU cases whose name holds it, FSDP_STEPS, ...). DRY_RUN=1 prints each step's command instead of running it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -245,7 +245,8 @@ run_step() {
       env SYMMEM_NODE_SIZE=$((n / 2)) tests/python/gpu/run.sh "$n" -k simulated_nodes ;;
     shared_gpu_tests)
       for w in ${SHARED_WORLDS:-2 3 4 8}; do
-        test_step "shared_gpu_tests_${w}_ranks" 200 env SYMMEM_SHARED_GPU_WORLDS="$w" "$B/symmem_shared_gpu_tests"
+        test_step "shared_gpu_tests_${w}_ranks" 200 env SYMMEM_SHARED_GPU_WORLDS="$w" "$B/symmem_shared_gpu_tests" \
+          ${SHARED_FILTER:-}
       done ;;
     shared_gpu_moe_tests)
       for w in ${SHARED_WORLDS:-2 3 4 8}; do

@@ -64,7 +64,8 @@ void all_to_all_vdev(Operand out, size_t out_rows, Operand in, size_t in_rows, c
 // The 2-D form (torch's all_to_all_vdev_2d): in_splits has world * experts values, rank-major
 // (rows for rank q's local expert e at q * experts + e); the output is expert-major: for each local
 // expert e, the rows of sender 0, 1, ..., each expert's extent rounded up to major_align rows and
-// at least major_align (torch's rule; pass 1 for no padding beyond that). out_splits_offsets is
+// at least major_align (torch's rule; pass 1 for no padding beyond that); padding rows are not
+// written (in place they keep the input's bytes). out_splits_offsets is
 // 2 x (experts * world), expert-major (k = e * world + r). world * experts <= 1024.
 void all_to_all_vdev_2d(Operand out, size_t out_rows, Operand in, size_t in_rows, const int64_t* in_splits,
                         int64_t* out_splits_offsets, size_t row_bytes, int experts, int64_t major_align,

@@ -79,6 +79,16 @@ def tolerance(dtype, world, order, op="sum"):
     return _gamma(to_type, u) + accumulate * (1 + _gamma(to_type, u)) + reference
 
 
+def matmul_tolerance(k):
+    """The factor of |A| @ |B| within which a product of k-long rows and columns, accumulated in
+    float32 in any order and blocking, lies from the exact product: gamma(k) at float32's machine
+    epsilon (2u: also for adders that truncate, as tensor cores may; k roundings counting the
+    products' for float32 inputs), plus the float64 reference's own. A worst-case bound, never
+    exceeded: sqrt(k) eps (torch's _assert_matmul_accuracy) is the typical error, not the largest.
+    Add one rounding to the output type (unit_roundoff) of the result where the op rounds."""
+    return _gamma(k, torch.finfo(torch.float32).eps) + _gamma(k, unit_roundoff(torch.float64))
+
+
 def _subnormal_step(dtype):
     """Half the spacing of `dtype`'s subnormals: a rounding's absolute error near zero."""
     info = torch.finfo(dtype)

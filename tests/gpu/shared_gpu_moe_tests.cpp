@@ -223,9 +223,12 @@ Routing route(int world, int experts, int64_t align, Skew skew, uint32_t max_ent
 
 // Compares rank `me`'s output (out_rows rows) with what the routing sends it; rows nobody writes
 // (2-D padding, slack) must hold the poison.
-size_t wrong_bytes(const Routing& m, int me, const std::vector<uint8_t>& got, size_t row_bytes, uint64_t seed) {
+// `before`: what the output held before the call where that is not the poison (in place: the
+// input's rows); the rows that receive nothing (the 2-D form's padding) must still hold it.
+size_t wrong_bytes(const Routing& m, int me, const std::vector<uint8_t>& got, size_t row_bytes, uint64_t seed,
+                   const std::vector<uint8_t>* before = nullptr) {
   const detail::SplitMatrix v = m.view();
-  std::vector<uint8_t> expected(got.size(), kPoison);
+  std::vector<uint8_t> expected = before ? *before : std::vector<uint8_t>(got.size(), kPoison);
   for (int k = 0; k < m.world * m.experts; ++k) {
     const detail::AllToAllPiece p = detail::receive_piece(v, me, k, row_bytes);
     for (uint64_t b = 0; b < p.bytes; ++b) {
@@ -249,6 +252,9 @@ std::string run_routed_case(const VariableCase& c, const Routing& m, SharedRank&
   if (out_rows) TEST_CUDA(cudaMemsetAsync(out.ptr(), kPoison, out_rows * c.row_bytes, r.stream));
   TEST_CUDA(cudaMemsetAsync(splits_out, 0xFF, 2 * n * sizeof(int64_t), r.stream));
   fill_rows(in.ptr(), in_rows, c.row_bytes, seed, r.rank, r.stream);
+  const bool in_place = in.ptr() != nullptr && in.ptr() == out.ptr();
+  const std::vector<uint8_t> before =
+      in_place ? download(out.ptr(), out_rows * c.row_bytes, r.stream) : std::vector<uint8_t>();
   std::vector<int64_t> mine(n), expect_from(r.world);
   for (int j = 0; j < n; ++j) mine[j] = m.splits[size_t(r.rank) * n + j];
   for (int s = 0; s < r.world; ++s) expect_from[s] = m.splits[size_t(s) * n + r.rank];
@@ -269,7 +275,8 @@ std::string run_routed_case(const VariableCase& c, const Routing& m, SharedRank&
   }
   r.comm->synchronize(r.stream);
   std::string wrong;
-  const size_t bad = wrong_bytes(m, r.rank, download(out.ptr(), out_rows * c.row_bytes, r.stream), c.row_bytes, seed);
+  const size_t bad = wrong_bytes(m, r.rank, download(out.ptr(), out_rows * c.row_bytes, r.stream), c.row_bytes, seed,
+                                 in_place ? &before : nullptr);
   if (bad) wrong += std::to_string(bad) + " output bytes wrong";
   if (c.form != Form::kHostSplits) {
     std::vector<int64_t> so(2 * n);

@@ -76,9 +76,13 @@ void run_rank_threads(int world, const std::function<std::unique_ptr<SharedRank>
     });
   }
   for (auto& t : threads) t.join();
+  // Every rank's error, not only the first: a rank that failed first often leaves its peers
+  // timing out later, and which rank saw what is the diagnosis.
+  std::string failures;
   for (int r = 0; r < world; ++r)
     if (!errors[r].empty())
-      throw Failure("world " + std::to_string(world) + ", rank " + std::to_string(r) + ": " + errors[r]);
+      failures += (failures.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + errors[r]);
+  if (!failures.empty()) throw Failure("world " + std::to_string(world) + ", " + failures);
 }
 
 void replay_captured(SharedRank& r, const std::function<void()>& record, int replays) {

@@ -694,7 +694,9 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
 
 // Both fused ops with b column-major (torch's W.t(), read in place by the GEMM's column-major-B
 // kernels) between ranks on one GPU: the same exact results as with b row-major above, back to
-// back. The layout is this rank's own affair (the protocol does not see it).
+// back. Each matmul_reduce_scatter call runs with the same B in both layouts, one after the other,
+// so a wrong result says which layout (or both: the sequence) is at fault. The layout is this
+// rank's own affair (the protocol does not see it).
 TEST(shared_gpu_fused_ops_take_a_column_major_b) {
   for_fused_worlds("fused ops with a column-major b", [](Rank& r, std::string* unsupported) {
     uint64_t iteration = 1000;
@@ -706,10 +708,13 @@ TEST(shared_gpu_fused_ops_take_a_column_major_b) {
         Buffer* workspace = r.comm->allocate(matmul_reduce_scatter_workspace_bytes(m, shape.n));
         *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
         if (!unsupported->empty()) return;
+        const size_t c_shard_bytes = size_t(shape.rows) * shape.n * elem;
         DeviceBuffer a_shard(size_t(shape.rows) * shape.k * elem), a(size_t(m) * shape.k * elem),
-            b(size_t(shape.k) * shape.n * elem), c(size_t(m) * shape.n * elem),
-            c_shard(size_t(shape.rows) * shape.n * elem);
-        Counters wrong(2, r.stream);
+            b(size_t(shape.k) * shape.n * elem), b_row(size_t(shape.k) * shape.n * elem),
+            c(size_t(m) * shape.n * elem), c_shard(c_shard_bytes), c_shard_row(c_shard_bytes);
+        // all_gather_matmul column-major; matmul_reduce_scatter column-major, row-major, and the
+        // bytes of the two.
+        Counters wrong(4, r.stream);
         const char* op = "all_gather_matmul";
         try {
           const uint64_t b_seed = pattern_seed(99, 8);
@@ -726,24 +731,32 @@ TEST(shared_gpu_fused_ops_take_a_column_major_b) {
           op = "matmul_reduce_scatter";
           for (int i = 0; i < kFusedRepeats; ++i) {
             const uint64_t it = ++iteration;
-            TEST_CUDA(cudaMemsetAsync(c_shard.ptr, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
+            const uint64_t seed = pattern_seed(r.rank, it + kSecondOperand);
             fill_small_integers(a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-            fill_small_integers_column_major(b.ptr, shape.k, shape.n, type, pattern_seed(r.rank, it + kSecondOperand),
-                                             r.stream);
+            fill_small_integers_column_major(b.ptr, shape.k, shape.n, type, seed, r.stream);
+            fill_small_integers(b_row.ptr, size_t(shape.k) * shape.n, type, seed, r.stream);
+            TEST_CUDA(cudaMemsetAsync(c_shard.ptr, 0xFF, c_shard_bytes, r.stream));
+            TEST_CUDA(cudaMemsetAsync(c_shard_row.ptr, 0xFF, c_shard_bytes, r.stream));
             matmul_reduce_scatter(c_shard.ptr, *workspace, a.ptr, b.ptr, m, shape.n, shape.k, type, *r.comm,
                                   r.stream, MatrixLayout::kColumnMajor);
+            matmul_reduce_scatter(c_shard_row.ptr, *workspace, a.ptr, b_row.ptr, m, shape.n, shape.k, type, *r.comm,
+                                  r.stream, MatrixLayout::kRowMajor);
             count_summed_product_mismatches(c_shard.ptr, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
                                             type, it, wrong.at(1), r.stream);
+            count_summed_product_mismatches(c_shard_row.ptr, r.rank * shape.rows, shape.rows, shape.n, shape.k,
+                                            r.world, type, it, wrong.at(2), r.stream);
+            count_differences(c_shard.ptr, c_shard_row.ptr, c_shard_bytes, wrong.at(3), r.stream);
           }
         } catch (const Error& e) {
           throw Failure(fused_case(op, type, shape) + " (column-major b): " + e.what());
         }
         const std::vector<unsigned long long> counts = wrong.read(r.stream);
-        for (size_t i = 0; i < counts.size(); ++i)
-          if (counts[i] != 0)
-            throw Failure(fused_case(i == 0 ? "all_gather_matmul" : "matmul_reduce_scatter", type, shape) +
-                          " (column-major b): " + std::to_string(counts[i]) + " wrong elements, rank " +
-                          std::to_string(r.rank));
+        if (counts[0] != 0 || counts[1] != 0 || counts[2] != 0 || counts[3] != 0)
+          throw Failure(fused_case(counts[0] != 0 ? "all_gather_matmul" : "matmul_reduce_scatter", type, shape) +
+                        ", rank " + std::to_string(r.rank) + ", wrong elements over " + std::to_string(kFusedRepeats) +
+                        " calls: all_gather_matmul column-major b " + std::to_string(counts[0]) +
+                        "; matmul_reduce_scatter column-major b " + std::to_string(counts[1]) + ", row-major b " +
+                        std::to_string(counts[2]) + ", bytes differing between the two " + std::to_string(counts[3]));
         r.comm->free(workspace);
         r.comm->free(gathered);
       }
