@@ -31,7 +31,8 @@
 #
 # Settings: BUNDLE (default .device/bundle.tar.xz, or a build-bundle/ folder), BUDGET_S, OUT,
 # GPU_RUN_WORK (default /tmp/symmem-gpu-run, kept between runs of a warm machine), and per step
-# below (SHARED_WORLDS, SHARED_FILTER: only the shared-GPU cases whose name holds it, FSDP_STEPS, ...). DRY_RUN=1 prints each step's command instead of running it.
+# below (SHARED_WORLDS, SHARED_FILTER: only the shared-GPU cases whose name holds it, FSDP_STEPS,
+# MOE_AB_ARGS and FUSED_ARGS: more arguments of those benches, ...). DRY_RUN=1 prints each step's command instead of running it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -358,7 +359,8 @@ run_step() {
           [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
           step "moe_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" \
             python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.moe --reps 5 \
-            --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" --out "$L/moe_ab_${lib}_${rep}_$n"
+            --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" ${MOE_AB_ARGS:-} \
+            --out "$L/moe_ab_${lib}_${rep}_$n"
         done
       done ;;
     fused)
@@ -368,7 +370,7 @@ run_step() {
     fused_b_transposed)  # B given as W.t() (read in place, column-major) against a contiguous B, same run
       for op in all_gather_matmul matmul_reduce_scatter; do
         torchbench "${op}_b_transposed_$n" 150 all_gather_matmul "$op" --op $op --reps 7 --dtypes fp16 bf16 \
-          --impls gemm_alone symmem_fused symmem_fused_b_transposed
+          --impls gemm_alone symmem_fused symmem_fused_b_transposed ${FUSED_ARGS:-}
       done ;;
     all_gather_matmul_triton) torchbench "all_gather_matmul_triton_$n" 300 all_gather_matmul all_gather_matmul --reps 7 \
       --dtypes fp16 --impls gemm_alone nccl_then_gemm symmem_fused symmem_triton_fused ;;
@@ -403,6 +405,7 @@ run_step() {
       fi ;;
     host_cost_ab)  # host and graph cost of st.all_reduce at 0.5 MiB, world 1: an older tree (bundle.sh OLD_TORCH_TREE) and this one interleaved
       [ -f "$B/old_torch/COMMIT" ] || { say "host_cost_ab: no old tree in the bundle (bundle.sh OLD_TORCH_TREE)"; return; }
+      [ "$n" = 1 ] || { say "host_cost_ab: world 1, in a lane of one GPU (this lane has $n)"; return; }
       step torch_host_cost_ab_1 300 python3 tools/torch_host_cost_ab.py \
         --tree "$(cat "$B/old_torch/COMMIT")=$B/old_torch:$B/old_torch/libsymmem_capi.so" --tree "new=.:$B/libsymmem_capi.so" \
         --reps "${REPS:-5}" --samples 5 --cpu 3 --gpu "$GPU" --out "$L/torch_host_cost_ab_1.csv"

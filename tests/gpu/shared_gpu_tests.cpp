@@ -21,6 +21,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -593,39 +595,105 @@ void for_fused_worlds(const char* what, const std::function<void(Rank&, std::str
   }
 }
 
+// The most bytes `bytes(shape)` takes over kFusedShapes (16-bit elements).
+size_t largest_over_shapes(const std::function<size_t(const FusedShape&)>& bytes) {
+  size_t most = 0;
+  for (const FusedShape& shape : kFusedShapes) most = std::max(most, bytes(shape));
+  return most;
+}
+
+constexpr size_t kFusedCases = std::size(kFusedShapes) * std::size(kFusedTypes);
+
+// Every buffer of one rank's fused cases, for the largest shape, allocated before the ranks' first
+// wait and freed after their last (shared_gpu_ranks.hpp: an allocation or a free between the
+// ranks' calls can hold up a peer's launches until its calls time out), and `slots` counters per
+// case (shape, type).
+struct FusedBuffers {
+  Rank& r;
+  Buffer* gathered;   // [rows * world x k]
+  Buffer* workspace;  // matmul_reduce_scatter's
+  DeviceBuffer a_shard, a, b, b_row, c, c_shard, c_shard_row;
+  Counters wrong;
+  const size_t slots;
+
+  FusedBuffers(Rank& rank, size_t slots_per_case)
+      : r(rank),
+        gathered(r.comm->allocate(largest([](const FusedShape& s, int w) { return size_t(s.rows) * w * s.k; }))),
+        workspace(r.comm->allocate(largest_over_shapes([&](const FusedShape& s) {
+          return matmul_reduce_scatter_workspace_bytes(int64_t(s.rows) * r.world, s.n);
+        }))),
+        a_shard(largest([](const FusedShape& s, int) { return size_t(s.rows) * s.k; })),
+        a(largest([](const FusedShape& s, int w) { return size_t(s.rows) * w * s.k; })),
+        b(largest([](const FusedShape& s, int) { return size_t(s.k) * s.n; })),
+        b_row(b.bytes),
+        c(largest([](const FusedShape& s, int w) { return size_t(s.rows) * w * s.n; })),
+        c_shard(largest([](const FusedShape& s, int) { return size_t(s.rows) * s.n; })),
+        c_shard_row(c_shard.bytes),
+        wrong(kFusedCases * slots_per_case, r.stream),
+        slots(slots_per_case) {
+    wait_for_every_rank(r);
+  }
+  ~FusedBuffers() {
+    // After every rank's last call; a rank that failed frees at once (its peers' calls may then
+    // time out: the failure is reported already).
+    if (std::uncaught_exceptions() == 0) {
+      try {
+        r.comm->synchronize(r.stream);
+        wait_for_every_rank(r);
+      } catch (...) {
+      }
+    }
+    r.comm->free(workspace);
+    r.comm->free(gathered);
+  }
+  // The counters of case `index` (0 .. kFusedCases - 1), read back.
+  std::vector<unsigned long long> read(size_t index) const {
+    const std::vector<unsigned long long> all = wrong.read(r.stream);
+    return {all.begin() + index * slots, all.begin() + (index + 1) * slots};
+  }
+  unsigned long long* at(size_t index, size_t slot) const { return wrong.at(index * slots + slot); }
+
+ private:
+  size_t largest(size_t (*elements)(const FusedShape&, int world)) const {
+    const int world = r.world;
+    return 2 * largest_over_shapes([&](const FusedShape& s) { return elements(s, world); });
+  }
+};
+
 // all_gather_matmul between ranks on one GPU: the copies, handshakes, piece flags and the
 // GEMM's waits; A local or in place (a_shard = this rank's slot), eager and replayed from a graph.
 TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
   for_fused_worlds("all_gather_matmul", [](Rank& r, std::string* unsupported) {
+    FusedBuffers buffers(r, 2 * 2 * kFusedRepeats);
     uint64_t iteration = 0;
+    size_t index = 0;
     for (const FusedShape& shape : kFusedShapes) {
       for (DataType type : kFusedTypes) {
+        const size_t case_index = index++;
         const int m = shape.rows * r.world;
         const size_t elem = dtype_size(type);
-        Buffer* gathered = r.comm->allocate(size_t(m) * shape.k * elem);
+        Buffer* gathered = buffers.gathered;
         *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
         if (!unsupported->empty()) return;
-        DeviceBuffer a_shard(size_t(shape.rows) * shape.k * elem), b(size_t(shape.k) * shape.n * elem),
-            c(size_t(m) * shape.n * elem);
-        Counters wrong(2 * 2 * kFusedRepeats, r.stream);
         char* own_slot = static_cast<char*>(gathered->ptr()) + size_t(r.rank) * shape.rows * shape.k * elem;
         const uint64_t b_seed = pattern_seed(99, 7);
-        fill_small_integers(b.ptr, size_t(shape.k) * shape.n, type, b_seed, r.stream);
+        fill_small_integers(buffers.b.ptr, size_t(shape.k) * shape.n, type, b_seed, r.stream);
         size_t check = 0;
         std::string phase;  // what ran last, for an error's message
         try {
           for (bool in_place : {false, true}) {
-            void* input = in_place ? static_cast<void*>(own_slot) : a_shard.ptr;
+            void* input = in_place ? static_cast<void*>(own_slot) : buffers.a_shard.ptr;
             auto one_call = [&](uint64_t it, size_t slot) {
-              TEST_CUDA(cudaMemsetAsync(c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
+              TEST_CUDA(cudaMemsetAsync(buffers.c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
               fill_small_integers(input, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-              all_gather_matmul(c.ptr, *gathered, input, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream);
-              count_gathered_product_mismatches(c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed,
-                                                wrong.at(slot), r.stream);
+              all_gather_matmul(buffers.c.ptr, *gathered, input, buffers.b.ptr, m, shape.n, shape.k, type, *r.comm,
+                                r.stream);
+              count_gathered_product_mismatches(buffers.c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed,
+                                                buffers.at(case_index, slot), r.stream);
               for (int s = 0; s < r.world; ++s)
                 count_small_integer_mismatches(
                     static_cast<char*>(gathered->ptr()) + size_t(s) * shape.rows * shape.k * elem,
-                    size_t(shape.rows) * shape.k, type, pattern_seed(s, it), wrong.at(slot), r.stream);
+                    size_t(shape.rows) * shape.k, type, pattern_seed(s, it), buffers.at(case_index, slot), r.stream);
             };
             phase = std::string(in_place ? "in place, " : "") + "eager calls";
             for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, check++);
@@ -640,14 +708,13 @@ TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
         } catch (const Error& e) {
           throw Failure(fused_case("all_gather_matmul", type, shape) + " (" + phase + "): " + e.what());
         }
-        const std::vector<unsigned long long> counts = wrong.read(r.stream);
+        const std::vector<unsigned long long> counts = buffers.read(case_index);
         for (size_t i = 0; i < counts.size(); ++i)
           if (counts[i] != 0)
             throw Failure(fused_case("all_gather_matmul", type, shape) +
                           (i >= size_t(2 * kFusedRepeats) ? " in place" : "") +
                           (i % (2 * kFusedRepeats) >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
                           std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
-        r.comm->free(gathered);
       }
     }
   });
@@ -657,36 +724,35 @@ TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
 // and the sums in rank order; eager and replayed from a graph.
 TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
   for_fused_worlds("matmul_reduce_scatter", [](Rank& r, std::string* unsupported) {
+    FusedBuffers buffers(r, 2 * kFusedRepeats);
     uint64_t iteration = 0;
+    size_t index = 0;
     for (const FusedShape& shape : kFusedShapes) {
       for (DataType type : kFusedTypes) {
+        const size_t case_index = index++;
         const int m = shape.rows * r.world;
         const size_t elem = dtype_size(type);
-        Buffer* workspace = r.comm->allocate(matmul_reduce_scatter_workspace_bytes(m, shape.n));
+        Buffer* workspace = buffers.workspace;
         *unsupported = matmul_reduce_scatter_unsupported(*workspace, m, shape.n, shape.k, type, *r.comm);
         if (!unsupported->empty()) return;
-        DeviceBuffer a(size_t(m) * shape.k * elem), b(size_t(shape.k) * shape.n * elem),
-            c_shard(size_t(shape.rows) * shape.n * elem);
-        Counters wrong(2 * kFusedRepeats, r.stream);
+        void *a = buffers.a.ptr, *b = buffers.b.ptr, *c_shard = buffers.c_shard.ptr;
         auto one_call = [&](uint64_t it, size_t slot) {
-          TEST_CUDA(cudaMemsetAsync(c_shard.ptr, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
-          fill_small_integers(a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-          fill_small_integers(b.ptr, size_t(shape.k) * shape.n, type, pattern_seed(r.rank, it + kSecondOperand),
-                              r.stream);
-          matmul_reduce_scatter(c_shard.ptr, *workspace, a.ptr, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream);
-          count_summed_product_mismatches(c_shard.ptr, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
-                                          type, it, wrong.at(slot), r.stream);
+          TEST_CUDA(cudaMemsetAsync(c_shard, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
+          fill_small_integers(a, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+          fill_small_integers(b, size_t(shape.k) * shape.n, type, pattern_seed(r.rank, it + kSecondOperand), r.stream);
+          matmul_reduce_scatter(c_shard, *workspace, a, b, m, shape.n, shape.k, type, *r.comm, r.stream);
+          count_summed_product_mismatches(c_shard, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world, type,
+                                          it, buffers.at(case_index, slot), r.stream);
         };
         for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, size_t(i));
         const uint64_t captured_iteration = ++iteration;
         replay_captured(r, [&] { one_call(captured_iteration, kFusedRepeats); }, kFusedRepeats);
-        const std::vector<unsigned long long> counts = wrong.read(r.stream);
+        const std::vector<unsigned long long> counts = buffers.read(case_index);
         for (size_t i = 0; i < counts.size(); ++i)
           if (counts[i] != 0)
             throw Failure(fused_case("matmul_reduce_scatter", type, shape) +
                           (i >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
                           std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
-        r.comm->free(workspace);
       }
     }
   });
@@ -699,66 +765,65 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
 // rank's own affair (the protocol does not see it).
 TEST(shared_gpu_fused_ops_take_a_column_major_b) {
   for_fused_worlds("fused ops with a column-major b", [](Rank& r, std::string* unsupported) {
+    // all_gather_matmul column-major; matmul_reduce_scatter column-major, row-major, and the bytes
+    // of the two.
+    FusedBuffers buffers(r, 4);
     uint64_t iteration = 1000;
+    size_t index = 0;
     for (const FusedShape& shape : kFusedShapes) {
       for (DataType type : kFusedTypes) {
+        const size_t case_index = index++;
         const int m = shape.rows * r.world;
         const size_t elem = dtype_size(type);
-        Buffer* gathered = r.comm->allocate(size_t(m) * shape.k * elem);
-        Buffer* workspace = r.comm->allocate(matmul_reduce_scatter_workspace_bytes(m, shape.n));
+        Buffer *gathered = buffers.gathered, *workspace = buffers.workspace;
         *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
         if (!unsupported->empty()) return;
         const size_t c_shard_bytes = size_t(shape.rows) * shape.n * elem;
-        DeviceBuffer a_shard(size_t(shape.rows) * shape.k * elem), a(size_t(m) * shape.k * elem),
-            b(size_t(shape.k) * shape.n * elem), b_row(size_t(shape.k) * shape.n * elem),
-            c(size_t(m) * shape.n * elem), c_shard(c_shard_bytes), c_shard_row(c_shard_bytes);
-        // all_gather_matmul column-major; matmul_reduce_scatter column-major, row-major, and the
-        // bytes of the two.
-        Counters wrong(4, r.stream);
+        void *b = buffers.b.ptr, *b_row = buffers.b_row.ptr, *c = buffers.c.ptr;
+        void *c_shard = buffers.c_shard.ptr, *c_shard_row = buffers.c_shard_row.ptr;
         const char* op = "all_gather_matmul";
         try {
           const uint64_t b_seed = pattern_seed(99, 8);
-          fill_small_integers_column_major(b.ptr, shape.k, shape.n, type, b_seed, r.stream);
+          fill_small_integers_column_major(b, shape.k, shape.n, type, b_seed, r.stream);
           for (int i = 0; i < kFusedRepeats; ++i) {
             const uint64_t it = ++iteration;
-            TEST_CUDA(cudaMemsetAsync(c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
-            fill_small_integers(a_shard.ptr, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-            all_gather_matmul(c.ptr, *gathered, a_shard.ptr, b.ptr, m, shape.n, shape.k, type, *r.comm, r.stream,
+            TEST_CUDA(cudaMemsetAsync(c, 0xFF, size_t(m) * shape.n * elem, r.stream));
+            fill_small_integers(buffers.a_shard.ptr, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it),
+                                r.stream);
+            all_gather_matmul(c, *gathered, buffers.a_shard.ptr, b, m, shape.n, shape.k, type, *r.comm, r.stream,
                               MatrixLayout::kColumnMajor);
-            count_gathered_product_mismatches(c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed, wrong.at(0),
-                                              r.stream);
+            count_gathered_product_mismatches(c, m, shape.n, shape.k, shape.rows, type, it, b_seed,
+                                              buffers.at(case_index, 0), r.stream);
           }
           op = "matmul_reduce_scatter";
           for (int i = 0; i < kFusedRepeats; ++i) {
             const uint64_t it = ++iteration;
             const uint64_t seed = pattern_seed(r.rank, it + kSecondOperand);
-            fill_small_integers(a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-            fill_small_integers_column_major(b.ptr, shape.k, shape.n, type, seed, r.stream);
-            fill_small_integers(b_row.ptr, size_t(shape.k) * shape.n, type, seed, r.stream);
-            TEST_CUDA(cudaMemsetAsync(c_shard.ptr, 0xFF, c_shard_bytes, r.stream));
-            TEST_CUDA(cudaMemsetAsync(c_shard_row.ptr, 0xFF, c_shard_bytes, r.stream));
-            matmul_reduce_scatter(c_shard.ptr, *workspace, a.ptr, b.ptr, m, shape.n, shape.k, type, *r.comm,
+            fill_small_integers(buffers.a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+            fill_small_integers_column_major(b, shape.k, shape.n, type, seed, r.stream);
+            fill_small_integers(b_row, size_t(shape.k) * shape.n, type, seed, r.stream);
+            TEST_CUDA(cudaMemsetAsync(c_shard, 0xFF, c_shard_bytes, r.stream));
+            TEST_CUDA(cudaMemsetAsync(c_shard_row, 0xFF, c_shard_bytes, r.stream));
+            matmul_reduce_scatter(c_shard, *workspace, buffers.a.ptr, b, m, shape.n, shape.k, type, *r.comm,
                                   r.stream, MatrixLayout::kColumnMajor);
-            matmul_reduce_scatter(c_shard_row.ptr, *workspace, a.ptr, b_row.ptr, m, shape.n, shape.k, type, *r.comm,
+            matmul_reduce_scatter(c_shard_row, *workspace, buffers.a.ptr, b_row, m, shape.n, shape.k, type, *r.comm,
                                   r.stream, MatrixLayout::kRowMajor);
-            count_summed_product_mismatches(c_shard.ptr, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
-                                            type, it, wrong.at(1), r.stream);
-            count_summed_product_mismatches(c_shard_row.ptr, r.rank * shape.rows, shape.rows, shape.n, shape.k,
-                                            r.world, type, it, wrong.at(2), r.stream);
-            count_differences(c_shard.ptr, c_shard_row.ptr, c_shard_bytes, wrong.at(3), r.stream);
+            count_summed_product_mismatches(c_shard, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
+                                            type, it, buffers.at(case_index, 1), r.stream);
+            count_summed_product_mismatches(c_shard_row, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
+                                            type, it, buffers.at(case_index, 2), r.stream);
+            count_differences(c_shard, c_shard_row, c_shard_bytes, buffers.at(case_index, 3), r.stream);
           }
         } catch (const Error& e) {
           throw Failure(fused_case(op, type, shape) + " (column-major b): " + e.what());
         }
-        const std::vector<unsigned long long> counts = wrong.read(r.stream);
+        const std::vector<unsigned long long> counts = buffers.read(case_index);
         if (counts[0] != 0 || counts[1] != 0 || counts[2] != 0 || counts[3] != 0)
           throw Failure(fused_case(counts[0] != 0 ? "all_gather_matmul" : "matmul_reduce_scatter", type, shape) +
                         ", rank " + std::to_string(r.rank) + ", wrong elements over " + std::to_string(kFusedRepeats) +
                         " calls: all_gather_matmul column-major b " + std::to_string(counts[0]) +
                         "; matmul_reduce_scatter column-major b " + std::to_string(counts[1]) + ", row-major b " +
                         std::to_string(counts[2]) + ", bytes differing between the two " + std::to_string(counts[3]));
-        r.comm->free(workspace);
-        r.comm->free(gathered);
       }
     }
   });

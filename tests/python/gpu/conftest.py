@@ -23,6 +23,10 @@ import torch.distributed as dist  # noqa: E402
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+# Inductor's FX graph cache keys a compiled graph on the group's name, not its size
+# (docs/limitations.md): runs at several world sizes on one machine keep one cache each.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                      f"/tmp/torchinductor_symmem_tests_world{os.environ.get('WORLD_SIZE', '1')}")
 
 
 def pytest_configure(config):
