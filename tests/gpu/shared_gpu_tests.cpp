@@ -285,9 +285,9 @@ TEST(shared_gpu_random_calls_match_references) {
 // The largest grids automatic plans make, back to back with no synchronisation between them (so
 // that each rank's next kernel is resident early, PDL), and no SM budget from the caller: every
 // rank's blocks and early successors must fit the GPU together at every world size, whatever the
-// planner asks for (two-shot and pull at 64 blocks, low latency at 128). With the share the
-// planner used before issue 28 (sm_count / (W + 1)), four ranks' 26-block two-shot all-reduces and
-// their successors needed 208 SMs of 132 and waited for a rank that could not start.
+// planner asks for (two-shot and pull at 64 blocks, low latency at 128). With a share of
+// sm_count / (W + 1) per rank, four ranks' 26-block two-shot all-reduces and their successors
+// would need 208 SMs of 132 and wait for a rank that could not start.
 TEST(shared_gpu_automatic_plans_need_no_block_budget) {
   constexpr size_t kMaxOperandElements = kMaxRankBytes / 4;  // float32, per rank slot
   for (int world : shared_gpu_worlds()) {
@@ -353,8 +353,8 @@ TEST(shared_gpu_graph_replays_between_eager_calls) {
 }
 
 // max and min of floating types ignore NaN, as NCCL's (fmaxf / __hmax): the result is NaN only
-// where every rank holds NaN, whatever rank holds it and whichever algorithm runs. Before issue 27
-// the kernels compared (a > b ? a : b), so the result depended on which rank held the NaN. Inputs
+// where every rank holds NaN, whatever rank holds it and whichever algorithm runs (a plain
+// (a > b ? a : b) would make the result depend on which rank held the NaN). Inputs
 // are small integers (exact in every type) with NaN at places that differ by rank, and everywhere
 // at every 97th element; compared on the host with the bits of the reference's non-NaN results.
 namespace {

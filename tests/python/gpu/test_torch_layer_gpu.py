@@ -1,4 +1,4 @@
-"""torch.distributed's promises, kept by symmem.torch on the GPU (issue 27): a group's calls from
+"""torch.distributed's promises, kept by symmem.torch on the GPU: a group's calls from
 any streams run in host order, eager and under capture; an async Work means what NCCL's Work
 means; NaN in max/min as NCCL; FSDP never lends memory of a closed communicator; groups destroyed
 and made again (group_cycles_worker.py) leak nothing and never reuse a dead group's pool.
