@@ -219,8 +219,7 @@ class SymmemReduceScatter(_Comm, _ReduceScatterBase):
 
 
 # The SM budget of FSDP's symmem collectives: they overlap the GEMMs, and every block they take is
-# one the GEMMs lose. 32 is about NCCL's share (its ring kernels run 24 blocks on 2 x H200), and
-# the reduce-scatter alone at 32 blocks is as fast as NCCL's at layer sizes (bench/results/h200/fsdp).
+# one the GEMMs lose. 32 is about NCCL's share (its ring kernels run 24 blocks on 2 x H200).
 FSDP_MAX_BLOCKS = 32
 
 

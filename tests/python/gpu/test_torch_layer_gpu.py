@@ -3,7 +3,7 @@ any streams run in host order, eager and under capture; an async Work means what
 means; NaN in max/min as NCCL; FSDP never lends memory of a closed communicator; groups destroyed
 and made again (group_cycles_worker.py) leak nothing and never reuse a dead group's pool.
 
-Each scenario was seen failing on 8ad5a53 (bench/results/h100/torch_layer/, the _before logs).
+Each scenario fails on a tree without the mechanism it checks (seen on 8ad5a53).
 Reductions are checked bit for bit against symmem's documented order (reduction_checks): a race
 (a call reading a buffer another call still writes) changes bits, where a tolerance against NCCL
 would have to allow another order's rounding, which grows with the world size."""
