@@ -7,8 +7,8 @@
 //                   the copy precedes the GEMM on this stream; a stream write each cost
 //                   microseconds before the GEMM could start). This copy runs on
 //                   SMs: the driver copies within one GPU with a kernel, whatever the API
-//                   (cudaMemcpyAsync, cuMemcpyBatchAsync, cudaMemcpyPeerAsync: measured on H200,
-//                   tools/copy_engine_probe.cu), and a kernel queued beside the persistent GEMM
+//                   (cudaMemcpyAsync, cuMemcpyBatchAsync, cudaMemcpyPeerAsync: measured on an
+//                   H200), and a kernel queued beside the persistent GEMM
 //                   that waits for it gets no SM: a deadlock until the deadline. So it precedes
 //                   the GEMM in stream order. Needs no handshake: the peers finished reading slot r
 //                   of the previous call (its done handshake precedes this call on this stream).

@@ -1,7 +1,7 @@
 """Unchanged PyTorch training and decoding on plain NCCL and through libsymmem_nccl.so.
 
-scripts/nccl_torch_run.sh runs this twice under torchrun, once plainly and once with the shim
-preloaded (LD_PRELOAD), then compares the two:
+scripts/gpu_nccl_shim.sh (its step "torch") runs this under torchrun, once plainly and with the
+shim preloaded (LD_PRELOAD), then compares them:
 
   torchrun --nproc-per-node 2 tests/nccl/torch_steps.py --out OUT/nccl       # each rank: OUT/nccl.rank<r>.pt
   python3 tests/nccl/torch_steps.py --compare OUT/nccl OUT/shim --ranks 2
