@@ -31,8 +31,8 @@
 #
 # Settings: BUNDLE (default .device/bundle.tar.xz, or a build-bundle/ folder), BUDGET_S, OUT,
 # GPU_RUN_WORK (default /tmp/symmem-gpu-run, kept between runs of a warm machine), and per step
-# below (SHARED_WORLDS, SHARED_FILTER: only the shared-GPU cases whose name holds it, FSDP_STEPS,
-# MOE_AB_ARGS and FUSED_ARGS: more arguments of those benches, ...). DRY_RUN=1 prints each step's command instead of running it.
+# below (SHARED_WORLDS; SHARED_FILTER: only the cases of shared_gpu_tests whose name holds it;
+# FSDP_STEPS; MOE_AB_ARGS, FUSED_ARGS: more arguments of moe_ab's and fused_b_transposed's benches; ...). DRY_RUN=1 prints each step's command instead of running it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 

@@ -82,10 +82,13 @@ def tolerance(dtype, world, order, op="sum"):
 def matmul_tolerance(k):
     """The factor of |A| @ |B| within which a product of k-long rows and columns, accumulated in
     float32 in any order and blocking, lies from the exact product: gamma(k) at float32's machine
-    epsilon (2u: also for adders that truncate, as tensor cores may; k roundings counting the
-    products' for float32 inputs), plus the float64 reference's own. A worst-case bound, never
-    exceeded: sqrt(k) eps (torch's _assert_matmul_accuracy) is the typical error, not the largest.
-    Add one rounding to the output type (unit_roundoff) of the result where the op rounds."""
+    epsilon (2u per addition: room for adders that truncate rather than round; k roundings
+    counting the products' for float32 inputs, TF32 off), plus the float64 reference's own. The
+    classical worst case of recursive summation (Higham, section 3.1), where sqrt(k) eps (torch's
+    _assert_matmul_accuracy) is the typical error; tensor cores that align several addends before
+    one truncation may exceed it by a factor near 1 + 1/(addends per step), which the output
+    roundings of 16-bit results dwarf. Add one rounding to the output type (unit_roundoff) of the
+    result where the op rounds."""
     return _gamma(k, torch.finfo(torch.float32).eps) + _gamma(k, unit_roundoff(torch.float64))
 
 

@@ -38,8 +38,9 @@ struct Cooperative {
 
 // The shipped tile configurations (flagged_gemm_tile_n picks one per shape): 128 x 256 and 128 x
 // 192, clusters of 2 along M (the B tile is multicast to both CTAs). On one H200 (N = 6656, K =
-// 16384, fp16, bench/results/h200x1/fused_gemm_tiles_1.csv) 128 x 192 takes 5 / 3 / 3 % less time
-// than 128 x 256 at M = 4096 / 8192 / 16384 (fewer idle SMs in the last wave).
+// 16384, fp16, raster along N as shipped, bench/results/h200x1/fused_gemm_tiles_1.csv) 128 x 192
+// takes 5 / 3 / 3 % less time than 128 x 256 at M = 4096 / 8192 / 16384 (fewer idle SMs in the
+// last wave).
 using Cooperative128x256Cluster2x1 = Cooperative<256, 2, 1>;
 using Cooperative128x192Cluster2x1 = Cooperative<192, 2, 1>;
 

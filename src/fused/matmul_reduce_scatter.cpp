@@ -44,7 +44,6 @@
 
 #include <cuda.h>
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -172,22 +171,6 @@ void enqueue_pulls(const Prepared& p, const detail::HostBoard& board, int rank, 
   }
 }
 
-// The exchange between the GEMM and the sums: the ready handshake on `control`, every peer's
-// signals on `signals`, the pulls of this rank's rows on `pulls`, then (after `join`, which brings
-// the signals and pulls back to `control`) the done handshake on `control`.
-void enqueue_exchange(const Prepared& p, const detail::HostBoard& board, int rank, int world, uint32_t signature,
-                      cudaStream_t control, cudaStream_t signals, cudaStream_t pulls,
-                      const std::function<void()>& join = [] {}) {
-  detail::enqueue_handshake(board, rank, world, detail::WaitWord::kPhaseReady, signature, control);
-  // Invariant: every peer made this call.
-  for (int i = 1; i < world; ++i) enqueue_signals(p, board, rank, (rank + i) % world, signature, signals);
-  for (int i = 1; i < world; ++i) enqueue_pulls(p, board, rank, world, (rank - i + world) % world, signature, pulls);
-  join();
-  detail::enqueue_handshake(board, rank, world, detail::WaitWord::kPhaseDone, signature, control);
-  // Invariant (control stream): every peer's partial sums of this rank's rows are in R, and no
-  // peer reads this rank's P any more.
-}
-
 void enqueue_partial_sums(const Prepared& p, void* c_shard, DataType type, int rank, int world, int sm_count,
                           cudaStream_t stream) {
   detail::PartialSumsArgs args{};
@@ -236,35 +219,39 @@ void matmul_reduce_scatter(void* c_shard, Operand workspace, const void* a, cons
   const int rank = st.rank, world = st.world;
   uint32_t* done = p.gemm.chunks.done;
   const size_t done_bytes = size_t(world) * p.pieces.pieces * sizeof(uint32_t);
-  detail::SideStreams sides(*st.copy_engine, stream);
   // Ranks sharing a GPU (tests only) share its hardware queues too, in an order no call chooses: a
-  // side stream of one rank can queue behind another rank's wait for it. There nothing branches:
-  // every step below runs on the caller's stream, the signals after the whole GEMM.
-  const bool one_stream = st.ranks_on_gpu > 1;
+  // side stream of one rank can queue behind another rank's wait for it. There nothing branches
+  // (SideStreams without branches: every stream below is the caller's): the GEMM, the ready
+  // handshake, the signals, the pulls, the done handshake and the sums, in that order.
+  detail::SideStreams sides(*st.copy_engine, stream, /*branch=*/st.ranks_on_gpu == 1);
   try {
-    if (one_stream) {
-      detail::run_flagged_gemm(p.gemm, stream);
-      if (world > 1) enqueue_exchange(p, *st.board, rank, world, signature, stream, stream, stream);
-    } else {
-      // Eagerly the side streams fork before the GEMM, so the copies overlap it; under capture
-      // after it.
-      if (!capturing) sides.fork_control();
-      detail::run_flagged_gemm(p.gemm, stream);
-      if (capturing) sides.fork_control();
-      if (world > 1) {
-        // The signals go on a lane of their own, enqueued before the piece waits (see WAITS). In a
-        // graph, or with one hardware queue, they go ahead of the piece waits on side stream 0
-        // instead: there nothing but stream order keeps a rank's piece wait from being queued
-        // before its own signals (seen on an H100: graph branches queue in capture order), and
-        // under capture the GEMM they wait for has finished anyway. Also when the communicator
-        // has one side stream.
-        const bool one_queue = capturing || detail::single_hardware_queue();
-        const std::vector<cudaStream_t> lanes = sides.fork_lanes(one_queue ? 1 : 2);
-        enqueue_exchange(p, *st.board, rank, world, signature, sides.control(), lanes.back(), sides.control(),
-                         [&] { sides.join_lanes(); });
-      }
-      sides.join_control();
+    // Eagerly the side streams fork before the GEMM, so the copies overlap it; under capture after it.
+    if (!capturing) sides.fork_control();
+    detail::run_flagged_gemm(p.gemm, stream);
+    if (capturing) sides.fork_control();
+
+    if (world > 1) {
+      const detail::HostBoard& board = *st.board;
+      cudaStream_t control = sides.control();
+      detail::enqueue_handshake(board, rank, world, detail::WaitWord::kPhaseReady, signature, control);
+      // Invariant: every peer made this call.
+      // The signals go on a lane of their own, enqueued before the piece waits (see WAITS). In a
+      // graph, or with one hardware queue, they go ahead of the piece waits on side stream 0
+      // instead: there nothing but stream order keeps a rank's piece wait from being queued
+      // before its own signals (seen on an H100: graph branches queue in capture order), and
+      // under capture the GEMM they wait for has finished anyway. Also when the communicator has
+      // one side stream.
+      const bool one_queue = capturing || detail::single_hardware_queue();
+      const std::vector<cudaStream_t> lanes = sides.fork_lanes(one_queue ? 1 : 2);
+      cudaStream_t signals = lanes.back();
+      for (int i = 1; i < world; ++i) enqueue_signals(p, board, rank, (rank + i) % world, signature, signals);
+      for (int i = 1; i < world; ++i) enqueue_pulls(p, board, rank, world, (rank - i + world) % world, signature, control);
+      sides.join_lanes();
+      detail::enqueue_handshake(board, rank, world, detail::WaitWord::kPhaseDone, signature, control);
+      // Invariant (control stream): every peer's partial sums of this rank's rows are in R, and no
+      // peer reads this rank's P any more.
     }
+    sides.join_control();
     enqueue_partial_sums(p, c_shard, type, rank, world, st.sm_count, stream);
     SYMMEM_CUDA_CHECK(cudaMemsetAsync(done, 0, done_bytes, stream));
     // Invariant: done[] is 0 again, before anything of the next call.

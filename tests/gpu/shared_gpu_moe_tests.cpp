@@ -222,9 +222,8 @@ Routing route(int world, int experts, int64_t align, Skew skew, uint32_t max_ent
 }
 
 // Compares rank `me`'s output (out_rows rows) with what the routing sends it; rows nobody writes
-// (2-D padding, slack) must hold the poison.
-// `before`: what the output held before the call where that is not the poison (in place: the
-// input's rows); the rows that receive nothing (the 2-D form's padding) must still hold it.
+// (2-D padding, slack) must still hold what they held before the call: the poison, or `before`
+// where that is not the poison (in place: the input's rows).
 size_t wrong_bytes(const Routing& m, int me, const std::vector<uint8_t>& got, size_t row_bytes, uint64_t seed,
                    const std::vector<uint8_t>* before = nullptr) {
   const detail::SplitMatrix v = m.view();

@@ -633,21 +633,20 @@ struct FusedBuffers {
         slots(slots_per_case) {
     wait_for_every_rank(r);
   }
-  ~FusedBuffers() {
-    // After every rank's last call; a rank that failed frees at once (its peers' calls may then
-    // time out: the failure is reported already).
-    if (std::uncaught_exceptions() == 0) {
-      try {
-        r.comm->synchronize(r.stream);
-        wait_for_every_rank(r);
-      } catch (...) {
-      }
-    }
+  // At the end of a test body, on every rank alike: the calls' check, then the frees (collective)
+  // after every rank's last call. A rank that failed does not get here; the communicator releases
+  // its buffers when it closes.
+  void finish() {
+    r.comm->synchronize(r.stream);
+    wait_for_every_rank(r);
     r.comm->free(workspace);
     r.comm->free(gathered);
   }
-  // The counters of case `index` (0 .. kFusedCases - 1), read back.
+  // The counters of case `index` (0 .. kFusedCases - 1), read back after the calls' own check: a
+  // wait released at its deadline leaves the outputs undefined, and its error (raised here) is
+  // the finding, not the wrong elements.
   std::vector<unsigned long long> read(size_t index) const {
+    r.comm->synchronize(r.stream);
     const std::vector<unsigned long long> all = wrong.read(r.stream);
     return {all.begin() + index * slots, all.begin() + (index + 1) * slots};
   }
@@ -674,7 +673,10 @@ TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
         const size_t elem = dtype_size(type);
         Buffer* gathered = buffers.gathered;
         *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
-        if (!unsupported->empty()) return;
+        if (!unsupported->empty()) {
+          buffers.finish();
+          return;
+        }
         char* own_slot = static_cast<char*>(gathered->ptr()) + size_t(r.rank) * shape.rows * shape.k * elem;
         const uint64_t b_seed = pattern_seed(99, 7);
         fill_small_integers(buffers.b.ptr, size_t(shape.k) * shape.n, type, b_seed, r.stream);
@@ -717,6 +719,7 @@ TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
                           std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
       }
     }
+    buffers.finish();
   });
 }
 
@@ -734,7 +737,10 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
         const size_t elem = dtype_size(type);
         Buffer* workspace = buffers.workspace;
         *unsupported = matmul_reduce_scatter_unsupported(*workspace, m, shape.n, shape.k, type, *r.comm);
-        if (!unsupported->empty()) return;
+        if (!unsupported->empty()) {
+          buffers.finish();
+          return;
+        }
         void *a = buffers.a.ptr, *b = buffers.b.ptr, *c_shard = buffers.c_shard.ptr;
         auto one_call = [&](uint64_t it, size_t slot) {
           TEST_CUDA(cudaMemsetAsync(c_shard, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
@@ -755,6 +761,7 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
                           std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
       }
     }
+    buffers.finish();
   });
 }
 
@@ -777,7 +784,10 @@ TEST(shared_gpu_fused_ops_take_a_column_major_b) {
         const size_t elem = dtype_size(type);
         Buffer *gathered = buffers.gathered, *workspace = buffers.workspace;
         *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
-        if (!unsupported->empty()) return;
+        if (!unsupported->empty()) {
+          buffers.finish();
+          return;
+        }
         const size_t c_shard_bytes = size_t(shape.rows) * shape.n * elem;
         void *b = buffers.b.ptr, *b_row = buffers.b_row.ptr, *c = buffers.c.ptr;
         void *c_shard = buffers.c_shard.ptr, *c_shard_row = buffers.c_shard_row.ptr;
@@ -826,6 +836,7 @@ TEST(shared_gpu_fused_ops_take_a_column_major_b) {
                         std::to_string(counts[2]) + ", bytes differing between the two " + std::to_string(counts[3]));
       }
     }
+    buffers.finish();
   });
 }
 

@@ -52,6 +52,10 @@ int run_all(int argc, char** argv, bool quiet) {
   }
   if (!quiet || failed) std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
   if (failed) return 1;
+  if (filter && passed + skipped == 0) {  // a mistyped filter must not pass
+    std::printf("no test name holds \"%s\"\n", filter);
+    return 1;
+  }
   if (passed == 0 && skipped > 0) return 77;
   return 0;
 }

@@ -163,7 +163,7 @@ def _alive(state, group):
 def _on_group_death(_ref):
     """A group's Python object died (destroy_process_group, with no reference left): retire its state
     and release what nothing uses any more. (A weakref callback: what it raises would only be printed.)"""
-    if sys.is_finalizing():
+    if sys is None or sys.is_finalizing():  # (module globals may be None at interpreter shutdown)
         return  # the process is ending: the core's destructors release what is left
     try:
         for state in list(_states.values()):
