@@ -57,6 +57,8 @@ TESTS = textwrap.dedent("""
 
 
 def _run(tmp_path, selection, env=None):
+    # (pytest's -k also matches the names of the folders above a test, and tmp_path's is named
+    # after the calling test: no calling test's name may hold its selection.)
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_cases.py").write_text(TESTS)
     start = time.monotonic()
@@ -77,13 +79,13 @@ def test_a_test_blocked_in_c_is_ended_with_its_stack(tmp_path):
     assert "Timeout" in out.stderr and "test_blocked_in_c_holding_the_gil" in out.stderr, out.stderr
 
 
-def test_a_hanging_teardown_after_a_failure_is_ended(tmp_path):
+def test_a_failure_then_a_hung_fixture_finalizer_is_ended(tmp_path):
     out, seconds = _run(tmp_path, "teardown")
     assert out.returncode == 1 and seconds < 30, (seconds, out.stdout + out.stderr)
     assert "hangs_in_teardown" in out.stderr, out.stderr
 
 
-def test_the_default_bound_comes_from_the_environment(tmp_path):
+def test_the_environment_sets_the_bound_of_unmarked_tests(tmp_path):
     out, seconds = _run(tmp_path, "default_bound", env={"SYMMEM_TEST_DEADLINE_S": "2"})
     assert out.returncode == 1 and seconds < 30, (seconds, out.stdout + out.stderr)
     assert "test_hangs_under_the_default_bound" in out.stderr, out.stderr
