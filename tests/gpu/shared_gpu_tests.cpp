@@ -659,67 +659,82 @@ struct FusedBuffers {
   }
 };
 
+// Runs `body` for every case (shape, type) of kFusedShapes x kFusedTypes on `buffers`, its
+// counters at `case_index`, then buffers.finish(). When `unsupported` says why this build or GPU
+// cannot run a case (alike on every rank), that goes into *why and nothing more runs.
+void for_each_fused_case(FusedBuffers& buffers, std::string* why,
+                         const std::function<std::string(const FusedShape&, DataType)>& unsupported,
+                         const std::function<void(const FusedShape&, DataType, size_t case_index)>& body) {
+  size_t case_index = 0;
+  for (const FusedShape& shape : kFusedShapes)
+    for (DataType type : kFusedTypes) {
+      *why = unsupported(shape, type);
+      if (!why->empty()) {
+        buffers.finish();
+        return;
+      }
+      body(shape, type, case_index++);
+    }
+  buffers.finish();
+}
+
 // all_gather_matmul between ranks on one GPU: the copies, handshakes, piece flags and the
 // GEMM's waits; A local or in place (a_shard = this rank's slot), eager and replayed from a graph.
 TEST(shared_gpu_all_gather_matmul_matches_exact_products) {
   for_fused_worlds("all_gather_matmul", [](Rank& r, std::string* unsupported) {
     FusedBuffers buffers(r, 2 * 2 * kFusedRepeats);
     uint64_t iteration = 0;
-    size_t index = 0;
-    for (const FusedShape& shape : kFusedShapes) {
-      for (DataType type : kFusedTypes) {
-        const size_t case_index = index++;
-        const int m = shape.rows * r.world;
-        const size_t elem = dtype_size(type);
-        Buffer* gathered = buffers.gathered;
-        *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
-        if (!unsupported->empty()) {
-          buffers.finish();
-          return;
-        }
-        char* own_slot = static_cast<char*>(gathered->ptr()) + size_t(r.rank) * shape.rows * shape.k * elem;
-        const uint64_t b_seed = pattern_seed(99, 7);
-        fill_small_integers(buffers.b.ptr, size_t(shape.k) * shape.n, type, b_seed, r.stream);
-        size_t check = 0;
-        std::string phase;  // what ran last, for an error's message
-        try {
-          for (bool in_place : {false, true}) {
-            void* input = in_place ? static_cast<void*>(own_slot) : buffers.a_shard.ptr;
-            auto one_call = [&](uint64_t it, size_t slot) {
-              TEST_CUDA(cudaMemsetAsync(buffers.c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
-              fill_small_integers(input, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-              all_gather_matmul(buffers.c.ptr, *gathered, input, buffers.b.ptr, m, shape.n, shape.k, type, *r.comm,
-                                r.stream);
-              count_gathered_product_mismatches(buffers.c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed,
-                                                buffers.at(case_index, slot), r.stream);
-              for (int s = 0; s < r.world; ++s)
-                count_small_integer_mismatches(
-                    static_cast<char*>(gathered->ptr()) + size_t(s) * shape.rows * shape.k * elem,
-                    size_t(shape.rows) * shape.k, type, pattern_seed(s, it), buffers.at(case_index, slot), r.stream);
-            };
-            phase = std::string(in_place ? "in place, " : "") + "eager calls";
-            for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, check++);
-            r.comm->synchronize(r.stream);
-            // Captured once, replayed: the same inputs, a fresh poison each replay.
-            phase = std::string(in_place ? "in place, " : "") + "graph replays";
-            const uint64_t captured_iteration = ++iteration;
-            const size_t graph_slot = check;
-            check += kFusedRepeats;
-            replay_captured(r, [&] { one_call(captured_iteration, graph_slot); }, kFusedRepeats);
+    for_each_fused_case(
+        buffers, unsupported,
+        [&](const FusedShape& shape, DataType type) {
+          return all_gather_matmul_unsupported(*buffers.gathered, shape.rows * r.world, shape.n, shape.k, type,
+                                               *r.comm);
+        },
+        [&](const FusedShape& shape, DataType type, size_t case_index) {
+          const int m = shape.rows * r.world;
+          const size_t elem = dtype_size(type);
+          Buffer* gathered = buffers.gathered;
+          char* own_slot = static_cast<char*>(gathered->ptr()) + size_t(r.rank) * shape.rows * shape.k * elem;
+          const uint64_t b_seed = pattern_seed(99, 7);
+          fill_small_integers(buffers.b.ptr, size_t(shape.k) * shape.n, type, b_seed, r.stream);
+          size_t check = 0;
+          std::string phase;  // what ran last, for an error's message
+          try {
+            for (bool in_place : {false, true}) {
+              void* input = in_place ? static_cast<void*>(own_slot) : buffers.a_shard.ptr;
+              auto one_call = [&](uint64_t it, size_t slot) {
+                TEST_CUDA(cudaMemsetAsync(buffers.c.ptr, 0xFF, size_t(m) * shape.n * elem, r.stream));
+                fill_small_integers(input, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+                all_gather_matmul(buffers.c.ptr, *gathered, input, buffers.b.ptr, m, shape.n, shape.k, type, *r.comm,
+                                  r.stream);
+                count_gathered_product_mismatches(buffers.c.ptr, m, shape.n, shape.k, shape.rows, type, it, b_seed,
+                                                  buffers.at(case_index, slot), r.stream);
+                for (int s = 0; s < r.world; ++s)
+                  count_small_integer_mismatches(
+                      static_cast<char*>(gathered->ptr()) + size_t(s) * shape.rows * shape.k * elem,
+                      size_t(shape.rows) * shape.k, type, pattern_seed(s, it), buffers.at(case_index, slot), r.stream);
+              };
+              phase = std::string(in_place ? "in place, " : "") + "eager calls";
+              for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, check++);
+              r.comm->synchronize(r.stream);
+              // Captured once, replayed: the same inputs, a fresh poison each replay.
+              phase = std::string(in_place ? "in place, " : "") + "graph replays";
+              const uint64_t captured_iteration = ++iteration;
+              const size_t graph_slot = check;
+              check += kFusedRepeats;
+              replay_captured(r, [&] { one_call(captured_iteration, graph_slot); }, kFusedRepeats);
+            }
+          } catch (const Error& e) {
+            throw Failure(fused_case("all_gather_matmul", type, shape) + " (" + phase + "): " + e.what());
           }
-        } catch (const Error& e) {
-          throw Failure(fused_case("all_gather_matmul", type, shape) + " (" + phase + "): " + e.what());
-        }
-        const std::vector<unsigned long long> counts = buffers.read(case_index);
-        for (size_t i = 0; i < counts.size(); ++i)
-          if (counts[i] != 0)
-            throw Failure(fused_case("all_gather_matmul", type, shape) +
-                          (i >= size_t(2 * kFusedRepeats) ? " in place" : "") +
-                          (i % (2 * kFusedRepeats) >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
-                          std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
-      }
-    }
-    buffers.finish();
+          const std::vector<unsigned long long> counts = buffers.read(case_index);
+          for (size_t i = 0; i < counts.size(); ++i)
+            if (counts[i] != 0)
+              throw Failure(fused_case("all_gather_matmul", type, shape) +
+                            (i >= size_t(2 * kFusedRepeats) ? " in place" : "") +
+                            (i % (2 * kFusedRepeats) >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
+                            std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
+        });
   });
 }
 
@@ -729,39 +744,36 @@ TEST(shared_gpu_matmul_reduce_scatter_matches_exact_sums) {
   for_fused_worlds("matmul_reduce_scatter", [](Rank& r, std::string* unsupported) {
     FusedBuffers buffers(r, 2 * kFusedRepeats);
     uint64_t iteration = 0;
-    size_t index = 0;
-    for (const FusedShape& shape : kFusedShapes) {
-      for (DataType type : kFusedTypes) {
-        const size_t case_index = index++;
-        const int m = shape.rows * r.world;
-        const size_t elem = dtype_size(type);
-        Buffer* workspace = buffers.workspace;
-        *unsupported = matmul_reduce_scatter_unsupported(*workspace, m, shape.n, shape.k, type, *r.comm);
-        if (!unsupported->empty()) {
-          buffers.finish();
-          return;
-        }
-        void *a = buffers.a.ptr, *b = buffers.b.ptr, *c_shard = buffers.c_shard.ptr;
-        auto one_call = [&](uint64_t it, size_t slot) {
-          TEST_CUDA(cudaMemsetAsync(c_shard, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
-          fill_small_integers(a, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-          fill_small_integers(b, size_t(shape.k) * shape.n, type, pattern_seed(r.rank, it + kSecondOperand), r.stream);
-          matmul_reduce_scatter(c_shard, *workspace, a, b, m, shape.n, shape.k, type, *r.comm, r.stream);
-          count_summed_product_mismatches(c_shard, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world, type,
-                                          it, buffers.at(case_index, slot), r.stream);
-        };
-        for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, size_t(i));
-        const uint64_t captured_iteration = ++iteration;
-        replay_captured(r, [&] { one_call(captured_iteration, kFusedRepeats); }, kFusedRepeats);
-        const std::vector<unsigned long long> counts = buffers.read(case_index);
-        for (size_t i = 0; i < counts.size(); ++i)
-          if (counts[i] != 0)
-            throw Failure(fused_case("matmul_reduce_scatter", type, shape) +
-                          (i >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " +
-                          std::to_string(counts[i]) + " wrong elements, rank " + std::to_string(r.rank));
-      }
-    }
-    buffers.finish();
+    for_each_fused_case(
+        buffers, unsupported,
+        [&](const FusedShape& shape, DataType type) {
+          return matmul_reduce_scatter_unsupported(*buffers.workspace, shape.rows * r.world, shape.n, shape.k, type,
+                                                   *r.comm);
+        },
+        [&](const FusedShape& shape, DataType type, size_t case_index) {
+          const int m = shape.rows * r.world;
+          const size_t elem = dtype_size(type);
+          Buffer* workspace = buffers.workspace;
+          void *a = buffers.a.ptr, *b = buffers.b.ptr, *c_shard = buffers.c_shard.ptr;
+          auto one_call = [&](uint64_t it, size_t slot) {
+            TEST_CUDA(cudaMemsetAsync(c_shard, 0xFF, size_t(shape.rows) * shape.n * elem, r.stream));
+            fill_small_integers(a, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+            fill_small_integers(b, size_t(shape.k) * shape.n, type, pattern_seed(r.rank, it + kSecondOperand),
+                                r.stream);
+            matmul_reduce_scatter(c_shard, *workspace, a, b, m, shape.n, shape.k, type, *r.comm, r.stream);
+            count_summed_product_mismatches(c_shard, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world, type,
+                                            it, buffers.at(case_index, slot), r.stream);
+          };
+          for (int i = 0; i < kFusedRepeats; ++i) one_call(++iteration, size_t(i));
+          const uint64_t captured_iteration = ++iteration;
+          replay_captured(r, [&] { one_call(captured_iteration, kFusedRepeats); }, kFusedRepeats);
+          const std::vector<unsigned long long> counts = buffers.read(case_index);
+          for (size_t i = 0; i < counts.size(); ++i)
+            if (counts[i] != 0)
+              throw Failure(fused_case("matmul_reduce_scatter", type, shape) +
+                            (i >= size_t(kFusedRepeats) ? " (graph replays)" : "") + ": " + std::to_string(counts[i]) +
+                            " wrong elements, rank " + std::to_string(r.rank));
+        });
   });
 }
 
@@ -776,67 +788,64 @@ TEST(shared_gpu_fused_ops_take_a_column_major_b) {
     // of the two.
     FusedBuffers buffers(r, 4);
     uint64_t iteration = 1000;
-    size_t index = 0;
-    for (const FusedShape& shape : kFusedShapes) {
-      for (DataType type : kFusedTypes) {
-        const size_t case_index = index++;
-        const int m = shape.rows * r.world;
-        const size_t elem = dtype_size(type);
-        Buffer *gathered = buffers.gathered, *workspace = buffers.workspace;
-        *unsupported = all_gather_matmul_unsupported(*gathered, m, shape.n, shape.k, type, *r.comm);
-        if (!unsupported->empty()) {
-          buffers.finish();
-          return;
-        }
-        const size_t c_shard_bytes = size_t(shape.rows) * shape.n * elem;
-        void *b = buffers.b.ptr, *b_row = buffers.b_row.ptr, *c = buffers.c.ptr;
-        void *c_shard = buffers.c_shard.ptr, *c_shard_row = buffers.c_shard_row.ptr;
-        const char* op = "all_gather_matmul";
-        try {
-          const uint64_t b_seed = pattern_seed(99, 8);
-          fill_small_integers_column_major(b, shape.k, shape.n, type, b_seed, r.stream);
-          for (int i = 0; i < kFusedRepeats; ++i) {
-            const uint64_t it = ++iteration;
-            TEST_CUDA(cudaMemsetAsync(c, 0xFF, size_t(m) * shape.n * elem, r.stream));
-            fill_small_integers(buffers.a_shard.ptr, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it),
-                                r.stream);
-            all_gather_matmul(c, *gathered, buffers.a_shard.ptr, b, m, shape.n, shape.k, type, *r.comm, r.stream,
-                              MatrixLayout::kColumnMajor);
-            count_gathered_product_mismatches(c, m, shape.n, shape.k, shape.rows, type, it, b_seed,
-                                              buffers.at(case_index, 0), r.stream);
+    for_each_fused_case(
+        buffers, unsupported,
+        [&](const FusedShape& shape, DataType type) {
+          return all_gather_matmul_unsupported(*buffers.gathered, shape.rows * r.world, shape.n, shape.k, type,
+                                               *r.comm);
+        },
+        [&](const FusedShape& shape, DataType type, size_t case_index) {
+          const int m = shape.rows * r.world;
+          const size_t elem = dtype_size(type);
+          Buffer *gathered = buffers.gathered, *workspace = buffers.workspace;
+          const size_t c_shard_bytes = size_t(shape.rows) * shape.n * elem;
+          void *b = buffers.b.ptr, *b_row = buffers.b_row.ptr, *c = buffers.c.ptr;
+          void *c_shard = buffers.c_shard.ptr, *c_shard_row = buffers.c_shard_row.ptr;
+          const char* op = "all_gather_matmul";
+          try {
+            const uint64_t b_seed = pattern_seed(99, 8);
+            fill_small_integers_column_major(b, shape.k, shape.n, type, b_seed, r.stream);
+            for (int i = 0; i < kFusedRepeats; ++i) {
+              const uint64_t it = ++iteration;
+              TEST_CUDA(cudaMemsetAsync(c, 0xFF, size_t(m) * shape.n * elem, r.stream));
+              fill_small_integers(buffers.a_shard.ptr, size_t(shape.rows) * shape.k, type, pattern_seed(r.rank, it),
+                                  r.stream);
+              all_gather_matmul(c, *gathered, buffers.a_shard.ptr, b, m, shape.n, shape.k, type, *r.comm, r.stream,
+                                MatrixLayout::kColumnMajor);
+              count_gathered_product_mismatches(c, m, shape.n, shape.k, shape.rows, type, it, b_seed,
+                                                buffers.at(case_index, 0), r.stream);
+            }
+            op = "matmul_reduce_scatter";
+            for (int i = 0; i < kFusedRepeats; ++i) {
+              const uint64_t it = ++iteration;
+              const uint64_t seed = pattern_seed(r.rank, it + kSecondOperand);
+              fill_small_integers(buffers.a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
+              fill_small_integers_column_major(b, shape.k, shape.n, type, seed, r.stream);
+              fill_small_integers(b_row, size_t(shape.k) * shape.n, type, seed, r.stream);
+              TEST_CUDA(cudaMemsetAsync(c_shard, 0xFF, c_shard_bytes, r.stream));
+              TEST_CUDA(cudaMemsetAsync(c_shard_row, 0xFF, c_shard_bytes, r.stream));
+              matmul_reduce_scatter(c_shard, *workspace, buffers.a.ptr, b, m, shape.n, shape.k, type, *r.comm, r.stream,
+                                    MatrixLayout::kColumnMajor);
+              matmul_reduce_scatter(c_shard_row, *workspace, buffers.a.ptr, b_row, m, shape.n, shape.k, type, *r.comm,
+                                    r.stream, MatrixLayout::kRowMajor);
+              count_summed_product_mismatches(c_shard, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world, type,
+                                              it, buffers.at(case_index, 1), r.stream);
+              count_summed_product_mismatches(c_shard_row, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
+                                              type, it, buffers.at(case_index, 2), r.stream);
+              count_differences(c_shard, c_shard_row, c_shard_bytes, buffers.at(case_index, 3), r.stream);
+            }
+          } catch (const Error& e) {
+            throw Failure(fused_case(op, type, shape) + " (column-major b): " + e.what());
           }
-          op = "matmul_reduce_scatter";
-          for (int i = 0; i < kFusedRepeats; ++i) {
-            const uint64_t it = ++iteration;
-            const uint64_t seed = pattern_seed(r.rank, it + kSecondOperand);
-            fill_small_integers(buffers.a.ptr, size_t(m) * shape.k, type, pattern_seed(r.rank, it), r.stream);
-            fill_small_integers_column_major(b, shape.k, shape.n, type, seed, r.stream);
-            fill_small_integers(b_row, size_t(shape.k) * shape.n, type, seed, r.stream);
-            TEST_CUDA(cudaMemsetAsync(c_shard, 0xFF, c_shard_bytes, r.stream));
-            TEST_CUDA(cudaMemsetAsync(c_shard_row, 0xFF, c_shard_bytes, r.stream));
-            matmul_reduce_scatter(c_shard, *workspace, buffers.a.ptr, b, m, shape.n, shape.k, type, *r.comm,
-                                  r.stream, MatrixLayout::kColumnMajor);
-            matmul_reduce_scatter(c_shard_row, *workspace, buffers.a.ptr, b_row, m, shape.n, shape.k, type, *r.comm,
-                                  r.stream, MatrixLayout::kRowMajor);
-            count_summed_product_mismatches(c_shard, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
-                                            type, it, buffers.at(case_index, 1), r.stream);
-            count_summed_product_mismatches(c_shard_row, r.rank * shape.rows, shape.rows, shape.n, shape.k, r.world,
-                                            type, it, buffers.at(case_index, 2), r.stream);
-            count_differences(c_shard, c_shard_row, c_shard_bytes, buffers.at(case_index, 3), r.stream);
-          }
-        } catch (const Error& e) {
-          throw Failure(fused_case(op, type, shape) + " (column-major b): " + e.what());
-        }
-        const std::vector<unsigned long long> counts = buffers.read(case_index);
-        if (counts[0] != 0 || counts[1] != 0 || counts[2] != 0 || counts[3] != 0)
-          throw Failure(fused_case(counts[0] != 0 ? "all_gather_matmul" : "matmul_reduce_scatter", type, shape) +
-                        ", rank " + std::to_string(r.rank) + ", wrong elements over " + std::to_string(kFusedRepeats) +
-                        " calls: all_gather_matmul column-major b " + std::to_string(counts[0]) +
-                        "; matmul_reduce_scatter column-major b " + std::to_string(counts[1]) + ", row-major b " +
-                        std::to_string(counts[2]) + ", bytes differing between the two " + std::to_string(counts[3]));
-      }
-    }
-    buffers.finish();
+          const std::vector<unsigned long long> counts = buffers.read(case_index);
+          if (counts[0] != 0 || counts[1] != 0 || counts[2] != 0 || counts[3] != 0)
+            throw Failure(fused_case(counts[0] != 0 ? "all_gather_matmul" : "matmul_reduce_scatter", type, shape) +
+                          ", rank " + std::to_string(r.rank) + ", wrong elements over " +
+                          std::to_string(kFusedRepeats) + " calls: all_gather_matmul column-major b " +
+                          std::to_string(counts[0]) + "; matmul_reduce_scatter column-major b " +
+                          std::to_string(counts[1]) + ", row-major b " + std::to_string(counts[2]) +
+                          ", bytes differing between the two " + std::to_string(counts[3]));
+        });
   });
 }
 
