@@ -542,6 +542,19 @@ ncclResult_t async_error_within(ncclComm_t comm, double seconds) {
   return ncclSuccess;
 }
 
+// 1024 zero floats on `me`'s device, after a first all-reduce of them (which makes the
+// communicator's symmem side) has finished on every rank.
+float* zeros_after_a_first_all_reduce(Rank& me) {
+  float* buf = nullptr;
+  CUDA_OK(cudaMalloc(&buf, 4096));
+  CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
+  me.meet();
+  NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
+  CUDA_OK(cudaStreamSynchronize(me.stream));
+  me.meet();
+  return buf;
+}
+
 }  // namespace
 
 TEST(shim_reports_a_mismatch_as_a_remote_error) {
@@ -581,13 +594,7 @@ TEST(shim_names_a_rank_that_never_comes) {
   run_ranks(
       2,
       [&](Rank& me) {
-        float* buf = nullptr;
-        CUDA_OK(cudaMalloc(&buf, 4096));
-        CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
-        me.meet();
-        NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
-        CUDA_OK(cudaStreamSynchronize(me.stream));
-        me.meet();
+        float* buf = zeros_after_a_first_all_reduce(me);
         if (me.rank == 0) {
           const auto start = std::chrono::steady_clock::now();
           NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // rank 1 never comes
@@ -614,13 +621,7 @@ TEST(shim_abort_releases_a_peers_wait) {
   run_ranks(
       2,
       [&](Rank& me) {
-        float* buf = nullptr;
-        CUDA_OK(cudaMalloc(&buf, 4096));
-        CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
-        me.meet();
-        NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
-        CUDA_OK(cudaStreamSynchronize(me.stream));
-        me.meet();
+        float* buf = zeros_after_a_first_all_reduce(me);
         if (me.rank == 0) {
           const auto start = std::chrono::steady_clock::now();
           NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // waits for rank 1
