@@ -5,26 +5,14 @@ every torch 2.x built for CUDA 13. Pointers and streams cross as integers here a
 """
 import ctypes
 import enum
-import os
 from ctypes import c_char_p, c_int, c_int64, c_size_t, c_ssize_t, c_void_p
 
-from . import errors
-
-_LIBRARY_NAME = "libsymmem_capi.so"
+from . import _library, errors
 
 
 def library_path():
     """SYMMEM_LIBRARY, else the library installed beside this file, else a source tree's build/."""
-    explicit = os.environ.get("SYMMEM_LIBRARY")
-    if explicit:
-        return explicit
-    here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, _LIBRARY_NAME),
-                      os.path.join(here, "..", "..", "build", _LIBRARY_NAME)):
-        if os.path.exists(candidate):
-            return os.path.normpath(candidate)
-    raise ImportError(f"symmem: {_LIBRARY_NAME} not found beside {here} nor in the source tree's build/; "
-                      "install the package (pip install .) or set SYMMEM_LIBRARY")
+    return _library.locate("libsymmem_capi.so", "SYMMEM_LIBRARY", ImportError)
 
 
 ALL_GATHER_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_size_t)
