@@ -47,6 +47,7 @@ torch_tests_b              the same, second half: MoE, torch, Triton, nodes
 torch_tests_simulated_nodes  symmem.torch across simulated nodes (SYMMEM_NODE_SIZE)
 shared_gpu_tests           C++ multi-rank protocols, ranks as threads on one GPU (SHARED_WORLDS, default 2 3 4 8)
 shared_gpu_moe_tests       all-to-all and MoE on one GPU, both combine paths (SHARED_WORLDS)
+shared_gpu_shim_tests      libsymmem_nccl.so served on one GPU behind a stand-in NCCL (SHARED_WORLDS)
 triton_shared_gpu_tests    symmem.triton on one GPU at 2, 4, 8 ranks
 triton_ops_tests           the symmem.triton example ops at world 1
 cuda_example               the CUDA example at 2, 4, 8 ranks on one GPU, and with a dead rank
@@ -255,6 +256,11 @@ run_step() {
           SYMMEM_MOE_COMBINE=registers "$B/symmem_shared_gpu_moe_tests"
         test_step "shared_gpu_moe_tests_bulk_${w}_ranks" 120 env SYMMEM_SHARED_GPU_WORLDS="$w" \
           CUDA_DEVICE_MAX_CONNECTIONS=32 SYMMEM_MOE_COMBINE=bulk "$B/symmem_shared_gpu_moe_tests" moe_
+      done ;;
+    shared_gpu_shim_tests)
+      for w in ${SHARED_WORLDS:-2 3 4 8}; do
+        test_step "shared_gpu_shim_tests_${w}_ranks" 120 env SYMMEM_SHIM_TEST_WORLDS="$w" \
+          SYMMEM_NCCL_LIBRARY="$B/libsymmem_fake_nccl.so" LD_LIBRARY_PATH="$B" "$B/symmem_shared_gpu_shim_tests"
       done ;;
     triton_shared_gpu_tests)
       test_step triton_shared_gpu_tests_2_4_8_ranks 330 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 4 8" \

@@ -4,7 +4,7 @@
 // data and counts what reaches it). SYMMEM_NCCL=all: every call symmem implements must be served
 // (the stand-in must count none of them) and exact.
 //
-//   symmem_shared_gpu_shim_tests [case filter]      # SYMMEM_SHIM_TEST_WORLDS (default "2 4")
+//   symmem_shared_gpu_shim_tests [case filter]      # SYMMEM_SHIM_TEST_WORLDS (default "2 3 4 8")
 //   SYMMEM_SHIM_TEST_MODE=off symmem_shared_gpu_shim_tests shim_serves   # negative control: must fail
 //
 // Cases: every served collective, type, reduction, count, in place and out of place, checked
@@ -60,7 +60,7 @@ namespace {
 
 std::vector<int> worlds() {
   const char* text = std::getenv("SYMMEM_SHIM_TEST_WORLDS");
-  std::istringstream in(text ? text : "2 4");
+  std::istringstream in(text ? text : "2 3 4 8");
   std::vector<int> out;
   for (int w; in >> w;) out.push_back(w);
   return out;
@@ -107,12 +107,55 @@ class Meeting {
   std::condition_variable cv_;
 };
 
+// A rank's host side of its copies: pinned. A pageable copy goes through the driver's staging
+// buffer, which the ranks sharing this process take turns on: a rank whose pageable copy waits for
+// its own collective (which waits for a peer) would keep a peer out of its copy before that
+// peer's call, until the deadline. Separate processes on separate GPUs have no such turn.
+// SYMMEM_SHIM_TEST_PAGEABLE=1 makes them pageable again (the hang it causes at 3 or more ranks).
+class HostBuffers {
+ public:
+  HostBuffers() = default;
+  HostBuffers(const HostBuffers&) = delete;
+  HostBuffers& operator=(const HostBuffers&) = delete;
+  ~HostBuffers() { release(); }
+  // Before the rank's first collective (pinning may wait for the device).
+  void reserve(size_t bytes) {
+    release();
+    pageable_ = std::getenv("SYMMEM_SHIM_TEST_PAGEABLE") != nullptr;
+    for (char** p : {&in_, &out_}) {
+      if (pageable_) {
+        *p = static_cast<char*>(std::malloc(bytes));
+        if (!*p) throw symmem::test::Failure("out of host memory");
+      } else {
+        CUDA_OK(cudaMallocHost(reinterpret_cast<void**>(p), bytes));
+      }
+    }
+    bytes_ = bytes;
+  }
+  char* in() const { return in_; }
+  char* out() const { return out_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void release() {
+    for (char** p : {&in_, &out_}) {
+      if (*p) pageable_ ? std::free(*p) : void(cudaFreeHost(*p));
+      *p = nullptr;
+    }
+  }
+  char* in_ = nullptr;
+  char* out_ = nullptr;
+  size_t bytes_ = 0;
+  bool pageable_ = false;
+};
+
 struct Rank {
   int rank = 0;
   int world = 0;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   Meeting* meeting = nullptr;
+  HostBuffers host;
   void meet() const { meeting->wait(); }
 };
 
@@ -237,10 +280,11 @@ Plan plan_of(const Shape& s, int world) {
 // Where rank r's input starts in its output, in place (all_gather: its slot), in elements.
 size_t in_place_offset(const Shape& s, int rank) { return s.op == Op::kAllGather ? s.count * rank : 0; }
 
-void fill_input(std::vector<char>& host, const Shape& s, int rank, int world) {
+// Rank `rank`'s input of s into `host`; its size in bytes.
+size_t fill_input(char* host, const Shape& s, int rank, int world) {
   const Plan p = plan_of(s, world);
-  host.assign(p.send_elems * type_bytes(s.type), 0);
-  for (size_t i = 0; i < p.send_elems; ++i) store(host.data(), s.type, i, value(rank, s.op == Op::kAlltoAll ? i + rank : i));
+  for (size_t i = 0; i < p.send_elems; ++i) store(host, s.type, i, value(rank, s.op == Op::kAlltoAll ? i + rank : i));
+  return p.send_elems * type_bytes(s.type);
 }
 
 double expected_at(const Shape& s, int rank, int world, size_t i) {
@@ -270,8 +314,7 @@ ncclResult_t call(const Shape& s, const void* send, void* recv, const Rank& me) 
 void check_call(const Shape& s, const Rank& me, char* send_base, char* recv_base, size_t offset) {
   const Plan p = plan_of(s, me.world);
   const size_t elem = type_bytes(s.type);
-  std::vector<char> input;
-  fill_input(input, s, me.rank, me.world);
+  const size_t input_bytes = fill_input(me.host.in(), s, me.rank, me.world);
   // NCCL's in-place layouts: all_reduce send == recv; all_gather's input is this rank's slot of the
   // output; reduce_scatter's output is this rank's slice of the input.
   char* send = send_base + offset;
@@ -285,18 +328,27 @@ void check_call(const Shape& s, const Rank& me, char* send_base, char* recv_base
   // Poison what the call writes (the whole buffer in place), then the input over it.
   CUDA_OK(cudaMemsetAsync(s.in_place && s.op == Op::kReduceScatter ? send : recv, 0xA5,
                           (s.in_place && s.op == Op::kReduceScatter ? p.send_elems : p.recv_elems) * elem, me.stream));
-  CUDA_OK(cudaMemcpyAsync(send, input.data(), input.size(), cudaMemcpyHostToDevice, me.stream));
+  CUDA_OK(cudaMemcpyAsync(send, me.host.in(), input_bytes, cudaMemcpyHostToDevice, me.stream));
+  if (std::getenv("SYMMEM_SHIM_TEST_TRACE"))
+    std::fprintf(stderr, "rank %d: %s type %d op %d count %zu%s\n", me.rank, op_name(s.op), int(s.type), int(s.redop),
+                 s.count, s.in_place ? " in place" : "");
   const ncclResult_t r = call(s, send, recv, me);
   if (r != ncclSuccess)
     throw symmem::test::Failure(std::string(op_name(s.op)) + ": " + ncclGetErrorString(r) + ": " +
                                 ncclGetLastError(me.comm));
-  std::vector<char> out(p.recv_elems * elem);
-  CUDA_OK(cudaMemcpyAsync(out.data(), recv, out.size(), cudaMemcpyDeviceToHost, me.stream));
+  const char* out = me.host.out();
+  CUDA_OK(cudaMemcpyAsync(me.host.out(), recv, p.recv_elems * elem, cudaMemcpyDeviceToHost, me.stream));
   CUDA_OK(cudaStreamSynchronize(me.stream));
+  // A wait that failed on the device leaves the output unwritten: its cause, not the bytes.
+  ncclResult_t state = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(me.comm, &state));
+  if (state != ncclSuccess)
+    throw symmem::test::Failure(std::string(op_name(s.op)) + ": " + ncclGetErrorString(state) + ": " +
+                                ncclGetLastError(me.comm));
   for (size_t i = 0; i < p.recv_elems; ++i) {
     double want = expected_at(s, me.rank, me.world, i);
     if (s.type == ncclUint8) want = double(int(want) & 0xff);
-    const double got = load(out.data(), s.type, i);
+    const double got = load(out, s.type, i);
     if (got != want)
       throw symmem::test::Failure(std::string(op_name(s.op)) + " type " + std::to_string(s.type) + " op " +
                                   std::to_string(s.redop) + " count " + std::to_string(s.count) +
@@ -336,6 +388,18 @@ size_t largest_buffer(const std::vector<Shape>& shapes, int world) {
 
 void set_env(const char* name, const std::string& value) { setenv(name, value.c_str(), 1); }
 
+// The deadline of every device wait and of the shim's bootstrap in this suite (main sets it): a
+// hang fails the case in seconds, naming the call and the rank that never came, instead of at
+// the shim's default of 10 minutes.
+constexpr const char* kSuiteTimeoutMs = "30000";
+
+// Another deadline for one case, the suite's again after it.
+class TimeoutForThisCase {
+ public:
+  explicit TimeoutForThisCase(const char* ms) { set_env("SYMMEM_NCCL_TIMEOUT_MS", ms); }
+  ~TimeoutForThisCase() { set_env("SYMMEM_NCCL_TIMEOUT_MS", kSuiteTimeoutMs); }
+};
+
 // SYMMEM_NCCL=all for the communicators made next. SYMMEM_SHIM_TEST_MODE=off is the negative
 // control: every call then reaches the stand-in NCCL, which moves no data, and the cases must fail.
 void serve_everything() {
@@ -354,6 +418,7 @@ TEST(shim_serves_every_collective_exactly) {
       char *send = nullptr, *recv = nullptr;
       CUDA_OK(cudaMalloc(&send, bytes));
       CUDA_OK(cudaMalloc(&recv, bytes));
+      me.host.reserve(bytes);
       me.meet();
       for (const Shape& s : shapes) check_call(s, me, send, recv, 0);
       if (forwarded(me.comm) != 0)
@@ -383,6 +448,7 @@ TEST(shim_serves_registered_windows_zero_copy) {
       void *send = nullptr, *recv = nullptr;
       NCCL_OK(ncclMemAlloc(&send, bytes));
       NCCL_OK(ncclMemAlloc(&recv, bytes));
+      me.host.reserve(bytes);
       ncclWindow_t send_window = nullptr, recv_window = nullptr;
       // Registered inside a group, as nccl-tests does: the shim maps them at the group's end.
       NCCL_OK(ncclGroupStart());
@@ -483,10 +549,12 @@ TEST(shim_captures_and_replays_served_calls) {
       __nv_bfloat16 *in = nullptr, *out = nullptr;
       CUDA_OK(cudaMalloc(&in, count * 2));
       CUDA_OK(cudaMalloc(&out, count * 2));
-      std::vector<__nv_bfloat16> host(count), back(count);
+      me.host.reserve(count * 2);
+      auto* host = reinterpret_cast<__nv_bfloat16*>(me.host.in());
+      auto* back = reinterpret_cast<const __nv_bfloat16*>(me.host.out());
       auto load_input = [&](int scale) {
         for (size_t i = 0; i < count; ++i) host[i] = __float2bfloat16_rn(float(value(me.rank, i) * scale));
-        CUDA_OK(cudaMemcpyAsync(in, host.data(), count * 2, cudaMemcpyHostToDevice, me.stream));
+        CUDA_OK(cudaMemcpyAsync(in, host, count * 2, cudaMemcpyHostToDevice, me.stream));
       };
       me.meet();
       // A first call under capture: the symmem side cannot be made inside it, so every rank
@@ -511,7 +579,7 @@ TEST(shim_captures_and_replays_served_calls) {
         load_input(scale);
         CUDA_OK(cudaMemsetAsync(out, 0xA5, count * 2, me.stream));
         CUDA_OK(cudaGraphLaunch(exec, me.stream));
-        CUDA_OK(cudaMemcpyAsync(back.data(), out, count * 2, cudaMemcpyDeviceToHost, me.stream));
+        CUDA_OK(cudaMemcpyAsync(me.host.out(), out, count * 2, cudaMemcpyDeviceToHost, me.stream));
         CUDA_OK(cudaStreamSynchronize(me.stream));
         for (size_t i = 0; i < count; ++i)
           if (__bfloat162float(back[i]) != float(reduced(ncclSum, ncclBfloat16, world, i) * scale))
@@ -559,87 +627,92 @@ float* zeros_after_a_first_all_reduce(Rank& me) {
 
 TEST(shim_reports_a_mismatch_as_a_remote_error) {
   serve_everything();
-  set_env("SYMMEM_NCCL_TIMEOUT_MS", "5000");
-  run_ranks(
-      2,
-      [&](Rank& me) {
-        float* buf = nullptr;
-        CUDA_OK(cudaMalloc(&buf, 1 << 20));
-        CUDA_OK(cudaMemsetAsync(buf, 0, 1 << 20, me.stream));
-        me.meet();
-        NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
-        // Rank 1 calls another count: found on the device, an error on both ranks.
-        NCCL_OK(ncclAllReduce(buf, buf, me.rank == 0 ? 1000 : 2000, ncclFloat32, ncclSum, me.comm, me.stream));
-        CUDA_OK(cudaStreamSynchronize(me.stream));
-        const ncclResult_t error = async_error_within(me.comm, 15);
-        const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
-        if (error != ncclRemoteError)
-          throw symmem::test::Failure("ncclCommGetAsyncError says " + std::to_string(error) + ": " + why);
-        if (why.find("rank") == std::string::npos || why.find("all_reduce") == std::string::npos)
-          throw symmem::test::Failure("the message names no rank or call: " + why);
-        // The next call fails with the same code and message.
-        if (ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream) != ncclRemoteError)
-          throw symmem::test::Failure("a call after the mismatch did not fail");
-        me.meet();
-        NCCL_OK(ncclCommAbort(me.comm));
-        CUDA_OK(cudaFree(buf));
-      },
-      /*destroy=*/false);
-  unsetenv("SYMMEM_NCCL_TIMEOUT_MS");
+  const TimeoutForThisCase timeout("5000");
+  for (int world : worlds()) {
+    run_ranks(
+        world,
+        [&](Rank& me) {
+          float* buf = nullptr;
+          CUDA_OK(cudaMalloc(&buf, 1 << 20));
+          CUDA_OK(cudaMemsetAsync(buf, 0, 1 << 20, me.stream));
+          me.meet();
+          NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
+          // The last rank calls another count: found on the device, an error on every rank.
+          const size_t count = me.rank == me.world - 1 ? 2000 : 1000;
+          NCCL_OK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, me.comm, me.stream));
+          CUDA_OK(cudaStreamSynchronize(me.stream));
+          const ncclResult_t error = async_error_within(me.comm, 15);
+          const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
+          if (error != ncclRemoteError)
+            throw symmem::test::Failure("ncclCommGetAsyncError says " + std::to_string(error) + ": " + why);
+          if (why.find("rank") == std::string::npos || why.find("all_reduce") == std::string::npos)
+            throw symmem::test::Failure("the message names no rank or call: " + why);
+          // The next call fails with the same code.
+          if (ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream) != ncclRemoteError)
+            throw symmem::test::Failure("a call after the mismatch did not fail");
+          me.meet();
+          NCCL_OK(ncclCommAbort(me.comm));
+          CUDA_OK(cudaFree(buf));
+        },
+        /*destroy=*/false);
+  }
 }
 
 TEST(shim_names_a_rank_that_never_comes) {
   serve_everything();
-  set_env("SYMMEM_NCCL_TIMEOUT_MS", "3000");
-  run_ranks(
-      2,
-      [&](Rank& me) {
-        float* buf = zeros_after_a_first_all_reduce(me);
-        if (me.rank == 0) {
-          const auto start = std::chrono::steady_clock::now();
-          NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // rank 1 never comes
-          const ncclResult_t error = async_error_within(me.comm, 15);
-          const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
-          if (error != ncclRemoteError || why.find("rank 1") == std::string::npos)
-            throw symmem::test::Failure("after " + std::to_string(waited) + " s: error " + std::to_string(error) +
-                                        ": " + why);
-          if (waited > 10) throw symmem::test::Failure("reported only after " + std::to_string(waited) + " s");
-          CUDA_OK(cudaStreamSynchronize(me.stream));
-        }
-        me.meet();
-        NCCL_OK(ncclCommAbort(me.comm));
-        CUDA_OK(cudaFree(buf));
-      },
-      /*destroy=*/false);
-  unsetenv("SYMMEM_NCCL_TIMEOUT_MS");
+  const TimeoutForThisCase timeout("3000");
+  for (int world : worlds()) {
+    run_ranks(
+        world,
+        [&](Rank& me) {
+          float* buf = zeros_after_a_first_all_reduce(me);
+          const std::string absent = "rank " + std::to_string(me.world - 1);
+          if (me.rank != me.world - 1) {  // the last rank never comes
+            const auto start = std::chrono::steady_clock::now();
+            NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));
+            const ncclResult_t error = async_error_within(me.comm, 15);
+            const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
+            if (error != ncclRemoteError || why.find(absent) == std::string::npos)
+              throw symmem::test::Failure("after " + std::to_string(waited) + " s: error " + std::to_string(error) +
+                                          " (" + absent + " never came): " + why);
+            if (waited > 10) throw symmem::test::Failure("reported only after " + std::to_string(waited) + " s");
+            CUDA_OK(cudaStreamSynchronize(me.stream));
+          }
+          me.meet();
+          NCCL_OK(ncclCommAbort(me.comm));
+          CUDA_OK(cudaFree(buf));
+        },
+        /*destroy=*/false);
+  }
 }
 
 TEST(shim_abort_releases_a_peers_wait) {
   serve_everything();
-  set_env("SYMMEM_NCCL_TIMEOUT_MS", "60000");
-  run_ranks(
-      2,
-      [&](Rank& me) {
-        float* buf = zeros_after_a_first_all_reduce(me);
-        if (me.rank == 0) {
-          const auto start = std::chrono::steady_clock::now();
-          NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // waits for rank 1
-          CUDA_OK(cudaStreamSynchronize(me.stream));  // released by rank 1's abort, not by the 60 s deadline
-          const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          if (waited > 10) throw symmem::test::Failure("the wait ended only after " + std::to_string(waited) + " s");
-          if (async_error_within(me.comm, 5) == ncclSuccess)
-            throw symmem::test::Failure("no error after the peer aborted");
-        } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(500));
-          NCCL_OK(ncclCommAbort(me.comm));
-        }
-        me.meet();
-        if (me.rank == 0) NCCL_OK(ncclCommAbort(me.comm));
-        CUDA_OK(cudaFree(buf));
-      },
-      /*destroy=*/false);
-  unsetenv("SYMMEM_NCCL_TIMEOUT_MS");
+  const TimeoutForThisCase timeout("60000");
+  for (int world : worlds()) {
+    run_ranks(
+        world,
+        [&](Rank& me) {
+          float* buf = zeros_after_a_first_all_reduce(me);
+          if (me.rank != me.world - 1) {
+            const auto start = std::chrono::steady_clock::now();
+            NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // waits for the last
+            CUDA_OK(cudaStreamSynchronize(me.stream));  // released by its abort, not by the 60 s deadline
+            const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (waited > 10) throw symmem::test::Failure("the wait ended only after " + std::to_string(waited) + " s");
+            if (async_error_within(me.comm, 5) == ncclSuccess)
+              throw symmem::test::Failure("no error after the peer aborted");
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            NCCL_OK(ncclCommAbort(me.comm));
+          }
+          me.meet();
+          if (me.rank != me.world - 1) NCCL_OK(ncclCommAbort(me.comm));
+          CUDA_OK(cudaFree(buf));
+        },
+        /*destroy=*/false);
+  }
 }
 
 int main(int argc, char** argv) {
@@ -655,6 +728,7 @@ int main(int argc, char** argv) {
 #endif
   const std::string routes = "/tmp/symmem_shim_routes_" + std::to_string(getpid());
   setenv("SYMMEM_NCCL_ROUTE_LOG", routes.c_str(), 0);  // the shim opens it at the first routed call
+  setenv("SYMMEM_NCCL_TIMEOUT_MS", kSuiteTimeoutMs, 1);
   if (!std::getenv("SYMMEM_NCCL_LIBRARY")) {
     std::printf("SKIPPED: set SYMMEM_NCCL_LIBRARY to libsymmem_fake_nccl.so\n");
     return 77;
