@@ -48,6 +48,7 @@ torch_tests_simulated_nodes  symmem.torch across simulated nodes (SYMMEM_NODE_SI
 shared_gpu_tests           C++ multi-rank protocols, ranks as threads on one GPU (SHARED_WORLDS, default 2 3 4 8)
 shared_gpu_moe_tests       all-to-all and MoE on one GPU, both combine paths (SHARED_WORLDS)
 shared_gpu_shim_tests      libsymmem_nccl.so served on one GPU behind a stand-in NCCL (SHARED_WORLDS)
+shared_gpu_nccl_tests      nccl-tests'"'"' data checks through libsymmem_nccl.so, processes on one GPU (SHARED_WORLDS)
 triton_shared_gpu_tests    symmem.triton on one GPU at 2, 4, 8 ranks
 triton_ops_tests           the symmem.triton example ops at world 1
 cuda_example               the CUDA example at 2, 4, 8 ranks on one GPU, and with a dead rank
@@ -262,6 +263,11 @@ run_step() {
         test_step "shared_gpu_shim_tests_${w}_ranks" 120 env SYMMEM_SHIM_TEST_WORLDS="$w" \
           SYMMEM_NCCL_LIBRARY="$B/libsymmem_fake_nccl.so" LD_LIBRARY_PATH="$B" "$B/symmem_shared_gpu_shim_tests"
       done ;;
+    shared_gpu_nccl_tests)
+      test_step shared_gpu_nccl_tests 400 env NCCL_TESTS_BIN="$B/nccl-tests" SHIM="$B/libsymmem_nccl.so" \
+        FAKE_NCCL="$B/libsymmem_fake_nccl.so" OUT="$L/nccl_tests_shared_gpu" \
+        scripts/nccl_tests_shared_gpu.sh "${SHARED_WORLDS:-2 3 4 8}"
+      [ "$DRY" = 1 ] || cp "$L/nccl_tests_shared_gpu/summary.txt" "$TESTS/shared_gpu_nccl_tests_summary.txt" 2>/dev/null ;;
     triton_shared_gpu_tests)
       test_step triton_shared_gpu_tests_2_4_8_ranks 330 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 4 8" \
         python3 -m pytest -v -p no:cacheprovider -rA -o faulthandler_timeout=150 tests/python/triton_gpu/test_triton_shared_gpu.py ;;

@@ -111,7 +111,7 @@ def compare(args):
     lines.append(header)
     for k in sorted(set(plain) | set(shim)):
         a, b = plain.get(k), shim.get(k)
-        bad = [r for r in (a, b) if r and (r["oop_wrong"] not in ("0", "N/A") or r["ip_wrong"] not in ("0", "N/A"))]
+        bad = [r for r in (a, b) if r and is_wrong(r)]
         wrong += len(bad)
         if not a or not b:
             lines.append(f"{k}: only {'plain' if a else 'shim'}")
@@ -136,6 +136,27 @@ def compare(args):
     return 1 if wrong else 0
 
 
+def is_wrong(row):
+    return row["oop_wrong"] not in ("0", "N/A") or row["ip_wrong"] not in ("0", "N/A")
+
+
+def served(args):
+    rows = list(csv.DictReader(open(args.csv)))
+    lines = []
+    wrong = [r for r in rows if is_wrong(r)]
+    unserved = [r for r in rows if r["route"] != "symmem"]
+    for r in rows:
+        verdict = "WRONG" if is_wrong(r) else ("not served: " + (r["route"] or "no route")) if r in unserved else ""
+        lines.append(f"{r['ranks']:>2} {r['buffers']:7} {r['collective']:14} {r['type']:8} {r['redop']:6} "
+                     f"{int(r['size']):>10} #wrong {r['oop_wrong']}/{r['ip_wrong']} {verdict}")
+    lines.append(f"rows: {len(rows)}; with #wrong > 0: {len(wrong)}; not served by symmem: {len(unserved)}")
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        open(args.out, "w").write(text)
+    return 1 if wrong or unserved or not rows else 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -147,11 +168,12 @@ def main():
     a.add_argument("--ranks", required=True, type=int)
     a.add_argument("--routes")
     a.add_argument("--meta", nargs="*", default=[])
-    c = sub.add_parser("compare")
-    c.add_argument("csv")
-    c.add_argument("--out")
+    for name in ("compare", "served"):
+        c = sub.add_parser(name)
+        c.add_argument("csv")
+        c.add_argument("--out")
     args = p.parse_args()
-    return parse(args) if args.command == "parse" else compare(args)
+    return {"parse": parse, "compare": compare, "served": served}[args.command](args)
 
 
 if __name__ == "__main__":

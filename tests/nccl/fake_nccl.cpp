@@ -2,8 +2,8 @@
 // (tests/nccl/shared_gpu_shim_tests.cpp): the real NCCL refuses two ranks on one GPU, and those
 // tests run every rank on GPU 0. It keeps NCCL's contract where the shim relies on it and moves no
 // data:
-//   - ncclCommInitRank returns once every rank of the unique id entered it (the shim's rendezvous
-//     relies on that), ncclCommInitAll makes every rank's at once;
+//   - ncclCommInitRank returns once every rank of the unique id entered it, in this process or
+//     another (the shim's rendezvous relies on that), ncclCommInitAll makes every rank's at once;
 //   - count, rank, device, async error, group start / end, abort, destroy answer as NCCL does;
 //   - ncclMemAlloc makes cuMem memory exportable as a file descriptor, as NCCL's does;
 //   - every collective, send and receive is counted (fake_nccl_forwarded) and does nothing: with
@@ -12,14 +12,17 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 
 #define FAKE_API extern "C" __attribute__((visibility("default")))
 
@@ -27,17 +30,13 @@ struct ncclComm {
   int rank;
   int nranks;
   int device;
+  std::string meeting_file;  // ncclCommInitRank's (empty for ncclCommInitAll's)
   std::atomic<long> forwarded{0};
 };
 
 namespace {
 
-struct Gathering {
-  int arrived = 0;
-  std::condition_variable cv;
-};
 std::mutex mutex;
-std::map<std::string, Gathering> gatherings;
 std::map<void*, size_t> allocations;  // ncclMemAlloc'd address -> size
 thread_local int group_depth = 0;
 
@@ -45,6 +44,21 @@ ncclResult_t count(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
   comm->forwarded++;
   return ncclSuccess;
+}
+
+// The ranks of one unique id meet through a file each, so that threads of one process and
+// processes alike (nccl-tests runs one process per rank) return from ncclCommInitRank only once
+// every rank entered it. A rank removes its file when its communicator is destroyed: by then every
+// peer has seen it, because the shim's handshake after the init needs every rank of the id.
+std::string meeting_file(const ncclUniqueId& id, int rank) {
+  static const char digits[] = "0123456789abcdef";
+  std::string name = "/tmp/symmem-fake-nccl-";
+  for (int i = 0; i < 16; ++i) {
+    const unsigned char c = static_cast<unsigned char>(id.internal[i]);
+    name += digits[c >> 4];
+    name += digits[c & 15];
+  }
+  return name + "-" + std::to_string(rank);
 }
 
 }  // namespace
@@ -71,19 +85,29 @@ FAKE_API const char* ncclGetLastError(ncclComm_t) { return "fake NCCL: no error"
 FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return ncclUnhandledCudaError;
-  const std::string key(id.internal, sizeof(id.internal));
-  std::unique_lock<std::mutex> lock(mutex);
-  Gathering& g = gatherings[key];
-  if (++g.arrived == nranks) g.cv.notify_all();
-  if (!g.cv.wait_for(lock, std::chrono::seconds(60), [&] { return g.arrived >= nranks; })) return ncclSystemError;
-  *comm = new ncclComm{rank, nranks, device};
+  if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  const std::string mine = meeting_file(id, rank);
+  const int fd = ::open(mine.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return ncclSystemError;
+  ::close(fd);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < nranks; ++r) {
+    while (::access(meeting_file(id, r).c_str(), F_OK) != 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::unlink(mine.c_str());
+        return ncclSystemError;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  *comm = new ncclComm{rank, nranks, device, mine};
   return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
   return ncclCommInitRank(comm, nranks, id, rank);
 }
 FAKE_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
-  for (int i = 0; i < ndev; ++i) comms[i] = new ncclComm{i, ndev, devlist ? devlist[i] : 0};
+  for (int i = 0; i < ndev; ++i) comms[i] = new ncclComm{i, ndev, devlist ? devlist[i] : 0, ""};
   return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* n) { return comm ? (*n = comm->nranks, ncclSuccess) : ncclInvalidArgument; }
@@ -95,6 +119,7 @@ FAKE_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
   return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (comm && !comm->meeting_file.empty()) ::unlink(comm->meeting_file.c_str());
   delete comm;
   return ncclSuccess;
 }

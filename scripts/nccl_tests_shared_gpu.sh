@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# nccl-tests' own data checks on libsymmem_nccl.so's served path with ONE GPU, from prebuilt
+# binaries (builds nothing): RANKS processes on GPU 0 (NCCL_TESTS_DEVICE=0, SYMMEM_TEST_SHARED_GPU=1),
+# the shim preloaded in front of the stand-in NCCL (tests/nccl/fake_nccl.cpp: the real one refuses
+# two ranks on one GPU), SYMMEM_NCCL=all. The stand-in moves no data, so every row must be served by
+# symmem and exact: nccl-tests' #wrong 0, out of place and in place, plain buffers and symmetric
+# windows (-R 2). Processes sharing a GPU take turns on it, so the times say nothing; the rows are
+# checks, not measurements (tools/nccl_tests_report.py served).
+#
+#   scripts/nccl_tests_shared_gpu.sh [WORLDS]      # default "2 3 4 8"
+#
+# Environment (all optional): NCCL_TESTS_BIN (default build-nccl-tests/bin), SHIM (default
+# build/libsymmem_nccl.so), FAKE_NCCL (default build/tests/libsymmem_fake_nccl.so), NCCL_LIB_DIR
+# (a libnccl.so.2 for the loader: the binaries link it; default torch's nvidia-nccl wheel), OUT
+# (default nccl_tests_shared_gpu_out), SWEEP (default "-b 1K -e 4M -f 8 -n 5 -w 2 -c 1").
+# Exit status: 1 when a row is wrong or forwarded, or a run failed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+REPO=$PWD
+WORLDS=${1:-2 3 4 8}
+NCCL_TESTS_BIN=$(cd "${NCCL_TESTS_BIN:-build-nccl-tests/bin}" && pwd) || {
+  echo "no nccl-tests binaries: run scripts/nccl_tests_build.sh first, or set NCCL_TESTS_BIN" >&2; exit 2; }
+SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
+FAKE_NCCL=$(realpath "${FAKE_NCCL:-build/tests/libsymmem_fake_nccl.so}")
+if [ ! -f "$SHIM" ] || [ ! -f "$FAKE_NCCL" ]; then
+  echo "no shim or stand-in NCCL (set SHIM, FAKE_NCCL)" >&2; exit 2
+fi
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "SKIPPED: nccl-tests on the shared GPU need a GPU"; exit 77
+fi
+if [ -z "${NCCL_LIB_DIR:-}" ]; then
+  NCCL_LIB_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" \
+    2> /dev/null) || NCCL_LIB_DIR=/usr/local/cuda/lib64
+fi
+OUT=${OUT:-$PWD/nccl_tests_shared_gpu_out}
+SWEEP=${SWEEP:--b 1K -e 4M -f 8 -n 5 -w 2 -c 1}
+mkdir -p "$OUT/logs" "$OUT/routes"
+CSV="$OUT/nccl_tests_shared_gpu.csv"
+rm -f "$CSV"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH="$NCCL_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+COMMIT=$(cat "$(dirname "$SHIM")/COMMIT" 2> /dev/null || git rev-parse --short HEAD 2> /dev/null || echo unknown)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+
+# collective type op [nccl-tests flags]: the served types and reductions, plain buffers and windows.
+CASES='
+all_reduce bfloat16 sum
+all_reduce float max
+all_reduce half min
+all_reduce int32 sum
+reduce_scatter bfloat16 sum
+reduce_scatter float min
+reduce_scatter half max
+all_gather bfloat16 none
+all_gather int8 none
+alltoall float none
+alltoall bfloat16 none
+all_reduce bfloat16 sum -R 2
+all_gather float none -R 2
+reduce_scatter half sum -R 2
+'
+
+failed_runs=0
+for world in $WORLDS; do
+  while read -r collective type op extra; do
+    [ -n "$collective" ] || continue
+    tag="${world}_ranks_${collective}_${type}_${op}${extra:+_windows}"
+    log="$OUT/logs/$tag.log"
+    rm -rf "$OUT/routes/$tag" && mkdir -p "$OUT/routes/$tag"
+    ops=""
+    [ "$op" != none ] && ops="-o $op"
+    buffers=staged
+    [ -n "$extra" ] && buffers=window
+    job="nccl-tests-shared-$$-$RANDOM"
+    pids=()
+    for ((r = 0; r < world; r++)); do
+      # shellcheck disable=SC2086  # SWEEP, ops and extra are lists of flags
+      env LD_PRELOAD="$SHIM" SYMMEM_NCCL=all SYMMEM_NCCL_LIBRARY="$FAKE_NCCL" SYMMEM_TEST_SHARED_GPU=1 \
+        SYMMEM_NCCL_TIMEOUT_MS=60000 SYMMEM_NCCL_ROUTE_LOG="$OUT/routes/$tag/route" NCCL_TESTS_DEVICE=0 \
+        MINI_MPI_RANK=$r MINI_MPI_SIZE="$world" MINI_MPI_JOB="$job" \
+        timeout --kill-after=10 240 "$NCCL_TESTS_BIN/${collective}_perf" -t 1 -g 1 -d "$type" $ops $SWEEP $extra \
+        > "$log.rank$r" 2>&1 &
+      pids+=($!)
+    done
+    bad=""
+    for ((r = 0; r < world; r++)); do wait "${pids[$r]}" || bad="$bad $r"; done
+    mv "$log.rank0" "$log"
+    for ((r = 1; r < world; r++)); do
+      [[ " $bad " == *" $r "* ]] && { echo "## rank $r failed:"; cat "$log.rank$r"; } >> "$log"
+      rm -f "$log.rank$r"
+    done
+    if [ -n "$bad" ]; then
+      echo "$tag: rank(s)$bad failed (see logs/$tag.log)" | tee -a "$OUT/failures.txt"
+      failed_runs=$((failed_runs + 1))
+    fi
+    python3 "$REPO/tools/nccl_tests_report.py" parse "$log" --csv "$CSV" --library symmem_nccl --mode processes \
+      --ranks "$world" --routes "$OUT/routes/$tag" --meta "date=$DATE" "commit=$COMMIT" "gpu=$GPU x 1" \
+      "shim_mode=all" "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$buffers" \
+      > /dev/null || { echo "$tag: no result rows (see logs/$tag.log)" | tee -a "$OUT/failures.txt"; failed_runs=$((failed_runs + 1)); }
+  done <<< "$CASES"
+done
+python3 "$REPO/tools/nccl_tests_report.py" served "$CSV" --out "$OUT/summary.txt" > /dev/null
+rc=$?
+tail -1 "$OUT/summary.txt"
+echo "runs that failed: $failed_runs" | tee -a "$OUT/summary.txt"
+[ "$rc" -eq 0 ] && [ "$failed_runs" -eq 0 ]
