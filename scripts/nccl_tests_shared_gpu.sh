@@ -12,7 +12,8 @@
 # Environment (all optional): NCCL_TESTS_BIN (default build-nccl-tests/bin), SHIM (default
 # build/libsymmem_nccl.so), FAKE_NCCL (default build/tests/libsymmem_fake_nccl.so), NCCL_LIB_DIR
 # (a libnccl.so.2 for the loader: the binaries link it; default torch's nvidia-nccl wheel), OUT
-# (default nccl_tests_shared_gpu_out), SWEEP (default "-b 1K -e 4M -f 8 -n 5 -w 2 -c 1").
+# (default nccl_tests_shared_gpu_out), SWEEP (default "-b 1K -e 4M -f 8 -n 5 -w 2 -c 1"), SHIM_MODE
+# (default all; off, every call forwarded to the stand-in, must fail: the negative control).
 # Exit status: 1 when a row is wrong or forwarded, or a run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -76,7 +77,7 @@ for world in $WORLDS; do
     pids=()
     for ((r = 0; r < world; r++)); do
       # shellcheck disable=SC2086  # SWEEP, ops and extra are lists of flags
-      env LD_PRELOAD="$SHIM" SYMMEM_NCCL=all SYMMEM_NCCL_LIBRARY="$FAKE_NCCL" SYMMEM_TEST_SHARED_GPU=1 \
+      env LD_PRELOAD="$SHIM" SYMMEM_NCCL="${SHIM_MODE:-all}" SYMMEM_NCCL_LIBRARY="$FAKE_NCCL" SYMMEM_TEST_SHARED_GPU=1 \
         SYMMEM_NCCL_TIMEOUT_MS=60000 SYMMEM_NCCL_ROUTE_LOG="$OUT/routes/$tag/route" NCCL_TESTS_DEVICE=0 \
         MINI_MPI_RANK=$r MINI_MPI_SIZE="$world" MINI_MPI_JOB="$job" \
         timeout --kill-after=10 240 "$NCCL_TESTS_BIN/${collective}_perf" -t 1 -g 1 -d "$type" $ops $SWEEP $extra \
@@ -96,7 +97,7 @@ for world in $WORLDS; do
     fi
     python3 "$REPO/tools/nccl_tests_report.py" parse "$log" --csv "$CSV" --library symmem_nccl --mode processes \
       --ranks "$world" --routes "$OUT/routes/$tag" --meta "date=$DATE" "commit=$COMMIT" "gpu=$GPU x 1" \
-      "shim_mode=all" "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$buffers" \
+      "shim_mode=${SHIM_MODE:-all}" "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$buffers" \
       > /dev/null || { echo "$tag: no result rows (see logs/$tag.log)" | tee -a "$OUT/failures.txt"; failed_runs=$((failed_runs + 1)); }
   done <<< "$CASES"
 done
