@@ -264,10 +264,11 @@ run_step() {
           SYMMEM_NCCL_LIBRARY="$B/libsymmem_fake_nccl.so" LD_LIBRARY_PATH="$B" "$B/symmem_shared_gpu_shim_tests"
       done ;;
     shared_gpu_nccl_tests)
-      test_step shared_gpu_nccl_tests 400 env NCCL_TESTS_BIN="$B/nccl-tests" SHIM="$B/libsymmem_nccl.so" \
-        FAKE_NCCL="$B/libsymmem_fake_nccl.so" OUT="$L/nccl_tests_shared_gpu" \
-        scripts/nccl_tests_shared_gpu.sh "${SHARED_WORLDS:-2 3 4 8}"
-      [ "$DRY" = 1 ] || cp "$L/nccl_tests_shared_gpu/summary.txt" "$TESTS/shared_gpu_nccl_tests_summary.txt" 2>/dev/null ;;
+      local worlds=${SHARED_WORLDS:-2 3 4 8}
+      local name="shared_gpu_nccl_tests_${worlds// /_}_ranks"
+      test_step "$name" 400 env NCCL_TESTS_BIN="$B/nccl-tests" SHIM="$B/libsymmem_nccl.so" \
+        FAKE_NCCL="$B/libsymmem_fake_nccl.so" OUT="$L/$name" scripts/nccl_tests_shared_gpu.sh "$worlds"
+      [ "$DRY" = 1 ] || cp "$L/$name/summary.txt" "$TESTS/${name}_summary.txt" 2>/dev/null ;;
     triton_shared_gpu_tests)
       test_step triton_shared_gpu_tests_2_4_8_ranks 330 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 4 8" \
         python3 -m pytest -v -p no:cacheprovider -rA -o faulthandler_timeout=150 tests/python/triton_gpu/test_triton_shared_gpu.py ;;
