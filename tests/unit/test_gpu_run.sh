@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # CI check of scripts/gpu_run.sh without a GPU (DRY_RUN=1: each step's commands, not run): every
 # step it lists is one it runs, and what the benchmarks keep lands in bench/results' layout
-# (<kind>x<lane GPUs>/<what>_<ranks>.csv: the lane's GPU count names the folder).
+# (<kind>x<lane GPUs>/<what>_<ranks>.csv: the lane's GPU count names the folder), and every script
+# it may start is executable (a step that runs one without the bit fails at once with 126).
 set -euo pipefail
 root=${1:?usage: test_gpu_run.sh REPO_ROOT}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$root"
+for script in scripts/*.sh; do
+  [ -x "$script" ] || { echo "FAIL: $script is not executable (git update-index --chmod=+x)"; exit 1; }
+done
 steps=$(scripts/gpu_run.sh --list | awk '{print $1}' | tr '\n' ' ')
 [ "$(wc -w <<< "$steps")" -gt 30 ] || { echo "FAIL: --list lists too few steps: $steps"; exit 1; }
 out=$(DRY_RUN=1 OUT="$work/out" GPU_RUN_WORK="$work/w" GPU_KIND="NVIDIA H100 80GB HBM3" GPU_COUNT=4 \
