@@ -3,9 +3,9 @@
 # binaries (builds nothing): RANKS processes on GPU 0 (NCCL_TESTS_DEVICE=0, SYMMEM_TEST_SHARED_GPU=1),
 # the shim preloaded in front of the stand-in NCCL (tests/nccl/fake_nccl.cpp: the real one refuses
 # two ranks on one GPU), SYMMEM_NCCL=all. The stand-in moves no data, so every row must be served by
-# symmem and exact: nccl-tests' #wrong 0, out of place and in place, plain buffers and symmetric
-# windows (-R 2). Processes sharing a GPU take turns on it, so the times say nothing; the rows are
-# checks, not measurements (tools/nccl_tests_report.py served).
+# symmem and exact: nccl-tests' #wrong 0, out of place and in place. Processes sharing a GPU take
+# turns on it, so the times say nothing; the rows are checks, not measurements
+# (tools/nccl_tests_report.py served).
 #
 #   scripts/nccl_tests_shared_gpu.sh [WORLDS]      # default "2 3 4 8"
 #
@@ -44,7 +44,9 @@ COMMIT=$(cat "$(dirname "$SHIM")/COMMIT" 2> /dev/null || git rev-parse --short H
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
-# collective type op [nccl-tests flags]: the served types and reductions, plain buffers and windows.
+# collective type op [nccl-tests flags]: the served types and reductions, plain buffers and
+# windows (-R 2), calls captured in CUDA graphs (-G), several in one group (-m), buffers off their
+# alignment by one element (-u 1).
 CASES='
 all_reduce bfloat16 sum
 all_reduce float max
@@ -60,19 +62,24 @@ alltoall bfloat16 none
 all_reduce bfloat16 sum -R 2
 all_gather float none -R 2
 reduce_scatter half sum -R 2
+all_reduce bfloat16 sum -G 1
+reduce_scatter float sum -G 1 -m 2
+all_gather half none -m 4
+all_reduce half sum -u 1
+alltoall bfloat16 none -u 1
 '
 
 failed_runs=0
 for world in $WORLDS; do
   while read -r collective type op extra; do
     [ -n "$collective" ] || continue
-    tag="${world}_ranks_${collective}_${type}_${op}${extra:+_windows}"
+    tag="${world}_ranks_${collective}_${type}_${op}$(tr -d ' ' <<< "$extra")"
     log="$OUT/logs/$tag.log"
     rm -rf "$OUT/routes/$tag" && mkdir -p "$OUT/routes/$tag"
     ops=""
     [ "$op" != none ] && ops="-o $op"
     buffers=staged
-    [ -n "$extra" ] && buffers=window
+    [[ " $extra " == *" -R 2 "* ]] && buffers=window
     job="nccl-tests-shared-$$-$RANDOM"
     pids=()
     for ((r = 0; r < world; r++)); do
