@@ -103,7 +103,7 @@ run_one() {
     mv "$log.rank0" "$log"
     for ((r = 1; r < RANKS; r++)); do
       if [[ " $failed " == *" $r "* ]]; then
-        { echo "## rank $r failed:"; cat "$log.rank$r"; } >> "$log"
+        { echo "## rank $r failed:"; sed 's/^/# /' "$log.rank$r"; } >> "$log"
       fi
       rm -f "$log.rank$r"
     done

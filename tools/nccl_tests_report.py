@@ -23,7 +23,7 @@ import sys
 FIELDS = ["date", "commit", "gpu", "nccl_version", "ranks", "mode", "library", "shim_mode", "workspace_mb", "buffers",
           "collective", "type",
           "redop", "size", "count", "route", "oop_time_us", "oop_algbw", "oop_busbw", "oop_wrong", "ip_time_us",
-          "ip_algbw", "ip_busbw", "ip_wrong"]
+          "ip_algbw", "ip_busbw", "ip_wrong", "flags", "route_buffers"]
 
 # nccl-tests' type names as the shim's route log numbers them (ncclDataType_t).
 NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "half": 6, "float": 7,
@@ -58,26 +58,31 @@ def parse_table(path):
 
 
 def read_routes(folder):
-    """{(collective, type number, redop number, bytes): set of routes} from the shim's route logs."""
+    """{(collective, type number, redop number, bytes): set of (route, buffers)} from the shim's
+    route logs."""
     routes = collections.defaultdict(set)
     for path in glob.glob(os.path.join(folder, "*.csv")):
         with open(path) as f:
             for r in csv.DictReader(f):
-                routes[(r["collective"], int(r["type"]), int(r["redop"]), int(r["bytes"]))].add(r["route"])
+                routes[(r["collective"], int(r["type"]), int(r["redop"]), int(r["bytes"]))].add(
+                    (r["route"], r["buffers"]))
     return routes
 
 
 def route_of(routes, collective, row):
+    """(route, buffers the shim logged) of one nccl-tests row."""
     if routes is None:
-        return ""
+        return "", ""
     type_number = NCCL_TYPES.get(row["type"], -1)
     # nccl-tests names pre-multiplied sums "mulsum" (dynamic ops: forwarded); all_gather and
     # alltoall have no reduction ("none"): the shim logs ncclSum for them.
     op_number = NCCL_OPS.get(row["redop"], 0 if row["redop"] == "none" else -1)
     found = routes.get((collective, type_number, op_number, row["size"]), set())
     if not found:
-        return "nccl" if op_number < 0 else "unlogged"
-    return found.pop() if len(found) == 1 else "mixed"
+        return ("nccl" if op_number < 0 else "unlogged"), ""
+    kinds = "+".join(sorted({b for _, b in found}))
+    names = {r for r, _ in found}
+    return (names.pop() if len(names) == 1 else "mixed"), kinds
 
 
 def parse(args):
@@ -92,9 +97,9 @@ def parse(args):
         for row in rows:
             out = {k: meta.get(k, "") for k in FIELDS}
             out.update(row)
+            route, route_buffers = route_of(routes, collective, row) if args.library == "symmem_nccl" else ("nccl", "")
             out.update({"nccl_version": version, "ranks": args.ranks, "mode": args.mode, "library": args.library,
-                        "collective": collective,
-                        "route": route_of(routes, collective, row) if args.library == "symmem_nccl" else "nccl"})
+                        "collective": collective, "route": route, "route_buffers": route_buffers})
             w.writerow(out)
     print(f"{args.log}: {len(rows)} rows ({collective})")
     return 0 if rows else 1
@@ -140,21 +145,46 @@ def is_wrong(row):
     return row["oop_wrong"] not in ("0", "N/A") or row["ip_wrong"] not in ("0", "N/A")
 
 
+def unchecked(row):
+    """Why nccl-tests did not check a row's data, or "". Only alltoall has no in-place form."""
+    if row["oop_wrong"] != "0":
+        return "out of place unchecked"
+    if row["ip_wrong"] != ("N/A" if row["collective"] == "alltoall" else "0"):
+        return "in place unchecked"
+    return ""
+
+
 def served(args):
+    """Every row served by symmem, on the buffers its run was labelled with, checked and exact, and
+    every run with the sizes of the others (a row nccl-tests printed but the parser missed)."""
+    if not os.path.exists(args.csv):
+        sys.stdout.write(f"no results: {args.csv} does not exist\n")
+        return 1
     rows = list(csv.DictReader(open(args.csv)))
-    lines = []
-    wrong = [r for r in rows if is_wrong(r)]
-    unserved = [r for r in rows if r["route"] != "symmem"]
+    run_key = lambda r: (r["ranks"], r["buffers"], r.get("flags", ""), r["collective"], r["type"], r["redop"])
+    sizes = collections.defaultdict(set)
     for r in rows:
-        verdict = "WRONG" if is_wrong(r) else ("not served: " + (r["route"] or "no route")) if r in unserved else ""
-        lines.append(f"{r['ranks']:>2} {r['buffers']:7} {r['collective']:14} {r['type']:8} {r['redop']:6} "
-                     f"{int(r['size']):>10} #wrong {r['oop_wrong']}/{r['ip_wrong']} {verdict}")
-    lines.append(f"rows: {len(rows)}; with #wrong > 0: {len(wrong)}; not served by symmem: {len(unserved)}")
+        sizes[run_key(r)].add(int(r["size"]))
+    every_size = set().union(*sizes.values()) if sizes else set()
+    lines, failed = [], 0
+    for r in rows:
+        verdict = "WRONG" if is_wrong(r) else unchecked(r)
+        if not verdict and r["route"] != "symmem":
+            verdict = "not served: " + (r["route"] or "no route")
+        if not verdict and r.get("route_buffers", "") != r["buffers"]:
+            verdict = f"{r['buffers']} run logged {r.get('route_buffers') or 'nothing'}"
+        failed += bool(verdict)
+        lines.append(f"{r['ranks']:>2} {r['buffers']:7} {r.get('flags', ''):9} {r['collective']:14} {r['type']:8} "
+                     f"{r['redop']:6} {int(r['size']):>10} #wrong {r['oop_wrong']}/{r['ip_wrong']} {verdict}")
+    short = [k for k, v in sizes.items() if v != every_size]
+    for k in short:
+        lines.append(f"run {' '.join(k)}: sizes {sorted(every_size - sizes[k])} missing")
+    lines.append(f"rows: {len(rows)}; failed: {failed}; runs missing sizes: {len(short)}")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out:
         open(args.out, "w").write(text)
-    return 1 if wrong or unserved or not rows else 0
+    return 1 if failed or short or not rows else 0
 
 
 def main():

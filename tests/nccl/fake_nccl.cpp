@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -30,7 +31,6 @@ struct ncclComm {
   int rank;
   int nranks;
   int device;
-  std::string meeting_file;  // ncclCommInitRank's (empty for ncclCommInitAll's)
   std::atomic<long> forwarded{0};
 };
 
@@ -48,17 +48,25 @@ ncclResult_t count(ncclComm_t comm) {
 
 // The ranks of one unique id meet through a file each, so that threads of one process and
 // processes alike (nccl-tests runs one process per rank) return from ncclCommInitRank only once
-// every rank entered it. A rank removes its file when its communicator is destroyed: by then every
-// peer has seen it, because the shim's handshake after the init needs every rank of the id.
+// every rank entered it. The files stay: a rank cannot know when the last peer has seen its file.
+// They go in SYMMEM_FAKE_NCCL_MEETING_DIR, a folder the harness makes and removes (/tmp without it).
 std::string meeting_file(const ncclUniqueId& id, int rank) {
   static const char digits[] = "0123456789abcdef";
-  std::string name = "/tmp/symmem-fake-nccl-";
+  const char* dir = std::getenv("SYMMEM_FAKE_NCCL_MEETING_DIR");
+  std::string name = std::string(dir && *dir ? dir : "/tmp") + "/symmem-fake-nccl-";
   for (int i = 0; i < 16; ++i) {
     const unsigned char c = static_cast<unsigned char>(id.internal[i]);
     name += digits[c >> 4];
     name += digits[c & 15];
   }
   return name + "-" + std::to_string(rank);
+}
+
+// How long a rank waits for its peers in ncclCommInitRank: SYMMEM_NCCL_TIMEOUT_MS, else 60 s.
+std::chrono::milliseconds meeting_timeout() {
+  const char* text = std::getenv("SYMMEM_NCCL_TIMEOUT_MS");
+  const long ms = text ? std::atol(text) : 0;
+  return std::chrono::milliseconds(ms > 0 ? ms : 60000);
 }
 
 }  // namespace
@@ -86,28 +94,24 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueI
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return ncclUnhandledCudaError;
   if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
-  const std::string mine = meeting_file(id, rank);
-  const int fd = ::open(mine.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-  if (fd < 0) return ncclSystemError;
+  const int fd = ::open(meeting_file(id, rank).c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return ncclSystemError;  // also a second rank of the same index
   ::close(fd);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto deadline = std::chrono::steady_clock::now() + meeting_timeout();
   for (int r = 0; r < nranks; ++r) {
     while (::access(meeting_file(id, r).c_str(), F_OK) != 0) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        ::unlink(mine.c_str());
-        return ncclSystemError;
-      }
+      if (std::chrono::steady_clock::now() >= deadline) return ncclSystemError;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
-  *comm = new ncclComm{rank, nranks, device, mine};
+  *comm = new ncclComm{rank, nranks, device};
   return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
   return ncclCommInitRank(comm, nranks, id, rank);
 }
 FAKE_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
-  for (int i = 0; i < ndev; ++i) comms[i] = new ncclComm{i, ndev, devlist ? devlist[i] : 0, ""};
+  for (int i = 0; i < ndev; ++i) comms[i] = new ncclComm{i, ndev, devlist ? devlist[i] : 0};
   return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* n) { return comm ? (*n = comm->nranks, ncclSuccess) : ncclInvalidArgument; }
@@ -119,7 +123,6 @@ FAKE_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
   return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  if (comm && !comm->meeting_file.empty()) ::unlink(comm->meeting_file.c_str());
   delete comm;
   return ncclSuccess;
 }

@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -58,11 +59,19 @@ namespace {
     if (e_ != cudaSuccess) ::symmem::test::fail(__FILE__, __LINE__, std::string(#expr) + ": " + cudaGetErrorName(e_)); \
   } while (0)
 
+// SYMMEM_SHIM_TEST_WORLDS: world sizes from 2 to 8, separated by spaces; anything else fails the
+// case (a list read as empty would pass every case without running it).
 std::vector<int> worlds() {
   const char* text = std::getenv("SYMMEM_SHIM_TEST_WORLDS");
   std::istringstream in(text ? text : "2 3 4 8");
   std::vector<int> out;
-  for (int w; in >> w;) out.push_back(w);
+  for (int w; in >> w;) {
+    if (w < 2 || w > 8) throw symmem::test::Failure("SYMMEM_SHIM_TEST_WORLDS: " + std::to_string(w) + " is not 2 to 8");
+    out.push_back(w);
+  }
+  if (!in.eof() || out.empty())
+    throw symmem::test::Failure(std::string("SYMMEM_SHIM_TEST_WORLDS must list world sizes: \"") + (text ? text : "") +
+                                "\"");
   return out;
 }
 
@@ -107,11 +116,12 @@ class Meeting {
   std::condition_variable cv_;
 };
 
-// A rank's host side of its copies: pinned. A pageable copy goes through the driver's staging
-// buffer, which the ranks sharing this process take turns on: a rank whose pageable copy waits for
-// its own collective (which waits for a peer) would keep a peer out of its copy before that
-// peer's call, until the deadline. Separate processes on separate GPUs have no such turn.
-// SYMMEM_SHIM_TEST_PAGEABLE=1 makes them pageable again (the hang it causes at 3 or more ranks).
+// A rank's host side of its copies: pinned. With pageable copies (SYMMEM_SHIM_TEST_PAGEABLE=1
+// brings them back) a rank's call timed out at 4 ranks, its peer never launched; with pinned ones
+// every case passed at 2, 3, 4 and 8 ranks. The likely cause: a pageable copy goes through the
+// driver's staging, which the threads of one process share, so a rank whose pageable read-back
+// waits for its own collective (waiting for a peer) can keep that peer from the copy it must make
+// before its call. Separate processes on separate GPUs share no such staging.
 class HostBuffers {
  public:
   HostBuffers() = default;
@@ -121,7 +131,8 @@ class HostBuffers {
   // Before the rank's first collective (pinning may wait for the device).
   void reserve(size_t bytes) {
     release();
-    pageable_ = std::getenv("SYMMEM_SHIM_TEST_PAGEABLE") != nullptr;
+    const char* pageable = std::getenv("SYMMEM_SHIM_TEST_PAGEABLE");
+    pageable_ = pageable && std::string(pageable) == "1";
     for (char** p : {&in_, &out_}) {
       if (pageable_) {
         *p = static_cast<char*>(std::malloc(bytes));
@@ -160,8 +171,9 @@ struct Rank {
 };
 
 // Runs body on `world` threads, each a rank with its communicator (ncclCommInitRank through the
-// shim, on GPU 0) and stream; destroys the communicators after every rank finished. Rethrows the
-// first failure.
+// shim, on GPU 0) and stream; destroys the communicators after every rank finished. Throws every
+// rank's failure (a rank that failed first often leaves its peers timing out later: which rank saw
+// what is the diagnosis).
 void run_ranks(int world, const std::function<void(Rank&)>& body, bool destroy = true) {
   ncclUniqueId id;
   NCCL_OK(ncclGetUniqueId(&id));
@@ -185,13 +197,18 @@ void run_ranks(int world, const std::function<void(Rank&)>& body, bool destroy =
       } catch (const std::exception& e) {
         failures[r] = e.what();
         meeting.break_up();
+        // Copies from or to this rank's pinned buffers may still be queued: they end (a waiting
+        // kernel at its deadline) before the buffers are freed.
+        if (me.stream) cudaStreamSynchronize(me.stream);
       }
       if (me.stream) cudaStreamDestroy(me.stream);
     });
   }
   for (auto& t : threads) t.join();
+  std::string report;
   for (int r = 0; r < world; ++r)
-    if (!failures[r].empty()) throw symmem::test::Failure("rank " + std::to_string(r) + ": " + failures[r]);
+    if (!failures[r].empty()) report += (report.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + failures[r]);
+  if (!report.empty()) throw symmem::test::Failure("world " + std::to_string(world) + ", " + report);
 }
 
 // Element types as the host sees them.
@@ -309,6 +326,15 @@ ncclResult_t call(const Shape& s, const void* send, void* recv, const Rank& me) 
   }
 }
 
+// After a synchronisation: a wait that failed on the device leaves the output unwritten, so its
+// cause is the failure, not the bytes.
+void expect_no_device_failure(const Rank& me, const std::string& what) {
+  ncclResult_t state = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(me.comm, &state));
+  if (state != ncclSuccess)
+    throw symmem::test::Failure(what + ": " + ncclGetErrorString(state) + ": " + ncclGetLastError(me.comm));
+}
+
 // One call of shape s on rank me with buffers send_base / recv_base (device, large enough; at
 // `offset` bytes in): poisons the output, runs, checks every element exactly.
 void check_call(const Shape& s, const Rank& me, char* send_base, char* recv_base, size_t offset) {
@@ -339,12 +365,7 @@ void check_call(const Shape& s, const Rank& me, char* send_base, char* recv_base
   const char* out = me.host.out();
   CUDA_OK(cudaMemcpyAsync(me.host.out(), recv, p.recv_elems * elem, cudaMemcpyDeviceToHost, me.stream));
   CUDA_OK(cudaStreamSynchronize(me.stream));
-  // A wait that failed on the device leaves the output unwritten: its cause, not the bytes.
-  ncclResult_t state = ncclSuccess;
-  NCCL_OK(ncclCommGetAsyncError(me.comm, &state));
-  if (state != ncclSuccess)
-    throw symmem::test::Failure(std::string(op_name(s.op)) + ": " + ncclGetErrorString(state) + ": " +
-                                ncclGetLastError(me.comm));
+  expect_no_device_failure(me, op_name(s.op));
   for (size_t i = 0; i < p.recv_elems; ++i) {
     double want = expected_at(s, me.rank, me.world, i);
     if (s.type == ncclUint8) want = double(int(want) & 0xff);
@@ -388,16 +409,22 @@ size_t largest_buffer(const std::vector<Shape>& shapes, int world) {
 
 void set_env(const char* name, const std::string& value) { setenv(name, value.c_str(), 1); }
 
-// The deadline of every device wait and of the shim's bootstrap in this suite (main sets it): a
-// hang fails the case in seconds, naming the call and the rank that never came, instead of at
-// the shim's default of 10 minutes.
+// The deadline of every device wait and of the shim's bootstrap in this suite, unless
+// SYMMEM_NCCL_TIMEOUT_MS says otherwise (main sets it): a hang fails the case in seconds, naming the
+// call and the rank that never came, instead of at the shim's default of 10 minutes.
 constexpr const char* kSuiteTimeoutMs = "30000";
 
-// Another deadline for one case, the suite's again after it.
+// Another deadline for one case (set before its ranks start, while no thread of the shim reads the
+// environment), the suite's again after it.
 class TimeoutForThisCase {
  public:
-  explicit TimeoutForThisCase(const char* ms) { set_env("SYMMEM_NCCL_TIMEOUT_MS", ms); }
-  ~TimeoutForThisCase() { set_env("SYMMEM_NCCL_TIMEOUT_MS", kSuiteTimeoutMs); }
+  explicit TimeoutForThisCase(const char* ms) : suite_(std::getenv("SYMMEM_NCCL_TIMEOUT_MS")) {
+    set_env("SYMMEM_NCCL_TIMEOUT_MS", ms);
+  }
+  ~TimeoutForThisCase() { set_env("SYMMEM_NCCL_TIMEOUT_MS", suite_); }
+
+ private:
+  std::string suite_;
 };
 
 // SYMMEM_NCCL=all for the communicators made next. SYMMEM_SHIM_TEST_MODE=off is the negative
@@ -581,6 +608,7 @@ TEST(shim_captures_and_replays_served_calls) {
         CUDA_OK(cudaGraphLaunch(exec, me.stream));
         CUDA_OK(cudaMemcpyAsync(me.host.out(), out, count * 2, cudaMemcpyDeviceToHost, me.stream));
         CUDA_OK(cudaStreamSynchronize(me.stream));
+        expect_no_device_failure(me, "replay with scale " + std::to_string(scale));
         for (size_t i = 0; i < count; ++i)
           if (__bfloat162float(back[i]) != float(reduced(ncclSum, ncclBfloat16, world, i) * scale))
             throw symmem::test::Failure("replay with scale " + std::to_string(scale) + ": element " +
@@ -726,9 +754,7 @@ int main(int argc, char** argv) {
 #ifdef SYMMEM_FAKE_NCCL_PATH
   setenv("SYMMEM_NCCL_LIBRARY", SYMMEM_FAKE_NCCL_PATH, 0);
 #endif
-  const std::string routes = "/tmp/symmem_shim_routes_" + std::to_string(getpid());
-  setenv("SYMMEM_NCCL_ROUTE_LOG", routes.c_str(), 0);  // the shim opens it at the first routed call
-  setenv("SYMMEM_NCCL_TIMEOUT_MS", kSuiteTimeoutMs, 1);
+  setenv("SYMMEM_NCCL_TIMEOUT_MS", kSuiteTimeoutMs, 0);
   if (!std::getenv("SYMMEM_NCCL_LIBRARY")) {
     std::printf("SKIPPED: set SYMMEM_NCCL_LIBRARY to libsymmem_fake_nccl.so\n");
     return 77;
@@ -738,5 +764,17 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: the shim's shared-GPU tests need a GPU\n");
     return 77;
   }
-  return symmem::test::run_all(argc, argv);
+  // The route log and the stand-in's meeting files, in a folder of this run's, removed at the end.
+  char scratch[] = "/tmp/symmem_shim_tests_XXXXXX";
+  if (!mkdtemp(scratch)) {
+    std::printf("cannot make a scratch folder under /tmp\n");
+    return 1;
+  }
+  const std::string routes = std::string(scratch) + "/routes";
+  setenv("SYMMEM_NCCL_ROUTE_LOG", routes.c_str(), 0);  // the shim opens it at the first routed call
+  setenv("SYMMEM_FAKE_NCCL_MEETING_DIR", scratch, 0);
+  const int rc = symmem::test::run_all(argc, argv);
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+  return rc;
 }

@@ -92,28 +92,45 @@ def test_report_compare_fails_on_a_wrong_row(tmp_path):
     assert rc == 1 and "WRONG" in out
 
 
-def test_report_served_needs_every_row_served_and_exact(tmp_path):
-    """`served` (one GPU, stand-in NCCL): a forwarded row or a wrong one fails the run."""
+def test_report_served_needs_every_row_served_checked_and_exact(tmp_path):
+    """`served` (one GPU, stand-in NCCL): a forwarded row, a wrong or unchecked one, a run on windows
+    the shim staged, or a run missing a size fails the verdict."""
     routes = tmp_path / "routes"
     routes.mkdir()
     (routes / "route.1.csv").write_text("collective,type,redop,bytes,world,buffers,route,why\n"
                                         "all_reduce,9,0,1024,3,staged,symmem,\"x\"\n"
-                                        "all_reduce,9,0,4096,3,staged,nccl,\"x\"\n")
+                                        "all_reduce,9,0,4096,3,staged,nccl,\"x\"\n"
+                                        "all_reduce,9,2,1024,3,staged,symmem,\"x\"\n"
+                                        "all_reduce,9,2,4096,3,staged,symmem,\"x\"\n")
+    csv_path = tmp_path / "s.csv"
 
-    def verdict(rows):
-        csv_path = tmp_path / "s.csv"
-        csv_path.unlink(missing_ok=True)
+    def add(rows, buffers="staged", flags=""):
         (tmp_path / "s.log").write_text(nccl_tests_log("all_reduce", rows))
         assert run(REPORT, "parse", str(tmp_path / "s.log"), "--csv", str(csv_path), "--library", "symmem_nccl",
-                   "--mode", "processes", "--ranks", "3", "--routes", str(routes))[0] == 0
+                   "--mode", "processes", "--ranks", "3", "--routes", str(routes), "--meta", f"buffers={buffers}",
+                   f"flags={flags}")[0] == 0
+
+    def verdict(*runs):
+        csv_path.unlink(missing_ok=True)
+        for r in runs:
+            add(*r)
         return run(REPORT, "served", str(csv_path))
 
-    rc, out = verdict([(1024, 512, "bfloat16", "sum", 5.0, 0.2, 0)])
-    assert rc == 0 and "with #wrong > 0: 0; not served by symmem: 0" in out, out
-    rc, out = verdict([(1024, 512, "bfloat16", "sum", 5.0, 0.2, 7)])
+    good = [(1024, 512, "bfloat16", "sum", 5.0, 0.2, 0)]
+    rc, out = verdict((good,))
+    assert rc == 0 and "failed: 0; runs missing sizes: 0" in out, out
+    rc, out = verdict(([(1024, 512, "bfloat16", "sum", 5.0, 0.2, 7)],))
     assert rc == 1 and "WRONG" in out, out
-    rc, out = verdict([(1024, 512, "bfloat16", "sum", 5.0, 0.2, 0), (4096, 2048, "bfloat16", "sum", 5.0, 0.2, 0)])
+    rc, out = verdict(([(1024, 512, "bfloat16", "sum", 5.0, 0.2, "N/A")],))
+    assert rc == 1 and "out of place unchecked" in out, out
+    rc, out = verdict((good + [(4096, 2048, "bfloat16", "sum", 5.0, 0.2, 0)],))
     assert rc == 1 and "not served: nccl" in out, out
+    rc, out = verdict((good, "window"))
+    assert rc == 1 and "window run logged staged" in out, out
+    rc, out = verdict(([(1024, 512, "bfloat16", "max", 5.0, 0.2, 0), (4096, 2048, "bfloat16", "max", 5.0, 0.2, 0)],),
+                      (good, "staged", "-G 1"))
+    assert rc == 1 and "sizes [4096] missing" in out, out
+    assert run(REPORT, "served", str(tmp_path / "none.csv"))[0] == 1
 
 
 def test_cutover_table_from_an_ab_run(ab_run):

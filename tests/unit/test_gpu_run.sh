@@ -8,8 +8,12 @@ root=${1:?usage: test_gpu_run.sh REPO_ROOT}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$root"
-for script in scripts/*.sh; do
-  [ -x "$script" ] || { echo "FAIL: $script is not executable (git update-index --chmod=+x)"; exit 1; }
+# Executable in the commit too (a clean clone takes the mode from git, not from this tree).
+for script in scripts/*.sh $(grep -ohE 'tests/[A-Za-z0-9_/.-]+\.sh' scripts/gpu_run.sh scripts/gpu_nccl_shim.sh | sort -u); do
+  mode=$(git ls-files -s -- "$script" | cut -d' ' -f1)
+  if [ ! -x "$script" ] || { [ -n "$mode" ] && [ "$mode" != 100755 ]; }; then
+    echo "FAIL: $script is not executable (chmod +x; git update-index --chmod=+x)"; exit 1
+  fi
 done
 steps=$(scripts/gpu_run.sh --list | awk '{print $1}' | tr '\n' ' ')
 [ "$(wc -w <<< "$steps")" -gt 30 ] || { echo "FAIL: --list lists too few steps: $steps"; exit 1; }
