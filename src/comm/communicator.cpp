@@ -42,8 +42,13 @@ namespace detail {
 CommunicatorState::CommunicatorState() = default;
 
 CommunicatorState::~CommunicatorState() {
-  // Local release only. Let this device finish what it was given first: every device wait has a
-  // deadline and the copy-engine watchdog (still running here) releases its waits, so this ends.
+  // Local release only, on this communicator's device (the last owner may be a thread on another,
+  // such as one that drives several GPUs' communicators). Let the device finish what it was given
+  // first: every device wait has a deadline and the copy-engine watchdog (still running here)
+  // releases its waits, so this ends.
+  int previous = device;
+  const bool switched = heap && cudaGetDevice(&previous) == cudaSuccess && previous != device &&
+                        cudaSetDevice(device) == cudaSuccess;
   RelaxedCaptureMode relaxed;
   if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
   between_nodes.reset();
@@ -55,6 +60,7 @@ CommunicatorState::~CommunicatorState() {
   heap.reset();
   board.reset();
   if (epochs) SYMMEM_CUDA_CHECK_NOTHROW(cudaFree(epochs));
+  if (switched) SYMMEM_CUDA_CHECK_NOTHROW(cudaSetDevice(previous));
 }
 
 SyncArgs CommunicatorState::sync_args(uint32_t op, uint32_t signature) const {

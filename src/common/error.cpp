@@ -1,5 +1,6 @@
 #include "common/check.hpp"
 
+#include <atomic>
 #include <cstdio>
 
 #include "common/env.hpp"
@@ -56,6 +57,12 @@ void throw_errno(int err, const char* expr, const char* file, int line) {
 
 void log_warning(const std::string& message) {
   if (env::debug()) std::fprintf(stderr, "symmem warning: %s\n", message.c_str());
+}
+
+void warn_once(const std::string& message) {
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) std::fprintf(stderr, "symmem warning: %s\n", message.c_str());
+  else log_warning(message);
 }
 
 }  // namespace detail

@@ -52,6 +52,9 @@ void CommPair::forward_only(const std::string& why) {
   why_forwarding_ = why;
   if (bootstrap_) bootstrap_->close();  // never used again: every rank forwards alike
   bootstrap_.reset();
+  // A rank that leaves before joining stops listening: a host root that has not probed it yet
+  // then counts it out (one that has waits for its hello until the deadline, and forwards).
+  rendezvous_.reset();
   detail::log_warning("NCCL shim: communicator " + std::to_string(reinterpret_cast<uintptr_t>(real_)) + " (" +
                       rank_text(rank_) + " of " + std::to_string(world_) + ") forwards every call to NCCL: " + why);
 }
@@ -165,6 +168,9 @@ ncclResult_t CommPair::launch(const NcclCall& call, const void* send, void* recv
   }
   if (!symmem_) throw Error(ErrorCode::kInternal, "the NCCL shim launched a call on an unprepared communicator");
   try {
+    // The communicator's device (one thread may drive several GPUs' communicators in a group): the
+    // average's scaling kernel launches on the current one.
+    detail::DeviceGuard guard(device_);
     run_served_call(*symmem_, call, send, recv, stream, windows_);
     return ncclSuccess;
   } catch (const Error& e) {

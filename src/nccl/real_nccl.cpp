@@ -47,7 +47,7 @@ void resolve(void* handle, const char* name, F* fn) {
   *fn = reinterpret_cast<F>(dlsym(handle, name));
 }
 
-std::string failure;
+std::string& failure = *new std::string();  // never destroyed either (RealNccl::get)
 
 std::unique_ptr<RealNccl> load() {
   for (const Candidate& c : candidates()) {
@@ -94,10 +94,12 @@ std::unique_ptr<RealNccl> load() {
 }  // namespace
 
 const RealNccl* RealNccl::get() {
+  // Never destroyed: calls may still come at process exit, after static destructors (PyTorch's
+  // watchdog, atexit teardown of communicators), and the library handle stays open anyway.
   static std::once_flag once;
-  static std::unique_ptr<RealNccl> loaded;
-  std::call_once(once, [] { loaded = load(); });
-  return loaded.get();
+  static const RealNccl* loaded = nullptr;
+  std::call_once(once, [] { loaded = load().release(); });
+  return loaded;
 }
 
 const std::string& RealNccl::load_failure() {

@@ -25,26 +25,28 @@ struct Makings {
 };
 
 // Before a real init (or split, shrink) among `candidates` ranks, this one at `index`, on `device`:
-// nothing when the shim stays out (SYMMEM_NCCL=off: pure forwarding; a single candidate). Throws
-// kInvalidArgument for a setting it does not understand.
-std::optional<Makings> prepare(const RendezvousKey& key, int index, int candidates, int device) {
-  Mode mode = Mode::kAuto;
-  const std::string mode_text = env::nccl_mode();
-  if (!parse_mode(mode_text, &mode))
-    throw Error(ErrorCode::kInvalidArgument, "SYMMEM_NCCL='" + mode_text + "' is none of auto, all, off");
-  if (mode == Mode::kOff || candidates < 2) return std::nullopt;
-  Makings m;
-  m.key = key;
-  m.settings = read_shim_settings(device);
-  m.table = &cutover_table_of_device(device);
+// nothing when the shim stays out (SYMMEM_NCCL=off: pure forwarding; a single candidate). Never
+// throws: a rank that failed here before its real init would leave its peers waiting inside NCCL.
+// Whatever goes wrong (a setting it does not understand, an unreadable cutover table, a socket it
+// cannot make) is said once as a warning, and this rank does not listen: the others of its host
+// then see a communicator that spans hosts, and every rank forwards.
+std::optional<Makings> prepare(const RendezvousKey& key, int index, int candidates, int device) noexcept {
   try {
+    Mode mode = Mode::kAuto;
+    const std::string mode_text = env::nccl_mode();
+    if (!parse_mode(mode_text, &mode))
+      throw Error(ErrorCode::kInvalidArgument, "SYMMEM_NCCL='" + mode_text + "' is none of auto, all, off");
+    if (mode == Mode::kOff || candidates < 2) return std::nullopt;
+    Makings m;
+    m.key = key;
+    m.settings = read_shim_settings(device);
+    m.table = &cutover_table_of_device(device);
     m.rendezvous = std::make_unique<LocalRendezvous>(key, index, candidates);
+    return m;
   } catch (const std::exception& e) {
-    // This rank then looks absent to the others of its host: they see a communicator spanning
-    // hosts, and every rank forwards.
-    detail::log_warning(std::string("NCCL shim: cannot listen for the peers of a communicator: ") + e.what());
+    detail::warn_once(std::string("NCCL shim: this rank forwards every call of a new communicator: ") + e.what());
+    return std::nullopt;
   }
-  return m;
 }
 
 // After the real init returned `result`: the pair, registered, or nullptr.
@@ -76,10 +78,10 @@ void handshake(const std::vector<std::shared_ptr<CommPair>>& pairs, ncclResult_t
   run_per_communicator(items);
 }
 
-int current_device() {
+// -1 when CUDA cannot say (prepare then stays out; the real init reports the error).
+int current_device() noexcept {
   int device = 0;
-  SYMMEM_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
+  return cudaGetDevice(&device) == cudaSuccess ? device : -1;
 }
 
 struct CommFacts {
@@ -98,13 +100,19 @@ CommFacts facts_of(ncclComm_t comm) {
 }
 
 // The child of a split or shrink: every rank of the parent counts the parent's children alike.
-std::optional<Makings> prepare_child(ncclComm_t parent_comm, int64_t color, bool makes_child) {
+// Never throws (prepare).
+std::optional<Makings> prepare_child(ncclComm_t parent_comm, int64_t color, bool makes_child) noexcept {
   std::shared_ptr<CommPair> parent = find_pair(parent_comm);
   if (!parent) return std::nullopt;
   const RendezvousKey key = parent->next_child_key(color);
   if (!makes_child) return std::nullopt;
-  const CommFacts f = facts_of(parent_comm);
-  return prepare(key, f.rank, f.world, f.device);
+  try {
+    const CommFacts f = facts_of(parent_comm);
+    return prepare(key, f.rank, f.world, f.device);
+  } catch (const std::exception& e) {
+    detail::warn_once(std::string("NCCL shim: this rank forwards every call of a new communicator: ") + e.what());
+    return std::nullopt;
+  }
 }
 
 }  // namespace

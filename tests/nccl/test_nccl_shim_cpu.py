@@ -143,3 +143,30 @@ def test_pure_forwarding_mode_answers_as_the_real_library():
     env.pop("SYMMEM_NCCL_LIBRARY", None)
     done = subprocess.run([PROBE, "preload"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_setting_it_cannot_read_never_keeps_the_real_init_from_running():
+    # A rank whose shim fails before the real ncclCommInitRank would leave its peers waiting inside
+    # NCCL. With SYMMEM_NCCL it does not understand, the shim warns and forwards: the init answers
+    # exactly as with SYMMEM_NCCL=off (here, without a GPU, the real library's own error).
+    code = f"""
+import ctypes
+lib = ctypes.CDLL({SHIM!r}, mode=ctypes.RTLD_LOCAL)
+lib.ncclGetLastError.restype = ctypes.c_char_p
+uid = (ctypes.c_char * 128)()
+assert lib.ncclGetUniqueId(ctypes.byref(uid)) == 0
+comm = ctypes.c_void_p()
+rc = lib.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0)
+print(rc, (lib.ncclGetLastError(None) or b"").decode(errors="replace").replace(chr(10), " "))
+"""
+    outcome = {}
+    for mode in ("off", "bogus"):
+        env = {"SYMMEM_NCCL_LIBRARY": REAL, "SYMMEM_NCCL": mode}
+        full_env = dict(os.environ, **env)
+        full_env.pop("LD_PRELOAD", None)
+        done = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        outcome[mode] = (done.stdout.split(" ", 1)[0], done.stdout, done.stderr)
+    assert "symmem" not in outcome["bogus"][1], outcome["bogus"]  # the real library's answer, not the shim's
+    assert outcome["bogus"][0] == outcome["off"][0], outcome
+    assert "none of auto, all, off" in outcome["bogus"][2], outcome["bogus"]  # said once, as a warning
