@@ -51,7 +51,7 @@ void CommPair::forward_only(const std::string& why) {
   servable_ = false;
   why_forwarding_ = why;
   if (bootstrap_) bootstrap_->close();  // never used again: every rank forwards alike
-  bootstrap_.reset();
+  set_bootstrap(nullptr);
   // A rank that leaves before joining stops listening: a host root that has not probed it yet
   // then counts it out (one that has waits for its hello until the deadline, and forwards).
   rendezvous_.reset();
@@ -72,6 +72,7 @@ void CommPair::handshake() {
         real->ncclCommCuDevice(real_, &device_) != ncclSuccess)
       throw Error(ErrorCode::kBootstrap, "the NCCL communicator does not say its rank, size or device");
     if (!rendezvous_) return forward_only("this rank could not listen for its peers");
+    if (aborted_.load()) return forward_only("aborted before its handshake");
     Hello mine;
     mine.secret = key_.secret;
     mine.rank = rank_;
@@ -81,7 +82,7 @@ void CommPair::handshake() {
     std::vector<Hello> hellos;
     {
       std::unique_ptr<LocalRendezvous> rendezvous = std::move(rendezvous_);  // stops listening
-      bootstrap_ = rendezvous->join(mine, settings_.timeout_ms, &hellos);
+      set_bootstrap(rendezvous->join(mine, settings_.timeout_ms, &hellos));
     }
     spans_nodes_ = static_cast<int>(hellos.size()) < world_;
     for (const Hello& h : hellos) {
@@ -99,7 +100,7 @@ void CommPair::handshake() {
     servable_ = true;
   } catch (const std::exception& e) {
     if (bootstrap_) bootstrap_->close();
-    bootstrap_.reset();
+    set_bootstrap(nullptr);
     return forward_only(std::string("the handshake failed: ") + e.what());
   }
   if (settings_.eager) create_symmem();
@@ -147,13 +148,17 @@ void CommPair::create_symmem() {
     return forward_only(std::string("another rank failed to make its symmem communicator: ") + e.what());
   }
   symmem_ = std::move(made);
-  abort_word_.store(abort_word_of(*symmem_), std::memory_order_release);
+  uint32_t* word = abort_word_of(*symmem_);
+  abort_word_.store(word);
+  // An abort that came while the side was being made found no word to set: set it now (with
+  // abort_waits' order of the two stores, one of them sees the other's).
+  if (aborted_.load()) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
 }
 
 bool CommPair::prepare(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (symmem_) return true;
-  if (creation_failed_ || !servable_) return false;
+  if (creation_failed_ || !servable_ || aborted_.load()) return false;
   // The ranks capture alike: every rank forwards this call and makes the side at its next eager one.
   if (detail::stream_is_capturing(stream)) return false;
   create_symmem();
@@ -243,8 +248,17 @@ const char* CommPair::failure_message() const {
 }
 
 void CommPair::abort_waits() noexcept {
-  // Lock-free: the caller may be PyTorch's watchdog while the program's thread holds the lock.
-  if (uint32_t* word = abort_word_.load(std::memory_order_acquire)) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+  // Without `mutex_`: the caller may be PyTorch's watchdog while the program's thread holds it,
+  // waiting in a served call or in the making of the symmem side. The device's waits end through
+  // the abort word; the host's, in the side's bootstrap exchanges, through interrupt().
+  aborted_.store(true);
+  if (uint32_t* word = abort_word_.load()) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+  std::shared_ptr<LocalBootstrap> bootstrap;
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mutex_);
+    bootstrap = bootstrap_;
+  }
+  if (bootstrap) bootstrap->interrupt();
 }
 
 void CommPair::release() noexcept {
@@ -253,8 +267,13 @@ void CommPair::release() noexcept {
   abort_word_.store(nullptr, std::memory_order_release);
   symmem_.reset();  // local release: synchronises this device, unmaps, closes descriptors
   if (bootstrap_) bootstrap_->close();
-  bootstrap_.reset();
+  set_bootstrap(nullptr);
   rendezvous_.reset();
+}
+
+void CommPair::set_bootstrap(std::shared_ptr<LocalBootstrap> bootstrap) {
+  std::lock_guard<std::mutex> lock(interrupt_mutex_);
+  bootstrap_ = std::move(bootstrap);
 }
 
 }  // namespace symmem::nccl

@@ -20,7 +20,9 @@
 //              mappings keep alive what they still use). ncclCommAbort and ncclCommRevoke first set
 //              the abort word, which releases every wait of every rank of the node at once; the
 //              aborted side is kept (not synchronised, which could wait on other communicators'
-//              hung work) until the next ncclCommDestroy releases it.
+//              hung work) until the next ncclCommDestroy releases it. An abort while the side is
+//              being made ends its bootstrap exchanges at once (LocalBootstrap::interrupt), and no
+//              side is made after it.
 //
 // MEMORY (per rank, for a communicator whose symmem side exists; none before): the workspace
 // budget (SYMMEM_NCCL_WORKSPACE_MB, 16 MiB by default: four staging areas of 4 MiB), the
@@ -97,7 +99,9 @@ class CommPair {
   // when none. Thread-safe.
   const char* failure_message() const;
 
-  // Releases every wait of every rank of the node (the abort word) without waiting for anything.
+  // Releases every wait of every rank of the node (the abort word) and this rank's bootstrap
+  // exchanges under way (making the side), without waiting for anything; the side is never made
+  // afterwards. From any thread.
   void abort_waits() noexcept;
   // Local release of the symmem side (synchronises this device first).
   void release() noexcept;
@@ -106,6 +110,7 @@ class CommPair {
   void create_symmem();
   void fail(ncclResult_t code, const std::string& message);
   void forward_only(const std::string& why);
+  void set_bootstrap(std::shared_ptr<LocalBootstrap> bootstrap);  // with abort_waits' copy
 
   const ncclComm_t real_;
   RendezvousKey key_;
@@ -121,7 +126,9 @@ class CommPair {
   bool servable_ = false;  // one node, agreed settings, mode not off
   bool spans_nodes_ = false;
   std::string why_forwarding_;  // for SYMMEM_DEBUG
-  std::shared_ptr<LocalBootstrap> bootstrap_;
+  std::shared_ptr<LocalBootstrap> bootstrap_;  // written under both mutexes (set_bootstrap)
+  std::mutex interrupt_mutex_;                  // abort_waits' read of bootstrap_; never held long
+  std::atomic<bool> aborted_{false};
   std::unique_ptr<Communicator> symmem_;
   bool creation_failed_ = false;
   Windows windows_;

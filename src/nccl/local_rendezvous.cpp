@@ -91,8 +91,15 @@ LocalBootstrap::LocalBootstrap(bool root, std::vector<Socket> links, int rank, i
     : root_(root), links_(std::move(links)), rank_(rank), world_(world), timeout_ms_(timeout_ms) {}
 
 void LocalBootstrap::close() noexcept {
+  std::lock_guard<std::mutex> lock(links_mutex_);
   closed_ = true;
   for (Socket& s : links_) s.reset();
+}
+
+void LocalBootstrap::interrupt() noexcept {
+  std::lock_guard<std::mutex> lock(links_mutex_);
+  for (Socket& s : links_)
+    if (s.valid()) ::shutdown(s.fd(), SHUT_RDWR);  // a blocked poll wakes, every transfer fails
 }
 
 void LocalBootstrap::all_gather(const void* mine, void* all, size_t bytes) {

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -61,10 +62,15 @@ class LocalBootstrap final : public Bootstrap {
   void all_gather(const void* mine, void* all, size_t bytes) override;
   void barrier() override;
   // Closes this rank's end: every pending and later exchange of the other ranks fails at once.
+  // Called by the thread that exchanges.
   void close() noexcept;
+  // From any thread (ncclCommAbort's): this rank's exchange under way, and every later one, fail
+  // at once, and so do the other ranks'. The sockets stay open until close().
+  void interrupt() noexcept;
 
  private:
   bool root_;
+  std::mutex links_mutex_;  // close() against interrupt(): a descriptor is never shut after its close
   std::vector<detail::Socket> links_;  // root: by host rank (its own slot empty); others: [0], the root
   int rank_;
   int world_;

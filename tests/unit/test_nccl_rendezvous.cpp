@@ -3,12 +3,14 @@
 // it), then join.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bootstrap/socket.hpp"
@@ -173,6 +175,60 @@ TEST(nccl_rendezvous_failure_reaches_every_rank_at_once) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(failed.load(), 2);
   EXPECT(elapsed < std::chrono::seconds(10));  // the deadline is 60 s
+}
+
+namespace {
+
+// Exchanges of `waiting` ranks of `joined` (the others never come) while another thread interrupts
+// rank `interrupted` after 300 ms: how many failed with kBootstrap, and how long it took.
+std::pair<int, std::chrono::steady_clock::duration> exchange_interrupted(std::vector<Joined>& joined,
+                                                                          const std::vector<int>& waiting,
+                                                                          int interrupted) {
+  std::atomic<int> failed{0};
+  const auto start = std::chrono::steady_clock::now();
+  std::thread watchdog([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (Joined& j : joined)
+      if (j.bootstrap->rank() == interrupted) j.bootstrap->interrupt();
+  });
+  run_on_all(joined, [&](Joined& j) {
+    if (std::find(waiting.begin(), waiting.end(), j.bootstrap->rank()) == waiting.end()) return;
+    try {
+      uint32_t mine = 1, all[8];
+      j.bootstrap->all_gather(&mine, all, sizeof(mine));
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kBootstrap) ++failed;
+    }
+  });
+  watchdog.join();
+  return {failed.load(), std::chrono::steady_clock::now() - start};
+}
+
+}  // namespace
+
+TEST(nccl_rendezvous_interrupt_ends_exchanges_from_another_thread) {
+  // ncclCommAbort from PyTorch's watchdog while the program's thread waits in an exchange (making
+  // the symmem side) for a rank that never comes (rank 2): the interrupted rank fails at once, not
+  // at the 60 s deadline, and so does every rank waiting on it (the host's root holds every link).
+  std::vector<Joined> joined = join_all(RendezvousKey::random(), 3, {0, 1, 2}, {0, 1, 2}, 3, 60000);
+  for (const Joined& j : joined) EXPECT_EQ(j.error, std::string());
+  auto [failed, elapsed] = exchange_interrupted(joined, {0, 1}, /*interrupted=*/0);
+  EXPECT_EQ(failed, 2);
+  EXPECT(elapsed < std::chrono::seconds(10));
+  // A later exchange of the interrupted rank fails at once too.
+  bool later_failed = false;
+  try {
+    uint32_t mine = 1, all[3];
+    joined[0].bootstrap->all_gather(&mine, all, sizeof(mine));
+  } catch (const Error&) {
+    later_failed = true;
+  }
+  EXPECT(later_failed);
+  // A rank other than the root, interrupted while it waits for the root's answer.
+  std::vector<Joined> pair = join_all(RendezvousKey::random(), 2, {0, 1}, {0, 1}, 2, 60000);
+  std::tie(failed, elapsed) = exchange_interrupted(pair, {1}, /*interrupted=*/1);
+  EXPECT_EQ(failed, 1);
+  EXPECT(elapsed < std::chrono::seconds(10));
 }
 
 TEST(nccl_rendezvous_keys_are_derived_alike) {
