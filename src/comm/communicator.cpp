@@ -47,10 +47,11 @@ CommunicatorState::~CommunicatorState() {
   // first: every device wait has a deadline and the copy-engine watchdog (still running here)
   // releases its waits, so this ends.
   int previous = device;
-  const bool switched = heap && cudaGetDevice(&previous) == cudaSuccess && previous != device &&
-                        cudaSetDevice(device) == cudaSuccess;
+  const bool elsewhere = heap && (cudaGetDevice(&previous) != cudaSuccess || previous != device);
+  const bool switched = elsewhere && cudaSetDevice(device) == cudaSuccess;
   RelaxedCaptureMode relaxed;
-  if (heap) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
+  // Never another device's synchronisation (it could wait on another communicator's hung work).
+  if (heap && (!elsewhere || switched)) SYMMEM_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
   between_nodes.reset();
   copy_engine_watchdog.reset();
   copy_engine.reset();

@@ -16,8 +16,8 @@ std::string where(const char* file, int line);
 [[noreturn]] void throw_cuda(cudaError_t err, const char* expr, const char* file, int line);
 [[noreturn]] void throw_errno(int err, const char* expr, const char* file, int line);
 void log_warning(const std::string& message);  // stderr, only when SYMMEM_DEBUG is set
-// stderr whatever SYMMEM_DEBUG says, the first time only: what the user must fix and would not
-// otherwise see (a setting it ignores).
+// stderr whatever SYMMEM_DEBUG says, the first time each message comes: what the user must fix and
+// would not otherwise see (a setting the NCCL shim cannot read, so that it forwards).
 void warn_once(const std::string& message);
 
 }  // namespace symmem::detail

@@ -1,7 +1,8 @@
 #include "common/check.hpp"
 
-#include <atomic>
 #include <cstdio>
+#include <mutex>
+#include <set>
 
 #include "common/env.hpp"
 
@@ -60,9 +61,13 @@ void log_warning(const std::string& message) {
 }
 
 void warn_once(const std::string& message) {
-  static std::atomic<bool> said{false};
-  if (!said.exchange(true)) std::fprintf(stderr, "symmem warning: %s\n", message.c_str());
-  else log_warning(message);
+  static std::mutex mutex;
+  static std::set<std::string>* said = new std::set<std::string>();  // never destroyed: calls at exit
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!said->insert(message).second) return log_warning(message);
+  }
+  std::fprintf(stderr, "symmem warning: %s\n", message.c_str());
 }
 
 }  // namespace detail

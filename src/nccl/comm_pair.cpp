@@ -47,6 +47,8 @@ CommPair::~CommPair() { release(); }
 
 RendezvousKey CommPair::next_child_key(int64_t color) { return key_.child(children_++, color); }
 
+void CommPair::wait_until_real_ready() const { wait_until_ready(real_, settings_.timeout_ms); }
+
 void CommPair::forward_only(const std::string& why) {
   servable_ = false;
   why_forwarding_ = why;
@@ -72,7 +74,6 @@ void CommPair::handshake() {
         real->ncclCommCuDevice(real_, &device_) != ncclSuccess)
       throw Error(ErrorCode::kBootstrap, "the NCCL communicator does not say its rank, size or device");
     if (!rendezvous_) return forward_only("this rank could not listen for its peers");
-    if (aborted_.load()) return forward_only("aborted before its handshake");
     Hello mine;
     mine.secret = key_.secret;
     mine.rank = rank_;
@@ -122,6 +123,14 @@ Decision CommPair::route(NcclCall& call, const void* send, const void* recv) con
 }
 
 void CommPair::create_symmem() {
+  if (aborted_.load()) {
+    // abort_waits stored the flag before reading bootstrap_ under interrupt_mutex_, which
+    // set_bootstrap also takes: either it interrupted this bootstrap or this sees the flag. Closing
+    // the bootstrap fails the peers' next exchange at once, so every rank forwards.
+    if (bootstrap_) bootstrap_->close();
+    creation_failed_ = true;
+    return forward_only("aborted before its symmem side was made");
+  }
   std::unique_ptr<Communicator> made;
   try {
     CommConfig config;

@@ -21,8 +21,9 @@
 //              the abort word, which releases every wait of every rank of the node at once; the
 //              aborted side is kept (not synchronised, which could wait on other communicators'
 //              hung work) until the next ncclCommDestroy releases it. An abort while the side is
-//              being made ends its bootstrap exchanges at once (LocalBootstrap::interrupt), and no
-//              side is made after it.
+//              being made ends its exchanges over the host's star at once (LocalBootstrap::
+//              interrupt; its descriptor exchange still runs to its deadline), and no side is made
+//              after it.
 //
 // MEMORY (per rank, for a communicator whose symmem side exists; none before): the workspace
 // budget (SYMMEM_NCCL_WORKSPACE_MB, 16 MiB by default: four staging areas of 4 MiB), the
@@ -67,6 +68,9 @@ class CommPair {
   RendezvousKey next_child_key(int64_t color);
 
   bool handshake_done() const { return handshake_done_.load(std::memory_order_acquire); }
+  // Waits until the real communicator finished what it was given (a non-blocking init, or a
+  // group's window registrations, fill their handles only then). Throws past the deadline.
+  void wait_until_real_ready() const;
   // Collective over the host's ranks, once the real communicator is ready (waits for a
   // non-blocking init to finish). Idempotent. Never throws: a failure leaves the pair forwarding.
   void handshake();

@@ -26,7 +26,6 @@ struct GroupItem {
   const void* comm = nullptr;  // items of one communicator run in order, on one thread
   bool waits_for_peers = false;  // blocks the host until the other ranks do the same
   std::function<ncclResult_t()> run;
-  bool window_registration = false;  // ncclCommWindowRegister's part after the real group's end
 };
 
 class GroupQueue {

@@ -119,14 +119,8 @@ ncclResult_t group_end() {
   // 3. The real group: forwarded calls launch, communicators made in it finish their init.
   const ncclResult_t real_end = forwarded(real.ncclGroupEnd());
   keep_first_failure(&first, real_end);
-  // 4. Handshakes of communicators made in the group, window registrations. A group that is still
-  //    in progress (non-blocking communicators) has not filled its windows' handles yet: those
-  //    windows stay staged, on every rank alike (the ranks' communicators are made alike).
+  // 4. Handshakes of communicators made in the group, window registrations.
   std::vector<GroupItem> items = group.take();
-  if (real_end == ncclInProgress) {
-    for (GroupItem& item : items)
-      if (item.window_registration) item.run = [] { return ncclSuccess; };
-  }
   keep_first_failure(&first, run_per_communicator(items));
   // 5. The served calls, in the order they were made.
   for (DeferredCall& c : calls)
@@ -155,13 +149,15 @@ ncclResult_t window_register(ncclComm_t comm, void* buff, size_t size, ncclWindo
   // Only symmetric windows promise equal offsets on every rank, which zero copy needs.
   if (result != ncclSuccess || !pair || !win || !(flags & NCCL_WIN_COLL_SYMMETRIC)) return forwarded(result);
   // The real registration completes (and *win is set) at the group's end inside a group.
-  GroupItem item{pair.get(), true,
-                 [pair, win, buff, size] {
+  GroupItem item{pair.get(), true, [pair, win, buff, size] {
                    if (!pair->handshake_done()) pair->handshake();
+                   // A non-blocking communicator fills *win only once its group's work is done:
+                   // wait for it on every rank alike (not on the group end's result, which may
+                   // differ by rank).
+                   pair->wait_until_real_ready();
                    pair->register_window(*win, buff, size);
                    return ncclSuccess;
-                 },
-                 /*window_registration=*/true};
+                 }};
   GroupQueue& group = this_thread_group();
   if (group.open()) {
     group.defer(std::move(item));

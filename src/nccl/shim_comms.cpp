@@ -37,6 +37,10 @@ std::optional<Makings> prepare(const RendezvousKey& key, int index, int candidat
     if (!parse_mode(mode_text, &mode))
       throw Error(ErrorCode::kInvalidArgument, "SYMMEM_NCCL='" + mode_text + "' is none of auto, all, off");
     if (mode == Mode::kOff || candidates < 2) return std::nullopt;
+    if (device < 0) {
+      cudaGetLastError();  // current_device's failure is the real init's to report, not a stale one
+      throw Error(ErrorCode::kCudaError, "CUDA cannot say which device this rank uses");
+    }
     Makings m;
     m.key = key;
     m.settings = read_shim_settings(device);

@@ -215,7 +215,7 @@ TEST(nccl_rendezvous_interrupt_ends_exchanges_from_another_thread) {
   auto [failed, elapsed] = exchange_interrupted(joined, {0, 1}, /*interrupted=*/0);
   EXPECT_EQ(failed, 2);
   EXPECT(elapsed < std::chrono::seconds(10));
-  // A later exchange of the interrupted rank fails at once too.
+  // A later exchange of the interrupted rank fails too (its failed exchange closed its end).
   bool later_failed = false;
   try {
     uint32_t mine = 1, all[3];
