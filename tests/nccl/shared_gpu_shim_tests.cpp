@@ -638,12 +638,12 @@ ncclResult_t async_error_within(ncclComm_t comm, double seconds) {
   return ncclSuccess;
 }
 
-// 1024 zero floats on `me`'s device, after a first all-reduce of them (which makes the
-// communicator's symmem side) has finished on every rank.
-float* zeros_after_a_first_all_reduce(Rank& me) {
+// `bytes` of zeros on `me`'s device, after a first all-reduce of 1024 floats of them (which makes
+// the communicator's symmem side) has finished on every rank.
+float* zeros_after_a_first_all_reduce(Rank& me, size_t bytes = 4096) {
   float* buf = nullptr;
-  CUDA_OK(cudaMalloc(&buf, 4096));
-  CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
+  CUDA_OK(cudaMalloc(&buf, bytes));
+  CUDA_OK(cudaMemsetAsync(buf, 0, bytes, me.stream));
   me.meet();
   NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
   CUDA_OK(cudaStreamSynchronize(me.stream));
@@ -651,96 +651,78 @@ float* zeros_after_a_first_all_reduce(Rank& me) {
   return buf;
 }
 
+// A case where a rank misbehaves: every call served, the case's own device deadline, every world;
+// the ranks end by aborting their communicators (body's last step), not destroying them.
+void run_failure_case(const char* timeout_ms, const std::function<void(Rank&)>& body) {
+  serve_everything();
+  const TimeoutForThisCase timeout(timeout_ms);
+  for (int world : worlds()) run_ranks(world, body, /*destroy=*/false);
+}
+
 }  // namespace
 
 TEST(shim_reports_a_mismatch_as_a_remote_error) {
-  serve_everything();
-  const TimeoutForThisCase timeout("5000");
-  for (int world : worlds()) {
-    run_ranks(
-        world,
-        [&](Rank& me) {
-          float* buf = nullptr;
-          CUDA_OK(cudaMalloc(&buf, 1 << 20));
-          CUDA_OK(cudaMemsetAsync(buf, 0, 1 << 20, me.stream));
-          me.meet();
-          NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // makes the side
-          // The last rank calls another count: found on the device, an error on every rank.
-          const size_t count = me.rank == me.world - 1 ? 2000 : 1000;
-          NCCL_OK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, me.comm, me.stream));
-          CUDA_OK(cudaStreamSynchronize(me.stream));
-          const ncclResult_t error = async_error_within(me.comm, 15);
-          const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
-          if (error != ncclRemoteError)
-            throw symmem::test::Failure("ncclCommGetAsyncError says " + std::to_string(error) + ": " + why);
-          if (why.find("rank") == std::string::npos || why.find("all_reduce") == std::string::npos)
-            throw symmem::test::Failure("the message names no rank or call: " + why);
-          // The next call fails with the same code.
-          if (ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream) != ncclRemoteError)
-            throw symmem::test::Failure("a call after the mismatch did not fail");
-          me.meet();
-          NCCL_OK(ncclCommAbort(me.comm));
-          CUDA_OK(cudaFree(buf));
-        },
-        /*destroy=*/false);
-  }
+  run_failure_case("5000", [](Rank& me) {
+    float* buf = zeros_after_a_first_all_reduce(me, 1 << 20);
+    // The last rank calls another count: found on the device, an error on every rank.
+    const size_t count = me.rank == me.world - 1 ? 2000 : 1000;
+    NCCL_OK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, me.comm, me.stream));
+    CUDA_OK(cudaStreamSynchronize(me.stream));
+    const ncclResult_t error = async_error_within(me.comm, 15);
+    const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
+    if (error != ncclRemoteError)
+      throw symmem::test::Failure("ncclCommGetAsyncError says " + std::to_string(error) + ": " + why);
+    if (why.find("rank") == std::string::npos || why.find("all_reduce") == std::string::npos)
+      throw symmem::test::Failure("the message names no rank or call: " + why);
+    // The next call fails with the same code.
+    if (ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream) != ncclRemoteError)
+      throw symmem::test::Failure("a call after the mismatch did not fail");
+    me.meet();
+    NCCL_OK(ncclCommAbort(me.comm));
+    CUDA_OK(cudaFree(buf));
+  });
 }
 
 TEST(shim_names_a_rank_that_never_comes) {
-  serve_everything();
-  const TimeoutForThisCase timeout("3000");
-  for (int world : worlds()) {
-    run_ranks(
-        world,
-        [&](Rank& me) {
-          float* buf = zeros_after_a_first_all_reduce(me);
-          const std::string absent = "rank " + std::to_string(me.world - 1);
-          if (me.rank != me.world - 1) {  // the last rank never comes
-            const auto start = std::chrono::steady_clock::now();
-            NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));
-            const ncclResult_t error = async_error_within(me.comm, 15);
-            const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
-            if (error != ncclRemoteError || why.find(absent) == std::string::npos)
-              throw symmem::test::Failure("after " + std::to_string(waited) + " s: error " + std::to_string(error) +
-                                          " (" + absent + " never came): " + why);
-            if (waited > 10) throw symmem::test::Failure("reported only after " + std::to_string(waited) + " s");
-            CUDA_OK(cudaStreamSynchronize(me.stream));
-          }
-          me.meet();
-          NCCL_OK(ncclCommAbort(me.comm));
-          CUDA_OK(cudaFree(buf));
-        },
-        /*destroy=*/false);
-  }
+  run_failure_case("3000", [](Rank& me) {
+    float* buf = zeros_after_a_first_all_reduce(me);
+    const std::string absent = "rank " + std::to_string(me.world - 1);
+    if (me.rank != me.world - 1) {  // the last rank never comes
+      const auto start = std::chrono::steady_clock::now();
+      NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));
+      const ncclResult_t error = async_error_within(me.comm, 15);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
+      if (error != ncclRemoteError || why.find(absent) == std::string::npos)
+        throw symmem::test::Failure("after " + std::to_string(waited) + " s: error " + std::to_string(error) + " (" +
+                                    absent + " never came): " + why);
+      if (waited > 10) throw symmem::test::Failure("reported only after " + std::to_string(waited) + " s");
+      CUDA_OK(cudaStreamSynchronize(me.stream));
+    }
+    me.meet();
+    NCCL_OK(ncclCommAbort(me.comm));
+    CUDA_OK(cudaFree(buf));
+  });
 }
 
 TEST(shim_abort_releases_a_peers_wait) {
-  serve_everything();
-  const TimeoutForThisCase timeout("60000");
-  for (int world : worlds()) {
-    run_ranks(
-        world,
-        [&](Rank& me) {
-          float* buf = zeros_after_a_first_all_reduce(me);
-          if (me.rank != me.world - 1) {
-            const auto start = std::chrono::steady_clock::now();
-            NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // waits for the last
-            CUDA_OK(cudaStreamSynchronize(me.stream));  // released by its abort, not by the 60 s deadline
-            const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            if (waited > 10) throw symmem::test::Failure("the wait ended only after " + std::to_string(waited) + " s");
-            if (async_error_within(me.comm, 5) == ncclSuccess)
-              throw symmem::test::Failure("no error after the peer aborted");
-          } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(500));
-            NCCL_OK(ncclCommAbort(me.comm));
-          }
-          me.meet();
-          if (me.rank != me.world - 1) NCCL_OK(ncclCommAbort(me.comm));
-          CUDA_OK(cudaFree(buf));
-        },
-        /*destroy=*/false);
-  }
+  run_failure_case("60000", [](Rank& me) {
+    float* buf = zeros_after_a_first_all_reduce(me);
+    if (me.rank != me.world - 1) {
+      const auto start = std::chrono::steady_clock::now();
+      NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // waits for the last
+      CUDA_OK(cudaStreamSynchronize(me.stream));  // released by its abort, not by the 60 s deadline
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > 10) throw symmem::test::Failure("the wait ended only after " + std::to_string(waited) + " s");
+      if (async_error_within(me.comm, 5) == ncclSuccess) throw symmem::test::Failure("no error after the peer aborted");
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      NCCL_OK(ncclCommAbort(me.comm));
+    }
+    me.meet();
+    if (me.rank != me.world - 1) NCCL_OK(ncclCommAbort(me.comm));
+    CUDA_OK(cudaFree(buf));
+  });
 }
 
 int main(int argc, char** argv) {
