@@ -28,6 +28,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 REPO=$PWD
+# shellcheck source=scripts/nccl_tests_processes.sh
+source scripts/nccl_tests_processes.sh
+trap 'kill "${NCCL_TESTS_PIDS[@]}" 2> /dev/null' EXIT
+trap 'exit 143' INT TERM
 NCCL_TESTS_BIN=$(cd "${NCCL_TESTS_BIN:-build-nccl-tests/bin}" && pwd) || {
   echo "no nccl-tests binaries: run scripts/nccl_tests_build.sh first, or set NCCL_TESTS_BIN" >&2; exit 2; }
 SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
@@ -89,25 +93,8 @@ run_one() {
     env "${env_args[@]}" timeout --kill-after=10 300 "$NCCL_TESTS_BIN/${collective}_perf" -t "$RANKS" -g 1 \
       -d "$type" $ops $SWEEP $EXTRA > "$log" 2>&1
   else
-    local job pids=()
-    job="nccl-tests-$$-$RANDOM"
-    for ((r = 0; r < RANKS; r++)); do
-      env "${env_args[@]}" MINI_MPI_RANK=$r MINI_MPI_SIZE="$RANKS" MINI_MPI_JOB="$job" \
-        timeout --kill-after=10 300 "$NCCL_TESTS_BIN/${collective}_perf" -t 1 -g 1 -d "$type" $ops $SWEEP $EXTRA \
-        > "$log.rank$r" 2>&1 &
-      pids+=($!)
-    done
-    local failed=""
-    for ((r = 0; r < RANKS; r++)); do wait "${pids[$r]}" || failed="$failed $r"; done
-    # nccl-tests prints from rank 0; the others' output matters only when they failed.
-    mv "$log.rank0" "$log"
-    for ((r = 1; r < RANKS; r++)); do
-      if [[ " $failed " == *" $r "* ]]; then
-        { echo "## rank $r failed:"; sed 's/^/# /' "$log.rank$r"; } >> "$log"
-      fi
-      rm -f "$log.rank$r"
-    done
-    [ -n "$failed" ] && echo "$tag: rank(s)$failed failed (see $log)"
+    nccl_tests_processes "$RANKS" "$log" 300 env "${env_args[@]}" "$NCCL_TESTS_BIN/${collective}_perf" -t 1 -g 1 \
+      -d "$type" $ops $SWEEP $EXTRA || echo "$tag: rank(s)$NCCL_TESTS_FAILED_RANKS failed (see $log)"
   fi
   local routes=()
   [ "$library" = symmem_nccl ] && routes=(--routes "$OUT/routes/$tag")

@@ -39,9 +39,10 @@ rm -rf "$OUT/logs" "$OUT/routes" "$OUT/meet" "$OUT/failures.txt"
 mkdir -p "$OUT/logs" "$OUT/routes" "$OUT/meet"
 CSV="$OUT/nccl_tests_shared_gpu.csv"
 rm -f "$CSV"
-# The ranks of the run under way: killed with this script (a limit on it must not leave them on the GPU).
-pids=()
-trap 'kill "${pids[@]}" 2> /dev/null; rm -rf "$OUT/meet"' EXIT
+# shellcheck source=scripts/nccl_tests_processes.sh
+source scripts/nccl_tests_processes.sh
+# The ranks of the run under way die with this script (a limit on it must not leave them on the GPU).
+trap 'kill "${NCCL_TESTS_PIDS[@]}" 2> /dev/null; rm -rf "$OUT/meet"' EXIT
 trap 'exit 143' INT TERM
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH="$NCCL_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -87,29 +88,14 @@ for world in $WORLDS; do
     [ "$op" != none ] && ops="-o $op"
     buffers=staged
     [[ " $extra " == *" -R 2 "* ]] && buffers=window
-    job="nccl-tests-shared-$$-$RANDOM"
-    for ((r = 0; r < world; r++)); do
-      # shellcheck disable=SC2086  # SWEEP, ops and extra are lists of flags
-      env LD_PRELOAD="$SHIM" SYMMEM_NCCL="${SHIM_MODE:-all}" SYMMEM_NCCL_LIBRARY="$FAKE_NCCL" SYMMEM_TEST_SHARED_GPU=1 \
-        SYMMEM_NCCL_TIMEOUT_MS=30000 SYMMEM_NCCL_ROUTE_LOG="$OUT/routes/$tag/route" NCCL_TESTS_DEVICE=0 \
-        SYMMEM_FAKE_NCCL_MEETING_DIR="$OUT/meet" MINI_MPI_RANK=$r MINI_MPI_SIZE="$world" MINI_MPI_JOB="$job" \
-        timeout --kill-after=5 90 "$NCCL_TESTS_BIN/${collective}_perf" -t 1 -g 1 -d "$type" $ops $SWEEP $extra \
-        > "$log.rank$r" 2>&1 &
-      pids+=($!)
-    done
-    bad=""
-    for ((r = 0; r < world; r++)); do wait "${pids[$r]}" || bad="$bad $r"; done
-    pids=()
-    mv "$log.rank0" "$log"
-    for ((r = 1; r < world; r++)); do
-      # A failed rank's output, commented out: none of its lines may parse as a result row.
-      [[ " $bad " == *" $r "* ]] && { echo "## rank $r failed:"; sed 's/^/# /' "$log.rank$r"; } >> "$log"
-      rm -f "$log.rank$r"
-    done
-    if [ -n "$bad" ]; then
-      echo "$tag: rank(s)$bad failed (see logs/$tag.log)" | tee -a "$OUT/failures.txt"
+    # shellcheck disable=SC2086  # SWEEP, ops and extra are lists of flags
+    nccl_tests_processes "$world" "$log" 90 env LD_PRELOAD="$SHIM" SYMMEM_NCCL="${SHIM_MODE:-all}" \
+      SYMMEM_NCCL_LIBRARY="$FAKE_NCCL" SYMMEM_TEST_SHARED_GPU=1 SYMMEM_NCCL_TIMEOUT_MS=30000 \
+      SYMMEM_NCCL_ROUTE_LOG="$OUT/routes/$tag/route" NCCL_TESTS_DEVICE=0 SYMMEM_FAKE_NCCL_MEETING_DIR="$OUT/meet" \
+      "$NCCL_TESTS_BIN/${collective}_perf" -t 1 -g 1 -d "$type" $ops $SWEEP $extra || {
+      echo "$tag: rank(s)$NCCL_TESTS_FAILED_RANKS failed (see logs/$tag.log)" | tee -a "$OUT/failures.txt"
       failed_runs=$((failed_runs + 1))
-    fi
+    }
     python3 "$REPO/tools/nccl_tests_report.py" parse "$log" --csv "$CSV" --library symmem_nccl --mode processes \
       --ranks "$world" --routes "$OUT/routes/$tag" --meta "date=$DATE" "commit=$COMMIT" "gpu=$GPU x 1" \
       "shim_mode=${SHIM_MODE:-all}" "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$buffers" "flags=$extra" \
