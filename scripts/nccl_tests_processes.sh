@@ -6,7 +6,8 @@
 #
 # Starts COMMAND RANKS times (MINI_MPI_RANK/SIZE/JOB set, each under `timeout LIMIT_S`), waits for
 # all, and leaves LOG: rank 0's output (nccl-tests prints from rank 0), then each failed rank's,
-# commented out so that none of its lines parses as a result row. NCCL_TESTS_FAILED_RANKS lists the
+# commented out so that none of its lines parses as a result row, and the other ranks' symmem
+# warnings (commented out too: the harness may count them). NCCL_TESTS_FAILED_RANKS lists the
 # failed ranks (" 1 3"); the status is 1 when there are any. NCCL_TESTS_PIDS holds the ranks under
 # way, for the caller's trap to kill when it is itself killed.
 NCCL_TESTS_PIDS=()
@@ -29,6 +30,8 @@ nccl_tests_processes() {
   for ((r = 1; r < ranks; r++)); do
     if [[ " $NCCL_TESTS_FAILED_RANKS " == *" $r "* ]]; then
       { echo "## rank $r failed:"; sed 's/^/# /' "$log.rank$r"; } >> "$log"
+    else
+      grep '^symmem warning' "$log.rank$r" | sed "s/^/# rank $r: /" >> "$log"
     fi
     rm -f "$log.rank$r"
   done

@@ -14,7 +14,7 @@
 # (a libnccl.so.2 for the loader: the binaries link it; default torch's nvidia-nccl wheel), OUT
 # (default nccl_tests_shared_gpu_out), SWEEP (default "-b 1K -e 4M -f 8 -n 5 -w 2 -c 1"), SHIM_MODE
 # (default all; off, every call forwarded to the stand-in, must fail: the negative control).
-# Exit status: 1 when a row is wrong or forwarded, or a run failed.
+# Exit status: 1 when a row is wrong or forwarded, a run failed, or a rank's shim warned.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 REPO=$PWD
@@ -96,6 +96,11 @@ for world in $WORLDS; do
       echo "$tag: rank(s)$NCCL_TESTS_FAILED_RANKS failed (see logs/$tag.log)" | tee -a "$OUT/failures.txt"
       failed_runs=$((failed_runs + 1))
     }
+    # Every rank must serve: a shim that warned forwarded something.
+    if grep -q 'symmem warning' "$log"; then
+      echo "$tag: the shim warned (see logs/$tag.log)" | tee -a "$OUT/failures.txt"
+      failed_runs=$((failed_runs + 1))
+    fi
     python3 "$REPO/tools/nccl_tests_report.py" parse "$log" --csv "$CSV" --library symmem_nccl --mode processes \
       --ranks "$world" --routes "$OUT/routes/$tag" --meta "date=$DATE" "commit=$COMMIT" "gpu=$GPU x 1" \
       "shim_mode=${SHIM_MODE:-all}" "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$buffers" "flags=$extra" \

@@ -39,6 +39,15 @@ F require(F fn, const char* name) {
     return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); \
   })
 
+// Forwards `name` unchanged when NCCL's own code called it (real_nccl.hpp: preloaded, the shim
+// also receives the real library's calls of its exported functions), so that the shim's work (a
+// second rendezvous, a group of its own, symmem's errors) happens once, for the program's call.
+// First in every entry point that does more than forward.
+#define SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(name, ...)                                              \
+  if (const symmem::nccl::RealNccl* real = symmem::nccl::RealNccl::get();                          \
+      real && real->name && real->called_from_real(__builtin_return_address(0)))                   \
+    return guarded([&] { return symmem::nccl::forwarded(real->name(__VA_ARGS__)); })
+
 // Identifies this library to the loader of the real NCCL (real_nccl.cpp), which must never load
 // the shim as the real library.
 SYMMEM_NCCL_API int symmem_nccl_shim_identity() { return 1; }
@@ -50,36 +59,46 @@ SYMMEM_NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* id) { SYMMEM_NCCL_FOR
 
 SYMMEM_NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                                     ncclConfig_t* config) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommInitRankConfig, comm, nranks, id, rank, config);
   return guarded([&] { return symmem::nccl::init_rank(comm, nranks, id, rank, config, true); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommInitRank, comm, nranks, id, rank);
   return guarded([&] { return symmem::nccl::init_rank(comm, nranks, id, rank, nullptr, false); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommInitAll, comms, ndev, devlist);
   return guarded([&] { return symmem::nccl::init_all(comms, ndev, devlist); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int nids,
                                                       ncclUniqueId* ids, ncclConfig_t* config) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommInitRankScalable, comm, nranks, rank, nids, ids, config);
   return guarded([&] { return symmem::nccl::init_rank_scalable(comm, nranks, rank, nids, ids, config); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                            ncclConfig_t* config) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommSplit, comm, color, key, newcomm, config);
   return guarded([&] { return symmem::nccl::split(comm, color, key, newcomm, config); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int count, ncclComm_t* newcomm,
                                             ncclConfig_t* config, int flags) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommShrink, comm, exclude, count, newcomm, config, flags);
   return guarded([&] { return symmem::nccl::shrink(comm, exclude, count, newcomm, config, flags); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommFinalize, comm);
   return guarded([&] { return symmem::nccl::comm_finalize(comm); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommDestroy, comm);
   return guarded([&] { return symmem::nccl::comm_destroy(comm); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommAbort, comm);
   return guarded([&] { return symmem::nccl::comm_abort(comm); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int flags) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommRevoke, comm, flags);
   return guarded([&] { return symmem::nccl::comm_revoke(comm, flags); });
 }
 
@@ -93,8 +112,8 @@ SYMMEM_NCCL_API void ncclResetDebugInit() {
   if (real && real->ncclResetDebugInit) real->ncclResetDebugInit();
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
-  const void* caller = __builtin_return_address(0);
-  return guarded([&] { return symmem::nccl::get_async_error(comm, error, caller); });
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommGetAsyncError, comm, error);
+  return guarded([&] { return symmem::nccl::get_async_error(comm, error); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   SYMMEM_NCCL_FORWARD(ncclCommCount, comm, count);
@@ -115,11 +134,12 @@ SYMMEM_NCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* han
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
                                                     int flags) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommWindowRegister, comm, buff, size, win, flags);
   return guarded([&] { return symmem::nccl::window_register(comm, buff, size, win, flags); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  const void* caller = __builtin_return_address(0);
-  return guarded([&] { return symmem::nccl::window_deregister(comm, win, caller); });
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommWindowDeregister, comm, win);
+  return guarded([&] { return symmem::nccl::window_deregister(comm, win); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
                                                       ncclScalarResidence_t residence, ncclComm_t comm) {
@@ -145,6 +165,7 @@ SYMMEM_NCCL_API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t 
 }
 SYMMEM_NCCL_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclAllReduce, send, recv, count, type, op, comm, stream);
   return guarded([&] {
     NcclCall call{Collective::kAllReduce, count, type, op};
     return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
@@ -154,6 +175,7 @@ SYMMEM_NCCL_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t 
 }
 SYMMEM_NCCL_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
                                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclReduceScatter, send, recv, recvcount, type, op, comm, stream);
   return guarded([&] {
     NcclCall call{Collective::kReduceScatter, recvcount, type, op};
     return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
@@ -163,6 +185,7 @@ SYMMEM_NCCL_API ncclResult_t ncclReduceScatter(const void* send, void* recv, siz
 }
 SYMMEM_NCCL_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type,
                                            ncclComm_t comm, cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclAllGather, send, recv, sendcount, type, comm, stream);
   return guarded([&] {
     NcclCall call{Collective::kAllGather, sendcount, type};
     return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
@@ -172,6 +195,7 @@ SYMMEM_NCCL_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t 
 }
 SYMMEM_NCCL_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type,
                                           ncclComm_t comm, cudaStream_t stream) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclAlltoAll, send, recv, count, type, comm, stream);
   return guarded([&] {
     NcclCall call{Collective::kAlltoAll, count, type};
     return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
@@ -196,12 +220,15 @@ SYMMEM_NCCL_API ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t
   SYMMEM_NCCL_FORWARD(ncclRecv, recv, count, type, peer, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclGroupStart() {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclGroupStart);
   return guarded([&] { return symmem::nccl::group_start(); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclGroupEnd() {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclGroupEnd);
   return guarded([&] { return symmem::nccl::group_end(); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* info) {
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclGroupSimulateEnd, info);
   return guarded([&] { return symmem::nccl::group_simulate_end(info); });
 }
 

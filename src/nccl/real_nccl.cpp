@@ -1,7 +1,10 @@
 #include "nccl/real_nccl.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,6 +50,31 @@ void resolve(void* handle, const char* name, F* fn) {
   *fn = reinterpret_cast<F>(dlsym(handle, name));
 }
 
+// The span of the loaded segments of the object holding `inside`; [0, 0) when none does.
+void loaded_span(const void* inside, uintptr_t* begin, uintptr_t* end) {
+  struct Search {
+    uintptr_t at, begin = 0, end = 0;
+  } search{reinterpret_cast<uintptr_t>(inside)};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* s = static_cast<Search*>(data);
+        uintptr_t lo = UINTPTR_MAX, hi = 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD) continue;
+          lo = std::min<uintptr_t>(lo, info->dlpi_addr + ph.p_vaddr);
+          hi = std::max<uintptr_t>(hi, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
+        }
+        if (s->at < lo || s->at >= hi) return 0;
+        s->begin = lo;
+        s->end = hi;
+        return 1;
+      },
+      &search);
+  *begin = search.begin;
+  *end = search.end;
+}
+
 std::string& failure = *new std::string();  // never destroyed either (RealNccl::get)
 
 std::unique_ptr<RealNccl> load() {
@@ -80,10 +108,8 @@ std::unique_ptr<RealNccl> load() {
       continue;
     }
     Dl_info info{};
-    if (dladdr(reinterpret_cast<const void*>(lib->ncclGetVersion), &info)) {
-      lib->base = info.dli_fbase;
-      if (info.dli_fname) lib->path = info.dli_fname;
-    }
+    if (dladdr(reinterpret_cast<const void*>(lib->ncclGetVersion), &info) && info.dli_fname) lib->path = info.dli_fname;
+    loaded_span(reinterpret_cast<const void*>(lib->ncclGetVersion), &lib->code_begin, &lib->code_end);
     if (lib->path.empty()) lib->path = c.name;
     // The handle stays open for the process: communicators live in it.
     return lib;
@@ -107,9 +133,5 @@ const std::string& RealNccl::load_failure() {
   return failure;
 }
 
-bool RealNccl::called_from_real(const void* code) const {
-  Dl_info info{};
-  return base && dladdr(code, &info) && info.dli_fbase == base;
-}
 
 }  // namespace symmem::nccl

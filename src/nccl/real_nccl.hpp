@@ -12,12 +12,14 @@
 //
 // Calls from inside the real library: preloaded, the shim also interposes the real library's own
 // calls of its exported functions (libnccl.so.2 reaches ncclBroadcast, ncclCommGetAsyncError,
-// ncclCommWindowDeregister... through its PLT). Entry points whose behaviour differs from a plain
-// forward ask called_from_real() and forward such calls unchanged.
+// ncclCommWindowDeregister, ncclCommInitAll, ncclCommDestroy... through its PLT). Every entry point
+// that does more than forward asks called_from_real() first and forwards such calls unchanged
+// (entry_points.cpp).
 #pragma once
 
 #include <nccl.h>
 
+#include <cstdint>
 #include <string>
 
 namespace symmem::nccl {
@@ -77,7 +79,8 @@ struct RealNccl {
 
   std::string path;      // the library loaded (as dladdr names it)
   int version = 0;       // its ncclGetVersion, e.g. 22809
-  const void* base = nullptr;  // its load address
+  // Its loaded segments' span, [code_begin, code_end): where NCCL's own code lies.
+  uintptr_t code_begin = 0, code_end = 0;
 
   // The library, loaded on first use (thread-safe); nullptr when no candidate loads, and then
   // load_failure() says what each candidate answered. A failure is final for the process.
@@ -85,8 +88,11 @@ struct RealNccl {
   static const std::string& load_failure();
 
   // True when `code` (a return address) lies inside the real library: the call came from NCCL's
-  // own code, not from the program.
-  bool called_from_real(const void* code) const;
+  // own code, not from the program. Two comparisons: every entry point asks it.
+  bool called_from_real(const void* code) const {
+    const auto at = reinterpret_cast<uintptr_t>(code);
+    return at >= code_begin && at < code_end;
+  }
 };
 #pragma GCC diagnostic pop
 

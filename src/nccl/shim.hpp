@@ -42,8 +42,8 @@ ncclResult_t group_start();
 ncclResult_t group_end();
 ncclResult_t group_simulate_end(ncclSimInfo_t* info);
 ncclResult_t window_register(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int flags);
-ncclResult_t window_deregister(ncclComm_t comm, ncclWindow_t win, const void* caller);
-ncclResult_t get_async_error(ncclComm_t comm, ncclResult_t* error, const void* caller);
+ncclResult_t window_deregister(ncclComm_t comm, ncclWindow_t win);
+ncclResult_t get_async_error(ncclComm_t comm, ncclResult_t* error);
 const char* get_last_error(ncclComm_t comm);
 
 }  // namespace symmem::nccl

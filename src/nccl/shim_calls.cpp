@@ -166,20 +166,18 @@ ncclResult_t window_register(ncclComm_t comm, void* buff, size_t size, ncclWindo
   return item.run();
 }
 
-ncclResult_t window_deregister(ncclComm_t comm, ncclWindow_t win, const void* caller) {
+ncclResult_t window_deregister(ncclComm_t comm, ncclWindow_t win) {
   const RealNccl& real = real_nccl();
   if (!real.ncclCommWindowDeregister)
     throw Error(ErrorCode::kUnsupported, real.path + " has no ncclCommWindowDeregister");
-  if (!real.called_from_real(caller)) {
-    if (std::shared_ptr<CommPair> pair = find_pair(comm)) pair->deregister_window(win);
-  }
+  if (std::shared_ptr<CommPair> pair = find_pair(comm)) pair->deregister_window(win);
   return forwarded(real.ncclCommWindowDeregister(comm, win));
 }
 
-ncclResult_t get_async_error(ncclComm_t comm, ncclResult_t* error, const void* caller) {
+ncclResult_t get_async_error(ncclComm_t comm, ncclResult_t* error) {
   const RealNccl& real = real_nccl();
   const ncclResult_t result = real.ncclCommGetAsyncError(comm, error);
-  if (result != ncclSuccess || !error || *error != ncclSuccess || real.called_from_real(caller)) return result;
+  if (result != ncclSuccess || !error || *error != ncclSuccess) return result;
   if (std::shared_ptr<CommPair> pair = find_pair(comm)) {
     const ncclResult_t mine = pair->async_error();
     if (mine != ncclSuccess) *error = mine;

@@ -107,6 +107,9 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueI
   *comm = new ncclComm{rank, nranks, device};
   return ncclSuccess;
 }
+// Through this library's PLT, on purpose: libnccl.so.2 calls its own exported functions so (its
+// ncclCommInitAll, ncclCommGetAsyncError, ncclCommWindowDeregister...), and the shim, which
+// interposes them, must forward such calls unchanged (shared_gpu_shim_tests.cpp checks it).
 FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
   return ncclCommInitRank(comm, nranks, id, rank);
 }

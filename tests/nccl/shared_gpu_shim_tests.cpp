@@ -12,7 +12,9 @@
 // windows (zero copy through Heap::import); one thread driving every rank through groups
 // (ncclCommInitAll), with a forwarded call in the group; CUDA graph capture and replay, and a
 // first call under capture (forwarded, then made at the next eager one); a mismatch and a missing
-// rank reported as ncclRemoteError naming the ranks; ncclCommAbort releasing a peer's wait.
+// rank reported as ncclRemoteError naming the ranks; ncclCommAbort releasing a peer's wait; NCCL's
+// own call of an exported function (the stand-in's init with a config calls its plain init)
+// forwarded unchanged.
 //
 // The shared-GPU rules (tests/gpu/shared_gpu_ranks.hpp): device memory is allocated before the
 // ranks' first collective and freed after their last; every rank synchronises its own stream only,
@@ -171,10 +173,10 @@ struct Rank {
 };
 
 // Runs body on `world` threads, each a rank with its communicator (ncclCommInitRank through the
-// shim, on GPU 0) and stream; destroys the communicators after every rank finished. Throws every
-// rank's failure (a rank that failed first often leaves its peers timing out later: which rank saw
-// what is the diagnosis).
-void run_ranks(int world, const std::function<void(Rank&)>& body, bool destroy = true) {
+// shim, on GPU 0, or ncclCommInitRankConfig with `with_config`) and stream; destroys the
+// communicators after every rank finished. Throws every rank's failure (a rank that failed first
+// often leaves its peers timing out later: which rank saw what is the diagnosis).
+void run_ranks(int world, const std::function<void(Rank&)>& body, bool destroy = true, bool with_config = false) {
   ncclUniqueId id;
   NCCL_OK(ncclGetUniqueId(&id));
   Meeting meeting(world);
@@ -189,7 +191,12 @@ void run_ranks(int world, const std::function<void(Rank&)>& body, bool destroy =
       try {
         CUDA_OK(cudaSetDevice(0));
         CUDA_OK(cudaStreamCreateWithFlags(&me.stream, cudaStreamNonBlocking));
-        NCCL_OK(ncclCommInitRank(&me.comm, world, id, r));
+        if (with_config) {
+          ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+          NCCL_OK(ncclCommInitRankConfig(&me.comm, world, id, r, &config));
+        } else {
+          NCCL_OK(ncclCommInitRank(&me.comm, world, id, r));
+        }
         body(me);
         CUDA_OK(cudaStreamSynchronize(me.stream));
         me.meet();  // nobody tears down while a peer's kernel may still wait
@@ -621,6 +628,83 @@ TEST(shim_captures_and_replays_served_calls) {
       CUDA_OK(cudaFree(in));
       CUDA_OK(cudaFree(out));
     });
+  }
+}
+
+namespace {
+
+// What the process writes to stderr while it lives (fd 2 goes to a file meanwhile).
+class StderrCapture {
+ public:
+  StderrCapture() {
+    char name[] = "/tmp/symmem-shim-stderr-XXXXXX";
+    file_ = mkstemp(name);
+    if (file_ < 0) throw symmem::test::Failure("cannot make a file for stderr");
+    unlink(name);
+    std::fflush(stderr);
+    saved_ = dup(2);
+    dup2(file_, 2);
+  }
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+  ~StderrCapture() {
+    restore();
+    close(file_);
+  }
+  std::string text() {
+    restore();
+    std::string out;
+    char chunk[4096];
+    for (off_t at = 0;;) {
+      const ssize_t n = pread(file_, chunk, sizeof(chunk), at);
+      if (n <= 0) break;
+      out.append(chunk, size_t(n));
+      at += n;
+    }
+    return out;
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    dup2(saved_, 2);
+    close(saved_);
+    saved_ = -1;
+  }
+  int file_ = -1;
+  int saved_ = -1;
+};
+
+}  // namespace
+
+// The stand-in's ncclCommInitRankConfig calls its own ncclCommInitRank through its PLT, as
+// libnccl.so.2 calls its exported ncclCommGetAsyncError, ncclCommWindowDeregister, ncclCommInitAll:
+// the shim receives that inner call too and must forward it unchanged. Handled as the program's
+// call, it made a second rendezvous for the same communicator, which found its socket taken,
+// warned on stderr and left that rank's calls to NCCL.
+TEST(shim_forwards_nccls_calls_of_its_own_functions) {
+  serve_everything();
+  for (int world : worlds()) {
+    StderrCapture capture;
+    run_ranks(
+        world,
+        [&](Rank& me) {
+          float* buf = nullptr;
+          CUDA_OK(cudaMalloc(&buf, 4096));
+          CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
+          me.meet();
+          NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));
+          CUDA_OK(cudaStreamSynchronize(me.stream));
+          expect_no_device_failure(me, "the all-reduce");
+          if (forwarded(me.comm) != 0) throw symmem::test::Failure("the all-reduce reached NCCL");
+          me.meet();
+          CUDA_OK(cudaFree(buf));
+        },
+        /*destroy=*/true, /*with_config=*/true);
+    const std::string said = capture.text();
+    if (said.find("symmem warning") != std::string::npos)
+      throw symmem::test::Failure("world " + std::to_string(world) + ": the shim warned: " + said);
   }
 }
 
