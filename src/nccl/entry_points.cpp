@@ -31,22 +31,35 @@ F require(F fn, const char* name) {
   return fn;
 }
 
+// Calls NCCL's own code makes to its exported functions (real_nccl.hpp: preloaded, the shim
+// receives them too) are forwarded unchanged, so that the shim's work (a rendezvous, a group of its
+// own, symmem's errors) happens once, for the program's call. Such a call is one that arrives while
+// this thread is inside an entry point (the shim never calls its own entry points; NCCL's code
+// tail-calls, so a return address alone can miss it), or whose return address lies in the real
+// library (NCCL's own threads).
+thread_local int entry_depth = 0;
+struct InsideEntryPoint {
+  InsideEntryPoint() { ++entry_depth; }
+  ~InsideEntryPoint() { --entry_depth; }
+  InsideEntryPoint(const InsideEntryPoint&) = delete;
+  InsideEntryPoint& operator=(const InsideEntryPoint&) = delete;
+};
+
 }  // namespace
 
 // Forwards `name` with the arguments given, under guarded().
 #define SYMMEM_NCCL_FORWARD(name, ...)                                                          \
+  const InsideEntryPoint inside_entry_point;                                                    \
   return guarded([&] {                                                                          \
     return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); \
   })
 
-// Forwards `name` unchanged when NCCL's own code called it (real_nccl.hpp: preloaded, the shim
-// also receives the real library's calls of its exported functions), so that the shim's work (a
-// second rendezvous, a group of its own, symmem's errors) happens once, for the program's call.
-// First in every entry point that does more than forward.
+// First in every entry point that does more than forward: forwards a call NCCL's own code made.
 #define SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(name, ...)                                              \
   if (const symmem::nccl::RealNccl* real = symmem::nccl::RealNccl::get();                          \
-      real && real->name && real->called_from_real(__builtin_return_address(0)))                   \
-    return guarded([&] { return symmem::nccl::forwarded(real->name(__VA_ARGS__)); })
+      real && real->name && (entry_depth > 0 || real->called_from_real(__builtin_return_address(0)))) \
+    return guarded([&] { return symmem::nccl::forwarded(real->name(__VA_ARGS__)); });            \
+  const InsideEntryPoint inside_entry_point
 
 // Identifies this library to the loader of the real NCCL (real_nccl.cpp), which must never load
 // the shim as the real library.
