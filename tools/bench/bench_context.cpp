@@ -12,9 +12,7 @@
 
 #include "device_check.hpp"
 
-#ifndef SYMMEM_GIT_COMMIT
-#define SYMMEM_GIT_COMMIT "unknown"
-#endif
+#include "symmem_git_commit.h"  // SYMMEM_GIT_COMMIT, written at build time (cmake/git_commit.cmake)
 
 namespace symmem::bench {
 
