@@ -31,7 +31,7 @@ nccl_tests_processes() {
     if [[ " $NCCL_TESTS_FAILED_RANKS " == *" $r "* ]]; then
       { echo "## rank $r failed:"; sed 's/^/# /' "$log.rank$r"; } >> "$log"
     else
-      grep '^symmem warning' "$log.rank$r" | sed "s/^/# rank $r: /" >> "$log"
+      grep 'symmem warning' "$log.rank$r" | sed "s/^/# rank $r: /" >> "$log"
     fi
     rm -f "$log.rank$r"
   done

@@ -156,8 +156,9 @@ def unchecked(row):
 
 def served(args):
     """Every row served by symmem, on the buffers its run was labelled with, checked and exact, and
-    every run with as many sizes as the others (a row nccl-tests printed but the parser missed; the
-    sizes themselves differ by world and collective: nccl-tests rounds them to whole counts)."""
+    every run with the sizes of the others (a row nccl-tests printed but the parser missed): the same
+    sizes as every run of its world, collective and type (nccl-tests rounds sizes to whole counts of
+    those), and as many as any run."""
     if not os.path.exists(args.csv):
         sys.stdout.write(f"no results: {args.csv} does not exist\n")
         return 1
@@ -167,6 +168,10 @@ def served(args):
     for r in rows:
         sizes[run_key(r)].add(int(r["size"]))
     most = max((len(v) for v in sizes.values()), default=0)
+    rounded_alike = lambda k: (k[0], k[3], k[4])  # ranks, collective, type
+    group_sizes = collections.defaultdict(set)
+    for k, v in sizes.items():
+        group_sizes[rounded_alike(k)] |= v
     lines, failed = [], 0
     for r in rows:
         verdict = "WRONG" if is_wrong(r) else unchecked(r)
@@ -177,9 +182,10 @@ def served(args):
         failed += bool(verdict)
         lines.append(f"{r['ranks']:>2} {r['buffers']:7} {r.get('flags', ''):9} {r['collective']:14} {r['type']:8} "
                      f"{r['redop']:6} {int(r['size']):>10} #wrong {r['oop_wrong']}/{r['ip_wrong']} {verdict}")
-    short = [k for k, v in sizes.items() if len(v) < most]
+    short = [k for k, v in sizes.items() if len(v) < most or v != group_sizes[rounded_alike(k)]]
     for k in short:
-        lines.append(f"run {' '.join(k)}: {len(sizes[k])} of {most} sizes")
+        missing = sorted(group_sizes[rounded_alike(k)] - sizes[k])
+        lines.append(f"run {' '.join(k)}: {len(sizes[k])} of {most} sizes" + (f", {missing} missing" if missing else ""))
     lines.append(f"rows: {len(rows)}; failed: {failed}; runs missing sizes: {len(short)}")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)

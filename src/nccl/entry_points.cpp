@@ -35,8 +35,8 @@ F require(F fn, const char* name) {
 // receives them too) are forwarded unchanged, so that the shim's work (a rendezvous, a group of its
 // own, symmem's errors) happens once, for the program's call. Such a call is one that arrives while
 // this thread is inside an entry point (the shim never calls its own entry points; NCCL's code
-// tail-calls, so a return address alone can miss it), or whose return address lies in the real
-// library (NCCL's own threads).
+// tail-calls, so a return address alone can miss it, and the plugins NCCL calls have addresses of
+// their own), or whose return address lies in the real library (NCCL's own threads).
 thread_local int entry_depth = 0;
 struct InsideEntryPoint {
   InsideEntryPoint() { ++entry_depth; }
@@ -44,6 +44,17 @@ struct InsideEntryPoint {
   InsideEntryPoint(const InsideEntryPoint&) = delete;
   InsideEntryPoint& operator=(const InsideEntryPoint&) = delete;
 };
+
+// Whether `caller` (a return address) lies in the real library; false when none loaded. Outside
+// guarded(), so it never throws.
+bool inside_real_library(const void* caller) noexcept {
+  try {
+    const symmem::nccl::RealNccl* real = symmem::nccl::RealNccl::get();
+    return real && real->called_from_real(caller);
+  } catch (...) {
+    return false;
+  }
+}
 
 }  // namespace
 
@@ -54,12 +65,19 @@ struct InsideEntryPoint {
     return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); \
   })
 
-// First in every entry point that does more than forward: forwards a call NCCL's own code made.
-#define SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(name, ...)                                              \
-  if (const symmem::nccl::RealNccl* real = symmem::nccl::RealNccl::get();                          \
-      real && real->name && (entry_depth > 0 || real->called_from_real(__builtin_return_address(0)))) \
-    return guarded([&] { return symmem::nccl::forwarded(real->name(__VA_ARGS__)); });            \
-  const InsideEntryPoint inside_entry_point
+// First in every entry point that does more than forward: forwards the call when `made_by_nccl`.
+#define SYMMEM_NCCL_FORWARD_IF(made_by_nccl, name, ...)                                        \
+  const bool made_by_nccl_ = (made_by_nccl);                                                   \
+  const InsideEntryPoint inside_entry_point;                                                   \
+  if (made_by_nccl_)                                                                           \
+  return guarded([&] { return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); })
+// A call NCCL's own code made, by either sign above.
+#define SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(name, ...) \
+  SYMMEM_NCCL_FORWARD_IF(entry_depth > 0 || inside_real_library(__builtin_return_address(0)), name, __VA_ARGS__)
+// Abort and revoke judge by the return address alone: NCCL never calls them on its own, and one
+// made on a thread already inside an entry point (a signal handler) must still release the waits.
+#define SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL_CODE(name, ...) \
+  SYMMEM_NCCL_FORWARD_IF(inside_real_library(__builtin_return_address(0)), name, __VA_ARGS__)
 
 // Identifies this library to the loader of the real NCCL (real_nccl.cpp), which must never load
 // the shim as the real library.
@@ -107,11 +125,11 @@ SYMMEM_NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return guarded([&] { return symmem::nccl::comm_destroy(comm); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommAbort, comm);
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL_CODE(ncclCommAbort, comm);
   return guarded([&] { return symmem::nccl::comm_abort(comm); });
 }
 SYMMEM_NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int flags) {
-  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclCommRevoke, comm, flags);
+  SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL_CODE(ncclCommRevoke, comm, flags);
   return guarded([&] { return symmem::nccl::comm_revoke(comm, flags); });
 }
 

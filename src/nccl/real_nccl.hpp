@@ -13,8 +13,8 @@
 // Calls from inside the real library: preloaded, the shim also interposes the real library's own
 // calls of its exported functions (libnccl.so.2 reaches ncclBroadcast, ncclCommGetAsyncError,
 // ncclCommWindowDeregister, ncclCommInitAll, ncclCommDestroy... through its PLT). Every entry point
-// that does more than forward asks called_from_real() first and forwards such calls unchanged
-// (entry_points.cpp).
+// that does more than forward recognises such calls (called_from_real(), and a per-thread depth:
+// entry_points.cpp) and forwards them unchanged.
 #pragma once
 
 #include <nccl.h>

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -107,10 +108,23 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueI
   *comm = new ncclComm{rank, nranks, device};
   return ncclSuccess;
 }
-// Through this library's PLT, on purpose: libnccl.so.2 calls its own exported functions so (its
-// ncclCommInitAll, ncclCommGetAsyncError, ncclCommWindowDeregister...), and the shim, which
-// interposes them, must forward such calls unchanged (shared_gpu_shim_tests.cpp checks it).
+// Inner calls of ncclCommInitRank that reached another library's (the shim's) entry point.
+std::atomic<int> inner_inits_interposed{0};
+FAKE_API int fake_nccl_inner_inits_interposed() { return inner_inits_interposed.load(); }
+
+// Calls its own exported ncclCommInitRank through the global lookup, on purpose: libnccl.so.2 calls
+// its exported functions so (its ncclCommInitAll, ncclCommGetAsyncError, ncclCommWindowDeregister...),
+// and the shim, which interposes them, must forward such calls unchanged (shared_gpu_shim_tests.cpp
+// checks it, and that the shim received the call: fake_nccl_inner_inits_interposed).
 FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
+  using Init = ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int);
+  const auto init = reinterpret_cast<Init>(dlsym(RTLD_DEFAULT, "ncclCommInitRank"));
+  Dl_info theirs{}, mine{};
+  if (init && dladdr(reinterpret_cast<const void*>(init), &theirs) &&
+      dladdr(reinterpret_cast<const void*>(&inner_inits_interposed), &mine) && theirs.dli_fbase != mine.dli_fbase) {
+    ++inner_inits_interposed;
+    return init(comm, nranks, id, rank);
+  }
   return ncclCommInitRank(comm, nranks, id, rank);
 }
 FAKE_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {

@@ -633,7 +633,8 @@ TEST(shim_captures_and_replays_served_calls) {
 
 namespace {
 
-// What the process writes to stderr while it lives (fd 2 goes to a file meanwhile).
+// What the process writes to stderr while it lives (fd 2 goes to a file meanwhile); written to
+// stderr again when it ends, so that nothing said meanwhile is lost.
 class StderrCapture {
  public:
   StderrCapture() {
@@ -643,14 +644,20 @@ class StderrCapture {
     unlink(name);
     std::fflush(stderr);
     saved_ = dup(2);
-    dup2(file_, 2);
+    if (saved_ < 0 || dup2(file_, 2) < 0) {
+      close(file_);
+      if (saved_ >= 0) close(saved_);
+      throw symmem::test::Failure("cannot send stderr to a file");
+    }
   }
   StderrCapture(const StderrCapture&) = delete;
   StderrCapture& operator=(const StderrCapture&) = delete;
   ~StderrCapture() {
-    restore();
+    const std::string said = text();
+    if (!said.empty()) std::fwrite(said.data(), 1, said.size(), stderr);
     close(file_);
   }
+  // What was written so far; stderr goes back to where it was.
   std::string text() {
     restore();
     std::string out;
@@ -676,16 +683,26 @@ class StderrCapture {
   int saved_ = -1;
 };
 
+// Inner calls of ncclCommInitRank the stand-in made that reached the shim (fake_nccl.cpp).
+int inner_inits_interposed() {
+  void* fake = dlopen(std::getenv("SYMMEM_NCCL_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+  auto fn = fake ? reinterpret_cast<int (*)()>(dlsym(fake, "fake_nccl_inner_inits_interposed")) : nullptr;
+  return fn ? fn() : -1;
+}
+
 }  // namespace
 
-// The stand-in's ncclCommInitRankConfig calls its own ncclCommInitRank through its PLT, as
-// libnccl.so.2 calls its exported ncclCommGetAsyncError, ncclCommWindowDeregister, ncclCommInitAll:
-// the shim receives that inner call too and must forward it unchanged. Handled as the program's
-// call, it made a second rendezvous for the same communicator, which found its socket taken,
-// warned on stderr and left that rank's calls to NCCL.
+// The stand-in's ncclCommInitRankConfig calls its own ncclCommInitRank through the global lookup,
+// as libnccl.so.2 calls its exported ncclCommGetAsyncError, ncclCommWindowDeregister,
+// ncclCommInitAll: the shim receives that inner call too and must forward it unchanged. Handled as
+// the program's call, it made a second rendezvous for the same communicator, which found its
+// socket taken and said "NCCL shim: this rank forwards every call of a new communicator" on stderr
+// (seen failing so on the GPU). The warning is said once per process: this case looks for it in
+// the first world it runs.
 TEST(shim_forwards_nccls_calls_of_its_own_functions) {
   serve_everything();
   for (int world : worlds()) {
+    const int interposed_before = inner_inits_interposed();
     StderrCapture capture;
     run_ranks(
         world,
@@ -702,9 +719,13 @@ TEST(shim_forwards_nccls_calls_of_its_own_functions) {
           CUDA_OK(cudaFree(buf));
         },
         /*destroy=*/true, /*with_config=*/true);
+    if (inner_inits_interposed() - interposed_before != world)
+      throw symmem::test::Failure("world " + std::to_string(world) + ": the stand-in's inner inits did not reach the "
+                                  "shim (" + std::to_string(inner_inits_interposed() - interposed_before) + " of " +
+                                  std::to_string(world) + "): the case checks nothing");
     const std::string said = capture.text();
-    if (said.find("symmem warning") != std::string::npos)
-      throw symmem::test::Failure("world " + std::to_string(world) + ": the shim warned: " + said);
+    if (said.find("NCCL shim: this rank forwards") != std::string::npos)
+      throw symmem::test::Failure("world " + std::to_string(world) + ": the shim made a second rendezvous: " + said);
   }
 }
 

@@ -102,7 +102,8 @@ def test_report_served_needs_every_row_served_checked_and_exact(tmp_path):
                                         "all_reduce,9,0,4096,3,staged,nccl,\"x\"\n"
                                         "all_reduce,9,2,1024,3,staged,symmem,\"x\"\n"
                                         "all_reduce,9,2,4096,3,staged,symmem,\"x\"\n"
-                                        "all_reduce,9,1,1008,3,staged,symmem,\"x\"\n")
+                                        "all_reduce,9,1,1008,3,staged,symmem,\"x\"\n"
+                                        "all_reduce,7,1,1008,3,staged,symmem,\"x\"\n")
     csv_path = tmp_path / "s.csv"
 
     def add(rows, buffers="staged", flags=""):
@@ -131,9 +132,12 @@ def test_report_served_needs_every_row_served_checked_and_exact(tmp_path):
     rc, out = verdict(([(1024, 512, "bfloat16", "max", 5.0, 0.2, 0), (4096, 2048, "bfloat16", "max", 5.0, 0.2, 0)],),
                       (good, "staged", "-G 1"))
     assert rc == 1 and "run 3 staged -G 1 all_reduce bfloat16 sum: 1 of 2 sizes" in out, out
-    # Runs whose sizes nccl-tests rounded differently (world 3) are complete all the same.
-    rc, out = verdict((good,), ([(1008, 504, "bfloat16", "prod", 5.0, 0.2, 0)],))
+    # Runs of other types, whose sizes nccl-tests rounded otherwise, are complete all the same...
+    rc, out = verdict((good,), ([(1008, 252, "float", "prod", 5.0, 0.2, 0)], "staged", "-G 1"))
     assert rc == 0 and "runs missing sizes: 0" in out, out
+    # ... but a run of the same world, collective and type with another size in place of one is not.
+    rc, out = verdict((good,), ([(1008, 504, "bfloat16", "prod", 5.0, 0.2, 0)], "staged", "-G 1"))
+    assert rc == 1 and "[1008] missing" in out and "[1024] missing" in out, out
     assert run(REPORT, "served", str(tmp_path / "none.csv"))[0] == 1
 
 
