@@ -58,19 +58,20 @@ bool inside_real_library(const void* caller) noexcept {
 
 }  // namespace
 
-// Forwards `name` with the arguments given, under guarded().
-#define SYMMEM_NCCL_FORWARD(name, ...)                                                          \
-  const InsideEntryPoint inside_entry_point;                                                    \
-  return guarded([&] {                                                                          \
-    return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); \
-  })
+// The real `name` called with the arguments given, under guarded().
+#define SYMMEM_NCCL_CALL_REAL(name, ...) \
+  guarded([&] { return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); })
+
+// Forwards `name` with the arguments given.
+#define SYMMEM_NCCL_FORWARD(name, ...)        \
+  const InsideEntryPoint inside_entry_point; \
+  return SYMMEM_NCCL_CALL_REAL(name, __VA_ARGS__)
 
 // First in every entry point that does more than forward: forwards the call when `made_by_nccl`.
-#define SYMMEM_NCCL_FORWARD_IF(made_by_nccl, name, ...)                                        \
-  const bool made_by_nccl_ = (made_by_nccl);                                                   \
-  const InsideEntryPoint inside_entry_point;                                                   \
-  if (made_by_nccl_)                                                                           \
-  return guarded([&] { return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); })
+#define SYMMEM_NCCL_FORWARD_IF(made_by_nccl, name, ...) \
+  const bool made_by_nccl_ = (made_by_nccl);            \
+  const InsideEntryPoint inside_entry_point;            \
+  if (made_by_nccl_) return SYMMEM_NCCL_CALL_REAL(name, __VA_ARGS__)
 // A call NCCL's own code made, by either sign above.
 #define SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(name, ...) \
   SYMMEM_NCCL_FORWARD_IF(entry_depth > 0 || inside_real_library(__builtin_return_address(0)), name, __VA_ARGS__)

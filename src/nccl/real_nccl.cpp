@@ -50,11 +50,17 @@ void resolve(void* handle, const char* name, F* fn) {
   *fn = reinterpret_cast<F>(dlsym(handle, name));
 }
 
-// The span of the loaded segments of the object holding `inside`; [0, 0) when none does.
-void loaded_span(const void* inside, uintptr_t* begin, uintptr_t* end) {
+// The loaded object holding `inside`: its path and the span of its loaded segments ([0, 0) and no
+// path when none holds it).
+struct LoadedObject {
+  uintptr_t begin = 0, end = 0;
+  std::string path;
+};
+LoadedObject loaded_object(const void* inside) {
   struct Search {
-    uintptr_t at, begin = 0, end = 0;
-  } search{reinterpret_cast<uintptr_t>(inside)};
+    uintptr_t at;
+    LoadedObject found;
+  } search{reinterpret_cast<uintptr_t>(inside), {}};
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* data) {
         auto* s = static_cast<Search*>(data);
@@ -66,13 +72,11 @@ void loaded_span(const void* inside, uintptr_t* begin, uintptr_t* end) {
           hi = std::max<uintptr_t>(hi, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
         }
         if (s->at < lo || s->at >= hi) return 0;
-        s->begin = lo;
-        s->end = hi;
+        s->found = {lo, hi, info->dlpi_name ? info->dlpi_name : ""};
         return 1;
       },
       &search);
-  *begin = search.begin;
-  *end = search.end;
+  return search.found;
 }
 
 std::string& failure = *new std::string();  // never destroyed either (RealNccl::get)
@@ -107,10 +111,10 @@ std::unique_ptr<RealNccl> load() {
       dlclose(handle);
       continue;
     }
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<const void*>(lib->ncclGetVersion), &info) && info.dli_fname) lib->path = info.dli_fname;
-    loaded_span(reinterpret_cast<const void*>(lib->ncclGetVersion), &lib->code_begin, &lib->code_end);
-    if (lib->path.empty()) lib->path = c.name;
+    const LoadedObject object = loaded_object(reinterpret_cast<const void*>(lib->ncclGetVersion));
+    lib->code_begin = object.begin;
+    lib->code_end = object.end;
+    lib->path = object.path.empty() ? c.name : object.path;
     // The handle stays open for the process: communicators live in it.
     return lib;
   }
@@ -132,6 +136,5 @@ const std::string& RealNccl::load_failure() {
   get();
   return failure;
 }
-
 
 }  // namespace symmem::nccl

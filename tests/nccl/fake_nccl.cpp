@@ -108,8 +108,10 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueI
   *comm = new ncclComm{rank, nranks, device};
   return ncclSuccess;
 }
+namespace {
 // Inner calls of ncclCommInitRank that reached another library's (the shim's) entry point.
 std::atomic<int> inner_inits_interposed{0};
+}  // namespace
 FAKE_API int fake_nccl_inner_inits_interposed() { return inner_inits_interposed.load(); }
 
 // Calls its own exported ncclCommInitRank through the global lookup, on purpose: libnccl.so.2 calls
