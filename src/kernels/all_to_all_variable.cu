@@ -2,15 +2,19 @@
 // kernels/all_to_all_args.hpp): the split exchange and the data movement in one launch, push or
 // pull, of the plan's blocks.
 //
-//   send      block 0: this rank's header as low-latency lines into every rank's slot (its own
-//             too); every block: the rows of this rank's pairs that go by lines, behind the
-//             header in the receiver's slot (pair_by_lines, judged from this rank's splits alone)
-//   exchange  every block: every rank's header into shared memory (read, not cleared), then the
-//             quantities of plan/all_to_all_layout.hpp with parallel sums: the verdict, which
-//             pairs came by lines, where this rank's pieces lie
+//   start     every block: the call number and this rank's own header words (its splits,
+//             capacities, declared splits) at once, into shared memory
+//   send      block 0: this rank's header as low-latency lines into every peer's slot; every
+//             block: the rows of this rank's pairs that go by lines, behind the header in the
+//             receiver's slot (pair_by_lines, judged from this rank's splits alone)
+//   exchange  every block: every peer's header into shared memory (read, not cleared), then
+//             arrives on the call counter; then the quantities of plan/all_to_all_layout.hpp:
+//             the verdict, which pairs came by lines, where this rank's pieces lie (one warp
+//             with serial sums for the 1-D forms, whose world x world matrix is small; parallel
+//             sums for the 2-D form)
 //   move      the lines into the output; this block's span of the SM pieces (the balanced cut,
 //             plan/all_to_all_cut.hpp); the barrier (phase 1) when rows crossed between ranks by SM
-//   finish    the last block to finish clears the headers and advances the call counter
+//   finish    the last block to have read the headers clears them and advances the call counter
 //
 // One crossing for a call whose pairs all go by lines (header and rows travel together), two (the
 // header, then the barrier) otherwise. Every block derives the same layout from the same matrix,
@@ -19,14 +23,15 @@
 // (plan/capacity_failure.hpp). The header of a rank exists only once its stream reached the call:
 // a sender pushes into a receiver, or a receiver pulls from a sender, only after reading that
 // rank's header, so no rank writes memory a peer still reads, without an entry barrier. A fence
-// (fence.acq_rel.sys) before storing the header (pull: the peers read this rank's input) and after
-// reading them all (when rows cross by SM) turns the header into a release/acquire pair for the
-// data around it. The end barrier of block b proves only that block b of every peer finished; the
-// kernel's end proves every block did, which is what the next call needs.
+// (fence.acq_rel.sys) before storing the header (pull: the peers read this rank's input), in each
+// thread that stores it, and after reading them (when rows cross by SM), in each thread that read
+// one, turns the header into a release/acquire pair for the data around it; __syncthreads carries
+// the acquire to the block's other threads, as after a barrier. The end barrier of block b proves
+// only that block b of every peer finished; the kernel's end proves every block did, which is what
+// the next call needs.
 //
 // Failure records: the waits for headers and lines name phase 0, the end barrier phase 1.
 #include "common/check.hpp"
-#include "device/call_counter.cuh"
 #include "device/copy.cuh"
 #include "device/dependent_launch.cuh"
 #include "device/low_latency.cuh"
@@ -96,7 +101,7 @@ __device__ __forceinline__ uint64_t warp_inclusive_sum(uint64_t x) {
   return x;
 }
 
-// Header word w of this rank (see all_to_all_header_words).
+// Header word w of this rank (see all_to_all_header_words), from its arguments.
 __device__ uint32_t my_header_word(const AllToAllVariableArgs& a, int n, int w) {
   if (w < n) return split_word(a.in_splits ? a.in_splits[w] : a.host_in_splits[w]);
   if (w == n) return capacity_word(a.input_rows);
@@ -104,21 +109,37 @@ __device__ uint32_t my_header_word(const AllToAllVariableArgs& a, int n, int w) 
   return split_word(a.host_out_splits[w - n - 2]);
 }
 
-// Block 0 stores this rank's header into every rank's slot; every block, the rows of the pairs
-// this rank sends as lines (one expert per rank: its n = world splits).
+// Where header word w of `sender` is kept in shared memory.
+__device__ __forceinline__ uint32_t& header_word_at(const Columns& c, Ranks& r, int world, int n, int sender, int w) {
+  if (w < n) return c.matrix[size_t(sender) * n + w];
+  if (w == n) return r.input_rows[sender];
+  if (w == n + 1) return r.output_rows[sender];
+  return r.declared[sender * world + (w - n - 2)];
+}
+
+// This rank's own header words into shared memory, from its arguments (no line carries them).
+__device__ void keep_own_header(const AllToAllVariableArgs& a, int header, const Columns& c, Ranks& r) {
+  const int world = a.sync.world, me = a.sync.rank, n = world * a.experts;
+  for (int w = threadIdx.x; w < header; w += blockDim.x) header_word_at(c, r, world, n, me, w) = my_header_word(a, n, w);
+}
+
+// Block 0 stores this rank's header into every peer's slot; every block, the rows of the pairs
+// this rank sends as lines (one expert per rank: its n = world splits). After keep_own_header and
+// a __syncthreads.
 template <Way W>
-__device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, bool lines) {
+__device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, bool lines, const Columns& c,
+                     Ranks& r) {
   const SyncArgs& s = a.sync;
   const int world = s.world, me = s.rank, n = world * a.experts;
   const uint64_t tag = uint64_t(s.signature) << 32;
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == 0 && world > 1) {
     // Pull: makes this stream's earlier writes (the input rows, a staged copy) visible before the
-    // header that lets the peers read them. (Push peers read nothing of this rank's; lines carry
-    // their data.)
-    if (W == Way::kPull) device::fence_acq_rel_sys();
+    // header that lets the peers read them, in every thread that stores a word of it. (Push peers
+    // read nothing of this rank's; lines carry their data.)
+    if (W == Way::kPull && threadIdx.x < header) device::fence_acq_rel_sys();
     for (int w = threadIdx.x; w < header; w += blockDim.x) {
-      const uint32_t word = my_header_word(a, n, w);
-      for (int k = 0; k < world; ++k) {
+      const uint32_t word = header_word_at(c, r, world, n, me, w);
+      for (int k = 1; k < world; ++k) {
         const int q = (me + k) % world;
         device::st_relaxed_sys_u64(device::low_latency_slot(a.lines.peers[q], call, me, a.lines.slot_words) + w,
                                    tag | word);
@@ -126,55 +147,42 @@ __device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, b
     }
   }
   if (!lines) return;
-  // This rank's splits, where each pair's rows start in its input, and whether it can send at all.
-  __shared__ uint32_t rows[kMaxWorld];
-  __shared__ uint64_t first_row[kMaxWorld];
-  __shared__ int fits;
-  if (threadIdx.x < 32) {
-    const int q = threadIdx.x;
-    const uint32_t v = q < world ? my_header_word(a, n, q) : 0;
-    const bool bad = q < world && v == kInvalidSplit;
-    const uint64_t x = q < world && !bad ? v : 0;
-    const uint64_t before = warp_inclusive_sum(x) - x;
-    const uint64_t total = __shfl_sync(kFullWarp, before + x, 31);
-    const uint32_t any_bad = __ballot_sync(kFullWarp, bad);
-    if (q < world) {
-      rows[q] = v;
-      first_row[q] = before;
-    }
-    // sender_fits_row, from the words the peers receive.
-    if (q == 0) fits = any_bad == 0 && total <= capacity_word(a.input_rows);
+  // sender_fits_row, from the words the peers receive: every split valid, their sum within the input.
+  const uint32_t* mine = c.matrix + size_t(me) * n;
+  uint64_t total = 0;
+  bool any_bad = false;
+  for (int q = 0; q < world; ++q) {
+    any_bad |= mine[q] == kInvalidSplit;
+    total += mine[q];
   }
-  __syncthreads();
+  const bool fits = !any_bad && total <= capacity_word(a.input_rows);
   for (int k = 1; k < world; ++k) {
     const int q = (me + k) % world;
-    if (!pair_by_lines(rows[q], a.row_bytes, a.low_latency_pair_bytes, fits != 0, false)) continue;
-    const uint64_t bytes = uint64_t(rows[q]) * a.row_bytes;
-    const char* src = static_cast<const char*>(a.in) + first_row[q] * a.row_bytes;
+    if (!pair_by_lines(mine[q], a.row_bytes, a.low_latency_pair_bytes, fits, false)) continue;
+    uint64_t first_row = 0;  // of pair q, in this rank's input
+    for (int t = 0; t < q; ++t) first_row += mine[t];
+    const uint64_t bytes = uint64_t(mine[q]) * a.row_bytes;
+    const char* src = static_cast<const char*>(a.in) + first_row * a.row_bytes;
     uint64_t* slot = device::low_latency_slot(a.lines.peers[q], call, me, a.lines.slot_words) + header;
     for (uint64_t w = device::global_thread(); w < (bytes + 3) / 4; w += device::global_threads())
       device::st_relaxed_sys_u64(slot + w, tag | device::load_word(src, w, bytes));
   }
 }
 
-// Every rank's header into shared memory. False (in the threads whose wait failed) on timeout,
+// Threads that read a peer's header word (read_headers): those below this index.
+__device__ __forceinline__ int header_readers(int world, int header) { return (world - 1) * header; }
+
+// Every peer's header into shared memory. False (in the threads whose wait failed) on timeout,
 // mismatch or abort.
 __device__ bool read_headers(const AllToAllVariableArgs& a, uint32_t call, int header, const Columns& c, Ranks& r) {
   const SyncArgs& s = a.sync;
   const int world = s.world, n = world * a.experts;
   const uint64_t* slots = device::low_latency_slot(a.lines.peers[s.rank], call, 0, a.lines.slot_words);
-  for (int i = threadIdx.x; i < world * header; i += blockDim.x) {
-    const int sender = i / header, w = i % header;
+  for (int i = threadIdx.x; i < header_readers(world, header); i += blockDim.x) {
+    const int sender = (s.rank + 1 + i / header) % world, w = i % header;
     uint32_t word = 0;
     if (!device::read_line(s, slots + size_t(sender) * a.lines.slot_words + w, sender, 0, &word)) return false;
-    if (w < n)
-      c.matrix[size_t(sender) * n + w] = word;
-    else if (w == n)
-      r.input_rows[sender] = word;
-    else if (w == n + 1)
-      r.output_rows[sender] = word;
-    else
-      r.declared[sender * world + (w - n - 2)] = word;
+    header_word_at(c, r, world, n, sender, w) = word;
   }
   return true;
 }
@@ -195,7 +203,7 @@ __device__ __forceinline__ void piece_in_turn(int me, int world, int experts, in
 
 // From the matrix: per sender its rows, validity and (for this rank's pieces) where its rows start
 // in its input; per receiver where each expert starts and the rows it needs. A warp per sender, a
-// warp per receiver.
+// warp per receiver (the 2-D form; sum_rows_one_expert serves the 1-D forms).
 template <Way W>
 __device__ void sum_rows(const AllToAllVariableArgs& a, const Columns& c, Ranks& r) {
   const int world = a.sync.world, me = a.sync.rank, experts = a.experts, n = world * experts;
@@ -245,6 +253,33 @@ __device__ void sum_rows(const AllToAllVariableArgs& a, const Columns& c, Ranks&
     }
     if (lane == 0) r.needed[q] = carry;
   }
+}
+
+// sum_rows for one expert per rank (n = world <= kMaxWorld): warp 0, a lane per rank, serial sums
+// over the small matrix (no scans). The same quantities as sum_rows.
+template <Way W>
+__device__ void sum_rows_one_expert(const AllToAllVariableArgs& a, const Columns& c, Ranks& r) {
+  const int world = a.sync.world, me = a.sync.rank;
+  const int x = threadIdx.x;  // a sender, and a receiver
+  if (x >= world) return;
+  uint64_t sent = 0, received = 0;
+  int invalid = -1;
+  for (int q = 0; q < world; ++q) {
+    const uint32_t v = c.matrix[x * world + q];
+    if (v == kInvalidSplit && invalid < 0) invalid = q;
+    // input_row(x, q) is `sent` here.
+    if (W == Way::kPush && x == me) c.src_row[(q + world - (me + 1) % world) % world] = uint32_t(sent);
+    if (W == Way::kPull && q == me) c.src_row[(x + 2 * world - me - 1) % world] = uint32_t(sent);
+    sent += v == kInvalidSplit ? 0 : v;
+    const uint32_t u = c.matrix[q * world + x];
+    received += u == kInvalidSplit ? 0 : u;
+  }
+  const uint32_t self = c.matrix[x * world + x];
+  r.sent[x] = sent;
+  r.invalid_at[x] = invalid;
+  r.to_self[x] = self == kInvalidSplit ? 0 : self;
+  c.start[x] = 0;
+  r.needed[x] = expert_extent(received, a.align);
 }
 
 // The verdict (layout_fault's, from the sums), which senders' rows came as lines, and whether any
@@ -342,9 +377,19 @@ __device__ void exclusive_scan(uint64_t* x, int n) {
   __syncthreads();
 }
 
+// The same for n <= 32, by warp 0 alone.
+__device__ void warp_exclusive_scan(uint64_t* x, int n) {
+  const int lane = threadIdx.x % 32;
+  const uint64_t v = lane < n ? x[lane] : 0;
+  const uint64_t inclusive = warp_inclusive_sum(v);
+  if (lane < n) x[lane] = inclusive - v;
+  if (lane == 31) x[n] = inclusive;
+}
+
 // This rank's pieces in the order its blocks meet them: where each lies, and the SM vectors
 // before it (a pair that came as lines has none); block 0 writes torch's out_splits_offsets.
-// Only for a call that fits (then every row and offset fits 32 bits).
+// Only for a call that fits (then every row and offset fits 32 bits). Called by every thread of
+// the block, or by warp 0 alone when n <= 32; the caller synchronizes the block after it.
 template <typename V, Way W>
 __device__ void lay_out_pieces(const AllToAllVariableArgs& a, const Columns& c, bool lines) {
   const int world = a.sync.world, me = a.sync.rank, experts = a.experts, n = world * experts;
@@ -368,8 +413,13 @@ __device__ void lay_out_pieces(const AllToAllVariableArgs& a, const Columns& c, 
       a.out_splits_offsets[n + k] = int64_t(dst);
     }
   }
-  __syncthreads();
-  exclusive_scan(c.prefix, n);
+  if (n <= 32) {  // every piece in warp 0: no block barrier
+    __syncwarp();
+    if (threadIdx.x < 32) warp_exclusive_scan(c.prefix, n);
+  } else {
+    __syncthreads();
+    exclusive_scan(c.prefix, n);
+  }
 }
 
 // The rows that came as lines, into the output (dropped when the call does not fit), by every
@@ -418,23 +468,33 @@ __device__ void move_span(const AllToAllVariableArgs& a, const Columns& c) {
   });
 }
 
-// Every block reaches this, also after a failed wait. The last block to arrive clears every
-// header line (every block has read them by then), then advances the call counter
-// (device/call_counter.cuh's call_end, with the clear before it).
-__device__ void finish(const AllToAllVariableArgs& a, uint32_t call, int header) {
+// The thread that counts its block on the call counter: one of the last warp, which is idle while
+// warp 0 derives the layout of a 1-D call (the 2-D form at world 8 gives it a receiver's sums).
+constexpr int kArrivingThread = kThreadsPerBlock - 1;
+
+// Called by kArrivingThread once its block has read every header: counts the block on the call
+// counter (device/call_counter.cuh's second word). True for the last block of the grid to get
+// there. Taken right after the headers, not at the end: the atomic's round trip overlaps the
+// layout instead of following the copies.
+__device__ bool arrive_after_headers(const SyncArgs& s) {
+  __threadfence();  // this block's reads of the headers come before its arrival
+  return atomicAdd(&s.call_counter[1], 1u) == gridDim.x - 1;
+}
+
+// Every block reaches this, also after a failed wait. The last block to have read the headers
+// clears every peer's header line (every block has read them by then), then advances the call
+// counter (device/call_counter.cuh's call_end, with the clear before it).
+__device__ void finish(const AllToAllVariableArgs& a, uint32_t call, int header, const int& last_reader) {
   const SyncArgs& s = a.sync;
-  __shared__ int last;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // this block's reads of the headers come before its arrival
-    last = atomicAdd(&s.call_counter[1], 1u) == gridDim.x - 1;
-    if (last) __threadfence();  // and before the clears below
-  }
+  if (!last_reader) return;
+  if (threadIdx.x == kArrivingThread) __threadfence();  // the other blocks' reads (their arrivals) before the clears
   __syncthreads();
-  if (!last) return;
   uint64_t* slots = device::low_latency_slot(a.lines.peers[s.rank], call, 0, a.lines.slot_words);
-  for (int i = threadIdx.x; i < s.world * header; i += blockDim.x)
-    device::st_relaxed_sys_u64(slots + size_t(i / header) * a.lines.slot_words + i % header, 0);
+  for (int i = threadIdx.x; i < header_readers(s.world, header); i += blockDim.x) {
+    const int sender = (s.rank + 1 + i / header) % s.world;
+    device::st_relaxed_sys_u64(slots + size_t(sender) * a.lines.slot_words + i % header, 0);
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     s.call_counter[1] = 0;  // every block has read the number: the next kernel sees the new one
@@ -446,30 +506,50 @@ template <typename V, Way W>
 __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAllVariableArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
-  const uint32_t call = device::call_begin(s);
-  const int n = s.world * a.experts;
   const int header = all_to_all_header_words(s.world, a.experts, a.declared);
   const bool lines = a.experts == 1 && a.low_latency_pair_bytes > 0;
   extern __shared__ __align__(16) uint8_t dynamic_shared[];
-  const Columns c = columns_in(dynamic_shared, s.world, n);
+  const Columns c = columns_in(dynamic_shared, s.world, s.world * a.experts);
   __shared__ Ranks r;
+  __shared__ uint32_t call_number;
 
-  send<W>(a, call, header, lines);
+  // The call number and this rank's header words load at once (device/call_counter.cuh's
+  // call_begin, without its own barrier).
+  if (threadIdx.x == 0) call_number = s.call_counter[0] + 1;
+  keep_own_header(a, header, c, r);
+  __syncthreads();
+  const uint32_t call = call_number;
+  send<W>(a, call, header, lines, c, r);
   bool ok = __syncthreads_and(read_headers(a, call, header, c, r));
+  __shared__ int last_reader;
+  if (threadIdx.x == kArrivingThread) last_reader = arrive_after_headers(s);
   if (ok) {
-    sum_rows<W>(a, c, r);
-    __syncthreads();
-    judge(a, c, r, lines);
+    if (a.experts == 1) {
+      // The 1-D forms: one warp derives everything, with no block barrier between the steps.
+      if (threadIdx.x < 32) {
+        sum_rows_one_expert<W>(a, c, r);
+        __syncwarp();
+        judge(a, c, r, lines);
+        __syncwarp();
+        if (r.go) lay_out_pieces<V, W>(a, c, lines);
+      }
+    } else {
+      sum_rows<W>(a, c, r);
+      __syncthreads();
+      judge(a, c, r, lines);
+      __syncthreads();
+      if (r.go) lay_out_pieces<V, W>(a, c, lines);
+    }
     __syncthreads();
     // Invariant: every block of every rank holds the same matrix, verdict and choice per pair.
-    if (r.go) lay_out_pieces<V, W>(a, c, lines);
     if (r.lines_from != 0) ok = receive_lines(a, call, header, r);
+    // Acquire, when rows cross by SM: what the peers wrote before their headers (their inputs)
+    // and what they read before reaching the call (their outputs) are ordered before this
+    // block's copies, by a fence in each thread that read a header and the barrier after it.
+    // Lines need none: each carries its data.
+    if (r.sm_between_ranks && threadIdx.x < header_readers(s.world, header)) device::fence_acq_rel_sys();
     ok = __syncthreads_and(ok);
     if (ok && r.go) {
-      // Acquire, when rows cross by SM: what the peers wrote before their headers (their inputs)
-      // and what they read before reaching the call (their outputs) are ordered before this
-      // block's copies. Lines need none: each carries its data.
-      if (r.sm_between_ranks) device::fence_acq_rel_sys();
       move_span<V, W>(a, c);
       if (r.sm_between_ranks) {
         const uint32_t epoch = device::epoch_begin(s);
@@ -479,7 +559,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
       }
     }
   }
-  finish(a, call, header);
+  finish(a, call, header, last_reader);
 }
 
 template <typename V, Way W>
