@@ -135,13 +135,15 @@ __device__ __forceinline__ bool collect_words(const detail::SyncArgs& s, uint64_
 
 // The word of one line from `sender`, left in place: for lines that several blocks read (the
 // all-to-all's headers), which one block clears once every reader is done, still within the call
-// (the clear-after-read rule above holds: no line outlives its call). False on timeout, mismatch
+// (the clear-after-read rule above holds: no line outlives its call). Read with acquire: what the
+// sender wrote before its release of the line (a fence before its store) is ordered before what
+// this thread, and after a __syncthreads its block, does next. False on timeout, mismatch
 // (`phase` names the wait in the record) or abort.
 __device__ __forceinline__ bool read_line(const detail::SyncArgs& s, const uint64_t* line, int sender, int phase,
                                           uint32_t* word) {
   const uint64_t start = global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
-    const uint64_t value = ld_relaxed_sys_u64(line);
+    const uint64_t value = ld_acquire_sys_u64(line);
     const uint32_t tag = static_cast<uint32_t>(value >> 32);
     if (tag == s.signature) {
       *word = static_cast<uint32_t>(value);

@@ -37,6 +37,14 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys_u64(const uint64_t* p) {
   return v;
 }
 
+// Atomic add at GPU scope with release semantics, returning the old value: a block counting itself
+// after its reads (what it read before is ordered before the count), without a separate fence.
+__device__ __forceinline__ uint32_t atomic_add_release_gpu(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 // --- Hopper bulk copies (TMA engine) and the mbarrier that tracks them -------------------------
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {

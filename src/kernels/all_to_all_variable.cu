@@ -24,9 +24,9 @@
 // a sender pushes into a receiver, or a receiver pulls from a sender, only after reading that
 // rank's header, so no rank writes memory a peer still reads, without an entry barrier. A fence
 // (fence.acq_rel.sys) before storing the header (pull: the peers read this rank's input), in each
-// thread that stores it, and after reading them (when rows cross by SM), in each thread that read
-// one, turns the header into a release/acquire pair for the data around it; __syncthreads carries
-// the acquire to the block's other threads, as after a barrier. The end barrier of block b proves
+// thread that stores it, and acquire loads of the header (device/low_latency.cuh's read_line) turn
+// the header into a release/acquire pair for the data around it; __syncthreads carries the acquire
+// to the block's other threads, as after a barrier. The end barrier of block b proves
 // only that block b of every peer finished; the kernel's end proves every block did, which is what
 // the next call needs.
 //
@@ -151,15 +151,18 @@ __device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, b
   const uint32_t* mine = c.matrix + size_t(me) * n;
   uint64_t total = 0;
   bool any_bad = false;
+#pragma unroll 1
   for (int q = 0; q < world; ++q) {
     any_bad |= mine[q] == kInvalidSplit;
     total += mine[q];
   }
   const bool fits = !any_bad && total <= capacity_word(a.input_rows);
+#pragma unroll 1
   for (int k = 1; k < world; ++k) {
     const int q = (me + k) % world;
     if (!pair_by_lines(mine[q], a.row_bytes, a.low_latency_pair_bytes, fits, false)) continue;
     uint64_t first_row = 0;  // of pair q, in this rank's input
+#pragma unroll 1
     for (int t = 0; t < q; ++t) first_row += mine[t];
     const uint64_t bytes = uint64_t(mine[q]) * a.row_bytes;
     const char* src = static_cast<const char*>(a.in) + first_row * a.row_bytes;
@@ -264,7 +267,7 @@ __device__ void sum_rows_one_expert(const AllToAllVariableArgs& a, const Columns
   if (x >= world) return;
   uint64_t sent = 0, received = 0;
   int invalid = -1;
-  for (int q = 0; q < world; ++q) {
+    for (int q = 0; q < world; ++q) {
     const uint32_t v = c.matrix[x * world + q];
     if (v == kInvalidSplit && invalid < 0) invalid = q;
     // input_row(x, q) is `sent` here.
@@ -293,6 +296,7 @@ __device__ void judge(const AllToAllVariableArgs& a, const Columns& c, Ranks& r,
   const bool sender_bad = in_world && (r.invalid_at[x] >= 0 || r.sent[x] > r.input_rows[x]);
   int declared_at = -1;
   if (a.declared && in_world)
+#pragma unroll 1
     for (int t = 0; t < world; ++t)
       if (r.declared[x * world + t] != c.matrix[size_t(t) * n + x]) {
         declared_at = t;
@@ -323,12 +327,14 @@ __device__ void judge(const AllToAllVariableArgs& a, const Columns& c, Ranks& r,
                     pair_by_lines(c.matrix[size_t(x) * n + me], a.row_bytes, a.low_latency_pair_bytes, fits, x == me);
   if (from) {
     uint64_t row = c.start[me];
+#pragma unroll 1
     for (int t = 0; t < x; ++t) row += c.matrix[size_t(t) * n + me];
     r.line_dst[x] = row * a.row_bytes;
     r.line_bytes[x] = uint64_t(c.matrix[size_t(x) * n + me]) * a.row_bytes;
   }
   uint64_t by_sm = 0;  // rows sender x moves to other ranks by SM
   if (in_world && lines) {
+#pragma unroll 1
     for (int q = 0; q < world; ++q) {
       const uint32_t v = c.matrix[size_t(x) * n + q];
       if (q != x && v != kInvalidSplit && !pair_by_lines(v, a.row_bytes, a.low_latency_pair_bytes, fits, false))
@@ -399,6 +405,7 @@ __device__ void lay_out_pieces(const AllToAllVariableArgs& a, const Columns& c, 
     const int sender = W == Way::kPush ? me : peer;
     const uint32_t rows = c.matrix[size_t(sender) * n + j];
     uint64_t dst = c.start[j];
+#pragma unroll 1
     for (int t = 0; t < sender; ++t) dst += c.matrix[size_t(t) * n + j];
     c.dst_row[i] = uint32_t(dst);
     const bool by_lines = lines && pair_by_lines(rows, a.row_bytes, a.low_latency_pair_bytes, true, peer == me);
@@ -408,6 +415,7 @@ __device__ void lay_out_pieces(const AllToAllVariableArgs& a, const Columns& c, 
     for (int k = threadIdx.x; k < n; k += blockDim.x) {  // k = e * world + sender, expert-major
       const int sender = k % world, j = me * experts + k / world;
       uint64_t dst = c.start[j];
+#pragma unroll 1
       for (int t = 0; t < sender; ++t) dst += c.matrix[size_t(t) * n + j];
       a.out_splits_offsets[k] = int64_t(c.matrix[size_t(sender) * n + j]);
       a.out_splits_offsets[n + k] = int64_t(dst);
@@ -473,20 +481,19 @@ __device__ void move_span(const AllToAllVariableArgs& a, const Columns& c) {
 constexpr int kArrivingThread = kThreadsPerBlock - 1;
 
 // Called by kArrivingThread once its block has read every header: counts the block on the call
-// counter (device/call_counter.cuh's second word). True for the last block of the grid to get
-// there. Taken right after the headers, not at the end: the atomic's round trip overlaps the
-// layout instead of following the copies.
-__device__ bool arrive_after_headers(const SyncArgs& s) {
-  __threadfence();  // this block's reads of the headers come before its arrival
-  return atomicAdd(&s.call_counter[1], 1u) == gridDim.x - 1;
+// counter (device/call_counter.cuh's second word), with release (this block's reads of the
+// headers come before its arrival), and returns the count before it. Taken right after the
+// headers, not at the end: the atomic's round trip overlaps the layout instead of following the
+// copies.
+__device__ uint32_t arrive_after_headers(const SyncArgs& s) {
+  return device::atomic_add_release_gpu(&s.call_counter[1], 1u);
 }
 
 // Every block reaches this, also after a failed wait. The last block to have read the headers
 // clears every peer's header line (every block has read them by then), then advances the call
 // counter (device/call_counter.cuh's call_end, with the clear before it).
-__device__ void finish(const AllToAllVariableArgs& a, uint32_t call, int header, const int& last_reader) {
+__device__ void finish(const AllToAllVariableArgs& a, uint32_t call, int header, bool last_reader) {
   const SyncArgs& s = a.sync;
-  __syncthreads();
   if (!last_reader) return;
   if (threadIdx.x == kArrivingThread) __threadfence();  // the other blocks' reads (their arrivals) before the clears
   __syncthreads();
@@ -515,14 +522,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
 
   // The call number and this rank's header words load at once (device/call_counter.cuh's
   // call_begin, without its own barrier).
-  if (threadIdx.x == 0) call_number = s.call_counter[0] + 1;
+  const uint32_t counted = threadIdx.x == 0 ? s.call_counter[0] : 0;
   keep_own_header(a, header, c, r);
+  if (threadIdx.x == 0) call_number = counted + 1;
   __syncthreads();
   const uint32_t call = call_number;
   send<W>(a, call, header, lines, c, r);
   bool ok = __syncthreads_and(read_headers(a, call, header, c, r));
+  // Whether this block was the last to read the headers, for finish (published by the barriers
+  // below). The atomic's round trip overlaps the layout: kArrivingThread's warp has no part in it.
   __shared__ int last_reader;
-  if (threadIdx.x == kArrivingThread) last_reader = arrive_after_headers(s);
+  if (threadIdx.x == kArrivingThread) last_reader = arrive_after_headers(s) == gridDim.x - 1;
   if (ok) {
     if (a.experts == 1) {
       // The 1-D forms: one warp derives everything, with no block barrier between the steps.
@@ -543,20 +553,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
     __syncthreads();
     // Invariant: every block of every rank holds the same matrix, verdict and choice per pair.
     if (r.lines_from != 0) ok = receive_lines(a, call, header, r);
-    // Acquire, when rows cross by SM: what the peers wrote before their headers (their inputs)
-    // and what they read before reaching the call (their outputs) are ordered before this
-    // block's copies, by a fence in each thread that read a header and the barrier after it.
-    // Lines need none: each carries its data.
-    if (r.sm_between_ranks && threadIdx.x < header_readers(s.world, header)) device::fence_acq_rel_sys();
-    ok = __syncthreads_and(ok);
-    if (ok && r.go) {
-      move_span<V, W>(a, c);
-      if (r.sm_between_ranks) {
-        const uint32_t epoch = device::epoch_begin(s);
-        if (device::barrier(s, epoch, 1)) device::epoch_commit(s, epoch);
-        // Invariant: block b of every peer finished its stores into (push) or loads from (pull)
-        // this rank's buffers; the kernel's end, every block of every peer.
-      }
+  }
+  const bool go = __syncthreads_and(ok) && r.go;
+  if (go) {
+    move_span<V, W>(a, c);
+    if (r.sm_between_ranks) {
+      const uint32_t epoch = device::epoch_begin(s);
+      if (device::barrier(s, epoch, 1)) device::epoch_commit(s, epoch);
+      // Invariant: block b of every peer finished its stores into (push) or loads from (pull)
+      // this rank's buffers; the kernel's end, every block of every peer.
     }
   }
   finish(a, call, header, last_reader);
