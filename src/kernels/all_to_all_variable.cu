@@ -195,6 +195,11 @@ __device__ bool read_headers(const AllToAllVariableArgs& a, uint32_t call, int h
 template <Way W>
 __device__ __forceinline__ void piece_in_turn(int me, int world, int experts, int i, int* j, int* peer) {
   const int n = world * experts;
+  if (experts == 1) {  // both orders: the rank after this one first (no division on the 1-D path)
+    *peer = me + 1 + i < world ? me + 1 + i : me + 1 + i - world;
+    *j = W == Way::kPush ? *peer : me;
+    return;
+  }
   if (W == Way::kPush) {
     *j = ((me + 1) * experts + i) % n;
     *peer = *j / experts;
@@ -271,8 +276,9 @@ __device__ void sum_rows_one_expert(const AllToAllVariableArgs& a, const Columns
     const uint32_t v = c.matrix[x * world + q];
     if (v == kInvalidSplit && invalid < 0) invalid = q;
     // input_row(x, q) is `sent` here.
-    if (W == Way::kPush && x == me) c.src_row[(q + world - (me + 1) % world) % world] = uint32_t(sent);
-    if (W == Way::kPull && q == me) c.src_row[(x + 2 * world - me - 1) % world] = uint32_t(sent);
+    // Piece i of the rotated order is the pair with the rank me + 1 + i (piece_in_turn).
+    if (W == Way::kPush && x == me) c.src_row[q > me ? q - me - 1 : q + world - me - 1] = uint32_t(sent);
+    if (W == Way::kPull && q == me) c.src_row[x > me ? x - me - 1 : x + world - me - 1] = uint32_t(sent);
     sent += v == kInvalidSplit ? 0 : v;
     const uint32_t u = c.matrix[q * world + x];
     received += u == kInvalidSplit ? 0 : u;
@@ -387,9 +393,13 @@ __device__ void exclusive_scan(uint64_t* x, int n) {
 __device__ void warp_exclusive_scan(uint64_t* x, int n) {
   const int lane = threadIdx.x % 32;
   const uint64_t v = lane < n ? x[lane] : 0;
-  const uint64_t inclusive = warp_inclusive_sum(v);
+  uint64_t inclusive = v;
+  for (int d = 1; d < n; d *= 2) {  // log2(n) steps, not 5: the 1-D forms have n = world
+    const uint64_t y = __shfl_up_sync(kFullWarp, inclusive, d);
+    if (lane >= d) inclusive += y;
+  }
   if (lane < n) x[lane] = inclusive - v;
-  if (lane == 31) x[n] = inclusive;
+  if (lane == n - 1) x[n] = inclusive;
 }
 
 // This rank's pieces in the order its blocks meet them: where each lies, and the SM vectors
