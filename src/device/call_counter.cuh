@@ -2,7 +2,8 @@
 // one-shot push, reduce-scatter push). Unlike the per-block epochs of the barrier, it counts
 // calls, not blocks: which block handles an element depends on the grid, which changes with the
 // message size, so only a number unique to the call tells the two halves of an area apart.
-// The last block to finish advances it on the device, so CUDA graph replays count too.
+// The last block to finish advances it on the device, so CUDA graph replays count too (the
+// variable all-to-all counts its blocks once they have read the headers, kernels/all_to_all_variable.cu).
 #pragma once
 
 #include "device/device_types.hpp"

@@ -113,7 +113,8 @@ struct SyncArgs {
   uint64_t* pad;                   // this rank's barrier flags (written by peers)
   uint64_t* peer_pads[kMaxWorld];  // every rank's barrier flags, mapped here
   uint32_t* epochs;                // this rank's per-block epoch counters (local device memory)
-  uint32_t* call_counter;          // {calls of parity-alternating kernels so far, blocks finished}
+  uint32_t* call_counter;          // {calls of parity-alternating kernels so far, blocks counted in
+                                   // this call (finished; the variable all-to-all: read the headers)}
   uint32_t* failure_claim;         // 0 until a wait of this rank fails (local device memory): the
                                    // first to claim it writes the record
   DeviceStatus* failure;           // this rank's failure record (device pointer, host board)

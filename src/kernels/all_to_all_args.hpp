@@ -6,11 +6,12 @@
 // (kernels/all_to_all_variable.cu), push or pull, of the plan's blocks:
 //   send: block 0 stores this rank's header (its splits, its input rows, its output capacity, and
 //     for all_to_all_v the rows it expects from each sender) as low-latency lines
-//     (device/low_latency.cuh) into every rank's area; every block stores, behind it, the rows of
+//     (device/low_latency.cuh) into every peer's area (a rank keeps its own header from its
+//     arguments); every block stores, behind it, the rows of
 //     each pair that goes by lines (plan/all_to_all_layout.hpp's pair_by_lines: small pairs,
 //     decided by the sender alone).
-//   exchange: every block reads every rank's header (none clears it: the last block to finish
-//     does), so every block of every rank holds the whole split matrix and computes from it the
+//   exchange: every block reads every peer's header (none clears it: the last block to have read
+//     them does), so every block of every rank holds the whole split matrix and computes from it the
 //     same verdict (layout_fault), the same choice of lines or SM per pair, and its rank's pieces.
 //     A rank's header exists only once its stream reached the call, after everything before it:
 //     the entry guard of the data movement.

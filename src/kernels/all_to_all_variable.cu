@@ -48,6 +48,7 @@ namespace {
 constexpr int kUnroll = 8;
 constexpr int kWarps = kThreadsPerBlock / 32;
 static_assert(kWarps >= 2 * kMaxWorld, "the exchange gives each sender a warp and each receiver another");
+static_assert(kMaxWorld <= 32, "the 1-D forms lay out their world pieces in warp 0 alone");
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
 // Which SM path a kernel runs (a template argument: the plan names the kernel).
@@ -272,7 +273,7 @@ __device__ void sum_rows_one_expert(const AllToAllVariableArgs& a, const Columns
   if (x >= world) return;
   uint64_t sent = 0, received = 0;
   int invalid = -1;
-    for (int q = 0; q < world; ++q) {
+  for (int q = 0; q < world; ++q) {
     const uint32_t v = c.matrix[x * world + q];
     if (v == kInvalidSplit && invalid < 0) invalid = q;
     // input_row(x, q) is `sent` here.
@@ -501,7 +502,7 @@ __device__ uint32_t arrive_after_headers(const SyncArgs& s) {
 
 // Every block reaches this, also after a failed wait. The last block to have read the headers
 // clears every peer's header line (every block has read them by then), then advances the call
-// counter (device/call_counter.cuh's call_end, with the clear before it).
+// counter as device/call_counter.cuh's call_end does, with the clear before it.
 __device__ void finish(const AllToAllVariableArgs& a, uint32_t call, int header, bool last_reader) {
   const SyncArgs& s = a.sync;
   if (!last_reader) return;
@@ -540,7 +541,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
   send<W>(a, call, header, lines, c, r);
   bool ok = __syncthreads_and(read_headers(a, call, header, c, r));
   // Whether this block was the last to read the headers, for finish (published by the barriers
-  // below). The atomic's round trip overlaps the layout: kArrivingThread's warp has no part in it.
+  // below). In the 1-D forms the atomic's round trip overlaps the layout, which kArrivingThread's
+  // warp has no part in.
   __shared__ int last_reader;
   if (threadIdx.x == kArrivingThread) last_reader = arrive_after_headers(s) == gridDim.x - 1;
   if (ok) {
