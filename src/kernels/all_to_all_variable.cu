@@ -487,11 +487,12 @@ __device__ void move_span(const AllToAllVariableArgs& a, const Columns& c) {
   });
 }
 
-// The thread that counts its block on the call counter: one of the last warp, which is idle while
-// warp 0 derives the layout of a 1-D call (the 2-D form at world 8 gives it a receiver's sums).
-constexpr int kArrivingThread = kThreadsPerBlock - 1;
+// The thread that reads the call counter and counts its block on it: one of the last warp, which
+// reads no header word of its own (header words go to the first threads) and is idle while warp 0
+// derives the layout of a 1-D call (the 2-D form at world 8 gives it a receiver's sums).
+constexpr int kCounterThread = kThreadsPerBlock - 1;
 
-// Called by kArrivingThread once its block has read every header: counts the block on the call
+// Called by kCounterThread once its block has read every header: counts the block on the call
 // counter (device/call_counter.cuh's second word), with release (this block's reads of the
 // headers come before its arrival), and returns the count before it. Taken right after the
 // headers, not at the end: the atomic's round trip overlaps the layout instead of following the
@@ -506,7 +507,7 @@ __device__ uint32_t arrive_after_headers(const SyncArgs& s) {
 __device__ void finish(const AllToAllVariableArgs& a, uint32_t call, int header, bool last_reader) {
   const SyncArgs& s = a.sync;
   if (!last_reader) return;
-  if (threadIdx.x == kArrivingThread) __threadfence();  // the other blocks' reads (their arrivals) before the clears
+  if (threadIdx.x == kCounterThread) __threadfence();  // the other blocks' reads (their arrivals) before the clears
   __syncthreads();
   uint64_t* slots = device::low_latency_slot(a.lines.peers[s.rank], call, 0, a.lines.slot_words);
   for (int i = threadIdx.x; i < header_readers(s.world, header); i += blockDim.x) {
@@ -531,20 +532,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
   __shared__ Ranks r;
   __shared__ uint32_t call_number;
 
-  // The call number and this rank's header words load at once (device/call_counter.cuh's
-  // call_begin, without its own barrier).
-  const uint32_t counted = threadIdx.x == 0 ? s.call_counter[0] : 0;
+  // The call number and this rank's header words load at once, in different warps
+  // (device/call_counter.cuh's call_begin, without its own barrier).
+  if (threadIdx.x == kCounterThread) call_number = s.call_counter[0] + 1;
   keep_own_header(a, header, c, r);
-  if (threadIdx.x == 0) call_number = counted + 1;
   __syncthreads();
   const uint32_t call = call_number;
   send<W>(a, call, header, lines, c, r);
   bool ok = __syncthreads_and(read_headers(a, call, header, c, r));
   // Whether this block was the last to read the headers, for finish (published by the barriers
-  // below). In the 1-D forms the atomic's round trip overlaps the layout, which kArrivingThread's
+  // below). In the 1-D forms the atomic's round trip overlaps the layout, which kCounterThread's
   // warp has no part in.
   __shared__ int last_reader;
-  if (threadIdx.x == kArrivingThread) last_reader = arrive_after_headers(s) == gridDim.x - 1;
+  if (threadIdx.x == kCounterThread) last_reader = arrive_after_headers(s) == gridDim.x - 1;
   if (ok) {
     if (a.experts == 1) {
       // The 1-D forms: one warp derives everything, with no block barrier between the steps.
