@@ -102,6 +102,16 @@ __device__ __forceinline__ uint64_t warp_inclusive_sum(uint64_t x) {
   return x;
 }
 
+// The rank of turn i (0 .. world - 1) after `me`: me + 1, me + 2, ..., `me` itself last. Every loop
+// over the ranks and every piece order follows it, so that at any moment the ranks address
+// different peers.
+__device__ __forceinline__ int rank_in_turn(int me, int world, int i) {
+  const int q = me + 1 + i;
+  return q < world ? q : q - world;
+}
+// Its inverse: the turn of rank q.
+__device__ __forceinline__ int turn_of_rank(int me, int world, int q) { return q > me ? q - me - 1 : q + world - me - 1; }
+
 // Header word w of this rank (see all_to_all_header_words), from its arguments.
 __device__ uint32_t my_header_word(const AllToAllVariableArgs& a, int n, int w) {
   if (w < n) return split_word(a.in_splits ? a.in_splits[w] : a.host_in_splits[w]);
@@ -140,15 +150,16 @@ __device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, b
     if (W == Way::kPull && threadIdx.x < header) device::fence_acq_rel_sys();
     for (int w = threadIdx.x; w < header; w += blockDim.x) {
       const uint32_t word = header_word_at(c, r, world, n, me, w);
-      for (int k = 1; k < world; ++k) {
-        const int q = (me + k) % world;
+      for (int i = 0; i < world - 1; ++i) {
+        const int q = rank_in_turn(me, world, i);
         device::st_relaxed_sys_u64(device::low_latency_slot(a.lines.peers[q], call, me, a.lines.slot_words) + w,
                                    tag | word);
       }
     }
   }
   if (!lines) return;
-  // sender_fits_row, from the words the peers receive: every split valid, their sum within the input.
+  // sender_fits_row, from the words the peers receive (this rank's row of the matrix and its input
+  // rows), in a rolled loop: sender_fits_row's own, unrolled, made the 8-byte-vector push kernel spill.
   const uint32_t* mine = c.matrix + size_t(me) * n;
   uint64_t total = 0;
   bool any_bad = false;
@@ -157,10 +168,10 @@ __device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, b
     any_bad |= mine[q] == kInvalidSplit;
     total += mine[q];
   }
-  const bool fits = !any_bad && total <= capacity_word(a.input_rows);
+  const bool fits = !any_bad && total <= r.input_rows[me];
 #pragma unroll 1
-  for (int k = 1; k < world; ++k) {
-    const int q = (me + k) % world;
+  for (int i = 0; i < world - 1; ++i) {
+    const int q = rank_in_turn(me, world, i);
     if (!pair_by_lines(mine[q], a.row_bytes, a.low_latency_pair_bytes, fits, false)) continue;
     uint64_t first_row = 0;  // of pair q, in this rank's input
 #pragma unroll 1
@@ -183,7 +194,7 @@ __device__ bool read_headers(const AllToAllVariableArgs& a, uint32_t call, int h
   const int world = s.world, n = world * a.experts;
   const uint64_t* slots = device::low_latency_slot(a.lines.peers[s.rank], call, 0, a.lines.slot_words);
   for (int i = threadIdx.x; i < header_readers(world, header); i += blockDim.x) {
-    const int sender = (s.rank + 1 + i / header) % world, w = i % header;
+    const int sender = rank_in_turn(s.rank, world, i / header), w = i % header;
     uint32_t word = 0;
     if (!device::read_line(s, slots + size_t(sender) * a.lines.slot_words + w, sender, 0, &word)) return false;
     header_word_at(c, r, world, n, sender, w) = word;
@@ -197,7 +208,7 @@ template <Way W>
 __device__ __forceinline__ void piece_in_turn(int me, int world, int experts, int i, int* j, int* peer) {
   const int n = world * experts;
   if (experts == 1) {  // both orders: the rank after this one first (no division on the 1-D path)
-    *peer = me + 1 + i < world ? me + 1 + i : me + 1 + i - world;
+    *peer = rank_in_turn(me, world, i);
     *j = W == Way::kPush ? *peer : me;
     return;
   }
@@ -205,7 +216,7 @@ __device__ __forceinline__ void piece_in_turn(int me, int world, int experts, in
     *j = ((me + 1) * experts + i) % n;
     *peer = *j / experts;
   } else {
-    *peer = (me + 1 + i % world) % world;
+    *peer = rank_in_turn(me, world, i % world);
     *j = me * experts + i / world;
   }
 }
@@ -234,7 +245,7 @@ __device__ void sum_rows(const AllToAllVariableArgs& a, const Columns& c, Ranks&
         if (j / experts == sender) to_self += x;
         if (W == Way::kPush && sender == me) c.src_row[(j + n - ((me + 1) * experts) % n) % n] = uint32_t(before);
         if (W == Way::kPull && j / experts == me)
-          c.src_row[(j - me * experts) * world + (sender + 2 * world - me - 1) % world] = uint32_t(before);
+          c.src_row[(j - me * experts) * world + turn_of_rank(me, world, sender)] = uint32_t(before);
       }
       carry += __shfl_sync(kFullWarp, inclusive, 31);
     }
@@ -277,9 +288,9 @@ __device__ void sum_rows_one_expert(const AllToAllVariableArgs& a, const Columns
     const uint32_t v = c.matrix[x * world + q];
     if (v == kInvalidSplit && invalid < 0) invalid = q;
     // input_row(x, q) is `sent` here.
-    // Piece i of the rotated order is the pair with the rank me + 1 + i (piece_in_turn).
-    if (W == Way::kPush && x == me) c.src_row[q > me ? q - me - 1 : q + world - me - 1] = uint32_t(sent);
-    if (W == Way::kPull && q == me) c.src_row[x > me ? x - me - 1 : x + world - me - 1] = uint32_t(sent);
+    // Piece i is the pair with the rank of turn i (piece_in_turn).
+    if (W == Way::kPush && x == me) c.src_row[turn_of_rank(me, world, q)] = uint32_t(sent);
+    if (W == Way::kPull && q == me) c.src_row[turn_of_rank(me, world, x)] = uint32_t(sent);
     sent += v == kInvalidSplit ? 0 : v;
     const uint32_t u = c.matrix[q * world + x];
     received += u == kInvalidSplit ? 0 : u;
@@ -511,7 +522,7 @@ __device__ void finish(const AllToAllVariableArgs& a, uint32_t call, int header,
   __syncthreads();
   uint64_t* slots = device::low_latency_slot(a.lines.peers[s.rank], call, 0, a.lines.slot_words);
   for (int i = threadIdx.x; i < header_readers(s.world, header); i += blockDim.x) {
-    const int sender = (s.rank + 1 + i / header) % s.world;
+    const int sender = rank_in_turn(s.rank, s.world, i / header);
     device::st_relaxed_sys_u64(slots + size_t(sender) * a.lines.slot_words + i % header, 0);
   }
   __syncthreads();

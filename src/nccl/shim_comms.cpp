@@ -24,6 +24,12 @@ struct Makings {
   std::unique_ptr<LocalRendezvous> rendezvous;
 };
 
+// Says, once per message, why this rank stays out of a new communicator (it forwards its calls).
+std::nullopt_t stays_out(const std::exception& e) {
+  detail::warn_once(std::string("NCCL shim: this rank forwards every call of a new communicator: ") + e.what());
+  return std::nullopt;
+}
+
 // Before a real init (or split, shrink) among `candidates` ranks, this one at `index`, on `device`:
 // nothing when the shim stays out (SYMMEM_NCCL=off: pure forwarding; a single candidate). Never
 // throws: a rank that failed here before its real init would leave its peers waiting inside NCCL.
@@ -48,8 +54,7 @@ std::optional<Makings> prepare(const RendezvousKey& key, int index, int candidat
     m.rendezvous = std::make_unique<LocalRendezvous>(key, index, candidates);
     return m;
   } catch (const std::exception& e) {
-    detail::warn_once(std::string("NCCL shim: this rank forwards every call of a new communicator: ") + e.what());
-    return std::nullopt;
+    return stays_out(e);
   }
 }
 
@@ -114,8 +119,7 @@ std::optional<Makings> prepare_child(ncclComm_t parent_comm, int64_t color, bool
     const CommFacts f = facts_of(parent_comm);
     return prepare(key, f.rank, f.world, f.device);
   } catch (const std::exception& e) {
-    detail::warn_once(std::string("NCCL shim: this rank forwards every call of a new communicator: ") + e.what());
-    return std::nullopt;
+    return stays_out(e);
   }
 }
 
