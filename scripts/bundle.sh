@@ -17,6 +17,8 @@ rm -rf build-bundle && mkdir -p build-bundle
 cp build/symmem-bench build/symmem-run build/tests/symmem_gpu_tests build/tests/symmem_kill_tests \
   build/tests/symmem_shared_gpu_tests build/tests/symmem_shared_gpu_moe_tests build-bundle/
 cp build/libsymmem_capi.so build-bundle/  # the Python package's native library (SYMMEM_LIBRARY)
+# symmem._fastcall, loaded from beside that library (where the build made it).
+if [ -f build/_fastcall.abi3.so ]; then cp build/_fastcall.abi3.so build-bundle/; fi
 # The CUDA example on the heap (gpu_run.sh's cuda_example step).
 if [ -f build/examples/symmem_example_one_shot_all_reduce ]; then
   cp build/examples/symmem_example_one_shot_all_reduce build-bundle/

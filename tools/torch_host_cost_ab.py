@@ -14,7 +14,8 @@ median over `--samples` samples of:
              queue never drains: the layer's own cost, whatever the GPU time)
   graph_us   GPU time per call of a CUDA graph of 64 calls, replayed (rows *_graph)
 
-Rows: the C ABI's symmem_all_reduce called directly (ctypes and the C++ path, no Python layer);
+Rows: the C ABI's symmem_all_reduce called directly (ctypes and the C++ path, no Python layer) and
+through the package's communicator (ctypes, or symmem._fastcall where the tree has it);
 eager st.all_reduce in place on a symmetric 0.5 MiB bf16 tensor and on a plain one, on one
 stream, and alternating two streams (every call changes stream: the join's cost, where the tree
 has one); the same calls captured in a graph, on one stream and alternating two streams forked
@@ -105,12 +106,15 @@ def _measure(args):
         return call
 
     from symmem.torch.device import core_of  # the world group's core communicator, by a name every tree has
-    handle, stream = core_of()._handle, torch._C._cuda_getCurrentRawStream(0)
+    core = core_of()
+    handle, stream = core._handle, torch._C._cuda_getCurrentRawStream(0)
     lib = __import__("symmem._native", fromlist=["lib"]).lib
     ptr, count = sym.data_ptr(), sym.numel()
     rows = {
         # The C ABI alone (ctypes + the C++ call path), the same call in both trees.
         "c_abi_symmetric_one_stream": lambda: lib.symmem_all_reduce(handle, ptr, ptr, count, 2, 0, stream, 0, 0, -1),
+        # The package's call of it (symmem.Communicator.all_reduce: ctypes, or symmem._fastcall where it loads).
+        "core_call_symmetric_one_stream": lambda: core.all_reduce(ptr, ptr, count, 2, 0, stream),
         "eager_symmetric_one_stream": one_stream(sym),
         "eager_symmetric_two_streams": two_streams(sym),
         "eager_local_one_stream": one_stream(local),

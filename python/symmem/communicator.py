@@ -10,6 +10,13 @@ import ctypes
 from . import _native, errors
 from ._native import lib
 
+# The per-call collectives: symmem._fastcall's where it loaded, else ctypes' (same arguments, same codes).
+_fast = _native.fastcall
+_all_gather = _fast.all_gather if _fast else lib.symmem_all_gather
+_all_reduce = _fast.all_reduce if _fast else lib.symmem_all_reduce
+_reduce_scatter = _fast.reduce_scatter if _fast else lib.symmem_reduce_scatter
+_all_to_all = _fast.all_to_all if _fast else lib.symmem_all_to_all
+
 
 class Exchange:
     """How the ranks exchange small blobs while a communicator is built and when it allocates:
@@ -138,17 +145,17 @@ class Communicator:
     # Collectives: addresses and the stream are integers; dtype, op and algo are C enum values
     # (_native.DTYPES, _native.REDUCE_OPS, _native.algo_code).
     def all_gather(self, out, inp, count, dtype, stream, algo=0, blocks=0, max_blocks=-1):
-        rc = lib.symmem_all_gather(self._handle, out, inp, count, dtype, stream, algo, blocks, max_blocks)
+        rc = _all_gather(self._handle, out, inp, count, dtype, stream, algo, blocks, max_blocks)
         if rc:
             self._call(rc)
 
     def all_reduce(self, out, inp, count, dtype, op, stream, algo=0, blocks=0, max_blocks=-1):
-        rc = lib.symmem_all_reduce(self._handle, out, inp, count, dtype, op, stream, algo, blocks, max_blocks)
+        rc = _all_reduce(self._handle, out, inp, count, dtype, op, stream, algo, blocks, max_blocks)
         if rc:
             self._call(rc)
 
     def reduce_scatter(self, out, inp, count, dtype, op, stream, algo=0, blocks=0, max_blocks=-1):
-        rc = lib.symmem_reduce_scatter(self._handle, out, inp, count, dtype, op, stream, algo, blocks, max_blocks)
+        rc = _reduce_scatter(self._handle, out, inp, count, dtype, op, stream, algo, blocks, max_blocks)
         if rc:
             self._call(rc)
 
@@ -177,7 +184,7 @@ class Communicator:
     # all_to_all_v; device addresses of int64 arrays for all_to_all_vdev (major_align 0: the plain
     # form; >= 1: the 2-D, expert-major form with `experts` local experts).
     def all_to_all(self, out, inp, bytes_per_pair, stream, algo=0, blocks=0, max_blocks=-1):
-        rc = lib.symmem_all_to_all(self._handle, out, inp, bytes_per_pair, stream, algo, blocks, max_blocks)
+        rc = _all_to_all(self._handle, out, inp, bytes_per_pair, stream, algo, blocks, max_blocks)
         if rc:
             self._call(rc)
 

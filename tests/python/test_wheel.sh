@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `pip install .` works: builds the wheel through scikit-build-core and this project's CMake,
-# checks that it carries the native library and is tagged py3-none (one wheel for every Python 3),
+# checks that it carries the native libraries and is tagged py3-none (one wheel for every Python 3:
+# _fastcall, for CPython >= 3.10, is loaded only there),
 # installs it into a scratch directory and imports it there, away from the source tree.
 set -euo pipefail
 python=${1:-python3}
@@ -16,11 +17,14 @@ case "$wheel" in *-py3-none-linux_x86_64.whl) ;; *) echo "unexpected wheel tag: 
     || { echo "the wheel lacks libsymmem_capi.so"; exit 1; }
 "$python" -c 'import sys, zipfile; sys.exit("symmem/libsymmem_nccl.so" not in zipfile.ZipFile(sys.argv[1]).namelist())' "$wheel" \
     || { echo "the wheel lacks libsymmem_nccl.so (symmem behind NCCL's API)"; exit 1; }
+"$python" -c 'import sys, zipfile; sys.exit("symmem/_fastcall.abi3.so" not in zipfile.ZipFile(sys.argv[1]).namelist())' "$wheel" \
+    || { echo "the wheel lacks _fastcall.abi3.so (the collectives without ctypes)"; exit 1; }
 "$python" -m pip install --no-deps -q --target "$scratch/site" "$wheel"
 cd "$scratch"
 env -u SYMMEM_LIBRARY PYTHONPATH="$scratch/site" "$python" -c "
 import symmem, symmem._native as n
 assert n.library_path().startswith('$scratch/site'), n.library_path()
+assert n.fastcall is not None and n.fastcall.__file__.startswith('$scratch/site'), n.fastcall
 import symmem.nccl
 assert symmem.nccl.library_path().startswith('$scratch/site'), symmem.nccl.library_path()
 print('symmem', symmem.library_version(), 'from', n.library_path())"

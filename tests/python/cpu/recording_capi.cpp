@@ -1,0 +1,49 @@
+// Stands in for libsymmem_capi.so's per-call collectives in test_fastcall.py: each records the
+// arguments it was given, widened to 64 bits, and returns its own code, so that the test can
+// compare what symmem._fastcall passes with what ctypes passes for the same Python values.
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+EXPORT uint64_t recorded_args[16] = {};  // (initialised: a definition, not extern)
+EXPORT int recorded_count = 0;
+
+namespace {
+
+int record(int code, std::initializer_list<uint64_t> args) {
+  recorded_count = 0;
+  for (uint64_t a : args) recorded_args[recorded_count++] = a;
+  return code;
+}
+
+uint64_t as_word(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+uint64_t as_word(size_t v) { return v; }
+uint64_t as_word(int v) { return static_cast<uint64_t>(static_cast<int64_t>(v)); }
+
+}  // namespace
+
+EXPORT int symmem_all_reduce(void* comm, void* out, const void* in, size_t count, int dtype, int op, void* stream,
+                             int algo, int blocks, int max_blocks) {
+  return record(11, {as_word(comm), as_word(out), as_word(in), as_word(count), as_word(dtype), as_word(op),
+                     as_word(stream), as_word(algo), as_word(blocks), as_word(max_blocks)});
+}
+
+EXPORT int symmem_reduce_scatter(void* comm, void* out, const void* in, size_t count, int dtype, int op, void* stream,
+                                 int algo, int blocks, int max_blocks) {
+  return record(12, {as_word(comm), as_word(out), as_word(in), as_word(count), as_word(dtype), as_word(op),
+                     as_word(stream), as_word(algo), as_word(blocks), as_word(max_blocks)});
+}
+
+EXPORT int symmem_all_gather(void* comm, void* out, const void* in, size_t count, int dtype, void* stream, int algo,
+                             int blocks, int max_blocks) {
+  return record(13, {as_word(comm), as_word(out), as_word(in), as_word(count), as_word(dtype), as_word(stream),
+                     as_word(algo), as_word(blocks), as_word(max_blocks)});
+}
+
+EXPORT int symmem_all_to_all(void* comm, void* out, const void* in, size_t bytes, void* stream, int algo, int blocks,
+                             int max_blocks) {
+  return record(14, {as_word(comm), as_word(out), as_word(in), as_word(bytes), as_word(stream), as_word(algo),
+                     as_word(blocks), as_word(max_blocks)});
+}

@@ -1,0 +1,89 @@
+"""symmem._fastcall, the per-call collectives without ctypes: it passes the C ABI exactly what ctypes
+passes for the same Python values (checked against a stand-in library that records its arguments),
+and the package uses it wherever the build made it."""
+import ctypes
+import importlib.util
+import os
+import shutil
+
+import pytest
+
+from symmem import _native, communicator
+
+# Arguments at the edges of each C type: pointers past 2**63 and NULL, a size_t past 2**32, ints
+# at both ends and -1 (max_blocks' "no cap").
+POINTER, NULL, SIZE = 0xFFFF_FFFF_FFFF_F000, None, 2**40 + 3
+CALLS = {
+    "all_reduce": (11, [POINTER, 0x7F00_0000_1000, NULL, SIZE, 2, 3, 0x5555_5555_0000, 2**31 - 1, -2**31, -1]),
+    "reduce_scatter": (12, [0x1000, NULL, POINTER, 1, 0, 1, NULL, 4, 7, -1]),
+    "all_gather": (13, [POINTER, 0x2000, 0x3000, SIZE, 5, 0x4000, -7, 0, 2**31 - 1]),
+    "all_to_all": (14, [0x1000, POINTER, 0x2000, SIZE, POINTER, 3, -1, 64]),
+}
+
+
+def _recording():
+    path = os.environ.get("SYMMEM_RECORDING_CAPI")
+    if not path:
+        pytest.skip("SYMMEM_RECORDING_CAPI is unset: run through ctest (the build makes the stand-in library)")
+    return ctypes.CDLL(path)
+
+
+def _private_fastcall(tmp_path, library):
+    """A copy of the package's _fastcall bound to `library` (a copy: the package's own stays bound)."""
+    source = os.path.join(os.path.dirname(_native.library_path()), "_fastcall.abi3.so")
+    copy = tmp_path / "_fastcall.abi3.so"
+    shutil.copy(source, copy)
+    spec = importlib.util.spec_from_file_location("recording._fastcall", copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.bind(library._handle)
+    return module
+
+
+def _received(library):
+    count = ctypes.c_int.in_dll(library, "recorded_count").value
+    return list((ctypes.c_uint64 * 16).in_dll(library, "recorded_args")[:count])
+
+
+def test_the_package_calls_through_fastcall_where_the_build_made_it():
+    if not os.environ.get("SYMMEM_FASTCALL_BUILT"):
+        pytest.skip("this build has no symmem._fastcall (no Python headers): ctypes makes every call")
+    assert _native.fastcall is not None, "the build made _fastcall.abi3.so but the package did not load it"
+    for name in CALLS:
+        assert getattr(communicator, f"_{name}") is getattr(_native.fastcall, name)
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_fastcall_passes_what_ctypes_passes(name, tmp_path):
+    library = _recording()
+    fast = _private_fastcall(tmp_path, library)
+    code, args = CALLS[name]
+    through_ctypes = getattr(library, f"symmem_{name}")
+    through_ctypes.restype, through_ctypes.argtypes = _native._SIGNATURES[f"symmem_{name}"]
+    assert through_ctypes(*args) == code
+    expected = _received(library)
+    assert len(expected) == len(args)
+    assert getattr(fast, name)(*args) == code
+    assert _received(library) == expected
+
+
+def test_fastcall_refuses_what_it_cannot_pass(tmp_path):
+    fast = _private_fastcall(tmp_path, _recording())
+    with pytest.raises(TypeError, match="takes 10 arguments"):
+        fast.all_reduce(0, 0, 0, 0, 0, 0, 0, 0, 0)
+    with pytest.raises(OverflowError):  # a negative count (ctypes would wrap it)
+        fast.all_gather(0, 0, 0, -1, 0, 0, 0, 0, 0)
+    with pytest.raises(TypeError):
+        fast.all_to_all(0, "not a pointer", 0, 0, 0, 0, 0, 0)
+
+
+def test_the_library_reports_errors_through_fastcall_as_through_ctypes():
+    if _native.fastcall is None:
+        pytest.skip("this build has no symmem._fastcall")
+    for name, (_, args) in CALLS.items():
+        args = [None] + [0] * (len(args) - 1)  # no communicator
+        rc = getattr(_native.fastcall, name)(*args)
+        fast_message = _native.lib.symmem_last_error()
+        assert rc == getattr(_native.lib, f"symmem_{name}")(*args) != 0
+        assert fast_message == _native.lib.symmem_last_error()
+        assert b"no communicator" in fast_message
