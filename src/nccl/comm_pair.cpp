@@ -49,7 +49,7 @@ RendezvousKey CommPair::next_child_key(int64_t color) { return key_.child(childr
 
 void CommPair::wait_until_real_ready() const { wait_until_ready(real_, settings_.timeout_ms); }
 
-void CommPair::forward_only(const std::string& why) {
+void CommPair::forward_only(Forwarding kind, const std::string& why) {
   servable_ = false;
   why_forwarding_ = why;
   if (bootstrap_) bootstrap_->close();  // never used again: every rank forwards alike
@@ -57,8 +57,11 @@ void CommPair::forward_only(const std::string& why) {
   // A rank that leaves before joining stops listening: a host root that has not probed it yet
   // then counts it out (one that has waits for its hello until the deadline, and forwards).
   rendezvous_.reset();
-  detail::log_warning("NCCL shim: communicator " + std::to_string(reinterpret_cast<uintptr_t>(real_)) + " (" +
-                      rank_text(rank_) + " of " + std::to_string(world_) + ") forwards every call to NCCL: " + why);
+  // Said per cause (no address in it): a program of many communicators hears a cause once.
+  const std::string message = "NCCL shim: a communicator (" + rank_text(rank_) + " of " + std::to_string(world_) +
+                              ") forwards every call to NCCL: " + why;
+  if (kind == Forwarding::kFailure) return detail::warn_once(message);
+  detail::log_warning(message);
 }
 
 void CommPair::handshake() {
@@ -73,7 +76,7 @@ void CommPair::handshake() {
     if (real->ncclCommUserRank(real_, &rank_) != ncclSuccess || real->ncclCommCount(real_, &world_) != ncclSuccess ||
         real->ncclCommCuDevice(real_, &device_) != ncclSuccess)
       throw Error(ErrorCode::kBootstrap, "the NCCL communicator does not say its rank, size or device");
-    if (!rendezvous_) return forward_only("this rank could not listen for its peers");
+    if (!rendezvous_) return forward_only(Forwarding::kFailure, "this rank could not listen for its peers");
     Hello mine;
     mine.secret = key_.secret;
     mine.rank = rank_;
@@ -88,21 +91,21 @@ void CommPair::handshake() {
     spans_nodes_ = static_cast<int>(hellos.size()) < world_;
     for (const Hello& h : hellos) {
       const std::string difference = describe_difference(h.settings, h.rank, settings_, rank_);
-      if (!difference.empty()) return forward_only("the ranks' settings differ: " + difference);
+      if (!difference.empty()) return forward_only(Forwarding::kFailure, "the ranks' settings differ: " + difference);
     }
-    if (settings_.shim_mode() == Mode::kOff) return forward_only("SYMMEM_NCCL=off");
+    if (settings_.shim_mode() == Mode::kOff) return forward_only(Forwarding::kExpected, "SYMMEM_NCCL=off");
     if (spans_nodes_)
-      return forward_only(std::to_string(hellos.size()) + " of its " + std::to_string(world_) +
-                          " ranks share this host; across nodes the shim forwards");
-    if (world_ < 2) return forward_only("a communicator of one rank");
+      return forward_only(Forwarding::kExpected, std::to_string(hellos.size()) + " of its " + std::to_string(world_) +
+                                                     " ranks share this host; across nodes the shim forwards");
+    if (world_ < 2) return forward_only(Forwarding::kExpected, "a communicator of one rank");
     if (world_ > kMaxWorld)
-      return forward_only(std::to_string(world_) + " ranks exceed the " + std::to_string(kMaxWorld) +
-                          " of one NVLink domain");
+      return forward_only(Forwarding::kExpected, std::to_string(world_) + " ranks exceed the " +
+                                                     std::to_string(kMaxWorld) + " of one NVLink domain");
     servable_ = true;
   } catch (const std::exception& e) {
     if (bootstrap_) bootstrap_->close();
     set_bootstrap(nullptr);
-    return forward_only(std::string("the handshake failed: ") + e.what());
+    return forward_only(Forwarding::kFailure, std::string("the handshake failed: ") + e.what());
   }
   if (settings_.eager) create_symmem();
 }
@@ -129,7 +132,7 @@ void CommPair::create_symmem() {
     // the bootstrap fails the peers' next exchange at once, so every rank forwards.
     if (bootstrap_) bootstrap_->close();
     creation_failed_ = true;
-    return forward_only("aborted before its symmem side was made");
+    return forward_only(Forwarding::kExpected, "aborted before its symmem side was made");
   }
   std::unique_ptr<Communicator> made;
   try {
@@ -143,7 +146,7 @@ void CommPair::create_symmem() {
     // instead of at its deadline, and every rank ends up here.
     bootstrap_->close();
     creation_failed_ = true;
-    return forward_only(std::string("making its symmem communicator failed: ") + e.what());
+    return forward_only(Forwarding::kFailure, std::string("making its symmem communicator failed: ") + e.what());
   }
   // Every rank made it if every rank reaches this exchange; a rank that failed closed its end.
   try {
@@ -154,7 +157,8 @@ void CommPair::create_symmem() {
     made.reset();
     bootstrap_->close();
     creation_failed_ = true;
-    return forward_only(std::string("another rank failed to make its symmem communicator: ") + e.what());
+    return forward_only(Forwarding::kFailure,
+                        std::string("another rank failed to make its symmem communicator: ") + e.what());
   }
   symmem_ = std::move(made);
   uint32_t* word = abort_word_of(*symmem_);

@@ -113,7 +113,11 @@ class CommPair {
  private:
   void create_symmem();
   void fail(ncclResult_t code, const std::string& message);
-  void forward_only(const std::string& why);
+  // Why a pair forwards everything: a choice or a limit (SYMMEM_NCCL=off, one rank, several
+  // nodes, too many ranks, an abort) stays in the debug log; a failure (a peer that never came,
+  // settings that differ, a creation that failed) is said once: the program asked for symmem.
+  enum class Forwarding { kExpected, kFailure };
+  void forward_only(Forwarding kind, const std::string& why);
   void set_bootstrap(std::shared_ptr<LocalBootstrap> bootstrap);  // with abort_waits' copy
 
   const ncclComm_t real_;

@@ -421,16 +421,26 @@ void set_env(const char* name, const std::string& value) { setenv(name, value.c_
 // call and the rank that never came, instead of at the shim's default of 10 minutes.
 constexpr const char* kSuiteTimeoutMs = "30000";
 
-// Another deadline for one case (set before its ranks start, while no thread of the shim reads the
-// environment), the suite's again after it.
-class TimeoutForThisCase {
+// A setting of the shim for one case (set before its ranks start, while no thread of the shim reads
+// the environment), the suite's again after it.
+class SettingForThisCase {
  public:
-  explicit TimeoutForThisCase(const char* ms) : suite_(std::getenv("SYMMEM_NCCL_TIMEOUT_MS")) {
-    set_env("SYMMEM_NCCL_TIMEOUT_MS", ms);
+  SettingForThisCase(const char* name, const char* value) : name_(name) {
+    const char* suite = std::getenv(name);
+    had_ = suite != nullptr;
+    if (had_) suite_ = suite;
+    set_env(name, value);
   }
-  ~TimeoutForThisCase() { set_env("SYMMEM_NCCL_TIMEOUT_MS", suite_); }
+  ~SettingForThisCase() {
+    if (had_)
+      set_env(name_, suite_);
+    else
+      unsetenv(name_);
+  }
 
  private:
+  const char* name_;
+  bool had_ = false;
   std::string suite_;
 };
 
@@ -732,6 +742,41 @@ TEST(shim_forwards_nccls_calls_of_its_own_functions) {
   }
 }
 
+// A communicator whose symmem side cannot be made (here a workspace larger than any GPU) forwards
+// every call, and the shim says so on stderr, naming the cause (once per cause and rank): a
+// program that preloads it learns that it runs on NCCL alone. It used to say it only under
+// SYMMEM_DEBUG (seen failing so).
+TEST(shim_says_why_a_communicator_forwards) {
+  serve_everything();
+  const SettingForThisCase huge_workspace("SYMMEM_NCCL_WORKSPACE_MB", "4194304");  // 4 TiB
+  for (int world : worlds()) {
+    StderrCapture capture;
+    run_ranks(world, [&](Rank& me) {
+      float* buf = nullptr;
+      CUDA_OK(cudaMalloc(&buf, 4096));
+      CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
+      me.meet();
+      NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // tries to make the side
+      CUDA_OK(cudaStreamSynchronize(me.stream));
+      if (forwarded(me.comm) != 1)
+        throw symmem::test::Failure("rank " + std::to_string(me.rank) + ": the all-reduce was not forwarded (" +
+                                    std::to_string(forwarded(me.comm)) + " calls reached NCCL)");
+      me.meet();
+      CUDA_OK(cudaFree(buf));
+    });
+    const std::string said = capture.text();
+    for (int r = 0; r < world; ++r) {
+      const std::string warning = "symmem warning: NCCL shim: a communicator (rank " + std::to_string(r) + " of " +
+                                  std::to_string(world) + ") forwards every call to NCCL: ";
+      if (said.find(warning) == std::string::npos)
+        throw symmem::test::Failure("world " + std::to_string(world) + ": rank " + std::to_string(r) +
+                                    " did not say why it forwards; stderr: " + said);
+    }
+    if (said.find("symmem communicator failed") == std::string::npos)
+      throw symmem::test::Failure("world " + std::to_string(world) + ": the warning does not name the cause: " + said);
+  }
+}
+
 namespace {
 
 // Polls ncclCommGetAsyncError until it reports something, for at most `seconds`.
@@ -763,7 +808,7 @@ float* zeros_after_a_first_all_reduce(Rank& me, size_t bytes = 4096) {
 // the ranks end by aborting their communicators (body's last step), not destroying them.
 void run_failure_case(const char* timeout_ms, const std::function<void(Rank&)>& body) {
   serve_everything();
-  const TimeoutForThisCase timeout(timeout_ms);
+  const SettingForThisCase timeout("SYMMEM_NCCL_TIMEOUT_MS", timeout_ms);
   for (int world : worlds()) run_ranks(world, body, /*destroy=*/false);
 }
 
