@@ -11,6 +11,8 @@
 #include <dlfcn.h>
 
 #include <cstddef>
+#include <tuple>
+#include <utility>
 
 namespace {
 
@@ -22,80 +24,68 @@ ReductionFn all_reduce_fn, reduce_scatter_fn;
 AllGatherFn all_gather_fn;
 AllToAllFn all_to_all_fn;
 
-bool bound() {
-  if (all_reduce_fn) return true;
-  PyErr_SetString(PyExc_RuntimeError, "symmem._fastcall: bind() was not called");
-  return false;
+// One Python int as the C parameter's type, as ctypes' c_void_p, c_size_t and c_int take it (None
+// is NULL); a failure leaves the Python error set, tested once after every argument is read.
+template <typename T>
+T from_python(PyObject* arg);
+template <>
+void* from_python<void*>(PyObject* arg) {
+  return arg == Py_None ? nullptr : PyLong_AsVoidPtr(arg);
+}
+template <>
+const void* from_python<const void*>(PyObject* arg) {
+  return from_python<void*>(arg);
+}
+template <>
+size_t from_python<size_t>(PyObject* arg) {
+  return PyLong_AsSize_t(arg);
+}
+template <>
+int from_python<int>(PyObject* arg) {
+  return static_cast<int>(PyLong_AsLong(arg));
 }
 
-bool arity(const char* name, Py_ssize_t given, Py_ssize_t expected) {
-  if (given == expected) return true;
-  PyErr_Format(PyExc_TypeError, "symmem._fastcall.%s takes %zd arguments (%zd given)", name, expected, given);
-  return false;
-}
-
-// Reads argument i as a pointer, a size_t or an int; a failure leaves the Python error set, and
-// the caller tests PyErr_Occurred() once after reading them all.
-void* pointer_at(PyObject* const* args, int i) { return args[i] == Py_None ? nullptr : PyLong_AsVoidPtr(args[i]); }
-size_t size_at(PyObject* const* args, int i) { return PyLong_AsSize_t(args[i]); }
-int int_at(PyObject* const* args, int i) { return static_cast<int>(PyLong_AsLong(args[i])); }
-
-PyObject* reduction(ReductionFn fn, const char* name, PyObject* const* args, Py_ssize_t n) {
-  if (!bound() || !arity(name, n, 10)) return nullptr;
-  void* comm = pointer_at(args, 0);
-  void* out = pointer_at(args, 1);
-  const void* in = pointer_at(args, 2);
-  const size_t count = size_at(args, 3);
-  const int dtype = int_at(args, 4), op = int_at(args, 5);
-  void* stream = pointer_at(args, 6);
-  const int algo = int_at(args, 7), blocks = int_at(args, 8), max_blocks = int_at(args, 9);
+template <typename... Params, size_t... I>
+PyObject* call_with(int (*fn)(Params...), PyObject* const* args, std::index_sequence<I...>) {
+  const std::tuple<Params...> values{from_python<Params>(args[I])...};  // (braces: read in order)
   if (PyErr_Occurred()) return nullptr;
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = fn(comm, out, in, count, dtype, op, stream, algo, blocks, max_blocks);
+  rc = std::apply(fn, values);
   Py_END_ALLOW_THREADS
   return PyLong_FromLong(rc);
+}
+
+// fn(*args) with the GIL released: the C ABI's return code, or a Python error for arguments it
+// cannot take (their count, a type, a negative size).
+template <typename... Params>
+PyObject* call(int (*fn)(Params...), const char* name, PyObject* const* args, Py_ssize_t n) {
+  if (!fn) {
+    PyErr_SetString(PyExc_RuntimeError, "symmem._fastcall: bind() was not called");
+    return nullptr;
+  }
+  if (n != static_cast<Py_ssize_t>(sizeof...(Params))) {
+    PyErr_Format(PyExc_TypeError, "symmem._fastcall.%s takes %zd arguments (%zd given)", name,
+                 static_cast<Py_ssize_t>(sizeof...(Params)), n);
+    return nullptr;
+  }
+  return call_with(fn, args, std::index_sequence_for<Params...>{});
 }
 
 PyObject* all_reduce(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return reduction(all_reduce_fn, "all_reduce", args, n);
+  return call(all_reduce_fn, "all_reduce", args, n);
 }
 
 PyObject* reduce_scatter(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return reduction(reduce_scatter_fn, "reduce_scatter", args, n);
+  return call(reduce_scatter_fn, "reduce_scatter", args, n);
 }
 
 PyObject* all_gather(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  if (!bound() || !arity("all_gather", n, 9)) return nullptr;
-  void* comm = pointer_at(args, 0);
-  void* out = pointer_at(args, 1);
-  const void* in = pointer_at(args, 2);
-  const size_t count = size_at(args, 3);
-  const int dtype = int_at(args, 4);
-  void* stream = pointer_at(args, 5);
-  const int algo = int_at(args, 6), blocks = int_at(args, 7), max_blocks = int_at(args, 8);
-  if (PyErr_Occurred()) return nullptr;
-  int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = all_gather_fn(comm, out, in, count, dtype, stream, algo, blocks, max_blocks);
-  Py_END_ALLOW_THREADS
-  return PyLong_FromLong(rc);
+  return call(all_gather_fn, "all_gather", args, n);
 }
 
 PyObject* all_to_all(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  if (!bound() || !arity("all_to_all", n, 8)) return nullptr;
-  void* comm = pointer_at(args, 0);
-  void* out = pointer_at(args, 1);
-  const void* in = pointer_at(args, 2);
-  const size_t bytes = size_at(args, 3);
-  void* stream = pointer_at(args, 4);
-  const int algo = int_at(args, 5), blocks = int_at(args, 6), max_blocks = int_at(args, 7);
-  if (PyErr_Occurred()) return nullptr;
-  int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = all_to_all_fn(comm, out, in, bytes, stream, algo, blocks, max_blocks);
-  Py_END_ALLOW_THREADS
-  return PyLong_FromLong(rc);
+  return call(all_to_all_fn, "all_to_all", args, n);
 }
 
 // bind(handle): looks the functions up in the library of dlopen handle `handle` (ctypes' CDLL._handle).
