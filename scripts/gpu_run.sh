@@ -364,13 +364,14 @@ run_step() {
             --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs)
       done ;;
     moe_ab)  # ABAB: the bundle's library and old/libsymmem_capi.so (bundle.sh OLD_CAPI), under this tree's
-      # Python package (for changes that keep the C ABI); CSVs in logs/
+      # Python package (for changes that keep the C ABI), both through ctypes (SYMMEM_FASTCALL=0: the
+      # old library has no _fastcall beside it); CSVs in logs/
       [ -f "$B/old/COMMIT" ] || { say "moe_ab: no old library in the bundle (bundle.sh OLD_CAPI)"; return; }
       for rep in 1 2; do
         for lib in old new; do
           local so="$B/libsymmem_capi.so" commit=$SYMMEM_COMMIT
           [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
-          step "moe_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" \
+          step "moe_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" SYMMEM_FASTCALL=0 \
             python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.moe --reps 5 \
             --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" ${MOE_AB_ARGS:-} \
             --out "$L/moe_ab_${lib}_${rep}_$n"

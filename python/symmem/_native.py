@@ -7,6 +7,7 @@ CPython >= 3.10): the same C functions without ctypes' per-argument cost (2-3 us
 """
 import ctypes
 import enum
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -112,9 +113,14 @@ lib = _load()
 
 def _load_fastcall():
     """symmem._fastcall from beside the library ctypes loaded, bound to that library; None where
-    there is none (an older library, a build without Python's headers): ctypes then makes every call."""
-    path = os.path.join(os.path.dirname(os.path.abspath(library_path())), "_fastcall.abi3.so")
-    if sys.version_info < (3, 10) or not os.path.exists(path):
+    there is none (an older library, a build without it), where this interpreter cannot load a
+    limited-API module (not CPython, before 3.10, free-threaded), or with SYMMEM_FASTCALL=0 (A/B
+    runs against a library without it): ctypes then makes every call."""
+    if (os.environ.get("SYMMEM_FASTCALL", "1") == "0" or sys.implementation.name != "cpython"
+            or sys.version_info < (3, 10) or ".abi3.so" not in importlib.machinery.EXTENSION_SUFFIXES):
+        return None
+    path = os.path.join(os.path.dirname(os.path.realpath(library_path())), "_fastcall.abi3.so")
+    if not os.path.exists(path):
         return None
     try:
         spec = importlib.util.spec_from_file_location("symmem._fastcall", path)
@@ -122,7 +128,7 @@ def _load_fastcall():
         spec.loader.exec_module(module)
         module.bind(lib._handle)
         return module
-    except (ImportError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 (import symmem must work: ctypes is the way without it)
         logging.getLogger("symmem").warning("symmem: %s does not load (%s); calls go through ctypes", path, e)
         return None
 

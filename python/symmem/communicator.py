@@ -10,7 +10,9 @@ import ctypes
 from . import _native, errors
 from ._native import lib
 
-# The per-call collectives: symmem._fastcall's where it loaded, else ctypes' (same arguments, same codes).
+# The per-call collectives: symmem._fastcall's where it loaded, else ctypes'. The same C calls for
+# addresses and streams given as ints (or None) and sizes that fit; ctypes would also take its own
+# pointer objects and wrap a negative size, where _fastcall raises TypeError or OverflowError.
 _fast = _native.fastcall
 _all_gather = _fast.all_gather if _fast else lib.symmem_all_gather
 _all_reduce = _fast.all_reduce if _fast else lib.symmem_all_reduce

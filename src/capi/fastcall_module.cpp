@@ -1,6 +1,7 @@
 // symmem._fastcall: the C ABI's per-call collectives (symmem_all_reduce, ...) called from Python
 // without ctypes. A ctypes call converts each argument through a ctypes object (about 0.1-0.2 us
-// each, 2-3 us for a collective's ten); this module reads them as plain integers. It binds to the
+// each, 2-3 us for a collective's ten); this module reads them as integers, with the signatures of
+// include/symmem/symmem_c.h. It binds to the
 // library ctypes already loaded (its dlopen handle), so both always call the same copy.
 //
 // CPython's limited API (3.10, METH_FASTCALL): one build serves every CPython from 3.10 on; no
@@ -12,43 +13,48 @@
 
 #include <cstddef>
 #include <tuple>
+#include <type_traits>
 #include <utility>
+
+#include "symmem/symmem_c.h"
 
 namespace {
 
-using ReductionFn = int (*)(void*, void*, const void*, size_t, int, int, void*, int, int, int);
-using AllGatherFn = int (*)(void*, void*, const void*, size_t, int, void*, int, int, int);
-using AllToAllFn = int (*)(void*, void*, const void*, size_t, void*, int, int, int);
+// The C ABI's own declarations (symmem_c.h): a change of a signature changes these, never a copy.
+decltype(&symmem_all_reduce) all_reduce_fn;
+decltype(&symmem_reduce_scatter) reduce_scatter_fn;
+decltype(&symmem_all_gather) all_gather_fn;
+decltype(&symmem_all_to_all) all_to_all_fn;
 
-ReductionFn all_reduce_fn, reduce_scatter_fn;
-AllGatherFn all_gather_fn;
-AllToAllFn all_to_all_fn;
-
-// One Python int as the C parameter's type, as ctypes' c_void_p, c_size_t and c_int take it (None
-// is NULL); a failure leaves the Python error set, tested once after every argument is read.
+// One argument as the C parameter's type, where ctypes would take it as c_void_p (None is NULL),
+// c_size_t or c_int: an int or an object with __index__. False, with the Python error set, if not.
 template <typename T>
-T from_python(PyObject* arg);
-template <>
-void* from_python<void*>(PyObject* arg) {
-  return arg == Py_None ? nullptr : PyLong_AsVoidPtr(arg);
-}
-template <>
-const void* from_python<const void*>(PyObject* arg) {
-  return from_python<void*>(arg);
-}
-template <>
-size_t from_python<size_t>(PyObject* arg) {
-  return PyLong_AsSize_t(arg);
-}
-template <>
-int from_python<int>(PyObject* arg) {
-  return static_cast<int>(PyLong_AsLong(arg));
+bool from_python(PyObject* arg, T* out) {
+  if constexpr (std::is_pointer_v<T>) {
+    if (arg == Py_None) {
+      *out = nullptr;
+      return true;
+    }
+  }
+  PyObject* index = PyNumber_Index(arg);  // (the int itself, one more reference, for an int)
+  if (!index) return false;
+  if constexpr (std::is_pointer_v<T>) {
+    *out = static_cast<T>(PyLong_AsVoidPtr(index));
+  } else if constexpr (std::is_same_v<T, size_t>) {
+    *out = PyLong_AsSize_t(index);
+  } else {
+    static_assert(std::is_same_v<T, int>, "a C ABI parameter of another type");
+    *out = static_cast<int>(PyLong_AsLong(index));
+  }
+  Py_DECREF(index);
+  return !PyErr_Occurred();
 }
 
 template <typename... Params, size_t... I>
 PyObject* call_with(int (*fn)(Params...), PyObject* const* args, std::index_sequence<I...>) {
-  const std::tuple<Params...> values{from_python<Params>(args[I])...};  // (braces: read in order)
-  if (PyErr_Occurred()) return nullptr;
+  std::tuple<Params...> values{};
+  // In order, stopping at the first argument it cannot take (no conversion runs after an error).
+  if (!(from_python(args[I], &std::get<I>(values)) && ...)) return nullptr;
   int rc;
   Py_BEGIN_ALLOW_THREADS
   rc = std::apply(fn, values);
@@ -101,10 +107,10 @@ PyObject* bind(PyObject*, PyObject* arg) {
                                        "symmem_reduce_scatter, symmem_all_gather or symmem_all_to_all");
     return nullptr;
   }
-  all_reduce_fn = reinterpret_cast<ReductionFn>(ar);
-  reduce_scatter_fn = reinterpret_cast<ReductionFn>(rs);
-  all_gather_fn = reinterpret_cast<AllGatherFn>(ag);
-  all_to_all_fn = reinterpret_cast<AllToAllFn>(aa);
+  all_reduce_fn = reinterpret_cast<decltype(all_reduce_fn)>(ar);
+  reduce_scatter_fn = reinterpret_cast<decltype(reduce_scatter_fn)>(rs);
+  all_gather_fn = reinterpret_cast<decltype(all_gather_fn)>(ag);
+  all_to_all_fn = reinterpret_cast<decltype(all_to_all_fn)>(aa);
   Py_RETURN_NONE;
 }
 

@@ -105,7 +105,7 @@ void CommPair::handshake() {
   } catch (const std::exception& e) {
     if (bootstrap_) bootstrap_->close();
     set_bootstrap(nullptr);
-    return forward_only(Forwarding::kFailure, std::string("the handshake failed: ") + e.what());
+    return forward_only(failure_unless_aborted(), std::string("the handshake failed: ") + e.what());
   }
   if (settings_.eager) create_symmem();
 }
@@ -146,7 +146,7 @@ void CommPair::create_symmem() {
     // instead of at its deadline, and every rank ends up here.
     bootstrap_->close();
     creation_failed_ = true;
-    return forward_only(Forwarding::kFailure, std::string("making its symmem communicator failed: ") + e.what());
+    return forward_only(failure_unless_aborted(), std::string("making its symmem communicator failed: ") + e.what());
   }
   // Every rank made it if every rank reaches this exchange; a rank that failed closed its end.
   try {
@@ -157,7 +157,7 @@ void CommPair::create_symmem() {
     made.reset();
     bootstrap_->close();
     creation_failed_ = true;
-    return forward_only(Forwarding::kFailure,
+    return forward_only(failure_unless_aborted(),
                         std::string("another rank failed to make its symmem communicator: ") + e.what());
   }
   symmem_ = std::move(made);

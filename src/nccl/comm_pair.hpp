@@ -118,6 +118,10 @@ class CommPair {
   // settings that differ, a creation that failed) is said once: the program asked for symmem.
   enum class Forwarding { kExpected, kFailure };
   void forward_only(Forwarding kind, const std::string& why);
+  // A step that threw: a failure, unless an abort interrupted it.
+  Forwarding failure_unless_aborted() const {
+    return aborted_.load() ? Forwarding::kExpected : Forwarding::kFailure;
+  }
   void set_bootstrap(std::shared_ptr<LocalBootstrap> bootstrap);  // with abort_waits' copy
 
   const ncclComm_t real_;

@@ -37,6 +37,7 @@
 #include <functional>
 #include <mutex>
 #include <sstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -743,37 +744,56 @@ TEST(shim_forwards_nccls_calls_of_its_own_functions) {
 }
 
 // A communicator whose symmem side cannot be made (here a workspace larger than any GPU) forwards
-// every call, and the shim says so on stderr, naming the cause (once per cause and rank): a
-// program that preloads it learns that it runs on NCCL alone. It used to say it only under
-// SYMMEM_DEBUG (seen failing so).
+// every call, and the shim says so on stderr, naming the cause, once per cause and rank: a program
+// that preloads it learns that it runs on NCCL alone, and one that makes many communicators hears
+// it once. It used to say it only under SYMMEM_DEBUG (seen failing so).
 TEST(shim_says_why_a_communicator_forwards) {
   serve_everything();
   const SettingForThisCase huge_workspace("SYMMEM_NCCL_WORKSPACE_MB", "4194304");  // 4 TiB
+  auto forwarding_all_reduce = [](Rank& me) {
+    float* buf = nullptr;
+    CUDA_OK(cudaMalloc(&buf, 4096));
+    CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
+    me.meet();
+    NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // tries to make the side
+    CUDA_OK(cudaStreamSynchronize(me.stream));
+    if (forwarded(me.comm) != 1)
+      throw symmem::test::Failure("rank " + std::to_string(me.rank) + ": the all-reduce was not forwarded (" +
+                                  std::to_string(forwarded(me.comm)) + " calls reached NCCL)");
+    me.meet();
+    CUDA_OK(cudaFree(buf));
+  };
+  std::set<int> heard;  // worlds whose warnings this process has said (a world listed twice)
   for (int world : worlds()) {
-    StderrCapture capture;
-    run_ranks(world, [&](Rank& me) {
-      float* buf = nullptr;
-      CUDA_OK(cudaMalloc(&buf, 4096));
-      CUDA_OK(cudaMemsetAsync(buf, 0, 4096, me.stream));
-      me.meet();
-      NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // tries to make the side
-      CUDA_OK(cudaStreamSynchronize(me.stream));
-      if (forwarded(me.comm) != 1)
-        throw symmem::test::Failure("rank " + std::to_string(me.rank) + ": the all-reduce was not forwarded (" +
-                                    std::to_string(forwarded(me.comm)) + " calls reached NCCL)");
-      me.meet();
-      CUDA_OK(cudaFree(buf));
-    });
-    const std::string said = capture.text();
-    for (int r = 0; r < world; ++r) {
+    std::string said;
+    {
+      StderrCapture capture;
+      run_ranks(world, forwarding_all_reduce);
+      said = capture.text();
+    }
+    const std::string where = "world " + std::to_string(world) + ": ";
+    const bool first_time = heard.insert(world).second;
+    for (int r = 0; r < world && first_time; ++r) {
       const std::string warning = "symmem warning: NCCL shim: a communicator (rank " + std::to_string(r) + " of " +
                                   std::to_string(world) + ") forwards every call to NCCL: ";
-      if (said.find(warning) == std::string::npos)
-        throw symmem::test::Failure("world " + std::to_string(world) + ": rank " + std::to_string(r) +
-                                    " did not say why it forwards; stderr: " + said);
+      const size_t at = said.find(warning);
+      if (at == std::string::npos)
+        throw symmem::test::Failure(where + "rank " + std::to_string(r) + " did not say why it forwards; stderr: " +
+                                    said);
+      if (said.find(warning, at + 1) != std::string::npos)
+        throw symmem::test::Failure(where + "rank " + std::to_string(r) + " said it twice: " + said);
     }
-    if (said.find("symmem communicator failed") == std::string::npos)
-      throw symmem::test::Failure("world " + std::to_string(world) + ": the warning does not name the cause: " + said);
+    if (first_time && said.find("symmem communicator failed") == std::string::npos)
+      throw symmem::test::Failure(where + "the warning does not name the cause: " + said);
+    // New communicators failing for the same cause: nothing more is said.
+    std::string said_again;
+    {
+      StderrCapture again;
+      run_ranks(world, forwarding_all_reduce);
+      said_again = again.text();
+    }
+    if (said_again.find("symmem warning: NCCL shim: a communicator") != std::string::npos)
+      throw symmem::test::Failure(where + "the same cause was said again for new communicators: " + said_again);
   }
 }
 

@@ -7,8 +7,10 @@
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
-EXPORT uint64_t recorded_args[16] = {};  // (initialised: a definition, not extern)
-EXPORT int recorded_count = 0;
+extern "C" {
+__attribute__((visibility("default"))) uint64_t recorded_args[16];
+__attribute__((visibility("default"))) int recorded_count;
+}
 
 namespace {
 

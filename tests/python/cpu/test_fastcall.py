@@ -67,14 +67,40 @@ def test_fastcall_passes_what_ctypes_passes(name, tmp_path):
     assert _received(library) == expected
 
 
+class _Index:
+    """An integer-like object (numpy's ints are such): ctypes takes it, so must _fastcall."""
+
+    def __init__(self, value):
+        self.value, self.read = value, 0
+
+    def __index__(self):
+        self.read += 1
+        return self.value
+
+
+def test_fastcall_takes_integer_like_objects(tmp_path):
+    library = _recording()
+    fast = _private_fastcall(tmp_path, library)
+    assert fast.all_to_all(_Index(0x1000), 0x2000, None, _Index(SIZE), 0, _Index(-1), 3, 4) == 14
+    assert _received(library) == [0x1000, 0x2000, 0, SIZE, 0, 2**64 - 1, 3, 4]
+
+
 def test_fastcall_refuses_what_it_cannot_pass(tmp_path):
-    fast = _private_fastcall(tmp_path, _recording())
+    library = _recording()
+    fast = _private_fastcall(tmp_path, library)
     with pytest.raises(TypeError, match="takes 10 arguments"):
         fast.all_reduce(0, 0, 0, 0, 0, 0, 0, 0, 0)
     with pytest.raises(OverflowError):  # a negative count (ctypes would wrap it)
         fast.all_gather(0, 0, 0, -1, 0, 0, 0, 0, 0)
+    # The first argument it cannot take ends the call: no later conversion runs, nothing is called.
+    later = _Index(2)
     with pytest.raises(TypeError):
-        fast.all_to_all(0, "not a pointer", 0, 0, 0, 0, 0, 0)
+        fast.all_to_all(0, "not a pointer", 0, 0, later, 0, 0, 0)
+    assert later.read == 0
+    ctypes.c_int.in_dll(library, "recorded_count").value = 0
+    with pytest.raises(TypeError):
+        fast.all_reduce(0, 0, 0, 0, later, 0, 0, 0, 0, 1.5)
+    assert _received(library) == [], "the C function ran after a refused argument"
 
 
 def test_the_library_reports_errors_through_fastcall_as_through_ctypes():

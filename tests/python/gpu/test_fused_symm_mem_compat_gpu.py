@@ -160,13 +160,27 @@ def _check_within(out, exact, bound, what):
                       f"{excess.max().item():.3g} (error {err.max().item():.3g})")
 
 
-def _check_like(out, baseline, what, gathered_a=False, **tolerance):
-    """torch's assertions: same shape and strides as its fallback's output, values close. The
-    gathered A's strides from 2 ranks on, where AsyncTPTest runs: at 1 rank the fallback's
-    flatten(0, 1) of its [world, ...] gather is a view, so it returns A's own strides, where torch's
-    op (and symmem's) keep the gathered dim outermost at any world (torch's op fails it too)."""
+def _gathered_dim_outermost(shape, dim):
+    """The strides of a tensor of `shape` laid out with dim `dim` outermost, the others in order
+    (contiguous when `dim` is the first or the last: then torch's op cats along it)."""
+    dim %= len(shape)
+    if dim == len(shape) - 1:
+        return torch.empty(shape, device="meta").stride()
+    moved = [shape[dim]] + [s for i, s in enumerate(shape) if i != dim]
+    return torch.empty(moved, device="meta").movedim(0, dim).stride()
+
+
+def _check_like(out, baseline, what, gathered_dim=None, **tolerance):
+    """torch's assertions: same shape and strides as its fallback's output, values close. For the
+    gathered A (`gathered_dim`: its dim) at 1 rank, the layout torch's op returns: there the
+    fallback's flatten(0, 1) of its [world, ...] gather is a view, so it returns A's own strides,
+    where torch's op (and symmem's) keep the gathered dim outermost at any world (AsyncTPTest runs
+    at 2 ranks; torch's op fails the fallback's strides at 1)."""
     assert out.shape == baseline.shape, f"{what}: shape {tuple(out.shape)}, torch's fallback {tuple(baseline.shape)}"
-    if not (gathered_a and dist.get_world_size() == 1):
+    if gathered_dim is not None and dist.get_world_size() == 1:
+        expected = _gathered_dim_outermost(tuple(out.shape), gathered_dim)
+        assert out.stride() == expected, f"{what}: strides {out.stride()}, torch's op's layout {expected}"
+    else:
         assert out.stride() == baseline.stride(), f"{what}: strides {out.stride()}, torch's fallback {baseline.stride()}"
     assert out.dtype == baseline.dtype
     torch.testing.assert_close(out, baseline, msg=lambda m: f"{what}: {m}", **tolerance)
@@ -214,7 +228,7 @@ def test_fused_all_gather_matmul(group, symm_mem, namespace, dtype, gather_dim, 
     a64 = _gather(a_shard, gather_dim).double()
     with _checks_on_every_rank():
         assert len(mm1) == len(bs)
-        _check_like(ag1, ag0, "gathered A", gathered_a=True, rtol=0, atol=0)
+        _check_like(ag1, ag0, "gathered A", gathered_dim=gather_dim, rtol=0, atol=0)
         assert torch.equal(ag1.double(), a64), "the gathered A differs from NCCL's"
         for i, (b, c0, c1) in enumerate(zip(bs, mm0, mm1)):
             summed = "sum" if gather_dim == 2 else None  # k gathered: partial products summed over ranks
@@ -248,7 +262,7 @@ def test_fused_all_gather_matmul_without_a_and_with_transposed_bs(group, symm_me
         with _checks_on_every_rank():
             assert (ag1 is None) == (not return_a) and (ag0 is None) == (not return_a)
             if return_a:
-                _check_like(ag1, ag0, "gathered A", gathered_a=True, rtol=0, atol=0)
+                _check_like(ag1, ag0, "gathered A", gathered_dim=gather_dim, rtol=0, atol=0)
             for i, (b, c0, c1) in enumerate(zip(bs, mm0, mm1)):
                 _check_like(c1, c0, f"product {i}", **_tolerance(dtype))
                 exact, bound = _matmul_bound(a64, b.double(), UNIT_ROUNDOFF[dtype])
@@ -276,7 +290,7 @@ def test_fused_all_gather_matmul_native(group, symm_mem, namespace, dtype, symm_
     with _native_async_tp(namespace):
         ag1, mm1 = _run(namespace, lambda: op(a_shard, [b], gather_dim=0, group_name=group.group_name))
     with _checks_on_every_rank():
-        _check_like(ag1, ag0, "gathered A", gathered_a=True, rtol=0, atol=0)
+        _check_like(ag1, ag0, "gathered A", gathered_dim=0, rtol=0, atol=0)
         exact, bound = _matmul_bound(ag0.double(), b.double(), UNIT_ROUNDOFF[dtype])
         # torch's _assert_matmul_accuracy: no farther from the float64 product than its fallback
         # plus the fp32 accumulation slack it allows.
@@ -449,7 +463,7 @@ def test_misaligned_operands_still_run(group, symm_mem, dtype):
         out1 = torch.ops.symmem.fused_matmul_reduce_scatter(a, w.t(), "sum", gather_dim, group.group_name)
         reference = _reduce_scatter_reference(a, w.t(), gather_dim, "sum", dtype)
         with _checks_on_every_rank():
-            _check_like(ag1, ag0, f"gathered A, dim {gather_dim}", gathered_a=True, rtol=0, atol=0)
+            _check_like(ag1, ag0, f"gathered A, dim {gather_dim}", gathered_dim=gather_dim, rtol=0, atol=0)
             _check_like(c1, c0, f"product, dim {gather_dim}", **_tolerance(dtype))
             _check_like(out1, out0, f"reduce-scatter, dim {gather_dim}", **_tolerance(dtype, over_ranks="sum"))
             _check_within(out1, *reference, f"reduce-scatter along dim {gather_dim}")
