@@ -8,6 +8,9 @@
 #                                                    gpu_run.sh's moe_ab step (the same C ABI)
 #   OLD_TORCH_TREE=dir scripts/bundle.sh             also an older checkout's python/ and
 #                                                    build/libsymmem_capi.so, for its host_cost_ab step
+#   SANITIZER_WHEEL=file scripts/bundle.sh           also compute-sanitizer, from the wheel of
+#                                                    `pip download --no-deps nvidia-cuda-sanitizer-api`
+#                                                    (gpu_run.sh's sanitize_all_to_all step)
 #
 # build-bundle/COMMIT names the commit the binaries and the Python package come from ("-dirty" with
 # uncommitted changes to either): the benches write it into every CSV row.
@@ -42,7 +45,12 @@ if [ -n "${OLD_TORCH_TREE:-}" ]; then
     echo "$(git -C "$OLD_TORCH_TREE" rev-parse --short HEAD)$(git -C "$OLD_TORCH_TREE" diff --quiet HEAD -- src python || echo -dirty)" \
       > build-bundle/old_torch/COMMIT
 fi
-find build-bundle -type f \( -name 'symmem*' -o -name '*.so' -o -path '*/nccl-tests/*' \) -exec strip {} + 2>/dev/null || true
+if [ -n "${SANITIZER_WHEEL:-}" ]; then
+  rm -rf build-bundle/unzip && mkdir -p build-bundle/unzip && unzip -q "$SANITIZER_WHEEL" -d build-bundle/unzip &&
+    mv build-bundle/unzip/nvidia/cu*/compute-sanitizer build-bundle/ && rm -rf build-bundle/unzip \
+      build-bundle/compute-sanitizer/docs build-bundle/compute-sanitizer/include
+fi
+find build-bundle -type f \( -name 'symmem*' -o -name '*.so' -o -path '*/nccl-tests/*' \) -not -path '*/compute-sanitizer/*' -exec strip {} + 2>/dev/null || true
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests python || echo -dirty)" > build-bundle/COMMIT
 mkdir -p .device && tar cJf .device/bundle.tar.xz build-bundle
 du -sh build-bundle .device/bundle.tar.xz

@@ -52,6 +52,7 @@ shared_gpu_nccl_tests      nccl-tests'"'"' data checks through libsymmem_nccl.so
 triton_shared_gpu_tests    symmem.triton on one GPU at 2, 4, 8 ranks
 triton_ops_tests           the symmem.triton example ops at world 1
 cuda_example               the CUDA example at 2, 4, 8 ranks on one GPU, and with a dead rank
+sanitize_all_to_all        compute-sanitizer memcheck, racecheck, synccheck on the all-to-all kernels at world 1 (COMPUTE_SANITIZER)
 all_gather                 symmem-bench all_gather, 1 KiB-256 MiB per rank, eager
 all_gather_graph           the same replayed from CUDA graphs, 1 KiB-16 MiB
 all_gather_sm_budget       all_gather at three fp16 shapes over 4-128 blocks, NCCL at 4-32 CTAs
@@ -281,6 +282,21 @@ run_step() {
       test_step cuda_example_dead_rank_4_ranks 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" \
         --threads 4 --dead-rank ;;
     # --- symmem-bench (n ranks) ---
+    sanitize_all_to_all)  # world 1 only: the sanitizer serialises kernels, so ranks that wait for each
+      # other cannot run under it. COMPUTE_SANITIZER: its path; default the bundle's (bundle.sh
+      # SANITIZER_WHEEL), else compute-sanitizer on the PATH
+      [ "$n" = 1 ] || { say "sanitize_all_to_all: world 1, in a lane of one GPU (this lane has $n)"; return; }
+      local sanitizer=${COMPUTE_SANITIZER:-compute-sanitizer} tool splits
+      [ -z "${COMPUTE_SANITIZER:-}" ] && [ -x "$B/compute-sanitizer/compute-sanitizer" ] &&
+        sanitizer=$B/compute-sanitizer/compute-sanitizer
+      command -v "$sanitizer" > /dev/null || { say "sanitize_all_to_all: no compute-sanitizer (COMPUTE_SANITIZER)"; return; }
+      for tool in memcheck racecheck synccheck; do
+        for splits in zipf onehot uniform; do
+          test_step "sanitize_all_to_all_${tool}_${splits}_1_rank" 150 "$sanitizer" --tool "$tool" \
+            --target-processes all --error-exitcode 9 "$B/symmem-bench" all_to_all --gpus 1 -b 4K -e 4M -f 32 \
+            -n 2 -w 1 --reps 1 --splits "$splits" --nccl 0 --csv /dev/null --json /dev/null
+        done
+      done ;;
     all_gather) bench "all_gather_$n" 200 all_gather_latency_vs_size.png all_gather -b 1K -e 256M -f 2 -n 20 -w 5 --reps 5 ;;
     all_gather_graph) bench "all_gather_graph_$n" 120 all_gather_latency_vs_size.png \
       all_gather -b 1K -e 16M -f 4 -n 20 -w 5 --reps 5 --graph ;;
