@@ -46,9 +46,13 @@ if [ -n "${OLD_TORCH_TREE:-}" ]; then
       > build-bundle/old_torch/COMMIT
 fi
 if [ -n "${SANITIZER_WHEEL:-}" ]; then
-  rm -rf build-bundle/unzip && mkdir -p build-bundle/unzip && unzip -q "$SANITIZER_WHEEL" -d build-bundle/unzip &&
-    mv build-bundle/unzip/nvidia/cu*/compute-sanitizer build-bundle/ && rm -rf build-bundle/unzip \
-      build-bundle/compute-sanitizer/docs build-bundle/compute-sanitizer/include
+  rm -rf build-bundle/unzip
+  mkdir -p build-bundle/unzip
+  unzip -q "$SANITIZER_WHEEL" -d build-bundle/unzip
+  sanitizer=$(ls -d build-bundle/unzip/nvidia/cu*/compute-sanitizer 2> /dev/null | head -1)
+  [ -x "$sanitizer/compute-sanitizer" ] || { echo "SANITIZER_WHEEL: no nvidia/cu*/compute-sanitizer in $SANITIZER_WHEEL"; exit 1; }
+  mv "$sanitizer" build-bundle/
+  rm -rf build-bundle/unzip build-bundle/compute-sanitizer/docs build-bundle/compute-sanitizer/include
 fi
 find build-bundle -type f \( -name 'symmem*' -o -name '*.so' -o -path '*/nccl-tests/*' \) -not -path '*/compute-sanitizer/*' -exec strip {} + 2>/dev/null || true
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools tests python || echo -dirty)" > build-bundle/COMMIT

@@ -26,8 +26,9 @@ decltype(&symmem_reduce_scatter) reduce_scatter_fn;
 decltype(&symmem_all_gather) all_gather_fn;
 decltype(&symmem_all_to_all) all_to_all_fn;
 
-// One argument as the C parameter's type, where ctypes would take it as c_void_p (None is NULL),
-// c_size_t or c_int: an int or an object with __index__. False, with the Python error set, if not.
+// One argument as the C parameter's type, as ctypes takes it: a pointer (c_void_p) from an int or
+// None (NULL); a size (c_size_t) or an int (c_int) from an int or an object with __index__. False,
+// with the Python error set, if not.
 template <typename T>
 bool from_python(PyObject* arg, T* out) {
   if constexpr (std::is_pointer_v<T>) {
@@ -35,18 +36,21 @@ bool from_python(PyObject* arg, T* out) {
       *out = nullptr;
       return true;
     }
-  }
-  PyObject* index = PyNumber_Index(arg);  // (the int itself, one more reference, for an int)
-  if (!index) return false;
-  if constexpr (std::is_pointer_v<T>) {
-    *out = static_cast<T>(PyLong_AsVoidPtr(index));
-  } else if constexpr (std::is_same_v<T, size_t>) {
-    *out = PyLong_AsSize_t(index);
+    if (!PyLong_Check(arg)) {
+      PyErr_SetString(PyExc_TypeError, "symmem._fastcall: an address must be an int or None");
+      return false;
+    }
+    *out = static_cast<T>(PyLong_AsVoidPtr(arg));
   } else {
-    static_assert(std::is_same_v<T, int>, "a C ABI parameter of another type");
-    *out = static_cast<int>(PyLong_AsLong(index));
+    static_assert(std::is_same_v<T, size_t> || std::is_same_v<T, int>, "a C ABI parameter of another type");
+    PyObject* index = PyNumber_Index(arg);  // (the int itself, one more reference, for an int)
+    if (!index) return false;
+    if constexpr (std::is_same_v<T, size_t>)
+      *out = PyLong_AsSize_t(index);
+    else
+      *out = static_cast<int>(PyLong_AsLong(index));
+    Py_DECREF(index);
   }
-  Py_DECREF(index);
   return !PyErr_Occurred();
 }
 

@@ -750,6 +750,7 @@ TEST(shim_forwards_nccls_calls_of_its_own_functions) {
 TEST(shim_says_why_a_communicator_forwards) {
   serve_everything();
   const SettingForThisCase huge_workspace("SYMMEM_NCCL_WORKSPACE_MB", "4194304");  // 4 TiB
+  const SettingForThisCase quiet("SYMMEM_DEBUG", "0");  // (which would repeat every warning)
   auto forwarding_all_reduce = [](Rank& me) {
     float* buf = nullptr;
     CUDA_OK(cudaMalloc(&buf, 4096));
