@@ -11,6 +11,10 @@ import ctypes
 from . import _native, errors
 from ._native import lib
 
+# Per call: symmem._fastcall's where it loaded, else ctypes' (communicator.py).
+_ep_dispatch = _native.fastcall.ep_dispatch if _native.fastcall else lib.symmem_ep_dispatch
+_ep_combine = _native.fastcall.ep_combine if _native.fastcall else lib.symmem_ep_combine
+
 PAYLOADS = {"bfloat16": 0, "float8_e4m3": 1}  # symmem::EpPayload in declaration order
 LAYOUTS = {"expert_major": 0, "rank_major": 1}  # symmem::EpLayout in declaration order
 
@@ -67,13 +71,13 @@ class EpContext:
         return result
 
     def dispatch(self, x, x_scales, topk_idx, topk_idx_int64, topk_weights, num_tokens, num_tokens_device, stream):
-        rc = lib.symmem_ep_dispatch(self._handle, x, x_scales, topk_idx, int(topk_idx_int64), topk_weights,
-                                    int(num_tokens), num_tokens_device, stream)
+        rc = _ep_dispatch(self._handle, x, x_scales, topk_idx, int(topk_idx_int64), topk_weights, int(num_tokens),
+                          num_tokens_device, stream)
         if rc:
             self._comm._call(rc)
 
     def combine(self, expert_out, out, weights_applied, topk_weights, stream):
-        rc = lib.symmem_ep_combine(self._handle, expert_out, out, int(weights_applied), topk_weights, stream)
+        rc = _ep_combine(self._handle, expert_out, out, int(weights_applied), topk_weights, stream)
         if rc:
             self._comm._call(rc)
 

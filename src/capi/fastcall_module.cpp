@@ -1,4 +1,5 @@
-// symmem._fastcall: the C ABI's per-call collectives (symmem_all_reduce, ...) called from Python
+// symmem._fastcall: the C ABI's per-call collectives (symmem_all_reduce, ..., the MoE dispatch and
+// combine) called from Python
 // without ctypes. A ctypes call converts each argument through a ctypes object (about 0.1-0.2 us
 // each, 2-3 us for a collective's ten); this module reads them as integers, with the signatures of
 // include/symmem/symmem_c.h. It binds to the
@@ -12,6 +13,7 @@
 #include <dlfcn.h>
 
 #include <cstddef>
+#include <iterator>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -25,6 +27,8 @@ decltype(&symmem_all_reduce) all_reduce_fn;
 decltype(&symmem_reduce_scatter) reduce_scatter_fn;
 decltype(&symmem_all_gather) all_gather_fn;
 decltype(&symmem_all_to_all) all_to_all_fn;
+decltype(&symmem_ep_dispatch) ep_dispatch_fn;
+decltype(&symmem_ep_combine) ep_combine_fn;
 
 // One argument as the C parameter's type, as ctypes takes it: a pointer (c_void_p) from an int or
 // None (NULL); a size (c_size_t) or an int (c_int) from an int or an object with __index__. False,
@@ -98,23 +102,35 @@ PyObject* all_to_all(PyObject*, PyObject* const* args, Py_ssize_t n) {
   return call(all_to_all_fn, "all_to_all", args, n);
 }
 
+PyObject* ep_dispatch(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  return call(ep_dispatch_fn, "ep_dispatch", args, n);
+}
+
+PyObject* ep_combine(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  return call(ep_combine_fn, "ep_combine", args, n);
+}
+
 // bind(handle): looks the functions up in the library of dlopen handle `handle` (ctypes' CDLL._handle).
 PyObject* bind(PyObject*, PyObject* arg) {
   void* handle = PyLong_AsVoidPtr(arg);
   if (PyErr_Occurred()) return nullptr;
-  void* ar = dlsym(handle, "symmem_all_reduce");
-  void* rs = dlsym(handle, "symmem_reduce_scatter");
-  void* ag = dlsym(handle, "symmem_all_gather");
-  void* aa = dlsym(handle, "symmem_all_to_all");
-  if (!ar || !rs || !ag || !aa) {
-    PyErr_SetString(PyExc_ImportError, "symmem._fastcall: the library lacks symmem_all_reduce, "
-                                       "symmem_reduce_scatter, symmem_all_gather or symmem_all_to_all");
-    return nullptr;
+  // Every symbol first, then the pointers: a library that lacks one leaves the module unbound.
+  const char* names[] = {"symmem_all_reduce", "symmem_reduce_scatter", "symmem_all_gather", "symmem_all_to_all",
+                         "symmem_ep_dispatch", "symmem_ep_combine"};
+  void* found[std::size(names)];
+  for (size_t i = 0; i < std::size(names); ++i) {
+    found[i] = dlsym(handle, names[i]);
+    if (!found[i]) {
+      PyErr_Format(PyExc_ImportError, "symmem._fastcall: the library lacks %s", names[i]);
+      return nullptr;
+    }
   }
-  all_reduce_fn = reinterpret_cast<decltype(all_reduce_fn)>(ar);
-  reduce_scatter_fn = reinterpret_cast<decltype(reduce_scatter_fn)>(rs);
-  all_gather_fn = reinterpret_cast<decltype(all_gather_fn)>(ag);
-  all_to_all_fn = reinterpret_cast<decltype(all_to_all_fn)>(aa);
+  all_reduce_fn = reinterpret_cast<decltype(all_reduce_fn)>(found[0]);
+  reduce_scatter_fn = reinterpret_cast<decltype(reduce_scatter_fn)>(found[1]);
+  all_gather_fn = reinterpret_cast<decltype(all_gather_fn)>(found[2]);
+  all_to_all_fn = reinterpret_cast<decltype(all_to_all_fn)>(found[3]);
+  ep_dispatch_fn = reinterpret_cast<decltype(ep_dispatch_fn)>(found[4]);
+  ep_combine_fn = reinterpret_cast<decltype(ep_combine_fn)>(found[5]);
   Py_RETURN_NONE;
 }
 
@@ -133,6 +149,11 @@ PyMethodDef methods[] = {
      "all_gather(comm, out, in, count, dtype, stream, algo, blocks, max_blocks) -> the C ABI's code"},
     {"all_to_all", fastcall(all_to_all), METH_FASTCALL,
      "all_to_all(comm, out, in, bytes, stream, algo, blocks, max_blocks) -> the C ABI's code"},
+    {"ep_dispatch", fastcall(ep_dispatch), METH_FASTCALL,
+     "ep_dispatch(ep, x, x_scales, topk_idx, topk_idx_int64, topk_weights, num_tokens, num_tokens_device, "
+     "stream) -> symmem_ep_dispatch's code"},
+    {"ep_combine", fastcall(ep_combine), METH_FASTCALL,
+     "ep_combine(ep, expert_out, out, weights_applied, topk_weights, stream) -> symmem_ep_combine's code"},
     {nullptr, nullptr, 0, nullptr},
 };
 

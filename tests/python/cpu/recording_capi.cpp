@@ -49,3 +49,15 @@ EXPORT int symmem_all_to_all(void* comm, void* out, const void* in, size_t bytes
   return record(14, {as_word(comm), as_word(out), as_word(in), as_word(bytes), as_word(stream), as_word(algo),
                      as_word(blocks), as_word(max_blocks)});
 }
+
+EXPORT int symmem_ep_dispatch(void* ep, const void* x, const void* x_scales, const void* topk_idx, int topk_idx_int64,
+                              const void* topk_weights, int num_tokens, const void* num_tokens_device, void* stream) {
+  return record(15, {as_word(ep), as_word(x), as_word(x_scales), as_word(topk_idx), as_word(topk_idx_int64),
+                     as_word(topk_weights), as_word(num_tokens), as_word(num_tokens_device), as_word(stream)});
+}
+
+EXPORT int symmem_ep_combine(void* ep, const void* expert_out, void* out, int weights_applied, const void* topk_weights,
+                             void* stream) {
+  return record(16, {as_word(ep), as_word(expert_out), as_word(out), as_word(weights_applied), as_word(topk_weights),
+                     as_word(stream)});
+}

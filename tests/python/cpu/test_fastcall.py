@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from symmem import _native, communicator
+from symmem import _native, communicator, ep
 
 # Arguments at the edges of each C type: pointers past 2**63 and NULL, a size_t past 2**32, ints
 # at both ends and -1 (max_blocks' "no cap").
@@ -18,6 +18,8 @@ CALLS = {
     "reduce_scatter": (12, [0x1000, NULL, POINTER, 1, 0, 1, NULL, 4, 7, -1]),
     "all_gather": (13, [POINTER, 0x2000, 0x3000, SIZE, 5, 0x4000, -7, 0, 2**31 - 1]),
     "all_to_all": (14, [0x1000, POINTER, 0x2000, SIZE, POINTER, 3, -1, 64]),
+    "ep_dispatch": (15, [POINTER, 0x1000, NULL, 0x2000, 1, 0x3000, 2**31 - 1, NULL, 0x4000]),
+    "ep_combine": (16, [0x1000, POINTER, 0x2000, 0, NULL, POINTER]),
 }
 
 
@@ -50,7 +52,8 @@ def test_the_package_calls_through_fastcall_where_the_build_made_it():
         pytest.skip("this build has no symmem._fastcall (no Python headers): ctypes makes every call")
     assert _native.fastcall is not None, "the build made _fastcall.abi3.so but the package did not load it"
     for name in CALLS:
-        assert getattr(communicator, f"_{name}") is getattr(_native.fastcall, name)
+        module = ep if name.startswith("ep_") else communicator
+        assert getattr(module, f"_{name}") is getattr(_native.fastcall, name)
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
@@ -115,9 +118,9 @@ def test_the_library_reports_errors_through_fastcall_as_through_ctypes():
     if _native.fastcall is None:
         pytest.skip("this build has no symmem._fastcall")
     for name, (_, args) in CALLS.items():
-        args = [None] + [0] * (len(args) - 1)  # no communicator
+        args = [None] + [0] * (len(args) - 1)  # no communicator, no EP context
         rc = getattr(_native.fastcall, name)(*args)
         fast_message = _native.lib.symmem_last_error()
         assert rc == getattr(_native.lib, f"symmem_{name}")(*args) != 0
         assert fast_message == _native.lib.symmem_last_error()
-        assert b"no communicator" in fast_message
+        assert (b"no EP context" if name.startswith("ep_") else b"no communicator") in fast_message
