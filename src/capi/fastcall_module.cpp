@@ -86,29 +86,18 @@ PyObject* call(int (*fn)(Params...), const char* name, PyObject* const* args, Py
   return call_with(fn, args, std::index_sequence_for<Params...>{});
 }
 
-PyObject* all_reduce(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return call(all_reduce_fn, "all_reduce", args, n);
+// The Python function of C ABI function `fn` (one of the slots above), `name` in its errors.
+template <auto& fn, const char* name>
+PyObject* entry(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  return call(fn, name, args, n);
 }
 
-PyObject* reduce_scatter(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return call(reduce_scatter_fn, "reduce_scatter", args, n);
-}
-
-PyObject* all_gather(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return call(all_gather_fn, "all_gather", args, n);
-}
-
-PyObject* all_to_all(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return call(all_to_all_fn, "all_to_all", args, n);
-}
-
-PyObject* ep_dispatch(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return call(ep_dispatch_fn, "ep_dispatch", args, n);
-}
-
-PyObject* ep_combine(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return call(ep_combine_fn, "ep_combine", args, n);
-}
+constexpr char kAllReduce[] = "all_reduce";
+constexpr char kReduceScatter[] = "reduce_scatter";
+constexpr char kAllGather[] = "all_gather";
+constexpr char kAllToAll[] = "all_to_all";
+constexpr char kEpDispatch[] = "ep_dispatch";
+constexpr char kEpCombine[] = "ep_combine";
 
 // bind(handle): looks the functions up in the library of dlopen handle `handle` (ctypes' CDLL._handle).
 PyObject* bind(PyObject*, PyObject* arg) {
@@ -141,18 +130,18 @@ PyCFunction fastcall(PyObject* (*fn)(PyObject*, PyObject* const*, Py_ssize_t)) {
 
 PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(handle): binds to the symmem C ABI of dlopen handle `handle`."},
-    {"all_reduce", fastcall(all_reduce), METH_FASTCALL,
+    {kAllReduce, fastcall(entry<all_reduce_fn, kAllReduce>), METH_FASTCALL,
      "all_reduce(comm, out, in, count, dtype, op, stream, algo, blocks, max_blocks) -> symmem_all_reduce's code"},
-    {"reduce_scatter", fastcall(reduce_scatter), METH_FASTCALL,
+    {kReduceScatter, fastcall(entry<reduce_scatter_fn, kReduceScatter>), METH_FASTCALL,
      "reduce_scatter(comm, out, in, count, dtype, op, stream, algo, blocks, max_blocks) -> the C ABI's code"},
-    {"all_gather", fastcall(all_gather), METH_FASTCALL,
+    {kAllGather, fastcall(entry<all_gather_fn, kAllGather>), METH_FASTCALL,
      "all_gather(comm, out, in, count, dtype, stream, algo, blocks, max_blocks) -> the C ABI's code"},
-    {"all_to_all", fastcall(all_to_all), METH_FASTCALL,
+    {kAllToAll, fastcall(entry<all_to_all_fn, kAllToAll>), METH_FASTCALL,
      "all_to_all(comm, out, in, bytes, stream, algo, blocks, max_blocks) -> the C ABI's code"},
-    {"ep_dispatch", fastcall(ep_dispatch), METH_FASTCALL,
+    {kEpDispatch, fastcall(entry<ep_dispatch_fn, kEpDispatch>), METH_FASTCALL,
      "ep_dispatch(ep, x, x_scales, topk_idx, topk_idx_int64, topk_weights, num_tokens, num_tokens_device, "
      "stream) -> symmem_ep_dispatch's code"},
-    {"ep_combine", fastcall(ep_combine), METH_FASTCALL,
+    {kEpCombine, fastcall(entry<ep_combine_fn, kEpCombine>), METH_FASTCALL,
      "ep_combine(ep, expert_out, out, weights_applied, topk_weights, stream) -> symmem_ep_combine's code"},
     {nullptr, nullptr, 0, nullptr},
 };
