@@ -18,6 +18,7 @@ _all_gather = _fast.all_gather if _fast else lib.symmem_all_gather
 _all_reduce = _fast.all_reduce if _fast else lib.symmem_all_reduce
 _reduce_scatter = _fast.reduce_scatter if _fast else lib.symmem_reduce_scatter
 _all_to_all = _fast.all_to_all if _fast else lib.symmem_all_to_all
+_all_to_all_vdev = _fast.all_to_all_vdev if _fast else lib.symmem_all_to_all_vdev
 
 
 class Exchange:
@@ -206,8 +207,8 @@ class Communicator:
 
     def all_to_all_vdev(self, out, out_rows, inp, in_rows, in_splits, out_splits_offsets, row_bytes, stream,
                         experts=1, major_align=0, algo=0, blocks=0, max_blocks=-1):
-        rc = lib.symmem_all_to_all_vdev(self._handle, out, out_rows, inp, in_rows, in_splits, out_splits_offsets,
-                                        row_bytes, experts, major_align, stream, algo, blocks, max_blocks)
+        rc = _all_to_all_vdev(self._handle, out, out_rows, inp, in_rows, in_splits, out_splits_offsets, row_bytes,
+                              experts, major_align, stream, algo, blocks, max_blocks)
         if rc:
             self._call(rc)
 

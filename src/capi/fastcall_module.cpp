@@ -1,5 +1,5 @@
-// symmem._fastcall: the C ABI's per-call collectives (symmem_all_reduce, ..., the MoE dispatch and
-// combine) called from Python
+// symmem._fastcall: the C ABI's per-call collectives (symmem_all_reduce, ..., all_to_all_vdev, the
+// MoE dispatch and combine) called from Python
 // without ctypes. A ctypes call converts each argument through a ctypes object (about 0.1-0.2 us
 // each, 2-3 us for a collective's ten); this module reads them as integers, with the signatures of
 // include/symmem/symmem_c.h. It binds to the
@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <tuple>
 #include <type_traits>
@@ -27,11 +28,12 @@ decltype(&symmem_all_reduce) all_reduce_fn;
 decltype(&symmem_reduce_scatter) reduce_scatter_fn;
 decltype(&symmem_all_gather) all_gather_fn;
 decltype(&symmem_all_to_all) all_to_all_fn;
+decltype(&symmem_all_to_all_vdev) all_to_all_vdev_fn;
 decltype(&symmem_ep_dispatch) ep_dispatch_fn;
 decltype(&symmem_ep_combine) ep_combine_fn;
 
 // One argument as the C parameter's type, as ctypes takes it: a pointer (c_void_p) from an int or
-// None (NULL); a size (c_size_t) or an int (c_int) from an int or an object with __index__. False,
+// None (NULL); a size (c_size_t) or an int (c_int, c_int64) from an int or an object with __index__. False,
 // with the Python error set, if not.
 template <typename T>
 bool from_python(PyObject* arg, T* out) {
@@ -46,11 +48,14 @@ bool from_python(PyObject* arg, T* out) {
     }
     *out = static_cast<T>(PyLong_AsVoidPtr(arg));
   } else {
-    static_assert(std::is_same_v<T, size_t> || std::is_same_v<T, int>, "a C ABI parameter of another type");
+    static_assert(std::is_same_v<T, size_t> || std::is_same_v<T, int> || std::is_same_v<T, int64_t>,
+                  "a C ABI parameter of another type");
     PyObject* index = PyNumber_Index(arg);  // (the int itself, one more reference, for an int)
     if (!index) return false;
     if constexpr (std::is_same_v<T, size_t>)
       *out = PyLong_AsSize_t(index);
+    else if constexpr (std::is_same_v<T, int64_t>)
+      *out = PyLong_AsLongLong(index);
     else
       *out = static_cast<int>(PyLong_AsLong(index));
     Py_DECREF(index);
@@ -96,6 +101,7 @@ constexpr char kAllReduce[] = "all_reduce";
 constexpr char kReduceScatter[] = "reduce_scatter";
 constexpr char kAllGather[] = "all_gather";
 constexpr char kAllToAll[] = "all_to_all";
+constexpr char kAllToAllVdev[] = "all_to_all_vdev";
 constexpr char kEpDispatch[] = "ep_dispatch";
 constexpr char kEpCombine[] = "ep_combine";
 
@@ -105,7 +111,7 @@ PyObject* bind(PyObject*, PyObject* arg) {
   if (PyErr_Occurred()) return nullptr;
   // Every symbol first, then the pointers: a library that lacks one leaves the module unbound.
   const char* names[] = {"symmem_all_reduce", "symmem_reduce_scatter", "symmem_all_gather", "symmem_all_to_all",
-                         "symmem_ep_dispatch", "symmem_ep_combine"};
+                         "symmem_ep_dispatch", "symmem_ep_combine", "symmem_all_to_all_vdev"};
   void* found[std::size(names)];
   for (size_t i = 0; i < std::size(names); ++i) {
     found[i] = dlsym(handle, names[i]);
@@ -120,6 +126,7 @@ PyObject* bind(PyObject*, PyObject* arg) {
   all_to_all_fn = reinterpret_cast<decltype(all_to_all_fn)>(found[3]);
   ep_dispatch_fn = reinterpret_cast<decltype(ep_dispatch_fn)>(found[4]);
   ep_combine_fn = reinterpret_cast<decltype(ep_combine_fn)>(found[5]);
+  all_to_all_vdev_fn = reinterpret_cast<decltype(all_to_all_vdev_fn)>(found[6]);
   Py_RETURN_NONE;
 }
 
@@ -138,6 +145,9 @@ PyMethodDef methods[] = {
      "all_gather(comm, out, in, count, dtype, stream, algo, blocks, max_blocks) -> the C ABI's code"},
     {kAllToAll, fastcall(entry<all_to_all_fn, kAllToAll>), METH_FASTCALL,
      "all_to_all(comm, out, in, bytes, stream, algo, blocks, max_blocks) -> the C ABI's code"},
+    {kAllToAllVdev, fastcall(entry<all_to_all_vdev_fn, kAllToAllVdev>), METH_FASTCALL,
+     "all_to_all_vdev(comm, out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, "
+     "major_align, stream, algo, blocks, max_blocks) -> the C ABI's code"},
     {kEpDispatch, fastcall(entry<ep_dispatch_fn, kEpDispatch>), METH_FASTCALL,
      "ep_dispatch(ep, x, x_scales, topk_idx, topk_idx_int64, topk_weights, num_tokens, num_tokens_device, "
      "stream) -> symmem_ep_dispatch's code"},

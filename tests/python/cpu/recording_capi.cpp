@@ -23,6 +23,7 @@ int record(int code, std::initializer_list<uint64_t> args) {
 uint64_t as_word(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 uint64_t as_word(size_t v) { return v; }
 uint64_t as_word(int v) { return static_cast<uint64_t>(static_cast<int64_t>(v)); }
+uint64_t as_word(int64_t v) { return static_cast<uint64_t>(v); }
 
 }  // namespace
 
@@ -60,4 +61,12 @@ EXPORT int symmem_ep_combine(void* ep, const void* expert_out, void* out, int we
                              void* stream) {
   return record(16, {as_word(ep), as_word(expert_out), as_word(out), as_word(weights_applied), as_word(topk_weights),
                      as_word(stream)});
+}
+
+EXPORT int symmem_all_to_all_vdev(void* comm, void* out, size_t out_rows, const void* in, size_t in_rows,
+                                  const int64_t* in_splits, int64_t* out_splits_offsets, size_t row_bytes, int experts,
+                                  int64_t major_align, void* stream, int algo, int blocks, int max_blocks) {
+  return record(17, {as_word(comm), as_word(out), as_word(out_rows), as_word(in), as_word(in_rows), as_word(in_splits),
+                     as_word(out_splits_offsets), as_word(row_bytes), as_word(experts), as_word(major_align),
+                     as_word(stream), as_word(algo), as_word(blocks), as_word(max_blocks)});
 }

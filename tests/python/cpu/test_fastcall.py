@@ -20,6 +20,7 @@ CALLS = {
     "all_to_all": (14, [0x1000, POINTER, 0x2000, SIZE, POINTER, 3, -1, 64]),
     "ep_dispatch": (15, [POINTER, 0x1000, NULL, 0x2000, 1, 0x3000, 2**31 - 1, NULL, 0x4000]),
     "ep_combine": (16, [0x1000, POINTER, 0x2000, 0, NULL, POINTER]),
+    "all_to_all_vdev": (17, [0x1000, POINTER, SIZE, 0x2000, 7, 0x3000, POINTER, 4096, 8, -2**63, NULL, 1, 2, -1]),
 }
 
 
