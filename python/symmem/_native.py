@@ -136,6 +136,12 @@ def _load_fastcall():
 fastcall = _load_fastcall()
 
 
+def per_call(name):
+    """The function a binding calls for C ABI function symmem_<name> on every call:
+    symmem._fastcall's where it loaded, else ctypes' (the same C function, the same codes)."""
+    return getattr(fastcall, name) if fastcall else getattr(lib, f"symmem_{name}")
+
+
 def _names(name_of, first=0):
     """The names an enum's C ABI function gives, from `first` until it returns NULL."""
     names, value = [], first

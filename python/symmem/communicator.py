@@ -13,12 +13,11 @@ from ._native import lib
 # The per-call collectives: symmem._fastcall's where it loaded, else ctypes'. The same C calls for
 # addresses and streams given as ints (or None) and sizes that fit; ctypes would also take its own
 # pointer objects and wrap a negative size, where _fastcall raises TypeError or OverflowError.
-_fast = _native.fastcall
-_all_gather = _fast.all_gather if _fast else lib.symmem_all_gather
-_all_reduce = _fast.all_reduce if _fast else lib.symmem_all_reduce
-_reduce_scatter = _fast.reduce_scatter if _fast else lib.symmem_reduce_scatter
-_all_to_all = _fast.all_to_all if _fast else lib.symmem_all_to_all
-_all_to_all_vdev = _fast.all_to_all_vdev if _fast else lib.symmem_all_to_all_vdev
+_all_gather = _native.per_call("all_gather")
+_all_reduce = _native.per_call("all_reduce")
+_reduce_scatter = _native.per_call("reduce_scatter")
+_all_to_all = _native.per_call("all_to_all")
+_all_to_all_vdev = _native.per_call("all_to_all_vdev")
 
 
 class Exchange:

@@ -11,9 +11,8 @@ import ctypes
 from . import _native, errors
 from ._native import lib
 
-# Per call: symmem._fastcall's where it loaded, else ctypes' (communicator.py).
-_ep_dispatch = _native.fastcall.ep_dispatch if _native.fastcall else lib.symmem_ep_dispatch
-_ep_combine = _native.fastcall.ep_combine if _native.fastcall else lib.symmem_ep_combine
+_ep_dispatch = _native.per_call("ep_dispatch")
+_ep_combine = _native.per_call("ep_combine")
 
 PAYLOADS = {"bfloat16": 0, "float8_e4m3": 1}  # symmem::EpPayload in declaration order
 LAYOUTS = {"expert_major": 0, "rank_major": 1}  # symmem::EpLayout in declaration order

@@ -1,9 +1,8 @@
 // symmem._fastcall: the C ABI's per-call collectives (symmem_all_reduce, ..., all_to_all_vdev, the
-// MoE dispatch and combine) called from Python
-// without ctypes. A ctypes call converts each argument through a ctypes object (about 0.1-0.2 us
-// each, 2-3 us for a collective's ten); this module reads them as integers, with the signatures of
-// include/symmem/symmem_c.h. It binds to the
-// library ctypes already loaded (its dlopen handle), so both always call the same copy.
+// MoE dispatch and combine) called from Python without ctypes. A ctypes call converts each argument
+// through a ctypes object (about 0.1-0.2 us each, 2-3 us for a collective's ten); this module reads
+// them as integers, with the signatures of include/symmem/symmem_c.h. It binds to the library
+// ctypes already loaded (its dlopen handle), so both always call the same copy.
 //
 // CPython's limited API (3.10, METH_FASTCALL): one build serves every CPython from 3.10 on; no
 // torch. Pointers and streams are Python ints, as everywhere in the package. The GIL is released
@@ -14,7 +13,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -33,8 +31,8 @@ decltype(&symmem_ep_dispatch) ep_dispatch_fn;
 decltype(&symmem_ep_combine) ep_combine_fn;
 
 // One argument as the C parameter's type, as ctypes takes it: a pointer (c_void_p) from an int or
-// None (NULL); a size (c_size_t) or an int (c_int, c_int64) from an int or an object with __index__. False,
-// with the Python error set, if not.
+// None (NULL); a size (c_size_t) or an int (c_int, c_int64) from an int or an object with
+// __index__. False, with the Python error set, if not.
 template <typename T>
 bool from_python(PyObject* arg, T* out) {
   if constexpr (std::is_pointer_v<T>) {
@@ -105,28 +103,26 @@ constexpr char kAllToAllVdev[] = "all_to_all_vdev";
 constexpr char kEpDispatch[] = "ep_dispatch";
 constexpr char kEpCombine[] = "ep_combine";
 
+// Sets `slot` to the function `name` of dlopen handle `handle`; false, with an ImportError set, if
+// the library lacks it (bind() then fails, and the package calls through ctypes).
+template <typename F>
+bool look_up(void* handle, const char* name, F* slot) {
+  void* found = dlsym(handle, name);
+  if (!found) PyErr_Format(PyExc_ImportError, "symmem._fastcall: the library lacks %s", name);
+  *slot = reinterpret_cast<F>(found);
+  return found != nullptr;
+}
+
 // bind(handle): looks the functions up in the library of dlopen handle `handle` (ctypes' CDLL._handle).
 PyObject* bind(PyObject*, PyObject* arg) {
   void* handle = PyLong_AsVoidPtr(arg);
   if (PyErr_Occurred()) return nullptr;
-  // Every symbol first, then the pointers: a library that lacks one leaves the module unbound.
-  const char* names[] = {"symmem_all_reduce", "symmem_reduce_scatter", "symmem_all_gather", "symmem_all_to_all",
-                         "symmem_ep_dispatch", "symmem_ep_combine", "symmem_all_to_all_vdev"};
-  void* found[std::size(names)];
-  for (size_t i = 0; i < std::size(names); ++i) {
-    found[i] = dlsym(handle, names[i]);
-    if (!found[i]) {
-      PyErr_Format(PyExc_ImportError, "symmem._fastcall: the library lacks %s", names[i]);
-      return nullptr;
-    }
-  }
-  all_reduce_fn = reinterpret_cast<decltype(all_reduce_fn)>(found[0]);
-  reduce_scatter_fn = reinterpret_cast<decltype(reduce_scatter_fn)>(found[1]);
-  all_gather_fn = reinterpret_cast<decltype(all_gather_fn)>(found[2]);
-  all_to_all_fn = reinterpret_cast<decltype(all_to_all_fn)>(found[3]);
-  ep_dispatch_fn = reinterpret_cast<decltype(ep_dispatch_fn)>(found[4]);
-  ep_combine_fn = reinterpret_cast<decltype(ep_combine_fn)>(found[5]);
-  all_to_all_vdev_fn = reinterpret_cast<decltype(all_to_all_vdev_fn)>(found[6]);
+  if (!look_up(handle, "symmem_all_reduce", &all_reduce_fn) ||
+      !look_up(handle, "symmem_reduce_scatter", &reduce_scatter_fn) ||
+      !look_up(handle, "symmem_all_gather", &all_gather_fn) || !look_up(handle, "symmem_all_to_all", &all_to_all_fn) ||
+      !look_up(handle, "symmem_all_to_all_vdev", &all_to_all_vdev_fn) ||
+      !look_up(handle, "symmem_ep_dispatch", &ep_dispatch_fn) || !look_up(handle, "symmem_ep_combine", &ep_combine_fn))
+    return nullptr;
   Py_RETURN_NONE;
 }
 
