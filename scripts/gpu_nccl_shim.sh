@@ -3,6 +3,10 @@
 #
 #   scripts/gpu_nccl_shim.sh RANKS [BUNDLE]   # from the repository root, RANKS = 2 or 4
 #
+# RANKS = 1 (a one-GPU machine) runs the same steps on communicators of one rank, which the shim
+# then serves (SYMMEM_TEST_NCCL_ONE_RANK=1): its serving path against the real NCCL under unchanged
+# nccl-tests, PyTorch and the PyNccl client; not the kill step, which needs two GPUs.
+#
 # Needs, beside this working tree (the scripts and tests/nccl/*.py): a BUNDLE made by
 # scripts/bundle.sh (libsymmem_nccl.so, nccl-tests/, the shared-GPU shim test and its stand-in
 # NCCL), or else SHIM (default build/libsymmem_nccl.so) and NCCL_TESTS_BIN (default
@@ -34,6 +38,7 @@ OUT=${OUT:-$PWD/gpu_nccl_shim_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset LD_PRELOAD
+[ "$RANKS" = 1 ] && export SYMMEM_TEST_NCCL_ONE_RANK=1
 START=$(date +%s)
 BUDGET=${BUDGET_S:-900}
 
@@ -88,5 +93,5 @@ for mode in auto all; do
     --compare "$OUT/torch_nccl" "$OUT/torch_shim_$mode" --ranks "$RANKS"
 done
 
-step kill 150 "$OUT/kill.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" --world 2
+[ "$RANKS" -ge 2 ] && step kill 150 "$OUT/kill.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" --world 2
 cat "$OUT/summary.txt"

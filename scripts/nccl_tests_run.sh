@@ -38,8 +38,12 @@ SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
 [ -f "$SHIM" ] || { echo "no shim at $SHIM (set SHIM)" >&2; exit 2; }
 GPUS=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU') || GPUS=0
 RANKS=${1:-$GPUS}
-if [ "$GPUS" -lt 2 ] || [ "$RANKS" -gt "$GPUS" ]; then
-  echo "SKIPPED: nccl-tests need 2 or more GPUs ($RANKS asked, $GPUS here)"; exit 77
+# One rank only where the shim is told to serve it (SYMMEM_TEST_NCCL_ONE_RANK: its serving path
+# against the real NCCL on a one-GPU machine); otherwise there is nothing to compare.
+MIN_RANKS=2
+[ "${SYMMEM_TEST_NCCL_ONE_RANK:-0}" != 0 ] && MIN_RANKS=1
+if [ "$RANKS" -lt "$MIN_RANKS" ] || [ "$RANKS" -gt "$GPUS" ]; then
+  echo "SKIPPED: nccl-tests need $MIN_RANKS or more GPUs ($RANKS asked, $GPUS here)"; exit 77
 fi
 if [ -z "${NCCL_LIB_DIR:-}" ]; then
   NCCL_LIB_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" \

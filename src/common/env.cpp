@@ -38,5 +38,6 @@ int64_t nccl_timeout_ms() { return get_int("SYMMEM_NCCL_TIMEOUT_MS", 600000); }
 std::string nccl_cutover_file() { return get_string("SYMMEM_NCCL_CUTOVER_FILE", ""); }
 std::string nccl_route_log() { return get_string("SYMMEM_NCCL_ROUTE_LOG", ""); }
 bool ranks_may_share_gpu() { return get_int("SYMMEM_TEST_SHARED_GPU", 0) != 0; }
+bool nccl_serves_one_rank() { return get_int("SYMMEM_TEST_NCCL_ONE_RANK", 0) != 0; }
 
 }  // namespace symmem::env

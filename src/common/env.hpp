@@ -64,6 +64,11 @@ std::string nccl_route_log();
 // multi-rank protocols this way on a one-GPU machine.
 bool ranks_may_share_gpu();
 
+// SYMMEM_TEST_NCCL_ONE_RANK (default 0): for tests only. libsymmem_nccl.so serves communicators of
+// one rank, which it otherwise forwards (there is nothing to move), so that its serving path runs
+// against the real NCCL, under unchanged programs, on a machine with one GPU.
+bool nccl_serves_one_rank();
+
 // Read a variable with a default; exposed for tests and the tools.
 std::string get_string(const char* name, const std::string& fallback);
 int64_t get_int(const char* name, int64_t fallback);

@@ -97,7 +97,7 @@ void CommPair::handshake() {
     if (spans_nodes_)
       return forward_only(Forwarding::kExpected, std::to_string(hellos.size()) + " of its " + std::to_string(world_) +
                                                      " ranks share this host; across nodes the shim forwards");
-    if (world_ < 2) return forward_only(Forwarding::kExpected, "a communicator of one rank");
+    if (world_ < settings_.min_world()) return forward_only(Forwarding::kExpected, "a communicator of one rank");
     if (world_ > kMaxWorld)
       return forward_only(Forwarding::kExpected, std::to_string(world_) + " ranks exceed the " +
                                                      std::to_string(kMaxWorld) + " of one NVLink domain");
@@ -122,6 +122,7 @@ Decision CommPair::route(NcclCall& call, const void* send, const void* recv) con
   rules.mode = settings_.shim_mode();
   rules.workspace_bytes = settings_.workspace_bytes;
   rules.table = table_;
+  rules.min_world = settings_.min_world();
   return decide(call, rules);
 }
 

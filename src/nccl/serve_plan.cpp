@@ -122,7 +122,7 @@ std::optional<SymmemCall> symmem_form(const NcclCall& call) {
 
 Decision decide(const NcclCall& call, const ServeRules& rules) {
   if (rules.mode == Mode::kOff) return {Route::kNccl, "SYMMEM_NCCL=off"};
-  if (call.world < 2) return {Route::kNccl, "a communicator of one rank"};
+  if (call.world < rules.min_world) return {Route::kNccl, "a communicator of one rank"};
   if (call.count == 0) return {Route::kNccl, "an empty call"};
   if (!symmem_form(call)) return {Route::kNccl, "a collective, type or reduction symmem does not implement"};
   if (call.spans_nodes && call.op != Collective::kAllGather)

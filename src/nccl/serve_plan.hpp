@@ -64,6 +64,7 @@ struct ServeRules {
   Mode mode = Mode::kAuto;
   size_t workspace_bytes = 0;           // the symmem communicator's budget (staged calls)
   const CutoverTable* table = nullptr;  // may be empty
+  int min_world = 2;                    // 1 only under SYMMEM_TEST_NCCL_ONE_RANK
 };
 
 struct Decision {

@@ -27,6 +27,7 @@ ShimSettings read_shim_settings(int device) {
   if (init != "lazy" && init != "eager")
     throw Error(ErrorCode::kInvalidArgument, "SYMMEM_NCCL_INIT='" + init + "' is neither lazy nor eager");
   s.eager = init == "eager";
+  s.serve_one_rank = env::nccl_serves_one_rank();
   s.workspace_bytes = env::nccl_workspace_bytes();
   s.timeout_ms = env::nccl_timeout_ms();
   if (s.timeout_ms <= 0)
@@ -45,6 +46,8 @@ std::string describe_difference(const ShimSettings& a, int rank_a, const ShimSet
     return differ("the shim's build", std::to_string(a.layout_version), std::to_string(b.layout_version));
   if (a.mode != b.mode) return differ("SYMMEM_NCCL", mode_name(a.shim_mode()), mode_name(b.shim_mode()));
   if (a.eager != b.eager) return differ("SYMMEM_NCCL_INIT", a.eager ? "eager" : "lazy", b.eager ? "eager" : "lazy");
+  if (a.serve_one_rank != b.serve_one_rank)
+    return differ("SYMMEM_TEST_NCCL_ONE_RANK", std::to_string(a.serve_one_rank), std::to_string(b.serve_one_rank));
   if (a.workspace_bytes != b.workspace_bytes)
     return differ("SYMMEM_NCCL_WORKSPACE_MB", std::to_string(a.workspace_bytes >> 20),
                   std::to_string(b.workspace_bytes >> 20));

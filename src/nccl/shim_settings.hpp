@@ -16,12 +16,15 @@ struct ShimSettings {
   uint32_t layout_version = 1;  // of this struct, so that two builds of the shim never agree by accident
   uint8_t mode = 0;             // Mode
   uint8_t eager = 0;            // SYMMEM_NCCL_INIT=eager
-  uint8_t reserved[2] = {};
+  uint8_t serve_one_rank = 0;   // SYMMEM_TEST_NCCL_ONE_RANK (tests only)
+  uint8_t reserved = 0;
   uint64_t workspace_bytes = 0;
   int64_t timeout_ms = 0;
   uint64_t cutover_hash = 0;  // the cutover table in force (SYMMEM_NCCL_CUTOVER_FILE or the GPU's)
 
   Mode shim_mode() const { return static_cast<Mode>(mode); }
+  // The fewest ranks a communicator the shim serves has.
+  int min_world() const { return serve_one_rank ? 1 : 2; }
 };
 static_assert(sizeof(ShimSettings) == 32, "ShimSettings is compared as bytes: no implicit padding");
 

@@ -81,6 +81,13 @@ TEST(nccl_routing_forwards_what_the_communicator_cannot_serve) {
   const ServeRules all = rules_of(Mode::kAll);
   EXPECT(route_of(call_of(Collective::kAllReduce, 0, ncclFloat32), all) == Route::kNccl);  // empty
   EXPECT(route_of(call_of(Collective::kAllReduce, 10, ncclFloat32, ncclSum, 1), all) == Route::kNccl);
+  // One rank is served only for tests (SYMMEM_TEST_NCCL_ONE_RANK), in both modes that serve.
+  for (Mode mode : {Mode::kAll, Mode::kAuto}) {
+    ServeRules one = rules_of(mode);
+    one.min_world = 1;
+    EXPECT(route_of(call_of(Collective::kAllReduce, 10, ncclFloat32, ncclSum, 1), one) == Route::kSymmem);
+    EXPECT(route_of(call_of(Collective::kAllReduce, 0, ncclFloat32, ncclSum, 1), one) == Route::kNccl);
+  }
   EXPECT(route_of(call_of(Collective::kAllReduce, 10, ncclFloat32, ncclSum, kMaxWorld + 1), all) == Route::kNccl);
   EXPECT(route_of(call_of(Collective::kAllReduce, 10, ncclFloat32, ncclSum, kMaxWorld), all) == Route::kSymmem);
   // Across nodes symmem serves the (hierarchical) all-gather only, and only where asked.
