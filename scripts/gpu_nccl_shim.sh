@@ -11,18 +11,20 @@
 # scripts/bundle.sh (libsymmem_nccl.so, nccl-tests/, the shared-GPU shim test and its stand-in
 # NCCL), or else SHIM (default build/libsymmem_nccl.so) and NCCL_TESTS_BIN (default
 # build-nccl-tests/bin); and python3 with torch (its nvidia-nccl wheel is the real NCCL of every step).
-# Steps (OUT, default ./gpu_nccl_shim_out, gets one log or folder each, and summary.txt; ONLY="name
-# ..." runs only the steps named, e.g. ONLY="nccl_tests pynccl torch_nccl torch_shim_auto"):
+# Steps, in this order (OUT, default ./gpu_nccl_shim_out, gets one log or folder each, and
+# summary.txt; ONLY="name ..." runs only the steps named, e.g. ONLY="nccl_tests pynccl torch_nccl
+# torch_shim_auto"); the exit status is 1 when any step failed or was skipped for the budget:
 #   0 shared_gpu           symmem_shared_gpu_shim_tests on GPU 0 (ranks as threads, stand-in NCCL)
-#   1 nccl_tests           scripts/nccl_tests_run.sh RANKS: all_reduce, all_gather, reduce_scatter,
+#   1 pynccl               tests/nccl/pynccl_client.py: vLLM's PyNccl shape, T x 8192 bf16, eager and
+#                          graphs, plain vs shim; then again with SYMMEM_NCCL_WORKSPACE_MB=256
+#   2 torch                tests/nccl/torch_steps.py plain, shim (auto), shim (all) + the comparisons
+#                          (which also fail when the shim's route logs show it served too little)
+#   3 kill                 tests/nccl/torch_kill.py: a killed rank, the survivors raise in time
+#   4 nccl_tests           scripts/nccl_tests_run.sh RANKS: all_reduce, all_gather, reduce_scatter,
 #                          alltoall x bf16/fp16/fp32, processes and threads, plain vs shim interleaved
 #                          (OUT/nccl_tests/summary.txt: #wrong 0 everywhere, busbw side by side)
-#   2 nccl_tests_windows   the same for all_reduce and all_gather with symmetric windows (-R 2:
+#   5 nccl_tests_windows   the same for all_reduce and all_gather with symmetric windows (-R 2:
 #                          zero copy), processes only
-#   3 pynccl               tests/nccl/pynccl_client.py: vLLM's PyNccl shape, T x 8192 bf16, eager and
-#                          graphs, plain vs shim; then again with SYMMEM_NCCL_WORKSPACE_MB=256
-#   4 torch                tests/nccl/torch_steps.py plain, shim (auto), shim (all) + the comparisons
-#   5 kill                 tests/nccl/torch_kill.py: a killed rank, the survivors raise in time
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RANKS=${1:?usage: scripts/gpu_nccl_shim.sh RANKS [BUNDLE]}
@@ -53,6 +55,7 @@ step() {
   local left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -le 10 ]; then
     echo "$name: skipped (budget spent)" | tee -a "$OUT/summary.txt"
+    FAILED=1
     return
   fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -60,8 +63,10 @@ step() {
   t0=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
   local rc=$?
+  [ "$rc" = 0 ] || FAILED=1
   echo "$name: rc=$rc in $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
 }
+FAILED=0
 
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
@@ -76,9 +81,6 @@ if [ -x "$SHARED_TESTS" ]; then
   step shared_gpu 300 "$OUT/shared_gpu.log" env SYMMEM_NCCL_LIBRARY="$(realpath "$FAKE_NCCL")" \
     LD_LIBRARY_PATH="$(dirname "$SHIM")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$SHARED_TESTS"
 fi
-step nccl_tests 420 "$OUT/nccl_tests.log" env OUT="$OUT/nccl_tests" scripts/nccl_tests_run.sh "$RANKS"
-step nccl_tests_windows 150 "$OUT/nccl_tests_windows.log" env OUT="$OUT/nccl_tests_windows" MODES=processes \
-  COLLECTIVES="all_reduce all_gather" EXTRA="-R 2" scripts/nccl_tests_run.sh "$RANKS"
 
 TORCHRUN=(python3 -m torch.distributed.run --nproc-per-node "$RANKS")
 step pynccl 120 "$OUT/pynccl.log" "${TORCHRUN[@]}" tests/nccl/pynccl_client.py --shim "$SHIM" --csv "$OUT/pynccl.csv"
@@ -90,8 +92,14 @@ for mode in auto all; do
   step "torch_shim_$mode" 150 "$OUT/torch_shim_$mode.log" env LD_PRELOAD="$SHIM" SYMMEM_NCCL=$mode \
     SYMMEM_NCCL_ROUTE_LOG="$OUT/torch_routes_$mode" "${TORCHRUN[@]}" tests/nccl/torch_steps.py --out "$OUT/torch_shim_$mode"
   step "torch_compare_$mode" 60 "$OUT/torch_compare_$mode.txt" python3 tests/nccl/torch_steps.py \
-    --compare "$OUT/torch_nccl" "$OUT/torch_shim_$mode" --ranks "$RANKS"
+    --compare "$OUT/torch_nccl" "$OUT/torch_shim_$mode" --ranks "$RANKS" --routes "$OUT/torch_routes_$mode" --mode "$mode"
 done
 
 [ "$RANKS" -ge 2 ] && step kill 150 "$OUT/kill.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" --world 2
+
+# The sweeps last: the longest steps, after the checks a short budget must not skip.
+step nccl_tests 420 "$OUT/nccl_tests.log" env OUT="$OUT/nccl_tests" scripts/nccl_tests_run.sh "$RANKS"
+step nccl_tests_windows 150 "$OUT/nccl_tests_windows.log" env OUT="$OUT/nccl_tests_windows" MODES=processes \
+  COLLECTIVES="all_reduce all_gather" EXTRA="-R 2" scripts/nccl_tests_run.sh "$RANKS"
 cat "$OUT/summary.txt"
+exit "$FAILED"

@@ -110,7 +110,7 @@ def compare(args):
     key = lambda r: (r["mode"], r["ranks"], r["collective"], r["type"], r["redop"], int(r["size"]))
     plain = {key(r): r for r in rows if r["library"] == "nccl"}
     shim = {key(r): r for r in rows if r["library"] == "symmem_nccl"}
-    lines, wrong, slower_served, off_forwarded = [], 0, 0, 0
+    lines, wrong, slower_served, off_forwarded, unmatched, unlogged = [], 0, 0, 0, 0, 0
     header = f"{'mode':9} {'N':>2} {'collective':14} {'type':8} {'op':6} {'size':>10} {'NCCL busbw':>10} " \
              f"{'shim busbw':>10} {'ratio':>6} {'route':8} verdict"
     lines.append(header)
@@ -119,8 +119,12 @@ def compare(args):
         bad = [r for r in (a, b) if r and is_wrong(r)]
         wrong += len(bad)
         if not a or not b:
+            # A run that crashed, timed out or printed less than its twin.
             lines.append(f"{k}: only {'plain' if a else 'shim'}")
+            unmatched += 1
             continue
+        # The shim saw no such call at all (no communicator of its own: nothing was compared).
+        unlogged += b["route"] == "unlogged"
         # The better of out-of-place and in-place, as nccl-tests' readers take it.
         bw_a = max(float(a["oop_busbw"]), float(a["ip_busbw"]))
         bw_b = max(float(b["oop_busbw"]), float(b["ip_busbw"]))
@@ -132,13 +136,14 @@ def compare(args):
             verdict, off_forwarded = "forwarded, off by > 5 %", off_forwarded + 1
         lines.append(f"{k[0]:9} {k[1]:>2} {k[2]:14} {k[3]:8} {k[4]:6} {k[5]:>10} {bw_a:>10.2f} {bw_b:>10.2f} "
                      f"{ratio:>6.3f} {b['route']:8} {verdict}")
-    lines.append(f"rows with #wrong > 0: {wrong}; served rows not faster: {slower_served}; "
+    lines.append(f"rows with #wrong > 0: {wrong}; rows of one library only: {unmatched}; shim rows it never "
+                 f"routed (unlogged): {unlogged}; served rows not faster: {slower_served}; "
                  f"forwarded rows off by more than 5 %: {off_forwarded}")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out:
         open(args.out, "w").write(text)
-    return 1 if wrong else 0
+    return 1 if wrong or unmatched or unlogged or not rows else 0
 
 
 def is_wrong(row):

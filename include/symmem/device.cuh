@@ -86,11 +86,12 @@ __device__ __forceinline__ void record_failure_at(const Sync& s, uint32_t code, 
   if (ld_volatile_u32(&s.failure->code) != kFailureNone) return;
   if (atomicCAS(s.failure_claim, 0u, 1u) != 0u) {
     // Another wait of this rank is writing the record: return only once it is visible, or a
-    // kernel of another stream could end first and its stream pass synchronize() unreported.
-    // Bounded without a clock: the winner stores the code straight away, waiting for nothing (or
-    // found one the watchdog stored), and independent thread scheduling lets it run even when it
-    // shares this thread's warp.
-    while (ld_volatile_u32(&s.failure->code) == kFailureNone) {
+    // kernel of another stream could end first and its stream pass synchronize() unreported. The
+    // winner stores the code straight away, waiting for nothing (or found one the watchdog
+    // stored), and independent thread scheduling lets it run even when it shares this thread's
+    // warp; the deadline bounds this wait all the same, as every wait is bounded.
+    const uint64_t start = global_timer_ns();
+    while (ld_volatile_u32(&s.failure->code) == kFailureNone && global_timer_ns() - start <= s.timeout_ns) {
     }
     return;
   }

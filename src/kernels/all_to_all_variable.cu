@@ -144,10 +144,10 @@ __device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, b
   const int world = s.world, me = s.rank, n = world * a.experts;
   const uint64_t tag = uint64_t(s.signature) << 32;
   if (blockIdx.x == 0 && world > 1) {
-    // Pull: makes this stream's earlier writes (the input rows, a staged copy) visible before the
-    // header that lets the peers read them, in every thread that stores a word of it. (Push peers
-    // read nothing of this rank's; lines carry their data.)
-    if (W == Way::kPull && threadIdx.x < header) device::fence_acq_rel_sys();
+    // A release of this stream's earlier work before the header that lets the peers in, in every
+    // thread that stores a word of it. Pull: the peers read the input rows (a staged copy). Push:
+    // the peers write into this rank's output, which earlier kernels wrote (or read) last.
+    if (threadIdx.x < header) device::fence_acq_rel_sys();
     for (int w = threadIdx.x; w < header; w += blockDim.x) {
       const uint32_t word = header_word_at(c, r, world, n, me, w);
       for (int i = 0; i < world - 1; ++i) {

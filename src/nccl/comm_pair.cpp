@@ -240,6 +240,7 @@ void CommPair::fail(ncclResult_t code, const std::string& message) {
   if (failure_code_.load(std::memory_order_acquire) != ncclSuccess) return;
   failure_message_ = message;
   failure_code_.store(code, std::memory_order_release);
+  set_last_error(message);  // also the process's: the watchdog asks ncclGetLastError(NULL)
 }
 
 ncclResult_t CommPair::async_error() {
@@ -247,7 +248,7 @@ ncclResult_t CommPair::async_error() {
     return static_cast<ncclResult_t>(code);
   // The device's failure words, read without the lock (the watchdog thread must never wait).
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-  if (!lock.owns_lock() || !symmem_ || !device_failed(*symmem_)) return ncclSuccess;
+  if (!lock.owns_lock() || !symmem_ || !failed_here(*symmem_)) return ncclSuccess;
   try {
     symmem_->check();
   } catch (const Error& e) {

@@ -16,6 +16,11 @@
 //   broken     a failure the device found (a rank timed out or called something else), or a
 //              bootstrap step that failed: calls routed to symmem return NCCL's code for it with
 //              symmem's message, and ncclCommGetAsyncError reports it (PyTorch's watchdog aborts).
+//              A peer's abort breaks this rank only where it had a call in flight (whose waits then
+//              fail); a rank with nothing in flight reports no error (as NCCL), and its next call
+//              fails at once (it needs that peer). PyTorch aborts its communicators at exit when a
+//              program did not destroy its process groups: that must not fail the ranks still
+//              running.
 //   released   ncclCommDestroy / ncclCommFinalize release the symmem side locally (the peers' own
 //              mappings keep alive what they still use). ncclCommAbort and ncclCommRevoke first set
 //              the abort word, which releases every wait of every rank of the node at once; the

@@ -1,5 +1,8 @@
 #include "nccl/error_map.hpp"
 
+#include <cstdio>
+#include <mutex>
+
 namespace symmem::nccl {
 
 ncclResult_t to_nccl_result(ErrorCode code) {
@@ -23,10 +26,27 @@ std::string& slot() {
   thread_local std::string message;
   return message;
 }
+
+// The process's copy, as NCCL keeps its own: a fixed buffer, so that a pointer handed out stays
+// valid (a later message may overwrite its text, as NCCL's does).
+std::mutex process_mutex;
+char process_slot[1024];
 }  // namespace
 
-void set_last_error(const std::string& message) { slot() = message; }
-void clear_last_error() { slot().clear(); }
+void set_last_error(const std::string& message) {
+  slot() = message;
+  std::lock_guard<std::mutex> lock(process_mutex);
+  std::snprintf(process_slot, sizeof(process_slot), "%s", message.c_str());
+}
+void clear_last_error() {
+  slot().clear();
+  std::lock_guard<std::mutex> lock(process_mutex);
+  process_slot[0] = '\0';
+}
 const std::string& last_error() { return slot(); }
+const char* process_last_error() {
+  std::lock_guard<std::mutex> lock(process_mutex);
+  return process_slot[0] ? process_slot : nullptr;
+}
 
 }  // namespace symmem::nccl

@@ -18,12 +18,14 @@ namespace symmem::nccl {
 // ncclInternalError.
 ncclResult_t to_nccl_result(ErrorCode code);
 
-// This thread's last failure in the shim (symmem's message: it names the rank and the cause).
-// Cleared when a call forwarded to the real NCCL fails, so that ncclGetLastError returns whichever
-// library failed last.
+// This thread's last failure in the shim (symmem's message: it names the rank and the cause), and
+// the process's (any thread's: PyTorch's watchdog asks ncclGetLastError(NULL) from its own thread
+// about a failure the program's thread or its own ncclCommGetAsyncError found). Cleared when a call
+// forwarded to the real NCCL fails, so that ncclGetLastError returns whichever library failed last.
 void set_last_error(const std::string& message);
 void clear_last_error();
 const std::string& last_error();
+const char* process_last_error();  // nullptr when none
 
 // Runs `body` (returning ncclResult_t); an exception becomes its NCCL result and the last error.
 template <typename Body>

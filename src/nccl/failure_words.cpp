@@ -5,10 +5,10 @@
 
 namespace symmem::nccl {
 
-bool device_failed(const Communicator& comm) noexcept {
+bool failed_here(const Communicator& comm) noexcept {
   const detail::CommunicatorState& st = detail::state_of(comm);
   if (!st.board) return false;
-  return detail::load_word(&st.status_host()->code) != detail::kStatusOk || detail::load_word(st.board->abort_word()) != 0;
+  return detail::load_word(&st.status_host()->code) != detail::kStatusOk;
 }
 
 uint32_t* abort_word_of(const Communicator& comm) noexcept {

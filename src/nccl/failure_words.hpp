@@ -10,8 +10,11 @@
 
 namespace symmem::nccl {
 
-// True once a device wait of this rank failed or any rank of the node set the abort word.
-bool device_failed(const Communicator& comm) noexcept;
+// True once this rank's failure record holds a code: one of its device waits failed (a timeout, a
+// mismatch, or the abort word seen while it waited), or a host-side recorder of this rank's failed.
+// The abort word alone does not count: a rank with nothing in flight when a peer aborts has lost
+// nothing (NCCL reports no error there either); its next call fails, since it needs that peer.
+bool failed_here(const Communicator& comm) noexcept;
 // The abort word (host memory, valid while the communicator lives): storing 1 there makes every
 // wait of every rank of the node return at once with kAborted, and every later call fail.
 uint32_t* abort_word_of(const Communicator& comm) noexcept;

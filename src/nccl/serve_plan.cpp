@@ -102,8 +102,9 @@ std::optional<SymmemCall> symmem_form(const NcclCall& call) {
       // uint8 has a symmem name but no reduction.
       if (!type || *type == DataType::kUInt8) return std::nullopt;
       if (call.redop == ncclAvg) {
-        // Integer averages round in NCCL's own way: forwarded.
-        if (*type == DataType::kInt32 || call.world < 1) return std::nullopt;
+        // Integer averages round in NCCL's own way: forwarded. So are fp16 ones: NCCL scales each
+        // input before summing, where the sum first would overflow fp16's range (65504) sooner.
+        if (*type == DataType::kInt32 || *type == DataType::kFloat16 || call.world < 1) return std::nullopt;
         return SymmemCall{*type, ReduceOp::kSum, call.count, 1.0f / static_cast<float>(call.world)};
       }
       const auto op = symmem_op(call.redop);

@@ -191,6 +191,7 @@ const char* get_last_error(ncclComm_t comm) {
       if (const char* message = pair->failure_message()) return message;
   }
   if (!last_error().empty()) return last_error().c_str();
+  if (const char* message = process_last_error()) return message;
   const RealNccl* real = RealNccl::get();
   return real ? real->ncclGetLastError(comm) : RealNccl::load_failure().c_str();
 }

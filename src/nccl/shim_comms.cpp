@@ -42,7 +42,7 @@ std::optional<Makings> prepare(const RendezvousKey& key, int index, int candidat
     const std::string mode_text = env::nccl_mode();
     if (!parse_mode(mode_text, &mode))
       throw Error(ErrorCode::kInvalidArgument, "SYMMEM_NCCL='" + mode_text + "' is none of auto, all, off");
-    if (mode == Mode::kOff || candidates < 2) return std::nullopt;
+    if (mode == Mode::kOff || candidates < fewest_ranks_served()) return std::nullopt;
     if (device < 0) {
       cudaGetLastError();  // current_device's failure is the real init's to report, not a stale one
       throw Error(ErrorCode::kCudaError, "CUDA cannot say which device this rank uses");

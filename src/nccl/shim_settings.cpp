@@ -10,6 +10,8 @@
 
 namespace symmem::nccl {
 
+int fewest_ranks_served() { return env::nccl_serves_one_rank() ? 1 : 2; }
+
 const CutoverTable& cutover_table_of_device(int device) {
   cudaDeviceProp prop{};
   SYMMEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));

@@ -24,9 +24,13 @@ struct ShimSettings {
 
   Mode shim_mode() const { return static_cast<Mode>(mode); }
   // The fewest ranks a communicator the shim serves has.
-  int min_world() const { return serve_one_rank ? 1 : 2; }
+  int min_world() const { return serve_one_rank ? 1 : 2; }  // the agreed fewest_ranks_served
 };
 static_assert(sizeof(ShimSettings) == 32, "ShimSettings is compared as bytes: no implicit padding");
+
+// The fewest ranks of a communicator the shim makes a symmem side for: 2, or 1 under
+// SYMMEM_TEST_NCCL_ONE_RANK (tests only).
+int fewest_ranks_served();
 
 // The cutover table of `device`'s GPU model (cutover_table_for its name).
 const CutoverTable& cutover_table_of_device(int device);

@@ -12,7 +12,8 @@
 // windows (zero copy through Heap::import); one thread driving every rank through groups
 // (ncclCommInitAll), with a forwarded call in the group; CUDA graph capture and replay, and a
 // first call under capture (forwarded, then made at the next eager one); a mismatch and a missing
-// rank reported as ncclRemoteError naming the ranks; ncclCommAbort releasing a peer's wait; NCCL's
+// rank reported as ncclRemoteError naming the ranks; ncclCommAbort releasing a peer's wait, and
+// leaving a peer with nothing in flight without an error; NCCL's
 // own call of an exported function (the stand-in's init with a config calls its plain init)
 // forwarded unchanged.
 //
@@ -393,7 +394,8 @@ std::vector<Shape> every_shape() {
     for (bool in_place : {false, true}) {
       for (ncclDataType_t t : {ncclFloat32, ncclFloat16, ncclBfloat16, ncclInt32}) {
         for (ncclRedOp_t op : {ncclSum, ncclMax, ncclMin, ncclAvg}) {
-          if (op == ncclAvg && t == ncclInt32) continue;  // forwarded (NCCL's integer rounding)
+          // Forwarded: integer averages (NCCL's rounding), fp16 ones (NCCL scales before summing).
+          if (op == ncclAvg && (t == ncclInt32 || t == ncclFloat16)) continue;
           shapes.push_back({Op::kAllReduce, t, op, count, in_place});
           shapes.push_back({Op::kReduceScatter, t, op, count, in_place});
         }
@@ -848,6 +850,14 @@ TEST(shim_reports_a_mismatch_as_a_remote_error) {
       throw symmem::test::Failure("ncclCommGetAsyncError says " + std::to_string(error) + ": " + why);
     if (why.find("rank") == std::string::npos || why.find("all_reduce") == std::string::npos)
       throw symmem::test::Failure("the message names no rank or call: " + why);
+    // PyTorch's watchdog asks from its own thread, without a communicator.
+    std::string from_another_thread;
+    std::thread([&] {
+      const char* text = ncclGetLastError(nullptr);
+      from_another_thread = text ? text : "";
+    }).join();
+    if (from_another_thread.find("all_reduce") == std::string::npos)
+      throw symmem::test::Failure("ncclGetLastError(NULL) from another thread says: " + from_another_thread);
     // The next call fails with the same code.
     if (ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream) != ncclRemoteError)
       throw symmem::test::Failure("a call after the mismatch did not fail");
@@ -895,6 +905,34 @@ TEST(shim_abort_releases_a_peers_wait) {
     }
     me.meet();
     if (me.rank != me.world - 1) NCCL_OK(ncclCommAbort(me.comm));
+    CUDA_OK(cudaFree(buf));
+  });
+}
+
+// PyTorch aborts its communicators at exit when a program did not destroy its process groups, one
+// rank at a time: a rank with nothing in flight must not see an error then (its watchdog would
+// tear it down while it still works), only its next call on that communicator fails.
+TEST(shim_abort_leaves_idle_peers_without_an_error) {
+  run_failure_case("60000", [](Rank& me) {
+    float* buf = zeros_after_a_first_all_reduce(me);
+    const bool leaver = me.rank == me.world - 1;
+    if (leaver) NCCL_OK(ncclCommAbort(me.comm));
+    me.meet();
+    if (!leaver) {
+      if (const ncclResult_t error = async_error_within(me.comm, 0.5); error != ncclSuccess)
+        throw symmem::test::Failure("an idle rank reports error " + std::to_string(error) + " after a peer aborted: " +
+                                    (ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : ""));
+      const auto start = std::chrono::steady_clock::now();
+      const ncclResult_t next = ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream);
+      CUDA_OK(cudaStreamSynchronize(me.stream));
+      const ncclResult_t after = next != ncclSuccess ? next : async_error_within(me.comm, 10);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (after != ncclRemoteError)
+        throw symmem::test::Failure("a call after the peer's abort gave " + std::to_string(after) + " after " +
+                                    std::to_string(waited) + " s, not ncclRemoteError");
+    }
+    me.meet();
+    if (!leaver) NCCL_OK(ncclCommAbort(me.comm));
     CUDA_OK(cudaFree(buf));
   });
 }

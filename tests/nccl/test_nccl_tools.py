@@ -92,6 +92,27 @@ def test_report_compare_fails_on_a_wrong_row(tmp_path):
     assert rc == 1 and "WRONG" in out
 
 
+def test_report_compare_fails_when_a_run_is_missing_or_the_shim_saw_nothing(tmp_path):
+    # A shim run that crashed leaves rows of plain NCCL only; a shim that made no communicator of its
+    # own logs no route for a row (compared NCCL with itself): either fails the comparison.
+    rows = [(4096, 1024, "half", "none", 8.0, 1.0, 0)]
+    for case, shim_rows, routes in (("missing", [], None), ("unlogged", rows, "")):
+        csv_path = tmp_path / f"{case}.csv"
+        (tmp_path / "plain.log").write_text(nccl_tests_log("all_gather", rows))
+        run(REPORT, "parse", str(tmp_path / "plain.log"), "--csv", str(csv_path), "--library", "nccl", "--mode",
+            "threads", "--ranks", "2")
+        if routes is not None:
+            route_dir = tmp_path / f"routes_{case}"
+            route_dir.mkdir()
+            (route_dir / "route.1.csv").write_text("collective,type,redop,bytes,world,buffers,route,why\n" + routes)
+            (tmp_path / "shim.log").write_text(nccl_tests_log("all_gather", shim_rows))
+            run(REPORT, "parse", str(tmp_path / "shim.log"), "--csv", str(csv_path), "--library", "symmem_nccl",
+                "--mode", "threads", "--ranks", "2", "--routes", str(route_dir))
+        rc, out = run(REPORT, "compare", str(csv_path))
+        assert rc == 1, (case, out)
+        assert ("rows of one library only: 1" if case == "missing" else "never routed (unlogged): 1") in out, out
+
+
 def test_report_served_needs_every_row_served_checked_and_exact(tmp_path):
     """`served` (one GPU, stand-in NCCL): a forwarded row, a wrong or unchecked one, a run on windows
     the shim staged, or a run missing a size fails the verdict."""

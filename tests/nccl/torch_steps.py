@@ -4,7 +4,12 @@ scripts/gpu_nccl_shim.sh (its step "torch") runs this under torchrun, once plain
 shim preloaded (LD_PRELOAD), then compares them:
 
   torchrun --nproc-per-node 2 tests/nccl/torch_steps.py --out OUT/nccl       # each rank: OUT/nccl.rank<r>.pt
-  python3 tests/nccl/torch_steps.py --compare OUT/nccl OUT/shim --ranks 2
+  python3 tests/nccl/torch_steps.py --compare OUT/nccl OUT/shim --ranks 2 [--routes PREFIX --mode all]
+
+With --routes (the shim run's SYMMEM_NCCL_ROUTE_LOG prefix) the comparison also fails when the shim
+served too little for it to mean anything: under SYMMEM_NCCL=all, none of the all-reduces,
+all-gathers or reduce-scatters; under auto, nothing at all (a shim that forwards everything would
+otherwise pass, comparing NCCL with itself).
 
 What runs (fp32, deterministic algorithms, the same seeds in both runs):
   ddp      an MLP under DistributedDataParallel (bucketed gradient all-reduces), 6 SGD steps;
@@ -22,6 +27,8 @@ learning rates that stays below REL_BOUND of each value's scale; anything larger
 not rounding. Step times are printed side by side (steps 2 on: the first makes communicators).
 """
 import argparse
+import csv
+import glob
 import os
 import statistics
 import sys
@@ -73,8 +80,8 @@ class DecoderBlock(nn.Module):
         return x + self.w2(F.gelu(self.w1(self.norm2(x))))
 
 
-def timed_steps(model, make_batch, lr):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+def timed_steps(model, make_batch, lr, foreach=None):
+    opt = torch.optim.SGD(model.parameters(), lr=lr, foreach=foreach)
     losses, times = [], []
     for step in range(STEPS):
         x, target = make_batch(step)
@@ -140,7 +147,9 @@ def run_tp(world):
     g = torch.Generator(device="cuda").manual_seed(300)  # tensor parallel: every rank the same batch
     batches = [(torch.randn(4, 64, 512, device="cuda", generator=g), torch.randn(4, 64, 512, device="cuda", generator=g))
                for _ in range(STEPS)]
-    losses, times = timed_steps(block, lambda s: batches[s], lr=0.02)
+    # foreach=False: the norms' parameters stay plain tensors beside the DTensors, and torch's
+    # multi-tensor kernels refuse that mix.
+    losses, times = timed_steps(block, lambda s: batches[s], lr=0.02, foreach=False)
     result = {"losses": losses, "times": times, "params": full_params(block)}
 
     # Decode: one token for 8 sequences, captured once, replayed on new inputs.
@@ -227,7 +236,25 @@ def compare(args):
                   f"{'ok' if ok else 'OUTSIDE THE BOUND'} (graph replay vs eager: {da['decode_replay_vs_eager']:.1e}, "
                   f"{db['decode_replay_vs_eager']:.1e})")
     print(f"parts outside the bound ({REL_BOUND:g} of each value's scale), over all ranks: {failures}")
+    if args.routes:
+        failures += not served_enough(args.routes, args.mode)
     return 1 if failures else 0
+
+
+def served_enough(prefix, mode):
+    """Whether the shim's route logs (every rank's) show it served what `mode` must serve."""
+    served, forwarded = {}, {}
+    for path in glob.glob(f"{prefix}.*.csv"):
+        for r in csv.DictReader(open(path)):
+            tally = served if r["route"] == "symmem" else forwarded
+            tally[r["collective"]] = tally.get(r["collective"], 0) + 1
+    print(f"call shapes served: {served or 'none'}; forwarded: {forwarded or 'none'}")
+    needed = ("all_reduce", "all_gather", "reduce_scatter") if mode == "all" else ()
+    missing = [c for c in needed if not served.get(c)]
+    if missing or not served:
+        print(f"SERVED TOO LITTLE under SYMMEM_NCCL={mode}: " + (", ".join(missing) or "nothing") + " never served")
+        return False
+    return True
 
 
 def main():
@@ -235,6 +262,8 @@ def main():
     p.add_argument("--out", help="prefix of this run's result files (one per rank)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two runs' prefixes")
     p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--routes", help="with --compare: the shim run's SYMMEM_NCCL_ROUTE_LOG prefix")
+    p.add_argument("--mode", default="auto", choices=("auto", "all"), help="with --routes: the shim run's SYMMEM_NCCL")
     args = p.parse_args()
     if args.compare:
         sys.exit(compare(args))
