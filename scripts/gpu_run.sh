@@ -427,6 +427,8 @@ run_step() {
         ONLY="${NCCL_SHIM_ONLY:-}" MODES="${NCCL_SHIM_MODES:-processes threads}" TYPES="${NCCL_SHIM_TYPES:-bfloat16 half float}" \
         scripts/gpu_nccl_shim.sh "$n" "$B"
       if [ "$DRY" != 1 ] && [ -d "$L/nccl_shim_$n" ]; then
+        # The torch steps' per-rank results (parameters, megabytes) served their comparison.
+        find "$L/nccl_shim_$n" -name '*.pt' -delete
         keep "$L/nccl_shim_$n/nccl_tests/nccl_tests.csv" "nccl_tests_$n"
         keep "$L/nccl_shim_$n/nccl_tests_windows/nccl_tests.csv" "nccl_tests_windows_$n"
         keep "$L/nccl_shim_$n/pynccl.csv" "nccl_shim_pynccl_$n"
