@@ -17,7 +17,10 @@ What runs (fp32, deterministic algorithms, the same seeds in both runs):
            with ReduceOp.AVG), 6 SGD steps;
   tp       a decoder block (attention and MLP) under parallelize_module with ColwiseParallel /
            RowwiseParallel (all-reduces of the row-parallel outputs), 6 SGD steps;
-  decode   the TP block's one-token decode step captured in a CUDA graph and replayed on new inputs.
+  decode   the TP block's one-token decode step captured in a CUDA graph and replayed on new inputs;
+  groups   process groups split from the default one (ncclCommSplit; ranks outside a group split
+           with NCCL_SPLIT_NOCOLOR): all the ranks, the lower half, the upper half, each all-reducing
+           integer-valued floats, exact whatever the order (checked against the closed form).
 Each records its losses, its full parameters (gathered) or outputs, and its step times.
 
 The comparison holds each part to the bound of the reduction order: the two libraries may add
@@ -183,6 +186,26 @@ def run_tp(world):
     return result
 
 
+def run_groups(rank, world):
+    """{group name: all-reduced tensor} for the groups this rank is in; every rank makes every group."""
+    half = max(1, world // 2)
+    groups = {"all": list(range(world)), "lower": list(range(half)), "upper": list(range(half, world)) or [0]}
+    made = {name: dist.new_group(ranks) for name, ranks in groups.items()}  # collective: every rank
+    out = {}
+    for name, ranks in groups.items():
+        if rank not in ranks:
+            continue
+        for count in (1000, 1 << 20):  # staged under and over the built-in rule's staging area
+            x = torch.arange(count, device="cuda", dtype=torch.float32) % 1024 * (rank + 1)
+            dist.all_reduce(x, group=made[name])
+            expected = torch.arange(count, dtype=torch.float32) % 1024 * sum(r + 1 for r in ranks)
+            out[f"{name}_{count}"] = (x.cpu(), torch.equal(x.cpu(), expected))
+    for name, ranks in groups.items():
+        if rank in ranks:
+            dist.destroy_process_group(made[name])
+    return out
+
+
 def run(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -193,7 +216,8 @@ def run(args):
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(seconds=300))
     result = {"world": world, "preloaded": os.environ.get("LD_PRELOAD", ""),
               "shim_mode": os.environ.get("SYMMEM_NCCL", "")}
-    for part, fn in (("ddp", lambda: run_ddp(rank)), ("fsdp2", lambda: run_fsdp2(rank)), ("tp", lambda: run_tp(world))):
+    for part, fn in (("ddp", lambda: run_ddp(rank)), ("fsdp2", lambda: run_fsdp2(rank)), ("tp", lambda: run_tp(world)),
+                     ("groups", lambda: run_groups(rank, world))):
         result[part] = fn()
         dist.barrier()
     torch.save(result, f"{args.out}.rank{rank}.pt")
@@ -235,6 +259,13 @@ def compare(args):
             print(f"{'decode':7} {'-':>10} {decode_gap:>10.2e} {ta:>10.3f} {tb:>10.3f} "
                   f"{'ok' if ok else 'OUTSIDE THE BOUND'} (graph replay vs eager: {da['decode_replay_vs_eager']:.1e}, "
                   f"{db['decode_replay_vs_eager']:.1e})")
+        for key, (got, exact) in sorted(b["groups"].items()):
+            plain, plain_exact = a["groups"][key]
+            same = torch.equal(got, plain)
+            failures += not (exact and same and plain_exact)
+            if rank == 0 or not (exact and same):
+                print(f"rank {rank} group all-reduce {key}: {'exact' if exact else 'WRONG'}, "
+                      f"{'equal to' if same else 'DIFFERENT FROM'} plain NCCL's")
     print(f"parts outside the bound ({REL_BOUND:g} of each value's scale), over all ranks: {failures}")
     if args.routes:
         failures += not served_enough(args.routes, args.mode)
