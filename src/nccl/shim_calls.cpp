@@ -34,6 +34,11 @@ std::vector<DeferredCall>& deferred_calls() {
 constexpr const char* kNoSymmemSide =
     "routed to symmem, but its communicator could not be made now (under capture, or it failed)";
 
+ncclResult_t aborted_call() {
+  set_last_error("symmem NCCL shim: the communicator was aborted while this call was being prepared");
+  return ncclRemoteError;
+}
+
 void keep_first_failure(ncclResult_t* first, ncclResult_t result) {
   if (result != ncclSuccess && (*first == ncclSuccess || *first == ncclInProgress)) *first = result;
 }
@@ -74,6 +79,9 @@ ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t 
     return ncclSuccess;
   }
   if (!pair->prepare(stream)) {
+    // An abort that ended the making of the side came from another thread, which is tearing the
+    // real communicator down: forwarding would hand it a communicator being freed.
+    if (pair->aborted()) return aborted_call();
     log_route(call, Route::kNccl, kNoSymmemSide);
     return forwarded(forward());
   }
@@ -113,6 +121,10 @@ ncclResult_t group_end() {
   // 2. What cannot be served joins the real group, still open, on this thread.
   for (DeferredCall& c : calls) {
     c.served = c.pair->has_symmem();
+    if (!c.served && c.pair->aborted()) {
+      keep_first_failure(&first, aborted_call());
+      continue;
+    }
     log_route(c.call, c.served ? Route::kSymmem : Route::kNccl, c.served ? "in a group" : kNoSymmemSide);
     if (!c.served) keep_first_failure(&first, forwarded(c.forward()));
   }
