@@ -89,6 +89,7 @@ step pynccl_workspace_256 120 "$OUT/pynccl_workspace_256.log" env SYMMEM_NCCL_WO
 
 step torch_nccl 150 "$OUT/torch_nccl.log" "${TORCHRUN[@]}" tests/nccl/torch_steps.py --out "$OUT/torch_nccl"
 for mode in auto all; do
+  rm -f "$OUT"/torch_routes_"$mode".*.csv  # a reused OUT: the check must read this run's logs alone
   step "torch_shim_$mode" 150 "$OUT/torch_shim_$mode.log" env LD_PRELOAD="$SHIM" SYMMEM_NCCL=$mode \
     SYMMEM_NCCL_ROUTE_LOG="$OUT/torch_routes_$mode" "${TORCHRUN[@]}" tests/nccl/torch_steps.py --out "$OUT/torch_shim_$mode"
   step "torch_compare_$mode" 60 "$OUT/torch_compare_$mode.txt" python3 tests/nccl/torch_steps.py \

@@ -422,8 +422,11 @@ run_step() {
       done ;;
     triton_all_reduce_grids) torchbench "triton_all_reduce_grids_$n" 240 torch "torch_bench_$n" --triton \
       --ops all_reduce --triton-grids "${TRITON_GRIDS:-48:16,64:16,32:32,64:32,24:64}" ;;
-    nccl_shim)  # libsymmem_nccl.so against plain NCCL (scripts/gpu_nccl_shim.sh; NCCL_SHIM_ONLY: its steps to run)
-      step "nccl_shim_$n" "${NCCL_SHIM_S:-400}" env OUT="$L/nccl_shim_$n" BUDGET_S="${NCCL_SHIM_S:-400}" \
+    nccl_shim)  # libsymmem_nccl.so against plain NCCL (scripts/gpu_nccl_shim.sh; NCCL_SHIM_ONLY: its steps to run;
+      # NCCL_SHIM_S: its budget, 300 s on one GPU, 540 from two on; the step's own limit 30 s more,
+      # so that the script ends on its budget and reports which of its steps that skipped)
+      local shim_s=${NCCL_SHIM_S:-$([ "$n" = 1 ] && echo 300 || echo 540)}
+      step "nccl_shim_$n" $((shim_s + 30)) env OUT="$L/nccl_shim_$n" BUDGET_S="$shim_s" \
         ONLY="${NCCL_SHIM_ONLY:-}" MODES="${NCCL_SHIM_MODES:-processes threads}" TYPES="${NCCL_SHIM_TYPES:-bfloat16 half float}" \
         scripts/gpu_nccl_shim.sh "$n" "$B"
       if [ "$DRY" != 1 ] && [ -d "$L/nccl_shim_$n" ]; then

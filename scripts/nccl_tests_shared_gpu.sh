@@ -65,7 +65,7 @@ all_gather bfloat16 none
 all_gather int8 none
 alltoall float none
 alltoall bfloat16 none
-all_reduce half avg
+all_reduce float avg
 reduce_scatter bfloat16 avg
 all_gather int64 none
 all_reduce bfloat16 sum -R 2

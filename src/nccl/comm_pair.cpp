@@ -240,7 +240,9 @@ void CommPair::fail(ncclResult_t code, const std::string& message) {
   if (failure_code_.load(std::memory_order_acquire) != ncclSuccess) return;
   failure_message_ = message;
   failure_code_.store(code, std::memory_order_release);
-  set_last_error(message);  // also the process's: the watchdog asks ncclGetLastError(NULL)
+  // The process's (not this thread's, which may be PyTorch's watchdog: its own slot would then
+  // hide a later failure of the real NCCL): the watchdog asks ncclGetLastError(NULL).
+  set_process_last_error(message);
 }
 
 ncclResult_t CommPair::async_error() {
@@ -248,7 +250,7 @@ ncclResult_t CommPair::async_error() {
     return static_cast<ncclResult_t>(code);
   // The device's failure words, read without the lock (the watchdog thread must never wait).
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-  if (!lock.owns_lock() || !symmem_ || !failed_here(*symmem_)) return ncclSuccess;
+  if (!lock.owns_lock() || !symmem_ || !failure_to_report(*symmem_)) return ncclSuccess;
   try {
     symmem_->check();
   } catch (const Error& e) {

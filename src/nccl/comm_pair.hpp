@@ -16,9 +16,10 @@
 //   broken     a failure the device found (a rank timed out or called something else), or a
 //              bootstrap step that failed: calls routed to symmem return NCCL's code for it with
 //              symmem's message, and ncclCommGetAsyncError reports it (PyTorch's watchdog aborts).
-//              A peer's abort breaks this rank only where it had a call in flight (whose waits then
-//              fail); a rank with nothing in flight reports no error (as NCCL), and its next call
-//              fails at once (it needs that peer). PyTorch aborts its communicators at exit when a
+//              A peer's clean abort breaks this rank only where it had a call in flight (whose
+//              waits then fail); a rank with nothing in flight reports no error (as NCCL), and its
+//              next served call fails at once (it needs that peer). A cause some rank recorded (a
+//              timeout, a mismatch) is reported everywhere. PyTorch aborts its communicators at exit when a
 //              program did not destroy its process groups: that must not fail the ranks still
 //              running.
 //   released   ncclCommDestroy / ncclCommFinalize release the symmem side locally (the peers' own

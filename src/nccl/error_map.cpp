@@ -33,10 +33,13 @@ std::mutex process_mutex;
 char process_slot[1024];
 }  // namespace
 
-void set_last_error(const std::string& message) {
-  slot() = message;
+void set_process_last_error(const std::string& message) {
   std::lock_guard<std::mutex> lock(process_mutex);
   std::snprintf(process_slot, sizeof(process_slot), "%s", message.c_str());
+}
+void set_last_error(const std::string& message) {
+  slot() = message;
+  set_process_last_error(message);
 }
 void clear_last_error() {
   slot().clear();

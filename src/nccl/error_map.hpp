@@ -26,6 +26,7 @@ void set_last_error(const std::string& message);
 void clear_last_error();
 const std::string& last_error();
 const char* process_last_error();  // nullptr when none
+void set_process_last_error(const std::string& message);  // the process's only
 
 // Runs `body` (returning ncclResult_t); an exception becomes its NCCL result and the last error.
 template <typename Body>

@@ -5,10 +5,16 @@
 
 namespace symmem::nccl {
 
-bool failed_here(const Communicator& comm) noexcept {
+bool failure_to_report(const Communicator& comm) noexcept {
   const detail::CommunicatorState& st = detail::state_of(comm);
   if (!st.board) return false;
-  return detail::load_word(&st.status_host()->code) != detail::kStatusOk;
+  if (detail::load_word(&st.status_host()->code) != detail::kStatusOk) return true;
+  if (detail::load_word(st.board->abort_word()) == 0) return false;
+  for (int r = 0; r < st.world; ++r) {
+    const uint32_t code = detail::load_word(&st.board->page(r)->status.code);
+    if (code != detail::kStatusOk && code != detail::kStatusAborted) return true;
+  }
+  return false;
 }
 
 uint32_t* abort_word_of(const Communicator& comm) noexcept {

@@ -10,11 +10,13 @@
 
 namespace symmem::nccl {
 
-// True once this rank's failure record holds a code: one of its device waits failed (a timeout, a
-// mismatch, or the abort word seen while it waited), or a host-side recorder of this rank's failed.
-// The abort word alone does not count: a rank with nothing in flight when a peer aborts has lost
-// nothing (NCCL reports no error there either); its next call fails, since it needs that peer.
-bool failed_here(const Communicator& comm) noexcept;
+// True once this rank's failure record holds a code (one of its device waits failed: a timeout, a
+// mismatch, or the abort word seen while it waited; or a host-side recorder of this rank's), or the
+// abort word is set and some rank recorded a cause (a timeout, mismatch, refusal, network failure,
+// capacity verdict). A clean abort (ncclCommAbort: the word, no record) alone does not count: a
+// rank with nothing in flight then has lost nothing (NCCL reports no error there either), and its
+// next served call fails, since it needs that peer.
+bool failure_to_report(const Communicator& comm) noexcept;
 // The abort word (host memory, valid while the communicator lives): storing 1 there makes every
 // wait of every rank of the node return at once with kAborted, and every later call fail.
 uint32_t* abort_word_of(const Communicator& comm) noexcept;

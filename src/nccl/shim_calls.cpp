@@ -189,6 +189,8 @@ ncclResult_t window_deregister(ncclComm_t comm, ncclWindow_t win) {
 ncclResult_t get_async_error(ncclComm_t comm, ncclResult_t* error) {
   const RealNccl& real = real_nccl();
   const ncclResult_t result = real.ncclCommGetAsyncError(comm, error);
+  // The real NCCL failed last: ncclGetLastError must return its message, not an older one of ours.
+  if (result == ncclSuccess && error && *error != ncclSuccess && *error != ncclInProgress) clear_last_error();
   if (result != ncclSuccess || !error || *error != ncclSuccess) return result;
   if (std::shared_ptr<CommPair> pair = find_pair(comm)) {
     const ncclResult_t mine = pair->async_error();

@@ -13,7 +13,7 @@ namespace symmem::nccl {
 
 // Plain bytes: it travels in the rendezvous hello and is compared with memcmp.
 struct ShimSettings {
-  uint32_t layout_version = 1;  // of this struct, so that two builds of the shim never agree by accident
+  uint32_t layout_version = 2;  // of this struct, so that two builds of the shim never agree by accident
   uint8_t mode = 0;             // Mode
   uint8_t eager = 0;            // SYMMEM_NCCL_INIT=eager
   uint8_t serve_one_rank = 0;   // SYMMEM_TEST_NCCL_ONE_RANK (tests only)

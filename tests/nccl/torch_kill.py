@@ -75,7 +75,7 @@ def main():
             elapsed = time.time() - t_killed
             # An error the survivor raised, or PyTorch's watchdog tearing it down for the error the
             # shim reported (SIGABRT, naming the NCCL error): never a crash of another kind.
-            watchdog = proc.returncode == -signal.SIGABRT and "NCCL" in out and "Error" in out
+            watchdog = proc.returncode == -signal.SIGABRT and "ncclRemoteError" in out
             raised = (proc.returncode == 3 and "RAISED" in out) or watchdog
             print(f"rank {r}: exit {proc.returncode} {elapsed:.1f} s after the kill "
                   f"({'raised' if raised else 'DID NOT RAISE'})")
