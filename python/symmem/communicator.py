@@ -5,6 +5,7 @@ Collective calls (create, allocate, close and every collective) must be made by 
 same order, as in C++. Errors raise SymmemError; after a device failure (a dead, stalled or
 mismatched rank) every later call raises, naming the rank that failed first.
 """
+import array
 import ctypes
 
 from . import _native, errors
@@ -17,6 +18,7 @@ _all_gather = _native.per_call("all_gather")
 _all_reduce = _native.per_call("all_reduce")
 _reduce_scatter = _native.per_call("reduce_scatter")
 _all_to_all = _native.per_call("all_to_all")
+_all_to_all_v = _native.per_call("all_to_all_v")
 _all_to_all_vdev = _native.per_call("all_to_all_vdev")
 
 
@@ -197,10 +199,12 @@ class Communicator:
             raise self.refuse("all_to_all_v", _native.ErrorCode.kInvalidArgument,
                               f"{len(in_splits)} input and {len(out_splits)} output splits for a world of {world}",
                               stream)
-        ins = (ctypes.c_int64 * world)(*[int(v) for v in in_splits])
-        outs = (ctypes.c_int64 * world)(*[int(v) for v in out_splits])
-        rc = lib.symmem_all_to_all_v(self._handle, out, out_rows, inp, in_rows, ins, outs, row_bytes, stream, algo,
-                                     blocks, max_blocks)
+        # The splits as int64 arrays the call reads by address (kept alive by these names until it
+        # returns); array.array builds them faster than ctypes arrays.
+        ins = array.array("q", [int(v) for v in in_splits])
+        outs = array.array("q", [int(v) for v in out_splits])
+        rc = _all_to_all_v(self._handle, out, out_rows, inp, in_rows, ins.buffer_info()[0], outs.buffer_info()[0],
+                           row_bytes, stream, algo, blocks, max_blocks)
         if rc:
             self._call(rc)
 

@@ -1,5 +1,5 @@
-// symmem._fastcall: the C ABI's per-call collectives (symmem_all_reduce, ..., all_to_all_vdev, the
-// MoE dispatch and combine) called from Python without ctypes. A ctypes call converts each argument
+// symmem._fastcall: the C ABI's per-call collectives (symmem_all_reduce, ..., all_to_all_v and
+// all_to_all_vdev, the MoE dispatch and combine) called from Python without ctypes. A ctypes call converts each argument
 // through a ctypes object (about 0.1-0.2 us each, 2-3 us for a collective's ten); this module reads
 // them as integers, with the signatures of include/symmem/symmem_c.h. It binds to the library
 // ctypes already loaded (its dlopen handle), so both always call the same copy.
@@ -26,6 +26,7 @@ decltype(&symmem_all_reduce) all_reduce_fn;
 decltype(&symmem_reduce_scatter) reduce_scatter_fn;
 decltype(&symmem_all_gather) all_gather_fn;
 decltype(&symmem_all_to_all) all_to_all_fn;
+decltype(&symmem_all_to_all_v) all_to_all_v_fn;
 decltype(&symmem_all_to_all_vdev) all_to_all_vdev_fn;
 decltype(&symmem_ep_dispatch) ep_dispatch_fn;
 decltype(&symmem_ep_combine) ep_combine_fn;
@@ -99,6 +100,7 @@ constexpr char kAllReduce[] = "all_reduce";
 constexpr char kReduceScatter[] = "reduce_scatter";
 constexpr char kAllGather[] = "all_gather";
 constexpr char kAllToAll[] = "all_to_all";
+constexpr char kAllToAllV[] = "all_to_all_v";
 constexpr char kAllToAllVdev[] = "all_to_all_vdev";
 constexpr char kEpDispatch[] = "ep_dispatch";
 constexpr char kEpCombine[] = "ep_combine";
@@ -120,6 +122,7 @@ PyObject* bind(PyObject*, PyObject* arg) {
   if (!look_up(handle, "symmem_all_reduce", &all_reduce_fn) ||
       !look_up(handle, "symmem_reduce_scatter", &reduce_scatter_fn) ||
       !look_up(handle, "symmem_all_gather", &all_gather_fn) || !look_up(handle, "symmem_all_to_all", &all_to_all_fn) ||
+      !look_up(handle, "symmem_all_to_all_v", &all_to_all_v_fn) ||
       !look_up(handle, "symmem_all_to_all_vdev", &all_to_all_vdev_fn) ||
       !look_up(handle, "symmem_ep_dispatch", &ep_dispatch_fn) || !look_up(handle, "symmem_ep_combine", &ep_combine_fn))
     return nullptr;
@@ -141,6 +144,9 @@ PyMethodDef methods[] = {
      "all_gather(comm, out, in, count, dtype, stream, algo, blocks, max_blocks) -> the C ABI's code"},
     {kAllToAll, fastcall(entry<all_to_all_fn, kAllToAll>), METH_FASTCALL,
      "all_to_all(comm, out, in, bytes, stream, algo, blocks, max_blocks) -> the C ABI's code"},
+    {kAllToAllV, fastcall(entry<all_to_all_v_fn, kAllToAllV>), METH_FASTCALL,
+     "all_to_all_v(comm, out, out_rows, in, in_rows, in_splits, out_splits, row_bytes, stream, algo, blocks, "
+     "max_blocks) -> the C ABI's code (the splits: addresses of world int64 values each)"},
     {kAllToAllVdev, fastcall(entry<all_to_all_vdev_fn, kAllToAllVdev>), METH_FASTCALL,
      "all_to_all_vdev(comm, out, out_rows, in, in_rows, in_splits, out_splits_offsets, row_bytes, experts, "
      "major_align, stream, algo, blocks, max_blocks) -> the C ABI's code"},

@@ -63,6 +63,14 @@ EXPORT int symmem_ep_combine(void* ep, const void* expert_out, void* out, int we
                      as_word(stream)});
 }
 
+EXPORT int symmem_all_to_all_v(void* comm, void* out, size_t out_rows, const void* in, size_t in_rows,
+                               const int64_t* in_splits, const int64_t* out_splits, size_t row_bytes, void* stream,
+                               int algo, int blocks, int max_blocks) {
+  return record(18, {as_word(comm), as_word(out), as_word(out_rows), as_word(in), as_word(in_rows), as_word(in_splits),
+                     as_word(out_splits), as_word(row_bytes), as_word(stream), as_word(algo), as_word(blocks),
+                     as_word(max_blocks)});
+}
+
 EXPORT int symmem_all_to_all_vdev(void* comm, void* out, size_t out_rows, const void* in, size_t in_rows,
                                   const int64_t* in_splits, int64_t* out_splits_offsets, size_t row_bytes, int experts,
                                   int64_t major_align, void* stream, int algo, int blocks, int max_blocks) {

@@ -20,6 +20,7 @@ CALLS = {
     "all_to_all": (14, [0x1000, POINTER, 0x2000, SIZE, POINTER, 3, -1, 64]),
     "ep_dispatch": (15, [POINTER, 0x1000, NULL, 0x2000, 1, 0x3000, 2**31 - 1, NULL, 0x4000]),
     "ep_combine": (16, [0x1000, POINTER, 0x2000, 0, NULL, POINTER]),
+    "all_to_all_v": (18, [0x1000, POINTER, SIZE, 0x2000, 7, 0x3000, POINTER, 4096, NULL, 1, 2, -1]),
     "all_to_all_vdev": (17, [0x1000, POINTER, SIZE, 0x2000, 7, 0x3000, POINTER, 4096, 8, -2**63, NULL, 1, 2, -1]),
 }
 
@@ -125,3 +126,24 @@ def test_the_library_reports_errors_through_fastcall_as_through_ctypes():
         assert rc == getattr(_native.lib, f"symmem_{name}")(*args) != 0
         assert fast_message == _native.lib.symmem_last_error()
         assert (b"no EP context" if name.startswith("ep_") else b"no communicator") in fast_message
+
+
+def test_all_to_all_v_passes_its_splits_as_int64_arrays(monkeypatch):
+    # The splits travel by address (array.array's buffer, alive for the call): what the C ABI reads
+    # there must be the caller's values, in order, as int64.
+    seen = {}
+
+    def stand_in(handle, out, out_rows, inp, in_rows, in_address, out_address, row_bytes, stream, algo, blocks,
+                 max_blocks):
+        seen["in"] = list((ctypes.c_int64 * 3).from_address(in_address))
+        seen["out"] = list((ctypes.c_int64 * 3).from_address(out_address))
+        seen["rest"] = (handle, out, out_rows, inp, in_rows, row_bytes, stream, algo, blocks, max_blocks)
+        return 0
+
+    monkeypatch.setattr(communicator, "_all_to_all_v", stand_in)
+    comm = object.__new__(communicator.Communicator)
+    comm._handle = 0x1234
+    monkeypatch.setattr(communicator.Communicator, "world", property(lambda self: 3))
+    comm.all_to_all_v(0x1000, 9, 0x2000, 6, [1, 2**40, 3], (4, 0, 5), 16, 0x99, 1, 2, -1)
+    assert seen["in"] == [1, 2**40, 3] and seen["out"] == [4, 0, 5]
+    assert seen["rest"] == (0x1234, 0x1000, 9, 0x2000, 6, 16, 0x99, 1, 2, -1)
