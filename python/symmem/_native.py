@@ -139,7 +139,8 @@ fastcall = _load_fastcall()
 def per_call(name):
     """The function a binding calls for C ABI function symmem_<name> on every call:
     symmem._fastcall's where it loaded, else ctypes' (the same C function, the same codes)."""
-    return getattr(fastcall, name) if fastcall else getattr(lib, f"symmem_{name}")
+    # (A _fastcall older than the package, without `name`, leaves that call to ctypes.)
+    return getattr(fastcall, name, None) or getattr(lib, f"symmem_{name}")
 
 
 def _names(name_of, first=0):

@@ -201,8 +201,12 @@ class Communicator:
                               stream)
         # The splits as int64 arrays the call reads by address (kept alive by these names until it
         # returns); array.array builds them faster than ctypes arrays.
-        ins = array.array("q", [int(v) for v in in_splits])
-        outs = array.array("q", [int(v) for v in out_splits])
+        try:
+            ins = array.array("q", [int(v) for v in in_splits])
+            outs = array.array("q", [int(v) for v in out_splits])
+        except OverflowError as e:  # a split outside int64: refused on every rank, not only here
+            raise self.refuse("all_to_all_v", _native.ErrorCode.kInvalidArgument, f"a split outside int64 ({e})",
+                              stream)
         rc = _all_to_all_v(self._handle, out, out_rows, inp, in_rows, ins.buffer_info()[0], outs.buffer_info()[0],
                            row_bytes, stream, algo, blocks, max_blocks)
         if rc:

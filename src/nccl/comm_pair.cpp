@@ -246,8 +246,12 @@ void CommPair::fail(ncclResult_t code, const std::string& message) {
 }
 
 ncclResult_t CommPair::async_error() {
-  if (const int code = failure_code_.load(std::memory_order_acquire); code != ncclSuccess)
+  if (const int code = failure_code_.load(std::memory_order_acquire); code != ncclSuccess) {
+    // Again (a real NCCL's failure of another communicator may have cleared it meanwhile): the
+    // watchdog asks ncclGetLastError(NULL) about the error it is given now.
+    set_process_last_error(failure_message_);
     return static_cast<ncclResult_t>(code);
+  }
   // The device's failure words, read without the lock (the watchdog thread must never wait).
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock() || !symmem_ || !failure_to_report(*symmem_)) return ncclSuccess;

@@ -95,7 +95,8 @@ class CommPair {
     return symmem_ != nullptr;
   }
   // ncclCommAbort, ncclCommRevoke or an aborting shrink reached this communicator: the real one is
-  // being torn down (maybe by another thread, PyTorch's watchdog), so nothing is forwarded to it.
+  // being torn down (maybe by another thread, PyTorch's watchdog), so a call routed to symmem whose
+  // side the abort kept from being made is not forwarded to it either.
   bool aborted() const { return aborted_.load(); }
   // Runs a call routed to symmem on the prepared side. Returns NCCL's result.
   ncclResult_t launch(const NcclCall& call, const void* send, void* recv, cudaStream_t stream);

@@ -147,3 +147,22 @@ def test_all_to_all_v_passes_its_splits_as_int64_arrays(monkeypatch):
     comm.all_to_all_v(0x1000, 9, 0x2000, 6, [1, 2**40, 3], (4, 0, 5), 16, 0x99, 1, 2, -1)
     assert seen["in"] == [1, 2**40, 3] and seen["out"] == [4, 0, 5]
     assert seen["rest"] == (0x1234, 0x1000, 9, 0x2000, 6, 16, 0x99, 1, 2, -1)
+
+
+def test_all_to_all_v_refuses_a_split_outside_int64_on_every_rank(monkeypatch):
+    # Refused through the agreed refusal (every rank raises), never an OverflowError on this rank
+    # alone while its peers wait in the call for it.
+    refused = []
+
+    def refuse(self, op, code, message, stream):
+        refused.append((op, code, stream))
+        return RuntimeError(message)
+
+    monkeypatch.setattr(communicator, "_all_to_all_v", lambda *a: pytest.fail("the call was made"))
+    monkeypatch.setattr(communicator.Communicator, "refuse", refuse)
+    monkeypatch.setattr(communicator.Communicator, "world", property(lambda self: 2))
+    comm = object.__new__(communicator.Communicator)
+    comm._handle = 0x1234
+    with pytest.raises(RuntimeError, match="outside int64"):
+        comm.all_to_all_v(0x1000, 4, 0x2000, 4, [2**63, 0], [1, 1], 16, 0x99)
+    assert refused == [("all_to_all_v", _native.ErrorCode.kInvalidArgument, 0x99)]
