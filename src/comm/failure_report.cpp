@@ -99,13 +99,9 @@ void CommunicatorState::ensure_usable(const char* op) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
   int who = -1;
-  auto is_cause = [](uint32_t code) {
-    return code == kStatusTimeout || code == kStatusMismatch || code == kStatusNetwork || code == kStatusCapacity ||
-           code == kStatusRefused;
-  };
-  if (is_cause(own.code)) who = rank;
+  if (is_failure_cause(own.code)) who = rank;
   for (int r = 0; r < world && who < 0; ++r)
-    if (is_cause(__atomic_load_n(&board->page(r)->status.code, __ATOMIC_ACQUIRE))) who = r;
+    if (is_failure_cause(__atomic_load_n(&board->page(r)->status.code, __ATOMIC_ACQUIRE))) who = r;
   if (who < 0) {
     // The abort word is set but the failing rank's record is not visible yet (or it died while
     // writing it): report what is known.

@@ -45,6 +45,13 @@ enum StatusCode : uint32_t {
                         // block holds the ErrorCode, the host board page the message
 };
 
+// Whether a record says why calls failed (a root cause), not only that this rank saw another's
+// failure (kStatusAborted) or nothing (kStatusOk).
+SYMMEM_HOST_DEVICE constexpr bool is_failure_cause(uint32_t code) {
+  return code == kStatusTimeout || code == kStatusMismatch || code == kStatusNetwork || code == kStatusCapacity ||
+         code == kStatusRefused;
+}
+
 enum OpCode : uint32_t {
   kOpNone = 0,
   kOpBarrier = 1,

@@ -19,9 +19,9 @@
 //              A peer's clean abort breaks this rank only where it had a call in flight (whose
 //              waits then fail); a rank with nothing in flight reports no error (as NCCL), and its
 //              next served call fails at once (it needs that peer). A cause some rank recorded (a
-//              timeout, a mismatch) is reported everywhere. PyTorch aborts its communicators at exit when a
-//              program did not destroy its process groups: that must not fail the ranks still
-//              running.
+//              timeout, a mismatch) is reported everywhere. PyTorch aborts its communicators at
+//              exit when a program did not destroy its process groups: that must not fail the
+//              ranks still running.
 //   released   ncclCommDestroy / ncclCommFinalize release the symmem side locally (the peers' own
 //              mappings keep alive what they still use). ncclCommAbort and ncclCommRevoke first set
 //              the abort word, which releases every wait of every rank of the node at once; the

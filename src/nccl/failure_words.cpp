@@ -10,10 +10,8 @@ bool failure_to_report(const Communicator& comm) noexcept {
   if (!st.board) return false;
   if (detail::load_word(&st.status_host()->code) != detail::kStatusOk) return true;
   if (detail::load_word(st.board->abort_word()) == 0) return false;
-  for (int r = 0; r < st.world; ++r) {
-    const uint32_t code = detail::load_word(&st.board->page(r)->status.code);
-    if (code != detail::kStatusOk && code != detail::kStatusAborted) return true;
-  }
+  for (int r = 0; r < st.world; ++r)
+    if (detail::is_failure_cause(detail::load_word(&st.board->page(r)->status.code))) return true;
   return false;
 }
 

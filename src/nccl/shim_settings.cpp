@@ -10,7 +10,11 @@
 
 namespace symmem::nccl {
 
-int fewest_ranks_served() { return env::nccl_serves_one_rank() ? 1 : 2; }
+int fewest_ranks_served() {
+  ShimSettings s;
+  s.serve_one_rank = env::nccl_serves_one_rank();
+  return s.min_world();
+}
 
 const CutoverTable& cutover_table_of_device(int device) {
   cudaDeviceProp prop{};
