@@ -18,7 +18,8 @@
 #   1 pynccl               tests/nccl/pynccl_client.py: vLLM's PyNccl shape, T x 8192 bf16, eager and
 #                          graphs, plain vs shim; then again with SYMMEM_NCCL_WORKSPACE_MB=256
 #   2 torch                tests/nccl/torch_steps.py plain, shim (auto), shim (all) + the comparisons
-#                          (which also fail when the shim's route logs show it served too little)
+#                          (which also fail when the shim's route logs show it served too little);
+#                          plain against the one-process reference (--reference)
 #   3 kill                 tests/nccl/torch_kill.py: a killed rank, the survivors raise in time
 #   4 nccl_tests           scripts/nccl_tests_run.sh RANKS: all_reduce, all_gather, reduce_scatter,
 #                          alltoall x bf16/fp16/fp32, processes and threads, plain vs shim interleaved
@@ -88,6 +89,12 @@ step pynccl_workspace_256 120 "$OUT/pynccl_workspace_256.log" env SYMMEM_NCCL_WO
   "${TORCHRUN[@]}" tests/nccl/pynccl_client.py --shim "$SHIM" --csv "$OUT/pynccl_workspace_256.csv"
 
 step torch_nccl 150 "$OUT/torch_nccl.log" "${TORCHRUN[@]}" tests/nccl/torch_steps.py --out "$OUT/torch_nccl"
+# The one-process reference that the shared-GPU run (scripts/nccl_torch_shared_gpu.sh) is held to,
+# itself held to plain NCCL here.
+step torch_reference 90 "$OUT/torch_reference.log" python3 tests/nccl/torch_steps.py --reference "$RANKS" \
+  --out "$OUT/torch_reference"
+step torch_compare_reference 60 "$OUT/torch_compare_reference.txt" python3 tests/nccl/torch_steps.py \
+  --compare "$OUT/torch_reference" "$OUT/torch_nccl" --ranks "$RANKS"
 for mode in auto all; do
   rm -f "$OUT"/torch_routes_"$mode".*.csv  # a reused OUT: the check must read this run's logs alone
   step "torch_shim_$mode" 150 "$OUT/torch_shim_$mode.log" env LD_PRELOAD="$SHIM" SYMMEM_NCCL=$mode \

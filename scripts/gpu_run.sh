@@ -49,6 +49,7 @@ shared_gpu_tests           C++ multi-rank protocols, ranks as threads on one GPU
 shared_gpu_moe_tests       all-to-all and MoE on one GPU, both combine paths (SHARED_WORLDS)
 shared_gpu_shim_tests      libsymmem_nccl.so served on one GPU behind a stand-in NCCL (SHARED_WORLDS)
 shared_gpu_nccl_tests      nccl-tests'"'"' data checks through libsymmem_nccl.so, processes on one GPU (SHARED_WORLDS)
+shared_gpu_torch_shim      unchanged PyTorch (DDP, FSDP2, TP, graphs, groups) through libsymmem_nccl.so, processes on one GPU (SHARED_WORLDS)
 triton_shared_gpu_tests    symmem.triton on one GPU at 2, 4, 8 ranks
 triton_ops_tests           the symmem.triton example ops at world 1
 cuda_example               the CUDA example at 2, 4, 8 ranks on one GPU, and with a dead rank
@@ -270,6 +271,16 @@ run_step() {
       test_step "$name" 400 env NCCL_TESTS_BIN="$B/nccl-tests" SHIM="$B/libsymmem_nccl.so" \
         FAKE_NCCL="$B/libsymmem_fake_nccl.so" OUT="$L/$name" scripts/nccl_tests_shared_gpu.sh "$worlds"
       [ "$DRY" = 1 ] || cp "$L/$name/summary.txt" "$TESTS/${name}_summary.txt" 2>/dev/null ;;
+    shared_gpu_torch_shim)
+      local worlds=${SHARED_WORLDS:-2 3 4 8}
+      local name="shared_gpu_torch_shim_${worlds// /_}_ranks"
+      test_step "$name" 540 env SHIM="$B/libsymmem_nccl.so" FAKE_NCCL="$B/libsymmem_fake_nccl.so" OUT="$L/$name" \
+        scripts/nccl_torch_shared_gpu.sh "$worlds"
+      [ "$DRY" = 1 ] || find "$L/$name" -name '*.pt' -delete  # a failed world's results: megabytes each
+      [ "$DRY" = 1 ] || cp "$L/$name/summary.txt" "$TESTS/${name}_summary.txt" 2>/dev/null
+      [ "$DRY" = 1 ] || for f in "$L/$name"/*/compare.txt "$L/$name"/*/pynccl.txt; do
+        [ -f "$f" ] && cp "$f" "$TESTS/${name}_$(basename "$(dirname "$f")")_$(basename "$f")"
+      done ;;
     triton_shared_gpu_tests)
       test_step triton_shared_gpu_tests_2_4_8_ranks 330 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 4 8" \
         python3 -m pytest -v -p no:cacheprovider -rA -o faulthandler_timeout=150 tests/python/triton_gpu/test_triton_shared_gpu.py ;;

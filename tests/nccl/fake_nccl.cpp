@@ -1,12 +1,17 @@
 // A stand-in for libnccl.so.2 behind libsymmem_nccl.so in the shared-GPU tests
-// (tests/nccl/shared_gpu_shim_tests.cpp): the real NCCL refuses two ranks on one GPU, and those
+// (tests/nccl/shared_gpu_shim_tests.cpp, scripts/nccl_tests_shared_gpu.sh and
+// scripts/nccl_torch_shared_gpu.sh): the real NCCL refuses two ranks on one GPU, and those
 // tests run every rank on GPU 0. It keeps NCCL's contract where the shim relies on it and moves no
 // data:
 //   - ncclCommInitRank returns once every rank of the unique id entered it, in this process or
 //     another (the shim's rendezvous relies on that), ncclCommInitAll makes every rank's at once;
+//   - ncclCommSplit returns once every rank of the parent entered it, with NCCL's child (ranks of
+//     one colour ordered by key, then by parent rank; none for NCCL_SPLIT_NOCOLOR); it blocks at
+//     once, so one thread cannot split for several ranks inside a group as NCCL allows;
 //   - count, rank, device, async error, group start / end, abort, destroy answer as NCCL does;
 //   - ncclMemAlloc makes cuMem memory exportable as a file descriptor, as NCCL's does;
-//   - every collective, send and receive is counted (fake_nccl_forwarded) and does nothing: with
+//   - every collective, send and receive is counted (fake_nccl_forwarded) and does nothing (a
+//     pre-multiplied sum and a registration only hand out a handle): with
 //     SYMMEM_NCCL=all a served call must never get here, and a forwarded one is seen.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -16,15 +21,20 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #define FAKE_API extern "C" __attribute__((visibility("default")))
 
@@ -32,6 +42,8 @@ struct ncclComm {
   int rank;
   int nranks;
   int device;
+  ncclUniqueId id;  // what its ranks met by (a split's child: derived from the parent's)
+  int splits = 0;   // its splits so far (every rank of a communicator splits it in the same order)
   std::atomic<long> forwarded{0};
 };
 
@@ -84,8 +96,13 @@ FAKE_API ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 FAKE_API const char* ncclGetErrorString(ncclResult_t r) {
-  static const char* names[] = {"no error", "unhandled cuda error", "unhandled system error", "internal error",
-                                "invalid argument", "invalid usage", "remote process exited or there was a network error",
+  static const char* names[] = {"no error",
+                                "unhandled cuda error",
+                                "unhandled system error",
+                                "internal error",
+                                "invalid argument",
+                                "invalid usage",
+                                "remote process exited or there was a network error",
                                 "operation in progress"};
   return r >= 0 && r < ncclNumResults ? names[r] : "unknown result";
 }
@@ -105,7 +122,64 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueI
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
-  *comm = new ncclComm{rank, nranks, device};
+  *comm = new ncclComm{rank, nranks, device, id};
+  return ncclSuccess;
+}
+
+namespace {
+// The id of `parent`'s split number `split` for `what` (its meeting, or the child of a colour):
+// the first 16 bytes (those meeting_file reads) mixed with both, FNV-1a.
+ncclUniqueId derived_id(const ncclUniqueId& parent, int split, long what) {
+  uint64_t h[2] = {1469598103934665603ull, 1099511628211ull * 31};
+  for (uint64_t& x : h) {
+    auto mix = [&x](uint64_t v) {
+      for (int b = 0; b < 8; ++b) x = (x ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+    };
+    for (int i = 0; i < 16; ++i) mix(static_cast<unsigned char>(parent.internal[i]));
+    mix(static_cast<uint64_t>(split));
+    mix(static_cast<uint64_t>(what));
+    mix(&x == &h[0] ? 0 : 1);
+  }
+  ncclUniqueId id = parent;
+  std::memcpy(id.internal, h, sizeof(h));
+  return id;
+}
+}  // namespace
+
+// Every rank of the parent leaves its colour and key in a file of the split's meeting and reads
+// everyone's: each then knows its child's members without another meeting.
+FAKE_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t*) {
+  if (!comm || !newcomm || (color < 0 && color != NCCL_SPLIT_NOCOLOR)) return ncclInvalidArgument;
+  const int split = comm->splits++;
+  const ncclUniqueId meeting = derived_id(comm->id, split, -2);
+  {
+    const std::string mine = meeting_file(meeting, comm->rank);
+    const std::string partial = mine + ".partial";
+    FILE* f = std::fopen(partial.c_str(), "w");
+    if (!f) return ncclSystemError;
+    std::fprintf(f, "%d %d\n", color, key);
+    if (std::fclose(f) != 0 || std::rename(partial.c_str(), mine.c_str()) != 0) return ncclSystemError;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + meeting_timeout();
+  std::vector<std::pair<int, int>> members;  // (key, parent rank) of this rank's colour
+  for (int r = 0; r < comm->nranks; ++r) {
+    int their_color = 0, their_key = 0;
+    for (;;) {
+      FILE* f = std::fopen(meeting_file(meeting, r).c_str(), "r");
+      const bool read = f && std::fscanf(f, "%d %d", &their_color, &their_key) == 2;
+      if (f) std::fclose(f);
+      if (read) break;
+      if (std::chrono::steady_clock::now() >= deadline) return ncclSystemError;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (color != NCCL_SPLIT_NOCOLOR && their_color == color) members.push_back({their_key, r});
+  }
+  *newcomm = nullptr;
+  if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+  std::sort(members.begin(), members.end());
+  const auto at = std::find(members.begin(), members.end(), std::make_pair(key, comm->rank));
+  *newcomm = new ncclComm{static_cast<int>(at - members.begin()), static_cast<int>(members.size()), comm->device,
+                          derived_id(comm->id, split, color)};
   return ncclSuccess;
 }
 namespace {
@@ -130,12 +204,20 @@ FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclU
   return ncclCommInitRank(comm, nranks, id, rank);
 }
 FAKE_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
-  for (int i = 0; i < ndev; ++i) comms[i] = new ncclComm{i, ndev, devlist ? devlist[i] : 0};
+  ncclUniqueId id;
+  ncclGetUniqueId(&id);
+  for (int i = 0; i < ndev; ++i) comms[i] = new ncclComm{i, ndev, devlist ? devlist[i] : 0, id};
   return ncclSuccess;
 }
-FAKE_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* n) { return comm ? (*n = comm->nranks, ncclSuccess) : ncclInvalidArgument; }
-FAKE_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* r) { return comm ? (*r = comm->rank, ncclSuccess) : ncclInvalidArgument; }
-FAKE_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* d) { return comm ? (*d = comm->device, ncclSuccess) : ncclInvalidArgument; }
+FAKE_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* n) {
+  return comm ? (*n = comm->nranks, ncclSuccess) : ncclInvalidArgument;
+}
+FAKE_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* r) {
+  return comm ? (*r = comm->rank, ncclSuccess) : ncclInvalidArgument;
+}
+FAKE_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* d) {
+  return comm ? (*d = comm->device, ncclSuccess) : ncclInvalidArgument;
+}
 FAKE_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
   if (!comm) return ncclInvalidArgument;
   *e = ncclSuccess;
@@ -220,4 +302,36 @@ FAKE_API ncclResult_t ncclAlltoAll(const void*, void*, size_t, ncclDataType_t, n
 }
 FAKE_API ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
   return count(comm);
+}
+FAKE_API ncclResult_t ncclBcast(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
+  return count(comm);
+}
+FAKE_API ncclResult_t ncclReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t comm,
+                                 cudaStream_t) {
+  return count(comm);
+}
+FAKE_API ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
+  return count(comm);
+}
+FAKE_API ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
+  return count(comm);
+}
+// Pre-multiplied sums (PyTorch's ReduceOp.PREMUL_SUM, FSDP's gradient divide factor): an op handle
+// of the custom range, never served by the shim.
+FAKE_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t, ncclScalarResidence_t,
+                                               ncclComm_t comm) {
+  if (!comm || !op) return ncclInvalidArgument;
+  *op = static_cast<ncclRedOp_t>(ncclNumOps);
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t, ncclComm_t comm) {
+  return comm ? ncclSuccess : ncclInvalidArgument;
+}
+FAKE_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t, void** handle) {
+  if (!comm || !handle) return ncclInvalidArgument;
+  *handle = buff;
+  return ncclSuccess;
+}
+FAKE_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void*) {
+  return comm ? ncclSuccess : ncclInvalidArgument;
 }

@@ -13,6 +13,10 @@ both libraries side by side (two communicators, one per library), at vLLM's all-
 Rank 0 prints a table (microseconds per call, median of interleaved repetitions, and the route the
 shim took) and "faster at every size: yes/no" for eager calls and graph replays. Exit 1 on a wrong
 result, or with --require-faster when the shim is slower anywhere.
+
+--shim-only loads the shim alone, by path, for ranks that share GPU 0 (SYMMEM_TEST_SHARED_GPU=1)
+behind the stand-in NCCL (SYMMEM_NCCL_LIBRARY, tests/nccl/fake_nccl.cpp), where plain NCCL cannot
+run: every result must then come from symmem (SYMMEM_NCCL=all), and its times say nothing.
 """
 import argparse
 import csv
@@ -137,20 +141,24 @@ def main():
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--csv")
     p.add_argument("--require-faster", action="store_true")
+    p.add_argument("--shim-only", action="store_true", help="the shim alone (ranks sharing one GPU)")
     args = p.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_rank = 0 if os.environ.get("SYMMEM_TEST_SHARED_GPU") == "1" else int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local_rank)
     dist.init_process_group("gloo")  # only to share the unique ids, as vLLM does over its CPU group
     route_prefix = os.path.join(tempfile.gettempdir(), f"pynccl_client_routes_{os.environ.get('MASTER_PORT', '0')}")
     os.environ["SYMMEM_NCCL_ROUTE_LOG"] = route_prefix  # read by the shim when it loads below
-    real_path = args.nccl
+    # --shim-only: what the shim forwards to (for the report line only).
+    real_path = (args.nccl or os.environ.get("SYMMEM_NCCL_LIBRARY") or "the shim's choice") if args.shim_only \
+        else args.nccl
     if not real_path:
         # The libnccl.so.2 torch loaded (the shim, loaded by path, forwards to that one as well).
         maps = open("/proc/self/maps").read().split()
         real_path = next(m for m in maps if m.endswith("libnccl.so.2"))
-    libs = {"nccl": NcclLibrary(real_path), "symmem_nccl": NcclLibrary(args.shim)}
+    libs = {"symmem_nccl": NcclLibrary(args.shim)} if args.shim_only else {
+        "nccl": NcclLibrary(real_path), "symmem_nccl": NcclLibrary(args.shim)}
     comms = {}
     for name, lib in libs.items():
         uid = [lib.unique_id() if rank == 0 else None]
@@ -212,20 +220,28 @@ def main():
         gpu = torch.cuda.get_device_name()
         commit = build_commit(args.shim)
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        print(f"# {date} {gpu} x {world}, shim {args.shim} (commit {commit or 'unknown'}), NCCL {real_path}")
+        machine = f"{world} ranks sharing one {gpu}" if os.environ.get("SYMMEM_TEST_SHARED_GPU") == "1" \
+            else f"{gpu} x {world}"
+        print(f"# {date} {machine}, shim {args.shim} (commit {commit or 'unknown'}), NCCL {real_path}")
         print(f"{'mode':6} {'T':>5} {'MiB':>7} {'NCCL us':>9} {'shim us':>9} {'speedup':>8} route")
         for mode in ("eager", "graph"):
             for t in tokens:
-                a = next(r for r in results if r["library"] == "nccl" and r["mode"] == mode and r["tokens"] == t)
+                a = next((r for r in results if r["library"] == "nccl" and r["mode"] == mode and r["tokens"] == t),
+                         None)
                 b = next(r for r in results if r["library"] == "symmem_nccl" and r["mode"] == mode and r["tokens"] == t)
+                route = routes.get(b["bytes"], "?")
+                if a is None:  # --shim-only
+                    print(f"{mode:6} {t:>5} {b['bytes'] / 2**20:>7.2f} {'-':>9} {b['us_median']:>9.2f} {'-':>8} "
+                          f"{route}")
+                    continue
                 speedup = a["us_median"] / b["us_median"]
                 if speedup <= 1.0:
                     slower.append((mode, t))
-                route = routes.get(a["bytes"], "?")
                 print(f"{mode:6} {t:>5} {a['bytes'] / 2**20:>7.2f} {a['us_median']:>9.2f} {b['us_median']:>9.2f} "
                       f"{speedup:>8.3f} {route}")
-            faster = not any(m == mode for m, _ in slower)
-            print(f"{mode}: faster at every size: {'yes' if faster else 'no'}")
+            if "nccl" in libs:
+                faster = not any(m == mode for m, _ in slower)
+                print(f"{mode}: faster at every size: {'yes' if faster else 'no'}")
         print(f"wrong results: {total_wrong}")
         served = sorted(b for b, r in routes.items() if r == "symmem")
         print(f"sizes the shim served: {len(served)} of {len(tokens)}")

@@ -9,11 +9,13 @@
 //
 // Cases: every served collective, type, reduction, count, in place and out of place, checked
 // exactly on the host (integer-valued inputs: sums are exact whatever the order); registered
-// windows (zero copy through Heap::import); one thread driving every rank through groups
+// windows (zero copy through Heap::import); the children of ncclCommSplit (NCCL_SPLIT_NOCOLOR,
+// keys that reorder the ranks, one-rank children); one thread driving every rank through groups
 // (ncclCommInitAll), with a forwarded call in the group; CUDA graph capture and replay, and a
 // first call under capture (forwarded, then made at the next eager one); a mismatch and a missing
-// rank reported as ncclRemoteError naming the ranks; ncclCommAbort releasing a peer's wait, and
-// leaving a peer with nothing in flight without an error; NCCL's
+// rank reported as ncclRemoteError naming the ranks; ncclCommAbort releasing a peer's wait,
+// failing a call of another thread that was making the side, and leaving a peer with nothing in
+// flight without an error; NCCL's
 // own call of an exported function (the stand-in's init with a config calls its plain init)
 // forwarded unchanged.
 //
@@ -27,6 +29,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -41,6 +44,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "test.hpp"
@@ -537,6 +541,79 @@ TEST(shim_serves_registered_windows_zero_copy) {
   }
 }
 
+// The children of ncclCommSplit (PyTorch's new_group splits the default communicator), made and
+// served beside each other: halves by parity with their keys reversing the order, every rank but
+// rank 0 (which passes NCCL_SPLIT_NOCOLOR and gets none), and all ranks in one colour. Eager sides
+// (SYMMEM_NCCL_INIT=eager: made inside the collective split, before any kernel runs on the shared
+// GPU) and one-rank children served too (SYMMEM_TEST_NCCL_ONE_RANK: the stand-in moves no data).
+TEST(shim_serves_the_children_of_splits) {
+  serve_everything();
+  SettingForThisCase eager("SYMMEM_NCCL_INIT", "eager");
+  SettingForThisCase one_rank("SYMMEM_TEST_NCCL_ONE_RANK", "1");
+  const std::vector<Shape> shapes = {{Op::kAllReduce, ncclFloat32, ncclSum, 1000, false},
+                                     {Op::kAllGather, ncclBfloat16, ncclSum, 65537, true},
+                                     {Op::kReduceScatter, ncclInt32, ncclMax, 3, false},
+                                     {Op::kAlltoAll, ncclFloat16, ncclSum, 4099, false}};
+  constexpr int kSplits = 3;
+  // Colour and key of `rank` in split k.
+  auto colour = [](int k, int rank) { return k == 0 ? rank % 2 : k == 1 ? (rank == 0 ? NCCL_SPLIT_NOCOLOR : 7) : 3; };
+  auto key = [](int k, int rank, int world) { return k == 0 ? world - rank : rank; };
+  for (int world : worlds()) {
+    run_ranks(world, [&](Rank& me) {
+      const size_t bytes = largest_buffer(shapes, world);
+      char *send = nullptr, *recv = nullptr;
+      CUDA_OK(cudaMalloc(&send, bytes));
+      CUDA_OK(cudaMalloc(&recv, bytes));
+      Rank children[kSplits];
+      for (Rank& c : children) c.host.reserve(bytes);
+      me.meet();
+      for (int k = 0; k < kSplits; ++k) {
+        const int mine = colour(k, me.rank);
+        children[k].comm = reinterpret_cast<ncclComm_t>(&children[k]);  // must be overwritten: a child or none
+        NCCL_OK(ncclCommSplit(me.comm, mine, key(k, me.rank, world), &children[k].comm, nullptr));
+        if (mine == NCCL_SPLIT_NOCOLOR) {
+          if (children[k].comm) throw symmem::test::Failure("NCCL_SPLIT_NOCOLOR made a child");
+          continue;
+        }
+        // NCCL's order: by key, then by the parent's rank.
+        std::vector<std::pair<int, int>> members;
+        for (int r = 0; r < world; ++r)
+          if (colour(k, r) == mine) members.push_back({key(k, r, world), r});
+        std::sort(members.begin(), members.end());
+        Rank& c = children[k];
+        c.world = int(members.size());
+        c.rank = int(std::find(members.begin(), members.end(), std::make_pair(key(k, me.rank, world), me.rank)) -
+                     members.begin());
+        c.stream = me.stream;
+        int said_rank = -1, said_world = -1;
+        NCCL_OK(ncclCommUserRank(c.comm, &said_rank));
+        NCCL_OK(ncclCommCount(c.comm, &said_world));
+        if (said_rank != c.rank || said_world != c.world)
+          throw symmem::test::Failure("split " + std::to_string(k) + ": rank " + std::to_string(said_rank) + " of " +
+                                      std::to_string(said_world) + ", expected " + std::to_string(c.rank) + " of " +
+                                      std::to_string(c.world));
+      }
+      me.meet();
+      // Every child's calls, one child after the other (a rank in several children serves them in
+      // the same order as its peers).
+      for (int k = 0; k < kSplits; ++k) {
+        if (!children[k].comm) continue;
+        for (const Shape& s : shapes) check_call(s, children[k], send, recv, 0);
+        if (forwarded(children[k].comm) != 0)
+          throw symmem::test::Failure("split " + std::to_string(k) + ": " +
+                                      std::to_string(forwarded(children[k].comm)) + " calls reached NCCL");
+      }
+      CUDA_OK(cudaStreamSynchronize(me.stream));
+      me.meet();
+      for (Rank& c : children)
+        if (c.comm) NCCL_OK(ncclCommDestroy(c.comm));
+      me.meet();
+      CUDA_OK(cudaFree(send));
+      CUDA_OK(cudaFree(recv));
+    });
+  }
+}
+
 TEST(shim_groups_drive_every_rank_from_one_thread) {
   serve_everything();
   for (int world : worlds()) {
@@ -905,6 +982,38 @@ TEST(shim_abort_releases_a_peers_wait) {
     }
     me.meet();
     if (me.rank != me.world - 1) NCCL_OK(ncclCommAbort(me.comm));
+    CUDA_OK(cudaFree(buf));
+  });
+}
+
+// PyTorch's watchdog aborts a communicator from its own thread while the program's thread may be
+// inside a first served call, making the symmem side and waiting there for peers that never come:
+// that call must fail with ncclRemoteError at the abort, never go on to the NCCL communicator the
+// abort is freeing.
+TEST(shim_an_abort_while_the_side_is_made_fails_that_call) {
+  run_failure_case("60000", [](Rank& me) {
+    float* buf = nullptr;
+    CUDA_OK(cudaMalloc(&buf, 4096));
+    me.meet();
+    if (me.rank == 0) {  // its peers never make their sides: it waits in the making until the abort
+      ncclResult_t aborted = ncclSuccess;
+      std::thread watchdog([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        aborted = ncclCommAbort(me.comm);
+      });
+      const auto start = std::chrono::steady_clock::now();
+      const ncclResult_t call = ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      watchdog.join();
+      const std::string why = ncclGetLastError(nullptr) ? ncclGetLastError(nullptr) : "";
+      NCCL_OK(aborted);
+      if (call != ncclRemoteError || why.find("aborted") == std::string::npos)
+        throw symmem::test::Failure("the call being made when its communicator was aborted gave " +
+                                    std::to_string(call) + " after " + std::to_string(waited) + " s: " + why);
+      if (waited > 10) throw symmem::test::Failure("the call ended only after " + std::to_string(waited) + " s");
+    }
+    me.meet();
+    if (me.rank != 0) NCCL_OK(ncclCommAbort(me.comm));
     CUDA_OK(cudaFree(buf));
   });
 }
