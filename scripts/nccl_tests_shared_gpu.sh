@@ -21,14 +21,9 @@ REPO=$PWD
 WORLDS=${1:-2 3 4 8}
 NCCL_TESTS_BIN=$(cd "${NCCL_TESTS_BIN:-build-nccl-tests/bin}" && pwd) || {
   echo "no nccl-tests binaries: run scripts/nccl_tests_build.sh first, or set NCCL_TESTS_BIN" >&2; exit 2; }
-SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
-FAKE_NCCL=$(realpath "${FAKE_NCCL:-build/tests/libsymmem_fake_nccl.so}")
-if [ ! -f "$SHIM" ] || [ ! -f "$FAKE_NCCL" ]; then
-  echo "no shim or stand-in NCCL (set SHIM, FAKE_NCCL)" >&2; exit 2
-fi
-if ! nvidia-smi -L > /dev/null 2>&1; then
-  echo "SKIPPED: nccl-tests on the shared GPU need a GPU"; exit 77
-fi
+# shellcheck source=scripts/shared_gpu_shim_inputs.sh
+source scripts/shared_gpu_shim_inputs.sh
+shared_gpu_shim_inputs "nccl-tests"
 if [ -z "${NCCL_LIB_DIR:-}" ]; then
   NCCL_LIB_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" \
     2> /dev/null) || NCCL_LIB_DIR=/usr/local/cuda/lib64

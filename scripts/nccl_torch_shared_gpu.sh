@@ -26,14 +26,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 WORLDS=${1:-2 3 4 8}
-SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
-FAKE_NCCL=$(realpath "${FAKE_NCCL:-build/tests/libsymmem_fake_nccl.so}")
-if [ ! -f "$SHIM" ] || [ ! -f "$FAKE_NCCL" ]; then
-  echo "no shim or stand-in NCCL (set SHIM, FAKE_NCCL)" >&2; exit 2
-fi
-if ! nvidia-smi -L > /dev/null 2>&1; then
-  echo "SKIPPED: PyTorch through the shim on the shared GPU needs a GPU"; exit 77
-fi
+# shellcheck source=scripts/shared_gpu_shim_inputs.sh
+source scripts/shared_gpu_shim_inputs.sh
+shared_gpu_shim_inputs "PyTorch through the shim"
 OUT=${OUT:-$PWD/nccl_torch_shared_gpu_out}
 mkdir -p "$OUT"
 rm -rf "$OUT/meet" "$OUT/summary.txt" "$OUT/negative_control"
