@@ -57,6 +57,7 @@ import torch.nn.functional as F  # noqa: E402
 
 STEPS = 6
 REL_BOUND = 1e-5
+PARTS = ("ddp", "fsdp2", "tp", "groups")
 
 
 def mlp(width, hidden):
@@ -323,7 +324,14 @@ def compare(args):
     for rank in range(args.ranks):
         a = torch.load(f"{args.compare[0]}.rank{rank}.pt", weights_only=False)
         b = torch.load(f"{args.compare[1]}.rank{rank}.pt", weights_only=False)
+        parts_a, parts_b = ([p for p in PARTS if p in r] for r in (a, b))
+        if parts_a != parts_b or set(a.get("groups", {})) != set(b.get("groups", {})):
+            print(f"rank {rank}: THE RUNS DIFFER IN WHAT THEY HOLD: {parts_a} and groups {sorted(a.get('groups', {}))} "
+                  f"against {parts_b} and groups {sorted(b.get('groups', {}))}")
+            failures += 1
+            continue
         if rank == 0:
+            print(f"# parts compared: {', '.join(parts_a)}")
             print(f"# {args.compare[0]} (LD_PRELOAD={a['preloaded'] or '-'}) vs {args.compare[1]} "
                   f"(LD_PRELOAD={b['preloaded'] or '-'}, SYMMEM_NCCL={b['shim_mode'] or 'auto'}), world {a['world']}")
             print(f"{'part':7} {'loss gap':>10} {'param gap':>10} {'ms/step A':>10} {'ms/step B':>10} verdict")
@@ -391,11 +399,13 @@ def main():
     p.add_argument("--mode", default="auto", choices=("auto", "all"), help="with --routes: the shim run's SYMMEM_NCCL")
     p.add_argument("--reference", type=int, metavar="WORLD",
                    help="with --out: the parts at WORLD ranks computed in one process, without collectives")
-    p.add_argument("--parts", default="ddp,fsdp2,tp,groups", help="with --out: the parts to run (comma-separated)")
+    p.add_argument("--parts", default=",".join(PARTS), help="with --out: the parts to run (comma-separated)")
     p.add_argument("--none-forwarded", action="store_true",
                    help="with --routes: fail on any call the shim forwarded (ranks on one GPU behind the stand-in)")
     args = p.parse_args()
     args.parts = args.parts.split(",")
+    if not args.parts or any(part not in PARTS for part in args.parts):
+        p.error(f"--parts takes some of {', '.join(PARTS)}")
     if args.compare:
         sys.exit(compare(args))
     if not args.out:
