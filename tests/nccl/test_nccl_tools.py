@@ -1,7 +1,8 @@
 """The nccl-tests tooling without a GPU: tools/nccl_tests_report.py turns nccl-tests' output and the
 shim's route logs into CSV rows and compares the libraries; tools/nccl_cutover.py turns an A/B run
 into a cutover table that src/nccl/cutover_table.cpp reads (the symmem_unit_tests binary parses it,
-when ctest names it in SYMMEM_UNIT_TESTS)."""
+when ctest names it in SYMMEM_UNIT_TESTS); tests/nccl/torch_steps.py --compare judges the PyTorch
+runs through the shim."""
 import csv
 import json
 import os
@@ -192,3 +193,68 @@ def test_cutover_needs_a_run_that_served_everything(ab_run):
         w.writerows(rows)
     rc, text = run(CUTOVER, str(auto), "--gpu", "g", "--out", str(tmp_path / "x.json"))
     assert rc != 0 and "SHIM_MODE=all" in text
+
+
+# tests/nccl/torch_steps.py --compare, the judge of the PyTorch runs through the shim (on GPUs and
+# on one GPU behind the stand-in), on result files written here.
+STEPS_TOOL = os.path.join(REPO, "tests", "nccl", "torch_steps.py")
+
+
+def write_steps_results(prefix, world, parts, shift=0.0):
+    """Result files of `parts` for `world` ranks, each value moved by `shift`."""
+    torch = pytest.importorskip("torch", reason="torch_steps.py reads torch's files")
+    for rank in range(world):
+        result = {"world": world, "preloaded": "", "shim_mode": ""}
+        for part in parts:
+            if part == "groups":
+                result[part] = {"all_1000": (torch.arange(4.0) + shift, shift == 0)}
+                continue
+            result[part] = {"losses": [1.0 + shift] * 6, "times": [1.0] * 6, "params": {"w": torch.ones(8) + shift}}
+            if part == "tp":
+                result[part].update(decode_outputs=[torch.ones(3) + shift], decode_times=[0.1] * 5,
+                                    decode_replay_vs_eager=0.0)
+        torch.save(result, f"{prefix}.rank{rank}.pt")
+
+
+def route_log(path, rows):
+    with open(path, "w") as f:
+        f.write("collective,type,redop,bytes,world,buffers,route,why\n")
+        f.writelines(f"{c},7,0,4000,2,staged,{route},x\n" for c, route in rows)
+
+
+def compare_steps(tmp_path, *flags):
+    return run(STEPS_TOOL, "--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--ranks", "2", *flags)
+
+
+def test_steps_compare_holds_every_part_to_the_bound(tmp_path):
+    parts = ["ddp", "fsdp2", "tp", "groups"]
+    write_steps_results(tmp_path / "a", 2, parts)
+    write_steps_results(tmp_path / "b", 2, parts)
+    rc, out = compare_steps(tmp_path)
+    assert rc == 0, out
+    write_steps_results(tmp_path / "b", 2, parts, shift=1e-3)  # far outside 1e-5 of the values
+    rc, out = compare_steps(tmp_path)
+    assert rc == 1 and "OUTSIDE THE BOUND" in out and "WRONG" in out, out
+
+
+def test_steps_compare_refuses_runs_of_different_parts(tmp_path):
+    write_steps_results(tmp_path / "a", 2, ["ddp", "groups"])
+    write_steps_results(tmp_path / "b", 2, ["ddp"])
+    rc, out = compare_steps(tmp_path)
+    assert rc == 1 and "DIFFER IN WHAT THEY HOLD" in out, out
+
+
+def test_steps_compare_reads_the_route_logs(tmp_path):
+    write_steps_results(tmp_path / "a", 2, ["ddp"])
+    write_steps_results(tmp_path / "b", 2, ["ddp"])
+    routes = tmp_path / "route"
+    route_log(f"{routes}.1.csv", [("all_reduce", "symmem"), ("all_gather", "nccl")])
+    rc, out = compare_steps(tmp_path, "--routes", str(routes), "--mode", "auto")
+    assert rc == 0, out  # auto: something served
+    rc, out = compare_steps(tmp_path, "--routes", str(routes), "--mode", "all")
+    assert rc == 1 and "all_gather never served" in out, out
+    route_log(f"{routes}.1.csv", [("all_reduce", "symmem"), ("all_reduce", "nccl")])
+    rc, out = compare_steps(tmp_path, "--routes", str(routes), "--mode", "all")
+    assert rc == 0, out  # all: every collective served at least once
+    rc, out = compare_steps(tmp_path, "--routes", str(routes), "--mode", "all", "--none-forwarded")
+    assert rc == 1 and "FORWARDED" in out, out
