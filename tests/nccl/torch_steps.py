@@ -42,6 +42,7 @@ printed side by side (steps 2 on: the first makes communicators).
 """
 import argparse
 import csv
+import dataclasses
 import glob
 import os
 import statistics
@@ -95,6 +96,29 @@ class DecoderBlock(nn.Module):
         return x + self.w2(F.gelu(self.w1(self.norm2(x))))
 
 
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a part trains, for the distributed run and the one-process reference alike."""
+    model_seed: int  # the seed its weights are made from (every rank the same)
+    make: object     # () -> the model, on the CPU
+    batch_seed: int  # of rank 0's batches; data parallel: rank r's from batch_seed + r
+    batch: tuple     # one input's (and target's) shape
+    lr: float
+
+    def model(self):
+        torch.manual_seed(self.model_seed)
+        return self.make().cuda()
+
+
+SETUPS = {
+    "ddp": Setup(0, lambda: mlp(512, 1024), 100, (32, 512), 0.05),
+    "fsdp2": Setup(1, lambda: nn.Sequential(*[mlp(512, 1024) for _ in range(4)]), 200, (32, 512), 0.05),
+    "tp": Setup(2, DecoderBlock, 300, (4, 64, 768), 0.02),  # tensor parallel: every rank the same batch
+}
+DECODE_SHAPE = (8, 1, 768)  # one token for 8 sequences
+DECODE_STEPS = 5
+
+
 def shared_gpu():
     """Every rank on GPU 0 (SYMMEM_TEST_SHARED_GPU=1: the shim in front of the stand-in NCCL)."""
     return os.environ.get("SYMMEM_TEST_SHARED_GPU") == "1"
@@ -137,23 +161,23 @@ def full_params(model):
 def run_ddp(rank):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.manual_seed(0)
-    model = DDP(mlp(512, 1024).cuda(), device_ids=[torch.cuda.current_device()])
-    data, _ = batches(100 + rank, (32, 512))
-    losses, times = timed_steps(model, lambda s: data[s], lr=0.05)
+    setup = SETUPS["ddp"]
+    model = DDP(setup.model(), device_ids=[torch.cuda.current_device()])
+    data, _ = batches(setup.batch_seed + rank, setup.batch)
+    losses, times = timed_steps(model, lambda s: data[s], lr=setup.lr)
     return {"losses": losses, "times": times, "params": full_params(model.module)}
 
 
 def run_fsdp2(rank):
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(1)
-    model = nn.Sequential(*[mlp(512, 1024) for _ in range(4)]).cuda()
+    setup = SETUPS["fsdp2"]
+    model = setup.model()
     for block in model:
         fully_shard(block)
     fully_shard(model)
-    data, _ = batches(200 + rank, (32, 512))
-    losses, times = timed_steps(model, lambda s: data[s], lr=0.05)
+    data, _ = batches(setup.batch_seed + rank, setup.batch)
+    losses, times = timed_steps(model, lambda s: data[s], lr=setup.lr)
     return {"losses": losses, "times": times, "params": full_params(model)}
 
 
@@ -162,22 +186,22 @@ def run_tp(world):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cuda", (world,))
-    torch.manual_seed(2)
-    block = DecoderBlock().cuda()
+    setup = SETUPS["tp"]
+    block = setup.model()
     plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
             "attn.o": RowwiseParallel(), "w1": ColwiseParallel(), "w2": RowwiseParallel()}
     # Every rank made the same weights (the seed): on the shared GPU each keeps its own shard
     # instead of receiving it from rank 0 (a scatter, which the stand-in NCCL does not move).
     parallelize_module(block, mesh, plan, src_data_rank=None if shared_gpu() else 0)
-    data, g = batches(300, (4, 64, 768))  # tensor parallel: every rank the same batch
+    data, g = batches(setup.batch_seed, setup.batch)
     # foreach=False: the norms' parameters stay plain tensors beside the DTensors, and torch's
     # multi-tensor kernels refuse that mix.
-    losses, times = timed_steps(block, lambda s: data[s], lr=0.02, foreach=False)
+    losses, times = timed_steps(block, lambda s: data[s], lr=setup.lr, foreach=False)
     result = {"losses": losses, "times": times, "params": full_params(block)}
 
-    # Decode: one token for 8 sequences, captured once, replayed on new inputs.
+    # Decode: captured once, replayed on new inputs.
     block.eval()
-    static_x = torch.zeros(8, 1, 768, device="cuda")
+    static_x = torch.zeros(*DECODE_SHAPE, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(side):
@@ -189,8 +213,8 @@ def run_tp(world):
         static_y = block(static_x)
     outputs, eager, replay_times = [], [], []
     with torch.no_grad():
-        for i in range(5):
-            x = torch.randn(8, 1, 768, device="cuda", generator=g)
+        for _ in range(DECODE_STEPS):
+            x = torch.randn(*DECODE_SHAPE, device="cuda", generator=g)
             static_x.copy_(x)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -281,28 +305,28 @@ def reference(args):
     torch.cuda.set_device(0)
     torch.use_deterministic_algorithms(True)
     result = [{"world": world, "preloaded": "", "shim_mode": "reference"} for _ in range(world)]
-    for part, seed, model_seed, make in (("ddp", 100, 0, lambda: mlp(512, 1024)),
-                                         ("fsdp2", 200, 1, lambda: nn.Sequential(*[mlp(512, 1024) for _ in range(4)]))):
+    for part in ("ddp", "fsdp2"):
         if part not in args.parts:
             continue
-        torch.manual_seed(model_seed)
-        model = make().cuda()
-        losses = reference_data_parallel(model, [batches(seed + r, (32, 512))[0] for r in range(world)], lr=0.05)
+        setup = SETUPS[part]
+        model = setup.model()
+        losses = reference_data_parallel(model, [batches(setup.batch_seed + r, setup.batch)[0] for r in range(world)],
+                                         lr=setup.lr)
         params = full_params(model)
         for r in range(world):
             result[r][part] = {"losses": losses[r], "times": [0.0] * STEPS, "params": params}
 
     if "tp" in args.parts:
-        torch.manual_seed(2)
-        block = DecoderBlock().cuda()
-        data, g = batches(300, (4, 64, 768))
-        losses, _ = timed_steps(block, lambda s: data[s], lr=0.02, foreach=False)
+        setup = SETUPS["tp"]
+        block = setup.model()
+        data, g = batches(setup.batch_seed, setup.batch)
+        losses, _ = timed_steps(block, lambda s: data[s], lr=setup.lr, foreach=False)
         tp = {"losses": losses, "times": [0.0] * STEPS, "params": full_params(block)}
         block.eval()
         with torch.no_grad():
-            tp["decode_outputs"] = [block(torch.randn(8, 1, 768, device="cuda", generator=g)).float().cpu()
-                                    for _ in range(5)]
-        tp["decode_times"] = [0.0] * 5
+            tp["decode_outputs"] = [block(torch.randn(*DECODE_SHAPE, device="cuda", generator=g)).float().cpu()
+                                    for _ in range(DECODE_STEPS)]
+        tp["decode_times"] = [0.0] * DECODE_STEPS
         tp["decode_replay_vs_eager"] = 0.0
         for r in range(world):
             result[r]["tp"] = tp
