@@ -82,6 +82,18 @@ std::chrono::milliseconds meeting_timeout() {
   return std::chrono::milliseconds(ms > 0 ? ms : 60000);
 }
 
+// Whether the file of every rank below `nranks` of `meeting` exists within meeting_timeout().
+bool everyone_came(const ncclUniqueId& meeting, int nranks) {
+  const auto deadline = std::chrono::steady_clock::now() + meeting_timeout();
+  for (int r = 0; r < nranks; ++r) {
+    while (::access(meeting_file(meeting, r).c_str(), F_OK) != 0) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 FAKE_API long fake_nccl_forwarded(ncclComm_t comm) { return comm ? comm->forwarded.load() : -1; }
@@ -115,13 +127,7 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueI
   const int fd = ::open(meeting_file(id, rank).c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return ncclSystemError;  // also a second rank of the same index
   ::close(fd);
-  const auto deadline = std::chrono::steady_clock::now() + meeting_timeout();
-  for (int r = 0; r < nranks; ++r) {
-    while (::access(meeting_file(id, r).c_str(), F_OK) != 0) {
-      if (std::chrono::steady_clock::now() >= deadline) return ncclSystemError;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  if (!everyone_came(id, nranks)) return ncclSystemError;
   *comm = new ncclComm{rank, nranks, device, id};
   return ncclSuccess;
 }
@@ -160,18 +166,15 @@ FAKE_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
     std::fprintf(f, "%d %d\n", color, key);
     if (std::fclose(f) != 0 || std::rename(partial.c_str(), mine.c_str()) != 0) return ncclSystemError;
   }
-  const auto deadline = std::chrono::steady_clock::now() + meeting_timeout();
+  // A file that exists is whole (renamed into place).
+  if (!everyone_came(meeting, comm->nranks)) return ncclSystemError;
   std::vector<std::pair<int, int>> members;  // (key, parent rank) of this rank's colour
   for (int r = 0; r < comm->nranks; ++r) {
     int their_color = 0, their_key = 0;
-    for (;;) {
-      FILE* f = std::fopen(meeting_file(meeting, r).c_str(), "r");
-      const bool read = f && std::fscanf(f, "%d %d", &their_color, &their_key) == 2;
-      if (f) std::fclose(f);
-      if (read) break;
-      if (std::chrono::steady_clock::now() >= deadline) return ncclSystemError;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    FILE* f = std::fopen(meeting_file(meeting, r).c_str(), "r");
+    const bool read = f && std::fscanf(f, "%d %d", &their_color, &their_key) == 2;
+    if (f) std::fclose(f);
+    if (!read) return ncclSystemError;
     if (color != NCCL_SPLIT_NOCOLOR && their_color == color) members.push_back({their_key, r});
   }
   *newcomm = nullptr;
