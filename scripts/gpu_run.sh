@@ -85,6 +85,7 @@ triton_all_reduce_grids    the Triton one-shot all-reduce per grid (TRITON_GRIDS
 host_cost                  symmem-bench host_cost (one GPU): CPU time per call, 1 KiB and 64 KiB
 nccl_shim                  libsymmem_nccl.so: nccl-tests, a PyNccl client, PyTorch steps and a killed rank, against plain NCCL
 host_cost_ab               tools/torch_host_cost_ab.py: an older tree (bundle.sh OLD_TORCH_TREE) against this one
+host_cost_torch            tools/torch_host_cost_ab.py: host cost per call of this tree beside NCCL (world 1)
 chunked_gemm               symmem-bench chunked_gemm (one GPU): one GEMM against row blocks
 fsdp_step                  symmem.bench.fsdp: an FSDP2 training step, implicit and explicit prefetch
 tune                       every algorithm x block count; writes the tuning tables (--tune)
@@ -455,6 +456,11 @@ run_step() {
         --tree "$(cat "$B/old_torch/COMMIT")=$B/old_torch:$B/old_torch/libsymmem_capi.so" --tree "new=.:$B/libsymmem_capi.so" \
         --reps "${REPS:-5}" --samples 5 --cpu 3 --gpu "$GPU" --out "$L/torch_host_cost_ab_1.csv"
       keep "$L/torch_host_cost_ab_1.csv" torch_host_cost_ab_1 ;;
+    host_cost_torch)  # the same rows, this tree alone, with NCCL's all_reduce beside them (world 1)
+      [ "$n" = 1 ] || { say "host_cost_torch: world 1, in a lane of one GPU (this lane has $n)"; return; }
+      step torch_host_cost_1 200 python3 tools/torch_host_cost_ab.py --tree "$SYMMEM_COMMIT=.:$B/libsymmem_capi.so" \
+        --reps "${REPS:-5}" --samples 5 --cpu 3 --gpu "$GPU" --out "$L/torch_host_cost_1.csv" --plot
+      keep "$L/torch_host_cost_1.csv" torch_host_cost_1 "$L/torch_host_cost_1_host.png" ;;
     fsdp_step)
       for prefetch in implicit explicit; do
         torchbench "fsdp_step_${prefetch}_prefetch_$n" 300 fsdp "fsdp_step_$n" --prefetch $prefetch \
