@@ -282,12 +282,12 @@ run_step() {
         [ -f "$f" ] && cp "$f" "$TESTS/${name}_$(basename "$(dirname "$f")")_$(basename "$f")"
       done ;;
     triton_shared_gpu_tests)
-      test_step triton_shared_gpu_tests_2_4_8_ranks 330 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 4 8" \
+      test_step triton_shared_gpu_tests_2_3_4_8_ranks 400 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 3 4 8" \
         python3 -m pytest -v -p no:cacheprovider -rA -o faulthandler_timeout=150 tests/python/triton_gpu/test_triton_shared_gpu.py ;;
     triton_ops_tests) test_step triton_ops_1_rank 150 python3 -m pytest -v -p no:cacheprovider -rA \
       tests/python/triton_gpu/test_triton_ops_world1.py ;;
     cuda_example)
-      for w in 2 4 8; do
+      for w in 2 3 4 8; do
         test_step "cuda_example_${w}_ranks" 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" --threads "$w"
       done
       test_step cuda_example_dead_rank_4_ranks 60 "${shared_env[@]}" "$B/symmem_example_one_shot_all_reduce" \

@@ -302,26 +302,30 @@ def test_group_cycles_leak_nothing_and_never_reuse_a_dead_group(group, tmp_path)
     times): on 8ad5a53 four cycles leaked 1514 MiB and 5 threads, and the pool of a re-created
     group was the dead group's."""
     world = min(dist.get_world_size(), torch.cuda.device_count())
-    if dist.get_rank() == 0:
-        worker = os.path.join(os.path.dirname(__file__), "group_cycles_worker.py")
-        env = dict(os.environ, SYMMEM_TIMEOUT_MS="20000")
-        for k in list(env):
-            if k.startswith("TORCHELASTIC_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                                      "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
-                                                      "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME"):
-                env.pop(k)
-        procs = [subprocess.Popen([sys.executable, worker, str(r), str(world), str(tmp_path)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-        outs = []
-        ends = time.monotonic() + CYCLES_SECONDS  # one bound for the job, not one per process
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=max(1.0, ends - time.monotonic()))[0])
-            except subprocess.TimeoutExpired:
-                p.kill()
-                outs.append(p.communicate()[0] + f"\n(killed: the job ran past {CYCLES_SECONDS} s)")
-        report = "\n".join(f"--- rank {r}:\n{o[-4000:]}" for r, o in enumerate(outs))
-        print(report)
-        assert all(p.returncode == 0 for p in procs), report
-        assert all("cycles ok" in o for o in outs), report
-    dist.barrier()
+    try:  # every rank meets at the barrier, also when rank 0's checks fail (else the next test's
+        # collectives would pair with this barrier)
+        if dist.get_rank() == 0:
+            worker = os.path.join(os.path.dirname(__file__), "group_cycles_worker.py")
+            env = dict(os.environ, SYMMEM_TIMEOUT_MS="20000")
+            for k in list(env):
+                if k.startswith("TORCHELASTIC_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                          "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
+                                                          "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME"):
+                    env.pop(k)
+            procs = [subprocess.Popen([sys.executable, worker, str(r), str(world), str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for r in range(world)]
+            outs = []
+            ends = time.monotonic() + CYCLES_SECONDS  # one bound for the job, not one per process
+            for p in procs:
+                try:
+                    outs.append(p.communicate(timeout=max(1.0, ends - time.monotonic()))[0])
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    outs.append(p.communicate()[0] + f"\n(killed: the job ran past {CYCLES_SECONDS} s)")
+            report = "\n".join(f"--- rank {r}:\n{o[-4000:]}" for r, o in enumerate(outs))
+            print(report)
+            assert all(p.returncode == 0 for p in procs), report
+            assert all("cycles ok" in o for o in outs), report
+    finally:
+        dist.barrier()

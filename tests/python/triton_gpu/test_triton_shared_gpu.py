@@ -1,4 +1,4 @@
-"""symmem.triton on one GPU with 2, 4 and 8 ranks as threads (shared_gpu.py): the examples bit-exact
+"""symmem.triton on one GPU with 2, 3, 4 and 8 ranks as threads (shared_gpu.py): the examples bit-exact
 against symmem's CUDA collectives, user kernels interleaved with library calls on one
 communicator (on one stream and across streams), mismatched launches (kMismatch on every rank), a
 rank that never launches (kTimeout naming it on every other rank within the timeout plus 2 s, the
@@ -28,7 +28,7 @@ from symmem import _native  # noqa: E402
 from symmem.triton.examples import all_gather, one_shot_all_reduce  # noqa: E402
 from symmem.triton.examples.all_gather_matmul import all_gather_matmul  # noqa: E402
 
-WORLDS = [int(w) for w in os.environ.get("SYMMEM_SHARED_GPU_WORLDS", "2 4 8").split()]
+WORLDS = [int(w) for w in os.environ.get("SYMMEM_SHARED_GPU_WORLDS", "2 3 4 8").split()]
 SIZES = [3, 777, 65536 + 5, 1 << 20]  # (not 1: Triton would compile a kernel for n == 1 alone)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ONE_SHOT = _native.algo_code("one_shot")
