@@ -919,7 +919,11 @@ TEST(shim_reports_a_mismatch_as_a_remote_error) {
     float* buf = zeros_after_a_first_all_reduce(me, 1 << 20);
     // The last rank calls another count: found on the device, an error on every rank.
     const size_t count = me.rank == me.world - 1 ? 2000 : 1000;
-    NCCL_OK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, me.comm, me.stream));
+    // A rank whose peers already found the mismatch gets the error from the call itself; the others
+    // from ncclCommGetAsyncError once their device finds it.
+    const ncclResult_t launched = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, me.comm, me.stream);
+    if (launched != ncclSuccess && launched != ncclRemoteError)
+      throw symmem::test::Failure("the mismatched call returned " + std::to_string(launched));
     CUDA_OK(cudaStreamSynchronize(me.stream));
     const ncclResult_t error = async_error_within(me.comm, 15);
     const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
