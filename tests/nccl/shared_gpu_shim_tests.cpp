@@ -975,7 +975,10 @@ TEST(shim_abort_releases_a_peers_wait) {
     float* buf = zeros_after_a_first_all_reduce(me);
     if (me.rank != me.world - 1) {
       const auto start = std::chrono::steady_clock::now();
-      NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));  // waits for the last
+      // Waits for the last rank (or, issued after its abort, fails at once).
+      const ncclResult_t launched = ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream);
+      if (launched != ncclSuccess && launched != ncclRemoteError)
+        throw symmem::test::Failure("the call returned " + std::to_string(launched));
       CUDA_OK(cudaStreamSynchronize(me.stream));  // released by its abort, not by the 60 s deadline
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > 10) throw symmem::test::Failure("the wait ended only after " + std::to_string(waited) + " s");
