@@ -1,5 +1,7 @@
 #include "nccl/group_queue.hpp"
 
+#include <cuda_runtime_api.h>
+
 #include <map>
 #include <thread>
 
@@ -46,10 +48,16 @@ ncclResult_t run_per_communicator(std::vector<GroupItem>& items) {
   if (by_comm.size() <= 1 || !waits) {
     for (size_t i = 0; i < items.size(); ++i) results[i] = run_item(items[i]);
   } else {
+    // The caller's device for each thread: a new thread's is device 0, and the device guards of
+    // the items restore what they found, which would make a context on GPU 0 in a process that
+    // never uses it.
+    int device = 0;
+    const bool has_device = cudaGetDevice(&device) == cudaSuccess;
     std::vector<std::thread> threads;
     threads.reserve(by_comm.size());
     for (auto& [comm, indices] : by_comm) {
-      threads.emplace_back([&items, &results, &indices] {
+      threads.emplace_back([&items, &results, &indices, device, has_device] {
+        if (has_device) (void)cudaSetDevice(device);  // a failure leaves device 0, as before
         for (size_t i : indices) results[i] = run_item(items[i]);
       });
     }
