@@ -22,10 +22,15 @@ job() {
 # Two jobs: the tests marked own_job (torch's NVSHMEM backend, which a process takes only before
 # its first symmetric allocation) run in fresh processes after the others. A -m of the caller's
 # replaces these selections.
-job -m "not own_job" "$@"
-first=$?
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+job -m "not own_job" "$@" 2>&1 | tee "$logs/main"
+first=${PIPESTATUS[0]}
 echo "== the own_job tests, in a job of their own"
-SYMMEM_TESTS_NONE_SELECTED_OK=1 job -m own_job "$@"
-second=$?
+SYMMEM_TESTS_NONE_SELECTED_OK=1 job -m own_job "$@" 2>&1 | tee "$logs/own_job"
+second=${PIPESTATUS[0]}
+# Both jobs' counts (rank 0's) on the last line, where gpu_run.sh's step summary reads them.
+counts() { grep -aE '^(\[default0\]:)?[=]* ?[0-9]+ (passed|failed|skipped|deselected)' "$1" | tail -1 | sed 's/^\[default0\]://'; }
+echo "symmem.torch GPU suite, $ranks ranks: main job rc=$first: $(counts "$logs/main"); own_job job rc=$second: $(counts "$logs/own_job")"
 [ "$first" -ne 0 ] && exit "$first"
 exit "$second"
