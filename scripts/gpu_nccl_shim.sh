@@ -40,9 +40,9 @@ export SHIM NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$PWD/build-nccl-tests/bin}
 OUT=${OUT:-$PWD/gpu_nccl_shim_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# The shim's deadline (10 minutes by default, PyTorch's) well inside each step's limit: a rank that
-# never comes ends in the shim's error naming it, not in a step killed without one.
-export SYMMEM_NCCL_TIMEOUT_MS=${SYMMEM_NCCL_TIMEOUT_MS:-120000}
+# The shim's deadline (10 minutes by default, PyTorch's) well inside each step's limit (120 s and
+# more): a rank that never comes ends in the shim's error naming it, not in a step killed without one.
+export SYMMEM_NCCL_TIMEOUT_MS=${SYMMEM_NCCL_TIMEOUT_MS:-60000}
 unset LD_PRELOAD
 [ "$RANKS" = 1 ] && export SYMMEM_TEST_NCCL_ONE_RANK=1
 START=$(date +%s)

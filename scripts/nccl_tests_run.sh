@@ -66,7 +66,7 @@ BUFFERS=staged
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The shim's deadline inside each run's limit (300 s): a missing rank is named, not killed silently.
-export SYMMEM_NCCL_TIMEOUT_MS=${SYMMEM_NCCL_TIMEOUT_MS:-120000}
+export SYMMEM_NCCL_TIMEOUT_MS=${SYMMEM_NCCL_TIMEOUT_MS:-60000}
 unset NCCL_TESTS_SPLIT NCCL_TESTS_SPLIT_MASK LD_PRELOAD
 export LD_LIBRARY_PATH="$NCCL_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 COMMIT=$(cat "$(dirname "$SHIM")/COMMIT" 2> /dev/null || git rev-parse --short HEAD 2> /dev/null || echo unknown)

@@ -57,7 +57,8 @@ ncclResult_t run_per_communicator(std::vector<GroupItem>& items) {
     threads.reserve(by_comm.size());
     for (auto& [comm, indices] : by_comm) {
       threads.emplace_back([&items, &results, &indices, device, has_device] {
-        if (has_device) (void)cudaSetDevice(device);  // a failure leaves device 0, as before
+        // A failure leaves device 0, as before, and no error for a later cudaGetLastError.
+        if (has_device && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
         for (size_t i : indices) results[i] = run_item(items[i]);
       });
     }

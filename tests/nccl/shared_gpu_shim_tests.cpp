@@ -30,6 +30,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -174,9 +176,11 @@ struct Rank {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   Meeting* meeting = nullptr;
+  std::atomic<int>* shared = nullptr;  // kSharedWords counters of this run's ranks, 0 at its start
   HostBuffers host;
   void meet() const { meeting->wait(); }
 };
+constexpr int kSharedWords = 4;
 
 // Runs body on `world` threads, each a rank with its communicator (ncclCommInitRank through the
 // shim, on GPU 0, or ncclCommInitRankConfig with `with_config`) and stream; destroys the
@@ -186,6 +190,7 @@ void run_ranks(int world, const std::function<void(Rank&)>& body, bool destroy =
   ncclUniqueId id;
   NCCL_OK(ncclGetUniqueId(&id));
   Meeting meeting(world);
+  std::array<std::atomic<int>, kSharedWords> shared{};
   std::vector<std::string> failures(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -194,6 +199,7 @@ void run_ranks(int world, const std::function<void(Rank&)>& body, bool destroy =
       me.rank = r;
       me.world = world;
       me.meeting = &meeting;
+      me.shared = shared.data();
       try {
         CUDA_OK(cudaSetDevice(0));
         CUDA_OK(cudaStreamCreateWithFlags(&me.stream, cudaStreamNonBlocking));
@@ -920,10 +926,13 @@ TEST(shim_reports_a_mismatch_as_a_remote_error) {
     // The last rank calls another count: found on the device, an error on every rank.
     const size_t count = me.rank == me.world - 1 ? 2000 : 1000;
     // A rank whose peers already found the mismatch gets the error from the call itself; the others
-    // from ncclCommGetAsyncError once their device finds it.
+    // from ncclCommGetAsyncError once their device finds it. Only a launched call finds it: the
+    // first ranks' calls must launch.
     const ncclResult_t launched = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, me.comm, me.stream);
     if (launched != ncclSuccess && launched != ncclRemoteError)
       throw symmem::test::Failure("the mismatched call returned " + std::to_string(launched));
+    std::atomic<int>& launched_calls = me.shared[0];
+    if (launched == ncclSuccess) ++launched_calls;
     CUDA_OK(cudaStreamSynchronize(me.stream));
     const ncclResult_t error = async_error_within(me.comm, 15);
     const std::string why = ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : "";
@@ -943,6 +952,7 @@ TEST(shim_reports_a_mismatch_as_a_remote_error) {
     if (ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream) != ncclRemoteError)
       throw symmem::test::Failure("a call after the mismatch did not fail");
     me.meet();
+    if (launched_calls == 0) throw symmem::test::Failure("no rank launched the mismatched call");
     NCCL_OK(ncclCommAbort(me.comm));
     CUDA_OK(cudaFree(buf));
   });
@@ -973,18 +983,20 @@ TEST(shim_names_a_rank_that_never_comes) {
 TEST(shim_abort_releases_a_peers_wait) {
   run_failure_case("60000", [](Rank& me) {
     float* buf = zeros_after_a_first_all_reduce(me);
+    std::atomic<int>& abort_began = me.shared[0];  // the last rank's
     if (me.rank != me.world - 1) {
       const auto start = std::chrono::steady_clock::now();
-      // Waits for the last rank (or, issued after its abort, fails at once).
+      // Waits for the last rank, or, when its abort came first, fails at once.
       const ncclResult_t launched = ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream);
-      if (launched != ncclSuccess && launched != ncclRemoteError)
-        throw symmem::test::Failure("the call returned " + std::to_string(launched));
+      if (launched != ncclSuccess && (launched != ncclRemoteError || abort_began == 0))
+        throw symmem::test::Failure("the call returned " + std::to_string(launched) + " before the peer aborted");
       CUDA_OK(cudaStreamSynchronize(me.stream));  // released by its abort, not by the 60 s deadline
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > 10) throw symmem::test::Failure("the wait ended only after " + std::to_string(waited) + " s");
       if (async_error_within(me.comm, 5) == ncclSuccess) throw symmem::test::Failure("no error after the peer aborted");
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      abort_began = 1;
       NCCL_OK(ncclCommAbort(me.comm));
     }
     me.meet();

@@ -13,24 +13,61 @@ if [ "$gpus" -lt "$ranks" ]; then
 fi
 # Bounded: every test (tests/python/deadline.py: 240 s unless marked, SYMMEM_TEST_DEADLINE_SCALE
 # scales every bound; a rank past its test's bound dumps its stacks and exits, and torchrun stops
-# the others, dumping theirs) and each job (SYMMEM_TEST_SUITE_TIMEOUT_S, 1200 s).
-job() {
-  timeout --kill-after=30 "${SYMMEM_TEST_SUITE_TIMEOUT_S:-1200}" \
-    python3 -m torch.distributed.run --nproc-per-node "$ranks" --tee 3 \
-    -m pytest tests/python/gpu -p no:cacheprovider -q -rs "$@"
-}
+# the others, dumping theirs) and the whole run, both jobs (SYMMEM_TEST_SUITE_TIMEOUT_S, 1200 s).
+#
 # Two jobs: the tests marked own_job (torch's NVSHMEM backend, which a process takes only before
 # its first symmetric allocation) run in fresh processes after the others. A -m of the caller's
 # replaces these selections.
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-job -m "not own_job" "$@" 2>&1 | tee "$logs/main"
-first=${PIPESTATUS[0]}
-echo "== the own_job tests, in a job of their own"
-SYMMEM_TESTS_NONE_SELECTED_OK=1 job -m own_job "$@" 2>&1 | tee "$logs/own_job"
-second=${PIPESTATUS[0]}
-# Both jobs' counts (rank 0's) on the last line, where gpu_run.sh's step summary reads them.
-counts() { grep -aE '^(\[default0\]:)?[=]* ?[0-9]+ (passed|failed|skipped|deselected)' "$1" | tail -1 | sed 's/^\[default0\]://'; }
-echo "symmem.torch GPU suite, $ranks ranks: main job rc=$first: $(counts "$logs/main"); own_job job rc=$second: $(counts "$logs/own_job")"
+# A TERM or INT (a caller's own timeout) stops the running job: `timeout` keeps its command in a
+# process group of its own, which a signal to this script's group would not reach.
+stopped=0
+trap 'stopped=1; [ -f "$logs/pid" ] && kill -TERM "$(cat "$logs/pid")" 2> /dev/null' TERM INT
+ends=$((SECONDS + ${SYMMEM_TEST_SUITE_TIMEOUT_S:-1200}))
+
+# job LOG PYTEST_ARGS...: one torchrun job, its output also into LOG, its exit code in $status.
+job() {
+  local log=$1
+  shift
+  rm -f "$logs/pid" "$logs/rc"
+  {
+    timeout --kill-after=30 "$((ends > SECONDS + 1 ? ends - SECONDS : 1))" \
+      python3 -m torch.distributed.run --nproc-per-node "$ranks" --tee 3 \
+      -m pytest tests/python/gpu -p no:cacheprovider -q -rs "$@" &
+    echo $! > "$logs/pid"
+    wait $!
+    echo $? > "$logs/rc"
+  } 2>&1 | tee "$log" &
+  local pipeline=$!
+  wait "$pipeline"  # returns early on a trapped signal: then wait until the stopped job has ended
+  while kill -0 "$pipeline" 2> /dev/null; do wait "$pipeline"; done
+  rm -f "$logs/pid"
+  status=$(cat "$logs/rc" 2> /dev/null || echo 143)
+}
+
+# Rank 0's counts of a job, from pytest's last line.
+counts() {
+  local line
+  line=$(grep -aE '^(\[default0\]:)?=* ?[0-9]+ (passed|failed|skipped|deselected|errors?)' "$1" | tail -1)
+  echo "${line:-no summary (stopped?)}" | sed 's/^\[default0\]://'
+}
+
+# Each job may select nothing (a -k that leaves none of its tests); the run fails if neither ran any.
+export SYMMEM_TESTS_NONE_SELECTED_OK=1
+job "$logs/main" -m "not own_job" "$@"
+first=$status
+second=143
+if [ "$stopped" = 0 ]; then
+  echo "== the own_job tests, in a job of their own"
+  job "$logs/own_job" -m own_job "$@"
+  second=$status
+fi
+echo "symmem.torch GPU suite, $ranks ranks: main job rc=$first: $(counts "$logs/main"); own_job job rc=$second: $(counts "$logs/own_job" 2> /dev/null)"
 [ "$first" -ne 0 ] && exit "$first"
-exit "$second"
+[ "$second" -ne 0 ] && exit "$second"
+if ! grep -qaE '^(\[default0\]:)?=* ?[0-9]+ (passed|failed|skipped|errors?)' "$logs/main" "$logs/own_job"; then
+  echo "no test selected"
+  exit 5
+fi
+exit 0
