@@ -64,7 +64,7 @@ def test_a_rank_that_never_comes_is_named_in_time():
 
 
 def test_put_with_signal_delivers_and_an_unsignalled_wait_times_out():
-    out = run_ranks(2, "signals", 10)
+    out = run_ranks(2, "signals", 10, timeout_ms=1000)  # the unsignalled wait must time out
     received = out[1]["out"]
     assert received[:10] == [i + 0.5 for i in range(10)]
     assert received[64] == 1.0  # the signal came

@@ -117,20 +117,27 @@ def _index_scalars_with_numpy_2():
     interpreter._patch_lang_tensor = patched
 
 
-def _child(rank, world, heap_path, board_path, timeout_ms, scenario, args, results):
+def _child(rank, world, heap_path, board_path, timeout_ms, scenario, args, results, start):
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         _index_scalars_with_numpy_2()
         import triton_interpreter_scenarios as scenarios
         me = Rank(rank, world, heap_path, board_path, timeout_ms)
+        start.wait(timeout=60)  # every started rank imported and set up: the deadlines count from here
         results.put((rank, "ok", getattr(scenarios, scenario)(me, *args)))
     except BaseException:  # noqa: B036 (reported to the parent, which fails the test)
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(world, scenario, *args, timeout_ms=1000, wall_s=120, skip=()):
-    """Runs scenario(rank, *args) in `world` processes; ranks in `skip` never start (a rank that never
-    comes). Returns {rank: result}."""
+# The device deadline of a scenario that expects none to pass: interpreted ranks spin in Python,
+# several to a core on a small CI machine, so a peer can be seconds late. Scenarios that test a
+# deadline pass their own.
+UNHURRIED_TIMEOUT_MS = 20000
+
+
+def run_ranks(world, scenario, *args, timeout_ms=UNHURRIED_TIMEOUT_MS, wall_s=120, skip=()):
+    """Runs scenario(rank, *args) in `world` processes, which start it together; ranks in `skip`
+    never start (a rank that never comes). Returns {rank: result}."""
     context = multiprocessing.get_context("spawn")
     directory = tempfile.mkdtemp(prefix="symmem-interp-")
     heap_path, board_path = os.path.join(directory, "heap"), os.path.join(directory, "board")
@@ -139,8 +146,9 @@ def run_ranks(world, scenario, *args, timeout_ms=1000, wall_s=120, skip=()):
     with open(board_path, "wb") as f:
         f.truncate(4096)
     results = context.Queue()
+    start = context.Barrier(world - len(set(skip)))
     procs = [context.Process(target=_child, args=(r, world, heap_path, board_path, timeout_ms, scenario, args,
-                                                  results))
+                                                  results, start))
              for r in range(world) if r not in skip]
     for p in procs:
         p.start()
