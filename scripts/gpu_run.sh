@@ -50,9 +50,9 @@ shared_gpu_moe_tests       all-to-all and MoE on one GPU, both combine paths (SH
 shared_gpu_shim_tests      libsymmem_nccl.so served on one GPU behind a stand-in NCCL (SHARED_WORLDS)
 shared_gpu_nccl_tests      nccl-tests'"'"' data checks through libsymmem_nccl.so, processes on one GPU (SHARED_WORLDS)
 shared_gpu_torch_shim      unchanged PyTorch (DDP, FSDP2, TP, graphs, groups) through libsymmem_nccl.so, processes on one GPU (SHARED_WORLDS)
-triton_shared_gpu_tests    symmem.triton on one GPU at 2, 4, 8 ranks
+triton_shared_gpu_tests    symmem.triton on one GPU at 2, 3, 4, 8 ranks
 triton_ops_tests           the symmem.triton example ops at world 1
-cuda_example               the CUDA example at 2, 4, 8 ranks on one GPU, and with a dead rank
+cuda_example               the CUDA example at 2, 3, 4, 8 ranks on one GPU, and with a dead rank
 sanitize_all_to_all        compute-sanitizer memcheck, racecheck, synccheck on the all-to-all kernels, world 1 only (COMPUTE_SANITIZER)
 all_gather                 symmem-bench all_gather, 1 KiB-256 MiB per rank, eager
 all_gather_graph           the same replayed from CUDA graphs, 1 KiB-16 MiB

@@ -21,9 +21,10 @@ stream, and alternating two streams (every call changes stream: the join's cost,
 has one), and that alternation alone (torch.cuda.stream's own cost, in both rows); NCCL's
 all_reduce of the plain tensor through torch.distributed (the reference); the same calls captured
 in a graph, on one stream and alternating two streams forked from the capture stream. One tree
-alone (one --tree) measures this tree's rows against NCCL's. The CSV has date, commit, gpu, tree, row, rep, host_us, graph_us, command;
-`--plot` draws every sample and the medians per row and tree (OUT_host.png, OUT_graph.png). Pin the
-measuring processes to one idle CPU (`--cpu`): host times move with the CPU's clock and load.
+alone (one --tree) measures this tree's rows against NCCL's. The CSV has date, commit, gpu, tree,
+row, rep, host_us, graph_us, command; `--plot` draws every sample and the medians per row and
+tree (OUT_host.png, OUT_graph.png). Pin the measuring processes to one idle CPU (`--cpu`): host
+times move with the CPU's clock and load.
 """
 import argparse
 import csv
@@ -115,11 +116,6 @@ def _measure(args):
     handle, stream = core._handle, torch._C._cuda_getCurrentRawStream(0)
     lib = __import__("symmem._native", fromlist=["lib"]).lib
     ptr, count = sym.data_ptr(), sym.numel()
-    def stream_switch_only():
-        # torch.cuda.stream alternating with nothing inside: what the *_two_streams rows pay to
-        # torch itself (their difference to it is the call and symmem's join).
-        return two_streams_of(lambda: None)
-
     rows = {
         # The C ABI alone (ctypes + the C++ call path), the same call in both trees.
         "c_abi_symmetric_one_stream": lambda: lib.symmem_all_reduce(handle, ptr, ptr, count, 2, 0, stream, 0, 0, -1),
@@ -129,7 +125,9 @@ def _measure(args):
         "eager_symmetric_two_streams": two_streams(sym),
         "eager_local_one_stream": one_stream(local),
         "eager_local_two_streams": two_streams(local),
-        "torch_stream_switch_only": stream_switch_only(),
+        # torch.cuda.stream alternating with nothing inside: what the *_two_streams rows pay to
+        # torch itself (their difference to it is the call and symmem's join).
+        "torch_stream_switch_only": two_streams_of(lambda: None),
         # The reference: torch.distributed's all_reduce (NCCL) of the plain tensor, in place.
         "nccl_local_one_stream": lambda: dist.all_reduce(local),
     }
