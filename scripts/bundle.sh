@@ -29,7 +29,8 @@ fi
 # libsymmem_nccl.so, its shared-GPU test and stand-in NCCL (scripts/gpu_nccl_shim.sh, docs/nccl.md),
 # and nccl-tests when scripts/nccl_tests_build.sh made them.
 if [ -f build/libsymmem_nccl.so ]; then
-  cp build/libsymmem_nccl.so build/tests/symmem_shared_gpu_shim_tests build/tests/libsymmem_fake_nccl.so build-bundle/
+  cp build/libsymmem_nccl.so build/tests/symmem_shared_gpu_shim_tests build/tests/libsymmem_fake_nccl.so \
+    build/tests/symmem_fake_nccl_data_tests build-bundle/
 fi
 if [ -d build-nccl-tests/bin ]; then
   mkdir -p build-bundle/nccl-tests && cp build-nccl-tests/bin/* build-nccl-tests/COMMIT build-bundle/nccl-tests/

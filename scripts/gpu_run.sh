@@ -49,6 +49,7 @@ shared_gpu_tests           C++ multi-rank protocols, ranks as threads on one GPU
 shared_gpu_moe_tests       all-to-all and MoE on one GPU, both combine paths (SHARED_WORLDS)
 shared_gpu_shim_tests      libsymmem_nccl.so served on one GPU behind a stand-in NCCL (SHARED_WORLDS)
 shared_gpu_nccl_tests      nccl-tests'"'"' data checks through libsymmem_nccl.so, processes on one GPU (SHARED_WORLDS)
+shared_gpu_torch_tests     the symmem.torch GPU suite with every rank on one GPU, NCCL a stand-in moving data on the host (SHARED_WORLDS)
 shared_gpu_torch_shim      unchanged PyTorch (DDP, FSDP2, TP, graphs, groups) through libsymmem_nccl.so, processes on one GPU (SHARED_WORLDS)
 triton_shared_gpu_tests    symmem.triton on one GPU at 2, 3, 4, 8 ranks
 triton_ops_tests           the symmem.triton example ops at world 1
@@ -280,6 +281,12 @@ run_step() {
       [ "$DRY" = 1 ] || cp "$L/$name/summary.txt" "$TESTS/${name}_summary.txt" 2>/dev/null
       [ "$DRY" = 1 ] || for f in "$L/$name"/*/compare.txt "$L/$name"/*/pynccl.txt; do
         [ -f "$f" ] && cp "$f" "$TESTS/${name}_$(basename "$(dirname "$f")")_$(basename "$f")"
+      done ;;
+    shared_gpu_torch_tests)
+      test_step fake_nccl_data_tests 120 env FAKE_NCCL="$B/libsymmem_fake_nccl.so" "$B/symmem_fake_nccl_data_tests"
+      for w in ${SHARED_WORLDS:-2 3 4 8}; do
+        test_step "shared_gpu_torch_tests_${w}_ranks" 540 env SYMMEM_TEST_SHARED_GPU=1 SHIM="$B/libsymmem_nccl.so" \
+          FAKE_NCCL="$B/libsymmem_fake_nccl.so" tests/python/gpu/run.sh "$w" ${SHARED_TORCH_ARGS:-}
       done ;;
     triton_shared_gpu_tests)
       test_step triton_shared_gpu_tests_2_3_4_8_ranks 400 "${shared_env[@]}" SYMMEM_SHARED_GPU_WORLDS="2 3 4 8" \

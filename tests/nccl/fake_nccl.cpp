@@ -11,11 +11,14 @@
 //   - count, rank, device, async error, group start / end, abort, destroy answer as NCCL does;
 //   - ncclMemAlloc makes cuMem memory exportable as a file descriptor, as NCCL's does;
 //   - every collective, send and receive is counted (fake_nccl_forwarded) and does nothing (a
-//     pre-multiplied sum and a registration only hand out a handle): with
-//     SYMMEM_NCCL=all a served call must never get here, and a forwarded one is seen.
+//     registration only hands out a handle): with SYMMEM_NCCL=all a served call must never get
+//     here, and a forwarded one is seen;
+//   - with SYMMEM_FAKE_NCCL_MOVE_DATA=1 they also move their data, through files and the host
+//     (fake_nccl_exchange.cpp): then it is a slow reference NCCL for ranks sharing one GPU, which
+//     the torch GPU suite runs on behind the shim with SYMMEM_NCCL=off (tests/python/gpu/run.sh).
+#include "fake_nccl.hpp"
+
 #include <cuda.h>
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -38,20 +41,12 @@
 
 #define FAKE_API extern "C" __attribute__((visibility("default")))
 
-struct ncclComm {
-  int rank;
-  int nranks;
-  int device;
-  ncclUniqueId id;  // what its ranks met by (a split's child: derived from the parent's)
-  int splits = 0;   // its splits so far (every rank of a communicator splits it in the same order)
-  std::atomic<long> forwarded{0};
-};
-
 namespace {
 
 std::mutex mutex;
 std::map<void*, size_t> allocations;  // ncclMemAlloc'd address -> size
 thread_local int group_depth = 0;
+thread_local std::vector<fake_nccl::Call> grouped;  // calls of the open group (moving data)
 
 ncclResult_t count(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
@@ -59,11 +54,21 @@ ncclResult_t count(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-// The ranks of one unique id meet through a file each, so that threads of one process and
-// processes alike (nccl-tests runs one process per rank) return from ncclCommInitRank only once
-// every rank entered it. The files stay: a rank cannot know when the last peer has seen its file.
-// They go in SYMMEM_FAKE_NCCL_MEETING_DIR, a folder the harness makes and removes (/tmp without it).
-std::string meeting_file(const ncclUniqueId& id, int rank) {
+// A collective, send or receive: counted, and run (or queued until its group ends) when moving data.
+ncclResult_t call(const fake_nccl::Call& c) {
+  const ncclResult_t counted = count(c.comm);
+  if (counted != ncclSuccess || !fake_nccl::moves_data()) return counted;
+  if (group_depth > 0) {
+    grouped.push_back(c);
+    return ncclSuccess;
+  }
+  return fake_nccl::run_group({c});
+}
+
+}  // namespace
+
+namespace fake_nccl {
+std::string meeting_path(const ncclUniqueId& id, const std::string& what) {
   static const char digits[] = "0123456789abcdef";
   const char* dir = std::getenv("SYMMEM_FAKE_NCCL_MEETING_DIR");
   std::string name = std::string(dir && *dir ? dir : "/tmp") + "/symmem-fake-nccl-";
@@ -72,15 +77,32 @@ std::string meeting_file(const ncclUniqueId& id, int rank) {
     name += digits[c >> 4];
     name += digits[c & 15];
   }
-  return name + "-" + std::to_string(rank);
+  return name + "-" + what;
 }
 
-// How long a rank waits for its peers in ncclCommInitRank: SYMMEM_NCCL_TIMEOUT_MS, else 60 s.
 std::chrono::milliseconds meeting_timeout() {
   const char* text = std::getenv("SYMMEM_NCCL_TIMEOUT_MS");
   const long ms = text ? std::atol(text) : 0;
   return std::chrono::milliseconds(ms > 0 ? ms : 60000);
 }
+
+bool moves_data() {
+  static const bool moves = [] {
+    const char* text = std::getenv("SYMMEM_FAKE_NCCL_MOVE_DATA");
+    return text && std::string(text) == "1";
+  }();
+  return moves;
+}
+}  // namespace fake_nccl
+
+namespace {
+using fake_nccl::meeting_timeout;
+
+// The ranks of one unique id meet through a file each, so that threads of one process and
+// processes alike (nccl-tests runs one process per rank) return from ncclCommInitRank only once
+// every rank entered it. The files stay: a rank cannot know when the last peer has seen its file.
+// They go in SYMMEM_FAKE_NCCL_MEETING_DIR, a folder the harness makes and removes (/tmp without it).
+std::string meeting_file(const ncclUniqueId& id, int rank) { return fake_nccl::meeting_path(id, std::to_string(rank)); }
 
 // Whether the file of every rank below `nranks` of `meeting` exists within meeting_timeout().
 bool everyone_came(const ncclUniqueId& meeting, int nranks) {
@@ -118,7 +140,7 @@ FAKE_API const char* ncclGetErrorString(ncclResult_t r) {
                                 "operation in progress"};
   return r >= 0 && r < ncclNumResults ? names[r] : "unknown result";
 }
-FAKE_API const char* ncclGetLastError(ncclComm_t) { return "fake NCCL: no error"; }
+FAKE_API const char* ncclGetLastError(ncclComm_t) { return fake_nccl::last_error().c_str(); }
 
 FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   int device = 0;
@@ -236,7 +258,13 @@ FAKE_API ncclResult_t ncclGroupStart() {
   ++group_depth;
   return ncclSuccess;
 }
-FAKE_API ncclResult_t ncclGroupEnd() { return group_depth-- > 0 ? ncclSuccess : ncclInvalidUsage; }
+FAKE_API ncclResult_t ncclGroupEnd() {
+  if (group_depth <= 0) return ncclInvalidUsage;
+  if (--group_depth > 0 || grouped.empty()) return ncclSuccess;
+  std::vector<fake_nccl::Call> calls;
+  calls.swap(grouped);
+  return fake_nccl::run_group(calls);
+}
 
 FAKE_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   int device = 0;
@@ -289,46 +317,63 @@ FAKE_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t) {
   return comm ? ncclSuccess : ncclInvalidArgument;
 }
 
-FAKE_API ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t comm,
-                                    cudaStream_t) {
-  return count(comm);
+using Kind = fake_nccl::Call::Kind;
+FAKE_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                    ncclComm_t comm, cudaStream_t stream) {
+  return call({Kind::kAllReduce, send, recv, count, type, op, 0, comm, stream});
 }
-FAKE_API ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t comm, cudaStream_t) {
-  return count(comm);
+FAKE_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
+                                    cudaStream_t stream) {
+  return call({Kind::kAllGather, send, recv, count, type, ncclSum, 0, comm, stream});
 }
-FAKE_API ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t comm,
-                                        cudaStream_t) {
-  return count(comm);
+FAKE_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return call({Kind::kReduceScatter, send, recv, count, type, op, 0, comm, stream});
 }
-FAKE_API ncclResult_t ncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t comm, cudaStream_t) {
-  return count(comm);
+FAKE_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
+                                   cudaStream_t stream) {
+  return call({Kind::kAlltoAll, send, recv, count, type, ncclSum, 0, comm, stream});
 }
-FAKE_API ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
-  return count(comm);
+FAKE_API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                                    ncclComm_t comm, cudaStream_t stream) {
+  return call({Kind::kBroadcast, send, recv, count, type, ncclSum, root, comm, stream});
 }
-FAKE_API ncclResult_t ncclBcast(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
-  return count(comm);
+FAKE_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                                cudaStream_t stream) {
+  return ncclBroadcast(buff, buff, count, type, root, comm, stream);
 }
-FAKE_API ncclResult_t ncclReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t comm,
-                                 cudaStream_t) {
-  return count(comm);
+FAKE_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                 int root, ncclComm_t comm, cudaStream_t stream) {
+  return call({Kind::kReduce, send, recv, count, type, op, root, comm, stream});
 }
-FAKE_API ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
-  return count(comm);
+FAKE_API ncclResult_t ncclGather(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                                 ncclComm_t comm, cudaStream_t stream) {
+  return call({Kind::kGather, send, recv, count, type, ncclSum, root, comm, stream});
 }
-FAKE_API ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
-  return count(comm);
+FAKE_API ncclResult_t ncclScatter(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                                  ncclComm_t comm, cudaStream_t stream) {
+  return call({Kind::kScatter, send, recv, count, type, ncclSum, root, comm, stream});
+}
+FAKE_API ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                               cudaStream_t stream) {
+  return call({Kind::kSend, send, nullptr, count, type, ncclSum, peer, comm, stream});
+}
+FAKE_API ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                               cudaStream_t stream) {
+  return call({Kind::kRecv, nullptr, recv, count, type, ncclSum, peer, comm, stream});
 }
 // Pre-multiplied sums (PyTorch's ReduceOp.PREMUL_SUM, FSDP's gradient divide factor): an op handle
-// of the custom range, never served by the shim.
-FAKE_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t, ncclScalarResidence_t,
-                                               ncclComm_t comm) {
-  if (!comm || !op) return ncclInvalidArgument;
-  *op = static_cast<ncclRedOp_t>(ncclNumOps);
+// of the custom range, never served by the shim; its scalar is kept for the data path.
+FAKE_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
+                                               ncclScalarResidence_t residence, ncclComm_t comm) {
+  if (!comm || !op || !scalar) return ncclInvalidArgument;
+  *op = fake_nccl::add_pre_mul_sum(scalar, type, residence == ncclScalarDevice);
   return ncclSuccess;
 }
-FAKE_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t, ncclComm_t comm) {
-  return comm ? ncclSuccess : ncclInvalidArgument;
+FAKE_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  fake_nccl::remove_pre_mul_sum(op);
+  return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t, void** handle) {
   if (!comm || !handle) return ncclInvalidArgument;

@@ -29,6 +29,12 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                       f"/tmp/torchinductor_symmem_tests_world{os.environ.get('WORLD_SIZE', '1')}")
 
 
+def shared_gpu():
+    """Every rank on GPU 0 (run.sh with SYMMEM_TEST_SHARED_GPU=1; NCCL is then a stand-in that moves
+    data through the host, and the ranks' kernels take turns on the GPU)."""
+    return os.environ.get("SYMMEM_TEST_SHARED_GPU") == "1"
+
+
 def pytest_configure(config):
     if "RANK" not in os.environ:
         pytest.exit("symmem GPU tests run under torchrun: tests/python/gpu/run.sh", returncode=4)
@@ -55,7 +61,7 @@ def group():
         if node_size > 0:
             os.environ["NCCL_HOSTID"] = f"symmem-simulated-node-{int(os.environ['RANK']) // node_size}"
             os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-        local = int(os.environ["LOCAL_RANK"])
+        local = 0 if shared_gpu() else int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local)
         # A bounded NCCL: collectives that differ across ranks (a test's bug) raise after 5 minutes
         # instead of hanging the job (NCCL checks no counts; torch's default waits 10 minutes).

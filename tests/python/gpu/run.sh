@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU tests of symmem.torch: tests/python/gpu/run.sh [ranks] [pytest args...]
-# Exits 77 (skipped) without torch or without enough GPUs, saying which.
+# Exits 77 (skipped) without torch or without enough GPUs, saying which. With
+# SYMMEM_TEST_SHARED_GPU=1 every rank runs on GPU 0 (below).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ranks=${1:-2}; shift || true
@@ -8,7 +9,21 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) || {
   echo "SKIPPED: symmem.torch GPU tests need torch (python3 -c 'import torch' fails)"; exit 77; }
-if [ "$gpus" -lt "$ranks" ]; then
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+if [ "${SYMMEM_TEST_SHARED_GPU:-0}" = 1 ]; then
+  # Every rank on GPU 0. The real NCCL refuses two ranks on one GPU, so torch.distributed's NCCL
+  # (the suite's reference) is the stand-in that moves data through the host (tests/nccl/
+  # fake_nccl_exchange.cpp), behind the shim with SYMMEM_NCCL=off (the shim exports all of
+  # nccl.h and serves nothing). Tests that need a GPU per rank skip, saying so.
+  if [ "$gpus" -lt 1 ]; then echo "SKIPPED: symmem.torch GPU tests on a shared GPU need a GPU"; exit 77; fi
+  SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
+  FAKE_NCCL=$(realpath "${FAKE_NCCL:-build/tests/libsymmem_fake_nccl.so}")
+  if [ ! -f "$SHIM" ] || [ ! -f "$FAKE_NCCL" ]; then echo "no shim or stand-in NCCL (set SHIM, FAKE_NCCL)" >&2; exit 2; fi
+  mkdir -p "$logs/meet"
+  export LD_PRELOAD="$SHIM" SYMMEM_NCCL=off SYMMEM_NCCL_LIBRARY="$FAKE_NCCL" SYMMEM_FAKE_NCCL_MOVE_DATA=1 \
+    SYMMEM_FAKE_NCCL_MEETING_DIR="$logs/meet"
+elif [ "$gpus" -lt "$ranks" ]; then
   echo "SKIPPED: symmem.torch GPU tests need $ranks GPUs, this machine has $gpus"; exit 77
 fi
 # Bounded: every test (tests/python/deadline.py: 240 s unless marked, SYMMEM_TEST_DEADLINE_SCALE
@@ -18,8 +33,6 @@ fi
 # Two jobs: the tests marked own_job (torch's NVSHMEM backend, which a process takes only before
 # its first symmetric allocation) run in fresh processes after the others. A -m of the caller's
 # replaces these selections.
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
 # A TERM or INT (a caller's own timeout) stops the running job: `timeout` keeps its command in a
 # process group of its own, which a signal to this script's group would not reach.
 stopped=0

@@ -1,0 +1,404 @@
+// The stand-in NCCL's data path (SYMMEM_FAKE_NCCL_MOVE_DATA=1): ranks that share one GPU, in one
+// process or several, move their collectives' data through files of the meeting folder, so that a
+// program's NCCL calls give right answers with the real NCCL absent (it refuses two ranks on one
+// GPU). It is a reference, not a transport: each call waits for its stream, copies its part to the
+// host, writes it as a file named by the communicator, the call's number and the rank, and reads
+// the parts it needs; reductions are computed in float64 (integers exactly) in rank order and
+// rounded once. Calls inside CUDA graph capture are refused (nothing here can be replayed).
+#include "fake_nccl.hpp"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+namespace fake_nccl {
+namespace {
+
+using Bytes = std::vector<unsigned char>;
+
+size_t element_size(ncclDataType_t type) {
+  switch (type) {
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+double load_float(ncclDataType_t type, const unsigned char* at) {
+  switch (type) {
+    case ncclFloat16: { __half v; std::memcpy(&v, at, 2); return __half2float(v); }
+    case ncclBfloat16: { __nv_bfloat16 v; std::memcpy(&v, at, 2); return __bfloat162float(v); }
+    case ncclFloat32: { float v; std::memcpy(&v, at, 4); return v; }
+    case ncclFloat64: { double v; std::memcpy(&v, at, 8); return v; }
+    case ncclFloat8e4m3: return __half2float(__half(__nv_cvt_fp8_to_halfraw(*at, __NV_E4M3)));
+    case ncclFloat8e5m2: return __half2float(__half(__nv_cvt_fp8_to_halfraw(*at, __NV_E5M2)));
+    default: return 0;
+  }
+}
+
+// Any type's value as a double (a pre-multiplied sum's scalar).
+double scalar(ncclDataType_t type, const unsigned char* at) {
+  switch (type) {
+    case ncclInt8: return *reinterpret_cast<const int8_t*>(at);
+    case ncclUint8: return *at;
+    case ncclInt32: { int32_t v; std::memcpy(&v, at, 4); return v; }
+    case ncclUint32: { uint32_t v; std::memcpy(&v, at, 4); return v; }
+    case ncclInt64: { int64_t v; std::memcpy(&v, at, 8); return static_cast<double>(v); }
+    case ncclUint64: { uint64_t v; std::memcpy(&v, at, 8); return static_cast<double>(v); }
+    default: return load_float(type, at);
+  }
+}
+
+void store_float(ncclDataType_t type, double value, unsigned char* at) {
+  switch (type) {
+    case ncclFloat16: { const __half v = __double2half(value); std::memcpy(at, &v, 2); break; }
+    case ncclBfloat16: { const __nv_bfloat16 v = __double2bfloat16(value); std::memcpy(at, &v, 2); break; }
+    case ncclFloat32: { const float v = static_cast<float>(value); std::memcpy(at, &v, 4); break; }
+    case ncclFloat64: std::memcpy(at, &value, 8); break;
+    case ncclFloat8e4m3: *at = __nv_cvt_double_to_fp8(value, __NV_SATFINITE, __NV_E4M3); break;
+    case ncclFloat8e5m2: *at = __nv_cvt_double_to_fp8(value, __NV_SATFINITE, __NV_E5M2); break;
+    default: break;
+  }
+}
+
+// Integers as NCCL reduces them: in their own width (sums and products wrap), loaded widened.
+template <typename T>
+void reduce_integers(const std::vector<const unsigned char*>& parts, size_t count, ncclRedOp_t op, double scale,
+                     unsigned char* out) {
+  for (size_t i = 0; i < count; ++i) {
+    T acc{};
+    for (size_t r = 0; r < parts.size(); ++r) {
+      T v;
+      std::memcpy(&v, parts[r] + i * sizeof(T), sizeof(T));
+      if (op >= ncclNumOps) v = static_cast<T>(v * static_cast<T>(scale));
+      if (r == 0) acc = v;
+      else if (op == ncclProd) acc = static_cast<T>(acc * v);
+      else if (op == ncclMax) acc = v > acc ? v : acc;
+      else if (op == ncclMin) acc = v < acc ? v : acc;
+      else acc = static_cast<T>(acc + v);
+    }
+    if (op == ncclAvg) acc = static_cast<T>(acc / static_cast<T>(parts.size()));
+    std::memcpy(out + i * sizeof(T), &acc, sizeof(T));
+  }
+}
+
+void reduce(const std::vector<const unsigned char*>& parts, size_t count, ncclDataType_t type, ncclRedOp_t op,
+            double scale, unsigned char* out) {
+  switch (type) {
+    case ncclInt8: return reduce_integers<int8_t>(parts, count, op, scale, out);
+    case ncclUint8: return reduce_integers<uint8_t>(parts, count, op, scale, out);
+    case ncclInt32: return reduce_integers<int32_t>(parts, count, op, scale, out);
+    case ncclUint32: return reduce_integers<uint32_t>(parts, count, op, scale, out);
+    case ncclInt64: return reduce_integers<int64_t>(parts, count, op, scale, out);
+    case ncclUint64: return reduce_integers<uint64_t>(parts, count, op, scale, out);
+    default: break;
+  }
+  const size_t es = element_size(type);
+  for (size_t i = 0; i < count; ++i) {
+    double acc = 0;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      double v = load_float(type, parts[r] + i * es);
+      if (op >= ncclNumOps) v *= scale;
+      if (r == 0) acc = v;
+      else if (op == ncclProd) acc *= v;
+      else if (op == ncclMax) acc = v > acc ? v : acc;
+      else if (op == ncclMin) acc = v < acc ? v : acc;
+      else acc += v;
+    }
+    if (op == ncclAvg) acc /= static_cast<double>(parts.size());
+    store_float(type, acc, out + i * es);
+  }
+}
+
+ncclResult_t fail(ncclResult_t code, const std::string& why) {
+  last_error() = "fake NCCL: " + why;
+  return code;
+}
+
+bool cuda_ok(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return true;
+  const char* name = nullptr;
+  cuGetErrorName(r, &name);
+  last_error() = std::string("fake NCCL: ") + what + ": " + (name ? name : "CUDA error");
+  return false;
+}
+
+bool to_host(const void* device, size_t bytes, Bytes* host, cudaStream_t stream) {
+  host->resize(bytes);
+  if (bytes == 0) return true;
+  const auto s = reinterpret_cast<CUstream>(stream);
+  return cuda_ok(cuMemcpyDtoHAsync(host->data(), reinterpret_cast<CUdeviceptr>(device), bytes, s), "copy to host") &&
+         cuda_ok(cuStreamSynchronize(s), "stream synchronize");
+}
+
+bool to_device(const Bytes& host, void* device, cudaStream_t stream) {
+  if (host.empty()) return true;
+  const auto s = reinterpret_cast<CUstream>(stream);
+  return cuda_ok(cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(device), host.data(), host.size(), s),
+                 "copy to device") &&
+         cuda_ok(cuStreamSynchronize(s), "stream synchronize");
+}
+
+bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// Whole or absent: written under another name, then renamed into place.
+bool write_file(const std::string& path, const unsigned char* data, size_t bytes) {
+  const std::string partial = path + ".partial";
+  FILE* f = std::fopen(partial.c_str(), "wb");
+  if (!f) return false;
+  const bool written = bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes;
+  return std::fclose(f) == 0 && written && std::rename(partial.c_str(), path.c_str()) == 0;
+}
+
+bool wait_for(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + meeting_timeout();
+  for (int polls = 0; !exists(path); ++polls) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 1000 ? 20 : 1000));
+  }
+  return true;
+}
+
+// `bytes` of `path` from `offset`; false (with the reason in last_error) when the file is shorter.
+bool read_file(const std::string& path, size_t offset, size_t bytes, unsigned char* out) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || static_cast<size_t>(st.st_size) < offset + bytes) {
+    last_error() = "fake NCCL: " + path + " holds " + std::to_string(st.st_size) + " bytes, the call needs " +
+                   std::to_string(offset + bytes) + " (counts or types differ across ranks)";
+    return false;
+  }
+  FILE* f = std::fopen(path.c_str(), "rb");
+  const bool read = f && std::fseek(f, static_cast<long>(offset), SEEK_SET) == 0 &&
+                    (bytes == 0 || std::fread(out, 1, bytes, f) == bytes);
+  if (f) std::fclose(f);
+  return read;
+}
+
+// Removes this rank's files that every reader has marked read.
+void sweep(ncclComm_t comm) {
+  auto& unread = comm->unread;
+  for (auto it = unread.begin(); it != unread.end();) {
+    bool all = true;
+    for (const auto& mark : it->second) all = all && exists(mark);
+    if (!all) { ++it; continue; }
+    for (const auto& mark : it->second) ::unlink(mark.c_str());
+    ::unlink(it->first.c_str());
+    it = unread.erase(it);
+  }
+}
+
+std::string part_file(ncclComm_t comm, long call, int rank) {
+  return meeting_path(comm->id, "c" + std::to_string(call) + "-r" + std::to_string(rank));
+}
+std::string mark_of(const std::string& file, int reader) { return file + ".read-" + std::to_string(reader); }
+
+// A call between its two phases: its number on the communicator (or per peer), this rank's part.
+struct Pending {
+  const Call* call;
+  long number = 0;
+  Bytes mine;
+};
+
+// Whether this rank writes its part, and who reads it.
+bool writes_part(const Call& c) {
+  switch (c.kind) {
+    case Call::kBroadcast: case Call::kScatter: return c.comm->rank == c.root;
+    case Call::kReduce: case Call::kGather: return c.comm->rank != c.root;
+    default: return true;
+  }
+}
+std::vector<int> readers(const Call& c) {
+  std::vector<int> who;
+  const bool rooted_in = c.kind == Call::kReduce || c.kind == Call::kGather;
+  for (int r = 0; r < c.comm->nranks; ++r)
+    if (r != c.comm->rank && (!rooted_in || r == c.root)) who.push_back(r);
+  return who;
+}
+
+// Elements a rank contributes, and elements it receives.
+size_t part_elements(const Call& c) {
+  const size_t world = static_cast<size_t>(c.comm->nranks);
+  switch (c.kind) {
+    case Call::kReduceScatter: case Call::kAlltoAll: case Call::kScatter: return c.count * world;
+    default: return c.count;
+  }
+}
+
+ncclResult_t publish(Pending* p) {
+  const Call& c = *p->call;
+  ncclComm_t comm = c.comm;
+  const size_t es = element_size(c.type);
+  if (es == 0) return fail(ncclInvalidArgument, "data type " + std::to_string(c.type) + " is not one of NCCL's");
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (!cuda_ok(cuStreamIsCapturing(reinterpret_cast<CUstream>(c.stream), &capture), "stream capture query"))
+    return ncclUnhandledCudaError;
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
+    return fail(ncclInvalidUsage, "SYMMEM_FAKE_NCCL_MOVE_DATA moves data on the host: a call cannot be captured");
+  sweep(comm);
+  if (c.kind == Call::kRecv) {
+    p->number = comm->received[c.root]++;
+    return ncclSuccess;
+  }
+  const bool sends = c.kind == Call::kSend;
+  const size_t elements = sends ? c.count : part_elements(c);
+  if (sends || writes_part(c)) {
+    if (!to_host(c.send, elements * es, &p->mine, c.stream)) return ncclUnhandledCudaError;
+  }
+  if (sends) {
+    p->number = comm->sent[c.root]++;
+    const std::string file = meeting_path(comm->id, "p" + std::to_string(comm->rank) + "to" + std::to_string(c.root) +
+                                                        "-" + std::to_string(p->number));
+    return write_file(file, p->mine.data(), p->mine.size()) ? ncclSuccess : fail(ncclSystemError, "cannot write " + file);
+  }
+  p->number = comm->collectives++;
+  if (!writes_part(c)) return ncclSuccess;
+  const std::string file = part_file(comm, p->number, comm->rank);
+  if (!write_file(file, p->mine.data(), p->mine.size())) return fail(ncclSystemError, "cannot write " + file);
+  std::vector<std::string> marks;
+  for (int r : readers(c)) marks.push_back(mark_of(file, r));
+  comm->unread.emplace_back(file, std::move(marks));
+  return ncclSuccess;
+}
+
+// `elements` of rank `rank`'s part from element `at` (this rank's own from memory).
+ncclResult_t part_of(const Pending& p, int rank, size_t at, size_t elements, unsigned char* out) {
+  const Call& c = *p.call;
+  const size_t es = element_size(c.type);
+  if (rank == c.comm->rank) {
+    std::memcpy(out, p.mine.data() + at * es, elements * es);
+    return ncclSuccess;
+  }
+  const std::string file = part_file(c.comm, p.number, rank);
+  if (!wait_for(file))
+    return fail(ncclRemoteError, "rank " + std::to_string(rank) + " of " + std::to_string(c.comm->nranks) +
+                                     " never came to collective " + std::to_string(p.number) + " within the deadline");
+  if (!read_file(file, at * es, elements * es, out)) return ncclInvalidUsage;
+  const std::string mark = mark_of(file, c.comm->rank);
+  return write_file(mark, nullptr, 0) ? ncclSuccess : fail(ncclSystemError, "cannot write " + mark);
+}
+
+ncclResult_t complete(const Pending& p) {
+  const Call& c = *p.call;
+  ncclComm_t comm = c.comm;
+  const int me = comm->rank, world = comm->nranks;
+  const size_t es = element_size(c.type), n = c.count;
+  Bytes out;
+  ncclResult_t r = ncclSuccess;
+  auto gather_parts = [&](size_t at, Bytes* all) {  // every rank's n elements from `at`, in rank order
+    all->resize(static_cast<size_t>(world) * n * es);
+    for (int q = 0; q < world && r == ncclSuccess; ++q) r = part_of(p, q, at, n, all->data() + q * n * es);
+  };
+  auto reduced = [&](size_t at) {
+    Bytes all;
+    gather_parts(at, &all);
+    if (r != ncclSuccess) return;
+    double scale = 1;
+    if (c.op >= ncclNumOps) {
+      const PreMulSum* sum = find_pre_mul_sum(c.op);
+      if (!sum) { r = fail(ncclInvalidArgument, "unknown reduction op " + std::to_string(c.op)); return; }
+      Bytes value = sum->host_value;
+      if (sum->device_scalar && !to_host(sum->device_scalar, element_size(sum->type), &value, c.stream)) {
+        r = ncclUnhandledCudaError;
+        return;
+      }
+      scale = scalar(sum->type, value.data());
+    }
+    std::vector<const unsigned char*> parts;
+    for (int q = 0; q < world; ++q) parts.push_back(all.data() + q * n * es);
+    out.resize(n * es);
+    reduce(parts, n, c.type, c.op, scale, out.data());
+  };
+  switch (c.kind) {
+    case Call::kAllReduce: reduced(0); break;
+    case Call::kReduceScatter: reduced(static_cast<size_t>(me) * n); break;
+    case Call::kReduce: if (me == c.root) reduced(0); break;
+    case Call::kAllGather: gather_parts(0, &out); break;
+    case Call::kGather: if (me == c.root) gather_parts(0, &out); break;
+    case Call::kAlltoAll: gather_parts(static_cast<size_t>(me) * n, &out); break;
+    case Call::kBroadcast:
+      out.resize(n * es);
+      r = part_of(p, c.root, 0, n, out.data());
+      break;
+    case Call::kScatter:
+      out.resize(n * es);
+      r = part_of(p, c.root, static_cast<size_t>(me) * n, n, out.data());
+      break;
+    case Call::kRecv: {
+      const std::string file = meeting_path(comm->id, "p" + std::to_string(c.root) + "to" + std::to_string(me) + "-" +
+                                                          std::to_string(p.number));
+      if (!wait_for(file))
+        return fail(ncclRemoteError, "rank " + std::to_string(c.root) + " never sent message " +
+                                         std::to_string(p.number) + " to rank " + std::to_string(me));
+      out.resize(n * es);
+      if (!read_file(file, 0, n * es, out.data())) return ncclInvalidUsage;
+      ::unlink(file.c_str());
+      break;
+    }
+    case Call::kSend: break;
+  }
+  if (r != ncclSuccess) return r;
+  return to_device(out, c.recv, c.stream) ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+std::mutex pre_mul_sums_mutex;
+std::map<int, PreMulSum> pre_mul_sums;
+int next_pre_mul_sum = ncclNumOps;
+
+}  // namespace
+
+std::string& last_error() {
+  thread_local std::string text = "no error";
+  return text;
+}
+
+ncclRedOp_t add_pre_mul_sum(const void* scalar, ncclDataType_t type, bool on_device) {
+  PreMulSum sum{{}, on_device ? scalar : nullptr, type};
+  if (!on_device) {
+    const auto* bytes = static_cast<const unsigned char*>(scalar);
+    sum.host_value.assign(bytes, bytes + element_size(type));
+  }
+  std::lock_guard<std::mutex> lock(pre_mul_sums_mutex);
+  pre_mul_sums[next_pre_mul_sum] = sum;
+  return static_cast<ncclRedOp_t>(next_pre_mul_sum++);
+}
+
+const PreMulSum* find_pre_mul_sum(ncclRedOp_t op) {
+  std::lock_guard<std::mutex> lock(pre_mul_sums_mutex);
+  const auto it = pre_mul_sums.find(op);
+  return it == pre_mul_sums.end() ? nullptr : &it->second;  // (std::map: stays put while others come and go)
+}
+
+void remove_pre_mul_sum(ncclRedOp_t op) {
+  std::lock_guard<std::mutex> lock(pre_mul_sums_mutex);
+  pre_mul_sums.erase(op);
+}
+
+ncclResult_t run_group(const std::vector<Call>& calls) {
+  std::vector<Pending> pending(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    pending[i].call = &calls[i];
+    if (!calls[i].comm) return fail(ncclInvalidArgument, "a call on a null communicator");
+  }
+  // Sends first: a receive may wait on a peer's send queued after its own receive.
+  for (int sends_pass = 1; sends_pass >= 0; --sends_pass)
+    for (auto& p : pending)
+      if ((p.call->kind == Call::kSend) == (sends_pass == 1))
+        if (const ncclResult_t r = publish(&p); r != ncclSuccess) return r;
+  for (const auto& p : pending)
+    if (const ncclResult_t r = complete(p); r != ncclSuccess) return r;
+  return ncclSuccess;
+}
+
+}  // namespace fake_nccl
