@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -106,7 +107,7 @@ struct Buffer {
 
 void expect_equal(const std::vector<float>& got, const std::function<float(size_t)>& want, const char* what) {
   for (size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want(i))
+    if (got[i] != want(i) && !(std::isnan(got[i]) && std::isnan(want(i))))
       symmem::test::fail(__FILE__, __LINE__, std::string(what) + ": element " + std::to_string(i) + " is " +
                                                   std::to_string(got[i]) + ", not " + std::to_string(want(i)));
 }
@@ -180,6 +181,11 @@ void every_collective(int world, ncclDataType_t type) {
       NCCL_OK(NCCL(ncclAllReduce)(in.device, avg.device, n, type, ncclAvg, comm, s));
       expect_equal(avg.read(), [world](size_t i) { return sum_over_ranks(world, i) / static_cast<float>(world); },
                    "average");
+      // Max ignores NaN unless every rank holds NaN there (NCCL's fmaxf): rank 0's NaN at even
+      // places is not the answer, everyone's at every fifth is.
+      Buffer nan(type, n, [me](size_t i) { return i % 5 == 0 || (me == 0 && i % 2 == 0) ? NAN : value(me, i); });
+      NCCL_OK(NCCL(ncclAllReduce)(nan.device, out.device, n, type, ncclMax, comm, s));
+      expect_equal(out.read(), [world](size_t i) { return i % 5 == 0 ? NAN : value(world - 1, i); }, "max with NaN");
     }
     CUDA_OK(cudaStreamDestroy(s));
   });

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -113,8 +114,8 @@ void reduce(const std::vector<const unsigned char*>& parts, size_t count, ncclDa
       if (op >= ncclNumOps) v *= scale;
       if (r == 0) acc = v;
       else if (op == ncclProd) acc *= v;
-      else if (op == ncclMax) acc = v > acc ? v : acc;
-      else if (op == ncclMin) acc = v < acc ? v : acc;
+      else if (op == ncclMax) acc = std::fmax(acc, v);  // NaN only where every rank holds NaN, as NCCL's
+      else if (op == ncclMin) acc = std::fmin(acc, v);  // fmaxf / __hmax
       else acc += v;
     }
     if (op == ncclAvg) acc /= static_cast<double>(parts.size());
