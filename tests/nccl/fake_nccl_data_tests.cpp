@@ -9,9 +9,11 @@
 #include <nccl.h>
 
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <stdlib.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -249,7 +251,17 @@ TEST(stand_in_refuses_a_call_under_graph_capture) {
 
 }  // namespace
 
+// A crash says where (the GPU machines have no debugger).
+void print_backtrace(int signal) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, 2);
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
 int main(int argc, char** argv) {
+  std::signal(SIGSEGV, print_backtrace);
   // Before the stand-in's first call (it reads these once); its files in a folder of their own.
   char dir[] = "/tmp/symmem-fake-nccl-data-XXXXXX";
   if (!mkdtemp(dir)) return 1;
