@@ -212,13 +212,13 @@ struct Pending {
   Bytes mine;
 };
 
-// Whether this rank writes its part, and who reads it.
+// Whether this rank's data goes into the result (of a rooted call: the root's, or everyone's), and
+// whether it writes it for its peers (everyone's but a reducing or gathering root's).
+bool contributes(const Call& c) {
+  return (c.kind != Call::kBroadcast && c.kind != Call::kScatter) || c.comm->rank == c.root;
+}
 bool writes_part(const Call& c) {
-  switch (c.kind) {
-    case Call::kBroadcast: case Call::kScatter: return c.comm->rank == c.root;
-    case Call::kReduce: case Call::kGather: return c.comm->rank != c.root;
-    default: return true;
-  }
+  return contributes(c) && !((c.kind == Call::kReduce || c.kind == Call::kGather) && c.comm->rank == c.root);
 }
 std::vector<int> readers(const Call& c) {
   std::vector<int> who;
@@ -254,7 +254,7 @@ ncclResult_t publish(Pending* p) {
   }
   const bool sends = c.kind == Call::kSend;
   const size_t elements = sends ? c.count : part_elements(c);
-  if (sends || writes_part(c)) {
+  if (sends || contributes(c)) {
     if (!to_host(c.send, elements * es, &p->mine, c.stream)) return ncclUnhandledCudaError;
   }
   if (sends) {
