@@ -41,7 +41,8 @@ void* stand_in() {
 #define CUDA_OK(call) EXPECT((call) == cudaSuccess)
 #define NCCL_OK(call) EXPECT((call) == ncclSuccess)
 
-constexpr size_t kCount = 1000;  // per rank (per peer for all-to-all, reduce-scatter and scatter)
+constexpr size_t kCount = 1000;     // per rank (per peer for all-to-all, reduce-scatter and scatter)
+constexpr float kPoison = -12288.f;  // what an output holds before a call: exact in bf16 too
 
 // Rank r's element i: a small integer, different per rank and element.
 float value(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1)); }
@@ -83,11 +84,11 @@ struct Buffer {
   Buffer(ncclDataType_t t, size_t count, const std::function<float(size_t)>& fill = nullptr) : type(t), n(count) {
     CUDA_OK(cudaMalloc(&device, bytes()));
     if (type == ncclBfloat16) {
-      std::vector<__nv_bfloat16> host(n, __float2bfloat16(-12345.f));
+      std::vector<__nv_bfloat16> host(n, __float2bfloat16(kPoison));
       for (size_t i = 0; fill && i < n; ++i) host[i] = __float2bfloat16(fill(i));
       CUDA_OK(cudaMemcpy(device, host.data(), bytes(), cudaMemcpyHostToDevice));
     } else {
-      std::vector<float> host(n, -12345.f);
+      std::vector<float> host(n, kPoison);
       for (size_t i = 0; fill && i < n; ++i) host[i] = fill(i);
       CUDA_OK(cudaMemcpy(device, host.data(), bytes(), cudaMemcpyHostToDevice));
     }
@@ -157,7 +158,7 @@ void every_collective(int world, ncclDataType_t type) {
       Buffer untouched(type, n);
       NCCL_OK(NCCL(ncclReduce)(in.device, me == root ? out.device : untouched.device, n, type, ncclSum, root, comm, s));
       if (me == root) expect_equal(out.read(), [world](size_t i) { return sum_over_ranks(world, i); }, "reduce");
-      expect_equal(untouched.read(), [](size_t) { return -12345.f; }, "a non-root's reduce output is left alone");
+      expect_equal(untouched.read(), [](size_t) { return kPoison; }, "a non-root's reduce output is left alone");
       NCCL_OK(NCCL(ncclGather)(in.device, gathered.device, n, type, root, comm, s));
       if (me == root)
         expect_equal(gathered.read(), [n](size_t i) { return value(static_cast<int>(i / n), i % n); }, "gather");
