@@ -283,7 +283,7 @@ run_step() {
         [ -f "$f" ] && cp "$f" "$TESTS/${name}_$(basename "$(dirname "$f")")_$(basename "$f")"
       done ;;
     shared_gpu_torch_tests)
-      test_step fake_nccl_data_tests 120 env FAKE_NCCL="$B/libsymmem_fake_nccl.so" "$B/symmem_fake_nccl_data_tests"
+      test_step fake_nccl_data_tests 300 env FAKE_NCCL="$B/libsymmem_fake_nccl.so" "$B/symmem_fake_nccl_data_tests"
       for w in ${SHARED_WORLDS:-2 3 4 8}; do
         test_step "shared_gpu_torch_tests_${w}_ranks" 540 env SYMMEM_TEST_SHARED_GPU=1 SHIM="$B/libsymmem_nccl.so" \
           FAKE_NCCL="$B/libsymmem_fake_nccl.so" tests/python/gpu/run.sh "$w" ${SHARED_TORCH_ARGS:-}

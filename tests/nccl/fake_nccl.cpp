@@ -55,11 +55,12 @@ ncclResult_t count(ncclComm_t comm) {
 }
 
 // A collective, send or receive: counted, and run (or queued until its group ends) when moving data.
-ncclResult_t call(const fake_nccl::Call& c) {
+ncclResult_t call(fake_nccl::Call c) {
   const ncclResult_t counted = count(c.comm);
   if (counted != ncclSuccess || !fake_nccl::moves_data()) return counted;
+  if (c.op >= ncclNumOps) c.pre_mul_sum = fake_nccl::find_pre_mul_sum(c.op);
   if (group_depth > 0) {
-    grouped.push_back(c);
+    grouped.push_back(std::move(c));
     return ncclSuccess;
   }
   return fake_nccl::run_group({c});
@@ -249,6 +250,7 @@ FAKE_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
   return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (comm && fake_nccl::moves_data()) fake_nccl::forget(comm);
   delete comm;
   return ncclSuccess;
 }
@@ -320,23 +322,23 @@ FAKE_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t) {
 using Kind = fake_nccl::Call::Kind;
 FAKE_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                                     ncclComm_t comm, cudaStream_t stream) {
-  return call({Kind::kAllReduce, send, recv, count, type, op, 0, comm, stream});
+  return call({Kind::kAllReduce, send, recv, count, type, op, 0, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                                     cudaStream_t stream) {
-  return call({Kind::kAllGather, send, recv, count, type, ncclSum, 0, comm, stream});
+  return call({Kind::kAllGather, send, recv, count, type, ncclSum, 0, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
                                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return call({Kind::kReduceScatter, send, recv, count, type, op, 0, comm, stream});
+  return call({Kind::kReduceScatter, send, recv, count, type, op, 0, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                                    cudaStream_t stream) {
-  return call({Kind::kAlltoAll, send, recv, count, type, ncclSum, 0, comm, stream});
+  return call({Kind::kAlltoAll, send, recv, count, type, ncclSum, 0, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                                     ncclComm_t comm, cudaStream_t stream) {
-  return call({Kind::kBroadcast, send, recv, count, type, ncclSum, root, comm, stream});
+  return call({Kind::kBroadcast, send, recv, count, type, ncclSum, root, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                                 cudaStream_t stream) {
@@ -344,23 +346,23 @@ FAKE_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, i
 }
 FAKE_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                                  int root, ncclComm_t comm, cudaStream_t stream) {
-  return call({Kind::kReduce, send, recv, count, type, op, root, comm, stream});
+  return call({Kind::kReduce, send, recv, count, type, op, root, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclGather(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                                  ncclComm_t comm, cudaStream_t stream) {
-  return call({Kind::kGather, send, recv, count, type, ncclSum, root, comm, stream});
+  return call({Kind::kGather, send, recv, count, type, ncclSum, root, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclScatter(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                                   ncclComm_t comm, cudaStream_t stream) {
-  return call({Kind::kScatter, send, recv, count, type, ncclSum, root, comm, stream});
+  return call({Kind::kScatter, send, recv, count, type, ncclSum, root, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                                cudaStream_t stream) {
-  return call({Kind::kSend, send, nullptr, count, type, ncclSum, peer, comm, stream});
+  return call({Kind::kSend, send, nullptr, count, type, ncclSum, peer, comm, stream, {}});
 }
 FAKE_API ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                                cudaStream_t stream) {
-  return call({Kind::kRecv, nullptr, recv, count, type, ncclSum, peer, comm, stream});
+  return call({Kind::kRecv, nullptr, recv, count, type, ncclSum, peer, comm, stream, {}});
 }
 // Pre-multiplied sums (PyTorch's ReduceOp.PREMUL_SUM, FSDP's gradient divide factor): an op handle
 // of the custom range, never served by the shim; its scalar is kept for the data path.

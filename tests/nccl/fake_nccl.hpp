@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct ncclComm {
   long collectives = 0;
   std::map<int, long> sent, received;
   std::vector<std::pair<std::string, std::vector<std::string>>> unread;  // file, its readers' marks
+  std::string failure;  // the first failed call's error: every later call fails with it
 };
 
 namespace fake_nccl {
@@ -41,6 +43,13 @@ std::chrono::milliseconds meeting_timeout();
 // once. Without it they move nothing (the shim's tests must see that a served call never got here).
 bool moves_data();
 
+// A pre-multiplied sum's scalar: its bytes (host residence, read when it is made) or where to
+// read them at each call (device residence).
+struct PreMulSum {
+  std::vector<unsigned char> host_value;
+  const void* device_scalar;  // null for a host scalar
+  ncclDataType_t type;
+};
 // One call of the data path; a group's calls are queued and run together at its end.
 struct Call {
   enum Kind { kAllReduce, kAllGather, kReduceScatter, kAlltoAll, kBroadcast, kReduce, kGather, kScatter, kSend, kRecv };
@@ -53,25 +62,22 @@ struct Call {
   int root;  // root of rooted collectives; peer of send and receive
   ncclComm_t comm;
   cudaStream_t stream;
+  std::optional<PreMulSum> pre_mul_sum;  // of op, taken when the call is made (NCCL lets the op go then)
 };
 
 // Runs `calls` as one group: every call's contribution is written before any is waited for, so
 // one thread may drive several ranks' communicators (ncclCommInitAll) or pair sends with receives.
 ncclResult_t run_group(const std::vector<Call>& calls);
 
+// Removes what a communicator's peers have read (ncclCommDestroy, ncclCommAbort).
+void forget(ncclComm_t comm);
+
 // The stand-in's last error on this thread (ncclGetLastError).
 std::string& last_error();
 
-// A pre-multiplied sum's scalar: its bytes (host residence, read when it is made) or where to
-// read them at each call (device residence).
-struct PreMulSum {
-  std::vector<unsigned char> host_value;
-  const void* device_scalar;  // null for a host scalar
-  ncclDataType_t type;
-};
 // The op handle of a new pre-multiplied sum; the sum of a handle (null when it is none); its end.
 ncclRedOp_t add_pre_mul_sum(const void* scalar, ncclDataType_t type, bool on_device);
-const PreMulSum* find_pre_mul_sum(ncclRedOp_t op);
+std::optional<PreMulSum> find_pre_mul_sum(ncclRedOp_t op);
 void remove_pre_mul_sum(ncclRedOp_t op);
 
 }  // namespace fake_nccl

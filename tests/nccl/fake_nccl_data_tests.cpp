@@ -1,10 +1,13 @@
 // The stand-in NCCL's data path (SYMMEM_FAKE_NCCL_MOVE_DATA=1, fake_nccl_exchange.cpp), which the
-// torch GPU suite takes as its reference on one GPU: every collective, rooted or not, sends and
-// receives, in and out of groups, at 2, 3, 4 and 8 ranks (threads sharing GPU 0), held to results
-// computed here from the inputs' formula; one thread driving every rank in a group; a rank that
-// never comes named within the deadline; a call under graph capture refused. Inputs are small
-// integers, so every reduction is exact in every type.
+// torch GPU suite takes as its reference on one GPU: every collective, rooted or not, in place and
+// not, sends and receives, in and out of groups, in float32, bf16, fp16 and int32, at 2, 3, 4 and 8
+// ranks (threads sharing GPU 0), held to results computed here from the inputs' formula;
+// pre-multiplied sums (host and device scalars), averages and NaN in max; one thread driving
+// every rank in a group; ranks making different calls; a rank that never comes named within the
+// deadline; a call under graph capture refused. Inputs are small integers, so every reduction is
+// exact in every type.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -13,6 +16,7 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <cstdint>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -26,14 +30,14 @@
 namespace {
 
 // The stand-in, opened by path (FAKE_NCCL, else where the build put it): it needs the CUDA driver,
-// which a machine without a GPU lacks, and this test must load there to say it skipped. NCCL(f) is
-// its f.
+// which a machine without a GPU lacks, and this test must load there to say it skipped (with a GPU,
+// a stand-in that does not open is a failure). NCCL(f) is its f.
 void* stand_in() {
   static void* library = [] {
     const char* path = std::getenv("FAKE_NCCL");
     return dlopen(path && *path ? path : SYMMEM_FAKE_NCCL_PATH, RTLD_NOW | RTLD_LOCAL);
   }();
-  if (!library) throw symmem::test::Skipped(std::string("cannot open the stand-in NCCL: ") + dlerror());
+  if (!library) symmem::test::fail(__FILE__, __LINE__, std::string("cannot open the stand-in NCCL: ") + dlerror());
   return library;
 }
 #define NCCL(f) (reinterpret_cast<decltype(&::f)>(dlsym(stand_in(), #f)))
@@ -76,34 +80,44 @@ void on_ranks(int world, const std::function<void(int, ncclComm_t)>& body) {
     if (!failures[r].empty()) symmem::test::fail(__FILE__, __LINE__, "rank " + std::to_string(r) + ": " + failures[r]);
 }
 
-// A device buffer of `n` floats or bf16, filled from `fill` or poisoned; read back as floats.
+// A device buffer of `n` elements of float32, bf16, fp16 or int32, filled from `fill` or poisoned;
+// read back as floats (every value here is a small integer or half of one: exact in each type).
 struct Buffer {
   ncclDataType_t type;
   size_t n;
   void* device = nullptr;
   Buffer(ncclDataType_t t, size_t count, const std::function<float(size_t)>& fill = nullptr) : type(t), n(count) {
     CUDA_OK(cudaMalloc(&device, bytes()));
-    if (type == ncclBfloat16) {
-      std::vector<__nv_bfloat16> host(n, __float2bfloat16(kPoison));
-      for (size_t i = 0; fill && i < n; ++i) host[i] = __float2bfloat16(fill(i));
-      CUDA_OK(cudaMemcpy(device, host.data(), bytes(), cudaMemcpyHostToDevice));
-    } else {
-      std::vector<float> host(n, kPoison);
-      for (size_t i = 0; fill && i < n; ++i) host[i] = fill(i);
-      CUDA_OK(cudaMemcpy(device, host.data(), bytes(), cudaMemcpyHostToDevice));
-    }
+    std::vector<unsigned char> host(bytes());
+    for (size_t i = 0; i < n; ++i) encode(fill ? fill(i) : kPoison, host.data() + i * size());
+    CUDA_OK(cudaMemcpy(device, host.data(), bytes(), cudaMemcpyHostToDevice));
   }
   ~Buffer() { cudaFree(device); }
-  size_t bytes() const { return n * (type == ncclBfloat16 ? 2 : 4); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  size_t size() const { return type == ncclBfloat16 || type == ncclFloat16 ? 2 : 4; }
+  size_t bytes() const { return n * size(); }
+  void encode(float v, unsigned char* at) const {
+    if (type == ncclBfloat16) { const __nv_bfloat16 x = __float2bfloat16(v); std::memcpy(at, &x, 2); }
+    else if (type == ncclFloat16) { const __half x = __float2half(v); std::memcpy(at, &x, 2); }
+    else if (type == ncclInt32) { const int32_t x = static_cast<int32_t>(v); std::memcpy(at, &x, 4); }
+    else std::memcpy(at, &v, 4);
+  }
+  float decode(const unsigned char* at) const {
+    if (type == ncclBfloat16) { __nv_bfloat16 x; std::memcpy(&x, at, 2); return __bfloat162float(x); }
+    if (type == ncclFloat16) { __half x; std::memcpy(&x, at, 2); return __half2float(x); }
+    if (type == ncclInt32) { int32_t x; std::memcpy(&x, at, 4); return static_cast<float>(x); }
+    float x;
+    std::memcpy(&x, at, 4);
+    return x;
+  }
+  // Element `i`'s address on the device (in-place calls).
+  void* at(size_t i) const { return static_cast<unsigned char*>(device) + i * size(); }
   std::vector<float> read() const {
+    std::vector<unsigned char> host(bytes());
+    CUDA_OK(cudaMemcpy(host.data(), device, bytes(), cudaMemcpyDeviceToHost));
     std::vector<float> out(n);
-    if (type == ncclBfloat16) {
-      std::vector<__nv_bfloat16> host(n);
-      CUDA_OK(cudaMemcpy(host.data(), device, bytes(), cudaMemcpyDeviceToHost));
-      for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(host[i]);
-    } else {
-      CUDA_OK(cudaMemcpy(out.data(), device, bytes(), cudaMemcpyDeviceToHost));
-    }
+    for (size_t i = 0; i < n; ++i) out[i] = decode(host.data() + i * size());
     return out;
   }
 };
@@ -164,6 +178,39 @@ void every_collective(int world, ncclDataType_t type) {
         expect_equal(gathered.read(), [n](size_t i) { return value(static_cast<int>(i / n), i % n); }, "gather");
     }
     {
+      // In place, as torch calls them: the all-gather's input is this rank's block of its output,
+      // the reduce-scatter's output this rank's block of its input.
+      Buffer gather(type, n * w, [&](size_t i) { return i / n == static_cast<size_t>(me) ? value(me, i % n) : kPoison; });
+      NCCL_OK(NCCL(ncclAllGather)(gather.at(me * n), gather.device, n, type, comm, s));
+      expect_equal(gather.read(), [n](size_t i) { return value(static_cast<int>(i / n), i % n); },
+                   "all_gather in place");
+      Buffer scatter(type, n * w, [me](size_t i) { return value(me, i); });
+      NCCL_OK(NCCL(ncclReduceScatter)(scatter.device, scatter.at(me * n), n, type, ncclSum, comm, s));
+      const std::vector<float> got = scatter.read();
+      expect_equal(std::vector<float>(got.begin() + me * n, got.begin() + (me + 1) * n),
+                   [&](size_t i) { return sum_over_ranks(world, me * n + i); }, "reduce_scatter in place");
+    }
+    if (type == ncclInt32) {
+      Buffer in(type, n, [me](size_t i) { return value(me, i); }), avg(type, n);
+      NCCL_OK(NCCL(ncclAllReduce)(in.device, avg.device, n, type, ncclAvg, comm, s));
+      expect_equal(avg.read(), [world](size_t i) { return std::trunc(sum_over_ranks(world, i) / world); },
+                   "integer average (truncated)");
+    }
+    {
+      // Two messages to one peer in one group arrive in order.
+      const int next = (me + 1) % world, prev = (me + world - 1) % world;
+      Buffer a(type, n, [me](size_t i) { return value(me, i); }), b(type, n, [me](size_t i) { return value(me, i + 3); });
+      Buffer got_a(type, n), got_b(type, n);
+      NCCL_OK(NCCL(ncclGroupStart)());
+      NCCL_OK(NCCL(ncclSend)(a.device, n, type, next, comm, s));
+      NCCL_OK(NCCL(ncclSend)(b.device, n, type, next, comm, s));
+      NCCL_OK(NCCL(ncclRecv)(got_a.device, n, type, prev, comm, s));
+      NCCL_OK(NCCL(ncclRecv)(got_b.device, n, type, prev, comm, s));
+      NCCL_OK(NCCL(ncclGroupEnd)());
+      expect_equal(got_a.read(), [prev](size_t i) { return value(prev, i); }, "first message");
+      expect_equal(got_b.read(), [prev](size_t i) { return value(prev, i + 3); }, "second message");
+    }
+    {
       // A ring in one group, each rank receiving before it sends (the group must pair them).
       const int next = (me + 1) % world, prev = (me + world - 1) % world;
       Buffer in(type, n, [me](size_t i) { return value(me, i); }), out(type, n);
@@ -181,6 +228,16 @@ void every_collective(int world, ncclDataType_t type) {
       NCCL_OK(NCCL(ncclAllReduce)(in.device, out.device, n, type, premul, comm, s));
       expect_equal(out.read(), [world](size_t i) { return 0.5f * sum_over_ranks(world, i); }, "pre-multiplied sum");
       NCCL_OK(NCCL(ncclRedOpDestroy)(premul, comm));
+      // A scalar on the device, the op destroyed inside the group (NCCL allows it once the call
+      // that takes it has returned; torch's coalesced calls do so).
+      Buffer quarter(type, 1, [](size_t) { return 0.25f; });
+      NCCL_OK(NCCL(ncclRedOpCreatePreMulSum)(&premul, quarter.device, type, ncclScalarDevice, comm));
+      NCCL_OK(NCCL(ncclGroupStart)());
+      NCCL_OK(NCCL(ncclAllReduce)(in.device, out.device, n, type, premul, comm, s));
+      NCCL_OK(NCCL(ncclRedOpDestroy)(premul, comm));
+      NCCL_OK(NCCL(ncclGroupEnd)());
+      expect_equal(out.read(), [world](size_t i) { return 0.25f * sum_over_ranks(world, i); },
+                   "pre-multiplied sum, device scalar, in a group");
       NCCL_OK(NCCL(ncclAllReduce)(in.device, avg.device, n, type, ncclAvg, comm, s));
       expect_equal(avg.read(), [world](size_t i) { return sum_over_ranks(world, i) / static_cast<float>(world); },
                    "average");
@@ -197,7 +254,7 @@ void every_collective(int world, ncclDataType_t type) {
 TEST(stand_in_moves_every_collective_exactly) {
   require_gpu();
   for (int world : {2, 3, 4, 8})
-    for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) every_collective(world, type);
+    for (ncclDataType_t type : {ncclFloat32, ncclBfloat16, ncclFloat16, ncclInt32}) every_collective(world, type);
 }
 
 TEST(stand_in_runs_a_group_of_every_rank_from_one_thread) {
@@ -231,6 +288,21 @@ TEST(stand_in_names_a_rank_that_never_comes) {
     EXPECT(NCCL(ncclAllReduce)(in.device, in.device, kCount, ncclFloat32, ncclSum, comm, nullptr) == ncclRemoteError);
     const std::string why = NCCL(ncclGetLastError)(comm);
     EXPECT(why.find("rank 1 of 2 never came") != std::string::npos);
+  });
+}
+
+TEST(stand_in_refuses_calls_that_differ_across_ranks) {
+  require_gpu();
+  on_ranks(2, [](int me, ncclComm_t comm) {
+    Buffer in(ncclFloat32, kCount, [me](size_t i) { return value(me, i); });
+    // The same bytes, another op: the header says so on both ranks.
+    EXPECT(NCCL(ncclAllReduce)(in.device, in.device, kCount, ncclFloat32, me == 0 ? ncclSum : ncclMax, comm, nullptr) ==
+           ncclInvalidUsage);
+    EXPECT(std::string(NCCL(ncclGetLastError)(comm)).find("ranks made different calls") != std::string::npos);
+    // And the communicator stays failed: its call numbers may differ across ranks now.
+    EXPECT(NCCL(ncclAllReduce)(in.device, in.device, kCount, ncclFloat32, ncclSum, comm, nullptr) == ncclInvalidUsage);
+    EXPECT(std::string(NCCL(ncclGetLastError)(comm)).find("an earlier call on this communicator failed") !=
+           std::string::npos);
   });
 }
 

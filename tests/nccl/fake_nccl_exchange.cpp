@@ -20,7 +20,9 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <type_traits>
 
 namespace fake_nccl {
 namespace {
@@ -49,19 +51,6 @@ double load_float(ncclDataType_t type, const unsigned char* at) {
   }
 }
 
-// Any type's value as a double (a pre-multiplied sum's scalar).
-double scalar(ncclDataType_t type, const unsigned char* at) {
-  switch (type) {
-    case ncclInt8: return *reinterpret_cast<const int8_t*>(at);
-    case ncclUint8: return *at;
-    case ncclInt32: { int32_t v; std::memcpy(&v, at, 4); return v; }
-    case ncclUint32: { uint32_t v; std::memcpy(&v, at, 4); return v; }
-    case ncclInt64: { int64_t v; std::memcpy(&v, at, 8); return static_cast<double>(v); }
-    case ncclUint64: { uint64_t v; std::memcpy(&v, at, 8); return static_cast<double>(v); }
-    default: return load_float(type, at);
-  }
-}
-
 void store_float(ncclDataType_t type, double value, unsigned char* at) {
   switch (type) {
     case ncclFloat16: { const __half v = __double2half(value); std::memcpy(at, &v, 2); break; }
@@ -74,44 +63,54 @@ void store_float(ncclDataType_t type, double value, unsigned char* at) {
   }
 }
 
-// Integers as NCCL reduces them: in their own width (sums and products wrap), loaded widened.
+// Integers as NCCL reduces them: in their own width, sums and products wrapping (computed unsigned:
+// signed overflow is undefined in C++), an average divided after the sum, a pre-multiplied sum's
+// scalar of the same type.
 template <typename T>
-void reduce_integers(const std::vector<const unsigned char*>& parts, size_t count, ncclRedOp_t op, double scale,
-                     unsigned char* out) {
+void reduce_integers(const std::vector<const unsigned char*>& parts, size_t count, ncclRedOp_t op,
+                     const unsigned char* scalar, unsigned char* out) {
+  using U = std::make_unsigned_t<T>;
+  T scale{};
+  if (scalar) std::memcpy(&scale, scalar, sizeof(T));
   for (size_t i = 0; i < count; ++i) {
     T acc{};
     for (size_t r = 0; r < parts.size(); ++r) {
       T v;
       std::memcpy(&v, parts[r] + i * sizeof(T), sizeof(T));
-      if (op >= ncclNumOps) v = static_cast<T>(v * static_cast<T>(scale));
+      if (scalar) v = static_cast<T>(static_cast<U>(static_cast<U>(v) * static_cast<U>(scale)));
       if (r == 0) acc = v;
-      else if (op == ncclProd) acc = static_cast<T>(acc * v);
+      else if (op == ncclProd) acc = static_cast<T>(static_cast<U>(static_cast<U>(acc) * static_cast<U>(v)));
       else if (op == ncclMax) acc = v > acc ? v : acc;
       else if (op == ncclMin) acc = v < acc ? v : acc;
-      else acc = static_cast<T>(acc + v);
+      else acc = static_cast<T>(static_cast<U>(static_cast<U>(acc) + static_cast<U>(v)));
     }
-    if (op == ncclAvg) acc = static_cast<T>(acc / static_cast<T>(parts.size()));
+    if (op == ncclAvg) {
+      if constexpr (std::is_signed_v<T>) acc = static_cast<T>(static_cast<int64_t>(acc) / static_cast<int64_t>(parts.size()));
+      else acc = static_cast<T>(static_cast<uint64_t>(acc) / static_cast<uint64_t>(parts.size()));
+    }
     std::memcpy(out + i * sizeof(T), &acc, sizeof(T));
   }
 }
 
+// `scalar`: a pre-multiplied sum's scalar (bytes of `type`), or null.
 void reduce(const std::vector<const unsigned char*>& parts, size_t count, ncclDataType_t type, ncclRedOp_t op,
-            double scale, unsigned char* out) {
+            const unsigned char* scalar, unsigned char* out) {
   switch (type) {
-    case ncclInt8: return reduce_integers<int8_t>(parts, count, op, scale, out);
-    case ncclUint8: return reduce_integers<uint8_t>(parts, count, op, scale, out);
-    case ncclInt32: return reduce_integers<int32_t>(parts, count, op, scale, out);
-    case ncclUint32: return reduce_integers<uint32_t>(parts, count, op, scale, out);
-    case ncclInt64: return reduce_integers<int64_t>(parts, count, op, scale, out);
-    case ncclUint64: return reduce_integers<uint64_t>(parts, count, op, scale, out);
+    case ncclInt8: return reduce_integers<int8_t>(parts, count, op, scalar, out);
+    case ncclUint8: return reduce_integers<uint8_t>(parts, count, op, scalar, out);
+    case ncclInt32: return reduce_integers<int32_t>(parts, count, op, scalar, out);
+    case ncclUint32: return reduce_integers<uint32_t>(parts, count, op, scalar, out);
+    case ncclInt64: return reduce_integers<int64_t>(parts, count, op, scalar, out);
+    case ncclUint64: return reduce_integers<uint64_t>(parts, count, op, scalar, out);
     default: break;
   }
   const size_t es = element_size(type);
+  const double scale = scalar ? load_float(type, scalar) : 1;
   for (size_t i = 0; i < count; ++i) {
     double acc = 0;
     for (size_t r = 0; r < parts.size(); ++r) {
       double v = load_float(type, parts[r] + i * es);
-      if (op >= ncclNumOps) v *= scale;
+      if (scalar) v *= scale;
       if (r == 0) acc = v;
       else if (op == ncclProd) acc *= v;
       else if (op == ncclMax) acc = std::fmax(acc, v);  // NaN only where every rank holds NaN, as NCCL's
@@ -126,6 +125,13 @@ void reduce(const std::vector<const unsigned char*>& parts, size_t count, ncclDa
 ncclResult_t fail(ncclResult_t code, const std::string& why) {
   last_error() = "fake NCCL: " + why;
   return code;
+}
+
+// A call that failed on one rank leaves its peers' call numbers apart from its own: every later
+// call on that communicator fails too, naming the first failure (as NCCL's async error stays).
+ncclResult_t fail_comm(ncclComm_t comm, ncclResult_t code, const std::string& why) {
+  if (comm->failure.empty()) comm->failure = why;
+  return fail(code, why);
 }
 
 bool cuda_ok(CUresult r, const char* what) {
@@ -154,12 +160,38 @@ bool to_device(const Bytes& host, void* device, cudaStream_t stream) {
 
 bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
+// What a part's file says of its call, checked by every reader: ranks that made different calls
+// (kind, type, op, root, count, world, or call number) fail instead of reading garbage.
+struct Header {
+  int32_t kind, type, op, root, nranks;
+  uint64_t count;
+  int64_t number;
+  bool operator==(const Header& o) const {
+    return kind == o.kind && type == o.type && op == o.op && root == o.root && nranks == o.nranks &&
+           count == o.count && number == o.number;
+  }
+};
+std::string describe(const Header& h) {
+  return "call " + std::to_string(h.number) + " (kind " + std::to_string(h.kind) + ", type " + std::to_string(h.type) +
+         ", op " + std::to_string(h.op) + ", root " + std::to_string(h.root) + ", count " + std::to_string(h.count) +
+         ", " + std::to_string(h.nranks) + " ranks)";
+}
+// The header of `c` as call `number` (a send's and a receive's alike: kind and op left out).
+Header header_of(const Call& c, long number) {
+  const bool p2p = c.kind == Call::kSend || c.kind == Call::kRecv;
+  const bool reduces = c.kind == Call::kAllReduce || c.kind == Call::kReduceScatter || c.kind == Call::kReduce;
+  return {p2p ? -1 : static_cast<int32_t>(c.kind), static_cast<int32_t>(c.type),
+          reduces ? static_cast<int32_t>(c.op >= ncclNumOps ? ncclNumOps : c.op) : -1, p2p ? -1 : c.root,
+          c.comm->nranks, c.count, number};
+}
+
 // Whole or absent: written under another name, then renamed into place.
-bool write_file(const std::string& path, const unsigned char* data, size_t bytes) {
+bool write_file(const std::string& path, const Header* header, const unsigned char* data, size_t bytes) {
   const std::string partial = path + ".partial";
   FILE* f = std::fopen(partial.c_str(), "wb");
   if (!f) return false;
-  const bool written = bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes;
+  const bool written = (!header || std::fwrite(header, sizeof(Header), 1, f) == 1) &&
+                       (bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes);
   return std::fclose(f) == 0 && written && std::rename(partial.c_str(), path.c_str()) == 0;
 }
 
@@ -172,18 +204,28 @@ bool wait_for(const std::string& path) {
   return true;
 }
 
-// `bytes` of `path` from `offset`; false (with the reason in last_error) when the file is shorter.
-bool read_file(const std::string& path, size_t offset, size_t bytes, unsigned char* out) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || static_cast<size_t>(st.st_size) < offset + bytes) {
-    last_error() = "fake NCCL: " + path + " holds " + std::to_string(st.st_size) + " bytes, the call needs " +
-                   std::to_string(offset + bytes) + " (counts or types differ across ranks)";
+// `bytes` of the data of `path` from `offset`, after checking that its header is `expected`; false
+// (with the reason in last_error) when it is not, or when the file is shorter.
+bool read_file(const std::string& path, const Header& expected, size_t offset, size_t bytes, unsigned char* out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    last_error() = "fake NCCL: cannot open " + path;
     return false;
   }
-  FILE* f = std::fopen(path.c_str(), "rb");
-  const bool read = f && std::fseek(f, static_cast<long>(offset), SEEK_SET) == 0 &&
-                    (bytes == 0 || std::fread(out, 1, bytes, f) == bytes);
-  if (f) std::fclose(f);
+  Header theirs{};
+  bool read = std::fread(&theirs, sizeof(Header), 1, f) == 1;
+  if (read && !(theirs == expected)) {
+    last_error() = "fake NCCL: ranks made different calls: a peer's " + describe(theirs) + ", this rank's " +
+                   describe(expected);
+    read = false;
+  } else if (!read) {
+    last_error() = "fake NCCL: " + path + " has no header";
+  } else {
+    read = std::fseek(f, static_cast<long>(sizeof(Header) + offset), SEEK_SET) == 0 &&
+           (bytes == 0 || std::fread(out, 1, bytes, f) == bytes);
+    if (!read) last_error() = "fake NCCL: " + path + " is shorter than the call (" + describe(expected) + ")";
+  }
+  std::fclose(f);
   return read;
 }
 
@@ -237,16 +279,26 @@ size_t part_elements(const Call& c) {
   }
 }
 
-ncclResult_t publish(Pending* p) {
-  const Call& c = *p->call;
-  ncclComm_t comm = c.comm;
-  const size_t es = element_size(c.type);
-  if (es == 0) return fail(ncclInvalidArgument, "data type " + std::to_string(c.type) + " is not one of NCCL's");
+// Whether `c` is being captured into a CUDA graph (the legacy stream never is, and asking about it
+// would break another thread's global-mode capture).
+ncclResult_t refuse_capture(const Call& c) {
+  if (c.stream == nullptr) return ncclSuccess;
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   if (!cuda_ok(cuStreamIsCapturing(reinterpret_cast<CUstream>(c.stream), &capture), "stream capture query"))
     return ncclUnhandledCudaError;
   if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
     return fail(ncclInvalidUsage, "SYMMEM_FAKE_NCCL_MOVE_DATA moves data on the host: a call cannot be captured");
+  return ncclSuccess;
+}
+
+std::string p2p_file(ncclComm_t comm, int from, int to, long number) {
+  return meeting_path(comm->id, "p" + std::to_string(from) + "to" + std::to_string(to) + "-" + std::to_string(number));
+}
+
+ncclResult_t publish(Pending* p) {
+  const Call& c = *p->call;
+  ncclComm_t comm = c.comm;
+  const size_t es = element_size(c.type);
   sweep(comm);
   if (c.kind == Call::kRecv) {
     p->number = comm->received[c.root]++;
@@ -255,18 +307,15 @@ ncclResult_t publish(Pending* p) {
   const bool sends = c.kind == Call::kSend;
   const size_t elements = sends ? c.count : part_elements(c);
   if (sends || contributes(c)) {
-    if (!to_host(c.send, elements * es, &p->mine, c.stream)) return ncclUnhandledCudaError;
+    if (!to_host(c.send, elements * es, &p->mine, c.stream)) return fail_comm(comm, ncclUnhandledCudaError, last_error());
   }
-  if (sends) {
-    p->number = comm->sent[c.root]++;
-    const std::string file = meeting_path(comm->id, "p" + std::to_string(comm->rank) + "to" + std::to_string(c.root) +
-                                                        "-" + std::to_string(p->number));
-    return write_file(file, p->mine.data(), p->mine.size()) ? ncclSuccess : fail(ncclSystemError, "cannot write " + file);
-  }
-  p->number = comm->collectives++;
-  if (!writes_part(c)) return ncclSuccess;
-  const std::string file = part_file(comm, p->number, comm->rank);
-  if (!write_file(file, p->mine.data(), p->mine.size())) return fail(ncclSystemError, "cannot write " + file);
+  p->number = sends ? comm->sent[c.root]++ : comm->collectives++;
+  if (!sends && !writes_part(c)) return ncclSuccess;
+  const std::string file = sends ? p2p_file(comm, comm->rank, c.root, p->number) : part_file(comm, p->number, comm->rank);
+  const Header header = header_of(c, p->number);
+  if (!write_file(file, &header, p->mine.data(), p->mine.size()))
+    return fail_comm(comm, ncclSystemError, "cannot write " + file);
+  if (sends) return ncclSuccess;  // the receiver removes it
   std::vector<std::string> marks;
   for (int r : readers(c)) marks.push_back(mark_of(file, r));
   comm->unread.emplace_back(file, std::move(marks));
@@ -283,11 +332,13 @@ ncclResult_t part_of(const Pending& p, int rank, size_t at, size_t elements, uns
   }
   const std::string file = part_file(c.comm, p.number, rank);
   if (!wait_for(file))
-    return fail(ncclRemoteError, "rank " + std::to_string(rank) + " of " + std::to_string(c.comm->nranks) +
-                                     " never came to collective " + std::to_string(p.number) + " within the deadline");
-  if (!read_file(file, at * es, elements * es, out)) return ncclInvalidUsage;
+    return fail_comm(c.comm, ncclRemoteError, "rank " + std::to_string(rank) + " of " + std::to_string(c.comm->nranks) +
+                                                  " never came to collective " + std::to_string(p.number) +
+                                                  " within the deadline");
+  if (!read_file(file, header_of(c, p.number), at * es, elements * es, out))
+    return fail_comm(c.comm, ncclInvalidUsage, last_error());
   const std::string mark = mark_of(file, c.comm->rank);
-  return write_file(mark, nullptr, 0) ? ncclSuccess : fail(ncclSystemError, "cannot write " + mark);
+  return write_file(mark, nullptr, nullptr, 0) ? ncclSuccess : fail_comm(c.comm, ncclSystemError, "cannot write " + mark);
 }
 
 ncclResult_t complete(const Pending& p) {
@@ -305,21 +356,18 @@ ncclResult_t complete(const Pending& p) {
     Bytes all;
     gather_parts(at, &all);
     if (r != ncclSuccess) return;
-    double scale = 1;
-    if (c.op >= ncclNumOps) {
-      const PreMulSum* sum = find_pre_mul_sum(c.op);
-      if (!sum) { r = fail(ncclInvalidArgument, "unknown reduction op " + std::to_string(c.op)); return; }
-      Bytes value = sum->host_value;
-      if (sum->device_scalar && !to_host(sum->device_scalar, element_size(sum->type), &value, c.stream)) {
-        r = ncclUnhandledCudaError;
+    Bytes scalar;
+    if (c.pre_mul_sum) {
+      scalar = c.pre_mul_sum->host_value;
+      if (c.pre_mul_sum->device_scalar && !to_host(c.pre_mul_sum->device_scalar, es, &scalar, c.stream)) {
+        r = fail_comm(comm, ncclUnhandledCudaError, last_error());
         return;
       }
-      scale = scalar(sum->type, value.data());
     }
     std::vector<const unsigned char*> parts;
     for (int q = 0; q < world; ++q) parts.push_back(all.data() + q * n * es);
     out.resize(n * es);
-    reduce(parts, n, c.type, c.op, scale, out.data());
+    reduce(parts, n, c.type, c.op, c.pre_mul_sum ? scalar.data() : nullptr, out.data());
   };
   switch (c.kind) {
     case Call::kAllReduce: reduced(0); break;
@@ -337,20 +385,20 @@ ncclResult_t complete(const Pending& p) {
       r = part_of(p, c.root, static_cast<size_t>(me) * n, n, out.data());
       break;
     case Call::kRecv: {
-      const std::string file = meeting_path(comm->id, "p" + std::to_string(c.root) + "to" + std::to_string(me) + "-" +
-                                                          std::to_string(p.number));
+      const std::string file = p2p_file(comm, c.root, me, p.number);
       if (!wait_for(file))
-        return fail(ncclRemoteError, "rank " + std::to_string(c.root) + " never sent message " +
-                                         std::to_string(p.number) + " to rank " + std::to_string(me));
+        return fail_comm(comm, ncclRemoteError, "rank " + std::to_string(c.root) + " never sent message " +
+                                                    std::to_string(p.number) + " to rank " + std::to_string(me));
       out.resize(n * es);
-      if (!read_file(file, 0, n * es, out.data())) return ncclInvalidUsage;
+      if (!read_file(file, header_of(c, p.number), 0, n * es, out.data()))
+        return fail_comm(comm, ncclInvalidUsage, last_error());
       ::unlink(file.c_str());
       break;
     }
     case Call::kSend: break;
   }
   if (r != ncclSuccess) return r;
-  return to_device(out, c.recv, c.stream) ? ncclSuccess : ncclUnhandledCudaError;
+  return to_device(out, c.recv, c.stream) ? ncclSuccess : fail_comm(comm, ncclUnhandledCudaError, last_error());
 }
 
 std::mutex pre_mul_sums_mutex;
@@ -375,10 +423,10 @@ ncclRedOp_t add_pre_mul_sum(const void* scalar, ncclDataType_t type, bool on_dev
   return static_cast<ncclRedOp_t>(next_pre_mul_sum++);
 }
 
-const PreMulSum* find_pre_mul_sum(ncclRedOp_t op) {
+std::optional<PreMulSum> find_pre_mul_sum(ncclRedOp_t op) {
   std::lock_guard<std::mutex> lock(pre_mul_sums_mutex);
   const auto it = pre_mul_sums.find(op);
-  return it == pre_mul_sums.end() ? nullptr : &it->second;  // (std::map: stays put while others come and go)
+  return it == pre_mul_sums.end() ? std::nullopt : std::optional<PreMulSum>(it->second);
 }
 
 void remove_pre_mul_sum(ncclRedOp_t op) {
@@ -388,9 +436,18 @@ void remove_pre_mul_sum(ncclRedOp_t op) {
 
 ncclResult_t run_group(const std::vector<Call>& calls) {
   std::vector<Pending> pending(calls.size());
+  // Everything that can refuse the group on this rank alone, before any call is numbered.
   for (size_t i = 0; i < calls.size(); ++i) {
-    pending[i].call = &calls[i];
-    if (!calls[i].comm) return fail(ncclInvalidArgument, "a call on a null communicator");
+    const Call& c = calls[i];
+    pending[i].call = &c;
+    if (!c.comm) return fail(ncclInvalidArgument, "a call on a null communicator");
+    if (!c.comm->failure.empty())
+      return fail(ncclInvalidUsage, "an earlier call on this communicator failed: " + c.comm->failure);
+    if (element_size(c.type) == 0)
+      return fail(ncclInvalidArgument, "data type " + std::to_string(c.type) + " is not one of NCCL's");
+    if (c.op >= ncclNumOps && !c.pre_mul_sum)
+      return fail(ncclInvalidArgument, "unknown reduction op " + std::to_string(c.op));
+    if (const ncclResult_t r = refuse_capture(c); r != ncclSuccess) return r;
   }
   // Sends first: a receive may wait on a peer's send queued after its own receive.
   for (int sends_pass = 1; sends_pass >= 0; --sends_pass)
@@ -401,5 +458,7 @@ ncclResult_t run_group(const std::vector<Call>& calls) {
     if (const ncclResult_t r = complete(p); r != ncclSuccess) return r;
   return ncclSuccess;
 }
+
+void forget(ncclComm_t comm) { sweep(comm); }
 
 }  // namespace fake_nccl

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/../../.."
 ranks=${1:-2}; shift || true
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+preload=()
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) || {
   echo "SKIPPED: symmem.torch GPU tests need torch (python3 -c 'import torch' fails)"; exit 77; }
 logs=$(mktemp -d)
@@ -21,8 +22,11 @@ if [ "${SYMMEM_TEST_SHARED_GPU:-0}" = 1 ]; then
   FAKE_NCCL=$(realpath "${FAKE_NCCL:-build/tests/libsymmem_fake_nccl.so}")
   if [ ! -f "$SHIM" ] || [ ! -f "$FAKE_NCCL" ]; then echo "no shim or stand-in NCCL (set SHIM, FAKE_NCCL)" >&2; exit 2; fi
   mkdir -p "$logs/meet"
-  export LD_PRELOAD="$SHIM" SYMMEM_NCCL=off SYMMEM_NCCL_LIBRARY="$FAKE_NCCL" SYMMEM_FAKE_NCCL_MOVE_DATA=1 \
-    SYMMEM_FAKE_NCCL_MEETING_DIR="$logs/meet"
+  # The stand-in waits for a peer's part up to this (its default is 60 s; ranks taking turns on the
+  # GPU can be slower than that at their first Triton compiles), past which every test's own bound.
+  export SYMMEM_NCCL=off SYMMEM_NCCL_LIBRARY="$FAKE_NCCL" SYMMEM_FAKE_NCCL_MOVE_DATA=1 \
+    SYMMEM_FAKE_NCCL_MEETING_DIR="$logs/meet" SYMMEM_NCCL_TIMEOUT_MS=${SYMMEM_NCCL_TIMEOUT_MS:-300000}
+  preload=(env LD_PRELOAD="$SHIM")  # the test processes only, not this script's tools
 elif [ "$gpus" -lt "$ranks" ]; then
   echo "SKIPPED: symmem.torch GPU tests need $ranks GPUs, this machine has $gpus"; exit 77
 fi
@@ -45,7 +49,7 @@ job() {
   shift
   rm -f "$logs/pid" "$logs/rc"
   {
-    timeout --kill-after=30 "$((ends > SECONDS + 1 ? ends - SECONDS : 1))" \
+    timeout --kill-after=30 "$((ends > SECONDS + 1 ? ends - SECONDS : 1))" "${preload[@]}" \
       python3 -m torch.distributed.run --nproc-per-node "$ranks" --tee 3 \
       -m pytest tests/python/gpu -p no:cacheprovider -q -rs "$@" &
     echo $! > "$logs/pid"
