@@ -85,7 +85,22 @@ void CommPair::handshake() {
     mine.settings = settings_;
     std::vector<Hello> hellos;
     {
-      std::unique_ptr<LocalRendezvous> rendezvous = std::move(rendezvous_);  // stops listening
+      // Stops listening when the last holder lets go (this block, or an abort_waits under way).
+      std::shared_ptr<LocalRendezvous> rendezvous(std::move(rendezvous_));
+      {
+        std::lock_guard<std::mutex> lock(interrupt_mutex_);
+        joining_ = rendezvous;
+      }
+      // abort_waits stores the flag before reading joining_ under interrupt_mutex_: either it
+      // interrupts this join or the join sees the flag (LocalRendezvous::join checks it first).
+      if (aborted_.load()) rendezvous->interrupt();
+      struct StopJoining {
+        CommPair* pair;
+        ~StopJoining() {
+          std::lock_guard<std::mutex> lock(pair->interrupt_mutex_);
+          pair->joining_.reset();
+        }
+      } stop_joining{this};
       set_bootstrap(rendezvous->join(mine, settings_.timeout_ms, &hellos));
     }
     spans_nodes_ = static_cast<int>(hellos.size()) < world_;
@@ -270,15 +285,19 @@ const char* CommPair::failure_message() const {
 
 void CommPair::abort_waits() noexcept {
   // Without `mutex_`: the caller may be PyTorch's watchdog while the program's thread holds it,
-  // waiting in a served call or in the making of the symmem side. The device's waits end through
-  // the abort word; the host's, in the side's bootstrap exchanges, through interrupt().
+  // waiting in a served call, in the handshake or in the making of the symmem side. The device's
+  // waits end through the abort word; the host's, in the rendezvous and the side's bootstrap
+  // exchanges, through their interrupt().
   aborted_.store(true);
   if (uint32_t* word = abort_word_.load()) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
   std::shared_ptr<LocalBootstrap> bootstrap;
+  std::shared_ptr<LocalRendezvous> joining;
   {
     std::lock_guard<std::mutex> lock(interrupt_mutex_);
     bootstrap = bootstrap_;
+    joining = joining_;
   }
+  if (joining) joining->interrupt();
   if (bootstrap) bootstrap->interrupt();
 }
 

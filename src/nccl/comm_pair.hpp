@@ -149,7 +149,8 @@ class CommPair {
   bool spans_nodes_ = false;
   std::string why_forwarding_;  // for SYMMEM_DEBUG
   std::shared_ptr<LocalBootstrap> bootstrap_;  // written under both mutexes (set_bootstrap)
-  std::mutex interrupt_mutex_;                  // abort_waits' read of bootstrap_; never held long
+  std::shared_ptr<LocalRendezvous> joining_;    // while handshake() joins: abort_waits interrupts it
+  std::mutex interrupt_mutex_;                  // abort_waits' read of bootstrap_, joining_; never held long
   std::atomic<bool> aborted_{false};
   std::unique_ptr<Communicator> symmem_;
   bool creation_failed_ = false;

@@ -153,8 +153,25 @@ void LocalBootstrap::barrier() {
 LocalRendezvous::LocalRendezvous(const RendezvousKey& key, int index, int candidates)
     : key_(key), index_(index), candidates_(candidates), listener_(detail::unix_listen(key.socket_name(index))) {}
 
+void LocalRendezvous::interrupt() noexcept {
+  interrupted_.store(true);
+  std::lock_guard<std::mutex> lock(link_mutex_);
+  if (waiting_link_ >= 0) ::shutdown(waiting_link_, SHUT_RDWR);  // its blocked poll wakes, the transfer fails
+}
+
+void LocalRendezvous::throw_if_interrupted() const {
+  if (interrupted_.load())
+    throw Error(ErrorCode::kAborted, "the NCCL shim's rendezvous: interrupted (ncclCommAbort) before the host's ranks met");
+}
+
+void LocalRendezvous::set_waiting_link(int fd) {
+  std::lock_guard<std::mutex> lock(link_mutex_);
+  waiting_link_ = fd;
+}
+
 std::shared_ptr<LocalBootstrap> LocalRendezvous::join(const Hello& hello, int64_t timeout_ms,
                                                       std::vector<Hello>* hellos) {
+  throw_if_interrupted();
   Hello mine = hello;
   mine.index = index_;
   const Deadline deadline = detail::deadline_after_ms(timeout_ms);
@@ -165,6 +182,7 @@ std::shared_ptr<LocalBootstrap> LocalRendezvous::join(const Hello& hello, int64_
     bool listening = false;
     link = try_connect(key_.socket_name(j), &listening);
     while (listening && !link.valid()) {  // its backlog is full: it is there, try again
+      throw_if_interrupted();
       if (Clock::now() >= deadline)
         throw Error(ErrorCode::kTimeout, "the NCCL shim's rendezvous: the socket of candidate " + std::to_string(j) +
                                              " stayed full");
@@ -175,12 +193,24 @@ std::shared_ptr<LocalBootstrap> LocalRendezvous::join(const Hello& hello, int64_
   hellos->clear();
   if (link.valid()) {
     require_same_user(link, "the host's root");
-    detail::send_all(link, &mine, sizeof(mine), deadline);
     uint32_t count = 0;
-    detail::recv_all(link, &count, sizeof(count), deadline);
+    set_waiting_link(link.fd());
+    try {
+      throw_if_interrupted();  // (after set_waiting_link: an interrupt() from now on shuts the link)
+      detail::send_all(link, &mine, sizeof(mine), deadline);
+      detail::recv_all(link, &count, sizeof(count), deadline);
+      if (count >= 2 && count <= 4096) {
+        hellos->resize(count);
+        detail::recv_all(link, hellos->data(), count * sizeof(Hello), deadline);
+      }
+    } catch (const Error&) {
+      set_waiting_link(-1);
+      throw_if_interrupted();  // the cause, when an interrupt() shut the link
+      throw;
+    }
+    set_waiting_link(-1);
+    throw_if_interrupted();
     if (count < 2 || count > 4096) throw Error(ErrorCode::kBootstrap, "the NCCL shim's rendezvous: a bad answer");
-    hellos->resize(count);
-    detail::recv_all(link, hellos->data(), count * sizeof(Hello), deadline);
     int host_rank = -1;
     for (uint32_t i = 0; i < count; ++i)
       if ((*hellos)[i].rank == mine.rank) host_rank = static_cast<int>(i);
@@ -200,6 +230,7 @@ std::shared_ptr<LocalBootstrap> LocalRendezvous::join(const Hello& hello, int64_
   std::vector<std::pair<Hello, Socket>> joined;
   joined.push_back({mine, Socket()});
   while (joined.size() < members.size()) {
+    throw_if_interrupted();
     if (Clock::now() >= deadline) {
       std::string missing;
       for (int j : members) {

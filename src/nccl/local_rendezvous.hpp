@@ -17,6 +17,7 @@
 // exchange closes this rank's end too, so one failure reaches every rank of the host.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -89,11 +90,22 @@ class LocalRendezvous {
   // kTimeout / kBootstrap naming what is missing. Stops listening either way.
   std::shared_ptr<LocalBootstrap> join(const Hello& mine, int64_t timeout_ms, std::vector<Hello>* hellos);
 
+  // From any thread (ncclCommAbort's): a join under way, or a later one, throws kAborted at once
+  // (within the root's 100 ms poll) instead of waiting for a peer until the deadline.
+  void interrupt() noexcept;
+
  private:
+  void throw_if_interrupted() const;
+  // The link to the host's root while a join waits on it (interrupt() shuts it down), or -1.
+  void set_waiting_link(int fd);
+
   RendezvousKey key_;
   int index_;
   int candidates_;
   detail::Socket listener_;
+  std::atomic<bool> interrupted_{false};
+  std::mutex link_mutex_;  // waiting_link_ against interrupt(): a descriptor is never shut after it is handed on
+  int waiting_link_ = -1;
 };
 
 }  // namespace symmem::nccl

@@ -231,6 +231,76 @@ TEST(nccl_rendezvous_interrupt_ends_exchanges_from_another_thread) {
   EXPECT(elapsed < std::chrono::seconds(10));
 }
 
+namespace {
+
+// Candidate `index`'s join (of `candidates`, rank = index) on a thread of its own; its error, if any,
+// in `error` (empty when it joined), with the time it took.
+struct Joining {
+  std::string error;
+  ErrorCode code = ErrorCode::kInternal;  // (read only when error is set)
+  std::chrono::steady_clock::duration took{};
+  std::thread thread;
+  Joining(LocalRendezvous& rendezvous, const RendezvousKey& key, int index, int candidates) {
+    thread = std::thread([this, &rendezvous, key, index, candidates] {
+      Hello mine;
+      mine.secret = key.secret;
+      mine.rank = index;
+      mine.world = candidates;
+      std::vector<Hello> hellos;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        rendezvous.join(mine, 60000, &hellos);
+      } catch (const Error& e) {
+        error = e.what();
+        code = e.code();
+      }
+      took = std::chrono::steady_clock::now() - start;
+    });
+  }
+};
+
+}  // namespace
+
+TEST(nccl_rendezvous_interrupt_ends_a_join_from_another_thread) {
+  // ncclCommAbort while the program's thread joins and a peer that entered the real init never
+  // joins (candidate 2): the interrupted root throws kAborted at once, not at the 60 s deadline, and
+  // the rank waiting on it fails as the root lets go of its link.
+  {
+    const RendezvousKey key = RendezvousKey::random();
+    LocalRendezvous root(key, 0, 3), member(key, 1, 3), absent(key, 2, 3);
+    Joining r(root, key, 0, 3), m(member, key, 1, 3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    root.interrupt();
+    r.thread.join();
+    m.thread.join();
+    EXPECT(r.code == ErrorCode::kAborted);
+    EXPECT(r.error.find("interrupted") != std::string::npos);
+    EXPECT(!m.error.empty());
+    EXPECT(r.took < std::chrono::seconds(10) && m.took < std::chrono::seconds(10));
+  }
+  {
+    // A rank other than the root, waiting for an answer from a root that never joins.
+    const RendezvousKey key = RendezvousKey::random();
+    LocalRendezvous silent_root(key, 0, 2), member(key, 1, 2);
+    Joining m(member, key, 1, 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    member.interrupt();
+    m.thread.join();
+    EXPECT(m.code == ErrorCode::kAborted);
+    EXPECT(m.took < std::chrono::seconds(10));
+  }
+  {
+    // An abort before the join: the join throws at once.
+    const RendezvousKey key = RendezvousKey::random();
+    LocalRendezvous alone(key, 0, 2), other(key, 1, 2);
+    alone.interrupt();
+    Joining a(alone, key, 0, 2);
+    a.thread.join();
+    EXPECT(a.code == ErrorCode::kAborted);
+    EXPECT(a.took < std::chrono::seconds(1));
+  }
+}
+
 TEST(nccl_rendezvous_keys_are_derived_alike) {
   char id[128];
   for (int i = 0; i < 128; ++i) id[i] = static_cast<char>(i * 7);
