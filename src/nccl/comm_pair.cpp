@@ -17,12 +17,13 @@ namespace {
 
 std::string rank_text(int rank) { return "rank " + std::to_string(rank); }
 
-// Waits until the real communicator finished its (non-blocking) init. Throws on its failure or
-// past the deadline.
-void wait_until_ready(ncclComm_t comm, int64_t timeout_ms) {
+// Waits until the real communicator finished its (non-blocking) init. Throws on its failure, past
+// the deadline, or once `aborted` (another thread is tearing the communicator down).
+void wait_until_ready(ncclComm_t comm, int64_t timeout_ms, const std::atomic<bool>& aborted) {
   const RealNccl* real = RealNccl::get();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
+    if (aborted.load()) throw Error(ErrorCode::kAborted, "the NCCL communicator was aborted during its init");
     ncclResult_t state = ncclSuccess;
     const ncclResult_t r = real->ncclCommGetAsyncError(comm, &state);
     if (r != ncclSuccess) state = r;
@@ -47,7 +48,7 @@ CommPair::~CommPair() { release(); }
 
 RendezvousKey CommPair::next_child_key(int64_t color) { return key_.child(children_++, color); }
 
-void CommPair::wait_until_real_ready() const { wait_until_ready(real_, settings_.timeout_ms); }
+void CommPair::wait_until_real_ready() const { wait_until_ready(real_, settings_.timeout_ms, aborted_); }
 
 void CommPair::forward_only(Forwarding kind, const std::string& why) {
   servable_ = false;
@@ -71,7 +72,7 @@ void CommPair::handshake() {
   // (a failure leaves the pair forwarding, as on every rank).
   handshake_done_.store(true, std::memory_order_release);
   try {
-    wait_until_ready(real_, settings_.timeout_ms);
+    wait_until_ready(real_, settings_.timeout_ms, aborted_);
     const RealNccl* real = RealNccl::get();
     if (real->ncclCommUserRank(real_, &rank_) != ncclSuccess || real->ncclCommCount(real_, &world_) != ncclSuccess ||
         real->ncclCommCuDevice(real_, &device_) != ncclSuccess)

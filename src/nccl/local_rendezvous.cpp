@@ -169,17 +169,26 @@ void LocalRendezvous::set_waiting_link(int fd) {
   waiting_link_ = fd;
 }
 
+namespace {
+// The root's answer (the host's rank count) that says it was aborted before the ranks met.
+constexpr uint32_t kRootAborted = 0;
+}  // namespace
+
 std::shared_ptr<LocalBootstrap> LocalRendezvous::join(const Hello& hello, int64_t timeout_ms,
                                                       std::vector<Hello>* hellos) {
+  // Closed when this returns, also when it throws at once: connections still queued drop, and a
+  // rank that has not connected yet finds no root here.
+  Socket listener = std::move(listener_);
   throw_if_interrupted();
   Hello mine = hello;
   mine.index = index_;
   const Deadline deadline = detail::deadline_after_ms(timeout_ms);
-  Socket listener = std::move(listener_);  // closed when this returns: connections still queued drop
   // The host's root is its lowest index: the first candidate below this one that listens.
   Socket link;
+  int link_index = -1;
   for (int j = 0; j < index_ && !link.valid(); ++j) {
     bool listening = false;
+    link_index = j;
     link = try_connect(key_.socket_name(j), &listening);
     while (listening && !link.valid()) {  // its backlog is full: it is there, try again
       throw_if_interrupted();
@@ -194,22 +203,31 @@ std::shared_ptr<LocalBootstrap> LocalRendezvous::join(const Hello& hello, int64_
   if (link.valid()) {
     require_same_user(link, "the host's root");
     uint32_t count = 0;
-    set_waiting_link(link.fd());
-    try {
-      throw_if_interrupted();  // (after set_waiting_link: an interrupt() from now on shuts the link)
-      detail::send_all(link, &mine, sizeof(mine), deadline);
-      detail::recv_all(link, &count, sizeof(count), deadline);
-      if (count >= 2 && count <= 4096) {
-        hellos->resize(count);
-        detail::recv_all(link, hellos->data(), count * sizeof(Hello), deadline);
+    {
+      // interrupt() may shut the link while this waits on it, never after: the guard clears it
+      // before the socket is handed on or closed, however this block ends.
+      set_waiting_link(link.fd());
+      struct Clear {
+        LocalRendezvous* r;
+        ~Clear() { r->set_waiting_link(-1); }
+      } clear{this};
+      try {
+        throw_if_interrupted();  // (after set_waiting_link: an interrupt() from now on shuts the link)
+        detail::send_all(link, &mine, sizeof(mine), deadline);
+        detail::recv_all(link, &count, sizeof(count), deadline);
+        if (count >= 2 && count <= 4096) {
+          hellos->resize(count);
+          detail::recv_all(link, hellos->data(), count * sizeof(Hello), deadline);
+        }
+      } catch (const Error&) {
+        throw_if_interrupted();  // the cause, when an interrupt() shut the link
+        throw;
       }
-    } catch (const Error&) {
-      set_waiting_link(-1);
-      throw_if_interrupted();  // the cause, when an interrupt() shut the link
-      throw;
     }
-    set_waiting_link(-1);
     throw_if_interrupted();
+    if (count == kRootAborted)
+      throw Error(ErrorCode::kAborted, "the NCCL shim's rendezvous: the host's root (candidate " +
+                                           std::to_string(link_index) + ") was aborted before the host's ranks met");
     if (count < 2 || count > 4096) throw Error(ErrorCode::kBootstrap, "the NCCL shim's rendezvous: a bad answer");
     int host_rank = -1;
     for (uint32_t i = 0; i < count; ++i)
@@ -230,7 +248,18 @@ std::shared_ptr<LocalBootstrap> LocalRendezvous::join(const Hello& hello, int64_
   std::vector<std::pair<Hello, Socket>> joined;
   joined.push_back({mine, Socket()});
   while (joined.size() < members.size()) {
-    throw_if_interrupted();
+    if (interrupted_.load()) {
+      // The ranks already here hear why at once, not from a closed socket.
+      const Deadline soon = std::min(deadline, detail::deadline_after_ms(100));
+      for (auto& [h, s] : joined) {
+        if (!s.valid()) continue;
+        try {
+          detail::send_all(s, &kRootAborted, sizeof(kRootAborted), soon);
+        } catch (const Error&) {  // a rank gone already: nothing to tell
+        }
+      }
+      throw_if_interrupted();
+    }
     if (Clock::now() >= deadline) {
       std::string missing;
       for (int j : members) {

@@ -90,8 +90,10 @@ class LocalRendezvous {
   // kTimeout / kBootstrap naming what is missing. Stops listening either way.
   std::shared_ptr<LocalBootstrap> join(const Hello& mine, int64_t timeout_ms, std::vector<Hello>* hellos);
 
-  // From any thread (ncclCommAbort's): a join under way, or a later one, throws kAborted at once
-  // (within the root's 100 ms poll) instead of waiting for a peer until the deadline.
+  // From any thread (ncclCommAbort's): a join under way, or a later one, throws kAborted instead of
+  // waiting for a peer until the deadline (a root between its 100 ms polls, or reading a stray
+  // connection's hello, first finishes that). A root tells the ranks already connected to it that it
+  // was aborted; a rank aborted before it connected leaves its root waiting until the deadline.
   void interrupt() noexcept;
 
  private:

@@ -68,6 +68,9 @@ ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t 
     // rank's first collective is the same call, so every rank forwards what comes before alike).
     if (group.open()) return forwarded(forward());
     pair->handshake();
+    // An abort that ended the handshake came from another thread, which is tearing the real
+    // communicator down: forwarding would hand it a communicator being freed.
+    if (pair->aborted()) return aborted_call();
   }
   const Decision decision = pair->route(call, send, recv);
   if (decision.route == Route::kNccl) {
@@ -163,6 +166,7 @@ ncclResult_t window_register(ncclComm_t comm, void* buff, size_t size, ncclWindo
   // The real registration completes (and *win is set) at the group's end inside a group.
   GroupItem item{pair.get(), true, [pair, win, buff, size] {
                    if (!pair->handshake_done()) pair->handshake();
+                   if (pair->aborted()) return aborted_call();  // (the real communicator is going)
                    // A non-blocking communicator fills *win only once its group's work is done:
                    // wait for it on every rank alike (not on the group end's result, which may
                    // differ by rank).

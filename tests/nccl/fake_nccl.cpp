@@ -246,7 +246,7 @@ FAKE_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* d) {
 }
 FAKE_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
   if (!comm) return ncclInvalidArgument;
-  *e = ncclSuccess;
+  *e = static_cast<ncclResult_t>(comm->failure_code.load());  // a failed call of the data path
   return ncclSuccess;
 }
 FAKE_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {

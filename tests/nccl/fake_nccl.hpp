@@ -26,7 +26,8 @@ struct ncclComm {
   long collectives = 0;
   std::map<int, long> sent, received;
   std::vector<std::pair<std::string, std::vector<std::string>>> unread;  // file, its readers' marks
-  std::string failure;  // the first failed call's error: every later call fails with it
+  std::string failure;  // the first failed call's error: every later call fails with it (the caller's thread)
+  std::atomic<int> failure_code{ncclSuccess};  // its code, for ncclCommGetAsyncError (any thread)
 };
 
 namespace fake_nccl {

@@ -303,6 +303,9 @@ TEST(stand_in_refuses_calls_that_differ_across_ranks) {
     EXPECT(NCCL(ncclAllReduce)(in.device, in.device, kCount, ncclFloat32, ncclSum, comm, nullptr) == ncclInvalidUsage);
     EXPECT(std::string(NCCL(ncclGetLastError)(comm)).find("an earlier call on this communicator failed") !=
            std::string::npos);
+    ncclResult_t async = ncclSuccess;
+    NCCL_OK(NCCL(ncclCommGetAsyncError)(comm, &async));
+    EXPECT(async == ncclInvalidUsage);  // what PyTorch's watchdog reads
   });
 }
 

@@ -4,7 +4,9 @@
 // GPU). It is a reference, not a transport: each call waits for its stream, copies its part to the
 // host, writes it as a file named by the communicator, the call's number and the rank, and reads
 // the parts it needs; reductions are computed in float64 (integers exactly) in rank order and
-// rounded once. Calls inside CUDA graph capture are refused (nothing here can be replayed).
+// rounded once. Calls inside CUDA graph capture are refused (nothing here can be replayed). A
+// pre-multiplied sum applies the reducing rank's scalar to every part: ranks must pass the same
+// (PyTorch's do).
 #include "fake_nccl.hpp"
 
 #include <cuda.h>
@@ -130,7 +132,10 @@ ncclResult_t fail(ncclResult_t code, const std::string& why) {
 // A call that failed on one rank leaves its peers' call numbers apart from its own: every later
 // call on that communicator fails too, naming the first failure (as NCCL's async error stays).
 ncclResult_t fail_comm(ncclComm_t comm, ncclResult_t code, const std::string& why) {
-  if (comm->failure.empty()) comm->failure = why;
+  if (comm->failure.empty()) {
+    comm->failure = why;
+    comm->failure_code.store(code);
+  }
   return fail(code, why);
 }
 
@@ -163,7 +168,7 @@ bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0;
 // What a part's file says of its call, checked by every reader: ranks that made different calls
 // (kind, type, op, root, count, world, or call number) fail instead of reading garbage.
 struct Header {
-  int32_t kind, type, op, root, nranks;
+  int32_t kind, type, op, root, nranks, pad = 0;  // (no byte of the file left unwritten)
   uint64_t count;
   int64_t number;
   bool operator==(const Header& o) const {
@@ -171,7 +176,11 @@ struct Header {
            count == o.count && number == o.number;
   }
 };
+static_assert(sizeof(Header) == 40, "a part's header is read back as written");
 std::string describe(const Header& h) {
+  if (h.kind == -1)
+    return "message " + std::to_string(h.number) + " between the pair (type " + std::to_string(h.type) + ", count " +
+           std::to_string(h.count) + ")";
   return "call " + std::to_string(h.number) + " (kind " + std::to_string(h.kind) + ", type " + std::to_string(h.type) +
          ", op " + std::to_string(h.op) + ", root " + std::to_string(h.root) + ", count " + std::to_string(h.count) +
          ", " + std::to_string(h.nranks) + " ranks)";
@@ -182,7 +191,7 @@ Header header_of(const Call& c, long number) {
   const bool reduces = c.kind == Call::kAllReduce || c.kind == Call::kReduceScatter || c.kind == Call::kReduce;
   return {p2p ? -1 : static_cast<int32_t>(c.kind), static_cast<int32_t>(c.type),
           reduces ? static_cast<int32_t>(c.op >= ncclNumOps ? ncclNumOps : c.op) : -1, p2p ? -1 : c.root,
-          c.comm->nranks, c.count, number};
+          c.comm->nranks, 0, c.count, number};
 }
 
 // Whole or absent: written under another name, then renamed into place.
@@ -442,20 +451,28 @@ ncclResult_t run_group(const std::vector<Call>& calls) {
     pending[i].call = &c;
     if (!c.comm) return fail(ncclInvalidArgument, "a call on a null communicator");
     if (!c.comm->failure.empty())
-      return fail(ncclInvalidUsage, "an earlier call on this communicator failed: " + c.comm->failure);
+      return fail(static_cast<ncclResult_t>(c.comm->failure_code.load()),
+                  "an earlier call on this communicator failed: " + c.comm->failure);
     if (element_size(c.type) == 0)
       return fail(ncclInvalidArgument, "data type " + std::to_string(c.type) + " is not one of NCCL's");
     if (c.op >= ncclNumOps && !c.pre_mul_sum)
       return fail(ncclInvalidArgument, "unknown reduction op " + std::to_string(c.op));
     if (const ncclResult_t r = refuse_capture(c); r != ncclSuccess) return r;
   }
+  // Once numbering began, a failure leaves every communicator of the group failed: calls after
+  // the failing one were never numbered here, so their numbers differ from the peers'.
+  auto fail_group = [&](ncclResult_t r) {
+    const std::string why = last_error().substr(std::string("fake NCCL: ").size());
+    for (const Call& c : calls) fail_comm(c.comm, r, why);
+    return r;
+  };
   // Sends first: a receive may wait on a peer's send queued after its own receive.
   for (int sends_pass = 1; sends_pass >= 0; --sends_pass)
     for (auto& p : pending)
       if ((p.call->kind == Call::kSend) == (sends_pass == 1))
-        if (const ncclResult_t r = publish(&p); r != ncclSuccess) return r;
+        if (const ncclResult_t r = publish(&p); r != ncclSuccess) return fail_group(r);
   for (const auto& p : pending)
-    if (const ncclResult_t r = complete(p); r != ncclSuccess) return r;
+    if (const ncclResult_t r = complete(p); r != ncclSuccess) return fail_group(r);
   return ncclSuccess;
 }
 

@@ -49,7 +49,7 @@ job() {
   shift
   rm -f "$logs/pid" "$logs/rc"
   {
-    timeout --kill-after=30 "$((ends > SECONDS + 1 ? ends - SECONDS : 1))" "${preload[@]}" \
+    timeout --kill-after=30 "$((ends > SECONDS + 1 ? ends - SECONDS : 1))" ${preload[@]+"${preload[@]}"} \
       python3 -m torch.distributed.run --nproc-per-node "$ranks" --tee 3 \
       -m pytest tests/python/gpu -p no:cacheprovider -q -rs "$@" &
     echo $! > "$logs/pid"
