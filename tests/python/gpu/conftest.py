@@ -81,6 +81,9 @@ def run_killed_rank_job(group, worker, tmp_path, extra_args=()):
     1 (torchrun would stop our ranks as soon as one of them died): rank 1 kills itself, rank 0
     must raise a SymmemError naming it, in bounded time. Rank 0 of the test runs it; the others
     wait. Skipped, on every rank alike, on a machine with fewer than two GPUs."""
+    if shared_gpu():
+        pytest.skip("a killed-rank job runs its two processes on GPUs of their own, with NCCL: not in the "
+                    "shared-GPU mode (SYMMEM_TEST_SHARED_GPU)")
     if torch.cuda.device_count() < 2:
         pytest.skip(f"a killed-rank job needs two GPUs (one per process); this machine has "
                     f"{torch.cuda.device_count()}")
