@@ -462,7 +462,9 @@ ncclResult_t run_group(const std::vector<Call>& calls) {
   // Once numbering began, a failure leaves every communicator of the group failed: calls after
   // the failing one were never numbered here, so their numbers differ from the peers'.
   auto fail_group = [&](ncclResult_t r) {
-    const std::string why = last_error().substr(std::string("fake NCCL: ").size());
+    static const std::string prefix = "fake NCCL: ";
+    std::string why = last_error();
+    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
     for (const Call& c : calls) fail_comm(c.comm, r, why);
     return r;
   };
