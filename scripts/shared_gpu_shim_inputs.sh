@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Sourced by scripts/nccl_tests_shared_gpu.sh and scripts/nccl_torch_shared_gpu.sh (not run on its
-# own): makes SHIM (default build/libsymmem_nccl.so) and FAKE_NCCL (default
-# build/tests/libsymmem_fake_nccl.so) absolute, and ends the sourcing script when either is missing
-# (exit 2) or when there is no GPU (exit 77, saying that WHAT needs one).
+# Sourced by scripts/nccl_tests_shared_gpu.sh, scripts/nccl_torch_shared_gpu.sh and
+# tests/python/gpu/run.sh (not run on its own): makes SHIM (default build/libsymmem_nccl.so) and
+# FAKE_NCCL (default build/tests/libsymmem_fake_nccl.so) absolute, and ends the sourcing script when
+# either is missing (exit 2) or when there is no GPU (exit 77, saying that WHAT needs one).
 #
 #   shared_gpu_shim_inputs WHAT
 shared_gpu_shim_inputs() {

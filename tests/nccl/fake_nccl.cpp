@@ -35,7 +35,6 @@
 #include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -108,12 +107,8 @@ std::string meeting_file(const ncclUniqueId& id, int rank) { return fake_nccl::m
 // Whether the file of every rank below `nranks` of `meeting` exists within meeting_timeout().
 bool everyone_came(const ncclUniqueId& meeting, int nranks) {
   const auto deadline = std::chrono::steady_clock::now() + meeting_timeout();
-  for (int r = 0; r < nranks; ++r) {
-    while (::access(meeting_file(meeting, r).c_str(), F_OK) != 0) {
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  for (int r = 0; r < nranks; ++r)
+    if (!fake_nccl::wait_for_file(meeting_file(meeting, r), deadline)) return false;
   return true;
 }
 
@@ -181,14 +176,9 @@ FAKE_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
   if (!comm || !newcomm || (color < 0 && color != NCCL_SPLIT_NOCOLOR)) return ncclInvalidArgument;
   const int split = comm->splits++;
   const ncclUniqueId meeting = derived_id(comm->id, split, -2);
-  {
-    const std::string mine = meeting_file(meeting, comm->rank);
-    const std::string partial = mine + ".partial";
-    FILE* f = std::fopen(partial.c_str(), "w");
-    if (!f) return ncclSystemError;
-    std::fprintf(f, "%d %d\n", color, key);
-    if (std::fclose(f) != 0 || std::rename(partial.c_str(), mine.c_str()) != 0) return ncclSystemError;
-  }
+  const std::string mine = std::to_string(color) + " " + std::to_string(key) + "\n";
+  if (!fake_nccl::write_whole_file(meeting_file(meeting, comm->rank), nullptr, 0, mine.data(), mine.size()))
+    return ncclSystemError;
   // A file that exists is whole (renamed into place).
   if (!everyone_came(meeting, comm->nranks)) return ncclSystemError;
   std::vector<std::pair<int, int>> members;  // (key, parent rank) of this rank's colour

@@ -39,6 +39,12 @@ std::string meeting_path(const ncclUniqueId& id, const std::string& what);
 // How long a rank waits for its peers: SYMMEM_NCCL_TIMEOUT_MS, else 60 s.
 std::chrono::milliseconds meeting_timeout();
 
+// A meeting file is whole or absent: `head` then `data` written under another name, then renamed
+// into place. False when it could not be written.
+bool write_whole_file(const std::string& path, const void* head, size_t head_bytes, const void* data, size_t bytes);
+// Whether `path` exists by `deadline` (polled).
+bool wait_for_file(const std::string& path, std::chrono::steady_clock::time_point deadline);
+
 // Whether collectives, sends and receives move data (SYMMEM_FAKE_NCCL_MOVE_DATA=1): through files
 // of the meeting folder, reduced on the host in float64 (integers exactly) in rank order, rounded
 // once. Without it they move nothing (the shim's tests must see that a served call never got here).

@@ -194,23 +194,12 @@ Header header_of(const Call& c, long number) {
           c.comm->nranks, 0, c.count, number};
 }
 
-// Whole or absent: written under another name, then renamed into place.
 bool write_file(const std::string& path, const Header* header, const unsigned char* data, size_t bytes) {
-  const std::string partial = path + ".partial";
-  FILE* f = std::fopen(partial.c_str(), "wb");
-  if (!f) return false;
-  const bool written = (!header || std::fwrite(header, sizeof(Header), 1, f) == 1) &&
-                       (bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes);
-  return std::fclose(f) == 0 && written && std::rename(partial.c_str(), path.c_str()) == 0;
+  return write_whole_file(path, header, header ? sizeof(Header) : 0, data, bytes);
 }
 
 bool wait_for(const std::string& path) {
-  const auto deadline = std::chrono::steady_clock::now() + meeting_timeout();
-  for (int polls = 0; !exists(path); ++polls) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(polls < 1000 ? 20 : 1000));
-  }
-  return true;
+  return wait_for_file(path, std::chrono::steady_clock::now() + meeting_timeout());
 }
 
 // `bytes` of the data of `path` from `offset`, after checking that its header is `expected`; false
@@ -415,6 +404,23 @@ std::map<int, PreMulSum> pre_mul_sums;
 int next_pre_mul_sum = ncclNumOps;
 
 }  // namespace
+
+bool write_whole_file(const std::string& path, const void* head, size_t head_bytes, const void* data, size_t bytes) {
+  const std::string partial = path + ".partial";
+  FILE* f = std::fopen(partial.c_str(), "wb");
+  if (!f) return false;
+  const bool written = (head_bytes == 0 || std::fwrite(head, 1, head_bytes, f) == head_bytes) &&
+                       (bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes);
+  return std::fclose(f) == 0 && written && std::rename(partial.c_str(), path.c_str()) == 0;
+}
+
+bool wait_for_file(const std::string& path, std::chrono::steady_clock::time_point deadline) {
+  for (int polls = 0; !exists(path); ++polls) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 1000 ? 20 : 1000));
+  }
+  return true;
+}
 
 std::string& last_error() {
   thread_local std::string text = "no error";

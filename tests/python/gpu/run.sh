@@ -18,9 +18,9 @@ if [ "${SYMMEM_TEST_SHARED_GPU:-0}" = 1 ]; then
   # fake_nccl_exchange.cpp), behind the shim with SYMMEM_NCCL=off (the shim exports all of
   # nccl.h and serves nothing). Tests that need a GPU per rank skip, saying so.
   if [ "$gpus" -lt 1 ]; then echo "SKIPPED: symmem.torch GPU tests on a shared GPU need a GPU"; exit 77; fi
-  SHIM=$(realpath "${SHIM:-build/libsymmem_nccl.so}")
-  FAKE_NCCL=$(realpath "${FAKE_NCCL:-build/tests/libsymmem_fake_nccl.so}")
-  if [ ! -f "$SHIM" ] || [ ! -f "$FAKE_NCCL" ]; then echo "no shim or stand-in NCCL (set SHIM, FAKE_NCCL)" >&2; exit 2; fi
+  # shellcheck source=scripts/shared_gpu_shim_inputs.sh
+  source scripts/shared_gpu_shim_inputs.sh  # SHIM, FAKE_NCCL: absolute, present (else exit 2)
+  shared_gpu_shim_inputs "the symmem.torch GPU tests"
   mkdir -p "$logs/meet"
   # The stand-in waits for a peer's part up to this (its default is 60 s; ranks taking turns on the
   # GPU can be slower than that at their first Triton compiles), past which every test's own bound.

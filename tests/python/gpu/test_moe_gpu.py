@@ -3,7 +3,6 @@ every dtype, heap and ordinary tensors, with and without splits, from CUDA graph
 and its 2-D form against the documented layout (and against torch.ops.symm_mem's where torch's
 NVSHMEM backend runs); ExpertParallel dispatch and combine of both layouts and payloads against a
 reference from every rank's tokens; a receiver too small raising kCapacity on every rank."""
-import os
 import pathlib
 import sys
 import zlib
@@ -15,6 +14,7 @@ import torch.distributed as dist
 import symmem.torch as st
 from symmem.errors import SymmemError
 from symmem.torch.moe import ExpertParallel, dequantize_fp8, quantize_fp8
+from conftest import shared_gpu
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from moe_layout import layout_reference  # noqa: E402
@@ -349,7 +349,7 @@ def test_all_to_all_vdev_matches_torch_symm_mem(group):
         pytest.skip("needs two ranks: torch's NVSHMEM team refuses a world of one")
     if not symm_mem.is_nvshmem_available():
         pytest.skip("torch's NVSHMEM symmetric memory is not available in this torch build")
-    if os.environ.get("SYMMEM_TEST_SHARED_GPU") == "1":
+    if shared_gpu():
         pytest.skip("NVSHMEM takes a GPU per rank: the ranks here share one (SYMMEM_TEST_SHARED_GPU)")
     experts, align = 2, 8
     n = world * experts

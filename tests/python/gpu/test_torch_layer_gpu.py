@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import symmem.torch as st
+from conftest import shared_gpu
 from reduction_checks import SYMMEM, check_reduce_scatter, check_reduction, fail_together, gathered, problems
 
 ops = torch.ops.symmem
@@ -182,7 +183,7 @@ def test_side_stream_call_does_not_wait_for_unrelated_work(group):
     # After a stream change, a call waits for the previous call's end, not for work queued after
     # it on the previous stream (two-micro-batch overlap): ProcessGroupNCCL waits for its previous
     # collective only.
-    if os.environ.get("SYMMEM_TEST_SHARED_GPU") == "1":
+    if shared_gpu():
         pytest.skip("a time on the GPU: ranks sharing one GPU take turns on it (SYMMEM_TEST_SHARED_GPU)")
     x, y = _random(1 << 16, torch.float32, 11), _random(1 << 16, torch.float32, 12)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
