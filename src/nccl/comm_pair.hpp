@@ -98,6 +98,7 @@ class CommPair {
   // being torn down (maybe by another thread, PyTorch's watchdog), so a call routed to symmem whose
   // side the abort kept from being made is not forwarded to it either.
   bool aborted() const { return aborted_.load(); }
+  int device() const { return device_; }
   // Runs a call routed to symmem on the prepared side. Returns NCCL's result.
   ncclResult_t launch(const NcclCall& call, const void* send, void* recv, cudaStream_t stream);
 

@@ -67,6 +67,11 @@ bool inside_real_library(const void* caller) noexcept {
   const InsideEntryPoint inside_entry_point; \
   return SYMMEM_NCCL_CALL_REAL(name, __VA_ARGS__)
 
+// Forwards a call on a stream, noted first when the program made it inside a group (shim.hpp).
+#define SYMMEM_NCCL_FORWARD_ON_STREAM(name, comm, stream, ...)                   \
+  if (entry_depth == 0) symmem::nccl::note_forwarded_in_group((comm), (stream)); \
+  SYMMEM_NCCL_FORWARD(name, __VA_ARGS__)
+
 // First in every entry point that does more than forward: forwards the call when `made_by_nccl`.
 #define SYMMEM_NCCL_FORWARD_IF(made_by_nccl, name, ...) \
   const bool made_by_nccl_ = (made_by_nccl);            \
@@ -185,15 +190,15 @@ SYMMEM_NCCL_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 // are routed per call.
 SYMMEM_NCCL_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  SYMMEM_NCCL_FORWARD(ncclReduce, send, recv, count, type, op, root, comm, stream);
+  SYMMEM_NCCL_FORWARD_ON_STREAM(ncclReduce, comm, stream, send, recv, count, type, op, root, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                                        cudaStream_t stream) {
-  SYMMEM_NCCL_FORWARD(ncclBcast, buff, count, type, root, comm, stream);
+  SYMMEM_NCCL_FORWARD_ON_STREAM(ncclBcast, comm, stream, buff, count, type, root, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                                            ncclComm_t comm, cudaStream_t stream) {
-  SYMMEM_NCCL_FORWARD(ncclBroadcast, send, recv, count, type, root, comm, stream);
+  SYMMEM_NCCL_FORWARD_ON_STREAM(ncclBroadcast, comm, stream, send, recv, count, type, root, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
@@ -237,19 +242,19 @@ SYMMEM_NCCL_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t c
 }
 SYMMEM_NCCL_API ncclResult_t ncclGather(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                                         ncclComm_t comm, cudaStream_t stream) {
-  SYMMEM_NCCL_FORWARD(ncclGather, send, recv, count, type, root, comm, stream);
+  SYMMEM_NCCL_FORWARD_ON_STREAM(ncclGather, comm, stream, send, recv, count, type, root, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclScatter(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                                          ncclComm_t comm, cudaStream_t stream) {
-  SYMMEM_NCCL_FORWARD(ncclScatter, send, recv, count, type, root, comm, stream);
+  SYMMEM_NCCL_FORWARD_ON_STREAM(ncclScatter, comm, stream, send, recv, count, type, root, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                                       cudaStream_t stream) {
-  SYMMEM_NCCL_FORWARD(ncclSend, send, count, type, peer, comm, stream);
+  SYMMEM_NCCL_FORWARD_ON_STREAM(ncclSend, comm, stream, send, count, type, peer, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                                       cudaStream_t stream) {
-  SYMMEM_NCCL_FORWARD(ncclRecv, recv, count, type, peer, comm, stream);
+  SYMMEM_NCCL_FORWARD_ON_STREAM(ncclRecv, comm, stream, recv, count, type, peer, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclGroupStart() {
   SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclGroupStart);

@@ -35,6 +35,10 @@ ncclResult_t comm_destroy(ncclComm_t comm);
 ncclResult_t comm_abort(ncclComm_t comm);
 ncclResult_t comm_revoke(ncclComm_t comm, int flags);
 
+// A call that always goes to the real NCCL, on `stream`: noted when a group is open, so that the
+// group's served calls of that communicator join its stream (group_streams.hpp). Never throws.
+void note_forwarded_in_group(ncclComm_t comm, cudaStream_t stream) noexcept;
+
 // A collective that could be served; `forward` makes the real call with the program's arguments.
 ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t comm, cudaStream_t stream,
                         const std::function<ncclResult_t()>& forward);

@@ -6,7 +6,9 @@
 #include "common/check.hpp"
 #include "nccl/comm_registry.hpp"
 #include "nccl/error_map.hpp"
+#include "common/device_guard.hpp"
 #include "nccl/group_queue.hpp"
+#include "nccl/group_streams.hpp"
 #include "nccl/route_log.hpp"
 #include "nccl/shim.hpp"
 
@@ -28,6 +30,13 @@ struct DeferredCall {
 std::vector<DeferredCall>& deferred_calls() {
   thread_local std::vector<DeferredCall> calls;
   return calls;
+}
+
+// The streams of the open group's calls that went to the real NCCL on a communicator the shim
+// keeps (group_streams.hpp: they join the group's served calls).
+std::vector<GroupStreamUse>& forwarded_in_group() {
+  thread_local std::vector<GroupStreamUse> uses;
+  return uses;
 }
 
 // Why a call routed to symmem went to NCCL after all.
@@ -75,6 +84,7 @@ ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t 
   const Decision decision = pair->route(call, send, recv);
   if (decision.route == Route::kNccl) {
     log_route(call, Route::kNccl, decision.why);
+    if (group.open()) forwarded_in_group().push_back({pair.get(), stream, false});
     return forwarded(forward());
   }
   if (group.open()) {
@@ -92,6 +102,15 @@ ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t 
   return pair->launch(call, send, recv, stream);
 }
 
+void note_forwarded_in_group(ncclComm_t comm, cudaStream_t stream) noexcept {
+  try {
+    if (!this_thread_group().open()) return;
+    if (std::shared_ptr<CommPair> pair = find_pair(comm)) forwarded_in_group().push_back({pair.get(), stream, false});
+  } catch (...) {
+    // (a failed note leaves the group as before the join existed: never worse than NCCL's error)
+  }
+}
+
 ncclResult_t group_start() {
   const RealNccl& real = real_nccl();
   this_thread_group().start();
@@ -105,6 +124,8 @@ ncclResult_t group_end() {
   if (!group.end(&outermost) || !outermost) return forwarded(real.ncclGroupEnd());
   std::vector<DeferredCall> calls;
   calls.swap(deferred_calls());
+  std::vector<GroupStreamUse> uses;
+  uses.swap(forwarded_in_group());
   ncclResult_t first = ncclSuccess;
 
   // 1. The symmem sides these calls need (collective over each node: one thread per communicator
@@ -137,9 +158,27 @@ ncclResult_t group_end() {
   // 4. Handshakes of communicators made in the group, window registrations.
   std::vector<GroupItem> items = group.take();
   keep_first_failure(&first, run_per_communicator(items));
-  // 5. The served calls, in the order they were made.
+  // 5. The served calls, in the order they were made; a communicator's calls on several streams
+  //    join them first (group_streams.hpp). A non-blocking communicator's forwarded calls may
+  //    still be on their way to their streams here (docs/nccl.md, limits).
+  for (const DeferredCall& c : calls) uses.push_back({c.pair.get(), c.stream, c.served});
+  const std::vector<StreamJoin> joins = plan_stream_joins(uses);
+  auto device_of = [&](const void* comm) {
+    for (const DeferredCall& c : calls)
+      if (c.pair.get() == comm) return c.pair->device();
+    return 0;
+  };
+  for (const StreamJoin& j : joins) {
+    detail::DeviceGuard guard(device_of(j.comm));
+    for (cudaStream_t other : j.others) stream_waits_for(j.leader, other);
+  }
   for (DeferredCall& c : calls)
-    if (c.served) keep_first_failure(&first, c.pair->launch(c.call, c.send, c.recv, c.stream));
+    if (c.served)
+      keep_first_failure(&first, c.pair->launch(c.call, c.send, c.recv, served_stream(joins, c.pair.get(), c.stream)));
+  for (const StreamJoin& j : joins) {
+    detail::DeviceGuard guard(device_of(j.comm));
+    for (cudaStream_t other : j.others) stream_waits_for(other, j.leader);
+  }
   return first == ncclSuccess && real_end == ncclInProgress ? ncclInProgress : first;
 }
 
@@ -150,6 +189,7 @@ ncclResult_t group_simulate_end(ncclSimInfo_t* info) {
   bool outermost = false;
   if (!group.end(&outermost) || !outermost) return forwarded(real.ncclGroupSimulateEnd(info));
   deferred_calls().clear();  // a simulated group launches nothing
+  forwarded_in_group().clear();
   ncclResult_t first = forwarded(real.ncclGroupSimulateEnd(info));
   std::vector<GroupItem> items = group.take();
   keep_first_failure(&first, run_per_communicator(items));

@@ -22,15 +22,16 @@ struct Window {
 
 class Windows {
  public:
-  void add(const Window& window) { by_begin_[window.begin] = window; }
+  // A window registered twice at one address (NCCL allows it) is kept twice: each handle releases its own.
+  void add(const Window& window) { by_begin_.emplace(window.begin, window); }
   std::optional<Window> remove(ncclWindow_t handle);
-  // The window with a buffer that holds [p, p + bytes), or nullptr.
+  // A window with a buffer that holds [p, p + bytes) (of those starting nearest below p), or nullptr.
   const Window* find(const void* p, size_t bytes) const;
   bool empty() const { return by_begin_.empty(); }
   void clear() { by_begin_.clear(); }
 
  private:
-  std::map<const char*, Window> by_begin_;
+  std::multimap<const char*, Window> by_begin_;
 };
 
 }  // namespace symmem::nccl

@@ -246,6 +246,8 @@ FAKE_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 FAKE_API ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 FAKE_API ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
+// NCCL 2.28 takes no revoke flags yet: anything else is refused, changing nothing.
+FAKE_API ncclResult_t ncclCommRevoke(ncclComm_t, int flags) { return flags != 0 ? ncclInvalidArgument : ncclSuccess; }
 FAKE_API ncclResult_t ncclGroupStart() {
   ++group_depth;
   return ncclSuccess;

@@ -671,6 +671,64 @@ TEST(shim_groups_drive_every_rank_from_one_thread) {
   }
 }
 
+// NCCL's rule for a group whose calls use several streams: the group waits for every one of them,
+// and every one waits for the group. Here x is rewritten on s2 late (behind a 200 ms host function)
+// just before a group that all-reduces x on s1 and y on s2; the sum of x must see the new values,
+// and a read of y's sum ordered on s1 alone must see the sum. Without the join (the shim launched
+// each served call on its own stream) x's sum took the old values and y's was read too early.
+TEST(shim_groups_wait_for_every_stream_of_a_communicator) {
+  serve_everything();
+  for (int world : worlds()) {
+    run_ranks(world, [&](Rank& me) {
+      const size_t count = 65536, bytes = count * sizeof(float);
+      cudaStream_t s2 = nullptr;
+      CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+      float *x = nullptr, *y = nullptr, *x_sum = nullptr, *y_sum = nullptr;
+      for (float** p : {&x, &y, &x_sum, &y_sum}) CUDA_OK(cudaMalloc(p, bytes));
+      me.host.reserve(2 * bytes);
+      float* fresh = reinterpret_cast<float*>(me.host.in());  // x's new values
+      float* out = reinterpret_cast<float*>(me.host.out());
+      std::vector<float> first(count), second(count);
+      for (size_t i = 0; i < count; ++i) {
+        first[i] = float(value(me.rank, i));
+        fresh[i] = float(value(me.rank, i + 3) * 2);
+        second[i] = float(value(me.rank, i + 5));
+      }
+      CUDA_OK(cudaMemcpy(x, first.data(), bytes, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(y, second.data(), bytes, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(x_sum, 0xFF, bytes));  // NaN: poison
+      CUDA_OK(cudaMemset(y_sum, 0xFF, bytes));
+      me.meet();
+      // The communicator's previous call ran on s1 (so its call order adds no wait for s1's next).
+      NCCL_OK(ncclAllReduce(y, y_sum, count, ncclFloat32, ncclSum, me.comm, me.stream));
+      CUDA_OK(cudaMemsetAsync(y_sum, 0xFF, bytes, me.stream));
+      CUDA_OK(cudaStreamSynchronize(me.stream));
+      CUDA_OK(cudaLaunchHostFunc(
+          s2, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }, nullptr));
+      CUDA_OK(cudaMemcpyAsync(x, fresh, bytes, cudaMemcpyHostToDevice, s2));
+      NCCL_OK(ncclGroupStart());
+      NCCL_OK(ncclAllReduce(x, x_sum, count, ncclFloat32, ncclSum, me.comm, me.stream));
+      NCCL_OK(ncclAllReduce(y, y_sum, count, ncclFloat32, ncclSum, me.comm, s2));
+      NCCL_OK(ncclGroupEnd());
+      for (int which = 0; which < 2; ++which) {
+        CUDA_OK(cudaMemcpyAsync(out, which == 0 ? x_sum : y_sum, bytes, cudaMemcpyDeviceToHost, me.stream));
+        CUDA_OK(cudaStreamSynchronize(me.stream));  // s1 alone: the group's end ordered s2 before it
+        for (size_t i = 0; i < count; ++i) {
+          double want = 0;
+          for (int r = 0; r < me.world; ++r) want += which == 0 ? value(r, i + 3) * 2 : value(r, i + 5);
+          if (out[i] != float(want))
+            throw symmem::test::Failure(std::string(which == 0 ? "x" : "y") + "'s sum, element " + std::to_string(i) +
+                                        ": " + std::to_string(out[i]) + ", expected " + std::to_string(want));
+        }
+      }
+      CUDA_OK(cudaStreamSynchronize(s2));
+      me.meet();
+      for (float* p : {x, y, x_sum, y_sum}) CUDA_OK(cudaFree(p));
+      CUDA_OK(cudaStreamDestroy(s2));
+    });
+  }
+}
+
 TEST(shim_captures_and_replays_served_calls) {
   serve_everything();
   for (int world : worlds()) {
@@ -1061,6 +1119,37 @@ TEST(shim_abort_leaves_idle_peers_without_an_error) {
     }
     me.meet();
     if (!leaver) NCCL_OK(ncclCommAbort(me.comm));
+    CUDA_OK(cudaFree(buf));
+  });
+}
+
+// ncclCommRevoke: a call NCCL refuses (flags it does not take) changes nothing, so served calls
+// go on (the shim used to release its waits first, failing every later call); after a revoke NCCL
+// reports no asynchronous error (the program asked for it), where the shim reported its own
+// abort as ncclRemoteError.
+TEST(shim_revoke_keeps_nccls_outcome) {
+  run_failure_case("60000", [](Rank& me) {
+    float* buf = zeros_after_a_first_all_reduce(me);
+    if (ncclCommRevoke(me.comm, 1) != ncclInvalidArgument)
+      throw symmem::test::Failure("ncclCommRevoke with flags 1 was not refused");
+    std::vector<float> ones(1024, 1.0f), out(1024);
+    CUDA_OK(cudaMemcpyAsync(buf, ones.data(), 4096, cudaMemcpyHostToDevice, me.stream));
+    NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, me.comm, me.stream));
+    CUDA_OK(cudaMemcpyAsync(out.data(), buf, 4096, cudaMemcpyDeviceToHost, me.stream));
+    CUDA_OK(cudaStreamSynchronize(me.stream));
+    if (out[0] != float(me.world) || out[1023] != float(me.world))
+      throw symmem::test::Failure("the call after a refused revoke summed to " + std::to_string(out[0]));
+    ncclResult_t error = ncclSuccess;
+    NCCL_OK(ncclCommGetAsyncError(me.comm, &error));
+    if (error != ncclSuccess) throw symmem::test::Failure("an error after a refused revoke: " + std::to_string(error));
+    me.meet();
+    NCCL_OK(ncclCommRevoke(me.comm, 0));
+    NCCL_OK(ncclCommGetAsyncError(me.comm, &error));
+    if (error != ncclSuccess)
+      throw symmem::test::Failure("ncclCommGetAsyncError after a revoke gave " + std::to_string(error) + ": " +
+                                  (ncclGetLastError(me.comm) ? ncclGetLastError(me.comm) : ""));
+    me.meet();
+    NCCL_OK(ncclCommAbort(me.comm));
     CUDA_OK(cudaFree(buf));
   });
 }

@@ -1,6 +1,7 @@
-// libsymmem_nccl.so's group bookkeeping (src/nccl/group_queue.hpp) and window lookups
+// libsymmem_nccl.so's group bookkeeping (src/nccl/group_queue.hpp, group_streams.hpp) and window lookups
 // (src/nccl/windows.hpp).
 #include <atomic>
+#include <cstdint>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "nccl/group_queue.hpp"
+#include "nccl/group_streams.hpp"
 #include "nccl/windows.hpp"
 #include "test.hpp"
 
@@ -142,4 +144,39 @@ TEST(nccl_windows_find_operands_inside_mapped_windows) {
   EXPECT(removed && removed->begin == memory + 1024);
   EXPECT(w.find(memory + 1500, 1) == nullptr);
   EXPECT(!w.remove(reinterpret_cast<ncclWindow_t>(1)));
+}
+
+// ncclCommWindowRegister twice at one address: each handle releases its own window (the first was
+// overwritten by the second, and its import leaked until the communicator died).
+TEST(nccl_windows_keep_a_window_registered_twice_at_one_address) {
+  static char memory[1024];
+  Buffer* mapped = reinterpret_cast<Buffer*>(&memory[0]);
+  Windows w;
+  w.add({reinterpret_cast<ncclWindow_t>(1), memory, 1024, mapped});
+  w.add({reinterpret_cast<ncclWindow_t>(2), memory, 512, nullptr});
+  EXPECT(w.find(memory + 600, 100) != nullptr);  // the first still serves what the second cannot
+  const auto first = w.remove(reinterpret_cast<ncclWindow_t>(1));
+  EXPECT(first && first->handle == reinterpret_cast<ncclWindow_t>(1) && first->buffer == mapped);
+  EXPECT(w.find(memory + 600, 100) == nullptr);
+  const auto second = w.remove(reinterpret_cast<ncclWindow_t>(2));
+  EXPECT(second && second->handle == reinterpret_cast<ncclWindow_t>(2));
+  EXPECT(w.empty());
+}
+
+// group_streams.hpp: a communicator's served calls join the group's other streams of that
+// communicator; one stream per communicator needs nothing.
+TEST(nccl_group_joins_the_streams_of_a_communicator_with_served_calls) {
+  const void* a = reinterpret_cast<const void*>(0xa);
+  const void* b = reinterpret_cast<const void*>(0xb);
+  auto s = [](int i) { return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(0x100 + i)); };
+  // One stream per communicator (PyTorch, nccl-tests): nothing to join.
+  EXPECT(plan_stream_joins({{a, s(1), true}, {a, s(1), false}, {b, s(2), true}}).empty());
+  // a: served on s1 and s2, a forwarded call on s3; b: forwarded only, on two streams.
+  const std::vector<StreamJoin> joins = plan_stream_joins(
+      {{b, s(5), false}, {a, s(3), false}, {a, s(1), true}, {b, s(6), false}, {a, s(2), true}, {a, s(3), false}});
+  EXPECT_EQ(joins.size(), size_t(1));
+  EXPECT(joins[0].comm == a && joins[0].leader == s(1));
+  EXPECT(joins[0].others == (std::vector<cudaStream_t>{s(3), s(2)}));
+  EXPECT(served_stream(joins, a, s(2)) == s(1));
+  EXPECT(served_stream(joins, b, s(6)) == s(6));
 }
