@@ -122,8 +122,8 @@ class Communicator {
   // with the same `bytes`. Throws on every rank alike when any rank's cannot (kUnsupported naming the
   // rank and the cause; kInvalidArgument for different sizes). The buffer's ptr() is the heap's
   // mapping of the same memory (writes through either address are seen through the other by later
-  // kernels); it has no signal pad or peer table (signal_pad() is null): it is an operand of
-  // collectives. The caller keeps owning the memory and must not free it before release_import().
+  // kernels); it has no signal pad or peer table (signal_pad() and its handle's peer_signal_pads are
+  // null, signal_pad_words() is 0): it is an operand of collectives. The caller keeps owning the memory and must not free it before release_import().
   Buffer* import(void* ptr, size_t bytes);
   // Local: once this device is idle, unmaps an imported buffer from this process (the peers keep
   // their own mappings until they release theirs). Every rank releases its imports at the same point

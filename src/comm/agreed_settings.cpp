@@ -92,6 +92,13 @@ const AgreedSetting kAgreedSettings[] = {
                                                      : static_cast<size_t>(env::get_int(v, 256)) << 20;
    },
    same<&S::workspace_bytes>, number<&S::workspace_bytes>},
+  // The heap's free list is the same on every rank only when its reserve is: an allocation that fits
+  // on one rank and not on another would fail there alone.
+  {"SYMMEM_HEAP_RESERVE_GB", "the heap reserve (CommConfig::heap_reserve_bytes / SYMMEM_HEAP_RESERVE_GB)",
+   [](const char*, const Sources& from, S& s) {
+     s.heap_reserve_bytes = from.config.heap_reserve_bytes ? from.config.heap_reserve_bytes : env::heap_reserve_bytes();
+   },
+   same<&S::heap_reserve_bytes>, number<&S::heap_reserve_bytes>},
   // The bootstrap reads it too (JobInfo): its default lives in env::timeout_ms.
   {"SYMMEM_TIMEOUT_MS", "the timeout (CommConfig::timeout_ms / SYMMEM_TIMEOUT_MS)",
    [](const char*, const Sources& from, S& s) {

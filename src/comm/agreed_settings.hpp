@@ -30,6 +30,7 @@ struct AgreedSettings {
   size_t copy_engine_piece_bytes = 0;  // SYMMEM_CE_PIECE_KB
   int moe_combine_path = 0;            // SYMMEM_MOE_COMBINE (detail::MoeCombinePath)
   size_t workspace_bytes = 0;          // CommConfig::workspace_bytes or SYMMEM_WORKSPACE_MB
+  size_t heap_reserve_bytes = 0;       // CommConfig::heap_reserve_bytes or SYMMEM_HEAP_RESERVE_GB
   int64_t timeout_ms = 30000;          // CommConfig::timeout_ms or SYMMEM_TIMEOUT_MS
   uint64_t tuning_hash = 0;            // the tuning table in force (SYMMEM_TUNING_FILE or the GPU model)
 };

@@ -57,7 +57,9 @@ void* Buffer::peer_ptr(int rank) const {
   return impl.heap->base(rank) + offset_;
 }
 
-size_t Buffer::signal_pad_words() const { return kSignalFlagCount; }
+// An imported buffer (the program's own allocation) has no signal pad: what follows its bytes is
+// the program's memory, or another heap range.
+size_t Buffer::signal_pad_words() const { return pad_ ? kSignalFlagCount : 0; }
 
 Buffer::DeviceHandle Buffer::device_handle() const {
   const auto& impl = state_of(*comm_);
@@ -65,12 +67,13 @@ Buffer::DeviceHandle Buffer::device_handle() const {
   h.local = local_;
   h.signal_pad = pad_;
   h.bytes = bytes_;
-  h.signal_pad_words = kSignalFlagCount;
+  h.signal_pad_words = signal_pad_words();
   h.rank = impl.rank;
   h.world = impl.world;
   for (int r = 0; r < impl.world; ++r) {
     h.peers[r] = impl.heap->base(r) + offset_;
-    h.peer_signal_pads[r] = reinterpret_cast<uint32_t*>(impl.heap->base(r) + offset_ + pad_offset(bytes_));
+    h.peer_signal_pads[r] =
+        pad_ ? reinterpret_cast<uint32_t*>(impl.heap->base(r) + offset_ + pad_offset(bytes_)) : nullptr;
   }
   return h;
 }

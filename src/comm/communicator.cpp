@@ -33,6 +33,7 @@ using detail::kMaxBlocks;
 struct DeviceIdentity {
   char uuid[16];
   int pid;
+  int sm_count;
 };
 
 }  // namespace
@@ -159,7 +160,11 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
   std::vector<DeviceIdentity> ids(world);
   DeviceIdentity mine{};
   std::memcpy(mine.uuid, prop.uuid.bytes, sizeof(mine.uuid));
+  mine.sm_count = st.sm_count;
   st.bootstrap->all_gather(&mine, ids.data(), sizeof(DeviceIdentity));
+  // Plans depend on the SM count (block counts are signed into every call): the smallest of the
+  // ranks' (a GPU partitioned by MPS or green contexts shows fewer), so that every rank plans alike.
+  for (int r = 0; r < world; ++r) st.sm_count = std::min(st.sm_count, ids[r].sm_count);
   for (int r = 0; r < world; ++r)
     if (r != st.rank && std::memcmp(ids[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0 && !env::ranks_may_share_gpu())
       throw Error(ErrorCode::kInvalidArgument, "Communicator::create: ranks " + std::to_string(st.job_rank(r)) +
@@ -196,8 +201,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Bootstrap> bo
 
   st.exchange = std::make_unique<detail::FdExchange>(*st.bootstrap, st.timeout_ms());
   st.board = std::make_unique<detail::HostBoard>(st.rank, world, *st.bootstrap, *st.exchange);
-  const size_t reserve = config.heap_reserve_bytes ? config.heap_reserve_bytes : env::heap_reserve_bytes();
-  st.heap = std::make_unique<detail::Heap>(device, st.rank, world, reserve);
+  st.heap = std::make_unique<detail::Heap>(device, st.rank, world, st.settings.heap_reserve_bytes);
   st.workspaces = std::make_unique<detail::Workspaces>(*st.heap, *st.bootstrap, *st.exchange, st.rank, world,
                                                        st.settings.workspace_bytes);
   st.copy_engine = std::make_unique<detail::CopyEngineStreams>(

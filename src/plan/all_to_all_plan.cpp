@@ -111,7 +111,10 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
     plan.vector_bytes =
         row.low_latency ? 4 : common_vector_bytes({uniform ? r.pair_bytes : r.row_bytes, in, r.out_address});
   }
-  if (uniform && plan.stage_input) {
+  // Chunked wherever an algorithm that stages an input in place runs, in place or not: whether a
+  // local input is in place is its rank's own (descriptor_of), and every rank must launch the same
+  // chunks.
+  if (uniform && (plan.stage_input || row.in_place_stages_input)) {
     const size_t per_pair = r.workspace.staging / static_cast<size_t>(std::max(1, r.world)) / 16 * 16;
     if (per_pair == 0)
       throw Error(ErrorCode::kInvalidArgument, op + ": the staging workspace of " +

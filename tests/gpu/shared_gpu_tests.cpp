@@ -14,6 +14,7 @@
 // small integers, exact in every type and order), with the output poisoned before every call.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -48,6 +49,12 @@ using namespace symmem::test;
 namespace {
 
 constexpr size_t kMiB = size_t(1) << 20;
+
+#define TEST_CU(expr)                                                                              \
+  do {                                                                                             \
+    CUresult r_ = (expr);                                                                          \
+    if (r_ != CUDA_SUCCESS) ::symmem::test::fail(__FILE__, __LINE__, #expr " failed: " + std::to_string(r_)); \
+  } while (0)
 constexpr size_t kMaxRankBytes = 2 * kMiB;                  // largest message per rank
 constexpr size_t kOperandBytes = 8 * kMaxRankBytes + 4096;  // a world of 8 such slots, plus offsets
 
@@ -847,6 +854,46 @@ TEST(shared_gpu_fused_ops_take_a_column_major_b) {
                           ", bytes differing between the two " + std::to_string(counts[3]));
         });
   });
+}
+
+// An imported buffer (the program's cuMem allocation, as ncclCommWindowRegister hands the NCCL
+// shim) has no signal pad: its device handle says 0 words and null pads. Its handle used to point
+// every peer's "pad" just past the buffer, into the rest of the program's allocation.
+TEST(shared_gpu_an_imported_buffer_hands_out_no_signal_pad) {
+  for (int world : shared_gpu_worlds()) {
+    run_ranks(world, [](Rank& r) {
+      CUmemAllocationProp prop{};
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = 0;
+      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      size_t granularity = 0;
+      TEST_CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+      const size_t bytes = std::max<size_t>(granularity, 4 * kMiB);
+      CUmemGenericAllocationHandle handle;
+      CUdeviceptr address = 0;
+      TEST_CU(cuMemCreate(&handle, bytes, &prop, 0));
+      TEST_CU(cuMemAddressReserve(&address, bytes, granularity, 0, 0));
+      TEST_CU(cuMemMap(address, bytes, 0, handle, 0));
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      TEST_CU(cuMemSetAccess(address, bytes, &access, 1));
+      Buffer* imported = r.comm->import(reinterpret_cast<void*>(address), kMiB);
+      const Buffer::DeviceHandle h = imported->device_handle();
+      std::string wrong;
+      if (imported->signal_pad() != nullptr || imported->signal_pad_words() != 0 || h.signal_pad != nullptr ||
+          h.signal_pad_words != 0)
+        wrong = "a signal pad of " + std::to_string(h.signal_pad_words) + " words";
+      for (int p = 0; p < r.world; ++p)
+        if (h.peer_signal_pads[p] != nullptr) wrong += " peer " + std::to_string(p) + "'s pad set;";
+      r.comm->release_import(imported);
+      TEST_CU(cuMemUnmap(address, bytes));
+      TEST_CU(cuMemAddressFree(address, bytes));
+      TEST_CU(cuMemRelease(handle));
+      if (!wrong.empty()) throw Failure("rank " + std::to_string(r.rank) + ": the imported buffer has " + wrong);
+    });
+  }
 }
 
 }  // namespace

@@ -114,3 +114,22 @@ TEST(ranks_with_different_settings_all_fail_naming_the_setting) {
   EXPECT(agreement_errors(settings)[2].find("the timeout (CommConfig::timeout_ms / SYMMEM_TIMEOUT_MS) differs") !=
          std::string::npos);
 }
+
+// The heap's ranges are taken without asking the peers ("every rank has the same free list"), which
+// holds only when every rank reserved the same: a rank with a smaller reserve refused an allocation
+// its peers made, and they waited for it until the deadline.
+TEST(ranks_with_different_heap_reserves_all_fail_naming_it) {
+  const TuningTable tuning;
+  CommConfig config;
+  setenv("SYMMEM_HEAP_RESERVE_GB", "3", 1);
+  EXPECT_EQ(read_agreed_settings(config, tuning).heap_reserve_bytes, size_t(3) << 30);
+  config.heap_reserve_bytes = size_t(5) << 30;
+  EXPECT_EQ(read_agreed_settings(config, tuning).heap_reserve_bytes, size_t(5) << 30);
+  unsetenv("SYMMEM_HEAP_RESERVE_GB");
+  std::vector<AgreedSettings> settings(2);
+  settings[0].heap_reserve_bytes = size_t(64) << 30;
+  settings[1].heap_reserve_bytes = size_t(1) << 30;
+  for (const std::string& e : agreement_errors(settings))
+    EXPECT(e.find("the heap reserve (CommConfig::heap_reserve_bytes / SYMMEM_HEAP_RESERVE_GB) differs") !=
+           std::string::npos);
+}

@@ -314,6 +314,37 @@ TEST(all_to_all_plan_uniform_by_size) {
   EXPECT(plan_all_to_all(r, none).blocks <= 6);
 }
 
+// Whether a local input is in place is its rank's own (the signature leaves it out), so the chunks a
+// call runs in must not depend on it: with a 4 MiB staging area at 8 ranks, an in-place rank ran a
+// 768 KiB pair in chunks of 512 KiB, its out-of-place peers in one, and every such call failed with
+// a mismatch.
+TEST(all_to_all_plan_chunks_alike_in_place_or_not) {
+  const TuningTable none;
+  for (Algo algo : {Algo::kAuto, Algo::kLowLatency, Algo::kPush, Algo::kPull}) {
+    for (size_t pair : {size_t(4096), size_t(768) << 10, size_t(1) << 20, size_t(24) << 20}) {
+      for (bool symmetric_in : {true, false}) {
+        AllToAllRequest r = uniform_request(pair, 8);
+        r.workspace.staging = size_t(4) << 20;
+        r.options.algo = algo;
+        r.in_symmetric = symmetric_in;
+        AllToAllPlan out_of_place;
+        try {
+          out_of_place = plan_all_to_all(r, none);
+        } catch (const Error&) {
+          continue;  // (a forced algorithm this size cannot take)
+        }
+        r.in_place = true;
+        const AllToAllPlan in_place = plan_all_to_all(r, none);
+        EXPECT(in_place.algo == out_of_place.algo);
+        if (in_place.chunk_pair_bytes != out_of_place.chunk_pair_bytes)
+          ::symmem::test::fail(__FILE__, __LINE__,
+                               std::string(algo_name(algo)) + ", pair " + std::to_string(pair) + ": in place " +
+                                   describe(in_place) + ", out of place " + describe(out_of_place));
+      }
+    }
+  }
+}
+
 TEST(all_to_all_plan_forced_choices_and_errors) {
   const TuningTable none;
   AllToAllRequest r = uniform_request(4 << 20, 2);
