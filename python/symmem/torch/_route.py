@@ -5,10 +5,19 @@ Every function runs on ``torch.cuda.current_stream()`` of the communicator's dev
 communicator run in host order whatever their streams (the core joins a stream change). Errors
 are the ones the ops document: TypeError for a dtype, ValueError for a shape, device or layout,
 SymmemError from the core.
+
+A check of what every rank passes alike (the dtype, the reduce op) raises its error on the calling
+rank only: every rank reaches the same verdict. A check of one rank's own tensors (a layout, a
+device, an output's size or dtype) that fails refuses the call instead (errors.refused,
+docs/design.md "Refusals"): the peers would otherwise wait in the call until their deadline. The
+refusing rank raises RefusedValueError / RefusedTypeError (the documented type, and a SymmemError),
+every other rank SymmemError, with one message. The checks are those that ran before; a call that
+passes them pays nothing more (a try block costs nothing until it raises).
 """
 import torch
 
 from .. import _native
+from .errors import refused
 
 # torch dtype -> symmem::DataType value, from the names the C ABI gives (reductions; gathers move bytes).
 REDUCIBLE = {getattr(torch, name): value for name, value in _native.DTYPES.items()
@@ -72,15 +81,21 @@ def all_reduce(comm, out, inp, reduce_op, algo=0, max_blocks=-1):
         _refuse_closed(comm)
         dtype = dtype_code(inp.dtype, "all_reduce")
         entry = reduce_code(reduce_op, inp.dtype, "all_reduce")
-        check_operand(inp, "input", "all_reduce", comm)
+        try:
+            check_operand(inp, "input", "all_reduce", comm)
+        except ValueError as cause:
+            raise refused(comm, "symmem.all_reduce", cause) from cause
     ptr = inp.data_ptr()
     if out is inp:
         out_ptr = ptr
     else:
-        check_operand(out, "out", "all_reduce", comm)
-        check_same_dtype(out, inp, "all_reduce")
-        if out.numel() != inp.numel():
-            raise ValueError(f"symmem.all_reduce: output has {out.numel()} elements, {inp.numel()} expected")
+        try:
+            check_operand(out, "out", "all_reduce", comm)
+            check_same_dtype(out, inp, "all_reduce")
+            if out.numel() != inp.numel():
+                raise ValueError(f"symmem.all_reduce: output has {out.numel()} elements, {inp.numel()} expected")
+        except (TypeError, ValueError) as cause:
+            raise refused(comm, "symmem.all_reduce", cause) from cause
         out_ptr = out.data_ptr()
     comm.core.all_reduce(out_ptr, ptr, inp.numel(), dtype, entry[0], current_stream(comm.device), algo, 0, max_blocks)
     if entry[1]:
@@ -91,12 +106,15 @@ def all_gather(comm, out, inp, algo=0, max_blocks=-1, op="all_gather_into_tensor
     """out = the ranks' inputs back to back in rank order (bytes: any dtype). In place when inp is this
     rank's slot of out."""
     _refuse_closed(comm)
-    check_operand(inp, "input", op, comm)
-    check_operand(out, "out", op, comm)
-    check_same_dtype(out, inp, op)
-    if out.numel() != inp.numel() * comm.world:
-        raise ValueError(f"symmem.{op}: output has {out.numel()} elements, {inp.numel() * comm.world} expected "
-                         f"(input {inp.numel()} x {comm.world} ranks)")
+    try:
+        check_operand(inp, "input", op, comm)
+        check_operand(out, "out", op, comm)
+        check_same_dtype(out, inp, op)
+        if out.numel() != inp.numel() * comm.world:
+            raise ValueError(f"symmem.{op}: output has {out.numel()} elements, {inp.numel() * comm.world} expected "
+                             f"(input {inp.numel()} x {comm.world} ranks)")
+    except (TypeError, ValueError) as cause:
+        raise refused(comm, "symmem." + op, cause) from cause
     comm.core.all_gather(out.data_ptr(), inp.data_ptr(), inp.numel() * inp.element_size(), BYTES,
                          current_stream(comm.device), algo, 0, max_blocks)
 
@@ -106,12 +124,15 @@ def reduce_scatter(comm, out, inp, reduce_op, algo=0, max_blocks=-1):
     _refuse_closed(comm)
     dtype = dtype_code(inp.dtype, "reduce_scatter_tensor")
     code, divide = reduce_code(reduce_op, inp.dtype, "reduce_scatter_tensor")
-    check_operand(inp, "input", "reduce_scatter_tensor", comm)
-    check_operand(out, "out", "reduce_scatter_tensor", comm)
-    check_same_dtype(out, inp, "reduce_scatter_tensor")
-    if inp.numel() != out.numel() * comm.world:
-        raise ValueError(f"symmem.reduce_scatter_tensor: input has {inp.numel()} elements, output {out.numel()}: "
-                         f"the input must hold world ({comm.world}) x output")
+    try:
+        check_operand(inp, "input", "reduce_scatter_tensor", comm)
+        check_operand(out, "out", "reduce_scatter_tensor", comm)
+        check_same_dtype(out, inp, "reduce_scatter_tensor")
+        if inp.numel() != out.numel() * comm.world:
+            raise ValueError(f"symmem.reduce_scatter_tensor: input has {inp.numel()} elements, output "
+                             f"{out.numel()}: the input must hold world ({comm.world}) x output")
+    except (TypeError, ValueError) as cause:
+        raise refused(comm, "symmem.reduce_scatter_tensor", cause) from cause
     comm.core.reduce_scatter(out.data_ptr(), inp.data_ptr(), out.numel(), dtype, code, current_stream(comm.device),
                              algo, 0, max_blocks)
     if divide:

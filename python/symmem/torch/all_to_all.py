@@ -18,15 +18,22 @@ zero-copy, others are staged), need no NVSHMEM, bound every wait, and check capa
 `out` would overflow makes every rank raise SymmemError kCapacity naming it, and nothing moves.
 Every dtype (rows are bytes). The CUDA kernels run on torch.cuda.current_stream() and are capturable
 in CUDA graphs. The CPU kernels run torch.distributed on the group (gloo), so the ops run, and pass
-opcheck, on any machine. The ops are tagged ``pt2_compliant_tag``; the CUDA kernels are thin: the
-arguments are checked and the core called by ``_route``, as for every symmem op.
+opcheck, on any machine; they fail as the CUDA kernels do: a check of one rank's tensors that fails
+raises on every rank (that rank its ValueError / TypeError), a rank whose `out` would overflow
+makes every rank raise SymmemError kCapacity, and in either case nothing moves. The ops are tagged
+``pt2_compliant_tag``; the CUDA kernels are thin: the arguments are checked and the core called by
+``_route``, as for every symmem op.
 """
+import types
+
 import torch
 import torch.distributed as dist
 
+from .. import _native, errors
 from . import _route
 from .errors import refused
 from .groups import GroupCommunicator, group_name_of, state_of
+from .moe import _ReferenceContext
 from .ops import _returning_none
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
@@ -49,6 +56,13 @@ def _output_shape(inp, output_split_sizes):
     return (sum(output_split_sizes), *inp.shape[1:])
 
 
+def _new_output(inp, output_split_sizes):
+    """all_to_all_single's output, for the checks to judge: splits of a negative total and a 0-dim
+    input are this rank's errors, refused by the checks, not raised here by new_empty or an unpacking."""
+    shape = _output_shape(inp, output_split_sizes)
+    return inp.new_empty((max(shape[0], 0), *shape[1:]) if shape else ())
+
+
 # CUDA kernels ----------------------------------------------------------------------------------
 #
 # A check of one rank's tensors that fails (a TypeError or ValueError of _route's) refuses the call
@@ -65,9 +79,7 @@ def _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, grou
 
 
 def _all_to_all_single_cuda(inp, output_split_sizes, input_split_sizes, group_name):
-    # Splits of a negative total are this rank's error: refused by the checks, not raised here.
-    rows, *row = _output_shape(inp, output_split_sizes)
-    out = inp.new_empty((max(rows, 0), *row))
+    out = _new_output(inp, output_split_sizes)
     return _all_to_all_single_out_cuda(inp, output_split_sizes, input_split_sizes, group_name, out=out)
 
 
@@ -93,14 +105,31 @@ def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name
 
 
 # CPU kernels: torch.distributed on the group ---------------------------------------------------
+#
+# A rank whose check fails must not leave its peers in a gloo collective until the group's timeout:
+# every rank runs its checks and learns every rank's outcome before anything moves (MoE's CPU
+# reference, _ReferenceContext._agree_on_checks), then raises the first refusing rank's error.
+
+def _agree_on_checks(group, op, check):
+    """_ReferenceContext._agree_on_checks for a group (it reads the group, rank and world of its
+    context's ExpertParallel): one all_gather_object of every rank's outcome."""
+    ranks = types.SimpleNamespace(group=group, rank=group.rank(), world=group.size())
+    _ReferenceContext._agree_on_checks(types.SimpleNamespace(ep=ranks), op, check)
+
 
 def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, *, out):
     op = "all_to_all_single"
     group = state_of(group_name).group
-    _route.check_rows(inp, out, op)
     world = group.size()
-    ins = _route.splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op)
-    outs = _route.splits(output_split_sizes, out.shape[0], world, "output_split_sizes", op)
+    checked = []
+
+    def check():
+        _route.check_rows(inp, out, op)
+        checked.append(_route.splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op))
+        checked.append(_route.splits(output_split_sizes, out.shape[0], world, "output_split_sizes", op))
+
+    _agree_on_checks(group, op, check)
+    ins, outs = checked
     received = out.new_empty((sum(outs), *out.shape[1:]))
     dist.all_to_all_single(received, inp[:sum(ins)].contiguous(), outs, ins, group=group)
     out[:sum(outs)].copy_(received)
@@ -108,35 +137,60 @@ def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group
 
 
 def _all_to_all_single_cpu(inp, output_split_sizes, input_split_sizes, group_name):
-    out = inp.new_empty(_output_shape(inp, output_split_sizes))
+    out = _new_output(inp, output_split_sizes)
     return _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, out=out)
+
+
+def _extents(matrix, q, world, experts, major_align):
+    """The rows each local expert of rank q takes in its output (torch's alignment rule)."""
+    rows = [sum(matrix[s][q * experts + e] for s in range(world)) for e in range(experts)]
+    return [r if major_align == 0 else max((r + major_align - 1) // major_align * major_align, major_align)
+            for r in rows]
 
 
 def _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, experts, major_align, op):
     """The layout of symmem/all_to_all.hpp, on the host: every rank's splits are gathered, the data
-    moves rank to rank in sender order, then lands expert-major (major_align 0: plain)."""
+    moves rank to rank in sender order, then lands expert-major (major_align 0: plain). `experts`:
+    None for the 2-D form (from in_splits, a check of this rank's). The checks of every rank's
+    tensors, then every rank's capacity, are agreed before any row moves."""
     group = state_of(group_name).group
     world, me = group.size(), group.rank()
-    _route.check_rows(inp, out, op)
+    checked = []
+
+    def check():
+        e = _route.experts_of(in_splits, world, op) if experts is None else experts
+        _route.check_rows(inp, out, op)
+        _route.check_split_tensors(in_splits, out_splits_offsets, world * e, op)
+        splits = [int(v) for v in in_splits.reshape(-1).tolist()]
+        if any(v < 0 for v in splits) or sum(splits) > inp.shape[0]:
+            raise ValueError(f"symmem.{op}: rank {me}'s splits {splits} are negative or exceed its input "
+                             f"({inp.shape[0]} rows)")
+        checked.append((e, splits, out.shape[0]))
+
+    _agree_on_checks(group, op, check)
+    # Every rank's (experts, splits, output rows): each rank reaches every rank's verdict alike.
+    every = [None] * world
+    dist.all_gather_object(every, checked[0], group=group)
+    experts = every[0][0]
+    for s, (e, _, _) in enumerate(every):
+        if e != experts:
+            raise errors.SymmemError(_native.ErrorCode.kMismatch,
+                                     f"symmem.{op}: rank {s} passed {e} experts per rank, rank 0 {experts}")
+    matrix = [splits for _, splits, _ in every]  # matrix[s][q * experts + e]
+    for q, (_, _, capacity) in enumerate(every):
+        need = sum(_extents(matrix, q, world, experts, major_align))
+        if need > capacity:
+            raise errors.SymmemError(_native.ErrorCode.kCapacity,
+                                     f"symmem.{op}: rank {q} would receive {need} rows, its output holds "
+                                     f"{capacity}; no rank moved any row of this call")
     n = world * experts
-    _route.check_split_tensors(in_splits, out_splits_offsets, n, op)
-    gathered = [torch.empty_like(in_splits) for _ in range(world)]
-    dist.all_gather(gathered, in_splits.contiguous(), group=group)
-    matrix = [[int(v) for v in g.tolist()] for g in gathered]  # matrix[s][q * experts + e]
-    if any(v < 0 for v in matrix[me]) or sum(matrix[me]) > inp.shape[0]:
-        raise ValueError(f"symmem.{op}: rank {me}'s splits {matrix[me]} are negative or exceed its input "
-                         f"({inp.shape[0]} rows)")
     mine = [matrix[s][me * experts + e] for s in range(world) for e in range(experts)]  # [s][e]
     per_rank_in = [sum(matrix[me][q * experts:(q + 1) * experts]) for q in range(world)]
     per_rank_out = [sum(matrix[s][me * experts:(me + 1) * experts]) for s in range(world)]
     received = out.new_empty((sum(per_rank_out), *out.shape[1:]))
     dist.all_to_all_single(received, inp[:sum(per_rank_in)].contiguous(), per_rank_out, per_rank_in, group=group)
     # Expert-major placement with torch's alignment rule.
-    rows = [sum(mine[s * experts + e] for s in range(world)) for e in range(experts)]
-    extent = [r if major_align == 0 else max((r + major_align - 1) // major_align * major_align, major_align)
-              for r in rows]
-    if sum(extent) > out.shape[0]:
-        raise ValueError(f"symmem.{op}: rank {me} would receive {sum(extent)} rows, its output holds {out.shape[0]}")
+    extent = _extents(matrix, me, world, experts, major_align)
     start = [sum(extent[:e]) for e in range(experts)]
     src = 0
     splits, offsets = [0] * n, [0] * n
@@ -158,9 +212,8 @@ def _all_to_all_vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name):
 
 def _all_to_all_vdev_2d_cpu(inp, out, in_splits, out_splits_offsets, group_name, major_align=None):
     op = "all_to_all_vdev_2d"
-    world = state_of(group_name).world
-    _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, _route.experts_of(in_splits, world, op),
-              _route.major_align_of(major_align, op), op)
+    # major_align is the op's own argument, the same on every rank: each raises it alike.
+    _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, None, _route.major_align_of(major_align, op), op)
 
 
 for _name, _cuda, _cpu in (

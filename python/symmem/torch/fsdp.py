@@ -73,7 +73,8 @@ class _Lender:
     def lend(self, size, dtype):
         element = torch.empty((), dtype=dtype).element_size()
         size = tuple(int(s) for s in size)
-        nbytes = max(math.prod(size) * element, element)
+        numel = math.prod(size)
+        nbytes = max(numel * element, element)  # an empty request takes the smallest buffer (one element)
         for whole, storage, idle in self._buffers[nbytes, self._stream()]:
             if torch._C._storage_Use_Count(storage) == idle:
                 break
@@ -85,7 +86,8 @@ class _Lender:
             storage = whole.untyped_storage()._cdata
             idle = torch._C._storage_Use_Count(storage)
             self._buffers[nbytes, self._stream()].append((whole, storage, idle))
-        return whole.view(dtype).view(size)
+        flat = whole.view(dtype)
+        return (flat if numel else flat[:0]).view(size)
 
     def _stream(self):
         return torch.cuda.current_stream(self._comm.device).cuda_stream

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from .. import _native
 from . import _route
 from ._route import check_contiguous, check_operand
+from .errors import refused
 from .groups import GroupCommunicator, group_name_of, state_of
 from .memory import heap_tensor
 
@@ -75,8 +76,10 @@ def _check_b_device(b, layout, op, comm):
 
 
 def _check_pair(a, b, op, a_name):
-    """a [rows, k] (contiguous) and b [k, n] (any strides: b_operand), 2-D, of one type float16 or
-    bfloat16."""
+    """a [rows, k] and b [k, n] (any strides: b_operand), 2-D, of one type float16 or bfloat16: the
+    values the plan reads, which every rank passes alike (plain errors of the calling rank). a's
+    layout is this rank's own: the CPU and fake kernels check it (_check), the CUDA kernels refuse
+    it with the other checks of their operands."""
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"symmem.{op}: {a_name} and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.shape[1] != b.shape[0]:
@@ -84,16 +87,19 @@ def _check_pair(a, b, op, a_name):
                          "must equal b's rows")
     if a.dtype != b.dtype or a.dtype not in _TYPES:
         raise TypeError(f"symmem.{op}: {a_name} ({a.dtype}) and b ({b.dtype}) must both be float16 or bfloat16")
-    check_contiguous(a, a_name, op)
 
 
-def _check(a_shard, b, world):
+def _check(a_shard, b, world, layout=True):
     _check_pair(a_shard, b, "all_gather_matmul", "a_shard")
+    if layout:
+        check_contiguous(a_shard, "a_shard", "all_gather_matmul")
     return a_shard.shape[0] * world, b.shape[1], a_shard.shape[1]
 
 
-def _check_reduce_scatter(a, b, world):
+def _check_reduce_scatter(a, b, world, layout=True):
     _check_pair(a, b, "matmul_reduce_scatter", "a")
+    if layout:
+        check_contiguous(a, "a", "matmul_reduce_scatter")
     if a.shape[0] % world:
         raise ValueError(f"symmem.matmul_reduce_scatter: a has {a.shape[0]} rows, not a multiple of the group's "
                          f"{world} ranks (each rank receives rows / world of them)")
@@ -109,13 +115,16 @@ def _workspace(comm, nbytes, purpose="gather", op="all_gather_matmul"):
 def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
     comm = GroupCommunicator(group_name)
     comm._ensure_open()
-    m, n, k = _check(a_shard, b, comm.world)
+    m, n, k = _check(a_shard, b, comm.world, layout=False)
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
         a = a_shard.new_empty((m, k)) if return_a else None
         return a_shard.new_zeros((m, n)), a
-    check_operand(a_shard, "a_shard", "all_gather_matmul", comm)
-    b, b_layout = b_operand(b)
-    _check_b_device(b, b_layout, "all_gather_matmul", comm)
+    try:  # this rank's own operands: a failed check refuses the call (every rank raises, naming this one)
+        check_operand(a_shard, "a_shard", "all_gather_matmul", comm)
+        b, b_layout = b_operand(b)
+        _check_b_device(b, b_layout, "all_gather_matmul", comm)
+    except ValueError as cause:
+        raise refused(comm, "symmem.all_gather_matmul", cause) from cause
     c = a_shard.new_empty((m, n))
     a_bytes = m * k * a_shard.element_size()
     gathered = _workspace(comm, a_bytes)
@@ -174,12 +183,15 @@ def all_gather_matmul_input(rows: int, k: int, dtype: torch.dtype = torch.bfloat
 def _matmul_reduce_scatter_cuda(a, b, group_name):
     comm = GroupCommunicator(group_name)
     comm._ensure_open()
-    m, n, k = _check_reduce_scatter(a, b, comm.world)
+    m, n, k = _check_reduce_scatter(a, b, comm.world, layout=False)
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
         return a.new_zeros((m // comm.world, n))
-    check_operand(a, "a", "matmul_reduce_scatter", comm)
-    b, b_layout = b_operand(b)
-    _check_b_device(b, b_layout, "matmul_reduce_scatter", comm)
+    try:  # this rank's own operands: a failed check refuses the call (every rank raises, naming this one)
+        check_operand(a, "a", "matmul_reduce_scatter", comm)
+        b, b_layout = b_operand(b)
+        _check_b_device(b, b_layout, "matmul_reduce_scatter", comm)
+    except ValueError as cause:
+        raise refused(comm, "symmem.matmul_reduce_scatter", cause) from cause
     c_shard = a.new_empty((m // comm.world, n))
     workspace = _workspace(comm, comm.core.matmul_reduce_scatter_workspace_bytes(m, n), "partial_sums",
                            "matmul_reduce_scatter")

@@ -10,17 +10,32 @@
 The ops behind it (schema + CUDA kernel + CPU kernel + fake, so torch.compile traces them):
 
   symmem::moe_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor topk_weights, Tensor? num_tokens,
-                       int context) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)
-      -> (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, expert_num_tokens, num_rows)
+                       int context, *, Tensor(a!) recv_x, Tensor(b!) recv_x_scales, Tensor(c!) recv_topk_idx,
+                       Tensor(d!) recv_topk_weights, Tensor(e!) expert_num_tokens, Tensor(f!) num_rows) -> ()
   symmem::moe_combine(Tensor? expert_out, Tensor? topk_weights, int context, bool weights_applied, *,
-                      Tensor(a!) out) -> ()
+                      Tensor(a!) combine_input, Tensor(b!) expert_num_tokens, Tensor(c!) num_rows,
+                      Tensor(d!) out) -> ()
 
 dispatch returns the context's receive area at its full, fixed shape (graph capturable: nothing
 depends on the counts, which stay on the device); tensors of a layout or payload that has none are
-empty. Their contents are those of the last dispatch; the expert computation that reads them and
-writes combine_input runs between a dispatch and its combine(s) on the same stream, and combines
-may follow each other with combine_input rewritten between them (docs/moe.md, "Ordering rules").
-The tensors stay valid after close(): the memory they cover is released only once they are gone.
+empty. They are the area itself, the same tensors every call: their contents are those of the last
+dispatch; the expert computation that reads them and writes combine_input runs between a dispatch
+and its combine(s) on the same stream, and combines may follow each other with combine_input
+rewritten between them (docs/moe.md, "Ordering rules"). The tensors stay valid after close(): the
+memory they cover is released only once they are gone.
+
+The ops tell torch what they touch, so that torch.compile orders the caller's reads and writes
+around them as eager runs them. dispatch writes the receive area and the counts, all arguments;
+combine reads combine_input, and writes it when it stages expert_out there (the device's staging
+copy: the valid rows), and out. The counts stand for the context's routing state, which combine
+reads and the next dispatch replaces: combine declares them written too, so that a context's calls
+keep their program order in compiled code (each takes the previous one's result).
+The library writes only the context's own memory, so a kernel handed other tensors in their place
+(torch.compile's functionalization passes copies where it does not reinplace: the second dispatch
+of one context in a graph, say) makes them take the results and leaves the area as it was, which the
+compiled code may still read (_into_area, _from_combine_input). Compiled code sees counts of its own
+(ExpertParallel._counts), not the library's, which must hold the last dispatch's. In eager mode the
+wrappers pass the context's own tensors: no copy.
 
 A context of a CPU (gloo) group runs a reference implementation with torch.distributed (all-gathers
 of every rank's tokens): the same layouts, counts and errors, for tests and for machines without
@@ -46,9 +61,11 @@ _log = logging.getLogger("symmem")
 _lib = torch.library.Library("symmem", "FRAGMENT")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
 _lib.define("moe_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor topk_weights, Tensor? num_tokens, "
-            "int context) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", tags=_TAGS)
+            "int context, *, Tensor(a!) recv_x, Tensor(b!) recv_x_scales, Tensor(c!) recv_topk_idx, "
+            "Tensor(d!) recv_topk_weights, Tensor(e!) expert_num_tokens, Tensor(f!) num_rows) -> ()", tags=_TAGS)
 _lib.define("moe_combine(Tensor? expert_out, Tensor? topk_weights, int context, bool weights_applied, *, "
-            "Tensor(a!) out) -> ()", tags=_TAGS)
+            "Tensor(a!) combine_input, Tensor(b!) expert_num_tokens, Tensor(c!) num_rows, Tensor(d!) out) -> ()",
+            tags=_TAGS)
 
 SCALE_COLUMNS = 128
 _PAYLOAD_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3": torch.float8_e4m3fn}
@@ -56,6 +73,8 @@ _contexts = {}  # id -> ExpertParallel (the ops name their context by id)
 _ids = itertools.count(1)
 
 Dispatched = collections.namedtuple("Dispatched", "x x_scales topk_idx topk_weights expert_num_tokens num_rows")
+# moe_dispatch's keyword arguments for the receive area, in Dispatched's order.
+RECEIVED = ("recv_x", "recv_x_scales", "recv_topk_idx", "recv_topk_weights", "expert_num_tokens", "num_rows")
 
 
 def quantize_fp8(x, columns=SCALE_COLUMNS):
@@ -116,6 +135,10 @@ class ExpertParallel:
             self.device = comm.torch_device
             self._impl = _DeviceContext(self, comm, max_tokens_per_expert, max_received_rows, max_blocks)
         self.closed = False
+        self.tokens = 0  # the last dispatch's T (x.shape[0]): the rows combine() allocates
+        # The counts compiled code sees (module docstring): dispatch copies the library's into them.
+        self._counts = (torch.zeros(self.local_experts, dtype=torch.int32, device=self.device),
+                        torch.zeros(1, dtype=torch.int32, device=self.device))
         self.id = next(_ids)
         _contexts[self.id] = self
 
@@ -127,13 +150,9 @@ class ExpertParallel:
         meta = (0,) if self.expert_major else (rows, k)
         return x, scales, meta
 
-    def _fake_outputs(self, like):
-        x, scales, meta = self.received_shapes()
-        return Dispatched(like.new_empty(x, dtype=_PAYLOAD_DTYPES[self.payload]),
-                          like.new_empty(scales, dtype=torch.float32), like.new_empty(meta, dtype=torch.int32),
-                          like.new_empty(meta, dtype=torch.float32),
-                          like.new_empty((self.local_experts,), dtype=torch.int32),
-                          like.new_empty((1,), dtype=torch.int32))
+    def received_dtypes(self):
+        """The dtypes of Dispatched's tensors, in its order."""
+        return (_PAYLOAD_DTYPES[self.payload], torch.float32, torch.int32, torch.float32, torch.int32, torch.int32)
 
     def _require_open(self, op):
         if self.closed:
@@ -155,17 +174,32 @@ class ExpertParallel:
         T = x.shape[0]. A rank with no tokens passes T = 0. A tensor that fails a check refuses the
         call: every rank raises, naming this rank (docs/moe.md)."""
         self._require_open("moe_dispatch")
-        return Dispatched(*torch.ops.symmem.moe_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens, self.id))
+        area = self._received()
+        torch.ops.symmem.moe_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens, self.id,
+                                      **dict(zip(RECEIVED, area)))
+        self.tokens = x.shape[0]
+        return area
+
+    def _received(self):
+        """What dispatch writes and returns: the receive area and the counts (compiled: its own)."""
+        area = Dispatched(*self._impl.outputs)
+        if torch.compiler.is_compiling():
+            area = area._replace(expert_num_tokens=self._counts[0], num_rows=self._counts[1])
+        return area
 
     def combine(self, expert_out=None, out=None, weights_applied=False, topk_weights=None):
         """The tokens of the last dispatch, their expert outputs summed (float32, top-k or rank order)
-        into out [>= T, H] bfloat16 (allocated when None; [0, H] after a dispatch of no tokens).
-        expert_out: None to read combine_input; topk_weights: None for the dispatch's, else [T, K].
-        Several combines may follow one dispatch, back to back."""
+        into out [>= T, H] bfloat16 (allocated [T, H] when None: [0, H] after a dispatch of no
+        tokens). expert_out: None to read combine_input, else the outputs, staged into combine_input
+        (its valid rows) first; topk_weights: None for the dispatch's, else [T, K]. Several combines
+        may follow one dispatch, back to back."""
         self._require_open("moe_combine")
         if out is None:
-            out = torch.empty((self.max_tokens_per_rank, self.hidden), dtype=torch.bfloat16, device=self.device)
-        torch.ops.symmem.moe_combine(expert_out, topk_weights, self.id, bool(weights_applied), out=out)
+            out = torch.empty((self.tokens, self.hidden), dtype=torch.bfloat16, device=self.device)
+        area = self._received()
+        torch.ops.symmem.moe_combine(expert_out, topk_weights, self.id, bool(weights_applied),
+                                     combine_input=self._impl.combine_input,
+                                     expert_num_tokens=area.expert_num_tokens, num_rows=area.num_rows, out=out)
         return out
 
     def describe(self):
@@ -227,28 +261,34 @@ class _DeviceContext:
         self.combine_input = view("combine_input", xs, torch.bfloat16)
         self.out_rows = 0  # rows combine writes: the last dispatch's host count, or T for a device count
 
-    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
-        ep = self.ep
+    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens, received):
         try:
-            _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens)
+            _check_dispatch(self.ep, x, x_scales, topk_idx, topk_weights, num_tokens, received)
         except (TypeError, ValueError) as cause:
             raise refused(self.comm, "symmem.moe_dispatch", cause) from cause
-        self.ctx.dispatch(x.data_ptr(), x_scales.data_ptr() if x_scales is not None else 0, topk_idx.data_ptr(),
-                          topk_idx.dtype == torch.int64, topk_weights.data_ptr(),
-                          x.shape[0] if num_tokens is None else 0,
-                          num_tokens.data_ptr() if num_tokens is not None else 0,
-                          _route.current_stream(self.comm.device))
-        self.out_rows = x.shape[0]
-        return tuple(_alias(t) for t in self.outputs)
 
-    def combine(self, expert_out, topk_weights, weights_applied, out):
+        def run():
+            self.ctx.dispatch(x.data_ptr(), x_scales.data_ptr() if x_scales is not None else 0, topk_idx.data_ptr(),
+                              topk_idx.dtype == torch.int64, topk_weights.data_ptr(),
+                              x.shape[0] if num_tokens is None else 0,
+                              num_tokens.data_ptr() if num_tokens is not None else 0,
+                              _route.current_stream(self.comm.device))
+
+        _into_area(self.outputs, received, run)
+        self.out_rows = x.shape[0]
+
+    def combine(self, expert_out, topk_weights, weights_applied, combine_input, counts, out):
         try:
-            _check_combine(self.ep, expert_out, topk_weights, out)
+            _check_combine(self.ep, expert_out, topk_weights, combine_input, counts, out)
         except (TypeError, ValueError) as cause:
             raise refused(self.comm, "symmem.moe_combine", cause) from cause
-        self.ctx.combine(expert_out.data_ptr() if expert_out is not None else 0, out.data_ptr(), weights_applied,
-                         topk_weights.data_ptr() if topk_weights is not None else 0,
-                         _route.current_stream(self.comm.device))
+
+        def run(staged):
+            self.ctx.combine(staged.data_ptr() if staged is not None else 0, out.data_ptr(), weights_applied,
+                             topk_weights.data_ptr() if topk_weights is not None else 0,
+                             _route.current_stream(self.comm.device))
+
+        _from_combine_input(self, expert_out, combine_input, run)
 
     def describe(self):
         return self.ctx.describe()
@@ -269,10 +309,55 @@ class _DeviceContext:
                 self.ctx.destroy()
 
 
-def _alias(t):
-    """A new tensor object over t's memory (not a view: no base to alias across calls)."""
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
-                                                                 t.stride())
+def _same(t, area):
+    """Whether t is the context's own tensor `area` (eager), not a copy torch.compile passed."""
+    return t is area or (t.data_ptr() == area.data_ptr() and t.shape == area.shape)
+
+
+def _into_area(area, received, run):
+    """A dispatch, `run()`, into the context's receive area and counts (`area`, Dispatched), for an
+    op handed `received`. Handed the context's own tensors (eager), nothing is copied. Where it was
+    handed others (copies torch.compile made), they take the results after it, and the receive area
+    gets back what it held before, which compiled code may still read (on the device: after the
+    dispatch's end barrier, before the next call, whose pushes wait for this rank's stream). The
+    counts are the library's state and keep the new ones (compiled code reads its own: module
+    docstring)."""
+    swapped = [i for i, (mine, given) in enumerate(zip(area, received)) if not _same(given, mine)]
+    kept = [(area[i], area[i].clone()) for i in swapped if i < 4]
+    run()
+    for i in swapped:
+        received[i].copy_(area[i])
+    for mine, before in kept:
+        mine.copy_(before)
+
+
+def _from_combine_input(impl, expert_out, combine_input, run):
+    """A combine, `run(staged)` (staged: the tensor staged into the context's combine area first, or
+    None), for an op handed `combine_input`: the context's (eager) is read where it is; a copy
+    torch.compile made is staged as expert_out would be, and the area gets back what it held before
+    (on the device: after the combine's exit guard, once no peer reads it). With expert_out, the
+    staging's effect on combine_input is the op's declared write: made in the copy too."""
+    area = impl.combine_input
+    if _same(combine_input, area):
+        run(expert_out)
+        return
+    before = area.clone()
+    run(expert_out if expert_out is not None else combine_input)
+    if expert_out is not None:
+        _stage(impl.ep, combine_input, expert_out, impl.outputs)
+    area.copy_(before)
+
+
+def _stage(ep, dst, src, area):
+    """combine's staging copy of src into dst (bfloat16 in the receive area's shape): the valid rows
+    only (expert-major: [0, expert_num_tokens[e]) of each local expert; rank-major: [0, num_rows)),
+    from the counts on the device (no synchronisation), as the device's staging kernel copies."""
+    rows = torch.arange(ep.rows, device=dst.device)
+    if ep.expert_major:
+        valid = (rows.unsqueeze(0) < area.expert_num_tokens.unsqueeze(1)).unsqueeze(-1)
+    else:
+        valid = (rows < area.num_rows).unsqueeze(-1)
+    dst.copy_(torch.where(valid, src, dst))
 
 
 def _check_tensor(t, name, op, shape, dtypes, device):
@@ -287,10 +372,11 @@ def _check_tensor(t, name, op, shape, dtypes, device):
         raise ValueError(f"symmem.{op}: {name} is on {t.device}, the context on {device}")
 
 
-def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens):
+def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens, received):
     """Every tensor argument of a dispatch, before anything is launched. T = x.shape[0] tokens (at
     most the context's max_tokens_per_rank; 0 for an idle rank); with a device count (num_tokens)
-    the tensors hold max_tokens_per_rank rows, of which the count says how many go."""
+    the tensors hold max_tokens_per_rank rows, of which the count says how many go. `received`: the
+    tensors the op writes, the receive area's shapes and dtypes (Dispatched's order)."""
     op = "moe_dispatch"
     payload = _PAYLOAD_DTYPES[ep.payload]
     if x.dim() != 2 or x.shape[1] != ep.hidden or x.dtype != payload:
@@ -317,19 +403,26 @@ def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens):
                              f"{list(num_tokens.shape)} {num_tokens.dtype}")
         if num_tokens.device != ep.device:
             raise ValueError(f"symmem.{op}: num_tokens is on {num_tokens.device}, the context on {ep.device}")
+    xs, scales, meta = ep.received_shapes()
+    shapes = (xs, scales, meta, meta, (ep.local_experts,), (1,))
+    for name, t, shape, dtype in zip(RECEIVED, received, shapes, ep.received_dtypes()):
+        _check_tensor(t, name, op, shape, (dtype,), ep.device)
 
 
-def _check_combine(ep, expert_out, topk_weights, out):
+def _check_combine(ep, expert_out, topk_weights, combine_input, counts, out):
     """Every tensor argument of a combine, against the last dispatch's T tokens (its x.shape[0]; the
     context's max_tokens_per_rank with a device count): out [>= T, H] bfloat16, topk_weights
-    [T, K] float32, expert_out the receive area's shape in bfloat16; all contiguous, on the context's
-    device."""
+    [T, K] float32, expert_out and combine_input the receive area's shape in bfloat16, counts
+    (expert_num_tokens, num_rows) as dispatch's; all contiguous, on the context's device."""
     op = "moe_combine"
     tokens = ep._impl.out_rows
     if out.dim() != 2 or out.shape[0] < tokens:
         raise ValueError(f"symmem.{op}: out must be [>= {tokens}, {ep.hidden}] bfloat16 (the last dispatch had "
                          f"{tokens} tokens), got {list(out.shape)} {out.dtype}")
     _check_tensor(out, "out", op, (out.shape[0], ep.hidden), (torch.bfloat16,), ep.device)
+    _check_tensor(combine_input, "combine_input", op, ep.received_shapes()[0], (torch.bfloat16,), ep.device)
+    _check_tensor(counts[0], "expert_num_tokens", op, (ep.local_experts,), (torch.int32,), ep.device)
+    _check_tensor(counts[1], "num_rows", op, (1,), (torch.int32,), ep.device)
     if expert_out is not None:
         _check_tensor(expert_out, "expert_out", op, ep.received_shapes()[0], (torch.bfloat16,), ep.device)
     if topk_weights is not None:
@@ -371,10 +464,14 @@ class _ReferenceContext:
                 mine_first = rank == self.ep.rank
                 raise refusal(f"symmem.{op}", rank, mine if mine_first else why) from (mine if mine_first else None)
 
-    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
+    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens, received):
+        self._agree_on_checks("moe_dispatch", lambda: _check_dispatch(self.ep, x, x_scales, topk_idx, topk_weights,
+                                                                       num_tokens, received))
+        _into_area(self.outputs, received, lambda: self._dispatch(x, x_scales, topk_idx, topk_weights, num_tokens))
+
+    def _dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens):
+        """The device's dispatch, into self.outputs."""
         ep = self.ep
-        self._agree_on_checks("moe_dispatch", lambda: _check_dispatch(ep, x, x_scales, topk_idx, topk_weights,
-                                                                       num_tokens))
         tokens = x.shape[0] if num_tokens is None else int(num_tokens.item())
         T, K, L = ep.max_tokens_per_rank, ep.topk, ep.local_experts
 
@@ -450,12 +547,21 @@ class _ReferenceContext:
         self.out_rows = x.shape[0]
         self.route = route
         self.weights = weights[me].clone()
-        return tuple(_alias(t) for t in out)
 
-    def combine(self, expert_out, topk_weights, weights_applied, out):
+    def combine(self, expert_out, topk_weights, weights_applied, combine_input, counts, out):
         ep = self.ep
-        self._agree_on_checks("moe_combine", lambda: _check_combine(ep, expert_out, topk_weights, out))
-        outputs = self._gather(expert_out if expert_out is not None else self.combine_input)
+        self._agree_on_checks("moe_combine", lambda: _check_combine(ep, expert_out, topk_weights, combine_input,
+                                                                     counts, out))
+        _from_combine_input(self, expert_out, combine_input,
+                            lambda staged: self._combine(staged, topk_weights, weights_applied, out))
+
+    def _combine(self, staged, topk_weights, weights_applied, out):
+        """The device's combine: the valid rows of `staged` (if any) into the combine area first,
+        which the peers read."""
+        ep = self.ep
+        if staged is not None:
+            _stage(ep, self.combine_input, staged, self.outputs)
+        outputs = self._gather(self.combine_input)
         weights = topk_weights if topk_weights is not None else self.weights
         acc = torch.zeros((self.tokens, ep.hidden), dtype=torch.float32)
         # In top-k order (expert-major) or rank order (rank-major): the route is sorted so.
@@ -496,12 +602,15 @@ def _serving(context):
     return ep
 
 
-def _dispatch_kernel(x, x_scales, topk_idx, topk_weights, num_tokens, context):
-    return _serving(context)._impl.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens)
+def _dispatch_kernel(x, x_scales, topk_idx, topk_weights, num_tokens, context, **received):
+    _serving(context)._impl.dispatch(x, x_scales, topk_idx, topk_weights, num_tokens,
+                                     Dispatched(*(received[name] for name in RECEIVED)))
 
 
-def _combine_kernel(expert_out, topk_weights, context, weights_applied, *, out):
-    _serving(context)._impl.combine(expert_out, topk_weights, weights_applied, out)
+def _combine_kernel(expert_out, topk_weights, context, weights_applied, *, combine_input, expert_num_tokens,
+                    num_rows, out):
+    _serving(context)._impl.combine(expert_out, topk_weights, weights_applied, combine_input,
+                                    (expert_num_tokens, num_rows), out)
 
 
 for _key in ("CUDA", "CPU"):
@@ -510,10 +619,11 @@ for _key in ("CUDA", "CPU"):
 
 
 @torch.library.register_fake("symmem::moe_dispatch", lib=_lib)
-def _dispatch_fake(x, x_scales, topk_idx, topk_weights, num_tokens, context):
-    return tuple(_context(context)._fake_outputs(x))
+def _dispatch_fake(x, x_scales, topk_idx, topk_weights, num_tokens, context, **received):
+    return None
 
 
 @torch.library.register_fake("symmem::moe_combine", lib=_lib)
-def _combine_fake(expert_out, topk_weights, context, weights_applied, *, out):
+def _combine_fake(expert_out, topk_weights, context, weights_applied, *, combine_input, expert_num_tokens,
+                  num_rows, out):
     return None

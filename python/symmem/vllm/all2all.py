@@ -2,8 +2,12 @@
 (get_handle), as DeepEP's managers hand out buffers, and closes them (destroy). The per-token
 dispatch()/combine() of the naive backend are not symmem's path: the modular kernel's prepare /
 finalize (prepare_finalize.py) is."""
+import inspect
+
 from ..torch.moe import ExpertParallel
 from ._vllm import All2AllManagerBase
+
+_DEFAULT_MAX_BLOCKS = inspect.signature(ExpertParallel).parameters["max_blocks"].default
 
 
 def _ep_device_group():
@@ -21,15 +25,20 @@ class SymmemAll2AllManager(All2AllManagerBase):
                 super().__init__(cpu_group)
         self.device_group = device_group
         self.handles = {}
+        self.num_sms = None  # set_num_sms: the block cap of contexts made from then on (None: theirs)
 
     def get_handle(self, kwargs):
         """kwargs: ExpertParallel's (num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
         max_tokens_per_expert, max_received_rows, max_blocks). Collective on the first call of a
-        configuration."""
+        configuration. A context made after set_num_sms(n) takes at most n blocks (its
+        max_blocks, or ExpertParallel's default, lowered to n)."""
         key = tuple(sorted(kwargs.items()))
         ep = self.handles.get(key)
         if ep is None:
             group = self.device_group if self.device_group is not None else _ep_device_group()
+            if self.num_sms is not None:
+                blocks = kwargs.get("max_blocks", _DEFAULT_MAX_BLOCKS)
+                kwargs = dict(kwargs, max_blocks=min(int(blocks), self.num_sms))
             ep = ExpertParallel(group, **kwargs)
             self.handles[key] = ep
         return ep
@@ -41,7 +50,10 @@ class SymmemAll2AllManager(All2AllManagerBase):
         raise NotImplementedError("symmem: combine goes through SymmemPrepareAndFinalize (the modular kernel)")
 
     def set_num_sms(self, num_sms):
-        self.num_sms = num_sms  # applies to contexts created afterwards (max_blocks)
+        """Caps the blocks (SMs) of the contexts get_handle makes from now on, as DeepEP's managers
+        cap their kernels: it lowers a context's max_blocks, never raises it. A context made before
+        keeps its cap (fixed when the context is made: its plans and workspaces follow it)."""
+        self.num_sms = int(num_sms)
 
     def max_sms_used(self):
         return max((ep.max_blocks for ep in self.handles.values()), default=0)

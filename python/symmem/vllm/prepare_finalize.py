@@ -9,9 +9,10 @@ SymmemPrepareAndFinalize(ep) wraps a symmem.torch.moe.ExpertParallel:
                   expert_map turns them into -1) and weight 0; finalize reduces each row over its
                   local experts (TopKWeightAndReduceContiguous) and combine sums the ranks' rows.
 Both return tensors of a fixed, capacity-sized shape and device counts (expert_num_tokens_cpu is
-None): no host synchronisation, CUDA-graph capturable at vLLM's padded batch sizes. fp8: the
-context's payload decides (DeepSeek's block-128 quantization before dispatch, scales moved with the
-rows); otherwise bf16 rows move and the experts quantize as they would without EP.
+None): no host synchronisation, CUDA-graph capturable at vLLM's padded batch sizes. One batch at a
+time: supports_async() is False, so vLLM runs no dual-batch overlap over it (supports_async says
+why). fp8: the context's payload decides (DeepSeek's block-128 quantization before dispatch, scales
+moved with the rows); otherwise bf16 rows move and the experts quantize as they would without EP.
 """
 import torch
 
@@ -46,7 +47,13 @@ class SymmemPrepareAndFinalize(PrepareAndFinalizeBase):
         return True
 
     def supports_async(self):
-        return True
+        # False: no dual-batch overlap. vLLM's DBO keeps two micro-batches in flight (micro-batch
+        # 1's prepare runs before micro-batch 0's receive and finalize), but a context has one
+        # receive area and one routing of its last dispatch: micro-batch 0 would read micro-batch
+        # 1's rows and combine with its routes. With False vLLM runs prepare / finalize in order
+        # and refuses DBO (its modular kernel asserts `not dbo_enabled()`), a clear error instead
+        # of wrong results. Overlap would need a context per micro-batch (docs/vllm.md).
+        return False
 
     def _quantize(self, a1, quant_config, defer_input_quant):
         if self.ep.payload != "float8_e4m3":

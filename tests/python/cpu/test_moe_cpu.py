@@ -127,10 +127,11 @@ def test_ops_compile_fullgraph(group_name):
         out = torch.empty(8, 128)
         oso = torch.empty(2, 1, dtype=torch.int64)
         torch.ops.symmem.all_to_all_vdev(y, out, torch.tensor([3]), oso, group_name)
-        r = torch.ops.symmem.moe_dispatch(y.to(torch.bfloat16), None, ids, w, None, ep.id)
+        r = _received(ep)
+        torch.ops.symmem.moe_dispatch(y.to(torch.bfloat16), None, ids, w, None, ep.id, **r)
         combined = torch.empty(8, 128, dtype=torch.bfloat16)
-        torch.ops.symmem.moe_combine(r[0], None, ep.id, False, out=combined)
-        return out[:3].sum() + r[4].sum() + combined[:4].float().sum()
+        torch.ops.symmem.moe_combine(r["recv_x"], None, ep.id, False, **_combined(ep, r), out=combined)
+        return out[:3].sum() + r["expert_num_tokens"].sum() + combined[:4].float().sum()
 
     x = _data((4, 128), torch.float32, 3)
     ids = torch.tensor([[0, 1], [2, -1], [3, 1], [1, 0]])
@@ -140,6 +141,22 @@ def test_ops_compile_fullgraph(group_name):
     got = torch.compile(step, fullgraph=True, backend="aot_eager")(x, ids, w)
     assert torch.equal(got, expected)
     ep.close()
+
+
+def _received(ep, fresh=False):
+    """moe_dispatch's keyword arguments: the context's receive area and counts (or fresh tensors of
+    their shapes, which the op fills as it would the area)."""
+    from symmem.torch.moe import RECEIVED
+    area = ep._impl.outputs
+    return {n: (torch.zeros_like(t) if fresh else t) for n, t in zip(RECEIVED, area)}
+
+
+def _combined(ep, received=None, fresh=False):
+    """moe_combine's keyword arguments but out: combine_input (or a copy) and the counts."""
+    received = received or _received(ep)
+    ci = ep.combine_input.clone() if fresh else ep.combine_input
+    return {"combine_input": ci, "expert_num_tokens": received["expert_num_tokens"],
+            "num_rows": received["num_rows"]}
 
 
 @pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
@@ -158,20 +175,24 @@ def test_moe_ops_pass_opcheck(group_name, layout, payload):
     # opcheck's schema test multiplies outputs, which float8 CPU tensors cannot do.
     utils = ("test_faketensor", "test_aot_dispatch_dynamic") if payload == "float8_e4m3" else \
         ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(torch.ops.symmem.moe_dispatch.default, (x, xs, ids, w, None, ep.id), test_utils=utils)
+    # opcheck hands the op copies of the receive area: the op fills them as the area.
+    for fresh in (False, True):
+        torch.library.opcheck(torch.ops.symmem.moe_dispatch.default, (x, xs, ids, w, None, ep.id),
+                              _received(ep, fresh), test_utils=utils)
     # With a count on the device the tensors hold the context's 8 rows (the count says how many go).
     def padded(t):
         return torch.cat([t, t[:2]]) if t is not None else None
     torch.library.opcheck(torch.ops.symmem.moe_dispatch.default,
                           (padded(x), padded(xs), padded(ids).to(torch.int32), padded(w),
                            torch.tensor([3], dtype=torch.int32), ep.id),
-                          test_utils=utils)
+                          _received(ep), test_utils=utils)
     ep.dispatch(x, ids, w, x_scales=xs)
-    torch.library.opcheck(torch.ops.symmem.moe_combine.default, (None, None, ep.id, False),
-                          {"out": torch.empty(8, 256, dtype=torch.bfloat16)})
-    torch.library.opcheck(torch.ops.symmem.moe_combine.default,
-                          (torch.rand(ep.received_shapes()[0]).to(torch.bfloat16), w, ep.id, True),
-                          {"out": torch.empty(8, 256, dtype=torch.bfloat16)})
+    expert_out = torch.rand(ep.received_shapes()[0]).to(torch.bfloat16)
+    for fresh in (False, True):
+        torch.library.opcheck(torch.ops.symmem.moe_combine.default, (None, None, ep.id, False),
+                              {**_combined(ep, fresh=fresh), "out": torch.empty(8, 256, dtype=torch.bfloat16)})
+        torch.library.opcheck(torch.ops.symmem.moe_combine.default, (expert_out, w, ep.id, True),
+                              {**_combined(ep, fresh=fresh), "out": torch.empty(8, 256, dtype=torch.bfloat16)})
     ep.close()
 
 
@@ -366,7 +387,7 @@ def test_a_closed_context_refuses_every_call_on_every_rank(world):
 
 def _closed_case(rank, world, group_name):
     from symmem.errors import SymmemError
-    from symmem.torch.moe import ExpertParallel
+    from symmem.torch.moe import RECEIVED, ExpertParallel
     E, K, H, T = 2 * world, 1, 128, 4
     ep = ExpertParallel(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T)
     x = torch.ones(T, H, dtype=torch.bfloat16)
@@ -379,7 +400,7 @@ def _closed_case(rank, world, group_name):
             call()
         assert raised.value.code == "kInvalidArgument"
     with pytest.raises(SymmemError, match="no open ExpertParallel context"):  # the op, by the context's id
-        torch.ops.symmem.moe_dispatch(x, None, ids, torch.ones(T, K), None, ep.id)
+        torch.ops.symmem.moe_dispatch(x, None, ids, torch.ones(T, K), None, ep.id, **dict(zip(RECEIVED, r)))
     assert int(r.expert_num_tokens[0]) == (world * T if rank == 0 else 0)  # what it lent stays readable
 
 
@@ -505,18 +526,23 @@ def test_a_device_context_refuses_calls_once_its_communicator_is_closed(group_na
     context, calls = _device_context(fake_group, "ep-closed-communicator")
     ep = object.__new__(moe.ExpertParallel)
     ep.__dict__.update(cpu=False, closed=False, id=-3, _impl=context, group=dist.group.WORLD, payload="bfloat16",
-                       hidden=128, topk=1, max_tokens_per_rank=4, device=torch.device("cpu"))
+                       hidden=128, topk=1, max_tokens_per_rank=4, device=torch.device("cpu"), num_experts=2,
+                       local_experts=1, layout="expert_major", expert_major=True, rows=8)
     context.ep = ep
     context.ctx.dispatch = lambda *args: calls.append(("dispatch",))
-    context.outputs = moe.Dispatched(*[torch.zeros(1)] * 6)
+    xs, scales, meta = ep.received_shapes()
+    context.outputs = moe.Dispatched(torch.zeros(xs, dtype=torch.bfloat16), torch.zeros(scales),
+                                     torch.zeros(meta, dtype=torch.int32), torch.zeros(meta),
+                                     torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+    received = dict(zip(moe.RECEIVED, context.outputs))
     x, ids, w = torch.ones(4, 128, dtype=torch.bfloat16), torch.zeros(4, 1, dtype=torch.int64), torch.ones(4, 1)
     moe._contexts[ep.id] = ep
     try:
-        torch.ops.symmem.moe_dispatch(x, None, ids, w, None, ep.id)
+        torch.ops.symmem.moe_dispatch(x, None, ids, w, None, ep.id, **received)
         assert calls == [("dispatch",)]
         context.comm.closed = True
         with pytest.raises(symmem.SymmemError, match="was closed") as raised:
-            torch.ops.symmem.moe_dispatch(x, None, ids, w, None, ep.id)
+            torch.ops.symmem.moe_dispatch(x, None, ids, w, None, ep.id, **received)
         assert raised.value.code == "kAborted" and calls == [("dispatch",)]
     finally:
         del moe._contexts[ep.id]

@@ -596,6 +596,37 @@ def test_fsdp_buffers_are_lent_again_only_when_no_view_is_alive():
     del e, f, g
 
 
+def test_fsdp_lender_lends_a_zero_element_buffer():
+    # FSDP may ask for an empty buffer (a rank whose shard is empty): a view of shape (0, ...) of the
+    # smallest buffer (one element), never an error on that rank alone.
+    from symmem.torch import fsdp
+
+    class Core:
+        def allocate(self, nbytes):
+            return 1
+
+    class Comm:
+        core = Core()
+
+    class CpuLender(fsdp._Lender):
+        def _stream(self):
+            return 1
+
+        def _tensor_over(self, ptr, nbytes):
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    lender = CpuLender(Comm())
+    views = []
+    for size, dtype in (((0,), torch.bfloat16), ((0, 4), torch.float32), ((3, 0, 2), torch.float16)):
+        views.append(lender.lend(size, dtype))
+        assert views[-1].shape == size and views[-1].dtype == dtype and views[-1].numel() == 0
+    # An empty view holds its buffer as any view does: one element of 2 bytes takes a third 2-byte buffer.
+    one = lender.lend((1,), torch.bfloat16)
+    assert one.shape == (1,) and lender.buffers == 4
+    del views
+    assert lender.lend((1,), torch.float16).data_ptr() != one.data_ptr() and lender.buffers == 4  # idle again
+
+
 def test_fsdp_reduce_scatter_lends_its_input_not_its_output():
     # FSDP asks for the input (peers read it: lent) and then for the output (1/world of it), which
     # becomes the sharded gradients: that one must come from the caching allocator.

@@ -31,7 +31,7 @@ def test_prepare_finalize_contract(group_name, layout, payload):
     assert pf.activation_format == (ActivationFormat.BatchedExperts if layout == "expert_major"
                                     else ActivationFormat.Standard)
     assert pf.topk_indices_dtype() == torch.int64 and pf.num_dispatchers() == 1 and pf.output_is_reduced()
-    assert pf.max_num_tokens_per_rank() == 8 and pf.supports_async()
+    assert pf.max_num_tokens_per_rank() == 8 and not pf.supports_async()  # no dual-batch overlap (below)
     quant = types.SimpleNamespace(block_shape=[128, 128], quant_dtype=torch.float8_e4m3fn)
     x, ids, w = _layer(E, K, H)
     hook, receiver = pf.prepare_async(x, w, ids, E, None, False, quant)
@@ -96,3 +96,50 @@ def test_install_wraps_the_factory_only_when_asked(group_name, monkeypatch):
     across.moe_parallel_config = types.SimpleNamespace(use_ep=True, use_all2all_kernels_internode=True)
     assert module.maybe_make_prepare_finalize(across, None) == "vllm's" and calls == ["vllm"]
     manager.destroy()
+
+
+def test_no_dual_batch_overlap_one_receive_area_per_context(group_name):
+    """A context has one receive area: a second micro-batch's dispatch overwrites the first's
+    before the first is received and combined (vLLM's dual-batch overlap keeps two micro-batches
+    in flight). So the adapter does not support async prepare / finalize, and vLLM refuses DBO
+    with it (its modular kernel asserts `not dbo_enabled()` for such a prepare / finalize)."""
+    from symmem.torch.moe import ExpertParallel
+    from symmem.vllm import SymmemPrepareAndFinalize
+    E, K, H, T = 4, 2, 128, 4
+    ep = ExpertParallel(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=8, layout="expert_major")
+    pf = SymmemPrepareAndFinalize(ep)
+    a, b = torch.randn(T, H).to(torch.bfloat16), torch.randn(T, H).to(torch.bfloat16)
+    ida, idb = torch.tensor([[0, 1], [2, 3], [3, 1], [1, 0]]), torch.tensor([[3, 2], [0, 1], [1, 1], [2, 0]])
+    w = torch.rand(T, K)
+    # The order DBO would run: micro-batch 0's prepare, micro-batch 1's prepare, then 0's receive.
+    _, receive0 = pf.prepare_async(a, w, ida, E, None, False, None)
+    pf.prepare_async(b, w, idb, E, None, False, None)
+    _, _, meta0, _, _ = receive0()
+    assert meta0.expert_num_tokens.tolist() == [int((idb == e).sum()) for e in range(E)]  # 1's rows, not 0's
+    assert not pf.supports_async()
+    # The synchronous path vLLM takes instead: prepare, experts, finalize, one batch at a time.
+    x0, _, meta, _, _ = pf.prepare(a, w, ida, E, None, False, None)
+    assert meta.expert_num_tokens.tolist() == [int((ida == e).sum()) for e in range(E)]
+    out = torch.zeros(T, H, dtype=torch.bfloat16)
+    pf.finalize(out, x0.clone(), w, ida, False, None)  # identity experts
+    assert torch.allclose(out.float(), sum(w[:, k:k + 1] * a.float() for k in range(K)), atol=0.05)
+    ep.close()
+
+
+def test_set_num_sms_caps_the_blocks_of_contexts_made_afterwards(group_name):
+    import torch.distributed as dist
+
+    import symmem.vllm as sv
+    manager = sv.SymmemAll2AllManager(device_group=dist.group.WORLD)
+    kwargs = {"num_experts": 4, "topk": 2, "hidden": 128, "max_tokens_per_rank": 8, "layout": "expert_major",
+              "max_blocks": 24}
+    assert manager.get_handle(kwargs).max_blocks == 24
+    manager.set_num_sms(8)  # as DeepEP's managers: it lowers the cap, it never raises it
+    first = manager.get_handle(kwargs)
+    assert first.max_blocks == 24  # a context's block cap is fixed when it is made
+    capped = manager.get_handle(dict(kwargs, hidden=256))
+    assert capped.max_blocks == 8 and manager.max_sms_used() == 24
+    manager.set_num_sms(64)
+    assert manager.get_handle(dict(kwargs, hidden=384)).max_blocks == 24
+    manager.destroy()
+    assert manager.max_sms_used() == 0
