@@ -126,8 +126,9 @@ class Communicator {
   // null, signal_pad_words() is 0): it is an operand of collectives. The caller keeps owning the memory and must not free it before release_import().
   Buffer* import(void* ptr, size_t bytes);
   // Local: once this device is idle, unmaps an imported buffer from this process (the peers keep
-  // their own mappings until they release theirs). Every rank releases its imports at the same point
-  // of its collective calls, so that the heap's ranges stay alike.
+  // their own mappings until they release theirs). Each rank may release at its own point (as
+  // ncclCommWindowDeregister is local): the heap range returns for reuse once every rank released
+  // it, agreed at the next allocate or import.
   void release_import(Buffer* buffer);
   // The heap buffer containing [p, p + bytes), or nullptr. Informational only: collectives never
   // infer symmetry from an address (a raw pointer is always a local operand).

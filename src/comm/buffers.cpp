@@ -140,7 +140,7 @@ void Communicator::release_import(Buffer* buffer) {
   detail::RelaxedCaptureMode relaxed;
   const auto it = owned(st, buffer, "release_import");
   SYMMEM_CUDA_CHECK(cudaDeviceSynchronize());  // this rank's kernels are done with it
-  st.heap->release(buffer->offset_);
+  st.heap->release_local(buffer->offset_);
   st.buffers.erase(it);
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <vector>
@@ -82,15 +83,55 @@ void Heap::unmap(size_t offset, Mapping& m) noexcept {
   }
 }
 
-void Heap::release(size_t offset) noexcept {
+std::map<size_t, Heap::Mapping>::iterator Heap::mapping_holding(size_t offset) {
   auto it = mappings_.upper_bound(offset);  // the first allocation after the one holding offset
-  if (it == mappings_.begin()) return;
+  if (it == mappings_.begin()) return mappings_.end();
   --it;
+  return offset < it->first + it->second.size ? it : mappings_.end();
+}
+
+void Heap::release(size_t offset) noexcept {
+  const auto it = mapping_holding(offset);
+  if (it == mappings_.end()) return;
   const size_t start = it->first;
-  if (offset >= start + it->second.size) return;
   unmap(start, it->second);
   mappings_.erase(it);
   ranges_.release(start);
+}
+
+void Heap::release_local(size_t offset) noexcept {
+  const auto it = mapping_holding(offset);
+  if (it == mappings_.end()) return;
+  const size_t start = it->first;
+  unmap(start, it->second);
+  mappings_.erase(it);
+  released_.insert(start);
+}
+
+void Heap::return_released_ranges(Bootstrap& bootstrap) {
+  uint64_t count = released_.size();
+  std::vector<uint64_t> counts(world_);
+  bootstrap.all_gather(&count, counts.data(), sizeof(count));
+  const uint64_t most = *std::max_element(counts.begin(), counts.end());
+  if (most == 0) return;
+  constexpr uint64_t kNone = ~uint64_t(0);
+  std::vector<uint64_t> mine(most, kNone), all(most * world_);
+  std::copy(released_.begin(), released_.end(), mine.begin());
+  bootstrap.all_gather(mine.data(), all.data(), most * sizeof(uint64_t));
+  // A range every rank released (each list is sorted): the same set on every rank.
+  for (auto it = released_.begin(); it != released_.end();) {
+    bool everywhere = true;
+    for (int r = 0; r < world_ && everywhere; ++r) {
+      const uint64_t* list = all.data() + size_t(r) * most;
+      everywhere = std::binary_search(list, list + counts[r], uint64_t(*it));
+    }
+    if (everywhere) {
+      ranges_.release(*it);
+      it = released_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void Heap::map_rank(int r, size_t offset, Mapping& m) {
@@ -119,6 +160,7 @@ void Heap::map_peers(size_t offset, Mapping& m, int* my_fd, std::vector<int>* pe
 
 size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) {
   const DriverApi& api = DriverApi::get();
+  return_released_ranges(bootstrap);
   const auto offset_or = ranges_.allocate(bytes);
   // Every rank has the same free list, so either all find room or none does.
   if (!offset_or) throw heap_exhausted(bytes, reserve_);
@@ -175,6 +217,7 @@ size_t Heap::allocate(size_t bytes, Bootstrap& bootstrap, FdExchange& exchange) 
 
 size_t Heap::import(const void* ptr, size_t bytes, Bootstrap& bootstrap, FdExchange& exchange, size_t* delta) {
   const DriverApi& api = DriverApi::get();
+  return_released_ranges(bootstrap);
   Mapping m;
   int my_fd = -1;
   std::vector<int> peer_fds;

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "bootstrap/fd_exchange.hpp"
@@ -42,8 +43,13 @@ class Heap {
   // reference to the memory and never frees the caller's.
   size_t import(const void* ptr, size_t bytes, Bootstrap& bootstrap, FdExchange& exchange, size_t* delta);
   // Local: unmaps the allocation holding heap offset `offset` from this process (peers must be done
-  // with it).
+  // with it), and returns its range to the free list. Only at a point every rank shares (a
+  // collective free): the ranks' free lists must stay alike.
   void release(size_t offset) noexcept;
+  // Local, at any point (an imported allocation, released when the program says, on each rank at
+  // its own time): unmaps it here; its range returns to the free list once every rank released it,
+  // agreed at the next allocate or import.
+  void release_local(size_t offset) noexcept;
 
   char* base(int rank) const { return reinterpret_cast<char*>(base_) + size_t(rank) * reserve_; }
   // Bytes between two consecutive ranks' copies of any heap address (the per-rank reserve).
@@ -58,6 +64,11 @@ class Heap {
     bool mapped[kMaxWorld] = {};
   };
   void unmap(size_t offset, Mapping& m) noexcept;
+  // The mapping holding heap offset `offset`, or mappings_.end().
+  std::map<size_t, Mapping>::iterator mapping_holding(size_t offset);
+  // Collective, first in allocate and import: the ranges every rank has released locally return to
+  // the free list, alike on every rank.
+  void return_released_ranges(Bootstrap& bootstrap);
   // Maps rank `r`'s memory (m.handles[r]) at `offset` of its range here, readable and writable by
   // this device.
   void map_rank(int r, size_t offset, Mapping& m);
@@ -73,6 +84,7 @@ class Heap {
   CUdeviceptr base_ = 0;
   RangeAllocator ranges_;
   std::map<size_t, Mapping> mappings_;
+  std::set<size_t> released_;  // ranges released here (release_local), not yet by every rank
 };
 
 }  // namespace symmem::detail

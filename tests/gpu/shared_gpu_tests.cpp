@@ -856,30 +856,49 @@ TEST(shared_gpu_fused_ops_take_a_column_major_b) {
   });
 }
 
-// An imported buffer (the program's cuMem allocation, as ncclCommWindowRegister hands the NCCL
-// shim) has no signal pad: its device handle says 0 words and null pads. Its handle used to point
-// every peer's "pad" just past the buffer, into the rest of the program's allocation.
+// Memory of the program's own, as ncclMemAlloc makes it (cuMemCreate, exportable as a POSIX file
+// descriptor): what Communicator::import maps into the heap.
+class CuMemAllocation {
+ public:
+  explicit CuMemAllocation(size_t bytes) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t granularity = 0;
+    TEST_CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    bytes_ = (bytes + granularity - 1) / granularity * granularity;
+    TEST_CU(cuMemCreate(&handle_, bytes_, &prop, 0));
+    TEST_CU(cuMemAddressReserve(&address_, bytes_, granularity, 0, 0));
+    TEST_CU(cuMemMap(address_, bytes_, 0, handle_, 0));
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    TEST_CU(cuMemSetAccess(address_, bytes_, &access, 1));
+  }
+  ~CuMemAllocation() {
+    cuMemUnmap(address_, bytes_);
+    cuMemAddressFree(address_, bytes_);
+    cuMemRelease(handle_);
+  }
+  CuMemAllocation(const CuMemAllocation&) = delete;
+  CuMemAllocation& operator=(const CuMemAllocation&) = delete;
+  void* ptr() const { return reinterpret_cast<void*>(address_); }
+
+ private:
+  size_t bytes_ = 0;
+  CUmemGenericAllocationHandle handle_{};
+  CUdeviceptr address_ = 0;
+};
+
+// An imported buffer has no signal pad: its device handle says 0 words and null pads. Its handle
+// used to point every peer's "pad" just past the buffer, into the rest of the program's allocation.
 TEST(shared_gpu_an_imported_buffer_hands_out_no_signal_pad) {
   for (int world : shared_gpu_worlds()) {
     run_ranks(world, [](Rank& r) {
-      CUmemAllocationProp prop{};
-      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      prop.location.id = 0;
-      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-      size_t granularity = 0;
-      TEST_CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-      const size_t bytes = std::max<size_t>(granularity, 4 * kMiB);
-      CUmemGenericAllocationHandle handle;
-      CUdeviceptr address = 0;
-      TEST_CU(cuMemCreate(&handle, bytes, &prop, 0));
-      TEST_CU(cuMemAddressReserve(&address, bytes, granularity, 0, 0));
-      TEST_CU(cuMemMap(address, bytes, 0, handle, 0));
-      CUmemAccessDesc access{};
-      access.location = prop.location;
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      TEST_CU(cuMemSetAccess(address, bytes, &access, 1));
-      Buffer* imported = r.comm->import(reinterpret_cast<void*>(address), kMiB);
+      CuMemAllocation memory(4 * kMiB);
+      Buffer* imported = r.comm->import(memory.ptr(), kMiB);
       const Buffer::DeviceHandle h = imported->device_handle();
       std::string wrong;
       if (imported->signal_pad() != nullptr || imported->signal_pad_words() != 0 || h.signal_pad != nullptr ||
@@ -888,10 +907,47 @@ TEST(shared_gpu_an_imported_buffer_hands_out_no_signal_pad) {
       for (int p = 0; p < r.world; ++p)
         if (h.peer_signal_pads[p] != nullptr) wrong += " peer " + std::to_string(p) + "'s pad set;";
       r.comm->release_import(imported);
-      TEST_CU(cuMemUnmap(address, bytes));
-      TEST_CU(cuMemAddressFree(address, bytes));
-      TEST_CU(cuMemRelease(handle));
       if (!wrong.empty()) throw Failure("rank " + std::to_string(r.rank) + ": the imported buffer has " + wrong);
+    });
+  }
+}
+
+// release_import is local (ncclCommWindowDeregister is): ranks release at their own points. Here the
+// even ranks release the first import before the second import, the odd ones after it; the second
+// must still lie at one offset on every rank and serve a zero-copy all-reduce. The range of a
+// release went back to the free list at once, so the early ranks placed the second import where
+// the first had been, the late ones elsewhere, and every call on it failed as a mismatch.
+TEST(shared_gpu_imports_released_at_different_points_stay_aligned) {
+  for (int world : shared_gpu_worlds()) {
+    run_ranks(world, [](Rank& r) {
+      const size_t count = 4096;
+      CuMemAllocation first_memory(2 * kMiB), second_memory(2 * kMiB);
+      Buffer* first = r.comm->import(first_memory.ptr(), 2 * kMiB);
+      r.meet();
+      const bool early = r.rank % 2 == 0;
+      if (early) r.comm->release_import(first);
+      Buffer* second = r.comm->import(second_memory.ptr(), count * sizeof(float));
+      if (!early) r.comm->release_import(first);
+      r.meet();  // (no rank's release waits for the device while a peer's call runs: one GPU)
+      std::vector<float> mine(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = float((i + r.rank) % 13);
+      TEST_CUDA(cudaMemcpyAsync(second->ptr(), mine.data(), count * sizeof(float), cudaMemcpyHostToDevice, r.stream));
+      all_reduce(second, second, count, DataType::kFloat32, ReduceOp::kSum, *r.comm, r.stream);
+      std::vector<float> out(count);
+      TEST_CUDA(cudaMemcpyAsync(out.data(), second->ptr(), count * sizeof(float), cudaMemcpyDeviceToHost, r.stream));
+      TEST_CUDA(cudaStreamSynchronize(r.stream));
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < r.world; ++q) want += float((i + q) % 13);
+        if (out[i] != want)
+          throw Failure("rank " + std::to_string(r.rank) + ": element " + std::to_string(i) + " is " +
+                        std::to_string(out[i]) + ", expected " + std::to_string(want));
+      }
+      r.meet();
+      r.comm->release_import(second);
+      // A third import reuses what every rank released by now, alike on every rank.
+      Buffer* third = r.comm->import(first_memory.ptr(), 2 * kMiB);
+      r.comm->release_import(third);
     });
   }
 }
