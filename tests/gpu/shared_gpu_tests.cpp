@@ -923,12 +923,12 @@ TEST(shared_gpu_imports_released_at_different_points_stay_aligned) {
       const size_t count = 4096;
       CuMemAllocation first_memory(2 * kMiB), second_memory(2 * kMiB);
       Buffer* first = r.comm->import(first_memory.ptr(), 2 * kMiB);
-      r.meet();
+      wait_for_every_rank(r);
       const bool early = r.rank % 2 == 0;
       if (early) r.comm->release_import(first);
       Buffer* second = r.comm->import(second_memory.ptr(), count * sizeof(float));
       if (!early) r.comm->release_import(first);
-      r.meet();  // (no rank's release waits for the device while a peer's call runs: one GPU)
+      wait_for_every_rank(r);  // (no rank's release waits for the device while a peer's call runs: one GPU)
       std::vector<float> mine(count);
       for (size_t i = 0; i < count; ++i) mine[i] = float((i + r.rank) % 13);
       TEST_CUDA(cudaMemcpyAsync(second->ptr(), mine.data(), count * sizeof(float), cudaMemcpyHostToDevice, r.stream));
@@ -943,7 +943,7 @@ TEST(shared_gpu_imports_released_at_different_points_stay_aligned) {
           throw Failure("rank " + std::to_string(r.rank) + ": element " + std::to_string(i) + " is " +
                         std::to_string(out[i]) + ", expected " + std::to_string(want));
       }
-      r.meet();
+      wait_for_every_rank(r);
       r.comm->release_import(second);
       // A third import reuses what every rank released by now, alike on every rank.
       Buffer* third = r.comm->import(first_memory.ptr(), 2 * kMiB);
