@@ -11,7 +11,11 @@ For each (collective, world, buffer kind) and size, symmem keeps the size when i
 NCCL by more than --margin (geometric mean over the types and reductions symmem served of NCCL's
 time over symmem's, each library's better of out-of-place and in-place); otherwise NCCL takes it.
 Runs of sizes with the same route become one row each; the last row reaches past the largest size
-measured. One-process-per-GPU rows are used when there are any (the production launch), else
+measured.
+
+--served-only takes a run of the default mode (SYMMEM_NCCL=auto) instead: only the sizes the shim
+served were measured on both libraries, so the table covers them alone (its last row ends at the
+largest size served) and the built-in rule decides beyond it. One-process-per-GPU rows are used when there are any (the production launch), else
 threads. Staged rows hold for the workspace they were measured with (the CSV's workspace_mb).
 """
 import argparse
@@ -35,14 +39,18 @@ def main():
     p.add_argument("--gpu", required=True, help="the GPU's name as CUDA reports it, e.g. 'NVIDIA H200'")
     p.add_argument("--out", required=True)
     p.add_argument("--margin", type=float, default=0.02, help="symmem keeps a size when faster by more than this")
+    p.add_argument("--served-only", action="store_true",
+                   help="a run of SYMMEM_NCCL=auto: rows up to the largest size served, the built-in rule beyond")
     args = p.parse_args()
 
     rows = [r for path in args.csv for r in csv.DictReader(open(path))]
     modes = {r["mode"] for r in rows}
     mode = "processes" if "processes" in modes else "threads"
     rows = [r for r in rows if r["mode"] == mode]
-    if any(r["shim_mode"] != "all" for r in rows if r["library"] == "symmem_nccl"):
-        sys.exit("the shim's rows must come from SHIM_MODE=all (every call symmem implements served)")
+    wanted = "auto" if args.served_only else "all"
+    if any(r["shim_mode"] != wanted for r in rows if r["library"] == "symmem_nccl"):
+        sys.exit("the shim's rows must come from SHIM_MODE=all (every call symmem implements served)"
+                 if not args.served_only else "--served-only takes a run of SHIM_MODE=auto")
     workspaces = {r.get("workspace_mb", "") for r in rows if r["library"] == "symmem_nccl"}
     if len(workspaces) != 1 or not next(iter(workspaces)):
         sys.exit(f"the shim's rows must share one workspace_mb, found {sorted(workspaces)}")
@@ -71,7 +79,8 @@ def main():
             if not last and sizes[i + 1][1] == route:
                 continue  # the run goes on
             entries.append({"op": collective, "world": world, "buffers": buffers, "nodes": 1,
-                            "max_bytes": BEYOND if last else size, "route": route, "speedup": round(mean, 3)})
+                            "max_bytes": BEYOND if last and not args.served_only else size, "route": route,
+                            "speedup": round(mean, 3)})
     table = {"gpu": args.gpu, "command": "tools/nccl_cutover.py " + " ".join(sys.argv[1:]),
              "date": datetime.date.today().isoformat(), "workspace_mb": workspace_mb, "entries": entries}
     with open(args.out, "w") as f:

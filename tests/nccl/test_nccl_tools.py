@@ -195,6 +195,28 @@ def test_cutover_needs_a_run_that_served_everything(ab_run):
     assert rc != 0 and "SHIM_MODE=all" in text
 
 
+def test_cutover_from_a_default_run_covers_the_served_sizes_only(ab_run):
+    # A run of SYMMEM_NCCL=auto measured symmem only where the shim served: the table ends at the
+    # largest size served (16 KiB here), and the built-in rule decides beyond it.
+    tmp_path, csv_path = ab_run
+    rows = list(csv.DictReader(open(csv_path)))
+    for r in rows:
+        r["shim_mode"] = "auto"
+    auto = tmp_path / "auto.csv"
+    with open(auto, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    out = tmp_path / "auto.json"
+    rc, text = run(CUTOVER, str(auto), "--gpu", "NVIDIA H200", "--out", str(out), "--served-only")
+    assert rc == 0, text
+    entries = [(e["op"], e["world"], e["buffers"], e["max_bytes"], e["route"]) for e in json.load(open(out))["entries"]]
+    assert entries == [("all_reduce", 2, "staged", 4096, "symmem"), ("all_reduce", 2, "staged", 16384, "nccl")]
+    # ... and a run of SYMMEM_NCCL=all is not one.
+    rc, text = run(CUTOVER, str(csv_path), "--gpu", "g", "--out", str(tmp_path / "x.json"), "--served-only")
+    assert rc != 0 and "SHIM_MODE=auto" in text
+
+
 # tests/nccl/torch_steps.py --compare, the judge of the PyTorch runs through the shim (on GPUs and
 # on one GPU behind the stand-in), on result files written here.
 STEPS_TOOL = os.path.join(REPO, "tests", "nccl", "torch_steps.py")
