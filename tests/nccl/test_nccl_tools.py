@@ -181,8 +181,8 @@ def test_cutover_table_from_an_ab_run(ab_run):
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_cutover_needs_a_run_that_served_everything(ab_run):
-    tmp_path, csv_path = ab_run
+def as_default_mode_run(tmp_path, csv_path):
+    """The A/B run's CSV as if the shim had run in its default mode (SYMMEM_NCCL=auto)."""
     rows = list(csv.DictReader(open(csv_path)))
     for r in rows:
         r["shim_mode"] = "auto"
@@ -191,6 +191,12 @@ def test_cutover_needs_a_run_that_served_everything(ab_run):
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    return auto
+
+
+def test_cutover_needs_a_run_that_served_everything(ab_run):
+    tmp_path, csv_path = ab_run
+    auto = as_default_mode_run(tmp_path, csv_path)
     rc, text = run(CUTOVER, str(auto), "--gpu", "g", "--out", str(tmp_path / "x.json"))
     assert rc != 0 and "SHIM_MODE=all" in text
 
@@ -199,14 +205,7 @@ def test_cutover_from_a_default_run_covers_the_served_sizes_only(ab_run):
     # A run of SYMMEM_NCCL=auto measured symmem only where the shim served: the table ends at the
     # largest size served (16 KiB here), and the built-in rule decides beyond it.
     tmp_path, csv_path = ab_run
-    rows = list(csv.DictReader(open(csv_path)))
-    for r in rows:
-        r["shim_mode"] = "auto"
-    auto = tmp_path / "auto.csv"
-    with open(auto, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    auto = as_default_mode_run(tmp_path, csv_path)
     out = tmp_path / "auto.json"
     rc, text = run(CUTOVER, str(auto), "--gpu", "NVIDIA H200", "--out", str(out), "--served-only")
     assert rc == 0, text
