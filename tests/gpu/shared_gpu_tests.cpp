@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/driver_api.hpp"
 #include "device_memory.hpp"
 #include "plan/algorithms.hpp"
 #include "shared_gpu_ranks.hpp"
@@ -857,30 +858,33 @@ TEST(shared_gpu_fused_ops_take_a_column_major_b) {
 }
 
 // Memory of the program's own, as ncclMemAlloc makes it (cuMemCreate, exportable as a POSIX file
-// descriptor): what Communicator::import maps into the heap.
+// descriptor): what Communicator::import maps into the heap. Through the library's driver loader, so
+// that the binary starts (and skips) on a machine without the driver.
 class CuMemAllocation {
  public:
   explicit CuMemAllocation(size_t bytes) {
+    const auto& api = symmem::detail::DriverApi::get();
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = 0;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t granularity = 0;
-    TEST_CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    TEST_CU(api.mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     bytes_ = (bytes + granularity - 1) / granularity * granularity;
-    TEST_CU(cuMemCreate(&handle_, bytes_, &prop, 0));
-    TEST_CU(cuMemAddressReserve(&address_, bytes_, granularity, 0, 0));
-    TEST_CU(cuMemMap(address_, bytes_, 0, handle_, 0));
+    TEST_CU(api.mem_create(&handle_, bytes_, &prop, 0));
+    TEST_CU(api.mem_address_reserve(&address_, bytes_, granularity, 0, 0));
+    TEST_CU(api.mem_map(address_, bytes_, 0, handle_, 0));
     CUmemAccessDesc access{};
     access.location = prop.location;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    TEST_CU(cuMemSetAccess(address_, bytes_, &access, 1));
+    TEST_CU(api.mem_set_access(address_, bytes_, &access, 1));
   }
   ~CuMemAllocation() {
-    cuMemUnmap(address_, bytes_);
-    cuMemAddressFree(address_, bytes_);
-    cuMemRelease(handle_);
+    const auto& api = symmem::detail::DriverApi::get();
+    api.mem_unmap(address_, bytes_);
+    api.mem_address_free(address_, bytes_);
+    api.mem_release(handle_);
   }
   CuMemAllocation(const CuMemAllocation&) = delete;
   CuMemAllocation& operator=(const CuMemAllocation&) = delete;
