@@ -10,12 +10,14 @@
 For each (collective, world, buffer kind) and size, symmem keeps the size when it is faster than
 NCCL by more than --margin (geometric mean over the types and reductions symmem served of NCCL's
 time over symmem's, each library's better of out-of-place and in-place); otherwise NCCL takes it.
-Runs of sizes with the same route become one row each; the last row reaches past the largest size
+Runs of sizes with the same route become one row each, a row ending halfway (geometrically) between
+the last size of its run and the first of the next; the last row reaches past the largest size
 measured.
 
 --served-only takes a run of the default mode (SYMMEM_NCCL=auto) instead: only the sizes the shim
-served were measured on both libraries, so the table covers them alone (its last row ends at the
-largest size served) and the built-in rule decides beyond it. One-process-per-GPU rows are used when there are any (the production launch), else
+served were measured on both libraries. Where NCCL won the largest of them, its row reaches past it
+(the trend goes to NCCL); where symmem won it, the row ends there and the built-in rule decides
+beyond it. One-process-per-GPU rows are used when there are any (the production launch), else
 threads. Staged rows hold for the workspace they were measured with (the CSV's workspace_mb).
 """
 import argparse
@@ -78,9 +80,12 @@ def main():
             last = i + 1 == len(sizes)
             if not last and sizes[i + 1][1] == route:
                 continue  # the run goes on
+            if last:
+                max_bytes = size if args.served_only and route == "symmem" else BEYOND
+            else:
+                max_bytes = math.isqrt(size * sizes[i + 1][0])  # halfway to the next measured size
             entries.append({"op": collective, "world": world, "buffers": buffers, "nodes": 1,
-                            "max_bytes": BEYOND if last and not args.served_only else size, "route": route,
-                            "speedup": round(mean, 3)})
+                            "max_bytes": max_bytes, "route": route, "speedup": round(mean, 3)})
     table = {"gpu": args.gpu, "command": "tools/nccl_cutover.py " + " ".join(sys.argv[1:]),
              "date": datetime.date.today().isoformat(), "workspace_mb": workspace_mb, "entries": entries}
     with open(args.out, "w") as f:

@@ -268,15 +268,15 @@ ncclResult_t CommPair::async_error() {
     set_process_last_error(failure_message_);
     return static_cast<ncclResult_t>(code);
   }
-  // What failed after the program aborted or revoked the communicator failed for that reason: NCCL
-  // reports no asynchronous error for it.
-  if (aborted_.load()) return ncclSuccess;
   // The device's failure words, read without the lock (the watchdog thread must never wait).
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock() || !symmem_ || !failure_to_report(*symmem_)) return ncclSuccess;
   try {
     symmem_->check();
   } catch (const Error& e) {
+    // A wait this rank's own abort or revoke ended: NCCL reports no asynchronous error for it. (A
+    // failure recorded before, a peer's timeout say, is still reported.)
+    if (aborted_.load() && e.code() == ErrorCode::kAborted) return ncclSuccess;
     fail(to_nccl_result(e.code()), e.what());
     return static_cast<ncclResult_t>(failure_code_.load());
   }

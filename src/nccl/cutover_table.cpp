@@ -59,7 +59,8 @@ const char* buffer_kind_name(BufferKind kind) { return kind == BufferKind::kWind
 
 std::optional<Route> CutoverTable::lookup(const std::string& op, int world, BufferKind buffers, bool spans_nodes,
                                           size_t bytes, size_t workspace) const {
-  if (buffers == BufferKind::kStaged && workspace != workspace_bytes) return std::nullopt;
+  // Staged calls run in chunks of the workspace's areas, and so do some algorithms on windows.
+  if (workspace != workspace_bytes) return std::nullopt;
   const CutoverEntry* best = nullptr;
   for (const auto& e : entries) {
     if (e.op != op || e.world != world || e.buffers != buffers || e.spans_nodes != spans_nodes || e.max_bytes < bytes)

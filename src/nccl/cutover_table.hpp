@@ -10,7 +10,8 @@
 //                 "max_bytes": 8388608, "route": "symmem"}, ...]}
 // buffers: "staged" (plain device memory, staged through the workspace) or "window" (registered
 // with ncclCommWindowRegister: zero copy). nodes: 1, or 2 for a communicator spanning nodes (any
-// number). Staged rows hold only for the workspace they were measured with (workspace_mb).
+// number). Rows hold only for the workspace they were measured with (workspace_mb): staged calls run in
+// chunks of its areas, and so do some algorithms on windows.
 #pragma once
 
 #include <cstddef>
@@ -40,11 +41,11 @@ struct CutoverTable {
   std::string gpu;
   std::string command;
   std::string date;
-  size_t workspace_bytes = 0;  // the budget the staged rows were measured with
+  size_t workspace_bytes = 0;  // the budget the rows were measured with
   std::vector<CutoverEntry> entries;
 
   // The row for the smallest max_bytes >= bytes among those of (op, world, buffers, spans_nodes);
-  // nothing when there is none, or when a staged row was measured with another workspace budget.
+  // nothing when there is none, or when the table was measured with another workspace budget.
   std::optional<Route> lookup(const std::string& op, int world, BufferKind buffers, bool spans_nodes, size_t bytes,
                               size_t workspace_bytes) const;
 };

@@ -1,4 +1,5 @@
 // Collectives routed per call, groups, windows, and the errors the program reads back.
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <vector>
@@ -161,24 +162,33 @@ ncclResult_t group_end() {
   // 5. The served calls, in the order they were made; a communicator's calls on several streams
   //    join them first (group_streams.hpp). A non-blocking communicator's forwarded calls may
   //    still be on their way to their streams here (docs/nccl.md, limits).
+  //    A join that fails (a stream the program destroyed, streams not all in one capture) leaves
+  //    that communicator's served calls on their own streams and fails the group: its calls still
+  //    launch, so that no peer waits for a call this rank never made.
   for (const DeferredCall& c : calls) uses.push_back({c.pair.get(), c.stream, c.served});
-  const std::vector<StreamJoin> joins = plan_stream_joins(uses);
+  std::vector<StreamJoin> joins = plan_stream_joins(uses);
   auto device_of = [&](const void* comm) {
     for (const DeferredCall& c : calls)
       if (c.pair.get() == comm) return c.pair->device();
     return 0;
   };
-  for (const StreamJoin& j : joins) {
-    detail::DeviceGuard guard(device_of(j.comm));
-    for (cudaStream_t other : j.others) stream_waits_for(j.leader, other);
-  }
+  auto join = [&](const StreamJoin& j, bool leader_waits) {
+    try {
+      detail::DeviceGuard guard(device_of(j.comm));
+      for (cudaStream_t other : j.others) leader_waits ? stream_waits_for(j.leader, other) : stream_waits_for(other, j.leader);
+      return true;
+    } catch (const Error& e) {
+      set_last_error(std::string("symmem NCCL shim: joining a group's streams: ") + e.what());
+      keep_first_failure(&first, to_nccl_result(e.code()));
+      return false;
+    }
+  };
+  joins.erase(std::remove_if(joins.begin(), joins.end(), [&](const StreamJoin& j) { return !join(j, true); }),
+              joins.end());
   for (DeferredCall& c : calls)
     if (c.served)
       keep_first_failure(&first, c.pair->launch(c.call, c.send, c.recv, served_stream(joins, c.pair.get(), c.stream)));
-  for (const StreamJoin& j : joins) {
-    detail::DeviceGuard guard(device_of(j.comm));
-    for (cudaStream_t other : j.others) stream_waits_for(other, j.leader);
-  }
+  for (const StreamJoin& j : joins) join(j, false);
   return first == ncclSuccess && real_end == ncclInProgress ? ncclInProgress : first;
 }
 

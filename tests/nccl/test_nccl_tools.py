@@ -171,8 +171,8 @@ def test_cutover_table_from_an_ab_run(ab_run):
     table = json.load(open(out))
     assert table["gpu"] == "NVIDIA H200" and table["workspace_mb"] == 16
     rows = [(e["op"], e["world"], e["buffers"], e["max_bytes"], e["route"]) for e in table["entries"]]
-    # 1 KiB and 4 KiB served (one row up to 4 KiB), beyond: NCCL. prod never counts (forwarded).
-    assert rows == [("all_reduce", 2, "staged", 4096, "symmem"), ("all_reduce", 2, "staged", 1 << 40, "nccl")]
+    # 1 KiB and 4 KiB served (one row up to halfway to 16 KiB), beyond: NCCL. prod never counts (forwarded).
+    assert rows == [("all_reduce", 2, "staged", 8192, "symmem"), ("all_reduce", 2, "staged", 1 << 40, "nccl")]
     unit_tests = os.environ.get("SYMMEM_UNIT_TESTS")
     if unit_tests:
         # The library's own parser reads it (the shipped-tables case, pointed at this file).
@@ -202,15 +202,24 @@ def test_cutover_needs_a_run_that_served_everything(ab_run):
 
 
 def test_cutover_from_a_default_run_covers_the_served_sizes_only(ab_run):
-    # A run of SYMMEM_NCCL=auto measured symmem only where the shim served: the table ends at the
-    # largest size served (16 KiB here), and the built-in rule decides beyond it.
+    # A run of SYMMEM_NCCL=auto measured symmem only where the shim served. NCCL won its largest
+    # size (16 KiB) here: its row reaches past it; had symmem won it, the row would end there and the
+    # built-in rule decide beyond.
     tmp_path, csv_path = ab_run
     auto = as_default_mode_run(tmp_path, csv_path)
     out = tmp_path / "auto.json"
     rc, text = run(CUTOVER, str(auto), "--gpu", "NVIDIA H200", "--out", str(out), "--served-only")
     assert rc == 0, text
     entries = [(e["op"], e["world"], e["buffers"], e["max_bytes"], e["route"]) for e in json.load(open(out))["entries"]]
-    assert entries == [("all_reduce", 2, "staged", 4096, "symmem"), ("all_reduce", 2, "staged", 16384, "nccl")]
+    assert entries == [("all_reduce", 2, "staged", 8192, "symmem"), ("all_reduce", 2, "staged", 1 << 40, "nccl")]
+    rows = list(csv.DictReader(open(auto)))
+    with open(auto, "w", newline="") as f:  # without the 16 KiB rows: symmem won the largest size
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(r for r in rows if r["size"] != "16384")
+    assert run(CUTOVER, str(auto), "--gpu", "NVIDIA H200", "--out", str(out), "--served-only")[0] == 0
+    entries = [(e["op"], e["max_bytes"], e["route"]) for e in json.load(open(out))["entries"]]
+    assert entries == [("all_reduce", 4096, "symmem")]
     # ... and a run of SYMMEM_NCCL=all is not one.
     rc, text = run(CUTOVER, str(csv_path), "--gpu", "g", "--out", str(tmp_path / "x.json"), "--served-only")
     assert rc != 0 and "SHIM_MODE=auto" in text

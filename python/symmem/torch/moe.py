@@ -136,6 +136,7 @@ class ExpertParallel:
             self._impl = _DeviceContext(self, comm, max_tokens_per_expert, max_received_rows, max_blocks)
         self.closed = False
         self.tokens = 0  # the last dispatch's T (x.shape[0]): the rows combine() allocates
+        self.dispatches = 0  # dispatches so far (a receiver can tell whether the area is still its batch's)
         # The counts compiled code sees (module docstring): dispatch copies the library's into them.
         self._counts = (torch.zeros(self.local_experts, dtype=torch.int32, device=self.device),
                         torch.zeros(1, dtype=torch.int32, device=self.device))
@@ -175,9 +176,12 @@ class ExpertParallel:
         call: every rank raises, naming this rank (docs/moe.md)."""
         self._require_open("moe_dispatch")
         area = self._received()
-        torch.ops.symmem.moe_dispatch(x, x_scales, topk_idx, topk_weights, num_tokens, self.id,
-                                      **dict(zip(RECEIVED, area)))
+        # Eager calls go straight to the kernel: the dispatcher costs microseconds per call with these
+        # arguments. Compiled code needs the op (its schema says what it writes).
+        op = torch.ops.symmem.moe_dispatch if torch.compiler.is_compiling() else _dispatch_kernel
+        op(x, x_scales, topk_idx, topk_weights, num_tokens, self.id, **dict(zip(RECEIVED, area)))
         self.tokens = x.shape[0]
+        self.dispatches += 1
         return area
 
     def _received(self):
@@ -197,9 +201,9 @@ class ExpertParallel:
         if out is None:
             out = torch.empty((self.tokens, self.hidden), dtype=torch.bfloat16, device=self.device)
         area = self._received()
-        torch.ops.symmem.moe_combine(expert_out, topk_weights, self.id, bool(weights_applied),
-                                     combine_input=self._impl.combine_input,
-                                     expert_num_tokens=area.expert_num_tokens, num_rows=area.num_rows, out=out)
+        op = torch.ops.symmem.moe_combine if torch.compiler.is_compiling() else _combine_kernel  # (as dispatch)
+        op(expert_out, topk_weights, self.id, bool(weights_applied), combine_input=self._impl.combine_input,
+           expert_num_tokens=area.expert_num_tokens, num_rows=area.num_rows, out=out)
         return out
 
     def describe(self):
@@ -372,6 +376,11 @@ def _check_tensor(t, name, op, shape, dtypes, device):
         raise ValueError(f"symmem.{op}: {name} is on {t.device}, the context on {device}")
 
 
+def _owned(ep, t):
+    """Whether t is one of the context's own tensors (the receive area, combine_input, the counts)."""
+    return any(t is mine for mine in (*ep._impl.outputs, ep._impl.combine_input, *getattr(ep, "_counts", ())))
+
+
 def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens, received):
     """Every tensor argument of a dispatch, before anything is launched. T = x.shape[0] tokens (at
     most the context's max_tokens_per_rank; 0 for an idle rank); with a device count (num_tokens)
@@ -406,7 +415,8 @@ def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens, receive
     xs, scales, meta = ep.received_shapes()
     shapes = (xs, scales, meta, meta, (ep.local_experts,), (1,))
     for name, t, shape, dtype in zip(RECEIVED, received, shapes, ep.received_dtypes()):
-        _check_tensor(t, name, op, shape, (dtype,), ep.device)
+        if not _owned(ep, t):  # (the context's own tensors, eager's, are right by construction)
+            _check_tensor(t, name, op, shape, (dtype,), ep.device)
 
 
 def _check_combine(ep, expert_out, topk_weights, combine_input, counts, out):
@@ -420,9 +430,12 @@ def _check_combine(ep, expert_out, topk_weights, combine_input, counts, out):
         raise ValueError(f"symmem.{op}: out must be [>= {tokens}, {ep.hidden}] bfloat16 (the last dispatch had "
                          f"{tokens} tokens), got {list(out.shape)} {out.dtype}")
     _check_tensor(out, "out", op, (out.shape[0], ep.hidden), (torch.bfloat16,), ep.device)
-    _check_tensor(combine_input, "combine_input", op, ep.received_shapes()[0], (torch.bfloat16,), ep.device)
-    _check_tensor(counts[0], "expert_num_tokens", op, (ep.local_experts,), (torch.int32,), ep.device)
-    _check_tensor(counts[1], "num_rows", op, (1,), (torch.int32,), ep.device)
+    if not _owned(ep, combine_input):
+        _check_tensor(combine_input, "combine_input", op, ep.received_shapes()[0], (torch.bfloat16,), ep.device)
+    if not _owned(ep, counts[0]):
+        _check_tensor(counts[0], "expert_num_tokens", op, (ep.local_experts,), (torch.int32,), ep.device)
+    if not _owned(ep, counts[1]):
+        _check_tensor(counts[1], "num_rows", op, (1,), (torch.int32,), ep.device)
     if expert_out is not None:
         _check_tensor(expert_out, "expert_out", op, ep.received_shapes()[0], (torch.bfloat16,), ep.device)
     if topk_weights is not None:

@@ -76,9 +76,15 @@ class SymmemPrepareAndFinalize(PrepareAndFinalizeBase):
                                     topk_weights.to(torch.float32).contiguous(), x_scales=scales)
         # The dispatch is ordered on this stream before anything the experts enqueue: the hook has
         # nothing to wait for.
-        return (lambda: None), (lambda: self._receive(received))
+        mine = self.ep.dispatches
+        return (lambda: None), (lambda: self._receive(received, mine))
 
-    def _receive(self, r):
+    def _receive(self, r, dispatch):
+        if dispatch != self.ep.dispatches:
+            # Another prepare ran before this one's receive (two micro-batches in flight): the receive
+            # area now holds the other's rows. Every rank runs the same order, so every rank raises.
+            raise RuntimeError("symmem MoE: a second dispatch before this micro-batch's receive; a context "
+                               "holds one batch at a time (no dual-batch overlap: docs/vllm.md)")
         meta = ExpertTokensMetadata(expert_num_tokens=r.expert_num_tokens, expert_num_tokens_cpu=None)
         scales = r.x_scales if self.ep.payload == "float8_e4m3" else None
         if self.ep.expert_major:

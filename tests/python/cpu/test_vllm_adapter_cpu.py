@@ -112,10 +112,12 @@ def test_no_dual_batch_overlap_one_receive_area_per_context(group_name):
     ida, idb = torch.tensor([[0, 1], [2, 3], [3, 1], [1, 0]]), torch.tensor([[3, 2], [0, 1], [1, 1], [2, 0]])
     w = torch.rand(T, K)
     # The order DBO would run: micro-batch 0's prepare, micro-batch 1's prepare, then 0's receive.
+    # The area then holds 1's rows, not 0's: 0's receive refuses rather than hand them out.
     _, receive0 = pf.prepare_async(a, w, ida, E, None, False, None)
     pf.prepare_async(b, w, idb, E, None, False, None)
-    _, _, meta0, _, _ = receive0()
-    assert meta0.expert_num_tokens.tolist() == [int((idb == e).sum()) for e in range(E)]  # 1's rows, not 0's
+    assert ep._impl.outputs.expert_num_tokens.tolist() == [int((idb == e).sum()) for e in range(E)]
+    with pytest.raises(RuntimeError, match="a second dispatch before this micro-batch's receive"):
+        receive0()
     assert not pf.supports_async()
     # The synchronous path vLLM takes instead: prepare, experts, finalize, one batch at a time.
     x0, _, meta, _, _ = pf.prepare(a, w, ida, E, None, False, None)
