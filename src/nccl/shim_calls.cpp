@@ -162,9 +162,10 @@ ncclResult_t group_end() {
   // 5. The served calls, in the order they were made; a communicator's calls on several streams
   //    join them first (group_streams.hpp). A non-blocking communicator's forwarded calls may
   //    still be on their way to their streams here (docs/nccl.md, limits).
-  //    A join that fails (a stream the program destroyed, streams not all in one capture) leaves
-  //    that communicator's served calls on their own streams and fails the group: its calls still
-  //    launch, so that no peer waits for a call this rank never made.
+  //    A join that fails (a stream the program destroyed, streams not all in one capture) fails the
+  //    group, but the communicator's served calls still launch, in order on the leader (one
+  //    communicator's calls must never run at once), so that no peer waits for a call this rank
+  //    never made.
   for (const DeferredCall& c : calls) uses.push_back({c.pair.get(), c.stream, c.served});
   std::vector<StreamJoin> joins = plan_stream_joins(uses);
   auto device_of = [&](const void* comm) {
@@ -175,20 +176,27 @@ ncclResult_t group_end() {
   auto join = [&](const StreamJoin& j, bool leader_waits) {
     try {
       detail::DeviceGuard guard(device_of(j.comm));
-      for (cudaStream_t other : j.others) leader_waits ? stream_waits_for(j.leader, other) : stream_waits_for(other, j.leader);
+      for (cudaStream_t other : j.others) {
+        if (leader_waits)
+          stream_waits_for(j.leader, other);
+        else
+          stream_waits_for(other, j.leader);
+      }
       return true;
     } catch (const Error& e) {
-      set_last_error(std::string("symmem NCCL shim: joining a group's streams: ") + e.what());
+      if (first == ncclSuccess || first == ncclInProgress)
+        set_last_error(std::string("symmem NCCL shim: joining a group's streams: ") + e.what());
       keep_first_failure(&first, to_nccl_result(e.code()));
       return false;
     }
   };
-  joins.erase(std::remove_if(joins.begin(), joins.end(), [&](const StreamJoin& j) { return !join(j, true); }),
-              joins.end());
+  std::vector<bool> joined;
+  for (const StreamJoin& j : joins) joined.push_back(join(j, true));
   for (DeferredCall& c : calls)
     if (c.served)
       keep_first_failure(&first, c.pair->launch(c.call, c.send, c.recv, served_stream(joins, c.pair.get(), c.stream)));
-  for (const StreamJoin& j : joins) join(j, false);
+  for (size_t i = 0; i < joins.size(); ++i)
+    if (joined[i]) join(joins[i], false);
   return first == ncclSuccess && real_end == ncclInProgress ? ncclInProgress : first;
 }
 

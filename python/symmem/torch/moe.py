@@ -181,7 +181,8 @@ class ExpertParallel:
         op = torch.ops.symmem.moe_dispatch if torch.compiler.is_compiling() else _dispatch_kernel
         op(x, x_scales, topk_idx, topk_weights, num_tokens, self.id, **dict(zip(RECEIVED, area)))
         self.tokens = x.shape[0]
-        self.dispatches += 1
+        if not torch.compiler.is_compiling():  # (a counter in a graph would guard it: a recompile per call)
+            self.dispatches += 1
         return area
 
     def _received(self):
@@ -376,9 +377,10 @@ def _check_tensor(t, name, op, shape, dtypes, device):
         raise ValueError(f"symmem.{op}: {name} is on {t.device}, the context on {device}")
 
 
-def _owned(ep, t):
-    """Whether t is one of the context's own tensors (the receive area, combine_input, the counts)."""
-    return any(t is mine for mine in (*ep._impl.outputs, ep._impl.combine_input, *getattr(ep, "_counts", ())))
+def _owned(t, *mine):
+    """Whether t is the context's own tensor for its role (one of `mine`: eager passes them as they
+    are), which needs no check. Another of its tensors in that role is checked like any other."""
+    return any(t is m for m in mine)
 
 
 def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens, received):
@@ -414,8 +416,10 @@ def _check_dispatch(ep, x, x_scales, topk_idx, topk_weights, num_tokens, receive
             raise ValueError(f"symmem.{op}: num_tokens is on {num_tokens.device}, the context on {ep.device}")
     xs, scales, meta = ep.received_shapes()
     shapes = (xs, scales, meta, meta, (ep.local_experts,), (1,))
-    for name, t, shape, dtype in zip(RECEIVED, received, shapes, ep.received_dtypes()):
-        if not _owned(ep, t):  # (the context's own tensors, eager's, are right by construction)
+    counts = getattr(ep, "_counts", (None, None))
+    own = [(ep._impl.outputs[i],) + ((counts[i - 4],) if i >= 4 else ()) for i in range(len(RECEIVED))]
+    for name, t, shape, dtype, mine in zip(RECEIVED, received, shapes, ep.received_dtypes(), own):
+        if not _owned(t, *mine):
             _check_tensor(t, name, op, shape, (dtype,), ep.device)
 
 
@@ -430,11 +434,12 @@ def _check_combine(ep, expert_out, topk_weights, combine_input, counts, out):
         raise ValueError(f"symmem.{op}: out must be [>= {tokens}, {ep.hidden}] bfloat16 (the last dispatch had "
                          f"{tokens} tokens), got {list(out.shape)} {out.dtype}")
     _check_tensor(out, "out", op, (out.shape[0], ep.hidden), (torch.bfloat16,), ep.device)
-    if not _owned(ep, combine_input):
+    own_counts = getattr(ep, "_counts", (None, None))
+    if not _owned(combine_input, ep._impl.combine_input):
         _check_tensor(combine_input, "combine_input", op, ep.received_shapes()[0], (torch.bfloat16,), ep.device)
-    if not _owned(ep, counts[0]):
+    if not _owned(counts[0], ep._impl.outputs.expert_num_tokens, own_counts[0]):
         _check_tensor(counts[0], "expert_num_tokens", op, (ep.local_experts,), (torch.int32,), ep.device)
-    if not _owned(ep, counts[1]):
+    if not _owned(counts[1], ep._impl.outputs.num_rows, own_counts[1]):
         _check_tensor(counts[1], "num_rows", op, (1,), (torch.int32,), ep.device)
     if expert_out is not None:
         _check_tensor(expert_out, "expert_out", op, ep.received_shapes()[0], (torch.bfloat16,), ep.device)

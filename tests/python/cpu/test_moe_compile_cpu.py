@@ -177,3 +177,30 @@ def test_eager_calls_hand_out_the_context_memory_itself(ep):
     ep.combine_input.copy_(r2.x)
     before = ep.combine_input.data_ptr()
     assert torch.equal(ep.combine(), a) and ep.combine_input.data_ptr() == before
+
+
+def test_a_compiled_step_compiles_once(ep):
+    # Nothing a dispatch or combine changes on the host may be guarded in the graph: a counter of
+    # dispatches, bumped inside it, recompiled the step on every call until dynamo gave up.
+    a, ids, w = _inputs(7)
+
+    def step(a, ids, w):
+        r = ep.dispatch(a, ids, w)
+        return ep.combine(expert_out=r.x.to(torch.bfloat16))
+
+    compiled = _compiled(step, "aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(4):
+            compiled(a, ids, w)
+
+
+def test_a_context_tensor_in_another_role_is_checked(ep):
+    # Only a context's own tensor in its own role skips the checks (eager passes them so): another
+    # of its tensors as combine_input (float32 weights here; an fp8 receive area on a GPU, read as
+    # bfloat16 past its end) is refused like any wrong tensor.
+    a, ids, w = _inputs(8)
+    received = ep.dispatch(a, ids, w)
+    with pytest.raises(Exception, match="combine_input"):
+        torch.ops.symmem.moe_combine(None, None, ep.id, False, combine_input=received.topk_weights,
+                                     expert_num_tokens=received.expert_num_tokens, num_rows=received.num_rows,
+                                     out=torch.empty(T, H, dtype=torch.bfloat16))
