@@ -112,6 +112,18 @@ def _workspace(comm, nbytes, purpose="gather", op="all_gather_matmul"):
     return comm.workspace(f"{op}:{purpose}", nbytes)
 
 
+def _own_operands(comm, op, a, a_name, b):
+    """This rank's own operands, checked: a failed check refuses the call (every rank raises, naming
+    this one). Returns B and its layout."""
+    try:
+        check_operand(a, a_name, op, comm)
+        b, b_layout = b_operand(b)
+        _check_b_device(b, b_layout, op, comm)
+    except ValueError as cause:
+        raise refused(comm, "symmem." + op, cause) from cause
+    return b, b_layout
+
+
 def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
     comm = GroupCommunicator(group_name)
     comm._ensure_open()
@@ -119,12 +131,7 @@ def _all_gather_matmul_cuda(a_shard, b, group_name, return_a=False):
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
         a = a_shard.new_empty((m, k)) if return_a else None
         return a_shard.new_zeros((m, n)), a
-    try:  # this rank's own operands: a failed check refuses the call (every rank raises, naming this one)
-        check_operand(a_shard, "a_shard", "all_gather_matmul", comm)
-        b, b_layout = b_operand(b)
-        _check_b_device(b, b_layout, "all_gather_matmul", comm)
-    except ValueError as cause:
-        raise refused(comm, "symmem.all_gather_matmul", cause) from cause
+    b, b_layout = _own_operands(comm, "all_gather_matmul", a_shard, "a_shard", b)
     c = a_shard.new_empty((m, n))
     a_bytes = m * k * a_shard.element_size()
     gathered = _workspace(comm, a_bytes)
@@ -186,12 +193,7 @@ def _matmul_reduce_scatter_cuda(a, b, group_name):
     m, n, k = _check_reduce_scatter(a, b, comm.world, layout=False)
     if m == 0 or n == 0 or k == 0:  # nothing to move or multiply (the same on every rank)
         return a.new_zeros((m // comm.world, n))
-    try:  # this rank's own operands: a failed check refuses the call (every rank raises, naming this one)
-        check_operand(a, "a", "matmul_reduce_scatter", comm)
-        b, b_layout = b_operand(b)
-        _check_b_device(b, b_layout, "matmul_reduce_scatter", comm)
-    except ValueError as cause:
-        raise refused(comm, "symmem.matmul_reduce_scatter", cause) from cause
+    b, b_layout = _own_operands(comm, "matmul_reduce_scatter", a, "a", b)
     c_shard = a.new_empty((m // comm.world, n))
     workspace = _workspace(comm, comm.core.matmul_reduce_scatter_workspace_bytes(m, n), "partial_sums",
                            "matmul_reduce_scatter")
