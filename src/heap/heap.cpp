@@ -83,29 +83,23 @@ void Heap::unmap(size_t offset, Mapping& m) noexcept {
   }
 }
 
-std::map<size_t, Heap::Mapping>::iterator Heap::mapping_holding(size_t offset) {
+std::optional<size_t> Heap::unmap_holding(size_t offset) noexcept {
   auto it = mappings_.upper_bound(offset);  // the first allocation after the one holding offset
-  if (it == mappings_.begin()) return mappings_.end();
+  if (it == mappings_.begin()) return std::nullopt;
   --it;
-  return offset < it->first + it->second.size ? it : mappings_.end();
+  const size_t start = it->first;
+  if (offset >= start + it->second.size) return std::nullopt;
+  unmap(start, it->second);
+  mappings_.erase(it);
+  return start;
 }
 
 void Heap::release(size_t offset) noexcept {
-  const auto it = mapping_holding(offset);
-  if (it == mappings_.end()) return;
-  const size_t start = it->first;
-  unmap(start, it->second);
-  mappings_.erase(it);
-  ranges_.release(start);
+  if (const auto start = unmap_holding(offset)) ranges_.release(*start);
 }
 
 void Heap::release_local(size_t offset) noexcept {
-  const auto it = mapping_holding(offset);
-  if (it == mappings_.end()) return;
-  const size_t start = it->first;
-  unmap(start, it->second);
-  mappings_.erase(it);
-  released_.insert(start);
+  if (const auto start = unmap_holding(offset)) released_.insert(*start);
 }
 
 void Heap::return_released_ranges(Bootstrap& bootstrap) {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -64,8 +65,9 @@ class Heap {
     bool mapped[kMaxWorld] = {};
   };
   void unmap(size_t offset, Mapping& m) noexcept;
-  // The mapping holding heap offset `offset`, or mappings_.end().
-  std::map<size_t, Mapping>::iterator mapping_holding(size_t offset);
+  // Unmaps the allocation holding heap offset `offset` (its mapping forgotten); its start, or
+  // nothing when no allocation holds it. The range stays taken: the caller returns it.
+  std::optional<size_t> unmap_holding(size_t offset) noexcept;
   // Collective, first in allocate and import: the ranges every rank has released locally return to
   // the free list, alike on every rank.
   void return_released_ranges(Bootstrap& bootstrap);

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "common/check.hpp"
+#include "common/device_guard.hpp"
 #include "nccl/comm_registry.hpp"
 #include "nccl/error_map.hpp"
-#include "common/device_guard.hpp"
 #include "nccl/group_queue.hpp"
 #include "nccl/group_streams.hpp"
 #include "nccl/route_log.hpp"
@@ -168,14 +168,9 @@ ncclResult_t group_end() {
   //    never made.
   for (const DeferredCall& c : calls) uses.push_back({c.pair.get(), c.stream, c.served});
   std::vector<StreamJoin> joins = plan_stream_joins(uses);
-  auto device_of = [&](const void* comm) {
-    for (const DeferredCall& c : calls)
-      if (c.pair.get() == comm) return c.pair->device();
-    return 0;
-  };
   auto join = [&](const StreamJoin& j, bool leader_waits) {
     try {
-      detail::DeviceGuard guard(device_of(j.comm));
+      detail::DeviceGuard guard(static_cast<const CommPair*>(j.comm)->device());  // (uses hold pairs)
       for (cudaStream_t other : j.others) {
         if (leader_waits)
           stream_waits_for(j.leader, other);

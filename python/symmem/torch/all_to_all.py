@@ -24,16 +24,13 @@ makes every rank raise SymmemError kCapacity, and in either case nothing moves. 
 ``pt2_compliant_tag``; the CUDA kernels are thin: the arguments are checked and the core called by
 ``_route``, as for every symmem op.
 """
-import types
-
 import torch
 import torch.distributed as dist
 
 from .. import _native, errors
 from . import _route
-from .errors import refused
+from .errors import agree_on_checks, refused
 from .groups import GroupCommunicator, group_name_of, state_of
-from .moe import _ReferenceContext
 from .ops import _returning_none
 
 _lib = torch.library.Library("symmem", "FRAGMENT")
@@ -107,20 +104,14 @@ def _all_to_all_vdev_2d_cuda(inp, out, in_splits, out_splits_offsets, group_name
 # CPU kernels: torch.distributed on the group ---------------------------------------------------
 #
 # A rank whose check fails must not leave its peers in a gloo collective until the group's timeout:
-# every rank runs its checks and learns every rank's outcome before anything moves (MoE's CPU
-# reference, _ReferenceContext._agree_on_checks), then raises the first refusing rank's error.
-
-def _agree_on_checks(group, op, check):
-    """_ReferenceContext._agree_on_checks for a group (it reads the group, rank and world of its
-    context's ExpertParallel): one all_gather_object of every rank's outcome."""
-    ranks = types.SimpleNamespace(group=group, rank=group.rank(), world=group.size())
-    _ReferenceContext._agree_on_checks(types.SimpleNamespace(ep=ranks), op, check)
+# every rank runs its checks and learns every rank's outcome before anything moves
+# (errors.agree_on_checks, as MoE's CPU reference), then raises the first refusing rank's error.
 
 
 def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group_name, *, out):
     op = "all_to_all_single"
-    group = state_of(group_name).group
-    world = group.size()
+    state = state_of(group_name)
+    group, world = state.group, state.world
     checked = []
 
     def check():
@@ -128,7 +119,7 @@ def _all_to_all_single_out_cpu(inp, output_split_sizes, input_split_sizes, group
         checked.append(_route.splits(input_split_sizes, inp.shape[0], world, "input_split_sizes", op))
         checked.append(_route.splits(output_split_sizes, out.shape[0], world, "output_split_sizes", op))
 
-    _agree_on_checks(group, op, check)
+    agree_on_checks(state, op, check)
     ins, outs = checked
     received = out.new_empty((sum(outs), *out.shape[1:]))
     dist.all_to_all_single(received, inp[:sum(ins)].contiguous(), outs, ins, group=group)
@@ -153,8 +144,8 @@ def _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, experts, majo
     moves rank to rank in sender order, then lands expert-major (major_align 0: plain). `experts`:
     None for the 2-D form (from in_splits, a check of this rank's). The checks of every rank's
     tensors, then every rank's capacity, are agreed before any row moves."""
-    group = state_of(group_name).group
-    world, me = group.size(), group.rank()
+    state = state_of(group_name)
+    group, world, me = state.group, state.world, state.rank
     checked = []
 
     def check():
@@ -167,7 +158,7 @@ def _vdev_cpu(inp, out, in_splits, out_splits_offsets, group_name, experts, majo
                              f"({inp.shape[0]} rows)")
         checked.append((e, splits, out.shape[0]))
 
-    _agree_on_checks(group, op, check)
+    agree_on_checks(state, op, check)
     # Every rank's (experts, splits, output rows): each rank reaches every rank's verdict alike.
     every = [None] * world
     dist.all_gather_object(every, checked[0], group=group)

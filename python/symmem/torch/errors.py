@@ -59,3 +59,21 @@ def refusal(op, rank, cause):
         cls = RefusedTypeError if isinstance(cause, TypeError) else RefusedValueError
         return cls(_native.ErrorCode.kInvalidArgument, message)
     return SymmemError(_native.ErrorCode.kInvalidArgument, message)
+
+
+def agree_on_checks(ranks, op, check):
+    """A refusal over torch.distributed, for the paths without the core (the CPU kernels): every
+    rank runs `check`, learns every rank's outcome (one all_gather_object), and raises the first
+    refusing rank's error (refusal: the refusing rank its own TypeError / ValueError). `ranks`: the
+    group, this rank and the world (.group, .rank, .world: a GroupState, an ExpertParallel)."""
+    mine = None
+    try:
+        check()
+    except (TypeError, ValueError) as cause:
+        mine = cause
+    outcomes = [None] * ranks.world
+    dist.all_gather_object(outcomes, None if mine is None else str(mine), group=ranks.group)
+    for rank, why in enumerate(outcomes):
+        if why is not None:
+            mine_first = rank == ranks.rank
+            raise refusal(f"symmem.{op}", rank, mine if mine_first else why) from (mine if mine_first else None)

@@ -52,7 +52,7 @@ import torch.distributed as dist
 from .. import _native, errors
 from .. import ep as core_ep
 from . import _route
-from .errors import refusal, refused
+from .errors import agree_on_checks, refused
 from .groups import capturing, state_of
 from .memory import lent_tensor
 
@@ -467,23 +467,8 @@ class _ReferenceContext:
         dist.all_gather(parts, t.contiguous(), group=self.ep.group)
         return parts
 
-    def _agree_on_checks(self, op, check):
-        """The device path's refusal over torch.distributed: every rank runs its checks, learns every
-        rank's outcome, and raises the first refusing rank's error (the refusing rank its own type)."""
-        mine = None
-        try:
-            check()
-        except (TypeError, ValueError) as cause:
-            mine = cause
-        outcomes = [None] * self.ep.world
-        dist.all_gather_object(outcomes, None if mine is None else str(mine), group=self.ep.group)
-        for rank, why in enumerate(outcomes):
-            if why is not None:
-                mine_first = rank == self.ep.rank
-                raise refusal(f"symmem.{op}", rank, mine if mine_first else why) from (mine if mine_first else None)
-
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens, received):
-        self._agree_on_checks("moe_dispatch", lambda: _check_dispatch(self.ep, x, x_scales, topk_idx, topk_weights,
+        agree_on_checks(self.ep, "moe_dispatch", lambda: _check_dispatch(self.ep, x, x_scales, topk_idx, topk_weights,
                                                                        num_tokens, received))
         _into_area(self.outputs, received, lambda: self._dispatch(x, x_scales, topk_idx, topk_weights, num_tokens))
 
@@ -568,7 +553,7 @@ class _ReferenceContext:
 
     def combine(self, expert_out, topk_weights, weights_applied, combine_input, counts, out):
         ep = self.ep
-        self._agree_on_checks("moe_combine", lambda: _check_combine(ep, expert_out, topk_weights, combine_input,
+        agree_on_checks(ep, "moe_combine", lambda: _check_combine(ep, expert_out, topk_weights, combine_input,
                                                                      counts, out))
         _from_combine_input(self, expert_out, combine_input,
                             lambda staged: self._combine(staged, topk_weights, weights_applied, out))
