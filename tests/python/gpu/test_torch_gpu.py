@@ -180,11 +180,19 @@ def test_list_all_gather(group):
 
 
 def test_non_contiguous_input_is_a_clear_error(group):
+    # A refusal leaves the communicator unusable on every rank (docs/torch.md): each call gets a
+    # group of its own, and the group's next call raises the refusal again instead of running.
+    world = dist.get_world_size()
     x = torch.ones(64, 64, device="cuda")
-    with pytest.raises(ValueError, match="must be contiguous"):
-        ops.all_reduce(x.t(), "sum", group.group_name)
-    with pytest.raises(ValueError, match="must be contiguous"):
-        st.all_gather_into_tensor(torch.empty(2 * 64 * 32, device="cuda"), x[:, ::2])
+    calls = (lambda g: ops.all_reduce(x.t(), "sum", g.group_name),
+             lambda g: st.all_gather_into_tensor(torch.empty(world * 64 * 32, device="cuda"), x[:, ::2], group=g))
+    for call in calls:
+        own = dist.new_group(list(range(world)))
+        with pytest.raises(ValueError, match="must be contiguous"):
+            call(own)
+        with pytest.raises(st.SymmemError, match="must be contiguous"):
+            st.all_reduce(torch.ones(1024, device="cuda"), group=own)
+            torch.cuda.synchronize()
 
 
 def test_cuda_graph_replays_after_inputs_change(group):
