@@ -6,7 +6,8 @@
 #
 # Each (launch mode, collective, type) runs twice back to back, plain NCCL and the shim, in
 # alternating order, with -b 1K -e 256M -f 4, every reduction nccl-tests has (-o all: sum, max, min
-# are served; prod, avg and pre-multiplied sums are forwarded) and the data check on. Launch modes:
+# and floating avg are served; prod, integer avg and pre-multiplied sums are forwarded) and the data
+# check on. Launch modes:
 # "processes" (one process per GPU, through tools/nccl_tests' minimal MPI) and "threads" (one
 # process, one thread per GPU: -t RANKS). About 3 minutes at 2 GPUs.
 #

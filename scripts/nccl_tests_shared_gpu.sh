@@ -62,6 +62,8 @@ alltoall float none
 alltoall bfloat16 none
 all_reduce float avg
 reduce_scatter bfloat16 avg
+all_reduce half avg
+reduce_scatter half avg -R 2
 all_gather int64 none
 all_reduce bfloat16 sum -R 2
 all_gather float none -R 2

@@ -11,7 +11,9 @@ namespace symmem {
 constexpr int kMaxWorld = 8;
 
 enum class DataType { kFloat32, kFloat16, kBFloat16, kInt32, kUInt8 };
-enum class ReduceOp { kSum, kMax, kMin };
+// kAvg: the float32 sum times 1 / world (a correctly rounded float32) before the one rounding to
+// the element type (floating types only), in the reduction kernels themselves.
+enum class ReduceOp { kSum, kMax, kMin, kAvg };
 
 // What a collective runs. kAuto asks the planner (tuning table, then built-in rules);
 // SYMMEM_ALGO=<name> overrides kAuto for every call. Each collective accepts a subset and

@@ -9,7 +9,8 @@ or "min".
 - ``SYMMEM``: symmem's documented order (docs/algorithms.md, src/device/reduce.cuh). Every
   algorithm combines the inputs in rank order 0..W-1; 16-bit floats accumulate in float32 and are
   rounded to the type once, float32 adds in float32, int32 in int32, max and min are exact; "avg"
-  is that sum, rounded to the type, divided by W by torch in the type. ``in_symmem_order`` computes
+  (floating types) is the float32 sum times 1/W (rounded to float32 once: exact for 2, 4, 8
+  ranks), then rounded to the type once. ``in_symmem_order`` computes
   it with the same arithmetic, so a symmem result is compared bit for bit, and every rank holds
   the same bits.
 - ``ANY``: any order, where every partial sum may be rounded to the type (NCCL's ring or tree,
@@ -60,8 +61,9 @@ def tolerance(dtype, world, order, op="sum"):
     the exact result (module docstring). Roundings counted (each at most u of the type):
 
     - SYMMEM: W - 1 additions in float32, then one rounding to a 16-bit type; "avg" adds the
-      division (torch multiplies by 1/W rounded to float32: two roundings, and one more to a
-      16-bit type). symmem results are compared exactly (``in_symmem_order``); this factor is what
+      division (the collectives multiply the float32 sum by 1/W rounded to float32: two roundings;
+      the fused ops divide their result in the type: two, and one more to a 16-bit type; the bound
+      counts the latter). symmem results are compared exactly (``in_symmem_order``); this factor is what
       separates them from the float64 reference.
     - ANY: W - 1 additions, each possibly rounded to the type; "avg" adds NCCL's pre-multiplication
       of every input by 1/W (the factor rounded to the type, the product rounded: two).
@@ -120,10 +122,11 @@ def in_symmem_order(parts, op="sum"):
     total = parts[0].to(accumulate, copy=True)
     for part in parts[1:]:
         total += part.to(accumulate)
-    result = total.to(dtype)
     if op == "avg":
-        result.div_(world)  # as symmem.torch divides after the sum (the same torch operation)
-    return result
+        # The kernels multiply the float32 sum by 1/W rounded to float32 (float64's 1/W rounds to
+        # the same float32 for every W up to 8), one product rounded once.
+        total = total * torch.tensor(1.0 / world, dtype=accumulate, device=total.device)
+    return total.to(dtype)
 
 
 def error_bound(parts, order, op="sum", calls=1):

@@ -47,7 +47,7 @@ DataType dtype_of(int dtype) {
 }
 
 ReduceOp op_of(int op) {
-  if (op < 0 || op > static_cast<int>(ReduceOp::kMin))
+  if (op < 0 || op > static_cast<int>(ReduceOp::kAvg))
     throw Error(ErrorCode::kInvalidArgument, "reduce op " + std::to_string(op) + " is not a symmem::ReduceOp");
   return static_cast<ReduceOp>(op);
 }

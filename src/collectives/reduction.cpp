@@ -39,6 +39,8 @@ PreparedReduction prepare(Collective collective, const CallOperand& out, const C
   const char* name = collective_name(collective);
   if (type == DataType::kUInt8)
     throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": uint8 is not reducible; use int32");
+  if (op == ReduceOp::kAvg && type == DataType::kInt32)
+    throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": avg needs a floating type, not int32");
   PreparedReduction p;
   p.reduce_scatter = reduce_scatter;
   p.count = count;

@@ -86,6 +86,7 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::kSum: return "sum";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kMin: return "min";
+    case ReduceOp::kAvg: return "avg";
   }
   return "?";
 }
@@ -98,6 +99,8 @@ bool parse_reduce_op(const std::string& name, ReduceOp* op) {
     *op = ReduceOp::kMax;
   else if (n == "min")
     *op = ReduceOp::kMin;
+  else if (n == "avg")
+    *op = ReduceOp::kAvg;
   else
     return false;
   return true;

@@ -86,7 +86,7 @@ __device__ __forceinline__ uint32_t reduce_word(const uint32_t (&word)[kMaxWorld
 #pragma unroll
     for (int r = 1; r < kMaxWorld; ++r)
       if (r < world) acc = combine<kOp>(acc, to_accum(reinterpret_cast<const T*>(&word[r])[e]));
-    reinterpret_cast<T*>(&result)[e] = from_accum<T>(acc);
+    reinterpret_cast<T*>(&result)[e] = finish<T, kOp>(acc, average_scale<kOp>(world));
   }
   return result;
 }

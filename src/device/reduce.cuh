@@ -1,6 +1,10 @@
 // Element reduction for all-reduce and reduce-scatter. 16-bit types accumulate in fp32; sources
 // are always combined in rank order 0..world-1, so every rank computes bit-identical results
-// whatever order the ranks arrived in.
+// whatever order the ranks arrived in. An average is the float32 sum times the correctly rounded
+// float32 reciprocal of the world (exact for 2, 4 and 8 ranks; a multiply, where a correctly
+// rounded division is a subroutine that spills registers in the vector loops), before the one
+// rounding to the type: no second pass, and no overflow of float16's range by a sum whose average
+// fits.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,7 +19,7 @@
 
 namespace symmem::device {
 
-enum ReduceKind : int { kSum = 0, kMax = 1, kMin = 2 };
+enum ReduceKind : int { kSum = 0, kMax = 1, kMin = 2, kAvg = 3 };
 
 template <typename T>
 struct Accum {
@@ -54,7 +58,7 @@ __device__ __forceinline__ int32_t from_accum<int32_t>(int32_t x) {
 // holds NaN. A comparison (a > b ? a : b) would return NaN or not depending on which rank holds it.
 template <int kOp, typename A>
 __device__ __forceinline__ A combine(A a, A b) {
-  if constexpr (kOp == kSum)
+  if constexpr (kOp == kSum || kOp == kAvg)
     return a + b;
   else if constexpr (kOp == kMax) {
     if constexpr (std::is_floating_point_v<A>) return fmaxf(a, b);
@@ -62,6 +66,25 @@ __device__ __forceinline__ A combine(A a, A b) {
   } else {
     if constexpr (std::is_floating_point_v<A>) return fminf(a, b);
     return a < b ? a : b;
+  }
+}
+
+// What finish() multiplies an average by: 1 / world, correctly rounded (1 for the other ops).
+template <int kOp>
+__device__ __forceinline__ float average_scale(int world) {
+  if constexpr (kOp == kAvg) return __frcp_rn(static_cast<float>(world));
+  return 1.0f;
+}
+
+// The accumulated value as the element type; an average is scaled first (`scale` from
+// average_scale, ignored by the other ops).
+template <typename T, int kOp, typename A>
+__device__ __forceinline__ T finish(A acc, float scale) {
+  if constexpr (kOp == kAvg) {
+    static_assert(std::is_same_v<A, float>, "averages are of floating types");
+    return from_accum<T>(__fmul_rn(acc, scale));
+  } else {
+    return from_accum<T>(acc);
   }
 }
 
@@ -73,7 +96,7 @@ __device__ __forceinline__ T reduce_element(const T* const (&src)[kMaxWorld], in
 #pragma unroll
   for (int r = 1; r < kMaxWorld; ++r)
     if (r < world) acc = combine<kOp>(acc, to_accum(src[r][i]));
-  return from_accum<T>(acc);
+  return finish<T, kOp>(acc, average_scale<kOp>(world));
 }
 
 // For count elements: dst[d][i] = reduce over ranks of src[r][i], for every destination d.
@@ -84,6 +107,7 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[kMaxWorld], i
                                              int ndst, size_t count) {
   using A = typename Accum<T>::type;
   constexpr int kElems = 16 / sizeof(T);
+  const float scale = average_scale<kOp>(world);
   size_t done = 0;
   if constexpr (kVector) {
     constexpr int kUnroll = 2;  // two vectors per source in flight per thread
@@ -117,7 +141,7 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[kMaxWorld], i
         uint4 out;
         T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) o[e] = from_accum<T>(acc[e]);
+        for (int e = 0; e < kElems; ++e) o[e] = finish<T, kOp>(acc[e], scale);
 #pragma unroll
         for (int d = 0; d < kMaxWorld; ++d)
           if (d < ndst) reinterpret_cast<uint4*>(dst[d])[v] = out;

@@ -19,6 +19,9 @@ void dispatch_op(ReduceOp op, F&& f) {
     case ReduceOp::kSum: return f(T{}, std::integral_constant<int, device::kSum>{});
     case ReduceOp::kMax: return f(T{}, std::integral_constant<int, device::kMax>{});
     case ReduceOp::kMin: return f(T{}, std::integral_constant<int, device::kMin>{});
+    case ReduceOp::kAvg:
+      if constexpr (!std::is_integral_v<T>) return f(T{}, std::integral_constant<int, device::kAvg>{});
+      break;
   }
   SYMMEM_THROW(ErrorCode::kInvalidArgument, std::string("no reduction ") + reduce_op_name(op));
 }

@@ -86,7 +86,8 @@ std::optional<ReduceOp> symmem_op(ncclRedOp_t op) {
     case ncclSum: return ReduceOp::kSum;
     case ncclMax: return ReduceOp::kMax;
     case ncclMin: return ReduceOp::kMin;
-    default: return std::nullopt;  // prod, avg (symmem_form) and pre-multiplied sums
+    case ncclAvg: return ReduceOp::kAvg;
+    default: return std::nullopt;  // prod and pre-multiplied sums
   }
 }
 
@@ -101,13 +102,11 @@ std::optional<SymmemCall> symmem_form(const NcclCall& call) {
       const auto type = symmem_type(call.type);
       // uint8 has a symmem name but no reduction.
       if (!type || *type == DataType::kUInt8) return std::nullopt;
-      if (call.redop == ncclAvg) {
-        // Integer averages round in NCCL's own way: forwarded. So are fp16 ones: NCCL scales each
-        // input before summing, where the sum first would overflow fp16's range (65504) sooner.
-        if (*type == DataType::kInt32 || *type == DataType::kFloat16 || call.world < 1) return std::nullopt;
-        return SymmemCall{*type, ReduceOp::kSum, call.count, 1.0f / static_cast<float>(call.world)};
-      }
       const auto op = symmem_op(call.redop);
+      // Integer averages round in NCCL's own way (symmem averages floating types only): forwarded.
+      // A float16 average sums in float32 and scales before rounding, so it overflows no sooner
+      // than NCCL's, which scales each input first.
+      if (op == ReduceOp::kAvg && *type == DataType::kInt32) return std::nullopt;
       if (!op) return std::nullopt;
       return SymmemCall{*type, *op, call.count};
     }

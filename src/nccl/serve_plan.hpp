@@ -49,14 +49,12 @@ size_t send_bytes(const NcclCall& call);
 size_t recv_bytes(const NcclCall& call);
 
 // The call as symmem runs it: its type, reduction and element count (a gather of a type symmem
-// has no name for moves bytes; an average is a sum scaled afterwards). Nothing when symmem does not
-// implement it (a type or reduction it lacks, broadcast, reduce).
+// has no name for moves bytes). Nothing when symmem does not implement it (a type or reduction it
+// lacks, broadcast, reduce).
 struct SymmemCall {
   DataType type = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
   size_t count = 0;
-  // ncclAvg: the sum, then the result times 1 / world (floating types only); 1 otherwise.
-  float post_scale = 1.0f;
 };
 std::optional<SymmemCall> symmem_form(const NcclCall& call);
 

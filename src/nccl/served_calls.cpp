@@ -1,6 +1,5 @@
 #include "nccl/served_calls.hpp"
 
-#include "nccl/average_kernel.hpp"
 #include "symmem/all_to_all.hpp"
 #include "symmem/collectives.hpp"
 
@@ -31,8 +30,6 @@ void run_served_call(Communicator& comm, const NcclCall& call, const void* send,
     default: throw Error(ErrorCode::kInternal, std::string("the NCCL shim routed ") + collective_name(call.op) +
                                                    " to symmem, which does not implement it");
   }
-  // An average: the sum just made, scaled where the program reads it (its own address of the output).
-  if (form.post_scale != 1.0f) launch_scale(recv, form.count, form.type, form.post_scale, stream);
 }
 
 }  // namespace symmem::nccl

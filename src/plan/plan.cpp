@@ -166,7 +166,39 @@ KernelId narrowed_kernel(const AllGatherPlan& plan, int vector_bytes) {
 
 int pull_local_warps(int world) { return world <= 1 ? 0 : std::max(2, 6 / (world - 1)); }
 
+namespace {
+
+ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table);
+
+// Below this many bytes per chunk, a chunked push all-reduce (or reduce-scatter) loses to the pull
+// algorithm run in one piece on symmetric operands, which it reads and writes where they are (a
+// staged pull copies the whole input first: not taken): every chunk adds a launch and two barriers (7-9 us on
+// 2 x H200) where pull costs about 5 % more time than push per byte. Measured on 2 x H200 at 3e820ed
+// (bench/results/h200x2/all_reduce_2.csv; nccl_tests_windows_2.csv through libsymmem_nccl.so, whose
+// 16 MiB budget cuts a push into 4 MiB chunks): 16 MiB two_shot pull 60 us in one piece against
+// two_shot_push 83 us in 4 chunks, 256 MiB 825 us against 1305 us in 64 chunks, while two_shot_push
+// in 4 chunks of 64 MiB (789 us) still beats the pull.
+constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
+
+}  // namespace
+
 ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
+  ReducePlan plan = plan_reduce_as_asked(r, table);
+  // Only a choice of the table or the built-in rule is revisited; one a caller or SYMMEM_ALGO made
+  // stands. Every input here is agreed, so every rank revisits alike.
+  const Algo pull = r.reduce_scatter ? Algo::kPull : Algo::kTwoShot;
+  if (r.options.algo != Algo::kAuto || r.forced != Algo::kAuto || plan.algo == pull || plan.chunk_elements >= r.count ||
+      plan.chunk_elements * r.elem_bytes >= kChunkedPushLosesBelowBytes)
+    return plan;
+  ReduceRequest asked = r;
+  asked.options.algo = pull;
+  const ReducePlan whole = plan_reduce_as_asked(asked, table);
+  return whole.chunk_elements >= r.count && !whole.stage_input && !whole.gather_via_staging ? whole : plan;
+}
+
+namespace {
+
+ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table) {
   const Collective collective = r.reduce_scatter ? Collective::kReduceScatter : Collective::kAllReduce;
   const char* op = collective_name(collective);
   const size_t bytes = r.count * r.elem_bytes;
@@ -251,8 +283,6 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   plan.chunk_elements = reduce_chunk_elements(plan, r.reduce_scatter, r.elem_bytes, r.world, r.workspace);
   return plan;
 }
-
-namespace {
 
 constexpr size_t kChunkUnbounded = ~size_t(0);
 

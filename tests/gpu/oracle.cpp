@@ -27,6 +27,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::kSum: return ncclSum;
     case ReduceOp::kMax: return ncclMax;
     case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kAvg: return ncclAvg;
   }
   fail(__FILE__, __LINE__, "nccl_op: unknown op");
 }

@@ -382,6 +382,17 @@ uint16_t to_bits16(float x, DataType type) {
   return *reinterpret_cast<const uint16_t*>(&b);
 }
 
+float from_bits16(uint16_t bits, DataType type) {
+  if (type == DataType::kFloat16) {
+    __half h;
+    std::memcpy(&h, &bits, 2);
+    return __half2float(h);
+  }
+  __nv_bfloat16 b;
+  std::memcpy(&b, &bits, 2);
+  return __bfloat162float(b);
+}
+
 bool is_nan_bits(uint16_t bits, DataType type) {
   return type == DataType::kFloat16 ? (bits & 0x7c00) == 0x7c00 && (bits & 0x03ff)
                                     : (bits & 0x7f80) == 0x7f80 && (bits & 0x007f);
@@ -450,6 +461,102 @@ TEST(shared_gpu_max_min_ignore_nan_as_nccl) {
 }
 
 // A call that differs on one rank (its count) fails on every rank, with an error, in time.
+// An average is the kernels' float32 sum times 1 / world (a correctly rounded float32), rounded
+// once to the type: compared bit for bit with that computation on the host (float32 sum in rank
+// order, one product, one rounding), for every algorithm of the all-reduce and the reduce-scatter. Inputs up to 40000 in magnitude: float16 sums of 2 or more ranks overflow its
+// range (65504) where the averages do not, so a sum rounded to float16 first would show as inf.
+namespace {
+
+float average_test_value(int rank, size_t i, DataType type) {
+  const uint64_t h = (i * 0x9E3779B97F4A7C15ull) ^ (uint64_t(rank + 1) * 0xD1B54A32D192ED03ull);
+  const float v = float(int64_t(h >> 40) % 80000 - 40000) + float(h & 0xFF) / 256.0f;
+  return type == DataType::kFloat32 ? v : from_bits16(to_bits16(v, type), type);  // exact in the type
+}
+
+}  // namespace
+
+TEST(shared_gpu_averages_scale_the_float32_sum_once) {
+  const Algo all_reduce_algos[] = {Algo::kAuto,        Algo::kOneShot,    Algo::kTwoShot,
+                                   Algo::kOneShotPush, Algo::kTwoShotPush, Algo::kLowLatency,
+                                   Algo::kLowLatencyTwoShot};
+  const Algo reduce_scatter_algos[] = {Algo::kAuto, Algo::kPull, Algo::kPush, Algo::kLowLatency};
+  const DataType types[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16};
+  constexpr size_t kCount = 40000;  // all-reduce: a vector body and a scalar tail
+  constexpr size_t kSlice = 5003;   // reduce-scatter: elements per rank (odd: a tail in every slice)
+  for (int world : shared_gpu_worlds()) {
+    run_ranks(world, [&](Rank& r) {
+      for (DataType type : types) {
+        const size_t elem = dtype_size(type);
+        auto check = [&](const std::string& what, size_t count, size_t first, const void* out_device) {
+          std::vector<uint8_t> got(count * elem);
+          TEST_CUDA(cudaMemcpy(got.data(), out_device, got.size(), cudaMemcpyDeviceToHost));
+          size_t wrong = 0, first_wrong = count;
+          for (size_t i = 0; i < count; ++i) {
+            float acc = average_test_value(0, first + i, type);
+            for (int q = 1; q < world; ++q) acc += average_test_value(q, first + i, type);
+            const float avg = acc * (1.0f / float(world));
+            bool ok;
+            if (type == DataType::kFloat32) {
+              float g;
+              std::memcpy(&g, &got[i * 4], 4);
+              ok = std::memcmp(&g, &avg, 4) == 0;
+            } else {
+              uint16_t g;
+              std::memcpy(&g, &got[i * 2], 2);
+              ok = g == to_bits16(avg, type);
+            }
+            if (!ok && wrong++ == 0) first_wrong = i;
+          }
+          if (wrong)
+            throw Failure("avg " + std::string(dtype_name(type)) + " " + what + ": " + std::to_string(wrong) + " of " +
+                          std::to_string(count) + " elements differ from the float32 sum times 1 / world, first at " +
+                          std::to_string(first_wrong));
+        };
+        auto upload = [&](size_t count) {
+          std::vector<uint8_t> input(count * elem);
+          for (size_t i = 0; i < count; ++i) {
+            const float v = average_test_value(r.rank, i, type);
+            if (type == DataType::kFloat32) {
+              std::memcpy(&input[i * 4], &v, 4);
+            } else {
+              const uint16_t b = to_bits16(v, type);
+              std::memcpy(&input[i * 2], &b, 2);
+            }
+          }
+          TEST_CUDA(cudaMemcpyAsync(r.heap_in->ptr(), input.data(), input.size(), cudaMemcpyHostToDevice, r.stream));
+          TEST_CUDA(cudaMemcpyAsync(r.local_in.ptr, input.data(), input.size(), cudaMemcpyHostToDevice, r.stream));
+        };
+        upload(kCount);
+        for (Algo algo : all_reduce_algos) {
+          TEST_CUDA(cudaMemsetAsync(r.heap_out->ptr(), 0xEE, kCount * elem, r.stream));  // poison
+          const CollectiveOptions o{algo, 0, max_blocks_for_calls()};
+          all_reduce(Operand(r.heap_out, 0), Operand(r.heap_in, 0), kCount, type, ReduceOp::kAvg, *r.comm, r.stream, o);
+          r.comm->synchronize(r.stream);
+          check(std::string("all_reduce ") + algo_name(algo) + " heap", kCount, 0, r.heap_out->ptr());
+        }
+        TEST_CUDA(cudaMemsetAsync(r.local_out.ptr, 0xEE, kCount * elem, r.stream));
+        all_reduce(Operand(r.local_out.ptr), Operand(r.local_in.ptr), kCount, type, ReduceOp::kAvg, *r.comm, r.stream,
+                   CollectiveOptions{Algo::kAuto, 0, max_blocks_for_calls()});
+        r.comm->synchronize(r.stream);
+        check("all_reduce auto local", kCount, 0, r.local_out.ptr);
+        upload(kSlice * size_t(world));
+        for (Algo algo : reduce_scatter_algos) {
+          TEST_CUDA(cudaMemsetAsync(r.heap_out->ptr(), 0xEE, kSlice * elem, r.stream));
+          const CollectiveOptions o{algo, 0, max_blocks_for_calls()};
+          reduce_scatter(Operand(r.heap_out, 0), Operand(r.heap_in, 0), kSlice, type, ReduceOp::kAvg, *r.comm,
+                         r.stream, o);
+          r.comm->synchronize(r.stream);
+          check(std::string("reduce_scatter ") + algo_name(algo), kSlice, size_t(r.rank) * kSlice, r.heap_out->ptr());
+        }
+      }
+      // Integer averages are refused alike on every rank (symmem averages floating types only).
+      EXPECT_ERROR(all_reduce(Operand(r.heap_out, 0), Operand(r.heap_in, 0), 64, DataType::kInt32, ReduceOp::kAvg,
+                              *r.comm, r.stream),
+                   ErrorCode::kInvalidArgument, "avg needs a floating type");
+    });
+  }
+}
+
 TEST(shared_gpu_mismatched_call_fails_everywhere) {
   for (int world : shared_gpu_worlds()) {
     for (Algo algo : {Algo::kLowLatency, Algo::kOneShot, Algo::kTwoShotPush}) {

@@ -59,16 +59,12 @@ TEST(nccl_routing_serves_what_symmem_implements) {
   for (ncclRedOp_t op : {ncclProd, static_cast<ncclRedOp_t>(ncclNumOps + 1)})
     EXPECT(route_of(call_of(Collective::kAllReduce, 1000, ncclFloat32, op), all) == Route::kNccl);
   EXPECT(route_of(call_of(Collective::kAllReduce, 1000, ncclInt32, ncclAvg), all) == Route::kNccl);
-  // fp16 averages: NCCL scales before summing, within fp16's range where the sum may not be.
-  for (Collective op : {Collective::kAllReduce, Collective::kReduceScatter})
-    EXPECT(route_of(call_of(op, 1000, ncclFloat16, ncclAvg, 4), all) == Route::kNccl);
-  // Floating averages with fp32's range: a sum, scaled by 1 / world afterwards.
-  for (ncclDataType_t type : {ncclFloat32, ncclBfloat16})
+  // Floating averages, float16 too: the kernels scale the float32 sum before rounding.
+  for (ncclDataType_t type : {ncclFloat32, ncclFloat16, ncclBfloat16})
     for (Collective op : {Collective::kAllReduce, Collective::kReduceScatter})
       EXPECT(route_of(call_of(op, 1000, type, ncclAvg, 4), all) == Route::kSymmem);
   const auto avg = symmem_form(call_of(Collective::kReduceScatter, 10, ncclBfloat16, ncclAvg, 4));
-  EXPECT(avg && avg->op == ReduceOp::kSum && avg->post_scale == 0.25f);
-  EXPECT(symmem_form(call_of(Collective::kAllReduce, 10, ncclFloat32, ncclSum, 4))->post_scale == 1.0f);
+  EXPECT(avg && avg->op == ReduceOp::kAvg && avg->count == 10);
   for (ncclDataType_t type : {ncclInt8, ncclUint8, ncclUint32, ncclInt64, ncclUint64, ncclFloat64, ncclFloat8e4m3})
     EXPECT(route_of(call_of(Collective::kAllReduce, 1000, type), all) == Route::kNccl);
   // Data movement serves every type (as bytes where symmem has no name for it).

@@ -577,3 +577,57 @@ TEST(small_all_gathers_and_reduce_scatters_take_low_latency_by_rule_and_table) {
   EXPECT_EQ(plan_all_gather(g, t).blocks, 8);
   EXPECT(plan_reduce(s, t).algo == Algo::kLowLatency);
 }
+
+TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
+  // The table's push all-reduce on symmetric operands with a 16 MiB budget (4 MiB areas): 16 MiB
+  // would run in 4 chunks; the two-shot pull reads the symmetric input and writes the symmetric
+  // output where they are, in one piece.
+  TuningTable t;
+  t.entries.push_back({"all_reduce", 2, size_t(1) << 40, Algo::kTwoShotPush, 128});
+  t.entries.push_back({"reduce_scatter", 2, size_t(1) << 40, Algo::kPush, 64});
+  ReduceRequest r;
+  r.elem_bytes = 2;
+  r.world = 2;
+  r.count = size_t(8) << 20;  // 16 MiB of bf16
+  r.in_symmetric = r.out_symmetric = true;
+  r.low_latency_capacity = 1 << 20;
+  r.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
+  ReducePlan p = plan_reduce(r, t);
+  EXPECT(p.algo == Algo::kTwoShot && p.chunk_elements >= r.count && !p.stage_input && !p.gather_via_staging);
+  // Chunks of 32 MiB or more keep the table's push (the default 256 MiB budget: 64 MiB areas).
+  r.workspace = WorkspaceLimits{size_t(64) << 20, size_t(32) << 20};
+  r.count = size_t(128) << 20;  // 256 MiB: 4 chunks of 64 MiB
+  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
+  // A local input: the pull would stage it (and in chunks); the push stays. So does the one-shot
+  // push of local operands whose pull would stage them in one piece.
+  r.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
+  r.count = size_t(8) << 20;
+  r.in_symmetric = false;
+  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
+  {
+    TuningTable one_shot;
+    one_shot.entries.push_back({"all_reduce", 2, size_t(1) << 40, Algo::kOneShotPush, 132});
+    ReduceRequest staged = r;
+    staged.out_symmetric = false;
+    staged.count = size_t(2) << 20;  // 4 MiB: 4 chunks of the 1 MiB receive slots; one staging area
+    EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShotPush);
+  }
+  // A choice by name, or by SYMMEM_ALGO, stands.
+  r.in_symmetric = true;
+  r.options.algo = Algo::kTwoShotPush;
+  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
+  r.options.algo = Algo::kAuto;
+  r.forced = Algo::kTwoShotPush;
+  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
+  r.forced = Algo::kAuto;
+  // Reduce-scatter: the push's receive slots (1 MiB per sender here) against the pull of the
+  // symmetric input in one piece.
+  r.reduce_scatter = true;
+  r.count = size_t(2) << 20;  // 4 MiB per rank
+  p = plan_reduce(r, t);
+  EXPECT(p.algo == Algo::kPull && p.chunk_elements >= r.count);
+  // In one chunk, the table's push stays.
+  r.count = size_t(256) << 10;
+  EXPECT(plan_reduce(r, t).algo == Algo::kPush);
+}
+

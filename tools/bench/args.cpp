@@ -158,6 +158,10 @@ bool parse_args(const std::vector<std::string>& argv, Args* a, std::string* erro
       } else if (f == "-o") {
         const std::string o = value();
         if (!parse_reduce_op(o, &a->reduce_op)) throw std::invalid_argument("unknown reduction '" + o + "'");
+        // Every row is checked for equality with sums of small integers, which an average is not.
+        if (a->reduce_op == ReduceOp::kAvg)
+          throw std::invalid_argument("-o avg: symmem-bench checks exact results (sum, max, min); nccl-tests "
+                                      "through libsymmem_nccl.so measure averages");
       } else if (f == "--blocks")
         a->blocks = parse_int_list(value());
       else if (f == "--algos") {

@@ -23,20 +23,19 @@ from .errors import refused
 REDUCIBLE = {getattr(torch, name): value for name, value in _native.DTYPES.items()
              if name != "uint8" and isinstance(getattr(torch, name, None), torch.dtype)}
 BYTES = _native.DTYPES["uint8"]
-# reduce_op -> (symmem::ReduceOp value, divide by the world after): avg is a sum and one division.
-REDUCE_OPS = {name: (value, False) for name, value in _native.REDUCE_OPS.items()}
-REDUCE_OPS["avg"] = (_native.REDUCE_OPS["sum"], True)
+# reduce_op -> symmem::ReduceOp value ("avg": the kernels divide the float32 sum before rounding).
+REDUCE_OPS = dict(_native.REDUCE_OPS)
 current_stream = torch._C._cuda_getCurrentRawStream
 
 
 def reduce_code(reduce_op, dtype, op):
-    """(symmem::ReduceOp, divide) of a reduction, or the TypeError/ValueError that says why not."""
-    entry = REDUCE_OPS.get(reduce_op)
-    if entry is None:
+    """The symmem::ReduceOp of a reduction, or the TypeError/ValueError that says why not."""
+    code = REDUCE_OPS.get(reduce_op)
+    if code is None:
         raise ValueError(f"symmem.{op}: reduce_op {reduce_op!r} is not one of {sorted(REDUCE_OPS)}")
-    if entry[1] and not dtype.is_floating_point:
+    if reduce_op == "avg" and not dtype.is_floating_point:
         raise TypeError(f"symmem.{op}: reduce_op 'avg' needs a floating dtype, got {dtype}")
-    return entry
+    return code
 
 
 def dtype_code(dtype, op):
@@ -73,14 +72,14 @@ def _refuse_closed(comm):
 def all_reduce(comm, out, inp, reduce_op, algo=0, max_blocks=-1):
     """out = reduce_op over the group of inp (out may be inp: in place)."""
     dtype = REDUCIBLE.get(inp.dtype)
-    entry = REDUCE_OPS.get(reduce_op)
+    code = REDUCE_OPS.get(reduce_op)
     # The eager hot path (vLLM-style and drop-in calls): each property read once, the common case
     # decided in one expression; anything unusual takes the checks that say what is wrong.
-    if (dtype is None or entry is None or comm.closed or not inp.is_contiguous() or inp.get_device() != comm.device
-            or (entry[1] and not inp.is_floating_point())):
+    if (dtype is None or code is None or comm.closed or not inp.is_contiguous() or inp.get_device() != comm.device
+            or (reduce_op == "avg" and not inp.is_floating_point())):
         _refuse_closed(comm)
         dtype = dtype_code(inp.dtype, "all_reduce")
-        entry = reduce_code(reduce_op, inp.dtype, "all_reduce")
+        code = reduce_code(reduce_op, inp.dtype, "all_reduce")
         try:
             check_operand(inp, "input", "all_reduce", comm)
         except ValueError as cause:
@@ -97,9 +96,7 @@ def all_reduce(comm, out, inp, reduce_op, algo=0, max_blocks=-1):
         except (TypeError, ValueError) as cause:
             raise refused(comm, "symmem.all_reduce", cause) from cause
         out_ptr = out.data_ptr()
-    comm.core.all_reduce(out_ptr, ptr, inp.numel(), dtype, entry[0], current_stream(comm.device), algo, 0, max_blocks)
-    if entry[1]:
-        out.div_(comm.world)
+    comm.core.all_reduce(out_ptr, ptr, inp.numel(), dtype, code, current_stream(comm.device), algo, 0, max_blocks)
 
 
 def all_gather(comm, out, inp, algo=0, max_blocks=-1, op="all_gather_into_tensor"):
@@ -123,7 +120,7 @@ def reduce_scatter(comm, out, inp, reduce_op, algo=0, max_blocks=-1):
     """out = this rank's slice (1/world of inp, in rank order) of reduce_op over the group of inp."""
     _refuse_closed(comm)
     dtype = dtype_code(inp.dtype, "reduce_scatter_tensor")
-    code, divide = reduce_code(reduce_op, inp.dtype, "reduce_scatter_tensor")
+    code = reduce_code(reduce_op, inp.dtype, "reduce_scatter_tensor")
     try:
         check_operand(inp, "input", "reduce_scatter_tensor", comm)
         check_operand(out, "out", "reduce_scatter_tensor", comm)
@@ -135,8 +132,6 @@ def reduce_scatter(comm, out, inp, reduce_op, algo=0, max_blocks=-1):
         raise refused(comm, "symmem.reduce_scatter_tensor", cause) from cause
     comm.core.reduce_scatter(out.data_ptr(), inp.data_ptr(), out.numel(), dtype, code, current_stream(comm.device),
                              algo, 0, max_blocks)
-    if divide:
-        out.div_(comm.world)
 
 
 def describe(comm, collective, out, inp):

@@ -467,10 +467,10 @@ def test_cuda_kernels_pass_the_right_arguments_to_the_core(group_name, fake_grou
     assert r.shape == (2, 3)
     assert comm.core.calls[-1] == ("reduce_scatter", r.data_ptr(), x.data_ptr(), 6, _native.DTYPES["bfloat16"],
                                    _native.REDUCE_OPS["sum"], 1234, 0, 0, -1)
-    # avg: a sum, then one division by the world.
+    # avg: the core's own reduction (its kernels divide the sum); nothing runs after it.
     z = torch.full((4,), 8.0)
     ops._all_reduce_inplace_cuda(z, "avg", "fake")
-    assert comm.core.calls[-1][5] == _native.REDUCE_OPS["sum"] and torch.equal(z, torch.full((4,), 2.0))
+    assert comm.core.calls[-1][5] == _native.REDUCE_OPS["avg"] and torch.equal(z, torch.full((4,), 8.0))
     # List gather straight into adjacent outputs; otherwise through one buffer and copies.
     flat = torch.empty(4 * 24, dtype=torch.bfloat16)
     ops._all_gather_list_cuda(x, "fake", list(flat.view(4, 8, 3).unbind(0)))

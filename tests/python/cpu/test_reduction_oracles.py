@@ -41,7 +41,7 @@ def test_symmem_order_is_float32_in_rank_order_rounded_once():
     assert _ring(parts).item() == 1.0
     assert testing.wrong_elements(_ring(parts), parts, SYMMEM).all()
     assert not testing.wrong_elements(_ring(parts), parts, ANY).any()  # within 2 bf16 roundings
-    # avg divides the rounded sum in the type; int32 wraps; max/min ignore NaN.
+    # avg scales the float32 sum by 1/W, then rounds once; int32 wraps; max/min ignore NaN.
     assert testing.in_symmem_order(parts, "avg").item() == ((1 + 2.0 ** -7) / 3.0)
     ints = torch.tensor([[2 ** 31 - 1], [1]], dtype=torch.int32)
     assert testing.in_symmem_order(ints).item() == -(2 ** 31)
