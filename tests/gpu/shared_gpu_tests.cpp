@@ -384,13 +384,28 @@ uint16_t to_bits16(float x, DataType type) {
 
 float from_bits16(uint16_t bits, DataType type) {
   if (type == DataType::kFloat16) {
-    __half h;
-    std::memcpy(&h, &bits, 2);
-    return __half2float(h);
+    __half_raw raw;
+    raw.x = bits;
+    return __half2float(__half(raw));
   }
-  __nv_bfloat16 b;
-  std::memcpy(&b, &bits, 2);
-  return __bfloat162float(b);
+  __nv_bfloat16_raw raw;
+  raw.x = bits;
+  return __bfloat162float(__nv_bfloat16(raw));
+}
+
+// count values of `type` (float32, float16 or bfloat16), value i being value_of(i) rounded to it.
+std::vector<uint8_t> encoded(size_t count, DataType type, const std::function<float(size_t)>& value_of) {
+  std::vector<uint8_t> bytes(count * dtype_size(type));
+  for (size_t i = 0; i < count; ++i) {
+    const float v = value_of(i);
+    if (type == DataType::kFloat32) {
+      std::memcpy(&bytes[i * 4], &v, 4);
+    } else {
+      const uint16_t b = to_bits16(v, type);
+      std::memcpy(&bytes[i * 2], &b, 2);
+    }
+  }
+  return bytes;
 }
 
 bool is_nan_bits(uint16_t bits, DataType type) {
@@ -408,17 +423,8 @@ TEST(shared_gpu_max_min_ignore_nan_as_nccl) {
   for (int world : shared_gpu_worlds()) {
     run_ranks(world, [&](Rank& r) {
       for (DataType type : types) {
-        const size_t elem = dtype_size(type);
-        std::vector<uint8_t> input(kCount * elem);
-        for (size_t i = 0; i < kCount; ++i) {
-          const float v = nan_test_value(r.rank, i, world);
-          if (type == DataType::kFloat32) {
-            std::memcpy(&input[i * 4], &v, 4);
-          } else {
-            const uint16_t b = to_bits16(v, type);
-            std::memcpy(&input[i * 2], &b, 2);
-          }
-        }
+        const std::vector<uint8_t> input =
+            encoded(kCount, type, [&](size_t i) { return nan_test_value(r.rank, i, world); });
         for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
           for (Algo algo : algos) {
             // Heap operands (symmetric): every algorithm takes them.
@@ -513,16 +519,8 @@ TEST(shared_gpu_averages_scale_the_float32_sum_once) {
                           std::to_string(first_wrong));
         };
         auto upload = [&](size_t count) {
-          std::vector<uint8_t> input(count * elem);
-          for (size_t i = 0; i < count; ++i) {
-            const float v = average_test_value(r.rank, i, type);
-            if (type == DataType::kFloat32) {
-              std::memcpy(&input[i * 4], &v, 4);
-            } else {
-              const uint16_t b = to_bits16(v, type);
-              std::memcpy(&input[i * 2], &b, 2);
-            }
-          }
+          const std::vector<uint8_t> input =
+              encoded(count, type, [&](size_t i) { return average_test_value(r.rank, i, type); });
           TEST_CUDA(cudaMemcpyAsync(r.heap_in->ptr(), input.data(), input.size(), cudaMemcpyHostToDevice, r.stream));
           TEST_CUDA(cudaMemcpyAsync(r.local_in.ptr, input.data(), input.size(), cudaMemcpyHostToDevice, r.stream));
         };
