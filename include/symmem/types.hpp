@@ -12,7 +12,8 @@ constexpr int kMaxWorld = 8;
 
 enum class DataType { kFloat32, kFloat16, kBFloat16, kInt32, kUInt8 };
 // kAvg: the float32 sum times 1 / world (a correctly rounded float32) before the one rounding to
-// the element type (floating types only), in the reduction kernels themselves.
+// the element type (floating types only), in the reduction kernels themselves. The fused
+// matmul_reduce_scatter has no average (symmem.torch divides its rounded sum: fused.md).
 enum class ReduceOp { kSum, kMax, kMin, kAvg };
 
 // What a collective runs. kAuto asks the planner (tuning table, then built-in rules);

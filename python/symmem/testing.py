@@ -123,6 +123,8 @@ def in_symmem_order(parts, op="sum"):
     for part in parts[1:]:
         total += part.to(accumulate)
     if op == "avg":
+        if not dtype.is_floating_point:
+            raise ValueError(f"symmem averages floating types only, not {dtype}")
         # The kernels multiply the float32 sum by 1/W rounded to float32 (float64's 1/W rounds to
         # the same float32 for every W up to 8), one product rounded once.
         total = total * torch.tensor(1.0 / world, dtype=accumulate, device=total.device)

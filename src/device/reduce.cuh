@@ -1,7 +1,8 @@
 // Element reduction for all-reduce and reduce-scatter. 16-bit types accumulate in fp32; sources
 // are always combined in rank order 0..world-1, so every rank computes bit-identical results
 // whatever order the ranks arrived in. An average is the float32 sum times the correctly rounded
-// float32 reciprocal of the world (exact for 2, 4 and 8 ranks; a multiply, where a correctly
+// float32 reciprocal of the world (exact for 2, 4 and 8 ranks but for float32 subnormal results;
+// a multiply, where a correctly
 // rounded division is a subroutine that spills registers in the vector loops), before the one
 // rounding to the type: no second pass, and no overflow of float16's range by a sum whose average
 // fits.

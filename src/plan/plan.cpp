@@ -172,7 +172,8 @@ ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table
 
 // Below this many bytes per chunk, a chunked push all-reduce (or reduce-scatter) loses to the pull
 // algorithm run in one piece on symmetric operands, which it reads and writes where they are (a
-// staged pull copies the whole input first: not taken): every chunk adds a launch and two barriers (7-9 us on
+// staged pull copies the whole input first: not taken), with the pull's own block count (the
+// table's was measured for the push): every chunk adds a launch and two barriers (7-9 us on
 // 2 x H200) where pull costs about 5 % more time than push per byte. Measured on 2 x H200 at 3e820ed
 // (bench/results/h200x2/all_reduce_2.csv; nccl_tests_windows_2.csv through libsymmem_nccl.so, whose
 // 16 MiB budget cuts a push into 4 MiB chunks): 16 MiB two_shot pull 60 us in one piece against
@@ -184,12 +185,15 @@ constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 
 ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   ReducePlan plan = plan_reduce_as_asked(r, table);
-  // Only a choice of the table or the built-in rule is revisited; one a caller or SYMMEM_ALGO made
-  // stands. Every input here is agreed, so every rank revisits alike.
-  const Algo pull = r.reduce_scatter ? Algo::kPull : Algo::kTwoShot;
-  if (r.options.algo != Algo::kAuto || r.forced != Algo::kAuto || plan.algo == pull || plan.chunk_elements >= r.count ||
-      plan.chunk_elements * r.elem_bytes >= kChunkedPushLosesBelowBytes)
+  // Only a push the table or the built-in rule chose is revisited; an algorithm the caller or
+  // SYMMEM_ALGO named (and that runs) stands. Every input here is agreed, so every rank revisits alike.
+  const Collective collective = r.reduce_scatter ? Collective::kReduceScatter : Collective::kAllReduce;
+  const Algorithm* forced = named_row(collective, r.forced);
+  const bool push = plan.receive_area || plan.kernel == KernelId::kAllReduceTwoShotPush;
+  if (r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo) || !push ||
+      plan.chunk_elements >= r.count || plan.chunk_elements * r.elem_bytes >= kChunkedPushLosesBelowBytes)
     return plan;
+  const Algo pull = r.reduce_scatter ? Algo::kPull : Algo::kTwoShot;
   ReduceRequest asked = r;
   asked.options.algo = pull;
   const ReducePlan whole = plan_reduce_as_asked(asked, table);

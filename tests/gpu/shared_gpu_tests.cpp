@@ -466,10 +466,10 @@ TEST(shared_gpu_max_min_ignore_nan_as_nccl) {
   }
 }
 
-// A call that differs on one rank (its count) fails on every rank, with an error, in time.
 // An average is the kernels' float32 sum times 1 / world (a correctly rounded float32), rounded
 // once to the type: compared bit for bit with that computation on the host (float32 sum in rank
-// order, one product, one rounding), for every algorithm of the all-reduce and the reduce-scatter. Inputs up to 40000 in magnitude: float16 sums of 2 or more ranks overflow its
+// order, one product, one rounding), for every algorithm of the all-reduce (in place too) and the
+// reduce-scatter. Inputs up to 40000 in magnitude: float16 sums of 2 or more ranks overflow its
 // range (65504) where the averages do not, so a sum rounded to float16 first would show as inf.
 namespace {
 
@@ -537,6 +537,13 @@ TEST(shared_gpu_averages_scale_the_float32_sum_once) {
                    CollectiveOptions{Algo::kAuto, 0, max_blocks_for_calls()});
         r.comm->synchronize(r.stream);
         check("all_reduce auto local", kCount, 0, r.local_out.ptr);
+        for (Algo algo : {Algo::kAuto, Algo::kTwoShot, Algo::kOneShotPush}) {  // in place: the heap input
+          upload(kCount);
+          all_reduce(Operand(r.heap_in, 0), Operand(r.heap_in, 0), kCount, type, ReduceOp::kAvg, *r.comm, r.stream,
+                     CollectiveOptions{algo, 0, max_blocks_for_calls()});
+          r.comm->synchronize(r.stream);
+          check(std::string("all_reduce ") + algo_name(algo) + " in place", kCount, 0, r.heap_in->ptr());
+        }
         upload(kSlice * size_t(world));
         for (Algo algo : reduce_scatter_algos) {
           TEST_CUDA(cudaMemsetAsync(r.heap_out->ptr(), 0xEE, kSlice * elem, r.stream));
@@ -555,6 +562,7 @@ TEST(shared_gpu_averages_scale_the_float32_sum_once) {
   }
 }
 
+// A call that differs on one rank (its count) fails on every rank, with an error, in time.
 TEST(shared_gpu_mismatched_call_fails_everywhere) {
   for (int world : shared_gpu_worlds()) {
     for (Algo algo : {Algo::kLowLatency, Algo::kOneShot, Algo::kTwoShotPush}) {

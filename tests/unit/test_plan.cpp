@@ -619,7 +619,19 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
   r.options.algo = Algo::kAuto;
   r.forced = Algo::kTwoShotPush;
   EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
+  // SYMMEM_ALGO naming no reduction (an all-gather's copy_engine) leaves the choice to the table.
+  r.forced = Algo::kCopyEngine;
+  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShot);
   r.forced = Algo::kAuto;
+  // Only pushes give way: the table's one-shot in place stages its input in chunks, and stays.
+  {
+    TuningTable one_shot;
+    one_shot.entries.push_back({"all_reduce", 2, size_t(1) << 40, Algo::kOneShot, 64});
+    ReduceRequest in_place = r;
+    in_place.in_place = true;
+    const ReducePlan staged = plan_reduce(in_place, one_shot);
+    EXPECT(staged.algo == Algo::kOneShot && staged.stage_input && staged.chunk_elements < in_place.count);
+  }
   // Reduce-scatter: the push's receive slots (1 MiB per sender here) against the pull of the
   // symmetric input in one piece.
   r.reduce_scatter = true;

@@ -85,6 +85,9 @@ TEST(signatures_tell_apart_calls_that_must_not_meet) {
   const uint32_t max = signature_of(c);
   c.reduce = ReduceOp::kSum;
   EXPECT(signature_of(c) != max);
+  const uint32_t sum = signature_of(c);
+  c.reduce = ReduceOp::kAvg;  // a rank averaging beside a peer summing is a mismatch
+  EXPECT(signature_of(c) != sum && signature_of(c) != max);
   EXPECT_EQ(signature_of(gather(100000, DataType::kFloat16)), base);  // deterministic
 }
 

@@ -9,8 +9,8 @@
     symmem.torch.fsdp.enable(model)      # every FSDP module of the model
 
 ``SymmemAllGather`` runs the copy-engine all-gather by default: the copies take no SM from the
-GEMMs it overlaps. ``SymmemReduceScatter`` runs symmem's SM reduce-scatter (sum, or avg as a sum
-and one division), and falls back to torch.distributed for reduce ops symmem does not have (a
+GEMMs it overlaps. ``SymmemReduceScatter`` runs symmem's SM reduce-scatter (sum, or avg: the
+kernel scales the float32 sum by 1 / group size before its one rounding), and falls back to torch.distributed for reduce ops symmem does not have (a
 pre-multiplied sum, which FSDP asks for only under ``set_gradient_divide_factor``), saying so once.
 
 Buffers. FSDP asks the comm for its buffers (``allocate``) and frees them only after its streams
@@ -184,7 +184,7 @@ class SymmemAllGather(_Comm, _AllGatherBase):
 
 
 class SymmemReduceScatter(_Comm, _ReduceScatterBase):
-    """FSDP2's reduce-scatter on symmem (sum; avg as a sum and a division by the group size).
+    """FSDP2's reduce-scatter on symmem (sum; avg, which the kernel scales before rounding).
 
     Only the input is lent (peers read it: zero copy). FSDP asks for the input, then for the
     output (1/world of it), which becomes the sharded gradients: that comes from the caching

@@ -41,8 +41,8 @@ _OP_NAMES = {dist.ReduceOp.AVG: "avg", dist.ReduceOp.SUM: "sum"}  # what FSDP as
 
 class RankOrderReduceScatter(ReduceScatter):
     """FSDP's reduce-scatter computed as symmem documents its own: NCCL gathers every rank's input
-    (bytes, exactly), this rank's slice is summed in fp32 in rank order and rounded once (avg: then
-    divided by the world size), with symmem.testing's reference."""
+    (bytes, exactly), this rank's slice is summed in fp32 in rank order (avg: then scaled by 1 /
+    world size) and rounded once, with symmem.testing's reference."""
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
