@@ -172,8 +172,9 @@ ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table
 
 // Below this many bytes per chunk, a chunked push all-reduce (or reduce-scatter) loses to the pull
 // algorithm run in one piece on symmetric operands, which it reads and writes where they are (a
-// staged pull copies the whole input first: not taken), with the pull's own block count (the
-// table's was measured for the push): every chunk adds a launch and two barriers (7-9 us on
+// staged pull copies the whole input first: not taken), with the pull's block count (the caller's
+// or SYMMEM_BLOCKS', else the built-in rule's: the table's was measured for the push): every
+// chunk adds a launch and two barriers (7-9 us on
 // 2 x H200) where pull costs about 5 % more time than push per byte. Measured on 2 x H200 at 3e820ed
 // (bench/results/h200x2/all_reduce_2.csv; nccl_tests_windows_2.csv through libsymmem_nccl.so, whose
 // 16 MiB budget cuts a push into 4 MiB chunks): 16 MiB two_shot pull 60 us in one piece against
@@ -190,8 +191,10 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   const Collective collective = r.reduce_scatter ? Collective::kReduceScatter : Collective::kAllReduce;
   const Algorithm* forced = named_row(collective, r.forced);
   const bool push = plan.receive_area || plan.kernel == KernelId::kAllReduceTwoShotPush;
+  // A chunk's share of the message: a reduce-scatter chunk covers chunk_elements of every rank's slice.
+  const size_t chunk_bytes = plan.chunk_elements * r.elem_bytes * (r.reduce_scatter ? size_t(r.world) : 1);
   if (r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo) || !push ||
-      plan.chunk_elements >= r.count || plan.chunk_elements * r.elem_bytes >= kChunkedPushLosesBelowBytes)
+      plan.chunk_elements >= r.count || chunk_bytes >= kChunkedPushLosesBelowBytes)
     return plan;
   const Algo pull = r.reduce_scatter ? Algo::kPull : Algo::kTwoShot;
   ReduceRequest asked = r;

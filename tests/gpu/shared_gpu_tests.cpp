@@ -468,8 +468,8 @@ TEST(shared_gpu_max_min_ignore_nan_as_nccl) {
 
 // An average is the kernels' float32 sum times 1 / world (a correctly rounded float32), rounded
 // once to the type: compared bit for bit with that computation on the host (float32 sum in rank
-// order, one product, one rounding), for every algorithm of the all-reduce (in place too) and the
-// reduce-scatter. Inputs up to 40000 in magnitude: float16 sums of 2 or more ranks overflow its
+// order, one product, one rounding), for every algorithm of the all-reduce and the reduce-scatter,
+// in place too. Inputs up to 40000 in magnitude: float16 sums of 2 or more ranks overflow its
 // range (65504) where the averages do not, so a sum rounded to float16 first would show as inf.
 namespace {
 
@@ -537,7 +537,7 @@ TEST(shared_gpu_averages_scale_the_float32_sum_once) {
                    CollectiveOptions{Algo::kAuto, 0, max_blocks_for_calls()});
         r.comm->synchronize(r.stream);
         check("all_reduce auto local", kCount, 0, r.local_out.ptr);
-        for (Algo algo : {Algo::kAuto, Algo::kTwoShot, Algo::kOneShotPush}) {  // in place: the heap input
+        for (Algo algo : all_reduce_algos) {  // in place: the heap input
           upload(kCount);
           all_reduce(Operand(r.heap_in, 0), Operand(r.heap_in, 0), kCount, type, ReduceOp::kAvg, *r.comm, r.stream,
                      CollectiveOptions{algo, 0, max_blocks_for_calls()});
@@ -552,6 +552,14 @@ TEST(shared_gpu_averages_scale_the_float32_sum_once) {
                          r.stream, o);
           r.comm->synchronize(r.stream);
           check(std::string("reduce_scatter ") + algo_name(algo), kSlice, size_t(r.rank) * kSlice, r.heap_out->ptr());
+          // In place: this rank's slice of the input is the output.
+          upload(kSlice * size_t(world));
+          const size_t mine = size_t(r.rank) * kSlice * elem;
+          reduce_scatter(Operand(r.heap_in, mine), Operand(r.heap_in, 0), kSlice, type, ReduceOp::kAvg, *r.comm,
+                         r.stream, o);
+          r.comm->synchronize(r.stream);
+          check(std::string("reduce_scatter ") + algo_name(algo) + " in place", kSlice, size_t(r.rank) * kSlice,
+                static_cast<char*>(r.heap_in->ptr()) + mine);
         }
       }
       // Integer averages are refused alike on every rank (symmem averages floating types only).

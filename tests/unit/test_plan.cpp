@@ -619,8 +619,11 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
   r.options.algo = Algo::kAuto;
   r.forced = Algo::kTwoShotPush;
   EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
-  // SYMMEM_ALGO naming no reduction (an all-gather's copy_engine) leaves the choice to the table.
+  // SYMMEM_ALGO naming no reduction (an all-gather's copy_engine), or a low-latency one this
+  // message is too large for, leaves the choice to the table, and the rule.
   r.forced = Algo::kCopyEngine;
+  EXPECT(plan_reduce(r, t).algo == Algo::kTwoShot);
+  r.forced = Algo::kLowLatency;
   EXPECT(plan_reduce(r, t).algo == Algo::kTwoShot);
   r.forced = Algo::kAuto;
   // Only pushes give way: the table's one-shot in place stages its input in chunks, and stays.
@@ -638,6 +641,19 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
   r.count = size_t(2) << 20;  // 4 MiB per rank
   p = plan_reduce(r, t);
   EXPECT(p.algo == Algo::kPull && p.chunk_elements >= r.count);
+  // Its push named by the earlier alias (SYMMEM_ALGO=two_shot_push) stands.
+  r.forced = Algo::kTwoShotPush;
+  EXPECT(plan_reduce(r, t).algo == Algo::kPush);
+  r.forced = Algo::kAuto;
+  // The default workspace's receive slots (8 MiB per sender at 4 ranks: chunks of 32 MiB of the
+  // input) keep the push.
+  r.world = 4;
+  r.workspace = WorkspaceLimits{size_t(64) << 20, size_t(32) << 20};
+  r.count = size_t(8) << 20;  // 16 MiB per rank: 2 chunks
+  t.entries.push_back({"reduce_scatter", 4, size_t(1) << 40, Algo::kPush, 64});
+  EXPECT(plan_reduce(r, t).algo == Algo::kPush);
+  r.world = 2;
+  r.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
   // In one chunk, the table's push stays.
   r.count = size_t(256) << 10;
   EXPECT(plan_reduce(r, t).algo == Algo::kPush);

@@ -23,7 +23,7 @@ from .errors import refused
 REDUCIBLE = {getattr(torch, name): value for name, value in _native.DTYPES.items()
              if name != "uint8" and isinstance(getattr(torch, name, None), torch.dtype)}
 BYTES = _native.DTYPES["uint8"]
-# reduce_op -> symmem::ReduceOp value ("avg": the kernels divide the float32 sum before rounding).
+# reduce_op -> symmem::ReduceOp value ("avg": the kernels scale the float32 sum by 1/W before rounding).
 REDUCE_OPS = dict(_native.REDUCE_OPS)
 current_stream = torch._C._cuda_getCurrentRawStream
 

@@ -29,7 +29,8 @@ Which kernel: float16 / bfloat16 with the gathered (scattered) dim not the last,
 and n multiples of 8 run symmem's fused ops (fused.py: the first B; further Bs multiply the gathered
 A it hands back); any other case runs symmem's all-gather (reduce-scatter) and torch.matmul, with
 the same layout. "avg" on the fused path divides the sum, rounded once to the output type, by the
-group size: exact for groups of 2, 4 or 8 ranks, one more rounding otherwise (and a float16 sum past
+group size: exact for groups of 2, 4 or 8 ranks but for subnormal quotients, one more rounding
+otherwise (and a float16 sum past
 65504 is inf first), where the unfused path's kernels scale the float32 sum before their one
 rounding: the two may differ in the last bit at other group sizes (docs/fused.md).
 """

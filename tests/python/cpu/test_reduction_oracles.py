@@ -189,18 +189,21 @@ def test_symmem_average_scales_the_float32_sum_before_rounding():
     # float16 40000 + 40000 overflows float16 (65504) but not float32: the average is 40000.
     big = torch.tensor([[40000.0], [40000.0]], dtype=torch.float16)
     assert testing.in_symmem_order(big, "avg").item() == 40000.0
-    # At 3 ranks the product of the float32 sum and float32(1/3), rounded once, differs from the sum
-    # rounded to bf16 and then divided in bf16 (two more roundings) at some elements; computed
-    # here with numpy's float32 arithmetic, independently of torch.
+    # At 3 ranks: float32 inputs summed in rank order, times float32(1/3), rounded once. A division
+    # by 3 (or the average in float64) differs from that product at many elements, and so does
+    # bf16's sum rounded and then divided in the type; computed here with numpy's float32
+    # arithmetic, independently of torch.
     np = pytest.importorskip("numpy")
-    parts = _parts(3, 4096, torch.bfloat16, seed=11)
-    rows = parts.float().numpy()
-    scaled = (rows[0] + rows[1] + rows[2]) * (np.float32(1.0) / np.float32(3.0))
-    expected = torch.from_numpy(scaled.astype(np.float32)).to(torch.bfloat16)
+    parts = _parts(3, 4096, torch.float32, seed=11)
+    rows = parts.numpy()
+    total = (rows[0] + rows[1]) + rows[2]
+    assert total.dtype == np.float32
+    product = total * (np.float32(1.0) / np.float32(3.0))
     got = testing.in_symmem_order(parts, "avg")
-    assert torch.equal(got, expected)
-    twice_rounded = (parts.float().sum(0).to(torch.bfloat16).float() / 3).to(torch.bfloat16)
-    assert not torch.equal(got, twice_rounded)
-    assert not testing.wrong_elements(got, parts, SYMMEM, "avg").any()
+    assert torch.equal(got, torch.from_numpy(product))
+    assert not torch.equal(got, torch.from_numpy(total / np.float32(3.0)))
+    halves = parts.to(torch.bfloat16)
+    twice_rounded = (halves.float().sum(0).to(torch.bfloat16).float() / 3).to(torch.bfloat16)
+    assert not torch.equal(testing.in_symmem_order(halves, "avg"), twice_rounded)
     with pytest.raises(ValueError, match="floating types only"):
         testing.in_symmem_order(torch.ones(2, 3, dtype=torch.int32), "avg")
