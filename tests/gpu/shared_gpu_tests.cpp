@@ -544,8 +544,8 @@ TEST(shared_gpu_averages_scale_the_float32_sum_once) {
           r.comm->synchronize(r.stream);
           check(std::string("all_reduce ") + algo_name(algo) + " in place", kCount, 0, r.heap_in->ptr());
         }
-        upload(kSlice * size_t(world));
         for (Algo algo : reduce_scatter_algos) {
+          upload(kSlice * size_t(world));  // the in-place call below overwrites this rank's slice
           TEST_CUDA(cudaMemsetAsync(r.heap_out->ptr(), 0xEE, kSlice * elem, r.stream));
           const CollectiveOptions o{algo, 0, max_blocks_for_calls()};
           reduce_scatter(Operand(r.heap_out, 0), Operand(r.heap_in, 0), kSlice, type, ReduceOp::kAvg, *r.comm,
