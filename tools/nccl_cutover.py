@@ -11,8 +11,9 @@ For each (collective, world, buffer kind) and size, symmem keeps the size when i
 NCCL by more than --margin (geometric mean over the types and reductions symmem served of NCCL's
 time over symmem's, each library's better of out-of-place and in-place); otherwise NCCL takes it.
 Runs of sizes with the same route become one row each, a row ending halfway (geometrically) between
-the last size of its run and the first of the next; the last row reaches past the largest size
-measured.
+the last size of its run and the first of the next, except that a staged symmem row followed by NCCL
+ends at one staging area (a quarter of workspace_mb) when its last size is within it (past it the
+call runs in chunks); the last row reaches past the largest size measured.
 
 --served-only takes a run of the default mode (SYMMEM_NCCL=auto) instead: only the sizes the shim
 served were measured on both libraries. Where NCCL won the largest of them, its row reaches past it
@@ -57,6 +58,7 @@ def main():
     if len(workspaces) != 1 or not next(iter(workspaces)):
         sys.exit(f"the shim's rows must share one workspace_mb, found {sorted(workspaces)}")
     workspace_mb = int(next(iter(workspaces)))
+    staging_area = (workspace_mb << 20) // 4  # the shim's staging area (src/nccl/serve_plan.cpp)
 
     key = lambda r: (r["collective"], int(r["ranks"]), r.get("buffers") or "staged", r["type"], r["redop"],
                      int(r["size"]))
@@ -84,6 +86,10 @@ def main():
                 max_bytes = size if args.served_only and route == "symmem" else BEYOND
             else:
                 max_bytes = math.isqrt(size * sizes[i + 1][0])  # halfway to the next measured size
+                if buffers == "staged" and route == "symmem":
+                    # Past one staging area a staged call runs in chunks, another regime: a symmem
+                    # row reaches past that boundary only as far as a size measured there.
+                    max_bytes = min(max_bytes, max(size, staging_area))
             entries.append({"op": collective, "world": world, "buffers": buffers, "nodes": 1,
                             "max_bytes": max_bytes, "route": route, "speedup": round(mean, 3)})
     table = {"gpu": args.gpu, "command": "tools/nccl_cutover.py " + " ".join(sys.argv[1:]),

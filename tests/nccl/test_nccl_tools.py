@@ -194,6 +194,24 @@ def as_default_mode_run(tmp_path, csv_path):
     return auto
 
 
+def test_cutover_ends_a_staged_symmem_row_at_one_staging_area(ab_run):
+    # The same run at 1, 4 and 16 MiB: halfway between 4 and 16 MiB is 8 MiB, but past one staging
+    # area (4 MiB of the 16 MiB workspace) a staged call runs in chunks, so symmem's row ends there.
+    tmp_path, csv_path = ab_run
+    rows = list(csv.DictReader(open(csv_path)))
+    for r in rows:
+        r["size"] = str(int(r["size"]) << 10)
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    out = tmp_path / "t.json"
+    rc, text = run(CUTOVER, str(csv_path), "--gpu", "g", "--out", str(out))
+    assert rc == 0, text
+    entries = [(e["max_bytes"], e["route"]) for e in json.load(open(out))["entries"]]
+    assert entries == [(4 << 20, "symmem"), (1 << 40, "nccl")]
+
+
 def test_cutover_needs_a_run_that_served_everything(ab_run):
     tmp_path, csv_path = ab_run
     auto = as_default_mode_run(tmp_path, csv_path)
