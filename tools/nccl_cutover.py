@@ -12,8 +12,9 @@ NCCL by more than --margin (geometric mean over the types and reductions symmem 
 time over symmem's, each library's better of out-of-place and in-place); otherwise NCCL takes it.
 Runs of sizes with the same route become one row each, a row ending halfway (geometrically) between
 the last size of its run and the first of the next, except that a staged symmem row followed by NCCL
-ends at one staging area (a quarter of workspace_mb) when its last size is within it (past it the
-call runs in chunks); the last row reaches past the largest size measured.
+is not carried past one staging area (a quarter of workspace_mb, the shim's built-in limit) beyond
+its last measured size (past it a staged call runs in chunks); the last row reaches past the
+largest size measured.
 
 --served-only takes a run of the default mode (SYMMEM_NCCL=auto) instead: only the sizes the shim
 served were measured on both libraries. Where NCCL won the largest of them, its row reaches past it
@@ -27,6 +28,7 @@ import csv
 import datetime
 import json
 import math
+import shlex
 import sys
 
 BEYOND = 1 << 40  # the last row of each (collective, world, buffers) covers every larger size
@@ -87,12 +89,12 @@ def main():
             else:
                 max_bytes = math.isqrt(size * sizes[i + 1][0])  # halfway to the next measured size
                 if buffers == "staged" and route == "symmem":
-                    # Past one staging area a staged call runs in chunks, another regime: a symmem
-                    # row reaches past that boundary only as far as a size measured there.
+                    # Past one staging area a staged call runs in chunks (another regime): a symmem
+                    # row is not carried past it beyond its last measured size.
                     max_bytes = min(max_bytes, max(size, staging_area))
             entries.append({"op": collective, "world": world, "buffers": buffers, "nodes": 1,
                             "max_bytes": max_bytes, "route": route, "speedup": round(mean, 3)})
-    table = {"gpu": args.gpu, "command": "tools/nccl_cutover.py " + " ".join(sys.argv[1:]),
+    table = {"gpu": args.gpu, "command": shlex.join(["tools/nccl_cutover.py", *sys.argv[1:]]),
              "date": datetime.date.today().isoformat(), "workspace_mb": workspace_mb, "entries": entries}
     with open(args.out, "w") as f:
         json.dump(table, f, indent=2)

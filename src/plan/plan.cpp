@@ -176,10 +176,11 @@ ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table
 // or SYMMEM_BLOCKS', else the built-in rule's: the table's was measured for the push): every
 // chunk adds a launch and two barriers (7-9 us on
 // 2 x H200) where pull costs about 5 % more time than push per byte. Measured on 2 x H200 at 3e820ed
-// (bench/results/h200x2/all_reduce_2.csv; nccl_tests_windows_2.csv through libsymmem_nccl.so, whose
-// 16 MiB budget cuts a push into 4 MiB chunks): 16 MiB two_shot pull 60 us in one piece against
-// two_shot_push 83 us in 4 chunks, 256 MiB 825 us against 1305 us in 64 chunks, while two_shot_push
-// in 4 chunks of 64 MiB (789 us) still beats the pull.
+// (bench/results/h200x2/all_reduce_2.csv; nccl_tests_windows_2.csv as of commit 1b9647a, through
+// libsymmem_nccl.so, whose 16 MiB budget cuts a push into 4 MiB chunks): 16 MiB two_shot pull 60 us
+// in one piece against two_shot_push 83 us in 4 chunks, 256 MiB 825 us against 1305 us in 64
+// chunks, while two_shot_push in 4 chunks of 64 MiB (789 us) still beats the pull. With this rule
+// the shim's window all-reduce beats NCCL at 16-256 MiB (nccl_tests_windows_all_2.csv, 16856da).
 constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 
 }  // namespace

@@ -6,6 +6,7 @@ runs through the shim."""
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -194,22 +195,33 @@ def as_default_mode_run(tmp_path, csv_path):
     return auto
 
 
-def test_cutover_ends_a_staged_symmem_row_at_one_staging_area(ab_run):
-    # The same run at 1, 4 and 16 MiB: halfway between 4 and 16 MiB is 8 MiB, but past one staging
-    # area (4 MiB of the 16 MiB workspace) a staged call runs in chunks, so symmem's row ends there.
+@pytest.mark.parametrize("shift, buffers, symmem_to", [
+    (10, "staged", 4 << 20),     # 1, 4, 16 MiB: halfway to 16 MiB is 8 MiB, one staging area 4 MiB
+    (9, "staged", 4 << 20),      # 0.5, 2, 8 MiB: halfway 4 MiB, the area itself
+    (8, "staged", 2 << 20),      # 256 KiB, 1, 4 MiB: halfway 2 MiB, within the area
+    (11, "staged", 8 << 20),     # 2, 8, 32 MiB: symmem won past the area (8 MiB): no farther
+    (10, "window", 8 << 20),     # windows never chunk: halfway
+])
+def test_cutover_carries_no_staged_symmem_row_past_one_staging_area(ab_run, shift, buffers, symmem_to):
+    # The A/B run (symmem won 1 and 4 KiB, lost 16 KiB) at sizes 2^shift times larger. Past one
+    # staging area (4 MiB of the 16 MiB workspace) a staged call runs in chunks, so a staged symmem
+    # row ends at the area, or at its last measured size when that lies past the area.
     tmp_path, csv_path = ab_run
     rows = list(csv.DictReader(open(csv_path)))
     for r in rows:
-        r["size"] = str(int(r["size"]) << 10)
+        r["size"] = str(int(r["size"]) << shift)
+        r["buffers"] = buffers
     with open(csv_path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     out = tmp_path / "t.json"
-    rc, text = run(CUTOVER, str(csv_path), "--gpu", "g", "--out", str(out))
+    rc, text = run(CUTOVER, str(csv_path), "--gpu", "NVIDIA H200", "--out", str(out))
     assert rc == 0, text
-    entries = [(e["max_bytes"], e["route"]) for e in json.load(open(out))["entries"]]
-    assert entries == [(4 << 20, "symmem"), (1 << 40, "nccl")]
+    table = json.load(open(out))
+    assert [(e["buffers"], e["max_bytes"], e["route"]) for e in table["entries"]] == \
+        [(buffers, symmem_to, "symmem"), (buffers, 1 << 40, "nccl")]
+    assert shlex.split(table["command"])[-3:] == ["NVIDIA H200", "--out", str(out)]  # re-runnable as written
 
 
 def test_cutover_needs_a_run_that_served_everything(ab_run):
