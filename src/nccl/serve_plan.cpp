@@ -103,11 +103,11 @@ std::optional<SymmemCall> symmem_form(const NcclCall& call) {
       // uint8 has a symmem name but no reduction.
       if (!type || *type == DataType::kUInt8) return std::nullopt;
       const auto op = symmem_op(call.redop);
+      if (!op) return std::nullopt;
       // Integer averages round in NCCL's own way (symmem averages floating types only): forwarded.
       // A float16 average sums in float32 and scales before rounding, so it overflows no sooner
       // than NCCL's, which scales each input first.
-      if (op == ReduceOp::kAvg && *type == DataType::kInt32) return std::nullopt;
-      if (!op) return std::nullopt;
+      if (*op == ReduceOp::kAvg && *type == DataType::kInt32) return std::nullopt;
       return SymmemCall{*type, *op, call.count};
     }
     case Collective::kAllGather:

@@ -182,16 +182,20 @@ def test_cutover_table_from_an_ab_run(ab_run):
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+def rewrite_csv(src, dst, change):
+    """dst = the rows of CSV `src` as change(rows) returns them (same columns); dst may be src."""
+    rows = list(csv.DictReader(open(src)))
+    fields = list(rows[0])
+    with open(dst, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(change(rows))
+
+
 def as_default_mode_run(tmp_path, csv_path):
     """The A/B run's CSV as if the shim had run in its default mode (SYMMEM_NCCL=auto)."""
-    rows = list(csv.DictReader(open(csv_path)))
-    for r in rows:
-        r["shim_mode"] = "auto"
     auto = tmp_path / "auto.csv"
-    with open(auto, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    rewrite_csv(csv_path, auto, lambda rows: [{**r, "shim_mode": "auto"} for r in rows])
     return auto
 
 
@@ -207,14 +211,8 @@ def test_cutover_carries_no_staged_symmem_row_past_one_staging_area(ab_run, shif
     # staging area (4 MiB of the 16 MiB workspace) a staged call runs in chunks, so a staged symmem
     # row ends at the area, or at its last measured size when that lies past the area.
     tmp_path, csv_path = ab_run
-    rows = list(csv.DictReader(open(csv_path)))
-    for r in rows:
-        r["size"] = str(int(r["size"]) << shift)
-        r["buffers"] = buffers
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    rewrite_csv(csv_path, csv_path,
+                lambda rows: [{**r, "size": str(int(r["size"]) << shift), "buffers": buffers} for r in rows])
     out = tmp_path / "t.json"
     rc, text = run(CUTOVER, str(csv_path), "--gpu", "NVIDIA H200", "--out", str(out))
     assert rc == 0, text
@@ -242,11 +240,8 @@ def test_cutover_from_a_default_run_covers_the_served_sizes_only(ab_run):
     assert rc == 0, text
     entries = [(e["op"], e["world"], e["buffers"], e["max_bytes"], e["route"]) for e in json.load(open(out))["entries"]]
     assert entries == [("all_reduce", 2, "staged", 8192, "symmem"), ("all_reduce", 2, "staged", 1 << 40, "nccl")]
-    rows = list(csv.DictReader(open(auto)))
-    with open(auto, "w", newline="") as f:  # without the 16 KiB rows: symmem won the largest size
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(r for r in rows if r["size"] != "16384")
+    # Without the 16 KiB rows: symmem won the largest size.
+    rewrite_csv(auto, auto, lambda rows: [r for r in rows if r["size"] != "16384"])
     assert run(CUTOVER, str(auto), "--gpu", "NVIDIA H200", "--out", str(out), "--served-only")[0] == 0
     entries = [(e["op"], e["max_bytes"], e["route"]) for e in json.load(open(out))["entries"]]
     assert entries == [("all_reduce", 4096, "symmem")]
