@@ -79,6 +79,8 @@ all_gather_matmul_triton   the Triton all-gather + matmul example against the CU
 triton_gemm_vs_mm          the Triton example'"'"'s GEMM against torch.mm at world 1
 torch_collectives          symmem.bench.torch: the drop-ins against NCCL and torch symm_mem (Triton row too)
 torch_overhead             symmem.bench.overhead: host cost per call of each layer
+skew                       symmem.bench.skew: what a late rank costs an all-reduce beyond its lateness, NCCL against symmem
+skew_ab                    skew with this bundle and an older library alternating (bundle.sh OLD_CAPI)
 triton_all_gather          symmem.bench.kernels: user all-gather kernels (Triton, CUDA) against NCCL per SM count
 triton_all_gather_graph    the same from CUDA graphs
 triton_all_gather_tiles    the Triton all-gather at 16 programs per tile shape (TILE_SWEEP)
@@ -429,6 +431,18 @@ run_step() {
       --csv "$L/triton_gemm_vs_mm_1.csv" --commit "$SYMMEM_COMMIT" --dtype float16
       keep "$L/triton_gemm_vs_mm_1.csv" triton_gemm_vs_mm_1 ;;
     torch_collectives) torchbench "torch_collectives_$n" 240 torch "torch_bench_$n" --triton ;;
+    skew) torchbench "skew_$n" 200 skew "skew_$n" ;;
+    skew_ab)  # ABAB, as moe_ab: this bundle's library against old/libsymmem_capi.so; CSVs in logs/
+      [ -f "$B/old/COMMIT" ] || { say "skew_ab: no old library in the bundle (bundle.sh OLD_CAPI)"; return; }
+      for rep in 1 2; do
+        for lib in old new; do
+          local so="$B/libsymmem_capi.so" commit=$SYMMEM_COMMIT
+          [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
+          step "skew_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" SYMMEM_FASTCALL=0 \
+            python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.skew \
+            --out "$L/skew_ab_${lib}_${rep}_$n" --stem "skew_$n"
+        done
+      done ;;
     torch_overhead) step "torch_overhead_$n" 90 python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.overhead ;;
     triton_all_gather) torchbench "triton_all_gather_$n" 240 kernels "kernels_$n" --reps 5 ;;
     triton_all_gather_graph) torchbench "triton_all_gather_graph_$n" 240 kernels "kernels_$n" --reps 5 --graph ;;

@@ -50,18 +50,26 @@ __device__ __forceinline__ uint32_t* peer_signal(const Buffer::DeviceHandle& h, 
 
 // ---- Failure ------------------------------------------------------------------------------------
 //
-// A wait spins on one acquire load (the only instruction of its hot loop); every 256 spins it also
-// reads the communicator's abort word and the clock (keep_waiting). It fails in three ways, each
-// recorded in this rank's failure record by the first wait of this rank that fails:
+// A wait spins on one acquire load (the only instruction of its hot loop); every 256 spins (a
+// round) it also runs keep_waiting: the clock, this rank's claim word (device memory: set once any
+// wait of this rank has failed) and, in its turn, the communicator's abort word. It fails in three
+// ways, each recorded in this rank's failure record by the first wait of this rank that fails:
 //   - timeout:  the peer's flag did not come before the deadline;
 //   - mismatch: the peer's flag came, but from a different call (its signature differs);
 //   - aborted:  the abort word is set: another rank (or this rank's copy-engine watchdog) failed.
 // The first two also set the abort word (after a system fence that publishes the record), so every
-// wait of every rank leaves within 256 spins and every host can name the rank that failed first.
+// wait of every rank leaves soon after, and every host can name the rank that failed first.
 // The failure record and the abort word live in host memory shared by every rank (the host board):
-// they are read with volatile loads (never cached) and only every 256 spins, since one read is a
-// PCIe round trip. Polling the abort word alone is enough: every recorder of a timeout or mismatch
-// sets it after its record, so a failure of this rank's own is seen there too.
+// they are read with volatile loads (never cached), and one read is a PCIe round trip that the
+// reads of every other waiting thread queue behind. A low-latency kernel's thousands of threads,
+// each reading the abort word every round while a late peer kept them waiting, stayed in that
+// queue for milliseconds after the peer's data had come. Hence the abort word is read only once a
+// wait is older than kAbortQuietNs (a late peer, not a failure, is the usual reason to wait that
+// long), and then in turns: one thread of a warp per round (wait_signal, the barrier), or one of a
+// block (the low-latency waits, where every thread waits). The first thread of a rank that sees it
+// claims the record, and every other wait of the rank leaves on the claim word within a round.
+// Polling the abort word alone is enough: every recorder of a timeout or mismatch sets it after
+// its record, so a failure of this rank's own is seen there too.
 //
 // These functions are the library's own waits as well: `Sync` is UserSync in users' kernels, and
 // the library's synchronisation arguments in its collectives (the same fields: failure,
@@ -119,15 +127,29 @@ __device__ __forceinline__ void record_failure(const Sync& s, uint32_t code, int
   record_failure_at(s, code, peer, static_cast<int32_t>(blockIdx.x), phase, peer_signature);
 }
 
-// The slow half of every wait, every 256 spins: false, after recording why, once the communicator
-// is aborted or the deadline (counted from `start`) has passed.
+// How long a wait runs before it reads the abort word at all (a quarter of the deadline when that
+// is shorter): waiting for a skewed peer costs no PCIe read, a failure is seen this much later.
+constexpr uint64_t kAbortQuietNs = 1000000;
+
+// Whose turn it is to read the abort word in round `spins / 256`: one thread in every `turns`
+// consecutive threads of a block (32: a warp; blockDim.x: the block).
+__device__ __forceinline__ bool abort_turn(uint32_t spins, uint32_t turns) {
+  return (spins >> 8) % turns == threadIdx.x % turns;
+}
+
+// The slow half of every wait, once a round: false, after recording why, once a wait of this rank
+// has failed, the communicator is aborted (read only in `my_turn` and past the quiet time) or the
+// deadline (counted from `start`) has passed.
 template <typename Sync>
-__device__ __forceinline__ bool keep_waiting(const Sync& s, uint64_t start, int peer, int phase) {
-  if (ld_volatile_u32(s.abort) != 0u) {
-    record_failure(s, kFailureAborted, peer, phase, 0);
+__device__ __forceinline__ bool keep_waiting(const Sync& s, uint64_t start, int peer, int phase, bool my_turn) {
+  const uint64_t waited = global_timer_ns() - start;
+  const uint64_t quiet = s.timeout_ns / 4 < kAbortQuietNs ? s.timeout_ns / 4 : kAbortQuietNs;
+  if (ld_volatile_u32(s.failure_claim) != 0u ||
+      (my_turn && waited > quiet && ld_volatile_u32(s.abort) != 0u)) {
+    record_failure(s, kFailureAborted, peer, phase, 0);  // keeps the record of the wait that failed
     return false;
   }
-  if (global_timer_ns() - start > s.timeout_ns) {
+  if (waited > s.timeout_ns) {
     record_failure(s, kFailureTimeout, peer, phase, 0);
     return false;
   }
@@ -165,7 +187,7 @@ __device__ __forceinline__ bool wait_signal(const UserSync& s, const uint32_t* w
   const uint64_t start = global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
     if (compare(ld_acquire_sys(word), value, cmp)) return true;
-    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase)) return false;
+    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase, abort_turn(spins, 32))) return false;
   }
 }
 
@@ -237,7 +259,7 @@ __device__ __forceinline__ bool wait_barrier_flag(const Sync& s, const uint64_t*
       record_failure(s, kFailureMismatch, peer, phase, signature);
       return false;
     }
-    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase)) return false;
+    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase, abort_turn(spins, 32))) return false;
   }
 }
 

@@ -97,7 +97,8 @@ __device__ __forceinline__ uint32_t reduce_word(const uint32_t (&word)[kMaxWorld
 // stay in registers until every one has come (static indices only: nothing goes to local
 // memory). False on timeout, mismatch (`phase` names the wait in the record) or abort; a thread
 // whose wait fails stops, and the others see the abort word (which every timeout or mismatch
-// sets) within their next 256 spins.
+// sets) in their turn, one thread of a block per round (every thread of the kernel may wait here),
+// and then the claim word within a round.
 __device__ __forceinline__ bool collect_words(const detail::SyncArgs& s, uint64_t* slots, size_t slot_words, size_t w,
                                               uint32_t senders, uint32_t own, int phase, uint32_t (&word)[kMaxWorld]) {
   uint32_t missing = senders & ~(1u << s.rank);
@@ -126,7 +127,9 @@ __device__ __forceinline__ bool collect_words(const detail::SyncArgs& s, uint64_
       record_failure(s, detail::kStatusMismatch, foreign, phase, foreign_tag);
       return false;
     }
-    if (missing != 0 && (spins & 255u) == 0u && !keep_waiting(s, start, __ffs(missing) - 1, phase)) return false;
+    if (missing != 0 && (spins & 255u) == 0u &&
+        !keep_waiting(s, start, __ffs(missing) - 1, phase, abort_turn(spins, blockDim.x)))
+      return false;
   }
 #pragma unroll
   for (int r = 0; r < kMaxWorld; ++r) word[r] = r == s.rank ? own : static_cast<uint32_t>(line[r]);
@@ -153,7 +156,7 @@ __device__ __forceinline__ bool read_line(const detail::SyncArgs& s, const uint6
       record_failure(s, detail::kStatusMismatch, sender, phase, tag);
       return false;
     }
-    if ((spins & 255u) == 0u && !keep_waiting(s, start, sender, phase)) return false;
+    if ((spins & 255u) == 0u && !keep_waiting(s, start, sender, phase, abort_turn(spins, blockDim.x))) return false;
   }
 }
 

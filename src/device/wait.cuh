@@ -24,6 +24,7 @@ namespace symmem::device {
 using detail::DeviceStatus;
 using detail::SyncArgs;
 using dev::keep_waiting;
+using dev::abort_turn;
 using dev::record_failure;
 using dev::record_failure_at;
 using dev::wait_barrier_flag;
