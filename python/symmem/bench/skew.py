@@ -32,7 +32,7 @@ FIELDS = ["date", "commit", "gpu", "world", "row", "mode", "bytes", "skew_us", "
           "us_max", "excess_us_median", "excess_us_max"]
 
 
-def _sleep_cycles_per_us():
+def sleep_cycles_per_us():
     """torch.cuda._sleep's cycles per microsecond on this GPU, measured (clocks vary)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(1_000_000)
@@ -56,7 +56,8 @@ class Row:
         self.name, self.call, self.refill, self.output = name, call, refill, output
 
 
-def _rows(n, rank, world):
+def rows_at(n, rank, world):
+    """The rows at `n` bf16 elements per rank and the exact result every row must give."""
     import symmem.torch as st
     base = (torch.arange(n, device="cuda") % 7).to(DTYPE)
     mine = base * (rank + 1)
@@ -76,7 +77,7 @@ def _rows(n, rank, world):
     return rows, expected
 
 
-def _graph_of(row):
+def graph_of(row):
     """A CUDA graph of one call of the row, warmed up outside capture first."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -92,7 +93,7 @@ def _graph_of(row):
     return graph
 
 
-def _sample(row, graph, skew_us, lead_us, cycles_per_us, late):
+def sample(row, graph, skew_us, lead_us, cycles_per_us, late):
     """(rank 0's microseconds from the end of its lead to the end of its call, the skew the late rank
     slept); the output is left for the caller to check."""
     torch.cuda.synchronize()
@@ -133,19 +134,19 @@ def main():
     skews = [float(s) for s in args.skews_us.split(",")]
     if 0.0 not in skews:
         skews = [0.0] + skews  # the baseline the excess is measured from
-    cycles_per_us = _sleep_cycles_per_us()
+    cycles_per_us = sleep_cycles_per_us()
     lead_us = args.lead_ms * 1000.0
     samples = {}  # (row, mode, bytes, skew) -> [(us, slept)]
     wrong = 0
     for nbytes in sizes:
-        rows, expected = _rows(nbytes // 2, rank, world)
-        graphs = {row.name: _graph_of(row) for row in rows}
+        rows, expected = rows_at(nbytes // 2, rank, world)
+        graphs = {row.name: graph_of(row) for row in rows}
         for rep in range(args.reps):
             for skew in (skews if rep % 2 == 0 else list(reversed(skews))):
                 for mode in ("eager", "graph"):
                     for row in (rows if rep % 2 == 0 else list(reversed(rows))):
                         row.output().fill_(float("nan"))
-                        us, slept = _sample(row, graphs[row.name] if mode == "graph" else None, skew, lead_us,
+                        us, slept = sample(row, graphs[row.name] if mode == "graph" else None, skew, lead_us,
                                             cycles_per_us, late)
                         if not torch.equal(row.output(), expected):
                             wrong += 1
