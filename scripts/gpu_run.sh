@@ -80,7 +80,7 @@ triton_gemm_vs_mm          the Triton example'"'"'s GEMM against torch.mm at wor
 torch_collectives          symmem.bench.torch: the drop-ins against NCCL and torch symm_mem (Triton row too)
 torch_overhead             symmem.bench.overhead: host cost per call of each layer
 skew                       symmem.bench.skew: what a late rank costs an all-reduce beyond its lateness, NCCL against symmem
-skew_ab                    skew with this bundle and an older library alternating (bundle.sh OLD_CAPI)
+skew_ab                    skew with this bundle and an older library alternating (bundle.sh OLD_CAPI), merged with one figure
 triton_all_gather          symmem.bench.kernels: user all-gather kernels (Triton, CUDA) against NCCL per SM count
 triton_all_gather_graph    the same from CUDA graphs
 triton_all_gather_tiles    the Triton all-gather at 16 programs per tile shape (TILE_SWEEP)
@@ -442,7 +442,11 @@ run_step() {
             python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.skew \
             --out "$L/skew_ab_${lib}_${rep}_$n" --stem "skew_$n"
         done
-      done ;;
+      done
+      merge_csvs "$L/skew_ab_$n.csv" "$L"/skew_ab_old_1_$n/skew_$n.csv "$L"/skew_ab_new_1_$n/skew_$n.csv \
+        "$L"/skew_ab_old_2_$n/skew_$n.csv "$L"/skew_ab_new_2_$n/skew_$n.csv
+      [ "$DRY" = 1 ] || python3 -m symmem.bench.skew --replot "$L/skew_ab_$n.csv" --out "$L" --stem "skew_ab_$n"
+      keep "$L/skew_ab_$n.csv" "skew_ab_$n" "$L/skew_ab_$n.png" ;;
     torch_overhead) step "torch_overhead_$n" 90 python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.overhead ;;
     triton_all_gather) torchbench "triton_all_gather_$n" 240 kernels "kernels_$n" --reps 5 ;;
     triton_all_gather_graph) torchbench "triton_all_gather_graph_$n" 240 kernels "kernels_$n" --reps 5 --graph ;;

@@ -16,7 +16,9 @@ Skews and rows are interleaved, `--reps` samples each; rank 0 reports medians wi
     torchrun --nproc-per-node 2 -m symmem.bench.skew --out bench/results/h200x2 --stem skew_2
 """
 import argparse
+import csv
 import datetime
+import os
 import statistics
 import sys
 
@@ -125,7 +127,13 @@ def main():
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--out", default=".")
     p.add_argument("--stem", default=None)
+    p.add_argument("--replot", nargs="+", metavar="CSV",
+                   help="no measurement: the figure of these CSVs (e.g. runs of two commits) as OUT/STEM.png")
     args = p.parse_args()
+    if args.replot:
+        _plot([r for path in args.replot for r in csv.DictReader(open(path))],
+              os.path.join(args.out, f"{args.stem or 'skew'}.png"))
+        return
     init_nccl()
     rank, world = dist.get_rank(), dist.get_world_size()
     late = rank == world - 1
@@ -198,22 +206,30 @@ def report(by_key, args, world, wrong, gpu):
 
 
 def _plot(rows, path):
+    """Median excess against skew, one panel per mode and size, one line per row (per row and commit
+    when the rows come from several commits; repeated runs: the median of their medians)."""
     plt = pyplot()
     if plt is None:
         return
-    sizes = sorted({r["bytes"] for r in rows})
-    fig, axes = plt.subplots(2, len(sizes), figsize=(4 * len(sizes), 7), squeeze=False)
+    several = len({r["commit"] for r in rows}) > 1
+    points = {}  # (line, mode, bytes) -> {skew: [excess medians]}
+    for r in rows:
+        line = f"{r['row']} @ {r['commit']}" if several else r["row"]
+        points.setdefault((line, r["mode"], int(r["bytes"])), {}).setdefault(float(r["skew_us"]), []).append(
+            float(r["excess_us_median"]))
+    sizes = sorted({k[2] for k in points})
+    fig, axes = plt.subplots(2, len(sizes), figsize=(4.5 * len(sizes), 7.5), squeeze=False)
     for i, mode in enumerate(("eager", "graph")):
         for j, nbytes in enumerate(sizes):
             ax = axes[i][j]
-            for name in sorted({r["row"] for r in rows}):
-                pts = sorted((r["skew_us"], r["excess_us_median"]) for r in rows
-                             if r["row"] == name and r["mode"] == mode and r["bytes"] == nbytes)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+            for (line, m, b), by_skew in sorted(points.items()):
+                if m == mode and b == nbytes:
+                    skews = sorted(by_skew)
+                    ax.plot(skews, [statistics.median(by_skew[k]) for k in skews], marker="o", label=line)
             ax.set_title(f"{mode}, {nbytes // 1024} KiB, world {rows[0]['world']}")
-            ax.set_xlabel("skew (us)")
+            ax.set_xlabel("skew of the last rank (us)")
             ax.set_ylabel("excess (us, median)")
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
