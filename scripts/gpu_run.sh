@@ -230,6 +230,25 @@ torchbench() {
   keep "$L/$name/$stem.csv" "$name" "$L/$name/$stem.png"
 }
 
+# ab_runs NAME MODULE ARGS...: symmem.bench.MODULE ABAB, this bundle's library against
+# old/libsymmem_capi.so (bundle.sh OLD_CAPI) under this tree's Python package (for changes that keep
+# the C ABI), both through ctypes (SYMMEM_FASTCALL=0: the old library has no _fastcall beside it);
+# run R of library LIB writes $L/NAME_LIB_R_<ranks>/. Fails, saying so, without an old library.
+ab_runs() {
+  local name=$1 module=$2 n=$NG rep lib
+  shift 2
+  [ -f "$B/old/COMMIT" ] || { say "$name: no old library in the bundle (bundle.sh OLD_CAPI)"; return 1; }
+  for rep in 1 2; do
+    for lib in old new; do
+      local so="$B/libsymmem_capi.so" commit=$SYMMEM_COMMIT
+      [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
+      step "${name}_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" SYMMEM_FASTCALL=0 \
+        python3 -m torch.distributed.run --nproc-per-node "$n" -m "symmem.bench.$module" "$@" \
+        --out "$L/${name}_${lib}_${rep}_$n"
+    done
+  done
+}
+
 run_step() {
   local s=$1 n=$NG
   local shared_env=(env SYMMEM_TEST_SHARED_GPU=1 CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER)
@@ -399,20 +418,8 @@ run_step() {
           torchbench "moe_combine_${path}_$n" 150 moe "moe_$n" --reps 5 \
             --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs)
       done ;;
-    moe_ab)  # ABAB: the bundle's library and old/libsymmem_capi.so (bundle.sh OLD_CAPI), under this tree's
-      # Python package (for changes that keep the C ABI), both through ctypes (SYMMEM_FASTCALL=0: the
-      # old library has no _fastcall beside it); CSVs in logs/
-      [ -f "$B/old/COMMIT" ] || { say "moe_ab: no old library in the bundle (bundle.sh OLD_CAPI)"; return; }
-      for rep in 1 2; do
-        for lib in old new; do
-          local so="$B/libsymmem_capi.so" commit=$SYMMEM_COMMIT
-          [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
-          step "moe_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" SYMMEM_FASTCALL=0 \
-            python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.moe --reps 5 \
-            --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" ${MOE_AB_ARGS:-} \
-            --out "$L/moe_ab_${lib}_${rep}_$n"
-        done
-      done ;;
+    moe_ab) ab_runs moe_ab moe --reps 5 --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" \
+      ${MOE_AB_ARGS:-} ;;
     fused)
       for op in all_gather_matmul matmul_reduce_scatter; do
         torchbench "${op}_$n" 200 all_gather_matmul "$op" --op $op --reps 7
@@ -432,17 +439,8 @@ run_step() {
       keep "$L/triton_gemm_vs_mm_1.csv" triton_gemm_vs_mm_1 ;;
     torch_collectives) torchbench "torch_collectives_$n" 240 torch "torch_bench_$n" --triton ;;
     skew) torchbench "skew_$n" 200 skew "skew_$n" ;;
-    skew_ab)  # ABAB, as moe_ab: this bundle's library against old/libsymmem_capi.so; CSVs in logs/
-      [ -f "$B/old/COMMIT" ] || { say "skew_ab: no old library in the bundle (bundle.sh OLD_CAPI)"; return; }
-      for rep in 1 2; do
-        for lib in old new; do
-          local so="$B/libsymmem_capi.so" commit=$SYMMEM_COMMIT
-          [ "$lib" = old ] && so="$B/old/libsymmem_capi.so" && commit=$(cat "$B/old/COMMIT")
-          step "skew_ab_${lib}_${rep}_$n" 150 env SYMMEM_LIBRARY="$so" SYMMEM_COMMIT="$commit" SYMMEM_FASTCALL=0 \
-            python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.skew \
-            --out "$L/skew_ab_${lib}_${rep}_$n" --stem "skew_$n"
-        done
-      done
+    skew_ab)  # the runs merged into one CSV (their commit column tells the libraries apart), one figure
+      ab_runs skew_ab skew --stem "skew_$n" || return
       merge_csvs "$L/skew_ab_$n.csv" "$L"/skew_ab_old_1_$n/skew_$n.csv "$L"/skew_ab_new_1_$n/skew_$n.csv \
         "$L"/skew_ab_old_2_$n/skew_$n.csv "$L"/skew_ab_new_2_$n/skew_$n.csv
       [ "$DRY" = 1 ] || python3 -m symmem.bench.skew --replot "$L/skew_ab_$n.csv" --out "$L" --stem "skew_ab_$n"
