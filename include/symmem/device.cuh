@@ -60,13 +60,13 @@ __device__ __forceinline__ uint32_t* peer_signal(const Buffer::DeviceHandle& h, 
 // The first two also set the abort word (after a system fence that publishes the record), so every
 // wait of every rank leaves soon after, and every host can name the rank that failed first.
 // The failure record and the abort word live in host memory shared by every rank (the host board):
-// they are read with volatile loads (never cached), and one read is a PCIe round trip that the
-// reads of every other waiting thread queue behind. A low-latency kernel's thousands of threads,
-// each reading the abort word every round while a late peer kept them waiting, stayed in that
-// queue for milliseconds after the peer's data had come. Hence the abort word is read only once a
-// wait is older than kAbortQuietNs (a late peer, not a failure, is the usual reason to wait that
-// long), and then in turns: one thread of a warp per round (wait_signal, the barrier), or one of a
-// block (the low-latency waits, where every thread waits). The first thread of a rank that sees it
+// they are read with volatile loads (never cached), each a PCIe round trip. A low-latency kernel's
+// thousands of threads each reading the abort word every round while a peer was late made its
+// calls up to 1.4 ms slower than the peer's lateness (2 x H200, 128-512 KiB all-reduce,
+// bench/results/h200x2/skew_ab_2.csv; with the quiet time and turns, +-55 us, as NCCL's). Hence
+// the abort word is read only once a wait is older than kAbortQuietNs (a late peer, not a failure,
+// is the usual reason to wait that long), and then in turns (abort_turn): one thread of a block a
+// round where every thread waits, of a warp where few do. The first thread of a rank that sees it
 // claims the record, and every other wait of the rank leaves on the claim word within a round.
 // Polling the abort word alone is enough: every recorder of a timeout or mismatch sets it after
 // its record, so a failure of this rank's own is seen there too.
@@ -131,25 +131,51 @@ __device__ __forceinline__ void record_failure(const Sync& s, uint32_t code, int
 // is shorter): waiting for a skewed peer costs no PCIe read, a failure is seen this much later.
 constexpr uint64_t kAbortQuietNs = 1000000;
 
-// Whose turn it is to read the abort word in round `spins / 256`: one thread in every `turns`
-// consecutive threads of a block (32: a warp; blockDim.x: the block).
-__device__ __forceinline__ bool abort_turn(uint32_t spins, uint32_t turns) {
-  return (spins >> 8) % turns == threadIdx.x % turns;
+// Whether this thread reads the abort word in round `round` of its wait (the round counts the
+// wait's calls of keep_waiting: 0, 1, 2, ...): the threads of each aligned group of `turns` (a power
+// of two) take turns, one a round. `turns` = the block size when every thread of the block waits
+// (one PCIe read a block a round), 32 when a few do (a lone waiter reads every 32 rounds). A
+// cheaper rule than electing a waiting lane (__activemask): that one spilled registers in the
+// low-latency all-reduce.
+__device__ __forceinline__ bool abort_turn(uint32_t round, uint32_t turns) {
+  return ((round ^ threadIdx.x) & (turns - 1u)) == 0u;
 }
 
 // The slow half of every wait, once a round: false, after recording why, once a wait of this rank
-// has failed, the communicator is aborted (read only in `my_turn` and past the quiet time) or the
-// deadline (counted from `start`) has passed.
+// has failed (its claim word), the communicator is aborted (the abort word, read only in `my_turn`
+// and past the quiet time) or the deadline (counted from `start`) has passed.
 template <typename Sync>
 __device__ __forceinline__ bool keep_waiting(const Sync& s, uint64_t start, int peer, int phase, bool my_turn) {
   const uint64_t waited = global_timer_ns() - start;
   const uint64_t quiet = s.timeout_ns / 4 < kAbortQuietNs ? s.timeout_ns / 4 : kAbortQuietNs;
-  if (ld_volatile_u32(s.failure_claim) != 0u ||
-      (my_turn && waited > quiet && ld_volatile_u32(s.abort) != 0u)) {
+  if (ld_volatile_u32(s.failure_claim) != 0u) {
     record_failure(s, kFailureAborted, peer, phase, 0);  // keeps the record of the wait that failed
     return false;
   }
+  if (my_turn && waited > quiet && ld_volatile_u32(s.abort) != 0u) {
+    record_failure(s, kFailureAborted, peer, phase, 0);
+    // The rank's other waits leave on the claim word. The record may be the host's (a copy-engine
+    // watchdog's, a refusal's), which claims nothing: claim it here, after the record exists.
+    atomicExch(s.failure_claim, 1u);
+    return false;
+  }
   if (waited > s.timeout_ns) {
+    record_failure(s, kFailureTimeout, peer, phase, 0);
+    return false;
+  }
+  return true;
+}
+
+// keep_waiting for a wait of one thread or a few, or one that runs keep_waiting at no fixed rate:
+// every call reads the abort word and the clock, nothing else (the fused GEMM's one waiting thread
+// per CTA: the turns and the claim word cost its column-major kernels register spills).
+template <typename Sync>
+__device__ __forceinline__ bool keep_waiting(const Sync& s, uint64_t start, int peer, int phase) {
+  if (ld_volatile_u32(s.abort) != 0u) {
+    record_failure(s, kFailureAborted, peer, phase, 0);
+    return false;
+  }
+  if (global_timer_ns() - start > s.timeout_ns) {
     record_failure(s, kFailureTimeout, peer, phase, 0);
     return false;
   }
@@ -187,7 +213,7 @@ __device__ __forceinline__ bool wait_signal(const UserSync& s, const uint32_t* w
   const uint64_t start = global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
     if (compare(ld_acquire_sys(word), value, cmp)) return true;
-    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase, abort_turn(spins, 32))) return false;
+    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase, abort_turn(spins >> 8, 32))) return false;
   }
 }
 
@@ -259,7 +285,7 @@ __device__ __forceinline__ bool wait_barrier_flag(const Sync& s, const uint64_t*
       record_failure(s, kFailureMismatch, peer, phase, signature);
       return false;
     }
-    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase, abort_turn(spins, 32))) return false;
+    if ((spins & 255u) == 0u && !keep_waiting(s, start, peer, phase, abort_turn(spins >> 8, 32))) return false;
   }
 }
 

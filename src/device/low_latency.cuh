@@ -128,7 +128,7 @@ __device__ __forceinline__ bool collect_words(const detail::SyncArgs& s, uint64_
       return false;
     }
     if (missing != 0 && (spins & 255u) == 0u &&
-        !keep_waiting(s, start, __ffs(missing) - 1, phase, abort_turn(spins, blockDim.x)))
+        !keep_waiting(s, start, __ffs(missing) - 1, phase, abort_turn(spins >> 8, detail::kThreadsPerBlock)))
       return false;
   }
 #pragma unroll
@@ -156,7 +156,7 @@ __device__ __forceinline__ bool read_line(const detail::SyncArgs& s, const uint6
       record_failure(s, detail::kStatusMismatch, sender, phase, tag);
       return false;
     }
-    if ((spins & 255u) == 0u && !keep_waiting(s, start, sender, phase, abort_turn(spins, blockDim.x))) return false;
+    if ((spins & 255u) == 0u && !keep_waiting(s, start, sender, phase, abort_turn(spins >> 8, detail::kThreadsPerBlock))) return false;
   }
 }
 

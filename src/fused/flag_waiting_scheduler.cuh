@@ -178,9 +178,9 @@ class FlagWaitingTileScheduler : public cutlass::gemm::kernel::detail::Persisten
     for (uint32_t spins = 1;; ++spins) {
       if (symmem::device::ld_acquire_sys(flag) != 0u) return true;
       if (spins > 64) __nanosleep(100);  // a piece takes microseconds: leave the issue slots to the MMA warps
-      if ((spins & 255u) == 0u &&
-          !symmem::device::keep_waiting(chunks_.sync, start, shard, chunk, symmem::device::abort_turn(spins, 32)))
-        return false;
+      // One thread of a CTA waits here: it reads the abort word every round (keep_waiting's
+      // few-thread form; the turns cost these kernels register spills).
+      if ((spins & 255u) == 0u && !symmem::device::keep_waiting(chunks_.sync, start, shard, chunk)) return false;
     }
   }
 

@@ -5,8 +5,10 @@ GPU before anything runs, whatever its host does), the last rank sleeps `skew` l
 rank issues the call (eagerly, or as the replay of a graph holding it). Rank 0 times from the end of
 its sleep to the end of its call: the wait for the late rank plus the call. The excess is that time
 less the skew the last rank measured around its extra sleep and less the row's median at skew 0:
-what waiting itself cost. A wait that floods the PCIe bus while it waits shows up here as
-milliseconds that no lateness explains.
+what waiting itself cost. The GPUs share no clock: each rank's sleep starts when its host leaves the
+barrier, so a sample also holds that start jitter (tens of microseconds, either sign; the skew-0
+median removes only its typical value), NCCL's rows as much as symmem's. A wait that costs more
+than the lateness it waits for shows up as hundreds of microseconds no row of NCCL's has.
 
 Rows: nccl (torch.distributed on NCCL), symmem_torch (the drop-in on a symmetric tensor, zero
 copy), symmem_torch_staged (TPAllReduce on a caching-allocator tensor, staged). Inputs are small

@@ -15,8 +15,9 @@ from conftest import shared_gpu
 from symmem.bench import skew
 
 # Below and past the waits' quiet time (1 ms, after which they read the abort word in turns). On
-# 2 x H200 the flood cost 480 and 1375 us past a 500 us skew at 128 and 512 KiB, 200-650 us past
-# 2-5 ms; without it the excess stays within +-90 us (launch jitter). A call takes ~10 us.
+# 2 x H200 the old waits cost 456-1444 us past a 500 us skew at 128 and 512 KiB and 169-668 us past
+# 2-5 ms; without them the median excess stays within +-55 us, as NCCL's (the ranks' start jitter).
+# A call takes ~10 us.
 SKEWS_US = (500.0, 3000.0)
 EXCESS_BOUND_US = 250.0
 REPS = 5
@@ -28,6 +29,8 @@ REPS = 5
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_a_late_rank_costs_no_more_than_its_lateness(group, nbytes, mode):
     rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        pytest.skip("a late rank needs a peer that waits for it: two ranks or more")
     late = rank == world - 1
     cycles_per_us = skew.sleep_cycles_per_us()
     rows, expected = skew.rows_at(nbytes // 2, rank, world)
