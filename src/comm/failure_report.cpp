@@ -110,8 +110,8 @@ void CommunicatorState::ensure_usable(const char* op) {
   }
   // Whom the awaited ranks waited for in turn (board/wait_chain.hpp). A live rank records its own
   // failure within milliseconds of the abort word (the waits' quiet time, then their turn to read
-  // it), a dead one never does: wait that long, on
-  // this error path only and once for the whole walk, for each record (code and signature both
+  // it: up to 512 rounds of a low-latency wait), a dead one never does: wait that long, on this
+  // error path only and once for the whole walk, for each record (code and signature both
   // set, whichever order its recorder wrote them in); then take what is there.
   const auto records_due = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
   const int first = who;

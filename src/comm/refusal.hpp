@@ -19,9 +19,9 @@
 // record) and sets the abort word. In stream order, so the calls before it finish as they would
 // have; then every wait of every peer's kernels of the refused call (barrier flags, low-latency
 // lines, copy-engine handshakes through the watchdog, the fused GEMM's flags) sees the abort word
-// once it has waited the quiet time (about a millisecond) and leaves, and every host's next call,
-// check() or synchronize() finds
-// the record (ensure_usable; a cause of its own for board/wait_chain.hpp) and raises the refusing
+// once it has waited the quiet time (1 ms), in its turn, and leaves, and every host's next call,
+// check() or synchronize() finds the record (ensure_usable; a cause of its own for
+// board/wait_chain.hpp) and raises the refusing
 // rank's ErrorCode with its message. No protocol carries anything for it, so a call that is not
 // refused pays nothing: no launch, no word, no round trip.
 //

@@ -2,8 +2,8 @@
 // every earlier kernel of the stream, so the calls before it finish as they would have), writes
 // this rank's failure record as kStatusRefused and sets the communicator's abort word. Every wait
 // of every rank reads that word once it has waited the quiet time (symmem/device.cuh,
-// kAbortQuietNs): the peers' kernels of the refused call leave about a millisecond later, and every
-// host then finds this record (board/wait_chain.hpp: a cause of its own).
+// kAbortQuietNs), in its turn: the peers' kernels of the refused call leave milliseconds later,
+// and every host then finds this record (board/wait_chain.hpp: a cause of its own).
 #include "device/dependent_launch.cuh"
 #include "device/wait.cuh"
 #include "kernels/kernel_args.hpp"
