@@ -156,7 +156,9 @@ __device__ __forceinline__ bool read_line(const detail::SyncArgs& s, const uint6
       record_failure(s, detail::kStatusMismatch, sender, phase, tag);
       return false;
     }
-    if ((spins & 255u) == 0u && !keep_waiting(s, start, sender, phase, abort_turn(spins >> 8, detail::kThreadsPerBlock))) return false;
+    if ((spins & 255u) == 0u &&
+        !keep_waiting(s, start, sender, phase, abort_turn(spins >> 8, detail::kThreadsPerBlock)))
+      return false;
   }
 }
 

@@ -164,22 +164,34 @@ def main():
                                   file=sys.stderr)
                         samples.setdefault((row.name, mode, nbytes, skew), []).append((us, slept))
         del graphs
-    # Rank 0's times with the late rank's measured sleeps.
-    keys = sorted(samples)
-    flat = torch.tensor([[v for pair in samples[k] for v in pair] for k in keys], dtype=torch.float64, device="cuda")
-    gathered = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(gathered, flat)
+    by_key = gathered(samples)
     wrong_all = torch.tensor([wrong], device="cuda")
     dist.all_reduce(wrong_all)
     if rank == 0:
-        times = gathered[0].cpu().reshape(len(keys), args.reps, 2)[:, :, 0]
-        slept = gathered[world - 1].cpu().reshape(len(keys), args.reps, 2)[:, :, 1]
-        by_key = {k: (times[i].tolist(), slept[i].tolist()) for i, k in enumerate(keys)}
         report(by_key, args, world, int(wrong_all.item()), torch.cuda.get_device_name())
     dist.barrier()
     dist.destroy_process_group()
     if int(wrong_all.item()):
         sys.exit(1)
+
+
+def gathered(samples, device="cuda"):
+    """{key: ([rank 0's us], [the late rank's slept us])} from every rank's {key: [(us, slept)]}: rank
+    0 times the calls, the last rank sleeps the skew. Collective: every rank passes the same keys,
+    each with as many samples."""
+    world = dist.get_world_size()
+    keys = sorted(samples)
+    flat = torch.tensor([[v for pair in samples[k] for v in pair] for k in keys], dtype=torch.float64, device=device)
+    every = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(every, flat)
+    times = every[0].cpu().reshape(len(keys), -1, 2)[:, :, 0]
+    slept = every[world - 1].cpu().reshape(len(keys), -1, 2)[:, :, 1]
+    return {k: (times[i].tolist(), slept[i].tolist()) for i, k in enumerate(keys)}
+
+
+def excess_us(times, slept, base):
+    """What each sample waited beyond the late rank's sleep and the unskewed median `base`."""
+    return [t - s - base for t, s in zip(times, slept)]
 
 
 def report(by_key, args, world, wrong, gpu):
@@ -189,7 +201,7 @@ def report(by_key, args, world, wrong, gpu):
     rows = []
     for (name, mode, nbytes, skew), (us, slept) in sorted(by_key.items()):
         base = statistics.median(by_key[(name, mode, nbytes, 0.0)][0])
-        excess = [t - s - base for t, s in zip(us, slept)]
+        excess = excess_us(us, slept, base)
         rows.append({"date": date, "commit": commit, "gpu": gpu, "world": world, "row": name, "mode": mode,
                      "bytes": nbytes, "skew_us": skew, "reps": len(us), "us_median": statistics.median(us),
                      "us_min": min(us), "us_max": max(us), "excess_us_median": statistics.median(excess),

@@ -20,3 +20,16 @@ def test_excess_is_time_less_sleep_less_the_unskewed_median(tmp_path):
     assert float(rows[2000.0]["excess_us_median"]) == pytest.approx(5.0)
     assert float(rows[2000.0]["excess_us_max"]) == pytest.approx(888.0)
     assert rows[2000.0]["gpu"] == "NVIDIA H200" and rows[2000.0]["command"].startswith("torchrun")
+
+
+def test_gathered_pairs_rank_0s_times_with_the_late_ranks_sleeps(tmp_path):
+    # One rank over gloo: it is rank 0 and the late rank, so each key's pairs come back split.
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        samples = {2000.0: [(2015.0, 1999.0), (2900.0, 2001.0)], 0.0: [(10.0, 0.0), (12.0, 0.0)]}
+        assert skew.gathered(samples, device="cpu") == {0.0: ([10.0, 12.0], [0.0, 0.0]),
+                                                        2000.0: ([2015.0, 2900.0], [1999.0, 2001.0])}
+    finally:
+        dist.destroy_process_group()
+    assert skew.excess_us([2015.0, 2900.0], [1999.0, 2001.0], 11.0) == [5.0, 888.0]

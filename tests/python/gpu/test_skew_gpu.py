@@ -46,15 +46,10 @@ def test_a_late_rank_costs_no_more_than_its_lateness(group, nbytes, mode):
                 us, slept = skew.sample(row, graphs[row.name], s, 5000.0, cycles_per_us, late)
                 assert torch.equal(row.output(), expected), f"{row.name} {mode}: wrong result at skew {s} us"
                 times.setdefault(s, []).append((us, slept))
-        # Rank 0's times against the late rank's sleeps, the same on every rank.
-        flat = torch.tensor([v for s in skews for pair in times[s] for v in pair], dtype=torch.float64, device="cuda")
-        every = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(every, flat)
-        t0 = every[0].reshape(len(skews), REPS, 2)[:, :, 0].tolist()
-        slept = every[world - 1].reshape(len(skews), REPS, 2)[:, :, 1].tolist()
-        base = statistics.median(t0[0])
-        for i, s in enumerate(SKEWS_US, start=1):
-            excess[(row.name, s)] = statistics.median(t - z - base for t, z in zip(t0[i], slept[i]))
+        by_skew = skew.gathered(times)  # rank 0's times against the late rank's sleeps, on every rank
+        base = statistics.median(by_skew[0.0][0])
+        for s in SKEWS_US:
+            excess[(row.name, s)] = statistics.median(skew.excess_us(*by_skew[s], base))
     del graphs
     assert all(e < EXCESS_BOUND_US for e in excess.values()), \
         f"{nbytes} B {mode}: median microseconds past the skew, per (row, skew us): {excess}"
