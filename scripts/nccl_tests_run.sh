@@ -25,6 +25,8 @@
 #                   "-G 1" (CUDA graphs)
 #   SHIM_MODE       SYMMEM_NCCL for the shim's runs (default auto; "all" serves everything symmem
 #                   implements: the input of tools/nccl_cutover.py)
+#   REPEATS         runs of each pair (default 1): the comparison takes the medians and holds
+#                   forwarded rows to plain NCCL's spread against itself (rows carry `rep`)
 # Exit status: 1 when any row has #wrong > 0, a run failed, a row exists for one library only, or
 # the shim never routed a call of a row (tools/nccl_tests_report.py compare).
 set -uo pipefail
@@ -62,6 +64,7 @@ TYPES=${TYPES:-bfloat16 half float}
 SWEEP=${SWEEP:--b 1K -e 256M -f 4 -n 20 -w 5 -c 1}
 EXTRA=${EXTRA:-}
 SHIM_MODE=${SHIM_MODE:-auto}
+REPEATS=${REPEATS:-1}
 BUFFERS=staged
 [[ " $EXTRA " == *" -R 2 "* ]] && BUFFERS=window  # nccl-tests registers symmetric windows
 
@@ -80,14 +83,15 @@ DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   echo "nccl $NCCL_LIB_DIR/libnccl.so.2"
   echo "nccl-tests $(head -1 "$NCCL_TESTS_BIN/COMMIT" 2> /dev/null || head -1 "$NCCL_TESTS_BIN/../COMMIT" 2> /dev/null || echo unknown)"
   echo "shim $SHIM (SYMMEM_NCCL=$SHIM_MODE)"
-  echo "sweep $SWEEP $EXTRA"
+  echo "sweep $SWEEP $EXTRA (repeats $REPEATS)"
 } > "$OUT/run.txt"
 cat "$OUT/run.txt"
 
-# run_one MODE LIBRARY COLLECTIVE TYPE: one nccl-tests run, parsed into the CSV.
+# run_one MODE LIBRARY COLLECTIVE TYPE REP: one nccl-tests run, parsed into the CSV.
 run_one() {
-  local mode=$1 library=$2 collective=$3 type=$4
+  local mode=$1 library=$2 collective=$3 type=$4 rep=$5
   local tag="${mode}_${collective}_${type}_${library}"
+  [ "$REPEATS" -gt 1 ] && tag="${tag}_rep$rep"
   local log="$OUT/logs/$tag.log"
   local ops="-o all"
   case $collective in all_gather | alltoall) ops="" ;; esac
@@ -108,19 +112,21 @@ run_one() {
   [ "$library" = symmem_nccl ] && routes=(--routes "$OUT/routes/$tag")
   python3 "$REPO/tools/nccl_tests_report.py" parse "$log" --csv "$CSV" --library "$library" --mode "$mode" \
     --ranks "$RANKS" "${routes[@]}" --meta "date=$DATE" "commit=$COMMIT" "gpu=$GPU" "shim_mode=$SHIM_MODE" \
-    "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$BUFFERS" \
+    "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$BUFFERS" "rep=$rep" \
     || echo "$tag: no result rows (see $log)"
 }
 
 i=0
 FAILED_RUNS=0
-for mode in $MODES; do
-  for collective in $COLLECTIVES; do
-    for type in $TYPES; do
-      # ABBA: the order alternates, so that drift in clocks and power does not favour one library.
-      if [ $((i % 2)) -eq 0 ]; then order="nccl symmem_nccl"; else order="symmem_nccl nccl"; fi
-      for library in $order; do run_one "$mode" "$library" "$collective" "$type"; done
-      i=$((i + 1))
+for rep in $(seq 1 "$REPEATS"); do
+  for mode in $MODES; do
+    for collective in $COLLECTIVES; do
+      for type in $TYPES; do
+        # ABBA: the order alternates, so that drift in clocks and power does not favour one library.
+        if [ $((i % 2)) -eq 0 ]; then order="nccl symmem_nccl"; else order="symmem_nccl nccl"; fi
+        for library in $order; do run_one "$mode" "$library" "$collective" "$type" "$rep"; done
+        i=$((i + 1))
+      done
     done
   done
 done

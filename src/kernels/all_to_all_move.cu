@@ -15,7 +15,9 @@
 // Low-latency path. Each rank stores its bytes for peer q as words {signature, word} into its slot
 // of q's low-latency area (device/low_latency.cuh), at least one word per pair even when it sends
 // nothing: every counted call must receive from every peer. Each rank collects its peers' words
-// and writes them into its own output; no barrier, no staging, no alignment needed.
+// and writes them into its own output; no barrier, no staging, no alignment needed. In place too:
+// a thread sends word w of every slice before it writes word w of any slice it receives, and the
+// slices of input and output share one stride, so no byte is overwritten before it was sent.
 //
 // Failure records: barriers name phases 0 and 1, the low-latency waits phase 0.
 #include "common/check.hpp"

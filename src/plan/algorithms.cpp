@@ -67,7 +67,8 @@ constexpr Algorithm kAlgorithms[] = {
   // All-to-all (docs/moe.md). Its variable forms (splits exchanged on the device) run push or pull,
   // and their kernel takes the low-latency lines itself when the exchanged splits are small; the
   // uniform form runs every row. In place, peers would read (pull) or overwrite (push) what this
-  // rank still sends: the input is staged.
+  // rank still sends: the input is staged. Low latency needs no staging in place: the thread that
+  // sends a word of every slice is the one that later writes that word of every slice it receives.
   {kToAll,   Algo::kPull,              "pull",                 Algo::kAuto,
      true,  false, false, false, true,     A::kPeers, A::kOwn,                 kFlags | kAreaStagingIn | kAreaLowLatency,
      K::kAllToAllPull,                 K::kAllToAllPull},
@@ -78,7 +79,7 @@ constexpr Algorithm kAlgorithms[] = {
      false, false, false, false, true,     A::kPeers, A::kOwn,                 kAreaBoardHandshakes | kAreaStagingIn,
      K::kAllToAllCopyEngine,           K::kAllToAllCopyEngine},
   {kToAll,   Algo::kLowLatency,        "low_latency",          Algo::kAuto,
-     true,  false, true,  false, true,     A::kOwn,   A::kOwn,                 kAreaLowLatency | kAreaStagingIn,
+     true,  false, true,  false, false,    A::kOwn,   A::kOwn,                 kAreaLowLatency | kAreaStagingIn,
      K::kAllToAllLowLatency,           K::kAllToAllLowLatency},
 };
 // clang-format on
