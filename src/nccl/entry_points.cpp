@@ -205,9 +205,7 @@ SYMMEM_NCCL_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t 
   SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclAllReduce, send, recv, count, type, op, comm, stream);
   return guarded([&] {
     NcclCall call{Collective::kAllReduce, count, type, op};
-    return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
-      return require(real_nccl().ncclAllReduce, "ncclAllReduce")(send, recv, count, type, op, comm, stream);
-    });
+    return symmem::nccl::collective(call, send, recv, comm, stream);
   });
 }
 SYMMEM_NCCL_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
@@ -215,9 +213,7 @@ SYMMEM_NCCL_API ncclResult_t ncclReduceScatter(const void* send, void* recv, siz
   SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclReduceScatter, send, recv, recvcount, type, op, comm, stream);
   return guarded([&] {
     NcclCall call{Collective::kReduceScatter, recvcount, type, op};
-    return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
-      return require(real_nccl().ncclReduceScatter, "ncclReduceScatter")(send, recv, recvcount, type, op, comm, stream);
-    });
+    return symmem::nccl::collective(call, send, recv, comm, stream);
   });
 }
 SYMMEM_NCCL_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type,
@@ -225,9 +221,7 @@ SYMMEM_NCCL_API ncclResult_t ncclAllGather(const void* send, void* recv, size_t 
   SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclAllGather, send, recv, sendcount, type, comm, stream);
   return guarded([&] {
     NcclCall call{Collective::kAllGather, sendcount, type};
-    return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
-      return require(real_nccl().ncclAllGather, "ncclAllGather")(send, recv, sendcount, type, comm, stream);
-    });
+    return symmem::nccl::collective(call, send, recv, comm, stream);
   });
 }
 SYMMEM_NCCL_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type,
@@ -235,9 +229,7 @@ SYMMEM_NCCL_API ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t c
   SYMMEM_NCCL_FORWARD_CALLS_FROM_NCCL(ncclAlltoAll, send, recv, count, type, comm, stream);
   return guarded([&] {
     NcclCall call{Collective::kAlltoAll, count, type};
-    return symmem::nccl::collective(call, send, recv, comm, stream, [=] {
-      return require(real_nccl().ncclAlltoAll, "ncclAlltoAll")(send, recv, count, type, comm, stream);
-    });
+    return symmem::nccl::collective(call, send, recv, comm, stream);
   });
 }
 SYMMEM_NCCL_API ncclResult_t ncclGather(const void* send, void* recv, size_t count, ncclDataType_t type, int root,

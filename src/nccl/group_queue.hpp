@@ -38,6 +38,7 @@ class GroupQueue {
   void defer(GroupItem item) { items_.push_back(std::move(item)); }
   // Everything deferred, in order; the queue is empty afterwards.
   std::vector<GroupItem> take();
+  bool has_items() const { return !items_.empty(); }
 
  private:
   int depth_ = 0;

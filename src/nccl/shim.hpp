@@ -11,8 +11,6 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <functional>
-
 #include "nccl/real_nccl.hpp"
 #include "nccl/serve_plan.hpp"
 
@@ -39,9 +37,9 @@ ncclResult_t comm_revoke(ncclComm_t comm, int flags);
 // group's served calls of that communicator join its stream (group_streams.hpp). Never throws.
 void note_forwarded_in_group(ncclComm_t comm, cudaStream_t stream) noexcept;
 
-// A collective that could be served; `forward` makes the real call with the program's arguments.
-ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t comm, cudaStream_t stream,
-                        const std::function<ncclResult_t()>& forward);
+// A collective that could be served (forwarded: the real function of call.op with the program's
+// arguments).
+ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t group_start();
 ncclResult_t group_end();
 ncclResult_t group_simulate_end(ncclSimInfo_t* info);

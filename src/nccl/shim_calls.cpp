@@ -23,8 +23,8 @@ struct DeferredCall {
   NcclCall call;
   const void* send;
   void* recv;
+  ncclComm_t comm;
   cudaStream_t stream;
-  std::function<ncclResult_t()> forward;
   bool served = false;
 };
 
@@ -68,8 +68,33 @@ ncclResult_t forwarded(ncclResult_t result) {
   return result;
 }
 
-ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t comm, cudaStream_t stream,
-                        const std::function<ncclResult_t()>& forward) {
+namespace {
+
+// The real function of call.op with the program's arguments.
+ncclResult_t forward_to_real(const NcclCall& call, const void* send, void* recv, ncclComm_t comm,
+                             cudaStream_t stream) {
+  const RealNccl& real = real_nccl();
+  switch (call.op) {
+    case Collective::kAllReduce:
+      return real.ncclAllReduce(send, recv, call.count, call.type, call.redop, comm, stream);
+    case Collective::kReduceScatter:
+      return real.ncclReduceScatter(send, recv, call.count, call.type, call.redop, comm, stream);
+    case Collective::kAllGather: return real.ncclAllGather(send, recv, call.count, call.type, comm, stream);
+    case Collective::kAlltoAll:
+      if (!real.ncclAlltoAll)
+        throw Error(ErrorCode::kUnsupported, "symmem NCCL shim: " + real.path + " has no ncclAlltoAll");
+      return real.ncclAlltoAll(send, recv, call.count, call.type, comm, stream);
+    default:
+      throw Error(ErrorCode::kInternal,
+                  std::string("symmem NCCL shim: no forward for ") + collective_name(call.op));
+  }
+}
+
+}  // namespace
+
+ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t comm, cudaStream_t stream) {
+  // What forwarding this call means (no closure: the forwarded path allocates nothing).
+  auto forward = [&] { return forward_to_real(call, send, recv, comm, stream); };
   std::shared_ptr<CommPair> pair = find_pair(comm);
   if (!pair) return forwarded(forward());
   GroupQueue& group = this_thread_group();
@@ -89,7 +114,7 @@ ncclResult_t collective(NcclCall call, const void* send, void* recv, ncclComm_t 
     return forwarded(forward());
   }
   if (group.open()) {
-    deferred_calls().push_back({std::move(pair), call, send, recv, stream, forward});
+    deferred_calls().push_back({std::move(pair), call, send, recv, comm, stream});
     return ncclSuccess;
   }
   if (!pair->prepare(stream)) {
@@ -123,6 +148,12 @@ ncclResult_t group_end() {
   GroupQueue& group = this_thread_group();
   bool outermost = false;
   if (!group.end(&outermost) || !outermost) return forwarded(real.ncclGroupEnd());
+  if (deferred_calls().empty() && !group.has_items()) {
+    // Nothing served and nothing deferred: NCCL's group alone (the streams of its forwarded calls
+    // join served calls only).
+    forwarded_in_group().clear();
+    return forwarded(real.ncclGroupEnd());
+  }
   std::vector<DeferredCall> calls;
   calls.swap(deferred_calls());
   std::vector<GroupStreamUse> uses;
@@ -151,7 +182,7 @@ ncclResult_t group_end() {
       continue;
     }
     log_route(c.call, c.served ? Route::kSymmem : Route::kNccl, c.served ? "in a group" : kNoSymmemSide);
-    if (!c.served) keep_first_failure(&first, forwarded(c.forward()));
+    if (!c.served) keep_first_failure(&first, forwarded(forward_to_real(c.call, c.send, c.recv, c.comm, c.stream)));
   }
   // 3. The real group: forwarded calls launch, communicators made in it finish their init.
   const ncclResult_t real_end = forwarded(real.ncclGroupEnd());
