@@ -63,7 +63,7 @@ bool inside_real_library(const void* caller) noexcept {
   guarded([&] { return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); })
 
 // Forwards `name` with the arguments given.
-#define SYMMEM_NCCL_FORWARD(name, ...)       \
+#define SYMMEM_NCCL_FORWARD(name, ...)        \
   const InsideEntryPoint inside_entry_point; \
   return SYMMEM_NCCL_CALL_REAL(name, __VA_ARGS__)
 
@@ -188,8 +188,8 @@ SYMMEM_NCCL_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 
 // Collectives: broadcast and reduce are forwarded (symmem has no faster path for them); the others
 // are routed per call.
-SYMMEM_NCCL_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                                        int root, ncclComm_t comm, cudaStream_t stream) {
+SYMMEM_NCCL_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   SYMMEM_NCCL_FORWARD_ON_STREAM(ncclReduce, comm, stream, send, recv, count, type, op, root, comm, stream);
 }
 SYMMEM_NCCL_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, ncclComm_t comm,

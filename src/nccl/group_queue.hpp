@@ -23,7 +23,7 @@
 namespace symmem::nccl {
 
 struct GroupItem {
-  const void* comm = nullptr;    // items of one communicator run in order, on one thread
+  const void* comm = nullptr;  // items of one communicator run in order, on one thread
   bool waits_for_peers = false;  // blocks the host until the other ranks do the same
   std::function<ncclResult_t()> run;
 };

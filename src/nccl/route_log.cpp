@@ -13,12 +13,10 @@
 namespace symmem::nccl {
 namespace {
 
-using RouteKey = std::tuple<int, int, int, size_t, int, int, int>;
-
 struct RouteLog {
   std::mutex mutex;
   FILE* file = nullptr;
-  std::set<RouteKey> seen;
+  std::set<std::tuple<int, int, int, size_t, int, int, int>> seen;
 };
 
 RouteLog* open_log() {
@@ -43,16 +41,14 @@ void log_route(const NcclCall& call, Route route, const char* why) noexcept {
   static RouteLog* log = open_log();
   if (!log) return;
   try {
-    const RouteKey key{int(call.op), int(call.type),    int(call.redop), nccl_size_bytes(call),
-                       call.world,   int(call.buffers), int(route)};
-    // What this thread logged already needs no lock: the rank threads of one process would take
-    // it every call (the log's own cost must not show in the times it explains).
-    thread_local std::set<RouteKey> seen_here;
-    if (!seen_here.insert(key).second) return;
+    const size_t bytes = nccl_size_bytes(call);
     std::lock_guard<std::mutex> lock(log->mutex);
-    if (!log->seen.insert(key).second) return;
-    std::fprintf(log->file, "%s,%d,%d,%zu,%d,%s,%s,\"%s\"\n", collective_name(call.op), int(call.type), int(call.redop),
-                 std::get<3>(key), call.world, buffer_kind_name(call.buffers), route_name(route), why);
+    if (!log->seen.insert({int(call.op), int(call.type), int(call.redop), bytes, call.world, int(call.buffers),
+                           int(route)})
+             .second)
+      return;
+    std::fprintf(log->file, "%s,%d,%d,%zu,%d,%s,%s,\"%s\"\n", collective_name(call.op), int(call.type),
+                 int(call.redop), bytes, call.world, buffer_kind_name(call.buffers), route_name(route), why);
     std::fflush(log->file);
   } catch (...) {
   }
