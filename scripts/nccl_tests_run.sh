@@ -116,9 +116,9 @@ run_one() {
     || echo "$tag: no result rows (see $log)"
 }
 
-i=0
 FAILED_RUNS=0
 for rep in $(seq 1 "$REPEATS"); do
+  i=$rep  # each repetition flips every pair's order, whatever the number of pairs
   for mode in $MODES; do
     for collective in $COLLECTIVES; do
       for type in $TYPES; do

@@ -7,14 +7,18 @@
       time, algbw, busbw, #wrong). With --routes (the shim's SYMMEM_NCCL_ROUTE_LOG files of that
       run), each row says where the shim sent it: symmem, nccl, or mixed.
   nccl_tests_report.py compare CSV [--out SUMMARY]
-      Side by side: busbw of plain NCCL and through the shim per (mode, collective, type, op, size),
-      their ratio (each library's better placement), the ratio out of place and in place, the route,
-      and the verdicts: #wrong must be 0 on every row; where the shim serves, it must be faster in
-      both placements; where it forwards, within noise. A run repeated (nccl_tests_run.sh REPEATS:
-      rows with a `rep` column) is judged by the medians of its repetitions, and its noise is
-      plain NCCL against itself: the largest spread of plain NCCL's repetitions of that row (max over
-      min, minus 1); a forwarded row is off when its ratio is further from 1 than that noise, or
-      than 5 % when larger (one repetition: 5 %). Exit 1 when a row is wrong.
+      Side by side per (mode, collective, type, op, size) of one run (commit, buffers, flags, shim
+      mode and workspace alike): plain NCCL's and the shim's time (each library's better placement),
+      NCCL's time over the shim's out of place and in place, the route, and two speed verdicts: where
+      the shim serves, faster in both placements; where it forwards, within noise in both. A run
+      repeated (nccl_tests_run.sh REPEATS: rows with a `rep` column; both libraries ran back to back
+      in each repetition) is judged by the median of its paired ratios, and its noise is plain NCCL
+      against itself: the largest spread of plain NCCL's times over the repetitions (max over min,
+      minus 1); a forwarded row is off when a ratio is further from 1 than that noise, with 5 % at
+      least and 15 % at most (one repetition: 5 %). Times, not nccl-tests' bandwidths, which it
+      rounds to 2 decimals (10-25 % steps below 256 KiB). Exit 1 when a row is wrong, a library or a
+      repetition is missing, or the shim logged no route for a row; the speed verdicts are counted,
+      not enforced.
 
 Plain Python 3, no dependencies: it runs on the GPU machine beside the binaries.
 """
@@ -116,66 +120,96 @@ def median(values):
     return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
 
 
-def busbw(rows, placement):
-    """Median busbw of `rows` (one row's repetitions) out of place ("oop") or in place ("ip")."""
-    return median([float(r[placement + "_busbw"]) for r in rows])
+PLACEMENTS = ("oop", "ip")
+
+
+def time_of(row, placement):
+    """A row's time in microseconds in one placement, or None where nccl-tests printed none."""
+    try:
+        t = float(row[placement + "_time_us"])
+    except (KeyError, ValueError):
+        return None
+    return t if t > 0 else None
+
+
+def best_time(row):
+    times = [t for t in (time_of(row, p) for p in PLACEMENTS) if t is not None]
+    return min(times) if times else None
+
+
+def paired_ratio(plain, shim, time):
+    """Median over repetitions of plain NCCL's time over the shim's (> 1: the shim is faster), the
+    repetitions paired in order; None without a time on both sides."""
+    ratios = []
+    for a, b in zip(plain, shim):
+        ta, tb = time(a), time(b)
+        if ta is not None and tb is not None:
+            ratios.append(ta / tb)
+    return median(ratios) if ratios else None
 
 
 def spread(rows):
-    """Plain NCCL against itself: the largest max / min - 1 of a placement over the repetitions."""
+    """Plain NCCL against itself: the largest max / min - 1 of a placement's times over the
+    repetitions (0 for one)."""
     worst = 0.0
-    for placement in ("oop", "ip"):
-        values = [float(r[placement + "_busbw"]) for r in rows]
-        if len(values) > 1 and min(values) > 0:
-            worst = max(worst, max(values) / min(values) - 1)
+    for placement in PLACEMENTS:
+        times = [t for t in (time_of(r, placement) for r in rows) if t is not None]
+        if len(times) > 1:
+            worst = max(worst, max(times) / min(times) - 1)
     return worst
+
+
+def fmt(x, spec=".3f"):
+    return format(x, spec) if x is not None else "-"
 
 
 def compare(args):
     rows = list(csv.DictReader(open(args.csv)))
-    key = lambda r: (r["mode"], r["ranks"], r["collective"], r["type"], r["redop"], int(r["size"]))
+    run = lambda r: tuple(r.get(k, "") for k in ("commit", "buffers", "flags", "shim_mode", "workspace_mb"))
+    key = lambda r: (r["mode"], r["ranks"], r["collective"], r["type"], r["redop"], int(r["size"]), run(r))
     plain, shim = collections.defaultdict(list), collections.defaultdict(list)
     for r in rows:
         (plain if r["library"] == "nccl" else shim)[key(r)].append(r)
-    lines, wrong, slower_served, off_forwarded, unmatched, unlogged = [], 0, 0, 0, 0, 0
-    header = f"{'mode':9} {'N':>2} {'collective':14} {'type':8} {'op':6} {'size':>10} {'NCCL busbw':>10} " \
-             f"{'shim busbw':>10} {'ratio':>6} {'oop':>6} {'ip':>6} {'reps':>4} {'noise':>6} {'route':8} verdict"
+    by_rep = lambda rs: sorted(rs, key=lambda r: int(r.get("rep") or 1))
+    lines, wrong, slower_served, off_forwarded, unmatched, unlogged, mixed = [], 0, 0, 0, 0, 0, 0
+    header = f"{'mode':9} {'N':>2} {'collective':14} {'type':8} {'op':6} {'size':>10} {'NCCL us':>9} " \
+             f"{'shim us':>9} {'ratio':>6} {'oop':>6} {'ip':>6} {'reps':>4} {'noise':>6} {'route':8} verdict"
     lines.append(header)
     for k in sorted(set(plain) | set(shim)):
-        a, b = plain.get(k, []), shim.get(k, [])
+        a, b = by_rep(plain.get(k, [])), by_rep(shim.get(k, []))
         bad = [r for r in a + b if is_wrong(r)]
         wrong += len(bad)
-        if not a or not b:
-            # A run that crashed, timed out or printed less than its twin.
-            lines.append(f"{k}: only {'plain' if a else 'shim'}")
+        if not a or not b or len(a) != len(b):
+            # A run that crashed, timed out or printed less than its twin (in some repetition).
+            lines.append(f"{k[:6]}: {len(a)} plain and {len(b)} shim repetitions")
             unmatched += 1
             continue
-        # The shim saw no such call at all (no communicator of its own: nothing was compared).
         routes = {r["route"] for r in b}
         route = routes.pop() if len(routes) == 1 else "mixed"
+        # The shim saw no such call at all (no communicator of its own: nothing was compared).
         unlogged += route == "unlogged"
-        ratio_of = lambda placement: (busbw(b, placement) / busbw(a, placement)
-                                      if busbw(a, placement) > 0 else float("nan"))
-        # The better of out-of-place and in-place, as nccl-tests' readers take it.
-        bw_a = max(busbw(a, "oop"), busbw(a, "ip"))
-        bw_b = max(busbw(b, "oop"), busbw(b, "ip"))
-        ratio = bw_b / bw_a if bw_a > 0 else float("nan")
-        # alltoall's in-place column is measured too (its data unchecked: N/A).
-        placements = [ratio_of("oop"), ratio_of("ip")]
+        ratio = paired_ratio(a, b, best_time)
+        placements = [paired_ratio(a, b, lambda r, p=p: time_of(r, p)) for p in PLACEMENTS]
         noise = spread(a)
-        tolerance = max(0.05, noise)
+        tolerance = min(0.15, max(0.05, noise))
+        measured = [x for x in placements if x is not None]
         verdict = "WRONG" if bad else ""
-        if not bad and route == "symmem" and any(x <= 1.0 for x in placements if x == x):
-            slower = [name for name, x in zip(("out of place", "in place"), placements) if x == x and x <= 1.0]
+        if bad:
+            pass
+        elif route == "mixed":
+            verdict, mixed = "routed both ways", mixed + 1
+        elif route == "symmem" and any(x <= 1.0 for x in measured):
+            slower = [name for name, x in zip(("out of place", "in place"), placements) if x is not None and x <= 1.0]
             verdict, slower_served = "served, not faster " + " and ".join(slower), slower_served + 1
-        elif not bad and route == "nccl" and abs(ratio - 1.0) > tolerance:
+        elif route == "nccl" and any(abs(x - 1.0) > tolerance for x in measured):
             verdict, off_forwarded = f"forwarded, off by > {tolerance:.0%}", off_forwarded + 1
-        lines.append(f"{k[0]:9} {k[1]:>2} {k[2]:14} {k[3]:8} {k[4]:6} {k[5]:>10} {bw_a:>10.2f} {bw_b:>10.2f} "
-                     f"{ratio:>6.3f} {placements[0]:>6.3f} {placements[1]:>6.3f} {min(len(a), len(b)):>4} "
+        lines.append(f"{k[0]:9} {k[1]:>2} {k[2]:14} {k[3]:8} {k[4]:6} {k[5]:>10} "
+                     f"{fmt(median([best_time(r) for r in a]), '9.2f')} {fmt(median([best_time(r) for r in b]), '9.2f')} "
+                     f"{fmt(ratio, '6.3f')} {fmt(placements[0], '6.3f')} {fmt(placements[1], '6.3f')} {len(a):>4} "
                      f"{noise:>6.3f} {route:8} {verdict}")
-    lines.append(f"rows with #wrong > 0: {wrong}; rows of one library only: {unmatched}; shim rows it never "
-                 f"routed (unlogged): {unlogged}; served rows not faster: {slower_served}; "
-                 f"forwarded rows off by more than the noise: {off_forwarded}")
+    lines.append(f"rows with #wrong > 0: {wrong}; rows without a twin in every repetition: {unmatched}; shim rows "
+                 f"it never routed (unlogged): {unlogged}; rows routed both ways: {mixed}; served rows not faster: "
+                 f"{slower_served}; forwarded rows off by more than the noise: {off_forwarded}")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out:

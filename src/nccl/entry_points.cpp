@@ -21,16 +21,6 @@ using symmem::nccl::real_nccl;
 
 namespace {
 
-// The real function `fn`, or throws kUnsupported (ncclInvalidUsage) when the real library, an
-// older NCCL, lacks it.
-template <typename F>
-F require(F fn, const char* name) {
-  if (!fn)
-    throw symmem::Error(symmem::ErrorCode::kUnsupported,
-                        std::string("symmem NCCL shim: ") + real_nccl().path + " has no " + name);
-  return fn;
-}
-
 // Calls NCCL's own code makes to its exported functions (real_nccl.hpp: preloaded, the shim
 // receives them too) are forwarded unchanged, so that the shim's work (a rendezvous, a group of its
 // own, symmem's errors) happens once, for the program's call. Such a call is one that arrives while
@@ -60,7 +50,7 @@ bool inside_real_library(const void* caller) noexcept {
 
 // The real `name` called with the arguments given, under guarded().
 #define SYMMEM_NCCL_CALL_REAL(name, ...) \
-  guarded([&] { return symmem::nccl::forwarded(require(real_nccl().name, #name)(__VA_ARGS__)); })
+  guarded([&] { return symmem::nccl::forwarded(symmem::nccl::require_real(real_nccl().name, #name)(__VA_ARGS__)); })
 
 // Forwards `name` with the arguments given.
 #define SYMMEM_NCCL_FORWARD(name, ...)        \

@@ -11,8 +11,11 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <string>
+
 #include "nccl/real_nccl.hpp"
 #include "nccl/serve_plan.hpp"
+#include "symmem/error.hpp"
 
 namespace symmem::nccl {
 
@@ -20,6 +23,14 @@ namespace symmem::nccl {
 const RealNccl& real_nccl();
 // A forwarded call's result: a failure of the real NCCL makes ncclGetLastError its again.
 ncclResult_t forwarded(ncclResult_t result);
+// The real function `fn`, or throws kUnsupported (ncclInvalidUsage) when the real library, an older
+// NCCL, lacks it.
+template <typename F>
+F require_real(F fn, const char* name) {
+  if (!fn)
+    throw Error(ErrorCode::kUnsupported, std::string("symmem NCCL shim: ") + real_nccl().path + " has no " + name);
+  return fn;
+}
 
 ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank, ncclConfig_t* config,
                        bool with_config);

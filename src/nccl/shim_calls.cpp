@@ -58,8 +58,8 @@ void keep_first_failure(ncclResult_t* first, ncclResult_t result) {
 const RealNccl& real_nccl() {
   const RealNccl* real = RealNccl::get();
   if (!real)
-    throw Error(ErrorCode::kSystemError,
-                "symmem NCCL shim: no real NCCL could be loaded (set SYMMEM_NCCL_LIBRARY): " + RealNccl::load_failure());
+    throw Error(ErrorCode::kSystemError, "symmem NCCL shim: no real NCCL could be loaded (set SYMMEM_NCCL_LIBRARY): " +
+                                             RealNccl::load_failure());
   return *real;
 }
 
@@ -70,23 +70,23 @@ ncclResult_t forwarded(ncclResult_t result) {
 
 namespace {
 
-// The real function of call.op with the program's arguments.
-ncclResult_t forward_to_real(const NcclCall& call, const void* send, void* recv, ncclComm_t comm,
-                             cudaStream_t stream) {
+// The real function of call.op with the program's arguments; kUnsupported (ncclInvalidUsage) when
+// the real library lacks it.
+ncclResult_t forward_to_real(const NcclCall& call, const void* send, void* recv, ncclComm_t comm, cudaStream_t stream) {
   const RealNccl& real = real_nccl();
   switch (call.op) {
     case Collective::kAllReduce:
-      return real.ncclAllReduce(send, recv, call.count, call.type, call.redop, comm, stream);
+      return require_real(real.ncclAllReduce, "ncclAllReduce")(send, recv, call.count, call.type, call.redop, comm,
+                                                               stream);
     case Collective::kReduceScatter:
-      return real.ncclReduceScatter(send, recv, call.count, call.type, call.redop, comm, stream);
-    case Collective::kAllGather: return real.ncclAllGather(send, recv, call.count, call.type, comm, stream);
+      return require_real(real.ncclReduceScatter, "ncclReduceScatter")(send, recv, call.count, call.type, call.redop,
+                                                                       comm, stream);
+    case Collective::kAllGather:
+      return require_real(real.ncclAllGather, "ncclAllGather")(send, recv, call.count, call.type, comm, stream);
     case Collective::kAlltoAll:
-      if (!real.ncclAlltoAll)
-        throw Error(ErrorCode::kUnsupported, "symmem NCCL shim: " + real.path + " has no ncclAlltoAll");
-      return real.ncclAlltoAll(send, recv, call.count, call.type, comm, stream);
+      return require_real(real.ncclAlltoAll, "ncclAlltoAll")(send, recv, call.count, call.type, comm, stream);
     default:
-      throw Error(ErrorCode::kInternal,
-                  std::string("symmem NCCL shim: no forward for ") + collective_name(call.op));
+      throw Error(ErrorCode::kInternal, std::string("symmem NCCL shim: no forward for ") + collective_name(call.op));
   }
 }
 
