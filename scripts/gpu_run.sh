@@ -87,7 +87,7 @@ triton_all_gather_tiles    the Triton all-gather at 16 programs per tile shape (
 triton_all_reduce_grids    the Triton one-shot all-reduce per grid (TRITON_GRIDS) against torch one_shot
 host_cost                  symmem-bench host_cost (one GPU): CPU time per call, 1 KiB and 64 KiB
 nccl_shim                  libsymmem_nccl.so: nccl-tests, a PyNccl client, PyTorch steps and a killed rank, against plain NCCL
-nccl_tests_repeat          nccl-tests 1-256 KiB through libsymmem_nccl.so and plain, alternating NCCL_REPEATS times (default 3): medians and plain NCCL'"'"'s own spread
+nccl_tests_repeat          nccl-tests 1-256 KiB through libsymmem_nccl.so and plain, NCCL_REPEATS times (default 4, each order twice): medians and plain NCCL'"'"'s own spread
 host_cost_ab               tools/torch_host_cost_ab.py: an older tree (bundle.sh OLD_TORCH_TREE) against this one
 host_cost_torch            tools/torch_host_cost_ab.py: host cost per call of this tree beside NCCL (world 1)
 chunked_gemm               symmem-bench chunked_gemm (one GPU): one GEMM against row blocks
@@ -474,7 +474,7 @@ run_step() {
         cp -r "$L/nccl_shim_$n" "$TESTS/" 2>/dev/null
       fi ;;
     nccl_tests_repeat)  # where a call takes ~10 us: forwarded rows held to plain NCCL's spread against itself, served rows per placement
-      step "nccl_tests_repeat_$n" 420 env OUT="$L/nccl_tests_repeat_$n" REPEATS="${NCCL_REPEATS:-3}" \
+      step "nccl_tests_repeat_$n" 420 env OUT="$L/nccl_tests_repeat_$n" REPEATS="${NCCL_REPEATS:-4}" \
         MODES="${NCCL_SHIM_MODES:-processes threads}" COLLECTIVES="${NCCL_REPEAT_COLLECTIVES:-all_reduce reduce_scatter alltoall}" \
         TYPES="${NCCL_SHIM_TYPES:-bfloat16}" SWEEP="-b 1K -e 256K -f 4 -n 100 -w 20 -c 1" \
         SHIM="$B/libsymmem_nccl.so" NCCL_TESTS_BIN="$B/nccl-tests" scripts/nccl_tests_run.sh "$n"

@@ -137,15 +137,20 @@ def best_time(row):
     return min(times) if times else None
 
 
-def paired_ratio(plain, shim, time):
-    """Median over repetitions of plain NCCL's time over the shim's (> 1: the shim is faster), the
-    repetitions paired in order; None without a time on both sides."""
+def paired_ratio(pairs, time):
+    """Median over the repetitions (plain row, shim row) of plain NCCL's time over the shim's (> 1:
+    the shim is faster); None without a time on both sides in any of them."""
     ratios = []
-    for a, b in zip(plain, shim):
+    for a, b in pairs:
         ta, tb = time(a), time(b)
         if ta is not None and tb is not None:
             ratios.append(ta / tb)
     return median(ratios) if ratios else None
+
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return median(values) if values else None
 
 
 def spread(rows):
@@ -170,26 +175,38 @@ def compare(args):
     plain, shim = collections.defaultdict(list), collections.defaultdict(list)
     for r in rows:
         (plain if r["library"] == "nccl" else shim)[key(r)].append(r)
-    by_rep = lambda rs: sorted(rs, key=lambda r: int(r.get("rep") or 1))
+    reps = lambda rs: [int(r.get("rep") or 1) for r in rs]
     lines, wrong, slower_served, off_forwarded, unmatched, unlogged, mixed = [], 0, 0, 0, 0, 0, 0
     header = f"{'mode':9} {'N':>2} {'collective':14} {'type':8} {'op':6} {'size':>10} {'NCCL us':>9} " \
              f"{'shim us':>9} {'ratio':>6} {'oop':>6} {'ip':>6} {'reps':>4} {'noise':>6} {'route':8} verdict"
     lines.append(header)
     for k in sorted(set(plain) | set(shim)):
-        a, b = by_rep(plain.get(k, [])), by_rep(shim.get(k, []))
+        a, b = plain.get(k, []), shim.get(k, [])
         bad = [r for r in a + b if is_wrong(r)]
         wrong += len(bad)
-        if not a or not b or len(a) != len(b):
-            # A run that crashed, timed out or printed less than its twin (in some repetition).
-            lines.append(f"{k[:6]}: {len(a)} plain and {len(b)} shim repetitions")
+        # Every repetition of both libraries, once each: a run that crashed, timed out or printed
+        # less than its twin, or a log parsed twice, leaves the row without its twin.
+        if not a or not b or sorted(reps(a)) != sorted(reps(b)) or len(set(reps(a))) != len(a):
+            lines.append(f"{k[:6]}: plain repetitions {sorted(reps(a))}, shim repetitions {sorted(reps(b))}")
             unmatched += 1
             continue
+        shim_of = {int(r.get("rep") or 1): r for r in b}
+        pairs = [(r, shim_of[int(r.get("rep") or 1)]) for r in a]
         routes = {r["route"] for r in b}
+        # The shim saw no such call in some repetition (no communicator of its own there: nothing
+        # was compared).
+        if "unlogged" in routes:
+            unlogged += 1
+            lines.append(f"{k[:6]}: the shim logged no route in a repetition")
+            continue
         route = routes.pop() if len(routes) == 1 else "mixed"
-        # The shim saw no such call at all (no communicator of its own: nothing was compared).
-        unlogged += route == "unlogged"
-        ratio = paired_ratio(a, b, best_time)
-        placements = [paired_ratio(a, b, lambda r, p=p: time_of(r, p)) for p in PLACEMENTS]
+        ratio = paired_ratio(pairs, best_time)
+        placements = [paired_ratio(pairs, lambda r, p=p: time_of(r, p)) for p in PLACEMENTS]
+        if ratio is None:
+            # nccl-tests printed no time for this row (0 or missing) in any repetition.
+            lines.append(f"{k[:6]}: no time on both sides")
+            unmatched += 1
+            continue
         noise = spread(a)
         tolerance = min(0.15, max(0.05, noise))
         measured = [x for x in placements if x is not None]
@@ -204,7 +221,8 @@ def compare(args):
         elif route == "nccl" and any(abs(x - 1.0) > tolerance for x in measured):
             verdict, off_forwarded = f"forwarded, off by > {tolerance:.0%}", off_forwarded + 1
         lines.append(f"{k[0]:9} {k[1]:>2} {k[2]:14} {k[3]:8} {k[4]:6} {k[5]:>10} "
-                     f"{fmt(median([best_time(r) for r in a]), '9.2f')} {fmt(median([best_time(r) for r in b]), '9.2f')} "
+                     f"{fmt(median_or_none(best_time(r) for r in a), '9.2f')} "
+                     f"{fmt(median_or_none(best_time(r) for r in b), '9.2f')} "
                      f"{fmt(ratio, '6.3f')} {fmt(placements[0], '6.3f')} {fmt(placements[1], '6.3f')} {len(a):>4} "
                      f"{noise:>6.3f} {route:8} {verdict}")
     lines.append(f"rows with #wrong > 0: {wrong}; rows without a twin in every repetition: {unmatched}; shim rows "

@@ -182,7 +182,10 @@ ncclResult_t group_end() {
       continue;
     }
     log_route(c.call, c.served ? Route::kSymmem : Route::kNccl, c.served ? "in a group" : kNoSymmemSide);
-    if (!c.served) keep_first_failure(&first, forwarded(forward_to_real(c.call, c.send, c.recv, c.comm, c.stream)));
+    // (guarded: a throw here would skip the real group's end below)
+    if (!c.served)
+      keep_first_failure(&first,
+                         guarded([&] { return forwarded(forward_to_real(c.call, c.send, c.recv, c.comm, c.stream)); }));
   }
   // 3. The real group: forwarded calls launch, communicators made in it finish their init.
   const ncclResult_t real_end = forwarded(real.ncclGroupEnd());

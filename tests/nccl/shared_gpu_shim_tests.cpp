@@ -416,12 +416,15 @@ std::vector<Shape> every_shape() {
         shapes.push_back({Op::kAllGather, t, ncclSum, count, in_place});
     }
     // In place too (the low-latency all-to-all moves it without staging), and in place on some
-    // ranks only.
+    // ranks only. In place the input covers the poison, and at counts of 3 mod 11 every rank's
+    // input equals its expected output (value() repeats every 11): a call that moved nothing
+    // would pass there.
+    const bool in_place_checks = count % 11 != 3;
     for (ncclDataType_t t : {ncclFloat32, ncclFloat16, ncclUint8}) {
       shapes.push_back({Op::kAlltoAll, t, ncclSum, count, false});
-      shapes.push_back({Op::kAlltoAll, t, ncclSum, count, true});
+      if (in_place_checks) shapes.push_back({Op::kAlltoAll, t, ncclSum, count, true});
     }
-    shapes.push_back({Op::kAlltoAll, ncclFloat16, ncclSum, count, true, true});
+    if (in_place_checks) shapes.push_back({Op::kAlltoAll, ncclFloat16, ncclSum, count, true, true});
   }
   return shapes;
 }

@@ -142,6 +142,52 @@ def test_report_compare_needs_every_repetition_of_both_libraries(tmp_path):
     assert rc == 1 and "rows without a twin in every repetition: 1" in out, out
 
 
+def compare_rows(tmp_path, rows):
+    """`compare` over CSV rows given as (library, rep, route, oop_time_us, ip_time_us) of one
+    all_reduce prod 1 KiB row of a processes run at 2 ranks."""
+    csv_path = tmp_path / "rows.csv"
+    with open(csv_path, "w", newline="") as f:
+        w = None
+        for library, rep, route, oop, ip in rows:
+            row = {"commit": "c", "buffers": "staged", "ranks": 2, "mode": "processes", "library": library,
+                   "collective": "all_reduce", "type": "bfloat16", "redop": "prod", "size": 1024,
+                   "count": 512, "route": route, "oop_time_us": oop, "ip_time_us": ip, "oop_wrong": 0,
+                   "ip_wrong": 0, "oop_busbw": 0.1, "ip_busbw": 0.1, "rep": rep}
+            if w is None:
+                w = csv.DictWriter(f, fieldnames=list(row))
+                w.writeheader()
+            w.writerow(row)
+    return run(REPORT, "compare", str(csv_path))
+
+
+def test_report_compare_judges_each_placement_and_every_repetition(tmp_path):
+    both = lambda rep, plain, shim, route="nccl": [("nccl", rep, "nccl", *plain), ("symmem_nccl", rep, route, *shim)]
+    # A forwarded row off in one placement only (the better placement alike): off.
+    rc, out = compare_rows(tmp_path, both(1, (10.0, 10.0), (10.0, 12.0)))
+    assert rc == 0 and "forwarded rows off by more than the noise: 1" in out, out
+    # Repetitions 1 and 3 of plain NCCL against 1 and 2 of the shim: no twin (exit 1).
+    rc, out = compare_rows(tmp_path, both(1, (10.0, 10.0), (10.0, 10.0)) + [("nccl", 3, "nccl", 10.0, 10.0),
+                                                                            ("symmem_nccl", 2, "nccl", 10.0, 10.0)])
+    assert rc == 1 and "rows without a twin in every repetition: 1" in out, out
+    # A repetition parsed twice: no twin either.
+    rc, out = compare_rows(tmp_path, both(1, (10.0, 10.0), (10.0, 10.0)) * 2)
+    assert rc == 1 and "rows without a twin in every repetition: 1" in out, out
+    # No time on either side in any repetition (nccl-tests printed 0): no twin; one repetition
+    # without a time and one with: judged on the one.
+    rc, out = compare_rows(tmp_path, both(1, (0.0, 0.0), (10.0, 10.0)))
+    assert rc == 1 and "no time on both sides" in out, out
+    rc, out = compare_rows(tmp_path, both(1, (0.0, 0.0), (10.0, 10.0)) + both(2, (10.0, 10.0), (10.0, 10.0)))
+    assert rc == 0 and "forwarded rows off by more than the noise: 0" in out, out
+    # The shim logged no route in one repetition: unlogged (exit 1).
+    rc, out = compare_rows(tmp_path, both(1, (10.0, 10.0), (10.0, 10.0)) +
+                           both(2, (10.0, 10.0), (10.0, 10.0), route="unlogged"))
+    assert rc == 1 and "never routed (unlogged): 1" in out, out
+    # Routed to symmem in one repetition and to NCCL in another: counted, no speed verdict.
+    rc, out = compare_rows(tmp_path, both(1, (10.0, 10.0), (5.0, 5.0), route="symmem") +
+                           both(2, (10.0, 10.0), (10.0, 10.0)))
+    assert "rows routed both ways: 1" in out, out
+
+
 def test_report_compare_fails_on_a_wrong_row(tmp_path):
     csv_path = tmp_path / "w.csv"
     for library, wrong in (("nccl", 0), ("symmem_nccl", 3)):
