@@ -27,8 +27,8 @@
 #                   implements: the input of tools/nccl_cutover.py)
 #   REPEATS         runs of each pair (default 1): the comparison takes the medians and holds
 #                   forwarded rows to plain NCCL's spread against itself (rows carry `rep`)
-# Exit status: 1 when any row has #wrong > 0, a run failed, a row exists for one library only, or
-# the shim never routed a call of a row (tools/nccl_tests_report.py compare).
+# Exit status: 1 when any row has #wrong > 0, a run failed, a row lacks its twin of the other library
+# in some repetition, or the shim never routed a call of a row (tools/nccl_tests_report.py compare).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 REPO=$PWD

@@ -137,20 +137,21 @@ def best_time(row):
     return min(times) if times else None
 
 
-def paired_ratio(pairs, time):
-    """Median over the repetitions (plain row, shim row) of plain NCCL's time over the shim's (> 1:
-    the shim is faster); None without a time on both sides in any of them."""
-    ratios = []
-    for a, b in pairs:
-        ta, tb = time(a), time(b)
-        if ta is not None and tb is not None:
-            ratios.append(ta / tb)
-    return median(ratios) if ratios else None
-
-
 def median_or_none(values):
     values = [v for v in values if v is not None]
     return median(values) if values else None
+
+
+def paired_ratio(pairs, time):
+    """Median over the repetitions (plain row, shim row) of plain NCCL's time over the shim's (> 1:
+    the shim is faster); None without a time on both sides in any of them."""
+    return median_or_none(time(a) / time(b) if time(a) is not None and time(b) is not None else None
+                          for a, b in pairs)
+
+
+def rep_of(row):
+    """A row's repetition (rows of a run made before repetitions: 1)."""
+    return int(row.get("rep") or 1)
 
 
 def spread(rows):
@@ -175,7 +176,7 @@ def compare(args):
     plain, shim = collections.defaultdict(list), collections.defaultdict(list)
     for r in rows:
         (plain if r["library"] == "nccl" else shim)[key(r)].append(r)
-    reps = lambda rs: [int(r.get("rep") or 1) for r in rs]
+    reps = lambda rs: [rep_of(r) for r in rs]
     lines, wrong, slower_served, off_forwarded, unmatched, unlogged, mixed = [], 0, 0, 0, 0, 0, 0
     header = f"{'mode':9} {'N':>2} {'collective':14} {'type':8} {'op':6} {'size':>10} {'NCCL us':>9} " \
              f"{'shim us':>9} {'ratio':>6} {'oop':>6} {'ip':>6} {'reps':>4} {'noise':>6} {'route':8} verdict"
@@ -190,8 +191,8 @@ def compare(args):
             lines.append(f"{k[:6]}: plain repetitions {sorted(reps(a))}, shim repetitions {sorted(reps(b))}")
             unmatched += 1
             continue
-        shim_of = {int(r.get("rep") or 1): r for r in b}
-        pairs = [(r, shim_of[int(r.get("rep") or 1)]) for r in a]
+        shim_of = {rep_of(r): r for r in b}
+        pairs = [(r, shim_of[rep_of(r)]) for r in a]
         routes = {r["route"] for r in b}
         # The shim saw no such call in some repetition (no communicator of its own there: nothing
         # was compared).
@@ -210,9 +211,9 @@ def compare(args):
         noise = spread(a)
         tolerance = min(0.15, max(0.05, noise))
         measured = [x for x in placements if x is not None]
-        verdict = "WRONG" if bad else ""
+        verdict = ""
         if bad:
-            pass
+            verdict = "WRONG"
         elif route == "mixed":
             verdict, mixed = "routed both ways", mixed + 1
         elif route == "symmem" and any(x <= 1.0 for x in measured):
