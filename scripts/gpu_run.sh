@@ -67,6 +67,7 @@ reduce_scatter             symmem-bench reduce_scatter, 1 KiB-256 MiB, eager
 reduce_scatter_graph_small reduce_scatter 1-256 KiB from CUDA graphs
 all_to_all                 symmem-bench all_to_all: uniform eager and graph, zipf and one-hot splits
 all_to_all_graph_blocks    all_to_all 16-256 KiB from graphs over 8-64 blocks
+all_to_all_blocks          all_to_all 256 KiB-64 MiB, push and pull over 4-128 blocks: uniform, zipf and one-hot splits
 all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against torch and NCCL
 moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
 moe_sm_budget              the decode combine of both layouts at 24-132 blocks
@@ -366,6 +367,13 @@ run_step() {
       bench "all_to_all_onehot_$n" 100 "" all_to_all -b 4K -e 64M -f 4 -n 20 -w 5 --reps 5 --splits onehot ;;
     all_to_all_graph_blocks) bench "all_to_all_graph_blocks_$n" 120 "" all_to_all -b 16K -e 256K -f 2 -n 20 -w 5 \
       --reps 5 --graph --algos low_latency,push --blocks 8,16,24,32,48,64 ;;
+    all_to_all_blocks)
+      bench "all_to_all_blocks_$n" 120 "" all_to_all -b 256K -e 64M -f 2 -n 20 -w 5 --reps 3 --algos push,pull \
+        --blocks 4,8,16,32,48,64,96,128
+      bench "all_to_all_blocks_zipf_$n" 120 "" all_to_all -b 256K -e 64M -f 4 -n 20 -w 5 --reps 3 --splits zipf \
+        --algos push,pull --blocks 16,32,64,96,128
+      bench "all_to_all_blocks_onehot_$n" 120 "" all_to_all -b 256K -e 64M -f 4 -n 20 -w 5 --reps 3 --splits onehot \
+        --algos push,pull --blocks 16,32,64,96,128 ;;
     overlap)
       bench "overlap_$n" 100 overlap.png overlap -n 10 --reps 5
       keep "$L/overlap_${n}_phases.csv" "overlap_phases_$n" ;;

@@ -31,9 +31,11 @@ using dev::wait_barrier_flag;
 
 // Reads this block's epoch for the kernel (one per block, kept on the device so that CUDA graph
 // replays advance it). Must be called by all threads; the block commits it with epoch_commit.
+// epoch_after: the same read by one thread, for a kernel that shares it through its own barrier.
+__device__ __forceinline__ uint32_t epoch_after(const SyncArgs& s) { return s.epochs[blockIdx.x] + 1; }
 __device__ __forceinline__ uint32_t epoch_begin(const SyncArgs& s) {
   __shared__ uint32_t epoch;
-  if (threadIdx.x == 0) epoch = s.epochs[blockIdx.x] + 1;
+  if (threadIdx.x == 0) epoch = epoch_after(s);
   __syncthreads();
   return epoch;
 }

@@ -129,14 +129,26 @@ __device__ __forceinline__ uint32_t& header_word_at(const Columns& c, Ranks& r, 
 }
 
 // This rank's own header words into shared memory, from its arguments (no line carries them).
+// Block 0 loads them from its last threads down: its first threads, which store the header
+// (send), meanwhile pass their release fence, so that the fence and the loads overlap when the
+// header is at most half a block (every 1-D form).
 __device__ void keep_own_header(const AllToAllVariableArgs& a, int header, const Columns& c, Ranks& r) {
   const int world = a.sync.world, me = a.sync.rank, n = world * a.experts;
-  for (int w = threadIdx.x; w < header; w += blockDim.x) header_word_at(c, r, world, n, me, w) = my_header_word(a, n, w);
+  const int first = blockIdx.x == 0 ? int(blockDim.x) - 1 - int(threadIdx.x) : int(threadIdx.x);
+  for (int w = first; w < header; w += blockDim.x) header_word_at(c, r, world, n, me, w) = my_header_word(a, n, w);
+}
+
+// The release of this stream's earlier work before the header that lets the peers in, by each
+// thread of block 0 that stores a word of it (send), before it loads anything. Pull: the peers
+// read the input rows (a staged copy). Push: the peers write into this rank's output, which
+// earlier kernels wrote (or read) last.
+__device__ __forceinline__ void release_before_header(const AllToAllVariableArgs& a, int header) {
+  if (blockIdx.x == 0 && a.sync.world > 1 && int(threadIdx.x) < header) device::fence_acq_rel_sys();
 }
 
 // Block 0 stores this rank's header into every peer's slot; every block, the rows of the pairs
-// this rank sends as lines (one expert per rank: its n = world splits). After keep_own_header and
-// a __syncthreads.
+// this rank sends as lines (one expert per rank: its n = world splits). After
+// release_before_header, keep_own_header and a __syncthreads.
 template <Way W>
 __device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, bool lines, const Columns& c,
                      Ranks& r) {
@@ -144,10 +156,6 @@ __device__ void send(const AllToAllVariableArgs& a, uint32_t call, int header, b
   const int world = s.world, me = s.rank, n = world * a.experts;
   const uint64_t tag = uint64_t(s.signature) << 32;
   if (blockIdx.x == 0 && world > 1) {
-    // A release of this stream's earlier work before the header that lets the peers in, in every
-    // thread that stores a word of it. Pull: the peers read the input rows (a staged copy). Push:
-    // the peers write into this rank's output, which earlier kernels wrote (or read) last.
-    if (threadIdx.x < header) device::fence_acq_rel_sys();
     for (int w = threadIdx.x; w < header; w += blockDim.x) {
       const uint32_t word = header_word_at(c, r, world, n, me, w);
       for (int i = 0; i < world - 1; ++i) {
@@ -543,9 +551,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
   __shared__ Ranks r;
   __shared__ uint32_t call_number;
 
-  // The call number and this rank's header words load at once, in different warps
-  // (device/call_counter.cuh's call_begin, without its own barrier).
-  if (threadIdx.x == kCounterThread) call_number = s.call_counter[0] + 1;
+  // The call number (device/call_counter.cuh's call_begin, without its own barrier), this block's
+  // epoch for the end barrier and this rank's header words load at once, beside block 0's release.
+  __shared__ uint32_t epoch;
+  if (threadIdx.x == kCounterThread) {
+    call_number = s.call_counter[0] + 1;
+    epoch = device::epoch_after(s);
+  }
+  release_before_header(a, header);
   keep_own_header(a, header, c, r);
   __syncthreads();
   const uint32_t call = call_number;
@@ -581,7 +594,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock) all_to_all_variable(AllToAll
   if (go) {
     move_span<V, W>(a, c);
     if (r.sm_between_ranks) {
-      const uint32_t epoch = device::epoch_begin(s);
       if (device::barrier(s, epoch, 1)) device::epoch_commit(s, epoch);
       // Invariant: block b of every peer finished its stores into (push) or loads from (pull)
       // this rank's buffers; the kernel's end, every block of every peer.

@@ -71,18 +71,12 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
         algo = Algo::kAuto;
       if (algo == Algo::kLowLatency && blocks <= 0) blocks = low_latency_blocks(words);
     }
-  } else if (algo == Algo::kAuto || algo == Algo::kLowLatency) {
-    // The device sends each pair of at most this many bytes as lines, the others by the SM path
-    // the plan names. Per pair: a rank then stores and receives at most (W - 1) x the threshold as
-    // lines, the uniform rule's bound on a rank's lines, however skewed the matrix. A pair's lines
-    // follow the header in its slot.
-    const size_t room = r.low_latency_capacity - std::min(r.low_latency_capacity, 4 * size_t(kMaxAllToAllHeaderWords));
-    plan.low_latency_pair_bytes =
-        std::min(room, algo == Algo::kLowLatency ? room : low_latency_rule_pair_bytes(r.world));
-    // One piece per pair only: a 2-D call's pieces land in several places (the SM path serves it).
-    if (r.experts > 1) plan.low_latency_pair_bytes = 0;
-    algo = Algo::kAuto;
   }
+  // Variable forms: the device sends each pair of at most low_latency_pair_bytes as lines (set
+  // below, once the blocks are known), the others by the SM path the plan names.
+  const bool variable_lines = !uniform && (algo == Algo::kAuto || algo == Algo::kLowLatency);
+  const bool lines_forced = !uniform && algo == Algo::kLowLatency;
+  if (!uniform && algo == Algo::kLowLatency) algo = Algo::kAuto;
   // Push writes the peers' outputs (they must be in the heap) and reads its own input; pull reads
   // the peers' inputs (in the heap, or staged) and writes its own output. A symmetric output
   // takes push, anything else pull.
@@ -102,11 +96,26 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
     plan.vector_bytes = 1;
   } else {
     if (blocks <= 0) {
-      blocks = uniform
-                   ? blocks_for(r.pair_bytes * static_cast<size_t>(std::max(1, r.world - 1)), size_t(128) << 10, 4, 64)
-                   : kAllToAllVariableBlocks;
+      const size_t to_peers = r.pair_bytes * static_cast<size_t>(std::max(1, r.world - 1));
+      blocks = !uniform ? kAllToAllVariableBlocks
+               : row.low_latency ? low_latency_blocks((r.pair_bytes + 3) / 4)
+                                 : uniform_all_to_all_blocks(to_peers);
     }
     plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
+    if (variable_lines) {
+      // Per pair: a rank then stores and receives at most (W - 1) x the threshold as lines, the
+      // uniform rule's bound on a rank's lines, however skewed the matrix. A pair's lines follow
+      // the header in its slot. Chosen by the plan (not forced), a pair goes by lines only while
+      // the grid has a thread for each of its words: past that every thread waits for its words
+      // in turn (2 x H200, one-hot 256 KiB per rank on 32 blocks: 13.9 us by lines, 10.3 by push).
+      const size_t room =
+          r.low_latency_capacity - std::min(r.low_latency_capacity, 4 * size_t(kMaxAllToAllHeaderWords));
+      const size_t grid_words = size_t(plan.blocks) * kThreadsPerBlock;
+      plan.low_latency_pair_bytes =
+          lines_forced ? room : std::min({room, low_latency_rule_pair_bytes(r.world), 4 * grid_words});
+      // One piece per pair only: a 2-D call's pieces land in several places (the SM path serves it).
+      if (r.experts > 1) plan.low_latency_pair_bytes = 0;
+    }
     const uint64_t in = plan.stage_input ? 0 : r.in_address;
     plan.vector_bytes =
         row.low_latency ? 4 : common_vector_bytes({uniform ? r.pair_bytes : r.row_bytes, in, r.out_address});

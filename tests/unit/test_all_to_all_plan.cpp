@@ -291,7 +291,19 @@ TEST(all_to_all_plan_uniform_by_size) {
   AllToAllPlan p = plan_all_to_all(uniform_request(8 << 20, 4), none);
   EXPECT(p.algo == Algo::kPush && p.kernel == KernelId::kAllToAllPush);
   EXPECT(!p.stage_input && !p.exchange);
-  EXPECT(p.blocks >= 4 && p.blocks <= 64);
+  EXPECT_EQ(p.blocks, 128);  // 24 MiB to its peers: a block per 32 KiB, at most 128
+  // The SM path's blocks follow the bytes a rank sends its peers: 4 blocks took 13.3 us for 512 KiB
+  // on 2 x H200, 16 took 9.2.
+  EXPECT_EQ(plan_all_to_all(uniform_request(512 << 10, 2), none).blocks, 16);
+  EXPECT_EQ(plan_all_to_all(uniform_request(1 << 20, 2), none).blocks, 32);
+  EXPECT_EQ(plan_all_to_all(uniform_request(512 << 10, 4), none).blocks, 48);
+  // Low latency, chosen or forced, gives every word its own thread (low_latency_blocks).
+  AllToAllRequest small = uniform_request(64 << 10, 2);
+  EXPECT(plan_all_to_all(small, none).algo == Algo::kLowLatency);
+  EXPECT_EQ(plan_all_to_all(small, none).blocks, 32);
+  small = uniform_request(512 << 10, 2);
+  small.options.algo = Algo::kLowLatency;
+  EXPECT_EQ(plan_all_to_all(small, none).blocks, 128);
   // A local output: pull; with a local input too, the input is staged in chunks of the workspace.
   AllToAllRequest r = uniform_request(64 << 20, 4);
   r.out_symmetric = false;
@@ -399,6 +411,18 @@ TEST(all_to_all_plan_variable_forms) {
   EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, size_t(0));
   v.experts = 1;
   EXPECT(plan_all_to_all(v, none).low_latency_pair_bytes > 0);
+  // Chosen by the plan, lines go no further than a word per thread of the grid: at 2 ranks the
+  // rule's 256 KiB per pair stops at 4 bytes x 32 blocks x kThreadsPerBlock, and a budget of 8
+  // blocks at a quarter of that. Forced, every pair that fits the slot.
+  v.world = 2;
+  EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, size_t(4) * kAllToAllVariableBlocks * kThreadsPerBlock);
+  v.options.max_blocks = 8;
+  EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, size_t(4) * 8 * kThreadsPerBlock);
+  v.options.algo = Algo::kLowLatency;
+  EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, (size_t(1) << 20) - 4 * size_t(kMaxAllToAllHeaderWords));
+  v.options.algo = Algo::kAuto;
+  v.options.max_blocks = -1;
+  v.world = 8;
   v.experts = 4;
   // A local output pulls; a local input is then staged.
   v.out_symmetric = false;
