@@ -70,7 +70,7 @@ all_to_all_graph_blocks    all_to_all 16-256 KiB from graphs over 8-64 blocks
 all_to_all_blocks          all_to_all 256 KiB-64 MiB, push and pull over 4-128 blocks: uniform, zipf and one-hot splits
 all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against torch and NCCL
 moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
-moe_sm_budget              the decode combine of both layouts at 24-132 blocks
+moe_sm_budget              decode-128 and prefill-4096 of both layouts at 24-132 blocks
 moe_combine_paths          the combine forced to each path (SYMMEM_MOE_COMBINE=registers, bulk)
 moe_ab                     moe with this bundle and an older library alternating (bundle.sh OLD_CAPI)
 overlap                    symmem-bench overlap: GEMM + in-place all-gather on two streams
@@ -419,8 +419,8 @@ run_step() {
     # --- symmem.bench modules (torchrun, n ranks) ---
     all_to_all_vdev) torchbench "all_to_all_vdev_$n" 150 all_to_all_vdev "all_to_all_vdev_$n" ;;
     moe) torchbench "moe_$n" 240 moe "moe_$n" --reps 5 ;;
-    moe_sm_budget) torchbench "moe_sm_budget_$n" 200 moe "moe_$n" --reps 5 --shapes decode_128 --payloads bfloat16 \
-      --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks 24,48,96,132 ;;
+    moe_sm_budget) torchbench "moe_sm_budget_$n" 200 moe "moe_$n" --reps 5 --shapes decode_128,prefill_4096 \
+      --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks 32,24,40,48,96,132 ;;
     moe_combine_paths)  # one run per path, each with its reference rows
       for path in registers bulk; do
         (export SYMMEM_MOE_COMBINE=$path

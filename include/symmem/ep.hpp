@@ -65,8 +65,10 @@ struct EpConfig {
   int max_tokens_per_expert = 0;
   // kRankMajor: rows a rank holds; 0 = world * T.
   int max_received_rows = 0;
-  // SMs (thread blocks) dispatch and combine may use (DeepEP's default 24, vLLM's 20).
-  int max_blocks = 24;
+  // SMs (thread blocks) dispatch and combine may use (DeepEP's default 24, vLLM's 20). 32: on
+  // 2 x H200 prefill-4096 combine took 184 us on 32 blocks, 217 on 24; fp8 dispatch 155 and 177;
+  // decode the same (bench/results/h200x2/moe_sm_budget_2.csv).
+  int max_blocks = 32;
 };
 
 // What a context allocates, before it does: symmetric heap bytes per rank (receive rows and

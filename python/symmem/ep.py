@@ -29,7 +29,7 @@ def _config_args(num_experts, topk, hidden, max_tokens_per_rank, payload, layout
 
 
 def memory(world, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloat16", layout="expert_major",
-           max_tokens_per_expert=0, max_received_rows=0, max_blocks=24):
+           max_tokens_per_expert=0, max_received_rows=0, max_blocks=32):
     """(heap bytes, local bytes) per rank that such a context allocates, before it does."""
     heap, local = ctypes.c_size_t(), ctypes.c_size_t()
     _native.check(lib.symmem_ep_memory(*_config_args(num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
@@ -42,7 +42,7 @@ class EpContext:
     """A dispatch / combine context of a symmem.communicator.Communicator (collective creation)."""
 
     def __init__(self, comm, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloat16",
-                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=24):
+                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=32):
         self._comm = comm  # keeps the communicator alive
         self.payload, self.layout = payload, layout
         handle = ctypes.c_void_p()

@@ -3,7 +3,7 @@ DeepSeek-V3's shape (hidden 7168, top-8 of 256 experts) for decode (1 and 128 to
 prefill (4096), eager and replayed from CUDA graphs, interleaved.
 
     torchrun --nproc-per-node 2 -m symmem.bench.moe --out results
-    torchrun --nproc-per-node 2 -m symmem.bench.moe --shapes decode_128 --blocks 24,48,132   # SM budgets
+    torchrun --nproc-per-node 2 -m symmem.bench.moe --shapes decode_128 --blocks 32,24,48,132   # SM budgets
 
 Rows (impl), each timed as dispatch and as combine separately:
   symmem_expert_major   symmem.torch.moe.ExpertParallel, layout expert_major (vLLM BatchedExperts;
@@ -106,7 +106,7 @@ class Impl:
 
 
 class Symmem(Impl):
-    def __init__(self, r, group, layout, blocks=24):
+    def __init__(self, r, group, layout, blocks=32):
         from symmem.torch.moe import ExpertParallel
         self.r = r
         world = group.size()
@@ -348,8 +348,9 @@ def main():
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--replays", type=int, default=5)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--blocks", default="24",
-                   help="symmem's SM budget (max_blocks), a list: rows beyond the first are named IMPL_bN")
+    p.add_argument("--blocks", default="32",
+                   help="symmem's SM budget (max_blocks; the library's default is 32), a list: rows beyond the "
+                        "first are named IMPL_bN")
     args = p.parse_args()
     budgets = [int(b) for b in args.blocks.split(",")]
     init_nccl()

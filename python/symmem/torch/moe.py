@@ -105,7 +105,7 @@ class ExpertParallel:
     its lifetime; `memory` states their size, known before allocation (ep_memory)."""
 
     def __init__(self, group=None, *, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloat16",
-                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=24):
+                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=32):
         if payload not in _PAYLOAD_DTYPES:
             raise ValueError(f"ExpertParallel: payload {payload!r} is not one of {sorted(_PAYLOAD_DTYPES)}")
         if layout not in core_ep.LAYOUTS:
