@@ -67,7 +67,7 @@ reduce_scatter             symmem-bench reduce_scatter, 1 KiB-256 MiB, eager
 reduce_scatter_graph_small reduce_scatter 1-256 KiB from CUDA graphs
 all_to_all                 symmem-bench all_to_all: uniform eager and graph, zipf and one-hot splits
 all_to_all_graph_blocks    all_to_all 16-256 KiB from graphs over 8-64 blocks
-all_to_all_blocks          all_to_all 256 KiB-64 MiB, push and pull over 4-128 blocks: uniform, zipf and one-hot splits
+all_to_all_blocks          all_to_all 256 KiB-64 MiB, push and pull: uniform over 4-128 blocks, zipf and one-hot over 16-128
 all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against torch and NCCL
 moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
 moe_sm_budget              decode-128 and prefill-4096 of both layouts at 24-132 blocks

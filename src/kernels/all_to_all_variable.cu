@@ -139,7 +139,8 @@ __device__ void keep_own_header(const AllToAllVariableArgs& a, int header, const
 }
 
 // The release of this stream's earlier work before the header that lets the peers in, by each
-// thread of block 0 that stores a word of it (send), before it loads anything. Pull: the peers
+// thread of block 0 that stores a word of it (send), before it loads its share of the header
+// (nothing this kernel loads before it needs ordering). Pull: the peers
 // read the input rows (a staged copy). Push: the peers write into this rank's output, which
 // earlier kernels wrote (or read) last.
 __device__ __forceinline__ void release_before_header(const AllToAllVariableArgs& a, int header) {
@@ -506,9 +507,10 @@ __device__ void move_span(const AllToAllVariableArgs& a, const Columns& c) {
   });
 }
 
-// The thread that reads the call counter and counts its block on it: one of the last warp, which
-// reads no header word of its own (header words go to the first threads) and is idle while warp 0
-// derives the layout of a 1-D call (the 2-D form at world 8 gives it a receiver's sums).
+// The thread that reads the call counter and the epoch and counts its block on it: one of the last
+// warp, which waits for no peer's header word (read_headers gives them to the first threads; in
+// block 0 it loads one of this rank's own, beside the counter) and is idle while warp 0 derives
+// the layout of a 1-D call (the 2-D form at world 8 gives it a receiver's sums).
 constexpr int kCounterThread = kThreadsPerBlock - 1;
 
 // Called by kCounterThread once its block has read every header: counts the block on the call

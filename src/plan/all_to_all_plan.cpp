@@ -96,10 +96,9 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
     plan.vector_bytes = 1;
   } else {
     if (blocks <= 0) {
-      const size_t to_peers = r.pair_bytes * static_cast<size_t>(std::max(1, r.world - 1));
       blocks = !uniform ? kAllToAllVariableBlocks
                : row.low_latency ? low_latency_blocks((r.pair_bytes + 3) / 4)
-                                 : uniform_all_to_all_blocks(to_peers);
+                                 : uniform_all_to_all_blocks(r.pair_bytes * static_cast<size_t>(std::max(1, r.world)));
     }
     plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
     if (variable_lines) {
@@ -107,7 +106,7 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
       // uniform rule's bound on a rank's lines, however skewed the matrix. A pair's lines follow
       // the header in its slot. Chosen by the plan (not forced), a pair goes by lines only while
       // the grid has a thread for each of its words: past that every thread waits for its words
-      // in turn (2 x H200, one-hot 256 KiB per rank on 32 blocks: 13.9 us by lines, 10.3 by push).
+      // in turn (2 x H200, one-hot 256 KiB per rank on 32 blocks: 14.0 us by lines, 10.3 by push).
       const size_t room =
           r.low_latency_capacity - std::min(r.low_latency_capacity, 4 * size_t(kMaxAllToAllHeaderWords));
       const size_t grid_words = size_t(plan.blocks) * kThreadsPerBlock;

@@ -22,10 +22,12 @@ inline int blocks_for(size_t traffic_bytes, size_t bytes_per_block, int lo, int 
   return static_cast<int>(std::clamp<size_t>(want, lo, hi));
 }
 
-// The uniform SM all-to-all: a block per 32 KiB a rank sends its peers, 8 to 128. On 2 x H200
-// (bench/results/h200x2/all_to_all_blocks_2.csv) 16 blocks took 512 KiB in 9.2 us where 4 took 13.3,
-// 64 took 2 MiB, 128 took 4 MiB and more; past two ranks the same bytes per block, not measured.
-inline int uniform_all_to_all_blocks(size_t bytes_to_peers) { return blocks_for(bytes_to_peers, size_t(32) << 10, 8, 128); }
+// The uniform SM all-to-all: a block per 64 KiB unit of what a rank moves, its own slice included
+// (kernels/all_to_all_move.cu cuts every slice into units of kUnroll x 512 vectors: a block beyond
+// the units would idle), 8 to 128. On 2 x H200 (bench/results/h200x2/all_to_all_blocks_2.csv,
+// push, 1 MiB per rank: 9.5 us on 16 blocks, 13.7 on 4; 64 blocks at 4 MiB, 128 from 8 MiB);
+// past two ranks not measured.
+inline int uniform_all_to_all_blocks(size_t bytes_moved) { return blocks_for(bytes_moved, size_t(64) << 10, 8, 128); }
 
 // Low latency is latency-bound: each thread waits for its words in turn, so every 4-byte word gets
 // its own thread, within 4 to 128 blocks, as the H200 sweeps favour.

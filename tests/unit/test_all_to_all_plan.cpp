@@ -292,11 +292,17 @@ TEST(all_to_all_plan_uniform_by_size) {
   EXPECT(p.algo == Algo::kPush && p.kernel == KernelId::kAllToAllPush);
   EXPECT(!p.stage_input && !p.exchange);
   EXPECT_EQ(p.blocks, 128);  // 24 MiB to its peers: a block per 32 KiB, at most 128
-  // The SM path's blocks follow the bytes a rank sends its peers: 4 blocks took 13.3 us for 512 KiB
-  // on 2 x H200, 16 took 9.2.
+  // The SM path runs a block per 64 KiB unit of what a rank moves, its own slice included (no block
+  // without a unit): 4 blocks took 13.7 us for 1 MiB per rank on 2 x H200, 16 took 9.5.
   EXPECT_EQ(plan_all_to_all(uniform_request(512 << 10, 2), none).blocks, 16);
   EXPECT_EQ(plan_all_to_all(uniform_request(1 << 20, 2), none).blocks, 32);
-  EXPECT_EQ(plan_all_to_all(uniform_request(512 << 10, 4), none).blocks, 48);
+  EXPECT_EQ(plan_all_to_all(uniform_request(512 << 10, 4), none).blocks, 32);
+  EXPECT_EQ(plan_all_to_all(uniform_request(512 << 10, 8), none).blocks, 64);
+  EXPECT_EQ(plan_all_to_all(uniform_request(300 << 10, 2), none).blocks, 10);
+  EXPECT(plan_all_to_all(uniform_request(200 << 10, 2), none).algo == Algo::kLowLatency);
+  AllToAllRequest floor = uniform_request(200 << 10, 2);
+  floor.options.algo = Algo::kPush;
+  EXPECT_EQ(plan_all_to_all(floor, none).blocks, 8);  // at least 8
   // Low latency, chosen or forced, gives every word its own thread (low_latency_blocks).
   AllToAllRequest small = uniform_request(64 << 10, 2);
   EXPECT(plan_all_to_all(small, none).algo == Algo::kLowLatency);
@@ -418,6 +424,11 @@ TEST(all_to_all_plan_variable_forms) {
   EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, size_t(4) * kAllToAllVariableBlocks * kThreadsPerBlock);
   v.options.max_blocks = 8;
   EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, size_t(4) * 8 * kThreadsPerBlock);
+  v.options.max_blocks = -1;
+  v.sm_count = 12;  // the GPU's (the ranks' smallest) bounds the grid, and with it the lines
+  EXPECT_EQ(plan_all_to_all(v, none).blocks, 12);
+  EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, size_t(4) * 12 * kThreadsPerBlock);
+  v.sm_count = 132;
   v.options.algo = Algo::kLowLatency;
   EXPECT_EQ(plan_all_to_all(v, none).low_latency_pair_bytes, (size_t(1) << 20) - 4 * size_t(kMaxAllToAllHeaderWords));
   v.options.algo = Algo::kAuto;
