@@ -70,7 +70,7 @@ all_to_all_graph_blocks    all_to_all 16-256 KiB from graphs over 8-64 blocks
 all_to_all_blocks          all_to_all 256 KiB-64 MiB, push and pull: uniform over 4-128 blocks, zipf and one-hot over 16-128
 all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against torch and NCCL
 moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
-moe_sm_budget              decode-128 and prefill-4096 of both layouts at 24-132 blocks
+moe_sm_budget              decode-128 (both layouts) and prefill-4096 (rank-major) at 24-132 blocks
 moe_combine_paths          the combine forced to each path (SYMMEM_MOE_COMBINE=registers, bulk)
 moe_ab                     moe with this bundle and an older library alternating (bundle.sh OLD_CAPI)
 overlap                    symmem-bench overlap: GEMM + in-place all-gather on two streams

@@ -66,8 +66,9 @@ struct EpConfig {
   // kRankMajor: rows a rank holds; 0 = world * T.
   int max_received_rows = 0;
   // SMs (thread blocks) dispatch and combine may use (DeepEP's default 24, vLLM's 20). 32: on
-  // 2 x H200 prefill-4096 combine took 184 us on 32 blocks, 217 on 24; fp8 dispatch 155 and 177;
-  // decode the same (bench/results/h200x2/moe_sm_budget_2.csv).
+  // 2 x H200, from graphs (bench/results/h200x2/moe_sm_budget_2.csv), rank-major prefill-4096
+  // combine took 184 us on 32 blocks, 217 on 24, fp8 dispatch 153 and 182; expert-major decode-128
+  // combine 38 and 49; rank-major decode the same (prefill measured rank-major only).
   int max_blocks = 32;
 };
 
@@ -141,7 +142,7 @@ class EpContext {
   // after (Communicator::refuse_call; nothing of the call moves).
   void dispatch(const EpDispatchArgs& args, cudaStream_t stream);
   void combine(const EpCombineArgs& args, cudaStream_t stream);
-  // The kernels these calls launch, for logs ("moe_dispatch expert_major blocks=24 ...").
+  // The kernels these calls launch, for logs ("moe_dispatch expert_major blocks=32 ...").
   std::string describe() const;
 
   // Collective: releases the heap buffers (after the device is idle) unless a CUDA graph that

@@ -291,7 +291,7 @@ TEST(all_to_all_plan_uniform_by_size) {
   AllToAllPlan p = plan_all_to_all(uniform_request(8 << 20, 4), none);
   EXPECT(p.algo == Algo::kPush && p.kernel == KernelId::kAllToAllPush);
   EXPECT(!p.stage_input && !p.exchange);
-  EXPECT_EQ(p.blocks, 128);  // 24 MiB to its peers: a block per 32 KiB, at most 128
+  EXPECT_EQ(p.blocks, 128);  // 32 MiB moved: a block per 64 KiB, at most 128
   // The SM path runs a block per 64 KiB unit of what a rank moves, its own slice included (no block
   // without a unit): 4 blocks took 13.7 us for 1 MiB per rank on 2 x H200, 16 took 9.5.
   EXPECT_EQ(plan_all_to_all(uniform_request(512 << 10, 2), none).blocks, 16);
