@@ -30,28 +30,10 @@ device = torch.device("cuda", rank)
 MiB = 1 << 20
 
 
-def process_bytes():
-    """This process's device memory as NVML lists it, or None where NVML does not list it."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        p = torch.cuda.get_device_properties(device)
-        handle = pynvml.nvmlDeviceGetHandleByPciBusId(f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
-        mine = [q.usedGpuMemory for q in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if q.pid == os.getpid()]
-        return mine[0] if mine and mine[0] is not None else None
-    except Exception:  # noqa: BLE001 (no NVML, or it cannot see processes: the GPU-wide figure)
-        return None
-
-
 def used_bytes():
-    """This process's device memory: NVML's per-process figure where it has one; otherwise the
-    GPU's used memory, which also moves with the memory of the test's other processes on it."""
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    mine = process_bytes()
-    if mine is not None:
-        return mine
     free, total = torch.cuda.mem_get_info()
     return total - free
 
@@ -168,8 +150,7 @@ def attempt(what, fn, *args):
 def main():
     cycle(0)  # warm-up: CUDA context, NCCL, cuBLAS, the caching allocator
     baseline_bytes, baseline_threads = used_bytes(), os_threads()
-    measure = "this process (NVML)" if process_bytes() is not None else "the whole GPU (NVML lists no processes)"
-    say(f"after the first cycle: {baseline_bytes / MiB:.0f} MiB used by {measure}, {baseline_threads} threads")
+    say(f"after the first cycle: {baseline_bytes / MiB:.0f} MiB used, {baseline_threads} threads")
     for i in range(1, 21):
         attempt(f"cycle {i}", cycle, i)
     # (no symmem call since the last group died: what it held was released by itself)
