@@ -96,7 +96,7 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
     plan.vector_bytes = 1;
   } else {
     if (blocks <= 0) {
-      blocks = !uniform ? kAllToAllVariableBlocks
+      blocks = !uniform          ? kAllToAllVariableBlocks
                : row.low_latency ? low_latency_blocks((r.pair_bytes + 3) / 4)
                                  : uniform_all_to_all_blocks(r.pair_bytes * static_cast<size_t>(std::max(1, r.world)));
     }
