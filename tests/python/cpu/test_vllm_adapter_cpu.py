@@ -145,3 +145,27 @@ def test_set_num_sms_caps_the_blocks_of_contexts_made_afterwards(group_name):
     assert manager.get_handle(dict(kwargs, hidden=384)).max_blocks == 24
     manager.destroy()
     assert manager.max_sms_used() == 0
+
+
+def test_every_layer_defaults_to_the_libraries_block_budget(monkeypatch):
+    """One SM budget by default everywhere a context is made (ep.hpp's EpConfig::max_blocks):
+    symmem.ep, ExpertParallel, the bench and the vLLM plugin's SYMMEM_VLLM_EP_MAX_BLOCKS."""
+    import inspect
+    import pathlib
+    import re
+    import symmem.ep as ep
+    from symmem.bench import moe as bench
+    from symmem.torch.moe import ExpertParallel
+    import symmem.vllm as plugin
+    header = (pathlib.Path(__file__).resolve().parents[3] / "include/symmem/ep.hpp").read_text()
+    native = int(re.search(r"int max_blocks = (\d+);", header).group(1))
+    defaults = {
+        "symmem.ep.memory": inspect.signature(ep.memory).parameters["max_blocks"].default,
+        "symmem.ep.EpContext": inspect.signature(ep.EpContext).parameters["max_blocks"].default,
+        "ExpertParallel": inspect.signature(ExpertParallel).parameters["max_blocks"].default,
+        "bench.Symmem": inspect.signature(bench.Symmem).parameters["blocks"].default,
+    }
+    monkeypatch.delenv("SYMMEM_VLLM_EP_MAX_BLOCKS", raising=False)
+    assert all(v == native for v in defaults.values()), (native, defaults)
+    moe = types.SimpleNamespace(num_experts=8, experts_per_token=2, hidden_dim=256, max_num_tokens=4)
+    assert plugin.context_kwargs(moe, None, "rank_major")["max_blocks"] == native
