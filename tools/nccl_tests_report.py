@@ -27,6 +27,7 @@ import collections
 import csv
 import glob
 import os
+import statistics
 import sys
 
 FIELDS = ["date", "commit", "gpu", "nccl_version", "ranks", "mode", "library", "shim_mode", "workspace_mb", "buffers",
@@ -114,12 +115,6 @@ def parse(args):
     return 0 if rows else 1
 
 
-def median(values):
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-
-
 PLACEMENTS = ("oop", "ip")
 
 
@@ -139,7 +134,7 @@ def best_time(row):
 
 def median_or_none(values):
     values = [v for v in values if v is not None]
-    return median(values) if values else None
+    return statistics.median(values) if values else None
 
 
 def paired_ratio(pairs, time):

@@ -140,9 +140,9 @@ __device__ void keep_own_header(const AllToAllVariableArgs& a, int header, const
 
 // The release of this stream's earlier work before the header that lets the peers in, by each
 // thread of block 0 that stores a word of it (send), before it loads its share of the header
-// (nothing this kernel loads before it needs ordering). Pull: the peers
-// read the input rows (a staged copy). Push: the peers write into this rank's output, which
-// earlier kernels wrote (or read) last.
+// (nothing this kernel loads before it needs ordering). Pull: the peers read the input rows (a
+// staged copy). Push: the peers write into this rank's output, which earlier kernels wrote (or
+// read) last.
 __device__ __forceinline__ void release_before_header(const AllToAllVariableArgs& a, int header) {
   if (blockIdx.x == 0 && a.sync.world > 1 && int(threadIdx.x) < header) device::fence_acq_rel_sys();
 }

@@ -69,14 +69,13 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
       const size_t words = (r.pair_bytes + 3) / 4;
       if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, words))
         algo = Algo::kAuto;
-      if (algo == Algo::kLowLatency && blocks <= 0) blocks = low_latency_blocks(words);
     }
   }
   // Variable forms: the device sends each pair of at most low_latency_pair_bytes as lines (set
   // below, once the blocks are known), the others by the SM path the plan names.
   const bool variable_lines = !uniform && (algo == Algo::kAuto || algo == Algo::kLowLatency);
   const bool lines_forced = !uniform && algo == Algo::kLowLatency;
-  if (!uniform && algo == Algo::kLowLatency) algo = Algo::kAuto;
+  if (lines_forced) algo = Algo::kAuto;
   // Push writes the peers' outputs (they must be in the heap) and reads its own input; pull reads
   // the peers' inputs (in the heap, or staged) and writes its own output. A symmetric output
   // takes push, anything else pull.
