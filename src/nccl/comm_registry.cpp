@@ -1,15 +1,16 @@
 #include "nccl/comm_registry.hpp"
 
 #include <mutex>
-#include <unordered_map>
 #include <vector>
+
+#include "nccl/read_mostly_map.hpp"
 
 namespace symmem::nccl {
 namespace {
 
 struct Registry {
-  std::mutex mutex;
-  std::unordered_map<ncclComm_t, std::shared_ptr<CommPair>> pairs;
+  ReadMostlyMap<ncclComm_t, CommPair> pairs;  // every collective looks up here
+  std::mutex retired_mutex;
   std::vector<std::shared_ptr<CommPair>> retired;
 };
 
@@ -21,32 +22,15 @@ Registry& registry() {
 
 }  // namespace
 
-void add_pair(ncclComm_t comm, std::shared_ptr<CommPair> pair) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.pairs[comm] = std::move(pair);
-}
+void add_pair(ncclComm_t comm, std::shared_ptr<CommPair> pair) { registry().pairs.put(comm, std::move(pair)); }
 
-std::shared_ptr<CommPair> find_pair(ncclComm_t comm) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.pairs.find(comm);
-  return it == r.pairs.end() ? nullptr : it->second;
-}
+std::shared_ptr<CommPair> find_pair(ncclComm_t comm) { return registry().pairs.find(comm); }
 
-std::shared_ptr<CommPair> take_pair(ncclComm_t comm) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.pairs.find(comm);
-  if (it == r.pairs.end()) return nullptr;
-  std::shared_ptr<CommPair> pair = std::move(it->second);
-  r.pairs.erase(it);
-  return pair;
-}
+std::shared_ptr<CommPair> take_pair(ncclComm_t comm) { return registry().pairs.take(comm); }
 
 void retire_pair(std::shared_ptr<CommPair> pair) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  std::lock_guard<std::mutex> lock(r.retired_mutex);
   r.retired.push_back(std::move(pair));
 }
 
@@ -54,7 +38,7 @@ void release_retired_pairs() noexcept {
   std::vector<std::shared_ptr<CommPair>> retired;
   {
     Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
+    std::lock_guard<std::mutex> lock(r.retired_mutex);
     retired.swap(r.retired);
   }
   retired.clear();  // outside the lock: releasing synchronises the device
