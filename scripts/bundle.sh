@@ -43,6 +43,8 @@ if [ -n "${OLD_TORCH_TREE:-}" ]; then
   mkdir -p build-bundle/old_torch && cp -r "$OLD_TORCH_TREE/python" build-bundle/old_torch/ &&
     find build-bundle/old_torch -name __pycache__ -prune -exec rm -rf {} + &&
     cp "$OLD_TORCH_TREE/build/libsymmem_capi.so" build-bundle/old_torch/ &&
+    # (and its symmem._fastcall where that build has one: the package loads it from beside the library)
+    { [ ! -f "$OLD_TORCH_TREE/build/_fastcall.abi3.so" ] || cp "$OLD_TORCH_TREE/build/_fastcall.abi3.so" build-bundle/old_torch/; } &&
     echo "$(git -C "$OLD_TORCH_TREE" rev-parse --short HEAD)$(git -C "$OLD_TORCH_TREE" diff --quiet HEAD -- src python || echo -dirty)" \
       > build-bundle/old_torch/COMMIT
 fi

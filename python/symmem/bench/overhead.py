@@ -91,7 +91,7 @@ def main():
          lambda: core.all_reduce(x.data_ptr(), x.data_ptr(), x.numel(), 2, 0, stream)),
         ("the route, symmetric in place (_route.all_reduce)",
          lambda: _route.all_reduce(comm, x, x, "sum")),
-        ("drop-in's fast-path test alone", lambda: functional._served_in_place(x, dist.ReduceOp.SUM, None)),
+        ("drop-in's fast-path test alone", lambda: functional._eager_communicator(x, None)),
         ("drop-in, symmetric in place (symmem.torch.all_reduce)", lambda: st.all_reduce(x)),
         ("op through the dispatcher, in place (torch.ops.symmem.all_reduce_)",
          lambda: torch.ops.symmem.all_reduce_(x, "sum", g)),

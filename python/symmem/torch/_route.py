@@ -25,6 +25,7 @@ REDUCIBLE = {getattr(torch, name): value for name, value in _native.DTYPES.items
 BYTES = _native.DTYPES["uint8"]
 # reduce_op -> symmem::ReduceOp value ("avg": the kernels scale the float32 sum by 1/W before rounding).
 REDUCE_OPS = dict(_native.REDUCE_OPS)
+_AVG = REDUCE_OPS["avg"]
 current_stream = torch._C._cuda_getCurrentRawStream
 
 
@@ -97,6 +98,20 @@ def all_reduce(comm, out, inp, reduce_op, algo=0, max_blocks=-1):
             raise refused(comm, "symmem.all_reduce", cause) from cause
         out_ptr = out.data_ptr()
     comm.core.all_reduce(out_ptr, ptr, inp.numel(), dtype, code, current_stream(comm.device), algo, 0, max_blocks)
+
+
+def all_reduce_in_place(comm, t, code):
+    """The drop-ins' hot path: t = reduce op `code` (a REDUCE_OPS value, or None) over the group, in
+    place, when the call needs none of all_reduce's refusals (a dtype and op symmem reduces, a
+    contiguous tensor on the communicator's device, an open communicator of one node); else False,
+    nothing done, and all_reduce's checks decide."""
+    dtype = REDUCIBLE.get(t.dtype)
+    if (dtype is None or code is None or comm.closed or comm.nodes > 1 or not t.is_contiguous()
+            or t.get_device() != comm.device or (code == _AVG and not t.is_floating_point())):
+        return False
+    ptr = t.data_ptr()
+    comm.core.all_reduce(ptr, ptr, t.numel(), dtype, code, current_stream(comm.device))
+    return True
 
 
 def all_gather(comm, out, inp, algo=0, max_blocks=-1, op="all_gather_into_tensor"):

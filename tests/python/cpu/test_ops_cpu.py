@@ -146,35 +146,56 @@ class _FakeState:
         return self.group_ref()
 
 
-def test_drop_in_all_reduce_goes_straight_to_the_route_when_it_can(group_name, monkeypatch):
-    # Eager drop-in calls skip the dispatcher, only for what the op itself would serve as it is;
-    # everything else takes the full checks (and the op, or the fallback).
+def test_drop_in_all_reduce_goes_straight_to_the_c_call_when_it_can(group_name, monkeypatch):
+    # Eager drop-in calls skip the dispatcher and the route's layers, only for what the op itself
+    # would serve as it is; everything else takes the full checks (and the op, or the fallback).
     import torch.distributed as dist
+    from symmem import _native
     from symmem.torch import _route, functional, groups
+
+    calls = []
+
+    class FakeCore:
+        def all_reduce(self, out, inp, count, dtype, op, stream):
+            calls.append((out, inp, count, dtype, op))
 
     class FakeComm:
         group_name = "fake-world"
         nodes = 1
+        closed = False
+        device = -1  # a CPU tensor's get_device()
+        core = FakeCore()
 
     comm = FakeComm()
     world = dist.group.WORLD
     state = _FakeState(comm, world)
     monkeypatch.setitem(groups._by_id, id(world), state)
-    calls = []
-    monkeypatch.setattr(_route, "all_reduce", lambda c, out, t, op: calls.append((c, out, t, op)))
+    monkeypatch.setattr(_route, "current_stream", lambda device: 0)
     # Enough of a plain CUDA tensor for the test: a real torch.Tensor whose is_cuda says True.
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     bf16, i32 = _rand((4,), torch.bfloat16), torch.ones(4, dtype=torch.int32)
+    codes, types = _native.REDUCE_OPS, _native.DTYPES
     assert functional.all_reduce(bf16) is None
-    assert calls == [(comm, bf16, bf16, "sum")]
+    assert calls == [(bf16.data_ptr(), bf16.data_ptr(), 4, types["bfloat16"], codes["sum"])]
     functional.all_reduce(bf16, op=dist.ReduceOp.AVG)
     functional.all_reduce(i32, op=dist.ReduceOp.MAX)
-    assert [c[3] for c in calls[1:]] == ["avg", "max"]
-    served = functional._served_in_place
-    assert served(i32, dist.ReduceOp.AVG, None) is None  # avg of integers: the op refuses it
-    assert served(torch.ones(2, dtype=torch.float64), dist.ReduceOp.SUM, None) is None  # not reducible
-    assert served(bf16, dist.ReduceOp.PRODUCT, None) is None
-    assert served(bf16, dist.ReduceOp.SUM, world) == (comm, "sum")
+    assert [c[3:] for c in calls[1:]] == [(types["bfloat16"], codes["avg"]), (types["int32"], codes["max"])]
+    calls.clear()
+
+    def served(t, op, group=None):
+        """What the fast path does with this call: its communicator, or None (the full checks decide)."""
+        c = functional._eager_communicator(t, group)
+        if c is None or not _route.all_reduce_in_place(c, t, functional._OP_CODE_BY_ID.get(id(op))):
+            return None
+        return c
+
+    assert served(i32, dist.ReduceOp.AVG) is None  # avg of integers: the op refuses it
+    assert served(torch.ones(2, dtype=torch.float64), dist.ReduceOp.SUM) is None  # not reducible
+    assert served(bf16, dist.ReduceOp.PRODUCT) is None
+    assert served(torch.ones(4, 2, dtype=torch.bfloat16).t(), dist.ReduceOp.SUM) is None  # not contiguous
+    assert calls == []
+    assert served(bf16, dist.ReduceOp.SUM, world) is comm
+    calls.clear()
     # A FakeTensor or a dispatch mode must see the op (its fake kernel), never the C call.
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -185,20 +206,25 @@ def test_drop_in_all_reduce_goes_straight_to_the_route_when_it_can(group_name, m
 
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(bf16)
-    assert served(fake, dist.ReduceOp.SUM, None) is None
+    assert served(fake, dist.ReduceOp.SUM) is None
     with Watch():
-        assert served(bf16, dist.ReduceOp.SUM, None) is None
-    # A communicator spanning nodes runs no reductions: the fast path is never taken.
-    comm.nodes = 2
-    assert served(bf16, dist.ReduceOp.SUM, None) is None
-    comm.nodes = 1
+        assert served(bf16, dist.ReduceOp.SUM) is None
+    # A communicator spanning nodes runs no reductions, nor does a closed one, or one on another
+    # device: the fast path is never taken.
+    for attribute, value in (("nodes", 2), ("closed", True), ("device", 0)):
+        saved = getattr(comm, attribute)
+        setattr(comm, attribute, value)
+        assert served(bf16, dist.ReduceOp.SUM) is None
+        setattr(comm, attribute, saved)
+    assert calls == []
     # A closed state, or one of another group object (torch reuses the ids and names of destroyed
     # groups), is never served from the cache.
     state.closed = True
-    assert served(bf16, dist.ReduceOp.SUM, None) is None
+    assert served(bf16, dist.ReduceOp.SUM) is None
     state.closed = False
     state.group_ref = lambda: object()
-    assert served(bf16, dist.ReduceOp.SUM, None) is None
+    assert served(bf16, dist.ReduceOp.SUM) is None
+    assert calls == []
 
 
 def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch):
@@ -221,13 +247,13 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
     name = sub.group_name
     monkeypatch.setitem(groups._by_id, id(sub), _FakeState(FakeComm(), sub))  # a communicator was made
     served = []
-    monkeypatch.setattr(_route, "all_reduce", lambda c, out, t, op: served.append(op))
+    monkeypatch.setattr(_route, "all_reduce_in_place", lambda c, t, code: served.append(code) is None)
     x = _rand((4,), torch.float32, 3)
     y = x.clone()
     with monkeypatch.context() as m:  # a tensor the fast path takes (it reads is_cuda)
         m.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
         st.all_reduce(y, group=sub)
-    assert served == ["sum"]
+    assert served == [_route.REDUCE_OPS["sum"]]
     st.all_reduce(y, group=sub)  # CPU: gloo, through the fallback
     assert torch.equal(y, x)
     dist.destroy_process_group(sub)
@@ -296,7 +322,7 @@ def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch)
             else:
                 problems.append(f"{what}: ran")
     assert not problems, "not refused as a destroyed group:\n" + "\n".join(problems)
-    assert served == ["sum"] and torch.equal(y, x) and not out.any() and not outs[0].any() and not splits_offsets.any()
+    assert served == [_route.REDUCE_OPS["sum"]] and torch.equal(y, x) and not out.any() and not outs[0].any() and not splits_offsets.any()
 
 
 def test_a_failure_to_build_is_remembered_with_the_group_not_its_name(group_name, monkeypatch):
