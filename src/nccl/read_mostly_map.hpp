@@ -8,10 +8,12 @@
 // Each thread keeps its last lookups, hits and misses, for one generation of the map: every change
 // gives the map a new generation (under the lock), and a thread that sees another generation drops
 // what it kept. Generations are unique across the maps of one type, which share a thread's kept
-// lookups (a map made where another was destroyed never matches what a thread kept of the old one). The thread keeps
-// weak references: it never keeps a value alive, and a value found is the map's at the moment the generation was read
-// (as a locked lookup's is at its unlock). A thread keeps one map's lookups at a time: one alternating between two maps
-// looks up under the lock.
+// lookups (a map made where another was destroyed never matches what a thread kept of the old
+// one). The thread keeps weak references: it never keeps a value alive, and a value found is the
+// map's at the moment the generation was read (as a locked lookup's is at its unlock). A thread
+// keeps the last 8 keys of one map at a time: a thread cycling through more keys, or alternating
+// between two maps, looks up under the lock. A kept weak reference holds a taken value's memory
+// (not the value) until the thread's next change of generation or its exit.
 #pragma once
 
 #include <array>
@@ -44,6 +46,10 @@ class ReadMostlyMap {
   }
 
   std::shared_ptr<Value> find(const Key& key) const {
+    // At a thread's exit its thread-locals are destroyed before static destructors and atexit
+    // handlers run, which may still call the shim (PyTorch's teardown of communicators): once this
+    // thread's lookups are gone, every lookup takes the lock.
+    if (kept_gone_) return locked_find(key);
     thread_local Kept kept;
     const uint64_t now = generation_.load(std::memory_order_acquire);
     std::shared_ptr<Value> value;
@@ -52,12 +58,7 @@ class ReadMostlyMap {
     } else if (kept.find(key, &value)) {
       return value;
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      locked_lookups_.fetch_add(1, std::memory_order_relaxed);
-      auto it = values_.find(key);
-      if (it != values_.end()) value = it->second;
-    }
+    value = locked_find(key);
     // Kept under the generation read before the lock: a change in between makes the next lookup
     // drop it unused.
     kept.put(key, value);
@@ -68,23 +69,36 @@ class ReadMostlyMap {
   uint64_t locked_lookups() const { return locked_lookups_.load(std::memory_order_relaxed); }
 
  private:
+  std::shared_ptr<Value> locked_find(const Key& key) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    locked_lookups_.fetch_add(1, std::memory_order_relaxed);
+    auto it = values_.find(key);
+    return it == values_.end() ? nullptr : it->second;
+  }
+
   // Counted for the maps of this type: each value is one generation of one map.
   static uint64_t new_generation() {
     static std::atomic<uint64_t> last{0};
     return last.fetch_add(1, std::memory_order_relaxed) + 1;
   }
 
-  // A thread's last lookups in one generation.
+  // A thread's last lookups in one generation. Eight: a thread driving every GPU of a node (one
+  // communicator each) finds each of them here.
   struct Kept {
-    static constexpr int kEntries = 4;
+    static constexpr int kEntries = 8;
     uint64_t generation = 0;  // (0: none; generations start at 1)
     int next = 0;
     std::array<Key, kEntries> keys{};
     std::array<bool, kEntries> filled{};
     std::array<std::weak_ptr<Value>, kEntries> values;
 
-    // Whether `key` is kept; *value is its value (null: a miss kept). Within a generation a value
-    // the map holds is alive, so a kept hit always locks.
+    Kept() = default;
+    Kept(const Kept&) = delete;
+    Kept& operator=(const Kept&) = delete;
+    ~Kept() { kept_gone_ = true; }
+
+    // Whether `key` is kept; *value is its value (null: a miss kept, or a value taken out since
+    // the generation was read: either answers as a lookup after the take would).
     bool find(const Key& key, std::shared_ptr<Value>* value) const {
       for (int i = 0; i < kEntries; ++i) {
         if (filled[i] && keys[i] == key) {
@@ -106,6 +120,10 @@ class ReadMostlyMap {
       for (auto& v : values) v.reset();
     }
   };
+
+  // Set when this thread's Kept is destroyed (its exit); trivially destructible, so it is still
+  // readable by what runs after the thread-locals' destructors.
+  static inline thread_local bool kept_gone_ = false;
 
   void changed() { generation_.store(new_generation(), std::memory_order_release); }
 

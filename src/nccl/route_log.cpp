@@ -21,6 +21,18 @@ struct RouteLog {
   std::set<RouteKey> seen;
 };
 
+// Trivially destructible: still readable after the thread's thread-locals were destroyed.
+thread_local bool seen_here_gone = false;
+
+// The shapes this thread logged.
+struct SeenHere {
+  std::set<RouteKey> keys;
+  SeenHere() = default;
+  SeenHere(const SeenHere&) = delete;
+  SeenHere& operator=(const SeenHere&) = delete;
+  ~SeenHere() { seen_here_gone = true; }
+};
+
 RouteLog* open_log() {
   try {
     const std::string prefix = env::nccl_route_log();
@@ -43,16 +55,20 @@ void log_route(const NcclCall& call, Route route, const char* why) noexcept {
   static RouteLog* log = open_log();
   if (!log) return;
   try {
-    const RouteKey key{int(call.op), int(call.type), int(call.redop), nccl_size_bytes(call), call.world,
-                       int(call.buffers), int(route)};
+    const RouteKey key{int(call.op), int(call.type),    int(call.redop), nccl_size_bytes(call),
+                       call.world,   int(call.buffers), int(route)};
     // Each thread's own record first: the shared one's lock is taken once per shape and thread,
-    // not on every call (threads driving one GPU each would contend for it).
-    thread_local std::set<RouteKey> seen_here;
-    if (!seen_here.insert(key).second) return;
+    // not on every call (threads driving one GPU each would contend for it). Once the thread's
+    // record is destroyed (its exit, before static destructors that may still call the shim), the
+    // shared record alone.
+    if (!seen_here_gone) {
+      thread_local SeenHere seen_here;
+      if (!seen_here.keys.insert(key).second) return;
+    }
     std::lock_guard<std::mutex> lock(log->mutex);
     if (!log->seen.insert(key).second) return;
-    std::fprintf(log->file, "%s,%d,%d,%zu,%d,%s,%s,\"%s\"\n", collective_name(call.op), int(call.type),
-                 int(call.redop), std::get<3>(key), call.world, buffer_kind_name(call.buffers), route_name(route), why);
+    std::fprintf(log->file, "%s,%d,%d,%zu,%d,%s,%s,\"%s\"\n", collective_name(call.op), int(call.type), int(call.redop),
+                 std::get<3>(key), call.world, buffer_kind_name(call.buffers), route_name(route), why);
     std::fflush(log->file);
   } catch (...) {
   }

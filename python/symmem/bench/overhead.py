@@ -91,7 +91,7 @@ def main():
          lambda: core.all_reduce(x.data_ptr(), x.data_ptr(), x.numel(), 2, 0, stream)),
         ("the route, symmetric in place (_route.all_reduce)",
          lambda: _route.all_reduce(comm, x, x, "sum")),
-        ("drop-in's fast-path test alone", lambda: functional._eager_communicator(x, None)),
+        ("drop-in's group lookup alone (_eager_communicator)", lambda: functional._eager_communicator(x, None)),
         ("drop-in, symmetric in place (symmem.torch.all_reduce)", lambda: st.all_reduce(x)),
         ("op through the dispatcher, in place (torch.ops.symmem.all_reduce_)",
          lambda: torch.ops.symmem.all_reduce_(x, "sum", g)),
@@ -104,8 +104,11 @@ def main():
     rows.append(("drop-in, symmetric in place, alternating two streams", _alternating(side, lambda: st.all_reduce(x))))
     rows.append(("stream switch alone (torch.cuda.stream, no call)", _alternating(side, lambda: None)))
     # Rows that run without the C call: the stand-in core is swapped in around the whole sample.
-    bare = {"the route without the C call", "dispatcher + Python kernel without the C call"}
+    bare = {"the route without the C call", "the drop-in's checks without the C call",
+            "dispatcher + Python kernel without the C call"}
     rows.append(("the route without the C call", lambda: _route.all_reduce(comm, x, x, "sum")))
+    sum_code = _route.REDUCE_OPS["sum"]
+    rows.append(("the drop-in's checks without the C call", lambda: _route.all_reduce_in_place(comm, x, sum_code)))
     rows.append(("dispatcher + Python kernel without the C call", lambda: torch.ops.symmem.all_reduce_(x, "sum", g)))
 
     def sample(name, fn, measure):

@@ -105,8 +105,8 @@ def _done(async_op, comm, result):
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group: GroupLike = None,
                async_op: bool = False) -> Optional[dist.Work]:
     # Eager calls go straight to the C call when nothing needs the full checks: the dispatcher
-    # would add about 2 us per call, each Python layer 0.1-0.7 (the call's C++ half, launch
-    # included, takes about 3.7).
+    # would add about 2 us per call, each Python layer 0.1-0.7 (the C call itself, its launch
+    # included, about 4: docs/torch.md, "Host cost").
     comm = _eager_communicator(tensor, group)
     if comm is not None and _route.all_reduce_in_place(comm, tensor, _OP_CODE_BY_ID.get(id(op))):
         return Work(comm, [tensor]) if async_op else None

@@ -225,6 +225,19 @@ def test_drop_in_all_reduce_goes_straight_to_the_c_call_when_it_can(group_name, 
     state.group_ref = lambda: object()
     assert served(bf16, dist.ReduceOp.SUM) is None
     assert calls == []
+    # What the fast path declines, the drop-in hands to the full checks (never dropped, never the C
+    # call): each of these reaches _state, the full path's first step.
+    state.group_ref = lambda: world
+    full = []
+    monkeypatch.setattr(functional, "_state", lambda function, group: full.append(function))
+    declined = [(torch.ones(4, 2, dtype=torch.bfloat16).t(), dist.ReduceOp.SUM),
+                (bf16, dist.ReduceOp.PRODUCT), (i32, dist.ReduceOp.AVG),
+                (torch.ones(2, dtype=torch.float64), dist.ReduceOp.SUM)]
+    for t, op in declined:
+        assert functional.all_reduce(t, op=op) is None
+    assert full == ["all_reduce"] * len(declined) and calls == []
+    functional.all_reduce(bf16)
+    assert len(full) == len(declined) and len(calls) == 1
 
 
 def test_every_drop_in_and_op_refuses_a_destroyed_group(group_name, monkeypatch):
