@@ -12,13 +12,15 @@
 #include "capi/callback_bootstrap.hpp"
 #include "collectives/entry_points.hpp"
 #include "comm/refusal.hpp"
+#include "common/exit_safe_thread_local.hpp"
 #include "plan/algorithms.hpp"
 #include "symmem/symmem.hpp"
 
 namespace symmem::detail {
 
 namespace {
-thread_local std::string last_error;
+struct LastErrorTag;
+std::string& last_error() { return exit_safe_thread_local<std::string, LastErrorTag>(); }
 
 // An operand of the collectives: symmetric when it is a whole heap buffer (the same start and size
 // on every rank whenever the ranks allocated alike, whatever views they take of it); anything else,
@@ -84,7 +86,7 @@ auto checked(Communicator& comm, const char* op, void* stream, Checks&& checks) 
 
 }  // namespace
 
-void set_last_error(const std::string& message) { last_error = message; }
+void set_last_error(const std::string& message) { last_error() = message; }
 
 }  // namespace symmem::detail
 
@@ -101,7 +103,7 @@ using symmem::detail::stream_of;
 extern "C" {
 
 const char* symmem_version(void) { return "0.1.0"; }
-const char* symmem_last_error(void) { return symmem::detail::last_error.c_str(); }
+const char* symmem_last_error(void) { return symmem::detail::last_error().c_str(); }
 const char* symmem_error_code_name(int code) {
   if (code == 0) return "ok";
   // error_code_id is NULL past the last enumerator: no bound is copied here.

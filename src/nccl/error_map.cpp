@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "common/exit_safe_thread_local.hpp"
+
 namespace symmem::nccl {
 
 ncclResult_t to_nccl_result(ErrorCode code) {
@@ -22,10 +24,8 @@ ncclResult_t to_nccl_result(ErrorCode code) {
 }
 
 namespace {
-std::string& slot() {
-  thread_local std::string message;
-  return message;
-}
+struct LastErrorTag;
+std::string& slot() { return detail::exit_safe_thread_local<std::string, LastErrorTag>(); }
 
 // The process's copy, as NCCL keeps its own: a fixed buffer, so that a pointer handed out stays
 // valid (a later message may overwrite its text, as NCCL's does).

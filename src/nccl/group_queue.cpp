@@ -5,6 +5,8 @@
 #include <map>
 #include <thread>
 
+#include "common/exit_safe_thread_local.hpp"
+
 namespace symmem::nccl {
 
 bool GroupQueue::end(bool* outermost) {
@@ -20,10 +22,7 @@ std::vector<GroupItem> GroupQueue::take() {
   return items;
 }
 
-GroupQueue& this_thread_group() {
-  thread_local GroupQueue queue;
-  return queue;
-}
+GroupQueue& this_thread_group() { return detail::exit_safe_thread_local<GroupQueue>(); }
 
 namespace {
 

@@ -23,6 +23,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "common/exit_safe_thread_local.hpp"
+
 namespace symmem::nccl {
 
 template <class Key, class Value>
@@ -46,11 +48,9 @@ class ReadMostlyMap {
   }
 
   std::shared_ptr<Value> find(const Key& key) const {
-    // At a thread's exit its thread-locals are destroyed before static destructors and atexit
-    // handlers run, which may still call the shim (PyTorch's teardown of communicators): once this
-    // thread's lookups are gone, every lookup takes the lock.
-    if (kept_gone_) return locked_find(key);
-    thread_local Kept kept;
+    // (Exit-safe: static destructors and atexit handlers, which run after the thread-locals'
+    // destructors, may still call the shim.)
+    Kept& kept = detail::exit_safe_thread_local<Kept>();
     const uint64_t now = generation_.load(std::memory_order_acquire);
     std::shared_ptr<Value> value;
     if (kept.generation != now) {
@@ -92,11 +92,6 @@ class ReadMostlyMap {
     std::array<bool, kEntries> filled{};
     std::array<std::weak_ptr<Value>, kEntries> values;
 
-    Kept() = default;
-    Kept(const Kept&) = delete;
-    Kept& operator=(const Kept&) = delete;
-    ~Kept() { kept_gone_ = true; }
-
     // Whether `key` is kept; *value is its value (null: a miss kept, or a value taken out since
     // the generation was read: either answers as a lookup after the take would).
     bool find(const Key& key, std::shared_ptr<Value>* value) const {
@@ -120,10 +115,6 @@ class ReadMostlyMap {
       for (auto& v : values) v.reset();
     }
   };
-
-  // Set when this thread's Kept is destroyed (its exit); trivially destructible, so it is still
-  // readable by what runs after the thread-locals' destructors.
-  static inline thread_local bool kept_gone_ = false;
 
   void changed() { generation_.store(new_generation(), std::memory_order_release); }
 

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "common/env.hpp"
+#include "common/exit_safe_thread_local.hpp"
 
 namespace symmem::nccl {
 namespace {
@@ -19,18 +20,6 @@ struct RouteLog {
   std::mutex mutex;
   FILE* file = nullptr;
   std::set<RouteKey> seen;
-};
-
-// Trivially destructible: still readable after the thread's thread-locals were destroyed.
-thread_local bool seen_here_gone = false;
-
-// The shapes this thread logged.
-struct SeenHere {
-  std::set<RouteKey> keys;
-  SeenHere() = default;
-  SeenHere(const SeenHere&) = delete;
-  SeenHere& operator=(const SeenHere&) = delete;
-  ~SeenHere() { seen_here_gone = true; }
 };
 
 RouteLog* open_log() {
@@ -58,13 +47,8 @@ void log_route(const NcclCall& call, Route route, const char* why) noexcept {
     const RouteKey key{int(call.op), int(call.type),    int(call.redop), nccl_size_bytes(call),
                        call.world,   int(call.buffers), int(route)};
     // Each thread's own record first: the shared one's lock is taken once per shape and thread,
-    // not on every call (threads driving one GPU each would contend for it). Once the thread's
-    // record is destroyed (its exit, before static destructors that may still call the shim), the
-    // shared record alone.
-    if (!seen_here_gone) {
-      thread_local SeenHere seen_here;
-      if (!seen_here.keys.insert(key).second) return;
-    }
+    // not on every call (threads driving one GPU each would contend for it).
+    if (!detail::exit_safe_thread_local<std::set<RouteKey>>().insert(key).second) return;
     std::lock_guard<std::mutex> lock(log->mutex);
     if (!log->seen.insert(key).second) return;
     std::fprintf(log->file, "%s,%d,%d,%zu,%d,%s,%s,\"%s\"\n", collective_name(call.op), int(call.type), int(call.redop),

@@ -6,6 +6,7 @@
 
 #include "common/check.hpp"
 #include "common/device_guard.hpp"
+#include "common/exit_safe_thread_local.hpp"
 #include "nccl/comm_registry.hpp"
 #include "nccl/error_map.hpp"
 #include "nccl/group_queue.hpp"
@@ -28,16 +29,12 @@ struct DeferredCall {
   bool served = false;
 };
 
-std::vector<DeferredCall>& deferred_calls() {
-  thread_local std::vector<DeferredCall> calls;
-  return calls;
-}
+std::vector<DeferredCall>& deferred_calls() { return detail::exit_safe_thread_local<std::vector<DeferredCall>>(); }
 
 // The streams of the open group's calls that went to the real NCCL on a communicator the shim
 // keeps (group_streams.hpp: they join the group's served calls).
 std::vector<GroupStreamUse>& forwarded_in_group() {
-  thread_local std::vector<GroupStreamUse> uses;
-  return uses;
+  return detail::exit_safe_thread_local<std::vector<GroupStreamUse>>();
 }
 
 // Why a call routed to symmem went to NCCL after all.
