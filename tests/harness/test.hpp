@@ -37,6 +37,12 @@ int run_all(int argc, char** argv, bool quiet = false);
 
 [[noreturn]] void fail(const char* file, int line, const std::string& what);
 
+// The exit status of a forked child that runs `body`, then exits with `at_exit` registered last:
+// at_exit runs first among the exit handlers, after glibc destroyed the child's thread-locals (what
+// static destructors and atexit handlers of a program meet), and ends the child with _exit(code).
+// -1 when the child did not exit normally.
+int exit_status_of_child(const std::function<void()>& body, void (*at_exit)());
+
 // Descriptors this process holds open (entries of /proc/self/fd), for leak checks.
 int open_descriptors();
 

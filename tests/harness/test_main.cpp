@@ -1,6 +1,9 @@
 #include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "symmem/error.hpp"
@@ -16,6 +19,24 @@ std::vector<Case>& registry() {
 void fail(const char* file, int line, const std::string& what) {
   const char* base = std::strrchr(file, '/');
   throw Failure(std::string(base ? base + 1 : file) + ":" + std::to_string(line) + ": " + what);
+}
+
+int exit_status_of_child(const std::function<void()>& body, void (*at_exit)()) {
+  std::fflush(nullptr);  // (nothing buffered is printed twice)
+  const pid_t child = fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    try {
+      body();
+    } catch (...) {
+      _exit(2);  // (never back into the runner: the child would run the other cases)
+    }
+    std::atexit(at_exit);
+    std::exit(0);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
 }
 
 int open_descriptors() {

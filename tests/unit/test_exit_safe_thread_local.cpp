@@ -1,9 +1,7 @@
 // common/exit_safe_thread_local.hpp: what runs after a thread's thread-locals were destroyed (atexit
 // handlers, static destructors) gets a usable object, never the destroyed one.
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "common/exit_safe_thread_local.hpp"
@@ -28,17 +26,8 @@ void use_at_exit() {
 }  // namespace
 
 TEST(exit_safe_thread_local_is_usable_after_the_thread_locals_are_destroyed) {
-  const pid_t child = fork();
-  EXPECT(child >= 0);
-  if (child == 0) {
-    message() = std::string(100, 'x');  // on the heap: its destructor frees it
-    std::atexit(use_at_exit);           // runs after the thread-locals' destructors
-    std::exit(0);
-  }
-  int status = 0;
-  EXPECT_EQ(waitpid(child, &status, 0), child);
-  EXPECT(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // On the heap: the thread's own string's destructor frees it before use_at_exit runs.
+  EXPECT_EQ(symmem::test::exit_status_of_child([] { message() = std::string(100, 'x'); }, use_at_exit), 0);
 }
 
 TEST(exit_safe_thread_local_is_one_object_per_thread_and_tag) {

@@ -1,10 +1,8 @@
 // The shim's communicator registry map (src/nccl/read_mostly_map.hpp): lookups a thread repeats
 // take no lock, and what a thread kept never outlives a change of the map.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -180,17 +178,10 @@ void lookups_at_exit() {
 }  // namespace
 
 TEST(nccl_map_lookups_after_the_thread_locals_are_destroyed_start_afresh) {
-  const pid_t child = fork();
-  EXPECT(child >= 0);
-  if (child == 0) {
+  const auto body = [] {
     exit_map = new ReadMostlyMap<int, Item>();
     exit_map->put(1, std::make_shared<Item>(Item{1}));
     for (int i = 0; i < 3; ++i) exit_map->find(1);  // kept by this thread
-    std::atexit(lookups_at_exit);
-    std::exit(0);
-  }
-  int status = 0;
-  EXPECT_EQ(waitpid(child, &status, 0), child);
-  EXPECT(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  };
+  EXPECT_EQ(symmem::test::exit_status_of_child(body, lookups_at_exit), 0);
 }
