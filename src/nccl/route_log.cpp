@@ -44,15 +44,15 @@ void log_route(const NcclCall& call, Route route, const char* why) noexcept {
   static RouteLog* log = open_log();
   if (!log) return;
   try {
-    const RouteKey key{int(call.op), int(call.type),    int(call.redop), nccl_size_bytes(call),
-                       call.world,   int(call.buffers), int(route)};
+    const size_t bytes = nccl_size_bytes(call);
+    const RouteKey key{int(call.op), int(call.type), int(call.redop), bytes, call.world, int(call.buffers), int(route)};
     // Each thread's own record first: the shared one's lock is taken once per shape and thread,
     // not on every call (threads driving one GPU each would contend for it).
     if (!detail::exit_safe_thread_local<std::set<RouteKey>>().insert(key).second) return;
     std::lock_guard<std::mutex> lock(log->mutex);
     if (!log->seen.insert(key).second) return;
     std::fprintf(log->file, "%s,%d,%d,%zu,%d,%s,%s,\"%s\"\n", collective_name(call.op), int(call.type), int(call.redop),
-                 std::get<3>(key), call.world, buffer_kind_name(call.buffers), route_name(route), why);
+                 bytes, call.world, buffer_kind_name(call.buffers), route_name(route), why);
     std::fflush(log->file);
   } catch (...) {
   }

@@ -55,6 +55,7 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
   // SYMMEM_ALGO applies where it can serve the call; otherwise the call plans as if it were unset.
   if (algo == Algo::kAuto && row_named(r.forced) && serves(r.forced) && fits(r.forced)) algo = r.forced;
   int blocks = r.options.blocks > 0 ? r.options.blocks : r.forced_blocks;
+  const size_t pair_words = (r.pair_bytes + 3) / 4;  // low latency's unit: a 4-byte word per thread
 
   AllToAllPlan plan;
   if (uniform) {
@@ -66,8 +67,7 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
       } else {
         algo = low_latency_by_rule(r.pair_bytes, r.world, ll_fits) ? Algo::kLowLatency : Algo::kAuto;
       }
-      const size_t words = (r.pair_bytes + 3) / 4;
-      if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, words))
+      if (algo == Algo::kLowLatency && low_latency_budget_binds(r.options.max_blocks, blocks, pair_words))
         algo = Algo::kAuto;
     }
   }
@@ -96,7 +96,7 @@ AllToAllPlan plan_all_to_all(const AllToAllRequest& r, const TuningTable& table)
   } else {
     if (blocks <= 0) {
       blocks = !uniform          ? kAllToAllVariableBlocks
-               : row.low_latency ? low_latency_blocks((r.pair_bytes + 3) / 4)
+               : row.low_latency ? low_latency_blocks(pair_words)
                                  : uniform_all_to_all_blocks(r.pair_bytes * static_cast<size_t>(std::max(1, r.world)));
     }
     plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
