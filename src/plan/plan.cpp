@@ -171,9 +171,10 @@ namespace {
 ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table);
 
 // Below this many bytes per chunk, a chunked push all-reduce (or reduce-scatter) loses to the pull
-// algorithm run in one piece on symmetric operands, which it reads and writes where they are (a
-// staged pull copies the whole input first: not taken), with the pull's block count (the caller's
-// or SYMMEM_BLOCKS', else the built-in rule's: the table's was measured for the push): every
+// algorithm run in one piece, with the pull's block count (the caller's or SYMMEM_BLOCKS', else the
+// built-in rule's: the table's was measured for the push). On symmetric operands the pull reads and
+// writes them where they are; on local ones it copies its input into the heap first (and gathers
+// two-shot's result back through it), a local copy at HBM speed: every push
 // chunk adds a launch and two barriers (7-9 us on
 // 2 x H200) where pull costs about 5 % more time than push per byte. Measured on 2 x H200 at 3e820ed
 // (bench/results/h200x2/all_reduce_2.csv; nccl_tests_windows_2.csv as of commit 1b9647a, through
@@ -201,7 +202,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   ReduceRequest asked = r;
   asked.options.algo = pull;
   const ReducePlan whole = plan_reduce_as_asked(asked, table);
-  return whole.chunk_elements >= r.count && !whole.stage_input && !whole.gather_via_staging ? whole : plan;
+  return whole.chunk_elements >= r.count ? whole : plan;
 }
 
 namespace {

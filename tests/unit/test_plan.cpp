@@ -598,8 +598,8 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
   r.workspace = WorkspaceLimits{size_t(64) << 20, size_t(32) << 20};
   r.count = size_t(128) << 20;  // 256 MiB: 4 chunks of 64 MiB
   EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
-  // A local input: the pull would stage it (and in chunks); the push stays. So does the one-shot
-  // push of local operands whose pull would stage them in one piece.
+  // A local input: the pull would stage it in chunks; the push stays. The one-shot push of local
+  // operands whose pull stages them in one piece gives way to that pull.
   r.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
   r.count = size_t(8) << 20;
   r.in_symmetric = false;
@@ -610,6 +610,10 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
     ReduceRequest staged = r;
     staged.out_symmetric = false;
     staged.count = size_t(2) << 20;  // 4 MiB: 4 chunks of the 1 MiB receive slots; one staging area
+    const ReducePlan whole = plan_reduce(staged, one_shot);
+    EXPECT(whole.algo == Algo::kTwoShot && whole.stage_input && whole.gather_via_staging &&
+           whole.chunk_elements >= staged.count);
+    staged.count = size_t(4) << 20;  // 8 MiB: the pull would stage it in two chunks too
     EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShotPush);
   }
   // A choice by name, or by SYMMEM_ALGO, stands.
