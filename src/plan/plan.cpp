@@ -170,18 +170,26 @@ namespace {
 
 ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table);
 
-// Below this many bytes per chunk, a chunked push all-reduce (or reduce-scatter) loses to the pull
-// algorithm run in one piece, with the pull's block count (the caller's or SYMMEM_BLOCKS', else the
-// built-in rule's: the table's was measured for the push). On symmetric operands the pull reads and
-// writes them where they are; on local ones it copies its input into the heap first (and gathers
-// two-shot's result back through it), a local copy at HBM speed: every push
-// chunk adds a launch and two barriers (7-9 us on
-// 2 x H200) where pull costs about 5 % more time than push per byte. Measured on 2 x H200 at 3e820ed
-// (bench/results/h200x2/all_reduce_2.csv; nccl_tests_windows_2.csv as of commit 1b9647a, through
-// libsymmem_nccl.so, whose 16 MiB budget cuts a push into 4 MiB chunks): 16 MiB two_shot pull 60 us
-// in one piece against two_shot_push 83 us in 4 chunks, 256 MiB 825 us against 1305 us in 64
-// chunks, while two_shot_push in 4 chunks of 64 MiB (789 us) still beats the pull. With this rule
-// the shim's window all-reduce beats NCCL at 16-256 MiB (nccl_tests_windows_all_2.csv, 16856da).
+// Below this many bytes per chunk, a chunked push all-reduce (or reduce-scatter) loses to a pull
+// run in one piece, with the pull's block count (the caller's or SYMMEM_BLOCKS', else the built-in
+// rule's: the table's was measured for the push): every chunk adds a launch and two barriers (7-9 us
+// on 2 x H200).
+// - Symmetric operands: the two-shot pull (reduce-scatter: the pull) reads and writes them where
+//   they are, at about 5 % more time than push per byte. Measured on 2 x H200 at 3e820ed
+//   (bench/results/h200x2/all_reduce_2.csv; nccl_tests_windows_2.csv as of commit 1b9647a, through
+//   libsymmem_nccl.so, whose 16 MiB budget cuts a push into 4 MiB chunks): 16 MiB two_shot pull
+//   60 us in one piece against two_shot_push 83 us in 4 chunks, 256 MiB 825 us against 1305 us in
+//   64 chunks, while two_shot_push in 4 chunks of 64 MiB (789 us) still beats the pull. With this
+//   rule the shim's window all-reduce beats NCCL at 16-256 MiB (nccl_tests_windows_all_2.csv,
+//   16856da).
+// - Local operands, all-reduce at 2 ranks: the one-shot pull, which copies its input into the heap
+//   first (a local copy) and reads as many bytes from the peer as two-shot in one pass fewer.
+//   Measured through libsymmem_nccl.so (16 MiB budget, 1 MiB receive slots) on 2 x H200, bf16, 2
+//   runs (bench/results/h200x2/nccl_tests_staged_pull_2.csv): 2 MiB one_shot 18.0 us against
+//   one_shot_push 19.1 in 2 chunks, 4 MiB 25.3 against 37.5 in 4 (NCCL 29.9 and 35.3); the two-shot
+//   pull, which also gathers through the heap, 24.4 and 29.9. Reduce-scatter's staged pull lost to
+//   the push in 2 chunks (4 MiB: 22.2 against 19.6 us): its push stays. Other worlds: not measured,
+//   the push stays.
 constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 
 }  // namespace
@@ -198,11 +206,15 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   if (r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo) || !push ||
       plan.chunk_elements >= r.count || chunk_bytes >= kChunkedPushLosesBelowBytes)
     return plan;
-  const Algo pull = r.reduce_scatter ? Algo::kPull : Algo::kTwoShot;
   ReduceRequest asked = r;
-  asked.options.algo = pull;
-  const ReducePlan whole = plan_reduce_as_asked(asked, table);
-  return whole.chunk_elements >= r.count ? whole : plan;
+  asked.options.algo = r.reduce_scatter ? Algo::kPull : Algo::kTwoShot;
+  const ReducePlan where_they_are = plan_reduce_as_asked(asked, table);
+  if (where_they_are.chunk_elements >= r.count && !where_they_are.stage_input && !where_they_are.gather_via_staging)
+    return where_they_are;
+  if (r.reduce_scatter || r.world != 2) return plan;
+  asked.options.algo = Algo::kOneShot;
+  const ReducePlan one_pass = plan_reduce_as_asked(asked, table);
+  return one_pass.chunk_elements >= r.count ? one_pass : plan;
 }
 
 namespace {

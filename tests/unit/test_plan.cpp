@@ -598,8 +598,9 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
   r.workspace = WorkspaceLimits{size_t(64) << 20, size_t(32) << 20};
   r.count = size_t(128) << 20;  // 256 MiB: 4 chunks of 64 MiB
   EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
-  // A local input: the pull would stage it in chunks; the push stays. The one-shot push of local
-  // operands whose pull stages them in one piece gives way to that pull.
+  // A local input: the pull would stage it in chunks; the push stays. At 2 ranks the one-shot push
+  // of local operands gives way to the one-shot pull where that stages them in one piece; other
+  // worlds and reduce-scatter keep the push.
   r.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
   r.count = size_t(8) << 20;
   r.in_symmetric = false;
@@ -611,10 +612,22 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
     staged.out_symmetric = false;
     staged.count = size_t(2) << 20;  // 4 MiB: 4 chunks of the 1 MiB receive slots; one staging area
     const ReducePlan whole = plan_reduce(staged, one_shot);
-    EXPECT(whole.algo == Algo::kTwoShot && whole.stage_input && whole.gather_via_staging &&
-           whole.chunk_elements >= staged.count);
+    EXPECT(whole.algo == Algo::kOneShot && whole.stage_input && whole.chunk_elements >= staged.count);
+    staged.in_place = true;  // (one-shot in place stages its input anyway)
+    EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShot);
+    staged.in_place = false;
     staged.count = size_t(4) << 20;  // 8 MiB: the pull would stage it in two chunks too
     EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShotPush);
+    staged.count = size_t(2) << 20;
+    staged.world = 3;  // not measured at other worlds: the push stays
+    one_shot.entries.push_back({"all_reduce", 3, size_t(1) << 40, Algo::kOneShotPush, 132});
+    EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShotPush);
+    staged.world = 2;
+    staged.reduce_scatter = true;  // the staged pull lost to the push in chunks
+    staged.count = size_t(1) << 20;  // 2 MiB per rank: 2 chunks of the receive slots
+    TuningTable scatter;
+    scatter.entries.push_back({"reduce_scatter", 2, size_t(1) << 40, Algo::kPush, 128});
+    EXPECT(plan_reduce(staged, scatter).algo == Algo::kPush);
   }
   // A choice by name, or by SYMMEM_ALGO, stands.
   r.in_symmetric = true;

@@ -4,8 +4,7 @@
 // planner must leave every line as it was; a change of choice is a deliberate edit of the pins.
 // Edits since: a push cut into chunks under 32 MiB gives way to the pull in one piece on symmetric
 // operands (plan.cpp, kChunkedPushLosesBelowBytes; 28 plans, all with the 2 MiB areas, every one
-// push -> pull, none staged); then on local operands too, where the pull stages them in one piece
-// (2 groups).
+// push -> pull, none staged).
 // The names renamed since are mapped back below (pinned_algo_name, pinned_kernel_name).
 //
 // The grid: sizes from 1 byte to 1 GiB (odd ones too), worlds 1, 2, 3, 4 and 8, every element
