@@ -183,13 +183,14 @@ ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table
 //   rule the shim's window all-reduce beats NCCL at 16-256 MiB (nccl_tests_windows_all_2.csv,
 //   16856da).
 // - Local operands, all-reduce at 2 ranks: the one-shot pull, which copies its input into the heap
-//   first (a local copy) and reads as many bytes from the peer as two-shot in one pass fewer.
-//   Measured through libsymmem_nccl.so (16 MiB budget, 1 MiB receive slots) on 2 x H200, bf16, 2
-//   runs (bench/results/h200x2/nccl_tests_staged_pull_2.csv): 2 MiB one_shot 18.0 us against
-//   one_shot_push 19.1 in 2 chunks, 4 MiB 25.3 against 37.5 in 4 (NCCL 29.9 and 35.3); the two-shot
-//   pull, which also gathers through the heap, 24.4 and 29.9. Reduce-scatter's staged pull lost to
-//   the push in 2 chunks (4 MiB: 22.2 against 19.6 us): its push stays. Other worlds: not measured,
-//   the push stays.
+//   first (a local copy) and reads as many bytes from the peer as two-shot, in one pass fewer.
+//   Measured through libsymmem_nccl.so (16 MiB budget: 1 MiB receive slots, 4 MiB staging) on
+//   2 x H200, bf16 sum, out of place, medians (bench/results/h200x2/nccl_tests_staged_pull_2.csv,
+//   each algorithm named by SYMMEM_ALGO): 2 MiB one_shot 18.0 us, one_shot_push 19.1 in 2 chunks,
+//   two_shot 24.3; 4 MiB 25.2, 37.5 in 4 chunks, 29.5 (NCCL 29.1 and 34.6). With this rule (3 runs):
+//   2 MiB 16.7 against one_shot_push's 18.6, 4 MiB 23.6 against 36.6. Reduce-scatter's staged pull
+//   lost to the push in 2 chunks (4 MiB: 22.0 against 19.5 us): its push stays. Other worlds: not
+//   measured, the push stays.
 constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 
 }  // namespace
