@@ -8,8 +8,9 @@
       --out tuning/nccl/NVIDIA_H200.json
 
 For each (collective, world, buffer kind) and size, symmem keeps the size when it is faster than
-NCCL by more than --margin (geometric mean over the types and reductions symmem served of NCCL's
-time over symmem's, each library's better of out-of-place and in-place); otherwise NCCL takes it.
+NCCL by more than --margin (geometric mean over the types, reductions, runs and repetitions symmem
+served of NCCL's time over symmem's, each library's better of out-of-place and in-place, each
+against plain NCCL's row of the same run and repetition); otherwise NCCL takes it.
 Runs of sizes with the same route become one row each, a row ending halfway (geometrically) between
 the last size of its run and the first of the next, except that a staged symmem row followed by NCCL
 is not carried past one staging area (a quarter of workspace_mb, the shim's built-in limit) beyond
@@ -62,8 +63,10 @@ def main():
     workspace_mb = int(next(iter(workspaces)))
     staging_area = (workspace_mb << 20) // 4  # the shim's staging area (src/nccl/serve_plan.cpp)
 
+    # A row of the shim is paired with plain NCCL's row of the same run (its start, `date`) and
+    # repetition: runs combined here each count, against their own reference.
     key = lambda r: (r["collective"], int(r["ranks"]), r.get("buffers") or "staged", r["type"], r["redop"],
-                     int(r["size"]))
+                     int(r["size"]), r["date"], r.get("rep") or "")
     plain = {key(r): r for r in rows if r["library"] == "nccl"}
     ratios = collections.defaultdict(list)  # (collective, world, buffers, size) -> NCCL time / symmem time
     for k, s in ((key(r), r) for r in rows if r["library"] == "symmem_nccl"):

@@ -4,6 +4,7 @@ into a cutover table that src/nccl/cutover_table.cpp reads (the symmem_unit_test
 when ctest names it in SYMMEM_UNIT_TESTS); tests/nccl/torch_steps.py --compare judges the PyTorch
 runs through the shim."""
 import csv
+import math
 import json
 import os
 import shlex
@@ -285,6 +286,32 @@ def test_cutover_table_from_an_ab_run(ab_run):
         done = subprocess.run([unit_tests, "nccl_shipped_cutover_tables_parse"], capture_output=True, text=True,
                               env=dict(os.environ, SYMMEM_NCCL_CUTOVER_FILE=str(out)))
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_cutover_pairs_each_run_with_its_own_nccl_rows(ab_run):
+    # Two runs combined. At 16 KiB the first (the fixture) has symmem slower (14 against 20 us); the
+    # second has plain NCCL at 60 us and symmem at 20 (3x): paired run by run, the geometric mean
+    # is sqrt(0.7 x 3) = 1.45x and symmem keeps 16 KiB. Paired with the other run's NCCL row (what
+    # the last plain row of a size gave before), it would be 0.7 x 0.7 or 3 x 3.
+    tmp_path, csv_path = ab_run
+    second = tmp_path / "second.csv"
+
+    def as_second_run(rows):
+        out = []
+        for r in rows:
+            r = {**r, "date": "d2"}
+            if r["library"] == "nccl" and r["size"] == "16384":
+                r["oop_time_us"] = r["ip_time_us"] = "60.0"
+            out.append(r)
+        return out
+
+    rewrite_csv(csv_path, second, as_second_run)
+    out = tmp_path / "t.json"
+    rc, text = run(CUTOVER, str(csv_path), str(second), "--gpu", "NVIDIA H200", "--out", str(out))
+    assert rc == 0, text
+    entries = json.load(open(out))["entries"]
+    assert [(e["max_bytes"], e["route"]) for e in entries] == [(1 << 40, "symmem")], entries
+    assert entries[0]["speedup"] == pytest.approx(math.sqrt(14.0 / 20.0 * 3.0), rel=1e-3)
 
 
 def rewrite_csv(src, dst, change):
