@@ -44,7 +44,10 @@ def main():
     p.add_argument("csv", nargs="+")
     p.add_argument("--gpu", required=True, help="the GPU's name as CUDA reports it, e.g. 'NVIDIA H200'")
     p.add_argument("--out", required=True)
-    p.add_argument("--margin", type=float, default=0.02, help="symmem keeps a size when faster by more than this")
+    # 5 %: a size where symmem wins by less moved both ways between runs on 2 x H200 (staged
+    # all-to-all at 1 MiB: 1.04x over 12 paired runs, single pairs 0.99-1.15x, and 0.89-1.02x in a
+    # default-mode run of the same build).
+    p.add_argument("--margin", type=float, default=0.05, help="symmem keeps a size when faster by more than this")
     p.add_argument("--served-only", action="store_true",
                    help="a run of SYMMEM_NCCL=auto: rows up to the largest size served, the built-in rule beyond")
     args = p.parse_args()
