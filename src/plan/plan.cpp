@@ -182,15 +182,19 @@ ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table
 //   64 chunks, while two_shot_push in 4 chunks of 64 MiB (789 us) still beats the pull. With this
 //   rule the shim's window all-reduce beats NCCL at 16-256 MiB (nccl_tests_windows_all_2.csv,
 //   16856da).
-// - Local operands, all-reduce at 2 ranks: the one-shot pull, which copies its input into the heap
-//   first (a local copy) and reads as many bytes from the peer as two-shot, in one pass fewer.
-//   Measured through libsymmem_nccl.so (16 MiB budget: 1 MiB receive slots, 4 MiB staging) on
-//   2 x H200, bf16 sum, out of place, medians (bench/results/h200x2/nccl_tests_staged_pull_2.csv,
-//   each algorithm named by SYMMEM_ALGO): 2 MiB one_shot 18.0 us, one_shot_push 19.1 in 2 chunks,
-//   two_shot 24.3; 4 MiB 25.2, 37.5 in 4 chunks, 29.5 (NCCL 29.1 and 34.6). With this rule (3 runs):
-//   2 MiB 16.7 against one_shot_push's 18.6, 4 MiB 23.6 against 36.6. Reduce-scatter's staged pull
-//   lost to the push in 2 chunks (4 MiB: 22.0 against 19.5 us): its push stays. Other worlds: not
-//   measured, the push stays.
+// - Local operands (input and output), all-reduce at 2 ranks: the one-shot pull, which copies its
+//   input into the heap first (a local copy) and reads as many bytes from the peer as two-shot, in
+//   one pass fewer. Measured through libsymmem_nccl.so (16 MiB budget: 1 MiB receive slots, 4 MiB
+//   staging) on 2 x H200, bf16 sum, out of place, medians of 2 repetitions
+//   (bench/results/h200x2/nccl_tests_staged_pull_2.csv, each algorithm named by SYMMEM_ALGO): 2 MiB
+//   one_shot 18.0 us, one_shot_push 19.1 in 2 chunks, two_shot 24.3; 4 MiB 25.2, 37.5 in 4 chunks,
+//   29.5 (NCCL 29.1 and 34.6). With this rule (3 repetitions, bf16 and fp32): 2 MiB 16.0-16.7
+//   against one_shot_push's 18.1-18.6, 4 MiB 22.8-23.6 against 35.9-36.6. Not measured: other
+//   GPUs, other budgets (a table naming a push whose receive slot cuts a larger message), sizes
+//   between one slot and 2 MiB, mixed operands (one symmetric, one local: the push stays), other
+//   worlds (the push stays; at 4 ranks the H200 table's push needs a symmetric output, so local
+//   operands run the staged two-shot pull already). Reduce-scatter's staged pull lost to the push
+//   in 2 chunks (4 MiB: 22.0 against 19.5 us): its push stays.
 constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 
 }  // namespace
@@ -212,7 +216,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   const ReducePlan where_they_are = plan_reduce_as_asked(asked, table);
   if (where_they_are.chunk_elements >= r.count && !where_they_are.stage_input && !where_they_are.gather_via_staging)
     return where_they_are;
-  if (r.reduce_scatter || r.world != 2) return plan;
+  if (r.reduce_scatter || r.world != 2 || r.in_symmetric || r.out_symmetric) return plan;
   asked.options.algo = Algo::kOneShot;
   const ReducePlan one_pass = plan_reduce_as_asked(asked, table);
   return one_pass.chunk_elements >= r.count ? one_pass : plan;

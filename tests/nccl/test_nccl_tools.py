@@ -312,6 +312,21 @@ def test_cutover_pairs_each_run_with_its_own_nccl_rows(ab_run):
     entries = json.load(open(out))["entries"]
     assert [(e["max_bytes"], e["route"]) for e in entries] == [(1 << 40, "symmem")], entries
     assert entries[0]["speedup"] == pytest.approx(math.sqrt(14.0 / 20.0 * 3.0), rel=1e-3)
+    # The same as two repetitions of one run (one date, rep 1 and 2).
+    both = tmp_path / "reps.csv"
+    rewrite_csv(csv_path, both, lambda rows: [{**r, "rep": "1"} for r in rows] +
+                [{**r, "date": "d", "rep": "2"} for r in as_second_run(rows)])
+    rc, text = run(CUTOVER, str(both), "--gpu", "NVIDIA H200", "--out", str(out))
+    assert rc == 0, text
+    assert json.load(open(out))["entries"][0]["speedup"] == pytest.approx(math.sqrt(14.0 / 20.0 * 3.0), rel=1e-3)
+    # A served row without plain NCCL's row of its run and repetition is an error, not left out.
+    rewrite_csv(both, both, lambda rows: [r for r in rows if not (r["library"] == "nccl" and r["rep"] == "2")])
+    rc, text = run(CUTOVER, str(both), "--gpu", "NVIDIA H200", "--out", str(out))
+    assert rc != 0 and "no plain NCCL row of the same run and repetition" in text, text
+    # Rows of two GPU models do not make one table.
+    rewrite_csv(second, second, lambda rows: [{**r, "gpu": "NVIDIA H100"} for r in rows])
+    rc, text = run(CUTOVER, str(csv_path), str(second), "--gpu", "NVIDIA H200", "--out", str(out))
+    assert rc != 0 and "one GPU model" in text, text
 
 
 def rewrite_csv(src, dst, change):

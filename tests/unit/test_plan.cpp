@@ -599,8 +599,8 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
   r.count = size_t(128) << 20;  // 256 MiB: 4 chunks of 64 MiB
   EXPECT(plan_reduce(r, t).algo == Algo::kTwoShotPush);
   // A local input: the pull would stage it in chunks; the push stays. At 2 ranks the one-shot push
-  // of local operands gives way to the one-shot pull where that stages them in one piece; other
-  // worlds and reduce-scatter keep the push.
+  // of local operands (input and output) gives way to the one-shot pull where that stages them in
+  // one piece; mixed operands, other worlds and reduce-scatter keep the push (not measured, or lost).
   r.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
   r.count = size_t(8) << 20;
   r.in_symmetric = false;
@@ -613,9 +613,50 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
     staged.count = size_t(2) << 20;  // 4 MiB: 4 chunks of the 1 MiB receive slots; one staging area
     const ReducePlan whole = plan_reduce(staged, one_shot);
     EXPECT(whole.algo == Algo::kOneShot && whole.stage_input && whole.chunk_elements >= staged.count);
+    // With the pull's own block count (the built-in rule's, as if named), not the table's push's.
+    ReduceRequest named = staged;
+    named.options.algo = Algo::kOneShot;
+    EXPECT_EQ(whole.blocks, plan_reduce(named, one_shot).blocks);
+    EXPECT(whole.blocks != 132);
+    {
+      ReduceRequest asked = staged;
+      asked.options.blocks = 20;  // the caller's count
+      EXPECT_EQ(plan_reduce(asked, one_shot).blocks, 20);
+      asked.options.blocks = 0;
+      asked.options.max_blocks = 8;  // and its SM budget
+      const ReducePlan budget = plan_reduce(asked, one_shot);
+      EXPECT(budget.algo == Algo::kOneShot && budget.blocks <= 8);
+      // The one-shot push named by the caller or SYMMEM_ALGO stands.
+      asked.options.max_blocks = -1;
+      asked.options.algo = Algo::kOneShotPush;
+      EXPECT(plan_reduce(asked, one_shot).algo == Algo::kOneShotPush);
+      asked.options.algo = Algo::kAuto;
+      asked.forced = Algo::kOneShotPush;
+      EXPECT(plan_reduce(asked, one_shot).algo == Algo::kOneShotPush);
+    }
     staged.in_place = true;  // (one-shot in place stages its input anyway)
-    EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShot);
+    const ReducePlan in_place = plan_reduce(staged, one_shot);
+    EXPECT(in_place.algo == Algo::kOneShot && in_place.stage_input && in_place.chunk_elements >= staged.count);
     staged.in_place = false;
+    staged.count = (size_t(1) << 19) + 8;  // 1 MiB + 16 bytes: two receive slots
+    EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShot);
+    staged.count = (size_t(1) << 19);  // one receive slot: one piece, the push stays
+    EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShotPush);
+    {
+      ReduceRequest fp32 = staged;  // exactly one staging area of float32
+      fp32.elem_bytes = 4;
+      fp32.count = size_t(1) << 20;
+      EXPECT(plan_reduce(fp32, one_shot).algo == Algo::kOneShot);
+      fp32.count += 4;  // 16 bytes more: the pull would stage it in two chunks
+      EXPECT(plan_reduce(fp32, one_shot).algo == Algo::kOneShotPush);
+    }
+    staged.count = size_t(2) << 20;
+    for (bool symmetric_input : {true, false}) {  // mixed operands: not measured, the push stays
+      ReduceRequest mixed = staged;
+      mixed.in_symmetric = symmetric_input;
+      mixed.out_symmetric = !symmetric_input;
+      EXPECT(plan_reduce(mixed, one_shot).algo == Algo::kOneShotPush);
+    }
     staged.count = size_t(4) << 20;  // 8 MiB: the pull would stage it in two chunks too
     EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShotPush);
     staged.count = size_t(2) << 20;
