@@ -5,6 +5,8 @@
 // Edits since: a push cut into chunks under 32 MiB gives way to the pull in one piece on symmetric
 // operands (plan.cpp, kChunkedPushLosesBelowBytes; 28 plans, all with the 2 MiB areas, every one
 // push -> pull, none staged).
+// A structured block with the small areas, appended after the draws, holds the rule for local
+// operands (a chunked one-shot push gives way to the one-shot pull at 2 ranks, plan.cpp).
 // The names renamed since are mapped back below (pinned_algo_name, pinned_kernel_name).
 //
 // The grid: sizes from 1 byte to 1 GiB (odd ones too), worlds 1, 2, 3, 4 and 8, every element
@@ -315,6 +317,34 @@ std::vector<Pin> all_pins() {
   Draw d(0x5EED28);
   for (int i = 0; i < 12288; ++i) add(draw_all_gather(d));
   for (int i = 0; i < 12288; ++i) add(draw_reduce(d));
+  // Structured, small areas (libsymmem_nccl.so's 16 MiB budget): the reductions where a push runs
+  // in chunks, every operand kind (added after the draws, so the groups before stay as they were).
+  for (bool table : {true, false}) {
+    for (int world : kWorlds) {
+      for (int shift = 16; shift <= 24; ++shift) {
+        for (int operands = 0; operands < 4; ++operands) {
+          for (size_t elem : {size_t(2), size_t(4)}) {
+            for (bool rs : {false, true}) {
+              for (bool in_place : {false, true}) {
+                ReduceCase q;
+                q.table = table;
+                q.limits = kLimits[1];
+                q.request.reduce_scatter = rs;
+                q.request.elem_bytes = elem;
+                q.request.count = (size_t(1) << shift) / elem;
+                q.request.world = world;
+                q.request.in_symmetric = operands & 1;
+                q.request.out_symmetric = operands & 2;
+                q.request.in_place = in_place;
+                q.request.low_latency_capacity = kLowLatencyCapacity;
+                add(q);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
   return pins;
 }
 
