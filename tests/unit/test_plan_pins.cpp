@@ -276,6 +276,24 @@ struct Pin {
   std::string result;
 };
 
+// A reduction of the structured blocks: 2^shift bytes (at least one element), operand kinds as
+// bits (1: symmetric input, 2: symmetric output).
+ReduceCase structured_reduce(bool table, const WorkspaceLimits& limits, bool reduce_scatter, size_t elem, int shift,
+                             int world, int operands, bool in_place) {
+  ReduceCase q;
+  q.table = table;
+  q.limits = limits;
+  q.request.reduce_scatter = reduce_scatter;
+  q.request.elem_bytes = elem;
+  q.request.count = std::max<size_t>(1, (size_t(1) << shift) / elem);
+  q.request.world = world;
+  q.request.in_symmetric = operands & 1;
+  q.request.out_symmetric = operands & 2;
+  q.request.in_place = in_place;
+  q.request.low_latency_capacity = kLowLatencyCapacity;
+  return q;
+}
+
 std::vector<Pin> all_pins() {
   std::vector<Pin> pins;
   auto add = [&](const auto& c) { pins.push_back({describe_case(c), result_of(c)}); };
@@ -296,19 +314,7 @@ std::vector<Pin> all_pins() {
             g.request.low_latency_capacity = kLowLatencyCapacity;
             add(g);
             if (elem == 1) continue;
-            for (bool rs : {false, true}) {
-              ReduceCase q;
-              q.table = table;
-              q.limits = kLimits[0];
-              q.request.reduce_scatter = rs;
-              q.request.elem_bytes = elem;
-              q.request.count = std::max<size_t>(1, (size_t(1) << shift) / elem);
-              q.request.world = world;
-              q.request.in_symmetric = operands & 1;
-              q.request.out_symmetric = operands & 2;
-              q.request.low_latency_capacity = kLowLatencyCapacity;
-              add(q);
-            }
+            for (bool rs : {false, true}) add(structured_reduce(table, kLimits[0], rs, elem, shift, world, operands, false));
           }
         }
       }
@@ -325,20 +331,8 @@ std::vector<Pin> all_pins() {
         for (int operands = 0; operands < 4; ++operands) {
           for (size_t elem : {size_t(2), size_t(4)}) {
             for (bool rs : {false, true}) {
-              for (bool in_place : {false, true}) {
-                ReduceCase q;
-                q.table = table;
-                q.limits = kLimits[1];
-                q.request.reduce_scatter = rs;
-                q.request.elem_bytes = elem;
-                q.request.count = (size_t(1) << shift) / elem;
-                q.request.world = world;
-                q.request.in_symmetric = operands & 1;
-                q.request.out_symmetric = operands & 2;
-                q.request.in_place = in_place;
-                q.request.low_latency_capacity = kLowLatencyCapacity;
-                add(q);
-              }
+              for (bool in_place : {false, true})
+                add(structured_reduce(table, kLimits[1], rs, elem, shift, world, operands, in_place));
             }
           }
         }
