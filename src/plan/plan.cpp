@@ -201,25 +201,44 @@ constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 
 ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   ReducePlan plan = plan_reduce_as_asked(r, table);
-  // Only a push the table or the built-in rule chose is revisited; an algorithm the caller or
+  // Only a plan the table or the built-in rule chose is revisited; an algorithm the caller or
   // SYMMEM_ALGO named (and that runs) stands. Every input here is agreed, so every rank revisits alike.
   const Collective collective = r.reduce_scatter ? Collective::kReduceScatter : Collective::kAllReduce;
   const Algorithm* forced = named_row(collective, r.forced);
+  if (r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo)) return plan;
   const bool push = plan.receive_area || plan.kernel == KernelId::kAllReduceTwoShotPush;
   // A chunk's share of the message: a reduce-scatter chunk covers chunk_elements of every rank's slice.
   const size_t chunk_bytes = plan.chunk_elements * r.elem_bytes * (r.reduce_scatter ? size_t(r.world) : 1);
-  if (r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo) || !push ||
-      plan.chunk_elements >= r.count || chunk_bytes >= kChunkedPushLosesBelowBytes)
-    return plan;
+  const bool chunked_push = push && plan.chunk_elements < r.count && chunk_bytes < kChunkedPushLosesBelowBytes;
   ReduceRequest asked = r;
-  asked.options.algo = r.reduce_scatter ? Algo::kPull : Algo::kTwoShot;
-  const ReducePlan where_they_are = plan_reduce_as_asked(asked, table);
-  if (where_they_are.chunk_elements >= r.count && !where_they_are.stage_input && !where_they_are.gather_via_staging)
-    return where_they_are;
+  if (chunked_push) {
+    asked.options.algo = r.reduce_scatter ? Algo::kPull : Algo::kTwoShot;
+    const ReducePlan where_they_are = plan_reduce_as_asked(asked, table);
+    if (where_they_are.chunk_elements >= r.count && !where_they_are.stage_input && !where_they_are.gather_via_staging)
+      return where_they_are;
+  }
   if (r.reduce_scatter || r.world != 2 || r.in_symmetric || r.out_symmetric) return plan;
+  // Local operands (input and output), all-reduce at 2 ranks, where the plan chunks a push or
+  // stages a two-shot (the table's two-shot push needs a symmetric output): at 2 ranks the one-shot
+  // reads or stores as many bytes over NVLink as the two-shot, in one pass fewer, and stages less
+  // (the push nothing, the pull its input only; the two-shot its input and its output). So the
+  // one-shot push where its receive slot holds the message, else the one-shot pull (in chunks too
+  // when it replaces the staged two-shot, which chunks at the same staging capacity). Measured on
+  // 2 x H200 through the torch drop-in on plain tensors (default workspace: 16 MiB receive slots at
+  // 2 ranks, 64 MiB staging), bf16 sum in place, eager, each algorithm named by SYMMEM_ALGO
+  // (bench/results/h200x2/torch_staged_all_reduce_2.csv, 3de4099): 8 MiB one_shot_push 35.2 us
+  // against the staged two-shot's 41.8 (NCCL 47.7), 16 MiB 67.4 / 74.7 (74.2); 32 MiB one_shot 128.1
+  // against 135.5 (135.1) and one_shot_push's 135.4 in 2 chunks, 64 MiB 243.6 / 266.3 (248.7),
+  // 128 MiB in 2 chunks 488.1 / 533.6 (NCCL 462.7: still faster); from graphs alike. Not measured:
+  // other GPUs, mixed operands, reduce-scatter.
+  const bool staged_two_shot = plan.algo == Algo::kTwoShot && (plan.stage_input || plan.gather_via_staging);
+  if (!chunked_push && !staged_two_shot) return plan;
+  asked.options.algo = Algo::kOneShotPush;
+  const ReducePlan stores = plan_reduce_as_asked(asked, table);
+  if (stores.chunk_elements >= r.count) return stores;
   asked.options.algo = Algo::kOneShot;
   const ReducePlan one_pass = plan_reduce_as_asked(asked, table);
-  return one_pass.chunk_elements >= r.count ? one_pass : plan;
+  return one_pass.chunk_elements >= r.count || staged_two_shot ? one_pass : plan;
 }
 
 namespace {

@@ -578,6 +578,83 @@ TEST(small_all_gathers_and_reduce_scatters_take_low_latency_by_rule_and_table) {
   EXPECT(plan_reduce(s, t).algo == Algo::kLowLatency);
 }
 
+TEST(local_operands_at_two_ranks_take_the_one_shot_where_the_two_shot_would_stage_them) {
+  // The shipped H200 table's shape: the one-shot push to 4 MiB, then the two-shot push, which needs
+  // a symmetric output (local ones ran the staged two-shot). The default workspace: 64 MiB staging,
+  // 32 MiB per receive parity (16 MiB slots at 2 ranks).
+  TuningTable t;
+  t.entries.push_back({"all_reduce", 2, size_t(4) << 20, Algo::kOneShotPush, 132});
+  t.entries.push_back({"all_reduce", 2, size_t(1) << 40, Algo::kTwoShotPush, 128});
+  t.entries.push_back({"all_reduce", 4, size_t(1) << 40, Algo::kTwoShotPush, 128});
+  t.entries.push_back({"reduce_scatter", 2, size_t(1) << 40, Algo::kPush, 128});
+  ReduceRequest local;
+  local.elem_bytes = 2;
+  local.world = 2;
+  local.low_latency_capacity = 1 << 20;
+  local.workspace = WorkspaceLimits{size_t(64) << 20, size_t(32) << 20};
+  auto plan_of = [&](size_t bytes, const ReduceRequest* base = nullptr) {
+    ReduceRequest r = base ? *base : local;
+    r.count = bytes / r.elem_bytes;
+    return plan_reduce(r, t);
+  };
+  // Where the one-shot push's slot holds the message: it stages nothing.
+  for (size_t mib : {size_t(8), size_t(12), size_t(16)}) {
+    const ReducePlan p = plan_of(mib << 20);
+    EXPECT(p.algo == Algo::kOneShotPush && !p.stage_input && p.chunk_elements >= (mib << 20) / 2);
+  }
+  // Beyond one slot: the one-shot pull, in one piece up to the staging area, in chunks beyond.
+  for (size_t bytes : {(size_t(16) << 20) + 16, size_t(32) << 20, size_t(64) << 20}) {
+    const ReducePlan p = plan_of(bytes);
+    EXPECT(p.algo == Algo::kOneShot && p.stage_input && p.chunk_elements >= bytes / 2);
+  }
+  const ReducePlan chunked = plan_of(size_t(128) << 20);
+  EXPECT(chunked.algo == Algo::kOneShot && chunked.chunk_elements < (size_t(128) << 20) / 2);
+  // With the built-in rule's blocks, or the caller's.
+  ReduceRequest named = local;
+  named.count = size_t(16) << 20;
+  named.options.algo = Algo::kOneShot;
+  const int rule_blocks = plan_reduce(named, t).blocks;
+  EXPECT_EQ(plan_of(size_t(32) << 20).blocks, rule_blocks);
+  named.options.algo = Algo::kAuto;
+  named.options.blocks = 20;
+  EXPECT_EQ(plan_reduce(named, t).blocks, 20);
+  // In place alike.
+  ReduceRequest in_place = local;
+  in_place.in_place = true;
+  EXPECT(plan_of(size_t(8) << 20, &in_place).algo == Algo::kOneShotPush);
+  EXPECT(plan_of(size_t(32) << 20, &in_place).algo == Algo::kOneShot);
+  // Up to 4 MiB the table's one-shot push runs in one piece: unchanged.
+  EXPECT(plan_of(size_t(4) << 20).algo == Algo::kOneShotPush);
+  // Not measured, or not staged: symmetric or mixed operands, 4 ranks, reduce-scatter, a named
+  // algorithm keep their plans.
+  ReduceRequest other = local;
+  other.in_symmetric = other.out_symmetric = true;
+  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kTwoShotPush);
+  other.out_symmetric = false;
+  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kTwoShot);
+  other.in_symmetric = false;
+  other.out_symmetric = true;
+  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kTwoShotPush);
+  other = local;
+  other.world = 4;
+  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kTwoShot);
+  other = local;
+  other.reduce_scatter = true;
+  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kPush);
+  other = local;
+  other.options.algo = Algo::kTwoShot;
+  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kTwoShot);
+  other = local;
+  other.forced = Algo::kTwoShot;  // SYMMEM_ALGO
+  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kTwoShot);
+  // Without a table the built-in rule's two-shot stages local operands alike.
+  ReduceRequest untabled = local;
+  untabled.count = size_t(1) << 20;  // 2 MiB
+  EXPECT(plan_reduce(untabled, TuningTable{}).algo == Algo::kOneShotPush);
+  untabled.world = 4;
+  EXPECT(plan_reduce(untabled, TuningTable{}).algo == Algo::kTwoShot);
+}
+
 TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
   // The table's push all-reduce on symmetric operands with a 16 MiB budget (4 MiB areas): 16 MiB
   // would run in 4 chunks; the two-shot pull reads the symmetric input and writes the symmetric

@@ -6,7 +6,10 @@
 // operands (plan.cpp, kChunkedPushLosesBelowBytes; 28 plans, all with the 2 MiB areas, every one
 // push -> pull, none staged).
 // A structured block with the small areas, appended after the draws, holds the rule for local
-// operands (a chunked one-shot push gives way to the one-shot pull at 2 ranks, plan.cpp).
+// operands (a chunked one-shot push gives way to the one-shot pull at 2 ranks, plan.cpp). Where
+// the two-shot would stage local operands at 2 ranks, the one-shot push or pull runs instead
+// (plan.cpp; 83 plans, every one an all-reduce at 2 ranks with local input and output, two_shot ->
+// one_shot or one_shot_push).
 // The names renamed since are mapped back below (pinned_algo_name, pinned_kernel_name).
 //
 // The grid: sizes from 1 byte to 1 GiB (odd ones too), worlds 1, 2, 3, 4 and 8, every element
