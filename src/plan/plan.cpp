@@ -219,18 +219,22 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   }
   if (r.reduce_scatter || r.world != 2 || r.in_symmetric || r.out_symmetric) return plan;
   // Local operands (input and output), all-reduce at 2 ranks, where the plan chunks a push or
-  // stages a two-shot (the table's two-shot push needs a symmetric output): at 2 ranks the one-shot
-  // reads or stores as many bytes over NVLink as the two-shot, in one pass fewer, and stages less
-  // (the push nothing, the pull its input only; the two-shot its input and its output). So the
-  // one-shot push where its receive slot holds the message, else the one-shot pull (in chunks too
-  // when it replaces the staged two-shot, which chunks at the same staging capacity). Measured on
-  // 2 x H200 through the torch drop-in on plain tensors (default workspace: 16 MiB receive slots at
-  // 2 ranks, 64 MiB staging), bf16 sum in place, eager, each algorithm named by SYMMEM_ALGO
+  // stages a two-shot (the table's two-shot push needs a symmetric output; without a table the
+  // built-in two-shot): at 2 ranks the one-shot reads or stores as many bytes over NVLink as the
+  // two-shot, in one pass fewer, and stages less (the push nothing, the pull its input only; the
+  // two-shot its input and its output). So the one-shot push where its receive slot holds the
+  // message, else the one-shot pull (in chunks too when it replaces the staged two-shot, which
+  // chunks at the same staging capacity), with the blocks the caller or SYMMEM_BLOCKS asked for,
+  // else the built-in rule's (the table's were measured for another algorithm). Measured on 2 x H200
+  // through TPAllReduce.all_reduce on plain tensors (out of place; default workspace: 16 MiB receive
+  // slots at 2 ranks, 64 MiB staging), bf16 sum, eager, each algorithm named by SYMMEM_ALGO, medians
   // (bench/results/h200x2/torch_staged_all_reduce_2.csv, 3de4099): 8 MiB one_shot_push 35.2 us
-  // against the staged two-shot's 41.8 (NCCL 47.7), 16 MiB 67.4 / 74.7 (74.2); 32 MiB one_shot 128.1
-  // against 135.5 (135.1) and one_shot_push's 135.4 in 2 chunks, 64 MiB 243.6 / 266.3 (248.7),
+  // against the staged two-shot's 41.8 (NCCL 47.7), 16 MiB 67.4 / 74.7 (74.5); 32 MiB one_shot 128.2
+  // against 135.6 (138.7) and one_shot_push's 135.3 in 2 chunks, 64 MiB 243.7 / 266.4 (248.9),
   // 128 MiB in 2 chunks 488.1 / 533.6 (NCCL 462.7: still faster); from graphs alike. Not measured:
-  // other GPUs, mixed operands, reduce-scatter.
+  // in place, other GPUs (the H100 table has the same shape), smaller workspaces (the one-shot
+  // pull then runs in more chunks), GPUs without a table (the one-shot push from 64 KiB), mixed
+  // operands, reduce-scatter.
   const bool staged_two_shot = plan.algo == Algo::kTwoShot && (plan.stage_input || plan.gather_via_staging);
   if (!chunked_push && !staged_two_shot) return plan;
   asked.options.algo = Algo::kOneShotPush;

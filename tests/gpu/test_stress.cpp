@@ -260,6 +260,22 @@ TEST(reductions_up_to_256_mib) {
         }
       }
     }
+    // Local operands of an all-reduce the planner plans, in place and not, at the sizes where its
+    // plan changes at 2 ranks with the default workspace (plan.cpp: the one-shot push while a
+    // 16 MiB receive slot holds the message, then the one-shot pull, in one piece up to the 64 MiB
+    // staging area and in chunks beyond; the case above is 256 MiB out of place).
+    for (size_t bytes : {8 * kMiB + 6, 16 * kMiB, 16 * kMiB + 16, 64 * kMiB + 2, 64 * kMiB + 64}) {
+      for (bool in_place : {false, true}) {
+        Call c;
+        c.collective = Collective::kAllReduce;
+        c.algo = Algo::kAuto;
+        c.type = type;
+        c.count = bytes / dtype_size(type);
+        c.in = OperandArg(local_in.ptr);
+        c.out = in_place ? c.in : OperandArg(local_out.ptr);
+        cases.push_back({c, describe(c) + (in_place ? " (local, in place)" : " (local)")});
+      }
+    }
   }
   Counters exact_wrong(cases.size()), real_wrong(cases.size());
   long bad = 0, ran = 0, differing = 0;
@@ -312,6 +328,6 @@ TEST(reductions_up_to_256_mib) {
   fx.comm->free(heap_in);
   EXPECT_EQ(fx.sum(bad), 0L);
   EXPECT_EQ(differing, 0L);
-  // Per type: heap 5 + 3, local 4 + 3 (two_shot_push all-reduce needs a heap output).
-  EXPECT_EQ(ran, 2L * (8 + 7));
+  // Per type: heap 5 + 3, local 4 + 3 (two_shot_push all-reduce needs a heap output), 10 planned.
+  EXPECT_EQ(ran, 2L * (8 + 7 + 10));
 }

@@ -617,7 +617,21 @@ TEST(local_operands_at_two_ranks_take_the_one_shot_where_the_two_shot_would_stag
   EXPECT_EQ(plan_of(size_t(32) << 20).blocks, rule_blocks);
   named.options.algo = Algo::kAuto;
   named.options.blocks = 20;
+  EXPECT(plan_reduce(named, t).algo == Algo::kOneShot);
   EXPECT_EQ(plan_reduce(named, t).blocks, 20);
+  // The staging area's edge: 64 MiB in one piece, 16 bytes more in chunks; float32 alike.
+  EXPECT(plan_of((size_t(64) << 20) + 16).chunk_elements < ((size_t(64) << 20) + 16) / 2);
+  ReduceRequest fp32 = local;
+  fp32.elem_bytes = 4;
+  EXPECT(plan_of(size_t(16) << 20, &fp32).algo == Algo::kOneShotPush);
+  const ReducePlan fp32_pull = plan_of(size_t(64) << 20, &fp32);
+  EXPECT(fp32_pull.algo == Algo::kOneShot && fp32_pull.chunk_elements >= (size_t(64) << 20) / 4);
+  // A small workspace (libsymmem_nccl.so's 16 MiB budget: 1 MiB slots, 4 MiB staging): the
+  // one-shot pull in chunks replaces the staged two-shot, which would chunk alike.
+  ReduceRequest small = local;
+  small.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
+  const ReducePlan small_plan = plan_of(size_t(64) << 20, &small);
+  EXPECT(small_plan.algo == Algo::kOneShot && small_plan.chunk_elements < (size_t(64) << 20) / 2);
   // In place alike.
   ReduceRequest in_place = local;
   in_place.in_place = true;

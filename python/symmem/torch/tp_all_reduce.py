@@ -8,7 +8,8 @@ be built, with ``reason`` saying why.
 
 It needs no CUDA-graph capture hook and no registration of graph buffers: symmem's workspaces
 exist from creation on, so a call captured in a graph and replayed any number of times reads the
-input's current contents (staged into the workspace inside the graph) and writes a fresh output.
+input's current contents (read where it is, or staged into the workspace inside the graph, as the
+plan needs) and writes a fresh output.
 docs/vllm.md shows how to plug it into vLLM and SGLang.
 """
 import contextlib
