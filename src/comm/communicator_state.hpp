@@ -2,6 +2,7 @@
 // it through detail::state_of(comm). Not part of the public API.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,13 @@
 #include "workspace/workspaces.hpp"
 
 namespace symmem::detail {
+
+// How long ensure_usable waits, on its error path only, for a failure's records to be final: the
+// abort word after this rank's own record (its recorder sets the word next), then the record of
+// every rank the waits name (a live rank writes its own within milliseconds, a dead one never).
+inline constexpr std::chrono::milliseconds kAbortWordSettle{200};
+inline constexpr std::chrono::milliseconds kRecordsSettle{500};
+inline constexpr std::chrono::milliseconds kFailureRecordsSettle = kAbortWordSettle + kRecordsSettle;
 
 class BetweenNodes;
 
@@ -72,8 +80,11 @@ struct CommunicatorState {
   DeviceStatus* status_host() const { return &board->page(rank)->status; }
   // Synchronisation arguments of the SM kernels for one call.
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;
-  // Throws if the communicator is closed or aborted, or if any rank recorded a failure.
-  void ensure_usable(const char* op);
+  // Throws if the communicator is closed or aborted, or if any rank recorded a failure. A failure
+  // seen before every record it names is final waits up to kFailureRecordsSettle for them; with
+  // may_wait false it never waits and judges from what is recorded now (a caller that must not
+  // block, PyTorch's watchdog through the NCCL shim, asks again until the records settled).
+  void ensure_usable(const char* op, bool may_wait = true);
   // A call's signature, logged under it (mismatch messages on any rank name the call). Every call
   // signs itself after its checks, inside its EnqueueScope (below).
   uint32_t sign_call(const CallDescriptor& call) {

@@ -16,6 +16,8 @@ namespace symmem::detail {
 
 namespace {
 
+constexpr std::chrono::milliseconds kNoWait{0};
+
 // `waited_through`: the ranks the awaited one waited for in turn, the last of which never came
 // (board/wait_chain.hpp); the message then leads with that rank.
 std::string describe_failure(const CommunicatorState& st, int who, const DeviceStatus& s,
@@ -84,7 +86,7 @@ ErrorCode refused_error_code(const DeviceStatus& s) {
 
 }  // namespace
 
-void CommunicatorState::ensure_usable(const char* op) {
+void CommunicatorState::ensure_usable(const char* op, bool may_wait) {
   if (closed) throw Error(ErrorCode::kAborted, std::string(op) + ": the communicator was closed");
   if (!abort_reason.empty())
     throw Error(ErrorCode::kAborted,
@@ -95,7 +97,8 @@ void CommunicatorState::ensure_usable(const char* op) {
   if (!failed_here && !failed_anywhere) return;
   // A recorder sets the abort word after its record (a device wait writes the code last, the host
   // watchdog claims the code first): give it a moment to finish, so the fields read below are final.
-  for (int i = 0; i < 2000 && __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0; ++i)
+  const auto abort_word_due = std::chrono::steady_clock::now() + (may_wait ? kAbortWordSettle : kNoWait);
+  while (__atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0 && std::chrono::steady_clock::now() < abort_word_due)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
   int who = -1;
@@ -113,7 +116,7 @@ void CommunicatorState::ensure_usable(const char* op) {
   // it: up to 512 rounds of a low-latency wait), a dead one never does: wait that long, on this
   // error path only and once for the whole walk, for each record (code and signature both
   // set, whichever order its recorder wrote them in); then take what is there.
-  const auto records_due = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  const auto records_due = std::chrono::steady_clock::now() + (may_wait ? kRecordsSettle : kNoWait);
   const int first = who;
   auto final_record = [&](int r) {
     const DeviceStatus& theirs = board->page(r)->status;

@@ -53,8 +53,10 @@ void write_origin(std::ostream& o, const Table& t) {
 template <typename Table, typename Parse>
 const Table& table_for_gpu(const std::string& gpu_name, std::string (*path_of)(), const char* variable,
                            const ShippedTable* shipped, Parse&& parse) {
-  static std::mutex mutex;
-  static std::map<std::string, Table> cache;
+  // Kept for the process (never destroyed): communicators hold references into it, and threads may
+  // still plan calls while exit() runs the destructors of statics.
+  static std::mutex& mutex = *new std::mutex;
+  static std::map<std::string, Table>& cache = *new std::map<std::string, Table>;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(gpu_name);
   if (it != cache.end()) return it->second;

@@ -178,11 +178,11 @@ void CommPair::create_symmem() {
                         std::string("another rank failed to make its symmem communicator: ") + e.what());
   }
   symmem_ = std::move(made);
-  uint32_t* word = abort_word_of(*symmem_);
-  abort_word_.store(word);
-  // An abort that came while the side was being made found no word to set: set it now (with
-  // abort_waits' order of the two stores, one of them sees the other's).
-  if (aborted_.load()) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+  std::lock_guard<std::mutex> lock(interrupt_mutex_);
+  abort_word_ = abort_word_of(*symmem_);
+  // An abort that came while the side was being made found no word to set: set it now (abort_waits
+  // stores its flag before it takes the lock: one of the two sees the other's).
+  if (aborted_.load() && abort_word_) __atomic_store_n(abort_word_, 1u, __ATOMIC_RELEASE);
 }
 
 bool CommPair::prepare(cudaStream_t stream) {
@@ -268,11 +268,18 @@ ncclResult_t CommPair::async_error() {
     set_process_last_error(failure_message_);
     return static_cast<ncclResult_t>(code);
   }
-  // The device's failure words, read without the lock (the watchdog thread must never wait).
+  // The device's failure words, read without waiting for the lock (the watchdog thread must never
+  // wait: a program's call holding it reports the failure itself).
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock() || !symmem_ || !failure_to_report(*symmem_)) return ncclSuccess;
+  // Nor for the records of the ranks the failure names: a check would give them up to
+  // kFailureRecordsSettle. Until that long after this failure was first seen, nothing is reported;
+  // then it is judged from what is recorded.
+  const auto now = std::chrono::steady_clock::now();
+  if (!failure_seen_) failure_seen_ = now;
+  if (now - *failure_seen_ < detail::kFailureRecordsSettle) return ncclSuccess;
   try {
-    symmem_->check();
+    throw_failure_now(*symmem_);
   } catch (const Error& e) {
     // A wait this rank's own abort or revoke ended: NCCL reports no asynchronous error for it. (A
     // failure recorded before, a peer's timeout say, is still reported.)
@@ -293,11 +300,11 @@ void CommPair::abort_waits() noexcept {
   // waits end through the abort word; the host's, in the rendezvous and the side's bootstrap
   // exchanges, through their interrupt().
   aborted_.store(true);
-  if (uint32_t* word = abort_word_.load()) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
   std::shared_ptr<LocalBootstrap> bootstrap;
   std::shared_ptr<LocalRendezvous> joining;
   {
     std::lock_guard<std::mutex> lock(interrupt_mutex_);
+    if (abort_word_) __atomic_store_n(abort_word_, 1u, __ATOMIC_RELEASE);
     bootstrap = bootstrap_;
     joining = joining_;
   }
@@ -308,7 +315,10 @@ void CommPair::abort_waits() noexcept {
 void CommPair::release() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   windows_.clear();
-  abort_word_.store(nullptr, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mutex_);
+    abort_word_ = nullptr;  // before the unmap: an abort_waits from now on stores nothing
+  }
   symmem_.reset();  // local release: synchronises this device, unmaps, closes descriptors
   if (bootstrap_) bootstrap_->close();
   set_bootstrap(nullptr);

@@ -45,8 +45,10 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "nccl/local_rendezvous.hpp"
@@ -108,7 +110,9 @@ class CommPair {
   void register_window(ncclWindow_t window, void* ptr, size_t bytes);
   void deregister_window(ncclWindow_t window) noexcept;
 
-  // A failure the device or a bootstrap step found; ncclSuccess when none. Thread-safe.
+  // A failure the device or a bootstrap step found; ncclSuccess when none. Thread-safe, and never
+  // waits (PyTorch's watchdog polls it holding the lock its program's next call needs): a failure
+  // whose records are still being written is reported at a later poll.
   ncclResult_t async_error();
   // Its message (symmem's, naming the rank and the cause), stable for the pair's life; nullptr
   // when none. Thread-safe.
@@ -151,14 +155,18 @@ class CommPair {
   std::string why_forwarding_;  // for SYMMEM_DEBUG
   std::shared_ptr<LocalBootstrap> bootstrap_;  // written under both mutexes (set_bootstrap)
   std::shared_ptr<LocalRendezvous> joining_;    // while handshake() joins: abort_waits interrupts it
-  std::mutex interrupt_mutex_;                  // abort_waits' read of bootstrap_, joining_; never held long
+  std::mutex interrupt_mutex_;  // abort_waits' read of bootstrap_, joining_, abort_word_; never held long
   std::atomic<bool> aborted_{false};
   std::unique_ptr<Communicator> symmem_;
   bool creation_failed_ = false;
   Windows windows_;
 
   mutable std::mutex mutex_;  // the symmem side: calls, registration, check()
-  std::atomic<uint32_t*> abort_word_{nullptr};  // the symmem side's, while it exists (abort_waits)
+  // The symmem side's abort word while it exists; read, stored through and cleared under
+  // interrupt_mutex_, so that abort_waits never stores into a side release() unmapped.
+  uint32_t* abort_word_ = nullptr;
+  // When async_error first saw a failure (under mutex_).
+  std::optional<std::chrono::steady_clock::time_point> failure_seen_;
   std::atomic<int> failure_code_{ncclSuccess};
   std::string failure_message_;  // written once, before failure_code_
 };

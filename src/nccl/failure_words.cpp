@@ -15,6 +15,8 @@ bool failure_to_report(const Communicator& comm) noexcept {
   return false;
 }
 
+void throw_failure_now(Communicator& comm) { detail::state_of(comm).ensure_usable("check", false); }
+
 uint32_t* abort_word_of(const Communicator& comm) noexcept {
   const detail::CommunicatorState& st = detail::state_of(comm);
   return st.board ? st.board->abort_word() : nullptr;

@@ -965,7 +965,13 @@ ncclResult_t async_error_within(ncclComm_t comm, double seconds) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   ncclResult_t state = ncclSuccess;
   while (std::chrono::steady_clock::now() < until) {
-    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+    // Every poll returns at once: PyTorch's watchdog polls holding its communicator's lock, which
+    // the program's next call takes (a poll that waited for the ranks' records held it 0.5 s).
+    const auto poll = std::chrono::steady_clock::now();
+    const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
+    const double poll_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - poll).count();
+    if (poll_ms > 50) throw symmem::test::Failure("ncclCommGetAsyncError took " + std::to_string(poll_ms) + " ms");
+    if (result != ncclSuccess) return ncclInternalError;
     if (state != ncclSuccess) return state;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

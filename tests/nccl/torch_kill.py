@@ -7,7 +7,11 @@ Each survivor must end with an error (raised by the next call, or by PyTorch's w
 ncclCommGetAsyncError reported the device's timeout) within the shim's deadline plus a margin, and
 its output must name the cause.
 
-  python3 tests/nccl/torch_kill.py --shim build/libsymmem_nccl.so [--world 2] [--timeout-ms 15000]
+  python3 tests/nccl/torch_kill.py --shim build/libsymmem_nccl.so [--world 2] [--timeout-ms 15000] [--pause-s 3]
+
+--pause-s: each survivor pauses that long after its first call that found the dead rank, so that
+PyTorch's watchdog (which polls ncclCommGetAsyncError holding the communicator's lock that the
+program's next call takes) reports the failure before the program's next call makes it raise.
 
 Exit 0 when every survivor raised in time, 1 otherwise (the survivors' output is printed).
 """
@@ -35,6 +39,8 @@ for i in range(1000000):
     try:
         dist.all_reduce(x)
         torch.cuda.synchronize()
+        if i == 200:
+            time.sleep(float(os.environ["KILL_TEST_PAUSE_S"]))
     except Exception as e:  # the survivor's outcome
         print(f"RAISED after {time.time() - (start or time.time()):.1f} s: {type(e).__name__}: {e}", flush=True)
         sys.exit(3)
@@ -55,10 +61,13 @@ def main():
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--timeout-ms", type=int, default=15000)
     p.add_argument("--margin-s", type=float, default=45.0, help="beyond the deadline, for the error to surface")
+    p.add_argument("--pause-s", type=float, default=0.0,
+                   help="a survivor's pause after its first call that found the dead rank (the watchdog first)")
     args = p.parse_args()
     env = dict(os.environ, LD_PRELOAD=os.path.realpath(args.shim), SYMMEM_NCCL="all",
                SYMMEM_NCCL_TIMEOUT_MS=str(args.timeout_ms), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               WORLD_SIZE=str(args.world), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+               WORLD_SIZE=str(args.world), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               KILL_TEST_PAUSE_S=str(args.pause_s))
     procs = []
     for r in range(args.world):
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
@@ -66,7 +75,7 @@ def main():
     killed = procs[-1]
     killed.wait(timeout=600)
     t_killed = time.time()
-    deadline = t_killed + args.timeout_ms / 1000.0 + args.margin_s
+    deadline = t_killed + args.timeout_ms / 1000.0 + args.pause_s + args.margin_s
     ok = killed.returncode == -signal.SIGKILL
     print(f"rank {args.world - 1}: exit {killed.returncode} (expected -9, SIGKILL)")
     for r, proc in enumerate(procs[:-1]):
@@ -85,7 +94,7 @@ def main():
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
-            print(f"rank {r}: STILL RUNNING {args.timeout_ms / 1000.0 + args.margin_s:.0f} s after the kill (hang)")
+            print(f"rank {r}: STILL RUNNING {args.timeout_ms / 1000.0 + args.pause_s + args.margin_s:.0f} s after the kill (hang)")
             print("\n".join("    " + l[:400] for l in out.splitlines()[-10:]))
             ok = False
     print("every survivor raised in time" if ok else "FAILED")
