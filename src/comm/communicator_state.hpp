@@ -81,10 +81,10 @@ struct CommunicatorState {
   // Synchronisation arguments of the SM kernels for one call.
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;
   // Throws if the communicator is closed or aborted, or if any rank recorded a failure. A failure
-  // seen before every record it names is final waits up to kFailureRecordsSettle for them; with
-  // may_wait false it never waits and judges from what is recorded now (a caller that must not
-  // block, PyTorch's watchdog through the NCCL shim, asks again until the records settled).
-  void ensure_usable(const char* op, bool may_wait = true);
+  // seen before the records it names are final waits for them, each wait at most `settle` (and at
+  // most kAbortWordSettle, kRecordsSettle), then judges from what is recorded: a caller that must
+  // not block long (PyTorch's watchdog through the NCCL shim) passes a few milliseconds.
+  void ensure_usable(const char* op, std::chrono::milliseconds settle = kFailureRecordsSettle);
   // A call's signature, logged under it (mismatch messages on any rank name the call). Every call
   // signs itself after its checks, inside its EnqueueScope (below).
   uint32_t sign_call(const CallDescriptor& call) {

@@ -2,6 +2,7 @@
 // refusal, a failed step between nodes) becomes the error every rank raises: ensure_usable() finds
 // the root cause in the host board's records, follows the chain of ranks that waited for each other
 // (board/wait_chain.hpp) and names the rank that never came, then marks the communicator unusable.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -15,8 +16,6 @@
 namespace symmem::detail {
 
 namespace {
-
-constexpr std::chrono::milliseconds kNoWait{0};
 
 // `waited_through`: the ranks the awaited one waited for in turn, the last of which never came
 // (board/wait_chain.hpp); the message then leads with that rank.
@@ -86,7 +85,7 @@ ErrorCode refused_error_code(const DeviceStatus& s) {
 
 }  // namespace
 
-void CommunicatorState::ensure_usable(const char* op, bool may_wait) {
+void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds settle) {
   if (closed) throw Error(ErrorCode::kAborted, std::string(op) + ": the communicator was closed");
   if (!abort_reason.empty())
     throw Error(ErrorCode::kAborted,
@@ -97,7 +96,7 @@ void CommunicatorState::ensure_usable(const char* op, bool may_wait) {
   if (!failed_here && !failed_anywhere) return;
   // A recorder sets the abort word after its record (a device wait writes the code last, the host
   // watchdog claims the code first): give it a moment to finish, so the fields read below are final.
-  const auto abort_word_due = std::chrono::steady_clock::now() + (may_wait ? kAbortWordSettle : kNoWait);
+  const auto abort_word_due = std::chrono::steady_clock::now() + std::min(kAbortWordSettle, settle);
   while (__atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0 && std::chrono::steady_clock::now() < abort_word_due)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
@@ -116,7 +115,7 @@ void CommunicatorState::ensure_usable(const char* op, bool may_wait) {
   // it: up to 512 rounds of a low-latency wait), a dead one never does: wait that long, on this
   // error path only and once for the whole walk, for each record (code and signature both
   // set, whichever order its recorder wrote them in); then take what is there.
-  const auto records_due = std::chrono::steady_clock::now() + (may_wait ? kRecordsSettle : kNoWait);
+  const auto records_due = std::chrono::steady_clock::now() + std::min(kRecordsSettle, settle);
   const int first = who;
   auto final_record = [&](int r) {
     const DeviceStatus& theirs = board->page(r)->status;

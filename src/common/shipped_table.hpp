@@ -55,7 +55,7 @@ const Table& table_for_gpu(const std::string& gpu_name, std::string (*path_of)()
                            const ShippedTable* shipped, Parse&& parse) {
   // Kept for the process (never destroyed): communicators hold references into it, and threads may
   // still plan calls while exit() runs the destructors of statics.
-  static std::mutex& mutex = *new std::mutex;
+  static std::mutex mutex;  // (trivially destructible)
   static std::map<std::string, Table>& cache = *new std::map<std::string, Table>;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(gpu_name);

@@ -178,11 +178,11 @@ void CommPair::create_symmem() {
                         std::string("another rank failed to make its symmem communicator: ") + e.what());
   }
   symmem_ = std::move(made);
-  std::lock_guard<std::mutex> lock(interrupt_mutex_);
-  abort_word_ = abort_word_of(*symmem_);
-  // An abort that came while the side was being made found no word to set: set it now (abort_waits
-  // stores its flag before it takes the lock: one of the two sees the other's).
-  if (aborted_.load() && abort_word_) __atomic_store_n(abort_word_, 1u, __ATOMIC_RELEASE);
+  uint32_t* word = abort_word_of(*symmem_);
+  abort_word_.store(word);
+  // An abort that came while the side was being made found no word to set: set it now (with
+  // abort_waits' order of the two stores, one of them sees the other's).
+  if (aborted_.load() && word) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
 }
 
 bool CommPair::prepare(cudaStream_t stream) {
@@ -272,14 +272,11 @@ ncclResult_t CommPair::async_error() {
   // wait: a program's call holding it reports the failure itself).
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock() || !symmem_ || !failure_to_report(*symmem_)) return ncclSuccess;
-  // Nor for the records of the ranks the failure names: a check would give them up to
-  // kFailureRecordsSettle. Until that long after this failure was first seen, nothing is reported;
-  // then it is judged from what is recorded.
-  const auto now = std::chrono::steady_clock::now();
-  if (!failure_seen_) failure_seen_ = now;
-  if (now - *failure_seen_ < detail::kFailureRecordsSettle) return ncclSuccess;
+  // Nor long for the records of the ranks the failure names (a check gives them up to
+  // kFailureRecordsSettle): a live rank writes its own within milliseconds, a dead one never. This
+  // poll reports: PyTorch polls a call only until it completes, and a call that timed out completes.
   try {
-    throw_failure_now(*symmem_);
+    throw_failure(*symmem_, kWatchdogSettle);
   } catch (const Error& e) {
     // A wait this rank's own abort or revoke ended: NCCL reports no asynchronous error for it. (A
     // failure recorded before, a peer's timeout say, is still reported.)
@@ -300,11 +297,13 @@ void CommPair::abort_waits() noexcept {
   // waits end through the abort word; the host's, in the rendezvous and the side's bootstrap
   // exchanges, through their interrupt().
   aborted_.store(true);
+  abort_stores_.fetch_add(1);
+  if (uint32_t* word = abort_word_.load()) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+  abort_stores_.fetch_sub(1);
   std::shared_ptr<LocalBootstrap> bootstrap;
   std::shared_ptr<LocalRendezvous> joining;
   {
     std::lock_guard<std::mutex> lock(interrupt_mutex_);
-    if (abort_word_) __atomic_store_n(abort_word_, 1u, __ATOMIC_RELEASE);
     bootstrap = bootstrap_;
     joining = joining_;
   }
@@ -315,10 +314,9 @@ void CommPair::abort_waits() noexcept {
 void CommPair::release() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   windows_.clear();
-  {
-    std::lock_guard<std::mutex> lock(interrupt_mutex_);
-    abort_word_ = nullptr;  // before the unmap: an abort_waits from now on stores nothing
-  }
+  // Before the unmap: an abort_waits from now on stores nothing, and one under way has finished.
+  abort_word_.store(nullptr);
+  while (abort_stores_.load() != 0) std::this_thread::yield();
   symmem_.reset();  // local release: synchronises this device, unmaps, closes descriptors
   if (bootstrap_) bootstrap_->close();
   set_bootstrap(nullptr);

@@ -48,7 +48,6 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "nccl/local_rendezvous.hpp"
@@ -58,6 +57,11 @@
 #include "symmem/communicator.hpp"
 
 namespace symmem::nccl {
+
+// How long async_error waits for the records of the ranks a failure names (each record; the
+// program's own calls wait up to CommunicatorState's kFailureRecordsSettle): a live rank writes its
+// record within milliseconds of its failure.
+inline constexpr std::chrono::milliseconds kWatchdogSettle{10};
 
 class CommPair {
  public:
@@ -110,9 +114,10 @@ class CommPair {
   void register_window(ncclWindow_t window, void* ptr, size_t bytes);
   void deregister_window(ncclWindow_t window) noexcept;
 
-  // A failure the device or a bootstrap step found; ncclSuccess when none. Thread-safe, and never
-  // waits (PyTorch's watchdog polls it holding the lock its program's next call needs): a failure
-  // whose records are still being written is reported at a later poll.
+  // A failure the device or a bootstrap step found; ncclSuccess when none. Thread-safe. It waits
+  // for no lock and at most kWatchdogSettle for the failing ranks' records: PyTorch's watchdog polls
+  // it holding the lock its program's next call needs, once per call still in flight, so the first
+  // poll that sees a failure must report it.
   ncclResult_t async_error();
   // Its message (symmem's, naming the rank and the cause), stable for the pair's life; nullptr
   // when none. Thread-safe.
@@ -155,18 +160,19 @@ class CommPair {
   std::string why_forwarding_;  // for SYMMEM_DEBUG
   std::shared_ptr<LocalBootstrap> bootstrap_;  // written under both mutexes (set_bootstrap)
   std::shared_ptr<LocalRendezvous> joining_;    // while handshake() joins: abort_waits interrupts it
-  std::mutex interrupt_mutex_;  // abort_waits' read of bootstrap_, joining_, abort_word_; never held long
+  std::mutex interrupt_mutex_;  // abort_waits' read of bootstrap_, joining_; never held long
   std::atomic<bool> aborted_{false};
   std::unique_ptr<Communicator> symmem_;
   bool creation_failed_ = false;
   Windows windows_;
 
   mutable std::mutex mutex_;  // the symmem side: calls, registration, check()
-  // The symmem side's abort word while it exists; read, stored through and cleared under
-  // interrupt_mutex_, so that abort_waits never stores into a side release() unmapped.
-  uint32_t* abort_word_ = nullptr;
-  // When async_error first saw a failure (under mutex_).
-  std::optional<std::chrono::steady_clock::time_point> failure_seen_;
+  // The symmem side's abort word while it exists. abort_waits stores through it without a lock (a
+  // signal handler may abort), counted in abort_stores_: release() clears it, then waits for the
+  // stores in flight before it unmaps the side (both sequentially consistent: either a store sees
+  // the cleared word, or release() sees the store's count).
+  std::atomic<uint32_t*> abort_word_{nullptr};
+  std::atomic<int> abort_stores_{0};
   std::atomic<int> failure_code_{ncclSuccess};
   std::string failure_message_;  // written once, before failure_code_
 };

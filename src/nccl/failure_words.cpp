@@ -15,7 +15,9 @@ bool failure_to_report(const Communicator& comm) noexcept {
   return false;
 }
 
-void throw_failure_now(Communicator& comm) { detail::state_of(comm).ensure_usable("check", false); }
+void throw_failure(Communicator& comm, std::chrono::milliseconds settle) {
+  detail::state_of(comm).ensure_usable("check", settle);
+}
 
 uint32_t* abort_word_of(const Communicator& comm) noexcept {
   const detail::CommunicatorState& st = detail::state_of(comm);

@@ -4,6 +4,7 @@
 // the thread that uses it).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include "symmem/communicator.hpp"
@@ -17,10 +18,9 @@ namespace symmem::nccl {
 // rank with nothing in flight then has lost nothing (NCCL reports no error there either), and its
 // next served call fails, since it needs that peer.
 bool failure_to_report(const Communicator& comm) noexcept;
-// Throws the failure failure_to_report() found, judged from the records as they are now (a check
-// that never waits for a rank's record: CommunicatorState::ensure_usable without waiting). The
-// caller holds what serialises the communicator's calls.
-void throw_failure_now(Communicator& comm);
+// Throws the failure failure_to_report() found, waiting at most `settle` for each record it names
+// (CommunicatorState::ensure_usable). The caller holds what serialises the communicator's calls.
+void throw_failure(Communicator& comm, std::chrono::milliseconds settle);
 // The abort word (host memory, valid while the communicator lives): storing 1 there makes every
 // wait of every rank of the node return at once with kAborted, and every later call fail.
 uint32_t* abort_word_of(const Communicator& comm) noexcept;

@@ -59,11 +59,12 @@ NcclLibrary load() {
 
 const NcclLibrary& NcclLibrary::get() {
   // A failed load is retried by the next caller (the error may be fixed by then, e.g. torch
-  // imported later); a successful one is kept.
+  // imported later); a successful one is kept for the process (never destroyed: threads between
+  // nodes may still use it while exit() runs the destructors of statics).
   static std::mutex mutex;
-  static std::unique_ptr<NcclLibrary> loaded;
+  static NcclLibrary* loaded = nullptr;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!loaded) loaded = std::make_unique<NcclLibrary>(load());
+  if (!loaded) loaded = new NcclLibrary(load());
   return *loaded;
 }
 

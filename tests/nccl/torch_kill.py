@@ -11,7 +11,8 @@ its output must name the cause.
 
 --pause-s: each survivor pauses that long after its first call that found the dead rank, so that
 PyTorch's watchdog (which polls ncclCommGetAsyncError holding the communicator's lock that the
-program's next call takes) reports the failure before the program's next call makes it raise.
+program's next call takes, and a call only until it completes) must report the failure before the
+program's next call makes it raise; its report is required.
 
 Exit 0 when every survivor raised in time, 1 otherwise (the survivors' output is printed).
 """
@@ -91,6 +92,12 @@ def main():
             lines = [l for l in out.splitlines() if "RAISED" in l or "symmem" in l or "Error" in l]
             print("\n".join("    " + l[:400] for l in lines[-6:]))
             ok = ok and raised
+            if args.pause_s > 0:
+                # The watchdog polls a call only until it completes: the poll that first sees the
+                # failure must report it (PyTorch 2.11's log line, or its exception's origin).
+                reported = "failure detected by watchdog" in out or "checkForNCCLErrorsInternal" in out
+                print(f"rank {r}: the watchdog {'reported' if reported else 'DID NOT REPORT'} the failure")
+                ok = ok and reported
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
