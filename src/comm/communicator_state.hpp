@@ -81,10 +81,14 @@ struct CommunicatorState {
   // Synchronisation arguments of the SM kernels for one call.
   SyncArgs sync_args(uint32_t op, uint32_t signature) const;
   // Throws if the communicator is closed or aborted, or if any rank recorded a failure. A failure
-  // seen before the records it names are final waits for them, each wait at most `settle` (and at
-  // most kAbortWordSettle, kRecordsSettle), then judges from what is recorded: a caller that must
-  // not block long (PyTorch's watchdog through the NCCL shim) passes a few milliseconds.
-  void ensure_usable(const char* op, std::chrono::milliseconds settle = kFailureRecordsSettle);
+  // seen before the records it names are final waits for them (the abort word at most
+  // kAbortWordSettle, the records kRecordsSettle, each capped at `settle`), then judges from what is
+  // recorded and keeps the verdict. A caller that must not block long (PyTorch's watchdog through
+  // the NCCL shim) passes a few milliseconds: where a record it waited for was still missing then,
+  // the verdict is provisional (*provisional set): it says only what the first failing rank
+  // recorded, and is not kept, so that a later check judges again.
+  void ensure_usable(const char* op, std::chrono::milliseconds settle = kFailureRecordsSettle,
+                     bool* provisional = nullptr);
   // A call's signature, logged under it (mismatch messages on any rank name the call). Every call
   // signs itself after its checks, inside its EnqueueScope (below).
   uint32_t sign_call(const CallDescriptor& call) {

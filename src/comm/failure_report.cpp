@@ -85,7 +85,7 @@ ErrorCode refused_error_code(const DeviceStatus& s) {
 
 }  // namespace
 
-void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds settle) {
+void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds settle, bool* provisional) {
   if (closed) throw Error(ErrorCode::kAborted, std::string(op) + ": the communicator was closed");
   if (!abort_reason.empty())
     throw Error(ErrorCode::kAborted,
@@ -99,6 +99,9 @@ void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds 
   const auto abort_word_due = std::chrono::steady_clock::now() + std::min(kAbortWordSettle, settle);
   while (__atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0 && std::chrono::steady_clock::now() < abort_word_due)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
+  // A short settle that ended before a record it waited for: the verdict is provisional (below).
+  const bool short_settle = settle < kFailureRecordsSettle;
+  bool missing = short_settle && __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0;
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
   int who = -1;
   if (is_failure_cause(own.code)) who = rank;
@@ -107,8 +110,13 @@ void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds 
   if (who < 0) {
     // The abort word is set but the failing rank's record is not visible yet (or it died while
     // writing it): report what is known.
-    abort_reason = "another rank aborted the communicator";
-    throw Error(ErrorCode::kAborted, std::string(op) + ": " + abort_reason);
+    const std::string reason = "another rank aborted the communicator";
+    if (short_settle) {
+      if (provisional) *provisional = true;
+    } else {
+      abort_reason = reason;
+    }
+    throw Error(ErrorCode::kAborted, std::string(op) + ": " + reason);
   }
   // Whom the awaited ranks waited for in turn (board/wait_chain.hpp). A live rank records its own
   // failure within milliseconds of the abort word (the waits' quiet time, then their turn to read
@@ -125,23 +133,33 @@ void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds 
     };
     while (r != first && !recorded() && std::chrono::steady_clock::now() < records_due)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (r != first && !recorded()) missing = missing || short_settle;
     DeviceStatus copy{};
     if (__atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk) std::memcpy(&copy, &theirs, sizeof(copy));
     return copy;
   };
-  const FailureVerdict verdict = judge_failure(first, world, final_record);
+  FailureVerdict verdict = judge_failure(first, world, final_record);
+  // Provisional: a record the walk needed was not written yet, and a missing record reads as a rank
+  // that never came. Say only what the first failing rank recorded.
+  if (missing) verdict = FailureVerdict{first, final_record(first), {}};
   who = verdict.who;
   const DeviceStatus s = verdict.record;
-  abort_reason = describe_failure(*this, who, s, verdict.waited_through);
+  std::string reason = describe_failure(*this, who, s, verdict.waited_through);
   // A capacity verdict is every rank's own (the same matrix everywhere), and a refusal's message
   // names its rank already: every rank raises the same text, no rank failed "first".
   if (who != rank && s.code != kStatusCapacity && s.code != kStatusRefused)
-    abort_reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + abort_reason;
+    reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + reason;
+  if (missing) {
+    if (provisional) *provisional = true;
+    reason += " (not every rank's failure record was written yet: the next call or check names the cause)";
+  } else {
+    abort_reason = reason;
+  }
   throw Error(s.code == kStatusMismatch   ? ErrorCode::kMismatch
               : s.code == kStatusCapacity ? ErrorCode::kCapacity
               : s.code == kStatusRefused  ? refused_error_code(s)
                                           : ErrorCode::kTimeout,
-              abort_reason);
+              reason);
 }
 
 }  // namespace symmem::detail

@@ -188,7 +188,7 @@ void CommPair::create_symmem() {
 bool CommPair::prepare(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (symmem_) return true;
-  if (creation_failed_ || !servable_ || aborted_.load()) return false;
+  if (creation_failed_ || released_ || !servable_ || aborted_.load()) return false;
   // The ranks capture alike: every rank forwards this call and makes the side at its next eager one.
   if (detail::stream_is_capturing(stream)) return false;
   create_symmem();
@@ -275,12 +275,18 @@ ncclResult_t CommPair::async_error() {
   // Nor long for the records of the ranks the failure names (a check gives them up to
   // kFailureRecordsSettle): a live rank writes its own within milliseconds, a dead one never. This
   // poll reports: PyTorch polls a call only until it completes, and a call that timed out completes.
+  bool provisional = false;
   try {
-    throw_failure(*symmem_, kWatchdogSettle);
+    throw_failure(*symmem_, kWatchdogSettle, &provisional);
   } catch (const Error& e) {
     // A wait this rank's own abort or revoke ended: NCCL reports no asynchronous error for it. (A
     // failure recorded before, a peer's timeout say, is still reported.)
     if (aborted_.load() && e.code() == ErrorCode::kAborted) return ncclSuccess;
+    if (provisional) {
+      // Reported, not kept: the program's next call, or the next poll, judges with every record.
+      set_process_last_error(e.what());
+      return to_nccl_result(e.code());
+    }
     fail(to_nccl_result(e.code()), e.what());
     return static_cast<ncclResult_t>(failure_code_.load());
   }
@@ -313,6 +319,7 @@ void CommPair::abort_waits() noexcept {
 
 void CommPair::release() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  released_ = true;  // never made again (its bootstrap is closed below): later calls forward
   windows_.clear();
   // Before the unmap: an abort_waits from now on stores nothing, and one under way has finished.
   abort_word_.store(nullptr);

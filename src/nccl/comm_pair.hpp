@@ -58,9 +58,10 @@
 
 namespace symmem::nccl {
 
-// How long async_error waits for the records of the ranks a failure names (each record; the
-// program's own calls wait up to CommunicatorState's kFailureRecordsSettle): a live rank writes its
-// record within milliseconds of its failure.
+// How long async_error waits for the abort word, then for the records of the ranks a failure
+// names (the program's own calls wait up to CommunicatorState's kFailureRecordsSettle): a live rank
+// writes its record within milliseconds of its failure; a verdict reached while one is still
+// missing is provisional.
 inline constexpr std::chrono::milliseconds kWatchdogSettle{10};
 
 class CommPair {
@@ -115,9 +116,9 @@ class CommPair {
   void deregister_window(ncclWindow_t window) noexcept;
 
   // A failure the device or a bootstrap step found; ncclSuccess when none. Thread-safe. It waits
-  // for no lock and at most kWatchdogSettle for the failing ranks' records: PyTorch's watchdog polls
-  // it holding the lock its program's next call needs, once per call still in flight, so the first
-  // poll that sees a failure must report it.
+  // for no lock and at most kWatchdogSettle twice for the failing ranks' records: PyTorch's watchdog
+  // polls it holding the lock its program's next call needs, once per call still in flight, so the
+  // first poll that sees a failure must report it (provisionally, if a record is still missing).
   ncclResult_t async_error();
   // Its message (symmem's, naming the rank and the cause), stable for the pair's life; nullptr
   // when none. Thread-safe.
@@ -164,6 +165,7 @@ class CommPair {
   std::atomic<bool> aborted_{false};
   std::unique_ptr<Communicator> symmem_;
   bool creation_failed_ = false;
+  bool released_ = false;  // release() ran (finalize, destroy): the side is never made again
   Windows windows_;
 
   mutable std::mutex mutex_;  // the symmem side: calls, registration, check()

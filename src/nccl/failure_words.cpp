@@ -15,8 +15,8 @@ bool failure_to_report(const Communicator& comm) noexcept {
   return false;
 }
 
-void throw_failure(Communicator& comm, std::chrono::milliseconds settle) {
-  detail::state_of(comm).ensure_usable("check", settle);
+void throw_failure(Communicator& comm, std::chrono::milliseconds settle, bool* provisional) {
+  detail::state_of(comm).ensure_usable("check", settle, provisional);
 }
 
 uint32_t* abort_word_of(const Communicator& comm) noexcept {

@@ -18,9 +18,10 @@ namespace symmem::nccl {
 // rank with nothing in flight then has lost nothing (NCCL reports no error there either), and its
 // next served call fails, since it needs that peer.
 bool failure_to_report(const Communicator& comm) noexcept;
-// Throws the failure failure_to_report() found, waiting at most `settle` for each record it names
-// (CommunicatorState::ensure_usable). The caller holds what serialises the communicator's calls.
-void throw_failure(Communicator& comm, std::chrono::milliseconds settle);
+// Throws the failure failure_to_report() found, waiting at most `settle` for the records it names
+// (CommunicatorState::ensure_usable: *provisional set when one was still missing then; such a
+// verdict is not kept). The caller holds what serialises the communicator's calls.
+void throw_failure(Communicator& comm, std::chrono::milliseconds settle, bool* provisional);
 // The abort word (host memory, valid while the communicator lives): storing 1 there makes every
 // wait of every rank of the node return at once with kAborted, and every later call fail.
 uint32_t* abort_word_of(const Communicator& comm) noexcept;
