@@ -85,8 +85,8 @@ struct CommunicatorState {
   // kAbortWordSettle, the records kRecordsSettle, each capped at `settle`), then judges from what is
   // recorded and keeps the verdict. A caller that must not block long (PyTorch's watchdog through
   // the NCCL shim) passes a few milliseconds: where a record it waited for was still missing then,
-  // the verdict is provisional (*provisional set): it says only what the first failing rank
-  // recorded, and is not kept, so that a later check judges again.
+  // the verdict is provisional (*provisional set): said so in its message, and not kept, so that a
+  // later check judges again.
   void ensure_usable(const char* op, std::chrono::milliseconds settle = kFailureRecordsSettle,
                      bool* provisional = nullptr);
   // A call's signature, logged under it (mismatch messages on any rank name the call). Every call

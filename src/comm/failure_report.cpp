@@ -138,10 +138,7 @@ void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds 
     if (__atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk) std::memcpy(&copy, &theirs, sizeof(copy));
     return copy;
   };
-  FailureVerdict verdict = judge_failure(first, world, final_record);
-  // Provisional: a record the walk needed was not written yet, and a missing record reads as a rank
-  // that never came. Say only what the first failing rank recorded.
-  if (missing) verdict = FailureVerdict{first, final_record(first), {}};
+  const FailureVerdict verdict = judge_failure(first, world, final_record);
   who = verdict.who;
   const DeviceStatus s = verdict.record;
   std::string reason = describe_failure(*this, who, s, verdict.waited_through);
@@ -150,8 +147,10 @@ void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds 
   if (who != rank && s.code != kStatusCapacity && s.code != kStatusRefused)
     reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + reason;
   if (missing) {
+    // A record the walk read was not written yet, and a missing record reads as a rank that never
+    // came: right for a dead rank (whose record never comes), early for a live one.
     if (provisional) *provisional = true;
-    reason += " (not every rank's failure record was written yet: the next call or check names the cause)";
+    reason += " (provisional: a rank's failure record was not written yet; the next call or check judges again)";
   } else {
     abort_reason = reason;
   }

@@ -71,6 +71,7 @@ void CommPair::handshake() {
   // Marked done at once: whatever happens below, this rank never meets its peers again for it
   // (a failure leaves the pair forwarding, as on every rank).
   handshake_done_.store(true, std::memory_order_release);
+  if (released_) return forward_only(Forwarding::kExpected, "finalized or destroyed before its first collective");
   try {
     wait_until_ready(real_, settings_.timeout_ms, aborted_);
     const RealNccl* real = RealNccl::get();
@@ -143,6 +144,11 @@ Decision CommPair::route(NcclCall& call, const void* send, const void* recv) con
 }
 
 void CommPair::create_symmem() {
+  // Released (finalized, destroyed), or a handshake that made no bootstrap: never made.
+  if (released_ || !bootstrap_) {
+    creation_failed_ = true;
+    return;
+  }
   if (aborted_.load()) {
     // abort_waits stored the flag before reading bootstrap_ under interrupt_mutex_, which
     // set_bootstrap also takes: either it interrupted this bootstrap or this sees the flag. Closing
@@ -224,7 +230,7 @@ void CommPair::register_window(ncclWindow_t window, void* ptr, size_t bytes) {
   w.handle = window;
   w.begin = static_cast<const char*>(ptr);
   w.bytes = bytes;
-  if (servable_ && !creation_failed_ && failure_code_.load() == ncclSuccess) {
+  if (servable_ && !creation_failed_ && !released_ && failure_code_.load() == ncclSuccess) {
     if (!symmem_) create_symmem();
     if (symmem_) {
       try {
