@@ -99,9 +99,10 @@ void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds 
   const auto abort_word_due = std::chrono::steady_clock::now() + std::min(kAbortWordSettle, settle);
   while (__atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0 && std::chrono::steady_clock::now() < abort_word_due)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
-  // A short settle that ended before a record it waited for: the verdict is provisional (below).
+  // A wait below that ended before what it waited for; after a short settle the verdict is then
+  // provisional (below).
   const bool short_settle = settle < kFailureRecordsSettle;
-  bool missing = short_settle && __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0;
+  bool gave_up = __atomic_load_n(board->abort_word(), __ATOMIC_ACQUIRE) == 0;
   // The root cause: this rank's own timeout or mismatch, else the first rank that recorded one.
   int who = -1;
   if (is_failure_cause(own.code)) who = rank;
@@ -133,7 +134,7 @@ void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds 
     };
     while (r != first && !recorded() && std::chrono::steady_clock::now() < records_due)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (r != first && !recorded()) missing = missing || short_settle;
+    if (r != first && !recorded()) gave_up = true;
     DeviceStatus copy{};
     if (__atomic_load_n(&theirs.code, __ATOMIC_ACQUIRE) != kStatusOk) std::memcpy(&copy, &theirs, sizeof(copy));
     return copy;
@@ -146,7 +147,7 @@ void CommunicatorState::ensure_usable(const char* op, std::chrono::milliseconds 
   // names its rank already: every rank raises the same text, no rank failed "first".
   if (who != rank && s.code != kStatusCapacity && s.code != kStatusRefused)
     reason = "rank " + std::to_string(job_rank(who)) + " failed first: " + reason;
-  if (missing) {
+  if (short_settle && gave_up) {
     // A record the walk read was not written yet, and a missing record reads as a rank that never
     // came: right for a dead rank (whose record never comes), early for a live one.
     if (provisional) *provisional = true;

@@ -153,7 +153,7 @@ void CommPair::create_symmem() {
     // abort_waits stored the flag before reading bootstrap_ under interrupt_mutex_, which
     // set_bootstrap also takes: either it interrupted this bootstrap or this sees the flag. Closing
     // the bootstrap fails the peers' next exchange at once, so every rank forwards.
-    if (bootstrap_) bootstrap_->close();
+    bootstrap_->close();
     creation_failed_ = true;
     return forward_only(Forwarding::kExpected, "aborted before its symmem side was made");
   }
