@@ -1,20 +1,31 @@
-"""A killed rank under PyTorch through libsymmem_nccl.so: every survivor must raise, in time.
+"""A killed rank under PyTorch through libsymmem_nccl.so: every survivor must raise in time, then
+be ended by PyTorch's watchdog, never crash or hang.
 
 Starts WORLD processes itself (not torchrun, whose agent would stop the survivors as soon as a
 worker dies), each running dist.all_reduce in a loop on a ProcessGroupNCCL with the shim preloaded
 and every call served by symmem (SYMMEM_NCCL=all). The last rank kills itself with SIGKILL midway.
-Each survivor must end with an error (raised by the next call, or by PyTorch's watchdog after
-ncclCommGetAsyncError reported the device's timeout) within the shim's deadline plus a margin, and
-its output must name the cause.
+Each survivor must raise an error naming the cause (from the next call, or from PyTorch's watchdog
+after ncclCommGetAsyncError reported the device's timeout) within the shim's deadline plus a margin,
+and then end cleanly: a watchdog that saw the failure ends the process with SIGABRT after its
+flight-recorder dump wait (so the survivor stays alive that long, as a program that catches the
+error does: one that exited at once would race the dump against the interpreter's finalization,
+which PyTorch 2.11 does not survive, SIGSEGV in torch::symbolize on the watchdog's thread, with
+NCCL or the shim alike); where the call raised before the watchdog saw the failure, the survivor
+closes its process group (which may raise, NCCL's own communicator having seen the dead peer) and
+exits.
 
-  python3 tests/nccl/torch_kill.py --shim build/libsymmem_nccl.so [--world 2] [--timeout-ms 15000] [--pause-s 3]
+  python3 tests/nccl/torch_kill.py --shim build/libsymmem_nccl.so [--world 2] [--timeout-ms 15000]
+      [--pause-s 3] [--abort]
 
 --pause-s: each survivor pauses that long after its first call that found the dead rank, so that
 PyTorch's watchdog (which polls ncclCommGetAsyncError holding the communicator's lock that the
 program's next call takes, and a call only until it completes) must report the failure before the
 program's next call makes it raise; its report is required.
+--abort: the watchdog aborts the communicators before it ends the process
+(TORCH_NCCL_ASYNC_ERROR_HANDLING=1): the shim's ncclCommAbort must return with a rank dead.
 
-Exit 0 when every survivor raised in time, 1 otherwise (the survivors' output is printed).
+Exit 0 when every survivor raised in time and ended cleanly, 1 otherwise (the survivors'
+output is printed).
 """
 import argparse
 import os
@@ -44,6 +55,14 @@ for i in range(1000000):
             time.sleep(float(os.environ["KILL_TEST_PAUSE_S"]))
     except Exception as e:  # the survivor's outcome
         print(f"RAISED after {time.time() - (start or time.time()):.1f} s: {type(e).__name__}: {e}", flush=True)
+        # A watchdog that saw the failure ends the process (SIGABRT) within this pause; one that did
+        # not (the call raised first) leaves the program to close the group.
+        time.sleep(float(os.environ["KILL_TEST_LINGER_S"]))
+        try:
+            dist.destroy_process_group()
+            print("CLOSED the group", flush=True)
+        except Exception as e:  # NCCL's own communicator may have seen the dead peer too
+            print(f"CLOSED the group, which raised {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
         sys.exit(3)
     x.fill_(1.0)
 print("the loop ended without an error", flush=True)
@@ -64,11 +83,19 @@ def main():
     p.add_argument("--margin-s", type=float, default=45.0, help="beyond the deadline, for the error to surface")
     p.add_argument("--pause-s", type=float, default=0.0,
                    help="a survivor's pause after its first call that found the dead rank (the watchdog first)")
+    p.add_argument("--abort", action="store_true", help="the watchdog aborts the communicators first")
+    p.add_argument("--dump-wait-ms", type=int, default=2000,
+                   help="PyTorch's flight-recorder dump timeout; its watchdog waits four of them before it ends the process")
     args = p.parse_args()
+    watchdog_s = 4 * args.dump_wait_ms / 1000.0
     env = dict(os.environ, LD_PRELOAD=os.path.realpath(args.shim), SYMMEM_NCCL="all",
                SYMMEM_NCCL_TIMEOUT_MS=str(args.timeout_ms), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(args.world), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               KILL_TEST_PAUSE_S=str(args.pause_s))
+               KILL_TEST_PAUSE_S=str(args.pause_s), TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC=str(args.dump_wait_ms),
+               TORCH_NCCL_ASYNC_ERROR_HANDLING="1" if args.abort else "3")
+    limit_s = args.timeout_ms / 1000.0 + args.pause_s + args.margin_s
+    linger_s = watchdog_s + 15
+    env["KILL_TEST_LINGER_S"] = str(linger_s)
     procs = []
     for r in range(args.world):
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
@@ -76,22 +103,26 @@ def main():
     killed = procs[-1]
     killed.wait(timeout=600)
     t_killed = time.time()
-    deadline = t_killed + args.timeout_ms / 1000.0 + args.pause_s + args.margin_s
+    deadline = t_killed + limit_s + linger_s + 30
     ok = killed.returncode == -signal.SIGKILL
     print(f"rank {args.world - 1}: exit {killed.returncode} (expected -9, SIGKILL)")
     for r, proc in enumerate(procs[:-1]):
         try:
             out, _ = proc.communicate(timeout=max(1.0, deadline - time.time()))
             elapsed = time.time() - t_killed
-            # An error the survivor raised, or PyTorch's watchdog tearing it down for the error the
-            # shim reported (SIGABRT, naming the NCCL error): never a crash of another kind.
-            watchdog = proc.returncode == -signal.SIGABRT and "ncclRemoteError" in out
-            raised = (proc.returncode == 3 and "RAISED" in out) or watchdog
+            raised_after = [float(l.split()[2]) for l in out.splitlines() if l.startswith("RAISED after ")]
+            raised = bool(raised_after) and raised_after[0] <= limit_s and "symmem" in out and "ncclRemoteError" in out
+            # PyTorch's watchdog ends a process whose collective it saw fail (SIGABRT); where the call raised
+            # first, the program closes the group and exits. Never a crash of another kind, never a hang;
+            # a watchdog that reported the failure (--pause-s) must end the process.
+            by_watchdog = proc.returncode == -signal.SIGABRT
+            ended = by_watchdog or (args.pause_s == 0 and proc.returncode == 3 and "CLOSED the group" in out)
             print(f"rank {r}: exit {proc.returncode} {elapsed:.1f} s after the kill "
-                  f"({'raised' if raised else 'DID NOT RAISE'})")
-            lines = [l for l in out.splitlines() if "RAISED" in l or "symmem" in l or "Error" in l]
+                  f"({'raised' if raised else 'DID NOT RAISE'} in {raised_after[0] if raised_after else '-'} s; "
+                  f"{'ended by the watchdog' if by_watchdog else 'closed its group' if ended else 'NOT ENDED CLEANLY'})")
+            lines = [l for l in out.splitlines() if "RAISED" in l or "symmem" in l or "Error" in l or "CLOSED" in l]
             print("\n".join("    " + l[:400] for l in lines[-6:]))
-            ok = ok and raised
+            ok = ok and raised and ended
             if args.pause_s > 0:
                 # The watchdog polls a call only until it completes: the poll that first sees the
                 # failure must report it (PyTorch 2.11's log line, or its exception's origin).
@@ -101,10 +132,10 @@ def main():
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
-            print(f"rank {r}: STILL RUNNING {args.timeout_ms / 1000.0 + args.pause_s + args.margin_s:.0f} s after the kill (hang)")
+            print(f"rank {r}: STILL RUNNING {deadline - t_killed:.0f} s after the kill (hang)")
             print("\n".join("    " + l[:400] for l in out.splitlines()[-10:]))
             ok = False
-    print("every survivor raised in time" if ok else "FAILED")
+    print("every survivor raised in time and ended cleanly" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 
 
