@@ -1062,9 +1062,18 @@ TEST(shim_names_a_rank_that_never_comes) {
                                     absent + " never came): " + why);
       if (waited > 10) throw symmem::test::Failure("reported only after " + std::to_string(waited) + " s");
       CUDA_OK(cudaStreamSynchronize(me.stream));
+      // The message outlives the communicator, as NCCL's does (a pointer into the communicator's
+      // state would dangle once ncclCommDestroy freed it).
+      const char* kept = ncclGetLastError(me.comm);
+      const std::string text = kept ? kept : "";
+      me.meet();
+      NCCL_OK(ncclCommDestroy(me.comm));
+      if (!kept || text != kept)
+        throw symmem::test::Failure("ncclGetLastError's text changed once the communicator was destroyed: " + text);
+    } else {
+      me.meet();
+      NCCL_OK(ncclCommAbort(me.comm));
     }
-    me.meet();
-    NCCL_OK(ncclCommAbort(me.comm));
     CUDA_OK(cudaFree(buf));
   });
 }
