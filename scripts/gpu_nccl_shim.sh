@@ -22,7 +22,8 @@
 #                          plain against the one-process reference (--reference)
 #   3 kill                 tests/nccl/torch_kill.py: a killed rank, the survivors raise in time and end
 #                          cleanly; kill_watchdog_first: again, the survivors pausing so that PyTorch's
-#                          watchdog sees the failure first and aborts the communicators (--pause-s, --abort)
+#                          watchdog sees the failure first (--pause-s); kill_watchdog_abort: and aborts
+#                          the communicators through the shim before it ends the process (--abort)
 #   4 nccl_tests           scripts/nccl_tests_run.sh RANKS: all_reduce, all_gather, reduce_scatter,
 #                          alltoall x bf16/fp16/fp32, processes and threads, plain vs shim interleaved
 #                          (OUT/nccl_tests/summary.txt: #wrong 0 everywhere, busbw side by side)
@@ -109,8 +110,10 @@ for mode in auto all; do
 done
 
 if [ "$RANKS" -ge 2 ]; then
-  step kill 150 "$OUT/kill.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" --world 2
-  step kill_watchdog_first 150 "$OUT/kill_watchdog_first.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" \
+  step kill 180 "$OUT/kill.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" --world 2
+  step kill_watchdog_first 180 "$OUT/kill_watchdog_first.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" \
+    --world 2 --timeout-ms 5000 --pause-s 3
+  step kill_watchdog_abort 180 "$OUT/kill_watchdog_abort.log" python3 tests/nccl/torch_kill.py --shim "$SHIM" \
     --world 2 --timeout-ms 5000 --pause-s 3 --abort
 fi
 

@@ -1,5 +1,6 @@
 #include "nccl/error_map.hpp"
 
+#include <array>
 #include <cstdio>
 #include <mutex>
 
@@ -47,6 +48,12 @@ void clear_last_error() {
   process_slot[0] = '\0';
 }
 const std::string& last_error() { return slot(); }
+const char* handed_out(const char* text) {
+  struct HandedOutTag;
+  std::array<char, 1024>& buffer = detail::exit_safe_thread_local<std::array<char, 1024>, HandedOutTag>();
+  std::snprintf(buffer.data(), buffer.size(), "%s", text);
+  return buffer.data();
+}
 const char* process_last_error() {
   std::lock_guard<std::mutex> lock(process_mutex);
   return process_slot[0] ? process_slot : nullptr;

@@ -27,6 +27,9 @@ void clear_last_error();
 const std::string& last_error();
 const char* process_last_error();  // nullptr when none
 void set_process_last_error(const std::string& message);  // the process's only
+// `text` copied into this thread's fixed buffer (truncated to 1023 characters), as NCCL keeps its
+// message: the pointer stays valid for the thread's life, the text until its next call.
+const char* handed_out(const char* text);
 
 // Runs `body` (returning ncclResult_t); an exception becomes its NCCL result and the last error.
 template <typename Body>

@@ -290,15 +290,10 @@ ncclResult_t get_async_error(ncclComm_t comm, ncclResult_t* error) {
 const char* get_last_error(ncclComm_t comm) {
   if (comm) {
     if (std::shared_ptr<CommPair> pair = find_pair(comm))
-      if (const char* message = pair->failure_message()) {
-        // This thread's copy: another thread's ncclCommDestroy may free the pair once we return.
-        struct HandedOutTag;
-        std::string& handed_out = detail::exit_safe_thread_local<std::string, HandedOutTag>();
-        handed_out = message;
-        return handed_out.c_str();
-      }
+      // A copy: another thread's ncclCommDestroy may free the pair once we return.
+      if (const char* message = pair->failure_message()) return handed_out(message);
   }
-  if (!last_error().empty()) return last_error().c_str();
+  if (!last_error().empty()) return handed_out(last_error().c_str());
   if (const char* message = process_last_error()) return message;
   const RealNccl* real = RealNccl::get();
   return real ? real->ncclGetLastError(comm) : RealNccl::load_failure().c_str();

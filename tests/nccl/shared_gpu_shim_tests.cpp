@@ -22,6 +22,7 @@
 // The shared-GPU rules (tests/gpu/shared_gpu_ranks.hpp): device memory is allocated before the
 // ranks' first collective and freed after their last; every rank synchronises its own stream only,
 // and the ranks meet on the host before anything waits on the whole device (communicator teardown).
+#include <malloc.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -1034,7 +1035,21 @@ TEST(shim_reports_a_mismatch_as_a_remote_error) {
       throw symmem::test::Failure("a call after the mismatch did not fail");
     me.meet();
     if (launched_calls == 0) throw symmem::test::Failure("no rank launched the mismatched call");
-    NCCL_OK(ncclCommAbort(me.comm));
+    // The communicator's message outlives it, as NCCL's does: ncclCommDestroy frees the
+    // communicator's state, and glibc fills what is freed (M_PERTURB), so that text read from
+    // freed state differs for certain.
+    if (me.rank == 0) mallopt(M_PERTURB, 0xa5);
+    me.meet();
+    const char* kept = ncclGetLastError(me.comm);
+    const std::string text = kept ? kept : "";
+    if (text.find("all_reduce") == std::string::npos)
+      throw symmem::test::Failure("ncclGetLastError after the failed call says: " + text);
+    NCCL_OK(ncclCommDestroy(me.comm));
+    me.meet();  // every rank's communicator freed
+    const bool unchanged = text == kept;
+    me.meet();
+    if (me.rank == 0) mallopt(M_PERTURB, 0);
+    if (!unchanged) throw symmem::test::Failure("ncclGetLastError's text changed once the communicator was destroyed");
     CUDA_OK(cudaFree(buf));
   });
 }
@@ -1062,18 +1077,9 @@ TEST(shim_names_a_rank_that_never_comes) {
                                     absent + " never came): " + why);
       if (waited > 10) throw symmem::test::Failure("reported only after " + std::to_string(waited) + " s");
       CUDA_OK(cudaStreamSynchronize(me.stream));
-      // The message outlives the communicator, as NCCL's does (a pointer into the communicator's
-      // state would dangle once ncclCommDestroy freed it).
-      const char* kept = ncclGetLastError(me.comm);
-      const std::string text = kept ? kept : "";
-      me.meet();
-      NCCL_OK(ncclCommDestroy(me.comm));
-      if (!kept || text != kept)
-        throw symmem::test::Failure("ncclGetLastError's text changed once the communicator was destroyed: " + text);
-    } else {
-      me.meet();
-      NCCL_OK(ncclCommAbort(me.comm));
     }
+    me.meet();
+    NCCL_OK(ncclCommAbort(me.comm));
     CUDA_OK(cudaFree(buf));
   });
 }
