@@ -28,8 +28,8 @@ namespace {
 struct LastErrorTag;
 std::string& slot() { return detail::exit_safe_thread_local<std::string, LastErrorTag>(); }
 
-// The process's copy, as NCCL keeps its own: a fixed buffer, so that a pointer handed out stays
-// valid (a later message may overwrite its text, as NCCL's does).
+// The process's copy: other threads rewrite it (the watchdog's polls), so callers get it copied
+// into their own buffer under the lock.
 std::mutex process_mutex;
 char process_slot[1024];
 }  // namespace
@@ -56,7 +56,7 @@ const char* handed_out(const char* text) {
 }
 const char* process_last_error() {
   std::lock_guard<std::mutex> lock(process_mutex);
-  return process_slot[0] ? process_slot : nullptr;
+  return process_slot[0] ? handed_out(process_slot) : nullptr;
 }
 
 }  // namespace symmem::nccl

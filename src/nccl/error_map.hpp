@@ -25,7 +25,7 @@ ncclResult_t to_nccl_result(ErrorCode code);
 void set_last_error(const std::string& message);
 void clear_last_error();
 const std::string& last_error();
-const char* process_last_error();  // nullptr when none
+const char* process_last_error();  // nullptr when none; else this thread's copy (handed_out)
 void set_process_last_error(const std::string& message);  // the process's only
 // `text` copied into this thread's fixed buffer (truncated to 1023 characters), as NCCL keeps its
 // message: the pointer stays valid for the thread's life, the text until its next call.

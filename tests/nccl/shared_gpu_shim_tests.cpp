@@ -993,7 +993,7 @@ float* zeros_after_a_first_all_reduce(Rank& me, size_t bytes = 4096) {
 }
 
 // A case where a rank misbehaves: every call served, the case's own device deadline, every world;
-// the ranks end by aborting their communicators (body's last step), not destroying them.
+// the body's last step closes the ranks' communicators (an abort, or a destroy), not run_ranks.
 void run_failure_case(const char* timeout_ms, const std::function<void(Rank&)>& body) {
   serve_everything();
   const SettingForThisCase timeout("SYMMEM_NCCL_TIMEOUT_MS", timeout_ms);
@@ -1036,9 +1036,17 @@ TEST(shim_reports_a_mismatch_as_a_remote_error) {
     me.meet();
     if (launched_calls == 0) throw symmem::test::Failure("no rank launched the mismatched call");
     // The communicator's message outlives it, as NCCL's does: ncclCommDestroy frees the
-    // communicator's state, and glibc fills what is freed (M_PERTURB), so that text read from
-    // freed state differs for certain.
-    if (me.rank == 0) mallopt(M_PERTURB, 0xa5);
+    // communicator's state. Text read from freed memory differs with glibc: a freed chunk's first
+    // bytes take its free list's links, and M_PERTURB fills those that skip the per-thread cache.
+    struct Perturbed {
+      bool on;
+      explicit Perturbed(bool on) : on(on) {
+        if (on) mallopt(M_PERTURB, 0xa5);
+      }
+      ~Perturbed() {
+        if (on) mallopt(M_PERTURB, 0);
+      }
+    } perturbed(me.rank == 0);
     me.meet();
     const char* kept = ncclGetLastError(me.comm);
     const std::string text = kept ? kept : "";
@@ -1048,7 +1056,6 @@ TEST(shim_reports_a_mismatch_as_a_remote_error) {
     me.meet();  // every rank's communicator freed
     const bool unchanged = text == kept;
     me.meet();
-    if (me.rank == 0) mallopt(M_PERTURB, 0);
     if (!unchanged) throw symmem::test::Failure("ncclGetLastError's text changed once the communicator was destroyed");
     CUDA_OK(cudaFree(buf));
   });

@@ -57,7 +57,8 @@ for i in range(1000000):
         if i == 200:
             time.sleep(float(os.environ["KILL_TEST_PAUSE_S"]))
     except Exception as e:  # the survivor's outcome
-        print(f"RAISED after {time.time() - (start or time.time()):.1f} s: {type(e).__name__}: {e}", flush=True)
+        one_line = str(e).replace("\n", " | ")
+        print(f"RAISED after {time.time() - (start or time.time()):.1f} s: {type(e).__name__}: {one_line}", flush=True)
         # A watchdog that saw the failure ends the process (SIGABRT) within this pause; one that did
         # not (the call raised first) leaves the program to close the group.
         time.sleep(float(os.environ["KILL_TEST_LINGER_S"]))
@@ -90,13 +91,15 @@ def main():
                    help="a survivor's pause after its first call that found the dead rank (the watchdog first)")
     p.add_argument("--abort", action="store_true", help="the watchdog aborts the communicators first")
     p.add_argument("--dump-wait-ms", type=int, default=2000,
-                   help="PyTorch's flight-recorder dump timeout; its watchdog waits four of them before it ends the process")
+                   help="PyTorch's flight-recorder dump timeout: its watchdog waits four of them, then ends the process")
     args = p.parse_args()
     watchdog_s = 4 * args.dump_wait_ms / 1000.0
     if args.pause_s > 0 and watchdog_s < args.pause_s + 1:
         p.error("--dump-wait-ms: the watchdog's wait (4 of them) must outlast the pause by a second, "
                 "or the process may end before the program's next call")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", LD_PRELOAD=os.path.realpath(args.shim), SYMMEM_NCCL="all",
+    # TORCH_CPP_LOG_LEVEL: PyTorch's error lines, which the check reads, whatever the caller set.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="WARNING",
+               LD_PRELOAD=os.path.realpath(args.shim), SYMMEM_NCCL="all",
                SYMMEM_NCCL_TIMEOUT_MS=str(args.timeout_ms), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(args.world), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                KILL_TEST_PAUSE_S=str(args.pause_s), TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC=str(args.dump_wait_ms),
@@ -110,46 +113,57 @@ def main():
     for r in range(args.world):
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    killed = procs[-1]
-    killed.wait(timeout=600)
-    t_killed = time.time()
-    deadline = t_killed + limit_s + linger_s + 30
-    ok = killed.returncode == -signal.SIGKILL
-    print(f"rank {args.world - 1}: exit {killed.returncode} (expected -9, SIGKILL)")
-    for r, proc in enumerate(procs[:-1]):
-        try:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.time()))
-            elapsed = time.time() - t_killed
-            raised_after = [float(l.split()[2]) for l in out.splitlines() if l.startswith("RAISED after ")]
-            raised = bool(raised_after) and raised_after[0] <= limit_s and "symmem" in out and "ncclRemoteError" in out
-            # PyTorch's watchdog ends a process whose collective it saw fail: its tear-down message
-            # (printed once the abort, if asked, returned), then SIGABRT. Where the call raised first,
-            # the program closes the group and exits. Never a crash of another kind (a heap
-            # corruption's abort too is SIGABRT), never a hang.
-            heap_error = re.search(r"free\(\)|malloc\(\)|double free|corrupted (size|double|top|unsorted)", out)
-            by_watchdog = (proc.returncode == -signal.SIGABRT and "we are taking the entire process down" in out
-                           and not heap_error)
-            closed = (proc.returncode == 3 and "CLOSED the group" in out and "CLOSING FAILED" not in out)
-            ended = by_watchdog or (args.pause_s == 0 and closed)
-            print(f"rank {r}: exit {proc.returncode} {elapsed:.1f} s after the kill "
-                  f"({'raised' if raised else 'DID NOT RAISE'} in {raised_after[0] if raised_after else '-'} s; "
-                  f"{'ended by the watchdog' if by_watchdog else 'closed its group' if ended else 'NOT ENDED CLEANLY'})")
-            lines = [l for l in out.splitlines()
-                     if "RAISED" in l or "symmem" in l or "Error" in l or "CLOSED" in l or "process down" in l]
-            print("\n".join("    " + l[:400] for l in lines[-6:]))
-            ok = ok and raised and ended
-            if args.pause_s > 0:
-                # The watchdog polls a call only until it completes: the poll that first sees the
-                # failure must report it (PyTorch 2.11's log line, or its exception's origin).
-                reported = "failure detected by watchdog" in out or "checkForNCCLErrorsInternal" in out
-                print(f"rank {r}: the watchdog {'reported' if reported else 'DID NOT REPORT'} the failure")
-                ok = ok and reported
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-            print(f"rank {r}: STILL RUNNING {deadline - t_killed:.0f} s after the kill (hang)")
-            print("\n".join("    " + l[:400] for l in out.splitlines()[-10:]))
-            ok = False
+    try:
+        killed = procs[-1]
+        killed.wait(timeout=600)
+        t_killed = time.time()
+        deadline = t_killed + limit_s + linger_s + 30
+        ok = killed.returncode == -signal.SIGKILL
+        print(f"rank {args.world - 1}: exit {killed.returncode} (expected -9, SIGKILL)")
+        for r, proc in enumerate(procs[:-1]):
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.time()))
+                elapsed = time.time() - t_killed
+                # The program's own error names symmem's cause and the dead rank (the watchdog's log says
+                # so too, which is not what is checked here).
+                raised_lines = [l for l in out.splitlines() if l.startswith("RAISED after ")]
+                raised_after = [float(l.split()[2]) for l in raised_lines]
+                raised = (bool(raised_lines) and raised_after[0] <= limit_s and "ncclRemoteError" in raised_lines[0]
+                          and "symmem" in raised_lines[0] and f"rank {args.world - 1}" in raised_lines[0])
+                # PyTorch's watchdog ends a process whose collective it saw fail: its tear-down message
+                # (printed once the abort, if asked, returned), then SIGABRT. Where the call raised first,
+                # the program closes the group and exits. Never a crash of another kind (a heap
+                # corruption's abort too is SIGABRT), never a hang.
+                heap_error = re.search(r"\w+\(\): (invalid|corrupted|unaligned|memory corruption)"
+                                       r"|double free or corruption", out)
+                by_watchdog = (proc.returncode == -signal.SIGABRT and "we are taking the entire process down" in out
+                               and "watchdog thread terminated with exception" in out and not heap_error)
+                closed = (proc.returncode == 3 and "CLOSED the group" in out and "CLOSING FAILED" not in out)
+                ended = by_watchdog or (args.pause_s == 0 and closed)
+                print(f"rank {r}: exit {proc.returncode} {elapsed:.1f} s after the kill "
+                      f"({'raised' if raised else 'DID NOT RAISE'} in {raised_after[0] if raised_after else '-'} s; "
+                      f"{'ended by the watchdog' if by_watchdog else 'closed its group' if ended else 'NOT ENDED CLEANLY'}"
+                      ")")
+                lines = [l for l in out.splitlines()
+                         if "RAISED" in l or "symmem" in l or "Error" in l or "CLOSED" in l or "process down" in l]
+                print("\n".join("    " + l[:400] for l in lines[-6:]))
+                ok = ok and raised and ended
+                if args.pause_s > 0:
+                    # The watchdog polls a call only until it completes: the poll that first sees the
+                    # failure must report it (PyTorch 2.11's log line, or its exception's origin).
+                    reported = "failure detected by watchdog" in out or "checkForNCCLErrorsInternal" in out
+                    print(f"rank {r}: the watchdog {'reported' if reported else 'DID NOT REPORT'} the failure")
+                    ok = ok and reported
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+                print(f"rank {r}: STILL RUNNING {deadline - t_killed:.0f} s after the kill (hang)")
+                print("\n".join("    " + l[:400] for l in out.splitlines()[-10:]))
+                ok = False
+    finally:  # a check that failed midway leaves no survivor holding its GPU
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     print("every survivor raised in time and ended cleanly" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 
