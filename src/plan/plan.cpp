@@ -231,7 +231,7 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   // (bench/results/h200x2/torch_staged_all_reduce_2.csv, 3de4099): 8 MiB one_shot_push 35.2 us
   // against the staged two-shot's 41.8 (NCCL 47.7), 16 MiB 67.4 / 74.7 (74.5); 32 MiB one_shot 128.2
   // against 135.6 (138.7) and one_shot_push's 135.3 in 2 chunks, 64 MiB 243.7 / 266.4 (248.9),
-  // 128 MiB in 2 chunks 488.1 / 533.6 (NCCL 462.7: still faster); from graphs alike. Not measured:
+  // 128 MiB in 2 chunks 488.1 / 533.6 (NCCL 462.7, still faster than both); from graphs alike. Not measured:
   // in place, other GPUs (the H100 table has the same shape), smaller workspaces (the one-shot
   // pull then runs in more chunks), GPUs without a table (the one-shot push from 64 KiB), mixed
   // operands, reduce-scatter.
