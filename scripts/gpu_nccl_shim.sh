@@ -16,7 +16,9 @@
 # torch_shim_auto"); the exit status is 1 when any step failed or was skipped for the budget:
 #   0 shared_gpu           symmem_shared_gpu_shim_tests on GPU 0 (ranks as threads, stand-in NCCL)
 #   1 pynccl               tests/nccl/pynccl_client.py: vLLM's PyNccl shape, T x 8192 bf16, eager and
-#                          graphs, plain vs shim; then again with SYMMEM_NCCL_WORKSPACE_MB=256
+#                          graphs, plain vs shim; then again with SYMMEM_NCCL_WORKSPACE_MB=256;
+#                          pynccl_windows: in registered symmetric windows (vLLM's
+#                          VLLM_USE_NCCL_SYMM_MEM: NCCL's symmetric kernels against the zero-copy shim)
 #   2 torch                tests/nccl/torch_steps.py plain, shim (auto), shim (all) + the comparisons
 #                          (which also fail when the shim's route logs show it served too little);
 #                          plain against the one-process reference (--reference)
@@ -93,6 +95,8 @@ TORCHRUN=(python3 -m torch.distributed.run --nproc-per-node "$RANKS")
 step pynccl 120 "$OUT/pynccl.log" "${TORCHRUN[@]}" tests/nccl/pynccl_client.py --shim "$SHIM" --csv "$OUT/pynccl.csv"
 step pynccl_workspace_256 120 "$OUT/pynccl_workspace_256.log" env SYMMEM_NCCL_WORKSPACE_MB=256 \
   "${TORCHRUN[@]}" tests/nccl/pynccl_client.py --shim "$SHIM" --csv "$OUT/pynccl_workspace_256.csv"
+step pynccl_windows 120 "$OUT/pynccl_windows.log" "${TORCHRUN[@]}" tests/nccl/pynccl_client.py --shim "$SHIM" \
+  --windows --csv "$OUT/pynccl_windows.csv"
 
 step torch_nccl 150 "$OUT/torch_nccl.log" "${TORCHRUN[@]}" tests/nccl/torch_steps.py --out "$OUT/torch_nccl"
 # The one-process reference that the shared-GPU run (scripts/nccl_torch_shared_gpu.sh) is held to,

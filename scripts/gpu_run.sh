@@ -479,6 +479,7 @@ run_step() {
         keep "$L/nccl_shim_$n/nccl_tests_windows/nccl_tests.csv" "nccl_tests_windows_$n"
         keep "$L/nccl_shim_$n/pynccl.csv" "nccl_shim_pynccl_$n"
         keep "$L/nccl_shim_$n/pynccl_workspace_256.csv" "nccl_shim_pynccl_workspace_256_$n"
+        keep "$L/nccl_shim_$n/pynccl_windows.csv" "nccl_shim_pynccl_windows_$n"
         cp -r "$L/nccl_shim_$n" "$TESTS/" 2>/dev/null
       fi ;;
     nccl_tests_repeat)  # where a call takes ~10 us: forwarded rows held to plain NCCL's spread against itself, served rows per placement

@@ -14,6 +14,11 @@ Rank 0 prints a table (microseconds per call, median of interleaved repetitions,
 shim took) and "faster at every size: yes/no" for eager calls and graph replays. Exit 1 on a wrong
 result, or with --require-faster when the shim is slower anywhere.
 
+--windows runs vLLM's symmetric-memory mode (VLLM_USE_NCCL_SYMM_MEM): input and output live in
+memory from ncclMemAlloc, registered with ncclCommWindowRegister (NCCL_WIN_COLL_SYMMETRIC) on each
+library's communicator, where plain NCCL runs its symmetric kernels and the shim serves the call
+without staging (zero copy).
+
 --shim-only loads the shim alone, by path, for ranks that share GPU 0 (SYMMEM_TEST_SHARED_GPU=1)
 behind the stand-in NCCL (SYMMEM_NCCL_LIBRARY, tests/nccl/fake_nccl.cpp), where plain NCCL cannot
 run: every result must then come from symmem (SYMMEM_NCCL=all), and its times say nothing.
@@ -34,6 +39,8 @@ import torch.distributed as dist
 
 NCCL_BFLOAT16 = 9
 NCCL_SUM = 0
+NCCL_WIN_COLL_SYMMETRIC = 0x01
+HIDDEN = 8192
 
 
 class NcclUniqueId(ctypes.Structure):
@@ -55,6 +62,11 @@ class NcclLibrary:
         self.lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                            ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         self.lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+        self.lib.ncclMemAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        self.lib.ncclMemFree.argtypes = [ctypes.c_void_p]
+        self.lib.ncclCommWindowRegister.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                    ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        self.lib.ncclCommWindowDeregister.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 
     def check(self, result, what):
         if result != 0:
@@ -71,6 +83,27 @@ class NcclLibrary:
         self.check(self.lib.ncclCommInitRank(ctypes.byref(comm), world, uid, rank), "ncclCommInitRank")
         return comm
 
+    def window_tensor(self, comm, elements):
+        """A bf16 tensor of `elements` in memory from ncclMemAlloc, registered as a symmetric window
+        on `comm` (collective: every rank registers its own); with what releases it."""
+        nbytes = elements * 2
+        ptr = ctypes.c_void_p()
+        self.check(self.lib.ncclMemAlloc(ctypes.byref(ptr), nbytes), "ncclMemAlloc")
+        win = ctypes.c_void_p()
+        self.check(self.lib.ncclCommWindowRegister(comm, ptr, nbytes, ctypes.byref(win), NCCL_WIN_COLL_SYMMETRIC),
+                   "ncclCommWindowRegister")
+
+        class Memory:  # the CUDA array interface: torch wraps the memory without a copy
+            __cuda_array_interface__ = {"shape": (elements,), "typestr": "<i2", "data": (ptr.value, False),
+                                        "version": 3, "strides": None}
+
+        tensor = torch.as_tensor(Memory(), device="cuda").view(torch.bfloat16)
+
+        def release():
+            self.check(self.lib.ncclCommWindowDeregister(comm, win), "ncclCommWindowDeregister")
+            self.check(self.lib.ncclMemFree(ptr), "ncclMemFree")
+        return tensor, release
+
     def all_reduce(self, out, inp, comm):
         stream = torch.cuda.current_stream().cuda_stream
         self.check(self.lib.ncclAllReduce(inp.data_ptr(), out.data_ptr(), inp.numel(), NCCL_BFLOAT16, NCCL_SUM,
@@ -79,8 +112,8 @@ class NcclLibrary:
 
 def exact_input(rows, rank):
     """Small integers: every sum over ranks is exact in bf16, whatever the order."""
-    base = (torch.arange(rows * 8192, device="cuda") % 7).to(torch.bfloat16)
-    return (base * (rank + 1)).reshape(rows, 8192), base
+    base = (torch.arange(rows * HIDDEN, device="cuda") % 7).to(torch.bfloat16)
+    return (base * (rank + 1)).reshape(rows, HIDDEN), base
 
 
 def time_eager(lib, comm, out, inp, calls):
@@ -142,6 +175,9 @@ def main():
     p.add_argument("--csv")
     p.add_argument("--require-faster", action="store_true")
     p.add_argument("--shim-only", action="store_true", help="the shim alone (ranks sharing one GPU)")
+    p.add_argument("--windows", action="store_true",
+                   help="input and output in ncclMemAlloc memory registered as symmetric windows (vLLM's "
+                        "VLLM_USE_NCCL_SYMM_MEM)")
     args = p.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -165,31 +201,48 @@ def main():
         dist.broadcast_object_list(uid, src=0)
         comms[name] = lib.init_rank(world, uid[0], rank)
         # vLLM's warm-up: one all-reduce at creation (the shim makes its symmem side here).
-        warm = torch.zeros(1, 8192, dtype=torch.bfloat16, device="cuda")
+        warm = torch.zeros(1, HIDDEN, dtype=torch.bfloat16, device="cuda")
         lib.all_reduce(warm, warm, comms[name])
     torch.cuda.synchronize()
 
     tokens = [int(t) for t in args.tokens.split(",")]
+    # --windows: each library's registered input and output, of the largest size; every size uses
+    # their first elements (vLLM allocates from a pool of such memory).
+    windows, releases = {}, []
+    if args.windows:
+        for name, lib in libs.items():
+            pair = []
+            for _ in range(2):
+                tensor, release = lib.window_tensor(comms[name], max(tokens) * HIDDEN)
+                pair.append(tensor)
+                releases.append(release)
+            windows[name] = pair
     results, wrong = [], 0
     for t in tokens:
         inp, base = exact_input(t, rank)
         expected = base * (world * (world + 1) // 2)
         outs = {name: torch.empty_like(inp) for name in libs}
+        inps = {name: inp for name in libs}
+        if args.windows:
+            for name in libs:
+                inps[name] = windows[name][0][:inp.numel()].view(inp.shape)
+                inps[name].copy_(inp)
+                outs[name] = windows[name][1][:inp.numel()].view(inp.shape)
         calls = max(5, min(50, (4 << 20) // max(1, inp.numel() * 2) * 5))
         for name, lib in libs.items():  # correctness, eager, poisoned output first
             outs[name].fill_(float("nan"))
-            lib.all_reduce(outs[name], inp, comms[name])
+            lib.all_reduce(outs[name], inps[name], comms[name])
             torch.cuda.synchronize()
             if not torch.equal(outs[name].reshape(-1), expected):
                 wrong += 1
                 print(f"rank {rank}: {name} T={t}: wrong result", file=sys.stderr)
-        graphs = {name: capture(lib, comms[name], outs[name], inp, calls) for name, lib in libs.items()}
+        graphs = {name: capture(lib, comms[name], outs[name], inps[name], calls) for name, lib in libs.items()}
         for name, lib in libs.items():  # correctness of a replay after the input changed in place
             outs[name].fill_(float("nan"))
-            inp.mul_(2)
+            inps[name].mul_(2)
             graphs[name].replay()
             torch.cuda.synchronize()
-            inp.div_(2)
+            inps[name].div_(2)
             if not torch.equal(outs[name].reshape(-1), expected * 2):
                 wrong += 1
                 print(f"rank {rank}: {name} T={t}: wrong result from a graph replay", file=sys.stderr)
@@ -200,7 +253,7 @@ def main():
                 for name in order:
                     dist.barrier()
                     if mode == "eager":
-                        samples[name].append(time_eager(libs[name], comms[name], outs[name], inp, calls))
+                        samples[name].append(time_eager(libs[name], comms[name], outs[name], inps[name], calls))
                     else:
                         samples[name].append(time_graph(graphs[name], calls))
             for name in libs:
@@ -209,6 +262,10 @@ def main():
                                 "us_max": max(samples[name]), "reps": args.reps, "calls": calls})
         del graphs
     routes = routes_of(route_prefix)
+    del windows, inps, outs  # (nothing may use the memory past its release)
+    torch.cuda.synchronize()
+    for release in releases:
+        release()
     for name, lib in libs.items():
         lib.check(lib.lib.ncclCommDestroy(comms[name]), "ncclCommDestroy")
 
