@@ -302,7 +302,7 @@ run_step() {
       test_step "$name" 540 env SHIM="$B/libsymmem_nccl.so" FAKE_NCCL="$B/libsymmem_fake_nccl.so" OUT="$L/$name" \
         scripts/nccl_torch_shared_gpu.sh "$worlds"
       [ "$DRY" = 1 ] || cp "$L/$name/summary.txt" "$TESTS/${name}_summary.txt" 2>/dev/null
-      [ "$DRY" = 1 ] || for f in "$L/$name"/*/compare.txt "$L/$name"/*/pynccl.txt; do
+      [ "$DRY" = 1 ] || for f in "$L/$name"/*/compare.txt "$L/$name"/*/pynccl.txt "$L/$name"/*/pynccl_windows.txt; do
         [ -f "$f" ] && cp "$f" "$TESTS/${name}_$(basename "$(dirname "$f")")_$(basename "$f")"
       done ;;
     shared_gpu_torch_tests)

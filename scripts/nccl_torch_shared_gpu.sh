@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Unchanged PyTorch (DDP, FSDP2, tensor parallelism, a decode step from a CUDA graph, groups split
 # from the default one) and a client in the shape of vLLM's PyNccl (tests/nccl/pynccl_client.py
-# --shim-only: the shim loaded by path, eager calls and graph replays, exact) through
-# libsymmem_nccl.so at several ranks with ONE GPU, from prebuilt binaries (builds nothing): WORLD
+# --shim-only: the shim loaded by path, eager calls and graph replays, exact; then with --windows)
+# through libsymmem_nccl.so at several ranks with ONE GPU, from prebuilt binaries (builds nothing): WORLD
 # processes under torchrun, every rank on GPU 0 (SYMMEM_TEST_SHARED_GPU=1), the shim preloaded in
 # front of the stand-in NCCL (tests/nccl/fake_nccl.cpp: the real one refuses two ranks on one GPU),
 # SYMMEM_NCCL=all. The stand-in moves no data, so every result must come from symmem: each rank's
@@ -122,6 +122,14 @@ for world in $WORLDS; do
   echo "world $world: PyNccl client rc=$rc in $(($(date +%s) - start)) s," \
     "$(grep -h 'wrong results' "$dir/pynccl.txt" | sed 's/^\[default0\]://')" | tee -a "$OUT/summary.txt"
   [ "$rc" = 0 ] || failed+=("world $world PyNccl client")
+  # Again in registered windows (ncclMemAlloc + ncclCommWindowRegister): zero copy, every size.
+  start=$(date +%s)
+  limited "$dir/pynccl_windows.txt" env "${SHIM_ENV[@]}" SYMMEM_NCCL="${SHIM_MODE:-all}" python3 -m torch.distributed.run \
+    --nproc-per-node "$world" --tee 3 tests/nccl/pynccl_client.py --shim "$SHIM" --shim-only --windows --reps 1
+  rc=$?
+  echo "world $world: PyNccl client on windows rc=$rc in $(($(date +%s) - start)) s," \
+    "$(grep -h 'wrong results' "$dir/pynccl_windows.txt" | sed 's/^\[default0\]://')" | tee -a "$OUT/summary.txt"
+  [ "$rc" = 0 ] || failed+=("world $world PyNccl client on windows")
 done
 
 # The negative control: with SYMMEM_NCCL=off every call reaches the stand-in, which moves nothing.

@@ -155,12 +155,13 @@ def build_commit(shim):
         return ""
 
 
-def routes_of(prefix):
-    """{bytes: route} the shim logged for this process's all-reduces (SYMMEM_NCCL_ROUTE_LOG)."""
+def routes_of(prefix, buffers):
+    """{bytes: route} the shim logged for this process's all-reduces on `buffers` ("staged" or
+    "window") (SYMMEM_NCCL_ROUTE_LOG)."""
     found = {}
     for path in glob.glob(f"{prefix}.{os.getpid()}.csv"):
         for r in csv.DictReader(open(path)):
-            if r["collective"] == "all_reduce":
+            if r["collective"] == "all_reduce" and r["buffers"] == buffers:
                 b = int(r["bytes"])
                 found[b] = r["route"] if found.get(b, r["route"]) == r["route"] else "mixed"
     return found
@@ -261,9 +262,11 @@ def main():
                                 "us_median": statistics.median(samples[name]), "us_min": min(samples[name]),
                                 "us_max": max(samples[name]), "reps": args.reps, "calls": calls})
         del graphs
-    routes = routes_of(route_prefix)
-    del windows, inps, outs  # (nothing may use the memory past its release)
+    # The timed calls' routes: on windows when --windows (the warm-up's staged call is another row).
+    routes = routes_of(route_prefix, "window" if args.windows else "staged")
+    # Every rank's calls on the windows have finished before any rank deregisters and frees them.
     torch.cuda.synchronize()
+    dist.barrier()
     for release in releases:
         release()
     for name, lib in libs.items():
@@ -301,7 +304,8 @@ def main():
                 print(f"{mode}: faster at every size: {'yes' if faster else 'no'}")
         print(f"wrong results: {total_wrong}")
         served = sorted(b for b, r in routes.items() if r == "symmem")
-        print(f"sizes the shim served: {len(served)} of {len(tokens)}")
+        print(f"sizes the shim served{' on windows (zero copy)' if args.windows else ''}: "
+              f"{len(served)} of {len(tokens)}")
         if args.csv:
             with open(args.csv, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=["date", "commit", "gpu", "world", "library", "mode", "tokens", "bytes",
@@ -312,13 +316,20 @@ def main():
                                     route=routes.get(r["bytes"], "") if r["library"] == "symmem_nccl" else "nccl"))
     # Every rank routes alike (the shim's rule), so rank 0's log speaks for all: a shim that served
     # nothing compared NCCL with itself.
+    # --windows: every size must have been served on its windows (the shim's rule for window
+    # all-reduces at these sizes), none staged.
     served_anything = [any(r == "symmem" for r in routes.values())]
+    all_windows_served = [len(routes) == len(tokens) and all(r == "symmem" for r in routes.values())]
     dist.broadcast_object_list(served_anything, src=0)
+    dist.broadcast_object_list(all_windows_served, src=0)
     dist.destroy_process_group()
     if total_wrong:
         sys.exit(1)
     if not served_anything[0]:
         print("the shim served no all-reduce (see its warnings above): nothing of symmem was measured", file=sys.stderr)
+        sys.exit(1)
+    if args.windows and not all_windows_served[0]:
+        print("--windows: the shim did not serve every size on its windows (zero copy)", file=sys.stderr)
         sys.exit(1)
     if args.require_faster and slower:
         sys.exit(1)

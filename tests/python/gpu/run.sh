@@ -51,7 +51,7 @@ job() {
   {
     timeout --kill-after=30 "$((ends > SECONDS + 1 ? ends - SECONDS : 1))" ${preload[@]+"${preload[@]}"} \
       python3 -m torch.distributed.run --nproc-per-node "$ranks" --tee 3 \
-      -m pytest tests/python/gpu -p no:cacheprovider -q -rs "$@" &
+      -m pytest tests/python/gpu -p no:cacheprovider -q -rsx "$@" &
     echo $! > "$logs/pid"
     wait $!
     echo $? > "$logs/rc"
