@@ -2,10 +2,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <exception>
 #include <map>
+#include <string>
 #include <thread>
 
 #include "common/exit_safe_thread_local.hpp"
+#include "nccl/error_map.hpp"
 
 namespace symmem::nccl {
 
@@ -37,6 +40,10 @@ ncclResult_t run_item(GroupItem& item) noexcept {
 }  // namespace
 
 ncclResult_t run_per_communicator(std::vector<GroupItem>& items) {
+  return run_per_communicator(items, [](std::function<void()> work) { return std::thread(std::move(work)); });
+}
+
+ncclResult_t run_per_communicator(std::vector<GroupItem>& items, const ThreadStarter& start_thread) {
   std::vector<ncclResult_t> results(items.size(), ncclSuccess);
   std::map<const void*, std::vector<size_t>> by_comm;  // item indices, in order
   bool waits = false;
@@ -55,11 +62,19 @@ ncclResult_t run_per_communicator(std::vector<GroupItem>& items) {
     std::vector<std::thread> threads;
     threads.reserve(by_comm.size());
     for (auto& [comm, indices] : by_comm) {
-      threads.emplace_back([&items, &results, &indices, device, has_device] {
-        // A failure leaves device 0, as before, and no error for a later cudaGetLastError.
-        if (has_device && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
-        for (size_t i : indices) results[i] = run_item(items[i]);
-      });
+      try {
+        threads.push_back(start_thread([&items, &results, &indices, device, has_device] {
+          // A failure leaves device 0, as before, and no error for a later cudaGetLastError.
+          if (has_device && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+          for (size_t i : indices) results[i] = run_item(items[i]);
+        }));
+      } catch (const std::exception& e) {
+        // (never leave a started thread unjoined: its std::thread would end the process)
+        for (size_t i : indices) results[i] = ncclSystemError;
+        set_last_error(std::string("symmem NCCL shim: could not start a thread for a communicator's part of "
+                                   "the group (") + e.what() + "); that communicator's handshakes and "
+                                   "registrations did not run, and its peers' end at their deadline");
+      }
     }
     for (auto& t : threads) t.join();
   }

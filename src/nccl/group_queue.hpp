@@ -18,6 +18,7 @@
 #include <nccl.h>
 
 #include <functional>
+#include <thread>
 #include <vector>
 
 namespace symmem::nccl {
@@ -50,7 +51,14 @@ GroupQueue& this_thread_group();
 
 // Runs every item: in order on this thread when they belong to one communicator or none waits for
 // peers, else each communicator's items in order on a thread of its own. Returns the first failure
-// in the items' order (every item runs, whatever failed before it), or ncclSuccess.
+// in the items' order (every item runs, whatever failed before it), or ncclSuccess. A thread that
+// cannot be started (the process is out of threads or memory) fails its communicator's items with
+// ncclSystemError, said by ncclGetLastError; the others still run (what waits for the missing
+// communicator ends at its deadline), and the call returns: it never throws for it.
 ncclResult_t run_per_communicator(std::vector<GroupItem>& items);
+
+// The same, with the threads started by `start_thread` (tests give one that fails).
+using ThreadStarter = std::function<std::thread(std::function<void()>)>;
+ncclResult_t run_per_communicator(std::vector<GroupItem>& items, const ThreadStarter& start_thread);
 
 }  // namespace symmem::nccl

@@ -25,7 +25,7 @@ class Windows {
   // A window registered twice at one address (NCCL allows it) is kept twice: each handle releases its own.
   void add(const Window& window) { by_begin_.emplace(window.begin, window); }
   std::optional<Window> remove(ncclWindow_t handle);
-  // A window with a buffer that holds [p, p + bytes) (of those starting nearest below p), or nullptr.
+  // The largest window with a buffer that holds [p, p + bytes), or nullptr.
   const Window* find(const void* p, size_t bytes) const;
   bool empty() const { return by_begin_.empty(); }
   void clear() { by_begin_.clear(); }

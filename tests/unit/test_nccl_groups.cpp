@@ -6,10 +6,13 @@
 #include <condition_variable>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "nccl/group_queue.hpp"
+#include "nccl/error_map.hpp"
 #include "nccl/group_streams.hpp"
 #include "nccl/windows.hpp"
 #include "test.hpp"
@@ -123,6 +126,26 @@ TEST(nccl_group_reports_the_first_failure_and_runs_everything) {
   EXPECT_EQ(ran, 4);
 }
 
+// A thread that cannot be started (threads or memory exhausted) used to leave the first, started
+// std::thread joinable when its vector unwound (std::terminate), or to throw out of ncclGroupEnd
+// before the real group's end (NCCL's group left open on this thread). Now that communicator's
+// items fail with ncclSystemError, said, and the others run.
+TEST(nccl_group_survives_a_thread_that_cannot_start) {
+  static int comms[3];  // map order = address order: the second communicator's thread fails
+  std::atomic<int> ran{0};
+  std::vector<GroupItem> items;
+  for (int& c : comms) items.push_back({&c, true, [&] { return ++ran, ncclSuccess; }});
+  int started = 0;
+  const ThreadStarter failing_second = [&](std::function<void()> work) {
+    if (++started == 2) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+    return std::thread(std::move(work));
+  };
+  clear_last_error();
+  EXPECT_EQ(run_per_communicator(items, failing_second), ncclSystemError);
+  EXPECT_EQ(ran.load(), 2);
+  EXPECT(last_error().find("could not start a thread") != std::string::npos);
+}
+
 TEST(nccl_windows_find_operands_inside_mapped_windows) {
   static char memory[4096];
   Buffer* mapped = reinterpret_cast<Buffer*>(&memory[0]);  // any non-null: lookups only
@@ -161,6 +184,37 @@ TEST(nccl_windows_keep_a_window_registered_twice_at_one_address) {
   const auto second = w.remove(reinterpret_cast<ncclWindow_t>(2));
   EXPECT(second && second->handle == reinterpret_cast<ncclWindow_t>(2));
   EXPECT(w.empty());
+}
+
+// Windows nest (a pool registered whole and a part of it again): an operand must resolve to the
+// same window on every rank, whatever its rank-dependent offset. An in-place reduce-scatter's output
+// lies at send + rank x N: on rank 0 inside the pool only, on rank 1 inside the inner window too,
+// which the nearest-below rule picked, so that the ranks disagreed on the call's layout.
+TEST(nccl_windows_resolve_nested_windows_to_the_outermost) {
+  static char memory[4096];
+  Buffer* pool = reinterpret_cast<Buffer*>(&memory[0]);
+  Buffer* part = reinterpret_cast<Buffer*>(&memory[1]);
+  for (int order = 0; order < 2; ++order) {  // the inner window registered after the pool, then before
+    Windows w;
+    const Window outer{reinterpret_cast<ncclWindow_t>(1), memory, 4096, pool};
+    const Window inner{reinterpret_cast<ncclWindow_t>(2), memory + 1024, 1024, part};
+    if (order == 0) {
+      w.add(outer);
+      w.add(inner);
+    } else {
+      w.add(inner);
+      w.add(outer);
+    }
+    const Window* rank0_out = w.find(memory, 1024);       // recv = send + 0 x 1024
+    const Window* rank1_out = w.find(memory + 1024, 1024);  // recv = send + 1 x 1024
+    EXPECT(rank0_out && rank0_out->buffer == pool);
+    EXPECT(rank1_out && rank1_out->buffer == pool);
+    EXPECT(w.find(memory + 1536, 100)->buffer == pool);
+    // The inner window alone (the pool released) still serves its own range.
+    EXPECT(w.remove(reinterpret_cast<ncclWindow_t>(1)));
+    EXPECT(w.find(memory + 1024, 1024) && w.find(memory + 1024, 1024)->buffer == part);
+    EXPECT(w.find(memory, 1024) == nullptr);
+  }
 }
 
 // group_streams.hpp: a communicator's served calls join the group's other streams of that
