@@ -2,9 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <exception>
 #include <map>
-#include <string>
 #include <thread>
 
 #include "common/exit_safe_thread_local.hpp"
@@ -68,12 +66,12 @@ ncclResult_t run_per_communicator(std::vector<GroupItem>& items, const ThreadSta
           if (has_device && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
           for (size_t i : indices) results[i] = run_item(items[i]);
         }));
-      } catch (const std::exception& e) {
+      } catch (...) {
         // (never leave a started thread unjoined: its std::thread would end the process)
         for (size_t i : indices) results[i] = ncclSystemError;
-        set_last_error(std::string("symmem NCCL shim: could not start a thread for a communicator's part of "
-                                   "the group (") + e.what() + "); that communicator's handshakes and "
-                                   "registrations did not run, and its peers' end at their deadline");
+        set_last_error("symmem NCCL shim: could not start a thread for a communicator's part of the group's "
+                       "work (out of threads or memory); that part did not run, and what its peers wait for "
+                       "ends at their deadline");
       }
     }
     for (auto& t : threads) t.join();

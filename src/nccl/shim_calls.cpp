@@ -158,19 +158,23 @@ ncclResult_t group_end() {
   ncclResult_t first = ncclSuccess;
 
   // 1. The symmem sides these calls need (collective over each node: one thread per communicator
-  //    when this thread drives several).
-  std::vector<GroupItem> prepares;
-  std::set<CommPair*> seen;
-  for (const DeferredCall& c : calls) {
-    if (!seen.insert(c.pair.get()).second || c.pair->has_symmem()) continue;
-    std::shared_ptr<CommPair> pair = c.pair;
-    cudaStream_t stream = c.stream;
-    prepares.push_back({pair.get(), true, [pair, stream] {
-                          pair->prepare(stream);
-                          return ncclSuccess;
-                        }});
-  }
-  run_per_communicator(prepares);
+  //    when this thread drives several). One that is not made forwards its calls in step 2; guarded:
+  //    a throw here (out of memory) would skip the real group's end below.
+  (void)guarded([&] {
+    std::vector<GroupItem> prepares;
+    std::set<CommPair*> seen;
+    for (const DeferredCall& c : calls) {
+      if (!seen.insert(c.pair.get()).second || c.pair->has_symmem()) continue;
+      std::shared_ptr<CommPair> pair = c.pair;
+      cudaStream_t stream = c.stream;
+      prepares.push_back({pair.get(), true, [pair, stream] {
+                            pair->prepare(stream);
+                            return ncclSuccess;
+                          }});
+    }
+    run_per_communicator(prepares);
+    return ncclSuccess;
+  });
   // 2. What cannot be served joins the real group, still open, on this thread.
   for (DeferredCall& c : calls) {
     c.served = c.pair->has_symmem();

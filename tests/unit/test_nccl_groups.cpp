@@ -209,12 +209,34 @@ TEST(nccl_windows_resolve_nested_windows_to_the_outermost) {
     const Window* rank1_out = w.find(memory + 1024, 1024);  // recv = send + 1 x 1024
     EXPECT(rank0_out && rank0_out->buffer == pool);
     EXPECT(rank1_out && rank1_out->buffer == pool);
-    EXPECT(w.find(memory + 1536, 100)->buffer == pool);
+    const Window* inside_both = w.find(memory + 1536, 100);
+    EXPECT(inside_both && inside_both->buffer == pool);
     // The inner window alone (the pool released) still serves its own range.
     EXPECT(w.remove(reinterpret_cast<ncclWindow_t>(1)));
     EXPECT(w.find(memory + 1024, 1024) && w.find(memory + 1024, 1024)->buffer == part);
     EXPECT(w.find(memory, 1024) == nullptr);
   }
+}
+
+// An outer window that stayed staged (its import failed on every rank) keeps every operand inside
+// it staged, also those an inner mapped window holds: else rank 0's operand (outside the inner
+// window) is staged and rank 1's (inside it) served, and the ranks route the call differently.
+TEST(nccl_windows_inside_a_staged_outer_window_stay_staged) {
+  static char memory[4096];
+  Buffer* part = reinterpret_cast<Buffer*>(&memory[1]);
+  Windows w;
+  w.add({reinterpret_cast<ncclWindow_t>(1), memory, 4096, nullptr});
+  w.add({reinterpret_cast<ncclWindow_t>(2), memory + 1024, 1024, part});
+  EXPECT(w.find(memory, 1024) == nullptr);
+  EXPECT(w.find(memory + 1024, 1024) == nullptr);
+  EXPECT(w.remove(reinterpret_cast<ncclWindow_t>(1)));
+  const Window* alone = w.find(memory + 1024, 1024);  // the pool released: the part serves its range
+  EXPECT(alone && alone->buffer == part);
+  // A window far below a small one: the scan's bound (the largest window) stops before it.
+  w.add({reinterpret_cast<ncclWindow_t>(3), memory, 16, part});
+  EXPECT(w.find(memory + 1024, 1024) == alone);
+  EXPECT(w.find(memory + 8, 8) != nullptr);
+  EXPECT(w.find(memory + 8, 9) == nullptr);
 }
 
 // group_streams.hpp: a communicator's served calls join the group's other streams of that
