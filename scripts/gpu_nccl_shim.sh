@@ -17,8 +17,8 @@
 #   0 shared_gpu           symmem_shared_gpu_shim_tests on GPU 0 (ranks as threads, stand-in NCCL)
 #   1 pynccl               tests/nccl/pynccl_client.py: vLLM's PyNccl shape, T x 8192 bf16, eager and
 #                          graphs, plain vs shim; then again with SYMMEM_NCCL_WORKSPACE_MB=256;
-#                          pynccl_windows: in registered symmetric windows (vLLM's
-#                          VLLM_USE_NCCL_SYMM_MEM: NCCL's symmetric kernels against the zero-copy shim)
+#                          pynccl_windows: in registered symmetric windows, both libraries (as
+#                          vLLM's VLLM_USE_NCCL_SYMM_MEM registers them; the shim zero copy)
 #   2 torch                tests/nccl/torch_steps.py plain, shim (auto), shim (all) + the comparisons
 #                          (which also fail when the shim's route logs show it served too little);
 #                          plain against the one-process reference (--reference)

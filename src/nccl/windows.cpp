@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-
 namespace symmem::nccl {
 
 std::optional<Window> Windows::remove(ncclWindow_t handle) {

@@ -14,10 +14,10 @@ Rank 0 prints a table (microseconds per call, median of interleaved repetitions,
 shim took) and "faster at every size: yes/no" for eager calls and graph replays. Exit 1 on a wrong
 result, or with --require-faster when the shim is slower anywhere.
 
---windows runs vLLM's symmetric-memory mode (VLLM_USE_NCCL_SYMM_MEM): input and output live in
-memory from ncclMemAlloc, registered with ncclCommWindowRegister (NCCL_WIN_COLL_SYMMETRIC) on each
-library's communicator, where plain NCCL runs its symmetric kernels and the shim serves the call
-without staging (zero copy).
+--windows puts input and output in memory from ncclMemAlloc, registered with ncclCommWindowRegister
+(NCCL_WIN_COLL_SYMMETRIC) on each library's communicator, as vLLM's VLLM_USE_NCCL_SYMM_MEM registers
+its pool: both libraries get registered buffers, and the shim must serve every size on them without
+staging (zero copy).
 
 --shim-only loads the shim alone, by path, for ranks that share GPU 0 (SYMMEM_TEST_SHARED_GPU=1)
 behind the stand-in NCCL (SYMMEM_NCCL_LIBRARY, tests/nccl/fake_nccl.cpp), where plain NCCL cannot
@@ -318,17 +318,17 @@ def main():
     # nothing compared NCCL with itself.
     # --windows: every size must have been served on its windows (the shim's rule for window
     # all-reduces at these sizes), none staged.
-    served_anything = [any(r == "symmem" for r in routes.values())]
-    all_windows_served = [len(routes) == len(tokens) and all(r == "symmem" for r in routes.values())]
-    dist.broadcast_object_list(served_anything, src=0)
-    dist.broadcast_object_list(all_windows_served, src=0)
+    verdict = [any(r == "symmem" for r in routes.values()),
+               len(routes) == len(tokens) and all(r == "symmem" for r in routes.values())]
+    dist.broadcast_object_list(verdict, src=0)
+    served_anything, served_every_size = verdict
     dist.destroy_process_group()
     if total_wrong:
         sys.exit(1)
-    if not served_anything[0]:
+    if not served_anything:
         print("the shim served no all-reduce (see its warnings above): nothing of symmem was measured", file=sys.stderr)
         sys.exit(1)
-    if args.windows and not all_windows_served[0]:
+    if args.windows and not served_every_size:
         print("--windows: the shim did not serve every size on its windows (zero copy)", file=sys.stderr)
         sys.exit(1)
     if args.require_faster and slower:

@@ -213,7 +213,8 @@ TEST(nccl_windows_resolve_nested_windows_to_the_outermost) {
     EXPECT(inside_both && inside_both->buffer == pool);
     // The inner window alone (the pool released) still serves its own range.
     EXPECT(w.remove(reinterpret_cast<ncclWindow_t>(1)));
-    EXPECT(w.find(memory + 1024, 1024) && w.find(memory + 1024, 1024)->buffer == part);
+    const Window* inner_alone = w.find(memory + 1024, 1024);
+    EXPECT(inner_alone && inner_alone->buffer == part);
     EXPECT(w.find(memory, 1024) == nullptr);
   }
 }
