@@ -250,8 +250,14 @@ int flood_child() {
 
 // ThreadSanitizer and AddressSanitizer reserve terabytes of shadow address space at start: no
 // process of theirs fits under the limit this test sets (scripts/host_sanitizers.sh).
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)  // GCC, clang from 22
 constexpr bool kSanitizerShadow = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)  // clang
+constexpr bool kSanitizerShadow = true;
+#else
+constexpr bool kSanitizerShadow = false;
+#endif
 #else
 constexpr bool kSanitizerShadow = false;
 #endif
