@@ -72,7 +72,7 @@ all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against t
 moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
 moe_sm_budget              decode-128 (both layouts) and prefill-4096 (rank-major) at 24-132 blocks
 moe_combine_paths          the combine forced to each path (SYMMEM_MOE_COMBINE=registers, bulk)
-moe_ab                     moe with this bundle and an older library alternating (bundle.sh OLD_CAPI)
+moe_ab                     moe with this bundle and an older library alternating (bundle.sh OLD_CAPI), merged with one figure
 overlap                    symmem-bench overlap: GEMM + in-place all-gather on two streams
 fused                      symmem.bench.all_gather_matmul: all_gather_matmul and matmul_reduce_scatter
 fused_b_transposed         the fused ops with B = W.t() (column-major, read in place) against a contiguous B
@@ -427,8 +427,13 @@ run_step() {
           torchbench "moe_combine_${path}_$n" 150 moe "moe_$n" --reps 5 \
             --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs)
       done ;;
-    moe_ab) ab_runs moe_ab moe --reps 5 --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" \
-      ${MOE_AB_ARGS:-} ;;
+    moe_ab)  # the runs merged into one CSV (their commit column tells the libraries apart), one figure
+      ab_runs moe_ab moe --reps 5 --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" \
+        ${MOE_AB_ARGS:-} || return
+      merge_csvs "$L/moe_ab_$n.csv" "$L"/moe_ab_old_1_$n/moe_$n.csv "$L"/moe_ab_new_1_$n/moe_$n.csv \
+        "$L"/moe_ab_old_2_$n/moe_$n.csv "$L"/moe_ab_new_2_$n/moe_$n.csv
+      [ "$DRY" = 1 ] || python3 -m symmem.bench.moe --replot "$L/moe_ab_$n.csv" --out "$L" --stem "moe_ab_$n"
+      keep "$L/moe_ab_$n.csv" "moe_ab_$n" "$L/moe_ab_$n.png" ;;
     fused)
       for op in all_gather_matmul matmul_reduce_scatter; do
         torchbench "${op}_$n" 200 all_gather_matmul "$op" --op $op --reps 7

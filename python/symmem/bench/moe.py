@@ -39,7 +39,9 @@ misplaced or missing row does not). nccl_host_sync cannot be captured in a graph
 visit the host): its graph rows are absent, and the .txt says so.
 """
 import argparse
+import csv
 import datetime
+import os
 import statistics
 
 import torch
@@ -351,7 +353,14 @@ def main():
     p.add_argument("--blocks", default="32",
                    help="symmem's SM budget (max_blocks; the library's default is 32), a list: rows beyond the "
                         "first are named IMPL_bN")
+    p.add_argument("--stem", default=None, help="the figure's file name with --replot (default moe)")
+    p.add_argument("--replot", nargs="+", metavar="CSV",
+                   help="no measurement: the figure of these CSVs (e.g. runs of two commits) as OUT/STEM.png")
     args = p.parse_args()
+    if args.replot:
+        _plot([r for path in args.replot for r in csv.DictReader(open(path))],
+              os.path.join(args.out, f"{args.stem or 'moe'}.png"))
+        return
     budgets = [int(b) for b in args.blocks.split(",")]
     init_nccl()
     import symmem.torch as st  # noqa: F401  (registers the ops)
@@ -431,17 +440,24 @@ def main():
 
 
 def _plot(rows, path):
+    """Time per call, one bar group per (shape, payload, op, mode), one bar per implementation (per
+    implementation and commit when the rows come from several commits; repeated runs: the median of
+    their medians)."""
     plt = pyplot()
     if plt is None:
         return
-    keys = sorted({(r["shape"], r["payload"], r["op"], r["mode"]) for r in rows})
-    impls = sorted({r["impl"] for r in rows})
-    fig, ax = plt.subplots(figsize=(max(8, len(keys) * 0.6), 4))
-    width = 0.8 / max(1, len(impls))
-    for i, impl in enumerate(impls):
-        ys = [next((r["time_us"] for r in rows if (r["shape"], r["payload"], r["op"], r["mode"]) == k and
-                    r["impl"] == impl), 0) for k in keys]
-        ax.bar([j + i * width for j in range(len(keys))], ys, width, label=impl)
+    several = len({r["commit"] for r in rows}) > 1
+    times = {}  # (bar, key) -> [time_us of each run]
+    for r in rows:
+        bar = f"{r['impl']} @ {r['commit']}" if several else r["impl"]
+        times.setdefault((bar, (r["shape"], r["payload"], r["op"], r["mode"])), []).append(float(r["time_us"]))
+    keys = sorted({k for _, k in times})
+    bars = sorted({b for b, _ in times})
+    fig, ax = plt.subplots(figsize=(max(8, len(keys) * 0.6 * max(1, len(bars) / 3)), 4))
+    width = 0.8 / max(1, len(bars))
+    for i, bar in enumerate(bars):
+        ys = [statistics.median(times[(bar, k)]) if (bar, k) in times else 0 for k in keys]
+        ax.bar([j + i * width for j in range(len(keys))], ys, width, label=bar)
     ax.set_xticks([j + 0.4 for j in range(len(keys))])
     ax.set_xticklabels(["\n".join(k) for k in keys], fontsize=6)
     ax.set_ylabel("us per call (slowest rank)")
@@ -449,6 +465,7 @@ def _plot(rows, path):
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
