@@ -251,6 +251,17 @@ ab_runs() {
   done
 }
 
+# ab_merged NAME MODULE ARGS...: ab_runs, then its runs' CSVs (MODULE_N.csv each) merged into
+# NAME_N.csv (their commit column tells the libraries apart) with one figure, the module's --replot.
+ab_merged() {
+  local name=$1 module=$2 n=$NG
+  ab_runs "$@" || return
+  merge_csvs "$L/${name}_$n.csv" "$L/${name}_old_1_$n/${module}_$n.csv" "$L/${name}_new_1_$n/${module}_$n.csv" \
+    "$L/${name}_old_2_$n/${module}_$n.csv" "$L/${name}_new_2_$n/${module}_$n.csv"
+  [ "$DRY" = 1 ] || python3 -m "symmem.bench.$module" --replot "$L/${name}_$n.csv" --out "$L" --stem "${name}_$n"
+  keep "$L/${name}_$n.csv" "${name}_$n" "$L/${name}_$n.png"
+}
+
 run_step() {
   local s=$1 n=$NG
   local shared_env=(env SYMMEM_TEST_SHARED_GPU=1 CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER)
@@ -427,13 +438,8 @@ run_step() {
           torchbench "moe_combine_${path}_$n" 150 moe "moe_$n" --reps 5 \
             --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs)
       done ;;
-    moe_ab)  # the runs merged into one CSV (their commit column tells the libraries apart), one figure
-      ab_runs moe_ab moe --reps 5 --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" \
-        ${MOE_AB_ARGS:-} || return
-      merge_csvs "$L/moe_ab_$n.csv" "$L"/moe_ab_old_1_$n/moe_$n.csv "$L"/moe_ab_new_1_$n/moe_$n.csv \
-        "$L"/moe_ab_old_2_$n/moe_$n.csv "$L"/moe_ab_new_2_$n/moe_$n.csv
-      [ "$DRY" = 1 ] || python3 -m symmem.bench.moe --replot "$L/moe_ab_$n.csv" --out "$L" --stem "moe_ab_$n"
-      keep "$L/moe_ab_$n.csv" "moe_ab_$n" "$L/moe_ab_$n.png" ;;
+    moe_ab) ab_merged moe_ab moe --reps 5 --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" \
+      ${MOE_AB_ARGS:-} ;;
     fused)
       for op in all_gather_matmul matmul_reduce_scatter; do
         torchbench "${op}_$n" 200 all_gather_matmul "$op" --op $op --reps 7
@@ -453,12 +459,7 @@ run_step() {
       keep "$L/triton_gemm_vs_mm_1.csv" triton_gemm_vs_mm_1 ;;
     torch_collectives) torchbench "torch_collectives_$n" 240 torch "torch_bench_$n" --triton ;;
     skew) torchbench "skew_$n" 200 skew "skew_$n" ;;
-    skew_ab)  # the runs merged into one CSV (their commit column tells the libraries apart), one figure
-      ab_runs skew_ab skew --stem "skew_$n" || return
-      merge_csvs "$L/skew_ab_$n.csv" "$L"/skew_ab_old_1_$n/skew_$n.csv "$L"/skew_ab_new_1_$n/skew_$n.csv \
-        "$L"/skew_ab_old_2_$n/skew_$n.csv "$L"/skew_ab_new_2_$n/skew_$n.csv
-      [ "$DRY" = 1 ] || python3 -m symmem.bench.skew --replot "$L/skew_ab_$n.csv" --out "$L" --stem "skew_ab_$n"
-      keep "$L/skew_ab_$n.csv" "skew_ab_$n" "$L/skew_ab_$n.png" ;;
+    skew_ab) ab_merged skew_ab skew --stem "skew_$n" ;;
     torch_overhead) step "torch_overhead_$n" 90 python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.overhead ;;
     triton_all_gather) torchbench "triton_all_gather_$n" 240 kernels "kernels_$n" --reps 5 ;;
     triton_all_gather_graph) torchbench "triton_all_gather_graph_$n" 240 kernels "kernels_$n" --reps 5 --graph ;;
