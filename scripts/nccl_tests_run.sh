@@ -112,7 +112,7 @@ run_one() {
   [ "$library" = symmem_nccl ] && routes=(--routes "$OUT/routes/$tag")
   python3 "$REPO/tools/nccl_tests_report.py" parse "$log" --csv "$CSV" --library "$library" --mode "$mode" \
     --ranks "$RANKS" "${routes[@]}" --meta "date=$DATE" "commit=$COMMIT" "gpu=$GPU" "shim_mode=$SHIM_MODE" \
-    "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$BUFFERS" "flags=$EXTRA" "rep=$rep" \
+    "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-64}" "buffers=$BUFFERS" "flags=$EXTRA" "rep=$rep" \
     || echo "$tag: no result rows (see $log)"
 }
 

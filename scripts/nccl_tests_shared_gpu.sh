@@ -101,7 +101,7 @@ for world in $WORLDS; do
     fi
     python3 "$REPO/tools/nccl_tests_report.py" parse "$log" --csv "$CSV" --library symmem_nccl --mode processes \
       --ranks "$world" --routes "$OUT/routes/$tag" --meta "date=$DATE" "commit=$COMMIT" "gpu=$GPU x 1" \
-      "shim_mode=${SHIM_MODE:-all}" "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-16}" "buffers=$buffers" "flags=$extra" \
+      "shim_mode=${SHIM_MODE:-all}" "workspace_mb=${SYMMEM_NCCL_WORKSPACE_MB:-64}" "buffers=$buffers" "flags=$extra" \
       > /dev/null || { echo "$tag: no result rows (see logs/$tag.log)" | tee -a "$OUT/failures.txt"; failed_runs=$((failed_runs + 1)); }
   done <<< "$CASES"
 done

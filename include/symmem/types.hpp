@@ -38,6 +38,8 @@ enum class Algo {
   kLowLatencyTwoShot,  // all-reduce: low latency, each rank reducing 1/world (mid sizes)
   kHierarchical,       // all-gather across nodes: NCCL between nodes, copy engines inside each (zero SMs);
                        // what kAuto runs whenever the communicator spans nodes
+  kPipelined,          // all-reduce, reduce-scatter: two-shot in rounds through fixed slots, stores only;
+                       // local operands without staging, any size in one kernel
 };
 
 size_t dtype_size(DataType type);

@@ -187,6 +187,22 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
       a.sync = sync;
       return launch_all_reduce_two_shot_push(p.type, p.op, vector, a, blocks, stream);
     }
+    case KernelId::kReducePipelined: {
+      ReducePipelinedArgs a{};
+      a.in = c.in;
+      a.out = c.out;
+      a.count = n;
+      a.gather = !rs;
+      a.piece = plan.piece_elements;
+      for (int r = 0; r < world; ++r) {
+        a.send_slots[0][r] = ws.push_slots()->peer_ptr(r);
+        a.send_slots[1][r] = ws.receive_area()->peer_ptr(r);
+        a.result_slots[0][r] = ws.staging_out()->peer_ptr(r);
+        a.result_slots[1][r] = ws.staging_in()->peer_ptr(r);
+      }
+      a.sync = sync;
+      return launch_reduce_pipelined(p.type, p.op, vector, a, blocks, stream);
+    }
     case KernelId::kAllReduceLowLatency:
     case KernelId::kAllReduceLowLatencyTwoShot:
     case KernelId::kReduceScatterLowLatency: {

@@ -33,7 +33,7 @@ int node_size() { return static_cast<int>(get_int("SYMMEM_NODE_SIZE", 0)); }
 std::string nccl_library() { return get_string("SYMMEM_NCCL_LIBRARY", kDefaultNcclLibrary); }
 std::string nccl_mode() { return get_string("SYMMEM_NCCL", "auto"); }
 std::string nccl_init() { return get_string("SYMMEM_NCCL_INIT", "lazy"); }
-size_t nccl_workspace_bytes() { return static_cast<size_t>(get_int("SYMMEM_NCCL_WORKSPACE_MB", 16)) << 20; }
+size_t nccl_workspace_bytes() { return static_cast<size_t>(get_int("SYMMEM_NCCL_WORKSPACE_MB", 64)) << 20; }
 int64_t nccl_timeout_ms() { return get_int("SYMMEM_NCCL_TIMEOUT_MS", 600000); }
 std::string nccl_cutover_file() { return get_string("SYMMEM_NCCL_CUTOVER_FILE", ""); }
 std::string nccl_route_log() { return get_string("SYMMEM_NCCL_ROUTE_LOG", ""); }

@@ -18,16 +18,25 @@ namespace symmem::device {
 __device__ __forceinline__ size_t global_thread() { return size_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ size_t global_threads() { return size_t(gridDim.x) * blockDim.x; }
 
+// The threads that share a loop: thread `index` of `count` (the grid, or one block that works on
+// its own range).
+struct Threads {
+  size_t index;
+  size_t count;
+};
+__device__ __forceinline__ Threads grid_threads() { return {global_thread(), global_threads()}; }
+__device__ __forceinline__ Threads block_threads() { return {threadIdx.x, blockDim.x}; }
+
 // Element ownership in the reduction kernels: element i belongs to its 16-byte group
-// g = i / (16 / sizeof(T)), and group g to global thread g % global_threads(), on the vector path
-// and the scalar path alike. Kernels whose blocks consume, after a barrier, what the same-index
-// blocks of their peers produced (two-shot push, one-shot push, two-shot gather) rely on it: ranks
-// may differ in vector width (a local operand's alignment), never in who handles an element.
+// g = i / (16 / sizeof(T)), and group g to thread g % threads.count, on the vector path and the
+// scalar path alike. Kernels whose blocks consume, after a barrier, what the same-index blocks of
+// their peers produced (two-shot push, one-shot push, two-shot gather) rely on it: ranks may
+// differ in vector width (a local operand's alignment), never in who handles an element.
 // The first group >= `from` that this thread owns.
-__device__ __forceinline__ size_t first_owned_group(size_t from) {
-  const size_t threads = global_threads();
-  return from + (global_thread() + threads - from % threads) % threads;
+__device__ __forceinline__ size_t first_owned_group(size_t from, Threads t) {
+  return from + (t.index + t.count - from % t.count) % t.count;
 }
+__device__ __forceinline__ size_t first_owned_group(size_t from) { return first_owned_group(from, grid_threads()); }
 
 // One piece of a grid-wide copy: n vectors from src to dst.
 template <typename V>
@@ -107,7 +116,7 @@ __device__ __forceinline__ void store_batch(V* const (&dst)[kMaxWorld], int ndst
 // for a load once per kUnroll vectors, not once per vector. Slices are taken in turn, so registers hold kUnroll
 // vectors whatever the world size. Thread t handles vectors t, t + threads, ... as without unrolling.
 template <typename T, bool kVector>
-__device__ __forceinline__ void scatter(const T* const (&src)[kMaxWorld], T* const (&dst)[kMaxWorld],
+__device__ __forceinline__ void scatter(Threads threads, const T* const (&src)[kMaxWorld], T* const (&dst)[kMaxWorld],
                                         const size_t (&n)[kMaxWorld], int count) {
   constexpr size_t kElems = 16 / sizeof(T);
   constexpr int kUnroll = SYMMEM_SCATTER_UNROLL;
@@ -116,8 +125,8 @@ __device__ __forceinline__ void scatter(const T* const (&src)[kMaxWorld], T* con
   for (int k = 0; k < kMaxWorld; ++k)
     if (k < count && n[k] > longest) longest = n[k];
   if constexpr (kVector) {
-    const size_t stride = global_threads();
-    for (size_t base = global_thread(); base < longest / kElems; base += stride * kUnroll) {
+    const size_t stride = threads.count;
+    for (size_t base = threads.index; base < longest / kElems; base += stride * kUnroll) {
 #pragma unroll
       for (int k = 0; k < kMaxWorld; ++k) {
         if (k >= count) break;
@@ -138,9 +147,15 @@ __device__ __forceinline__ void scatter(const T* const (&src)[kMaxWorld], T* con
   for (int k = 0; k < kMaxWorld; ++k) {
     if (k >= count) break;
     const size_t groups = (n[k] + kElems - 1) / kElems;
-    for (size_t g = first_owned_group(kVector ? n[k] / kElems : 0); g < groups; g += global_threads())
+    for (size_t g = first_owned_group(kVector ? n[k] / kElems : 0, threads); g < groups; g += threads.count)
       for (size_t i = g * kElems; i < (g + 1) * kElems && i < n[k]; ++i) dst[k][i] = src[k][i];
   }
+}
+
+template <typename T, bool kVector>
+__device__ __forceinline__ void scatter(const T* const (&src)[kMaxWorld], T* const (&dst)[kMaxWorld],
+                                        const size_t (&n)[kMaxWorld], int count) {
+  scatter<T, kVector>(grid_threads(), src, dst, n, count);
 }
 
 // dst[i] = src[i] for begin <= i < end, by the threads of one block: thread t takes begin + t,

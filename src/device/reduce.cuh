@@ -104,8 +104,8 @@ __device__ __forceinline__ T reduce_element(const T* const (&src)[kMaxWorld], in
 // The body moves 16-byte vectors (when kVector) with every source's load in flight at once;
 // a scalar loop covers what is left.
 template <typename T, int kOp, bool kVector>
-__device__ __forceinline__ void reduce_range(const T* const (&src)[kMaxWorld], int world, T* const (&dst)[kMaxWorld],
-                                             int ndst, size_t count) {
+__device__ __forceinline__ void reduce_range(Threads threads, const T* const (&src)[kMaxWorld], int world,
+                                             T* const (&dst)[kMaxWorld], int ndst, size_t count) {
   using A = typename Accum<T>::type;
   constexpr int kElems = 16 / sizeof(T);
   const float scale = average_scale<kOp>(world);
@@ -113,8 +113,8 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[kMaxWorld], i
   if constexpr (kVector) {
     constexpr int kUnroll = 2;  // two vectors per source in flight per thread
     const size_t nvec = count / kElems;
-    const size_t stride = global_threads();
-    for (size_t base = global_thread(); base < nvec; base += stride * kUnroll) {
+    const size_t stride = threads.count;
+    for (size_t base = threads.index; base < nvec; base += stride * kUnroll) {
       uint4 in[kUnroll][kMaxWorld];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -152,7 +152,7 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[kMaxWorld], i
   }
   // The rest element by element, each by the owner of its 16-byte group (first_owned_group).
   const size_t groups = (count + kElems - 1) / kElems;
-  for (size_t g = first_owned_group(done / kElems); g < groups; g += global_threads()) {
+  for (size_t g = first_owned_group(done / kElems, threads); g < groups; g += threads.count) {
     for (size_t i = g * kElems; i < (g + 1) * kElems && i < count; ++i) {
       const T value = reduce_element<T, kOp>(src, world, i);
 #pragma unroll
@@ -160,6 +160,12 @@ __device__ __forceinline__ void reduce_range(const T* const (&src)[kMaxWorld], i
         if (d < ndst) dst[d][i] = value;
     }
   }
+}
+
+template <typename T, int kOp, bool kVector>
+__device__ __forceinline__ void reduce_range(const T* const (&src)[kMaxWorld], int world, T* const (&dst)[kMaxWorld],
+                                             int ndst, size_t count) {
+  reduce_range<T, kOp, kVector>(grid_threads(), src, world, dst, ndst, count);
 }
 
 }  // namespace symmem::device

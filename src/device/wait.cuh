@@ -78,4 +78,27 @@ __device__ __forceinline__ bool barrier(const SyncArgs& s, uint32_t epoch, int p
   return ok[phase] != 0;
 }
 
+// The two halves of a barrier, for kernels that meet their peers' same-index blocks many times
+// per call with work in between (reduce_pipelined): a block signals once its stores for `phase` of
+// `epoch` are done (its threads' writes before it are visible to the peers' block after their
+// wait, as in barrier), and later waits for every peer's signal of the same (or the next epoch, as
+// barrier's wait). Unlike barrier's, the verdict is a __syncthreads_and, not a shared word: a phase
+// is waited on once per step here, and a word reused step after step would race with slow warps
+// still reading the last verdict.
+__device__ __forceinline__ void signal_peers(const SyncArgs& s, uint32_t epoch, int phase) {
+  __syncthreads();
+  const int peer = threadIdx.x;
+  if (peer < s.world && peer != s.rank)
+    st_release_sys_u64(s.peer_pads[peer] + detail::signal_slot(phase, blockIdx.x, s.rank),
+                       detail::barrier_flag(epoch, s.signature));
+}
+
+__device__ __forceinline__ bool wait_for_peers(const SyncArgs& s, uint32_t epoch, int phase) {
+  const int peer = threadIdx.x;
+  bool ok = true;
+  if (peer < s.world && peer != s.rank)
+    ok = wait_barrier_flag(s, s.pad + detail::signal_slot(phase, blockIdx.x, peer), epoch, peer, phase);
+  return __syncthreads_and(ok) != 0;
+}
+
 }  // namespace symmem::device

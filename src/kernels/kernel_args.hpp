@@ -95,6 +95,21 @@ struct AllReduceTwoShotPushArgs {
   SyncArgs sync;
 };
 
+// reduce_pipelined (kernels/reduce_pipelined.cu): rank o's slice of this rank's input goes to
+// rank o in pieces of `piece` elements through the send slots; the reduced pieces of an
+// all-reduce come back through the result slots. Each of the four slot areas holds, per rank,
+// [block][sender] slots of `piece` elements, a whole number of 16-byte vectors.
+struct ReducePipelinedArgs {
+  const void* in;  // this rank's input (reduce-scatter: world slices of count elements)
+  void* out;
+  size_t count;  // all-reduce: elements; reduce-scatter: per rank
+  bool gather;   // all-reduce (reduced pieces to every rank); else reduce-scatter
+  size_t piece;
+  void* send_slots[2][kMaxWorld];    // by parity, every rank's: push_slots, receive area
+  void* result_slots[2][kMaxWorld];  // by parity, every rank's: staging_out, staging_in
+  SyncArgs sync;
+};
+
 // The low-latency reductions: a 4-byte aligned input for the all-reduces (the reduce-scatter reads
 // slices at any alignment). one-shot: count * size <= 4 * slot_words; two-shot: each slice's bytes
 // <= 2 * slot_words; reduce-scatter: count * size <= 4 * slot_words.
@@ -115,6 +130,8 @@ void launch_all_reduce_two_shot(DataType type, ReduceOp op, bool vector, const A
                                 cudaStream_t stream);
 void launch_all_reduce_two_shot_push(DataType type, ReduceOp op, bool vector, const AllReduceTwoShotPushArgs& args,
                                      int blocks, cudaStream_t stream);
+void launch_reduce_pipelined(DataType type, ReduceOp op, bool vector, const ReducePipelinedArgs& args, int blocks,
+                             cudaStream_t stream);
 void launch_all_reduce_low_latency(DataType type, ReduceOp op, const LowLatencyReduceArgs& args, int blocks,
                                    cudaStream_t stream);
 void launch_all_reduce_low_latency_two_shot(DataType type, ReduceOp op, const LowLatencyReduceArgs& args, int blocks,

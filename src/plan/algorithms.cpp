@@ -14,6 +14,8 @@ constexpr Collective kReduce = Collective::kAllReduce;
 constexpr Collective kScatter = Collective::kReduceScatter;
 constexpr Collective kToAll = Collective::kAllToAll;
 constexpr uint32_t kFlags = kAreaBarrierFlags;
+// The pipelined reductions' slots (kernels/reduce_pipelined.cu).
+constexpr uint32_t kAreaPipelined = kAreaPushSlots | kAreaReceive | kAreaStagingOut | kAreaStagingIn;
 
 // clang-format off
 constexpr Algorithm kAlgorithms[] = {
@@ -53,6 +55,9 @@ constexpr Algorithm kAlgorithms[] = {
   {kReduce,  Algo::kLowLatencyTwoShot, "low_latency_two_shot", Algo::kAuto,
      true,  false, true,  true,  false,    A::kOwn,   A::kOwn,                 kAreaLowLatency | kAreaStagingIn,
      K::kAllReduceLowLatencyTwoShot,   K::kAllReduceLowLatencyTwoShot},
+  {kReduce,  Algo::kPipelined,         "pipelined",            Algo::kAuto,
+     true,  false, false, true,  false,    A::kOwn,   A::kOwn,                 kFlags | kAreaPipelined,
+     K::kReducePipelined,              K::kReducePipelined},
   // Reduce-scatter's pull and push were named two_shot and two_shot_push: they are the first halves
   // of those all-reduces, and run the one-shot kernels over one slice per rank.
   {kScatter, Algo::kPull,              "pull",                 Algo::kTwoShot,
@@ -64,6 +69,9 @@ constexpr Algorithm kAlgorithms[] = {
   {kScatter, Algo::kLowLatency,        "low_latency",          Algo::kAuto,
      true,  false, true,  false, false,    A::kOwn,   A::kOwn,                 kAreaLowLatency,
      K::kReduceScatterLowLatency,      K::kReduceScatterLowLatency},
+  {kScatter, Algo::kPipelined,         "pipelined",            Algo::kAuto,
+     true,  false, false, true,  false,    A::kOwn,   A::kOwn,                 kFlags | kAreaPipelined,
+     K::kReducePipelined,              K::kReducePipelined},
   // All-to-all (docs/moe.md). Its variable forms (splits exchanged on the device) run push or pull,
   // and their kernel takes the low-latency lines itself when the exchanged splits are small; the
   // uniform form runs every row. In place, peers would read (pull) or overwrite (push) what this
@@ -111,6 +119,7 @@ const char* kernel_name(KernelId kernel) {
     case K::kAllReduceLowLatency: return "all_reduce_low_latency";
     case K::kAllReduceLowLatencyTwoShot: return "all_reduce_low_latency_two_shot";
     case K::kReduceScatterLowLatency: return "reduce_scatter_low_latency";
+    case K::kReducePipelined: return "reduce_pipelined";
     case K::kAllToAllPull: return "all_to_all_pull";
     case K::kAllToAllPush: return "all_to_all_push";
     case K::kAllToAllLowLatency: return "all_to_all_low_latency";

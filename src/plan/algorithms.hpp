@@ -37,6 +37,8 @@ enum class KernelId : uint8_t {
   kAllReduceLowLatency,         // low-latency lines; every rank reduces the whole message
   kAllReduceLowLatencyTwoShot,  // low-latency lines; each rank reduces a slice and sends it back
   kReduceScatterLowLatency,     // low-latency lines; each rank receives and reduces its slice
+  kReducePipelined,             // two-shot in rounds through fixed slots (all-reduce and
+                                // reduce-scatter), every NVLink transfer a store
   kAllToAllPull,                // every rank reads its rows from every peer's input (variable forms:
                                 // small pairs come as low-latency lines with the split exchange)
   kAllToAllPush,                // every rank stores its rows into every peer's output (the same)

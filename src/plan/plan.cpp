@@ -197,9 +197,28 @@ ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table
 //   in 2 chunks (4 MiB: 22.0 against 19.5 us): its push stays.
 constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 
+// Local operands (input and output) at 2 ranks: from these message sizes (an all-reduce's
+// message, a reduce-scatter's whole input), and wherever the plan would run in chunks, the
+// pipelined reductions, which stage nothing and run any size in one kernel through fixed slots.
+// Measured through libsymmem_nccl.so on 2 x H200 (nccl-tests, bf16 sum, processes, 128 blocks;
+// bench/results/h200x2/nccl_tests_pipelined_2.csv): with a 64 MiB workspace, all-reduce 8 MiB
+// 36.3 us against the one-shot push's 41.1 (NCCL 49.6), 64 MiB 209.3 against the one-shot pull's
+// 278.1 in chunks (NCCL 245.4); reduce-scatter 16 MiB 41.4 against the push's 56.3 (NCCL 52.7),
+// 8 MiB 25.7 against 22.0. With a 16 MiB workspace the chunked paths lose more (64 MiB
+// all-reduce 260.8 against 394.5). Not measured: other worlds (their plans stand), mixed operands.
+constexpr size_t kPipelinedAllReduceFromBytes = size_t(8) << 20;
+constexpr size_t kPipelinedReduceScatterFromBytes = size_t(16) << 20;
+
+// The pipelined reductions' blocks unless the caller or SYMMEM_BLOCKS names a count: the most
+// measured (more blocks, smaller pieces, more rounds in flight; 128 beat 64 and 160, same file).
+constexpr int kPipelinedBlocks = 128;
+
 }  // namespace
 
-ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
+namespace {
+
+// plan_reduce without the pipelined rule.
+ReducePlan plan_reduce_staged(const ReduceRequest& r, const TuningTable& table) {
   ReducePlan plan = plan_reduce_as_asked(r, table);
   // Only a plan the table or the built-in rule chose is revisited; an algorithm the caller or
   // SYMMEM_ALGO named (and that runs) stands. Every input here is agreed, so every rank revisits alike.
@@ -243,6 +262,23 @@ ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   asked.options.algo = Algo::kOneShot;
   const ReducePlan one_pass = plan_reduce_as_asked(asked, table);
   return one_pass.chunk_elements >= r.count || staged_two_shot ? one_pass : plan;
+}
+
+}  // namespace
+
+ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
+  const ReducePlan plan = plan_reduce_staged(r, table);
+  // As above, only a plan the table or the built-in rule chose is revisited.
+  const Collective collective = r.reduce_scatter ? Collective::kReduceScatter : Collective::kAllReduce;
+  const Algorithm* forced = named_row(collective, r.forced);
+  if (r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo)) return plan;
+  if (r.world != 2 || r.in_symmetric || r.out_symmetric) return plan;
+  const size_t message = r.count * r.elem_bytes * (r.reduce_scatter ? size_t(r.world) : 1);
+  const size_t from = r.reduce_scatter ? kPipelinedReduceScatterFromBytes : kPipelinedAllReduceFromBytes;
+  if (message < from && plan.chunk_elements >= r.count) return plan;
+  ReduceRequest asked = r;
+  asked.options.algo = Algo::kPipelined;
+  return plan_reduce_as_asked(asked, table);
 }
 
 namespace {
@@ -311,13 +347,15 @@ ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table
   ReducePlan plan;
   plan.algo = row.algo;
   plan.kernel = row.kernel;
-  plan.receive_area = (row.areas & kAreaReceive) != 0;
+  // (The pipelined reductions use the receive area too, as slots of their own: not this protocol.)
+  plan.receive_area = row.kernel == KernelId::kReducePushed;
   plan.reads_peer_inputs = row.input == Access::kPeers;
   plan.stage_input = (plan.reads_peer_inputs && !r.in_symmetric) || (row.in_place_stages_input && r.in_place);
   plan.gather_via_staging = row.output == Access::kPeersIfSymmetric && !r.out_symmetric;
   const uint64_t in = plan.stage_input ? 0 : r.in_address;
   const uint64_t slice = r.reduce_scatter ? bytes : 0;  // reduce-scatter slices start at r * bytes
   plan.vector = common_vector_bytes({in, r.out_address, slice}) == 16;
+  if (blocks <= 0 && row.kernel == KernelId::kReducePipelined) blocks = kPipelinedBlocks;
   if (blocks <= 0 && row.low_latency) {
     // The words of what each rank reduces: the message, or one two-shot slice.
     blocks = low_latency_blocks((row.reduces_a_slice ? slice_bytes : bytes) / 4);
@@ -330,6 +368,9 @@ ReducePlan plan_reduce_as_asked(const ReduceRequest& r, const TuningTable& table
   }
   plan.blocks = clamp_blocks(blocks, r.sm_count, r.options.max_blocks);
   plan.chunk_elements = reduce_chunk_elements(plan, r.reduce_scatter, r.elem_bytes, r.world, r.workspace);
+  if (plan.kernel == KernelId::kReducePipelined)
+    plan.piece_elements =
+        pipelined_piece_elements(r.count, r.reduce_scatter, r.elem_bytes, r.world, plan.blocks, r.workspace);
   return plan;
 }
 
@@ -374,6 +415,16 @@ size_t reduce_chunk_elements(const ReducePlan& plan, bool reduce_scatter, size_t
   return limit;
 }
 
+size_t pipelined_piece_elements(size_t count, bool reduce_scatter, size_t elem_bytes, int world, int blocks,
+                                const WorkspaceLimits& limits) {
+  const size_t slots = size_t(std::max(1, blocks)) * size_t(std::max(1, world));
+  const size_t fits = std::max<size_t>(16, std::min(limits.staging, size_t(1) << 40) / slots / 16 * 16);
+  const size_t slice = reduce_scatter ? count : two_shot_slice(count, world, elem_bytes);
+  const size_t spread = (slice * elem_bytes + size_t(std::max(1, blocks)) - 1) / size_t(std::max(1, blocks));
+  const size_t bytes = std::min(fits, std::max<size_t>(16, (spread + 15) / 16 * 16));
+  return bytes / elem_bytes;
+}
+
 std::vector<ElementChunk> plan_chunks(size_t count, size_t limit) {
   std::vector<ElementChunk> chunks;
   if (limit == 0) limit = 1;
@@ -393,7 +444,8 @@ std::string describe(const AllGatherPlan& p) {
 std::string describe(const ReducePlan& p) {
   return std::string(algo_name(p.algo)) + " blocks=" + std::to_string(p.blocks) +
          (p.vector ? " vector=16" : " scalar") + (p.stage_input ? " staged-input" : "") +
-         (p.gather_via_staging ? " gather-via-staging" : "") + (p.receive_area ? " receive-area" : "");
+         (p.gather_via_staging ? " gather-via-staging" : "") + (p.receive_area ? " receive-area" : "") +
+         (p.piece_elements ? " piece=" + std::to_string(p.piece_elements) : "");
 }
 
 }  // namespace symmem::detail

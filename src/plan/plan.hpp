@@ -112,6 +112,7 @@ struct ReducePlan {
   bool receive_area = false;           // peers store their inputs into this rank's parity-alternating
                                        // receive area (one-shot push, reduce-scatter push)
   size_t chunk_elements = ~size_t(0);  // per chunk (per rank for reduce-scatter; reduce_chunk_elements)
+  size_t piece_elements = 0;           // pipelined: elements per slot (pipelined_piece_elements)
 };
 
 ReducePlan plan_reduce(const ReduceRequest& request, const TuningTable& table);
@@ -124,6 +125,13 @@ size_t all_gather_chunk_elements(const AllGatherPlan& plan, size_t elem_bytes, i
                                  const WorkspaceLimits& limits);
 size_t reduce_chunk_elements(const ReducePlan& plan, bool reduce_scatter, size_t elem_bytes, int world,
                              const WorkspaceLimits& limits);
+
+// The pipelined reductions' piece: the elements one block moves per peer and round. Each of the
+// four slot areas (`limits.staging` bytes) holds blocks x world slots; the piece is the largest
+// whole number of 16-byte vectors that fits, or less when a slice (two-shot slice of an all-reduce,
+// per-rank count of a reduce-scatter) spreads over the blocks in one round. At least one vector.
+size_t pipelined_piece_elements(size_t count, bool reduce_scatter, size_t elem_bytes, int world, int blocks,
+                                const WorkspaceLimits& limits);
 
 // [0, count) cut into consecutive chunks of at most `limit` elements (one chunk when it fits).
 struct ElementChunk {

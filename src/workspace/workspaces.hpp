@@ -50,11 +50,14 @@ class Workspaces {
   // reductions): this rank copies them in before the kernel; peers read between barriers.
   const HeapArea* staging_in() const { return &staging_in_; }
   // Local outputs that peers write (push all-gather) and two-shot results that peers gather:
-  // between barriers; this rank copies out after the last barrier, before its next call.
+  // between barriers; this rank copies out after the last barrier, before its next call. The
+  // pipelined reductions' result slots too: a peer stores into them only after this rank's signal
+  // of the same call (kernels/reduce_pipelined.cu).
   const HeapArea* staging_out() const { return &staging_out_; }
   // Two-shot push: every rank stores slice p of its input into rank p's slot *before* the first
-  // barrier. Only two_shot_push uses it: a peer stores the next call's slices only after passing
-  // this call's last barrier, which this rank reaches only after it reduced what it received.
+  // barrier. Only two_shot_push and the pipelined reductions (their send slots) use it: a peer
+  // stores the next call's slices only after its kernel ended, so after this call's last barrier
+  // or signal of each block, which this rank reaches only after it reduced what it received.
   const HeapArea* push_slots() const { return &push_slots_; }
   // One-shot push all-reduce and push reduce-scatter: peers store *before* the only barrier, into
   // the half of this call's parity (the communicator's call counter); a peer stores into the same

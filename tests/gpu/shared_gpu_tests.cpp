@@ -72,8 +72,9 @@ struct Rank : SharedRank {
   }
 };
 
-void run_ranks(int world, const std::function<void(Rank&)>& body, int64_t timeout_ms = 20000) {
-  run_shared_ranks<Rank>(world, body, timeout_ms);
+void run_ranks(int world, const std::function<void(Rank&)>& body, int64_t timeout_ms = 20000,
+               size_t workspace_bytes = size_t(64) << 20) {
+  run_shared_ranks<Rank>(world, body, timeout_ms, workspace_bytes);
 }
 
 enum class Collective { kAllGather, kAllReduce, kReduceScatter };
@@ -287,6 +288,68 @@ TEST(shared_gpu_random_calls_match_references) {
       }
       expect_no_mismatches(steps, counters.read(r.stream), r, "random calls");
     });
+  }
+}
+
+// The pipelined reductions in many rounds: a 4 MiB workspace (1 MiB slot areas) and messages up
+// to 16 MiB, so every block goes through dozens of rounds and both slot parities, with forced
+// block counts from 1 (the most rounds) up, odd counts (short and empty last pieces, scalar
+// tails), misaligned local operands (the scalar kernel), in place, and other algorithms that
+// share the slot areas (two-shot push, one-shot push, two-shot through staging_out) drawn between
+// them, back to back without synchronisation.
+TEST(shared_gpu_pipelined_reductions_in_many_rounds) {
+  constexpr size_t kWorkspace = 4 * kMiB;
+  for (int world : shared_gpu_worlds()) {
+    const int max_blocks = max_blocks_for_calls();
+    const size_t calls = world >= 8 ? 150 : 300;
+    run_ranks(
+        world,
+        [&](Rank& r) {
+          std::mt19937_64 rng(0x919E0000ull + world);
+          auto pick = [&](int n) { return static_cast<int>(rng() % uint64_t(n)); };
+          static const DataType types[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
+                                           DataType::kInt32};
+          static const Algo neighbours[] = {Algo::kTwoShotPush, Algo::kOneShotPush, Algo::kTwoShot, Algo::kAuto};
+          std::vector<Step> steps;
+          while (steps.size() < calls) {
+            Step s;
+            s.collective = pick(2) ? Collective::kAllReduce : Collective::kReduceScatter;
+            s.algo = pick(4) ? Algo::kPipelined : neighbours[pick(4)];
+            s.type = types[pick(4)];
+            const size_t elem = dtype_size(s.type);
+            // All-reduce up to 16 MiB; reduce-scatter up to 16 MiB of input over the world.
+            const size_t most = (8 * kMaxRankBytes) / elem / (s.collective == Collective::kAllReduce ? 1 : world);
+            const double log_count = std::uniform_real_distribution<double>(0.0, std::log2(double(most)))(rng);
+            s.count = std::max<size_t>(1, std::min(most, static_cast<size_t>(std::exp2(log_count)) + pick(7)));
+            s.local = pick(3) != 0;
+            s.in_place = pick(4) == 0;
+            s.in_offset = pick(3) ? 0 : elem * (1 + pick(7));
+            s.out_offset = pick(3) ? 0 : elem * (1 + pick(7));
+            if (s.in_offset + s.count * elem * (s.collective == Collective::kAllReduce ? 1 : world) > kOperandBytes ||
+                s.out_offset + s.count * elem > kOperandBytes)
+              continue;
+            s.blocks = pick(2) ? 1 + pick(pick(2) ? 4 : 24) : 0;
+            s.barrier_after = pick(16) == 0;
+            if (!plannable(s, r, max_blocks)) continue;
+            steps.push_back(s);
+          }
+          Counters counters(steps.size(), r.stream);
+          const size_t window = size_t(shared_gpu_window(world, 3));
+          for (size_t begin = 0; begin < steps.size(); begin += window) {
+            const size_t end = std::min(steps.size(), begin + window);
+            for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, max_blocks, counters.at(i));
+            try {
+              r.comm->synchronize(r.stream);
+            } catch (const Error& e) {
+              std::string list;
+              for (size_t i = begin; i < end; ++i) list += "\n  call " + std::to_string(i) + ": " + describe(steps[i]);
+              throw Failure(std::string(e.what()) + "\n among calls " + std::to_string(begin) + ".." +
+                            std::to_string(end - 1) + list);
+            }
+          }
+          expect_no_mismatches(steps, counters.read(r.stream), r, "pipelined reductions");
+        },
+        60000, kWorkspace);
   }
 }
 

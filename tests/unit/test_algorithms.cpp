@@ -16,7 +16,8 @@ namespace {
 
 constexpr Algo kEveryAlgo[] = {
     Algo::kPull,    Algo::kPush,        Algo::kCopyEngine, Algo::kOneShot,           Algo::kOneShotPush,
-    Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kHierarchical};
+    Algo::kTwoShot, Algo::kTwoShotPush, Algo::kLowLatency, Algo::kLowLatencyTwoShot, Algo::kHierarchical,
+    Algo::kPipelined};
 
 }  // namespace
 
@@ -57,7 +58,7 @@ TEST(rows_are_consistent) {
   }
   EXPECT_EQ(std::string(collective_name(static_cast<Collective>(kCollectiveCount))), std::string("?"));
   EXPECT_EQ(algorithm_names(Collective::kAllGather), std::string("pull, push, copy_engine, low_latency"));
-  EXPECT_EQ(algorithm_names(Collective::kReduceScatter), std::string("pull, push, low_latency"));
+  EXPECT_EQ(algorithm_names(Collective::kReduceScatter), std::string("pull, push, low_latency, pipelined"));
   EXPECT_EQ(algorithm_names(Collective::kAllToAll), std::string("pull, push, copy_engine, low_latency"));
   EXPECT_EQ(std::string(collective_name(Collective::kAllToAll)), std::string("all_to_all"));
 }

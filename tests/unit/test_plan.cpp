@@ -578,7 +578,7 @@ TEST(small_all_gathers_and_reduce_scatters_take_low_latency_by_rule_and_table) {
   EXPECT(plan_reduce(s, t).algo == Algo::kLowLatency);
 }
 
-TEST(local_operands_at_two_ranks_take_the_one_shot_where_the_two_shot_would_stage_them) {
+TEST(local_operands_at_two_ranks_take_the_one_shot_or_the_pipelined_where_the_two_shot_would_stage_them) {
   // The shipped H200 table's shape: the one-shot push to 4 MiB, then the two-shot push, which needs
   // a symmetric output (local ones ran the staged two-shot). The default workspace: 64 MiB staging,
   // 32 MiB per receive parity (16 MiB slots at 2 ranks).
@@ -597,48 +597,38 @@ TEST(local_operands_at_two_ranks_take_the_one_shot_where_the_two_shot_would_stag
     r.count = bytes / r.elem_bytes;
     return plan_reduce(r, t);
   };
-  // Where the one-shot push's slot holds the message: it stages nothing.
-  for (size_t mib : {size_t(8), size_t(12), size_t(16)}) {
-    const ReducePlan p = plan_of(mib << 20);
-    EXPECT(p.algo == Algo::kOneShotPush && !p.stage_input && p.chunk_elements >= (mib << 20) / 2);
-  }
-  // Beyond one slot: the one-shot pull, in one piece up to the staging area, in chunks beyond.
-  for (size_t bytes : {(size_t(16) << 20) + 16, size_t(32) << 20, size_t(64) << 20}) {
-    const ReducePlan p = plan_of(bytes);
-    EXPECT(p.algo == Algo::kOneShot && p.stage_input && p.chunk_elements >= bytes / 2);
-  }
-  const ReducePlan chunked = plan_of(size_t(128) << 20);
-  EXPECT(chunked.algo == Algo::kOneShot && chunked.chunk_elements < (size_t(128) << 20) / 2);
-  // With the built-in rule's blocks, or the caller's.
-  ReduceRequest named = local;
-  named.count = size_t(16) << 20;
-  named.options.algo = Algo::kOneShot;
-  const int rule_blocks = plan_reduce(named, t).blocks;
-  EXPECT_EQ(plan_of(size_t(32) << 20).blocks, rule_blocks);
-  named.options.algo = Algo::kAuto;
-  named.options.blocks = 20;
-  EXPECT(plan_reduce(named, t).algo == Algo::kOneShot);
-  EXPECT_EQ(plan_reduce(named, t).blocks, 20);
-  // The staging area's edge: 64 MiB in one piece, 16 bytes more in chunks; float32 alike.
-  EXPECT(plan_of((size_t(64) << 20) + 16).chunk_elements < ((size_t(64) << 20) + 16) / 2);
+  // From 8 MiB the pipelined all-reduce: nothing staged, one kernel whatever the size, its own
+  // block count (the table's were measured for another algorithm), float32 alike, in place too.
   ReduceRequest fp32 = local;
   fp32.elem_bytes = 4;
-  EXPECT(plan_of(size_t(16) << 20, &fp32).algo == Algo::kOneShotPush);
-  const ReducePlan fp32_pull = plan_of(size_t(64) << 20, &fp32);
-  EXPECT(fp32_pull.algo == Algo::kOneShot && fp32_pull.chunk_elements >= (size_t(64) << 20) / 4);
-  // A small workspace (libsymmem_nccl.so's 16 MiB budget: 1 MiB slots, 4 MiB staging): the
-  // one-shot pull in chunks replaces the staged two-shot, which would chunk alike.
-  ReduceRequest small = local;
-  small.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
-  const ReducePlan small_plan = plan_of(size_t(64) << 20, &small);
-  EXPECT(small_plan.algo == Algo::kOneShot && small_plan.chunk_elements < (size_t(64) << 20) / 2);
-  // In place alike.
   ReduceRequest in_place = local;
   in_place.in_place = true;
-  EXPECT(plan_of(size_t(8) << 20, &in_place).algo == Algo::kOneShotPush);
-  EXPECT(plan_of(size_t(32) << 20, &in_place).algo == Algo::kOneShot);
-  // Up to 4 MiB the table's one-shot push runs in one piece: unchanged.
-  EXPECT(plan_of(size_t(4) << 20).algo == Algo::kOneShotPush);
+  for (const ReduceRequest* base : {&local, &fp32, &in_place})
+    for (size_t bytes : {size_t(8) << 20, (size_t(16) << 20) + 16, size_t(64) << 20, size_t(1) << 30}) {
+      const ReducePlan p = plan_of(bytes, base);
+      EXPECT(p.algo == Algo::kPipelined && p.kernel == KernelId::kReducePipelined && !p.stage_input &&
+             p.chunk_elements >= bytes / base->elem_bytes && p.blocks == 128);
+    }
+  // The caller's blocks, and a named algorithm, stand.
+  ReduceRequest named = local;
+  named.count = size_t(16) << 20;
+  named.options.blocks = 20;
+  EXPECT(plan_reduce(named, t).algo == Algo::kPipelined && plan_reduce(named, t).blocks == 20);
+  named.options.algo = Algo::kOneShot;
+  EXPECT(plan_reduce(named, t).algo == Algo::kOneShot);
+  // Below 8 MiB: where the one-shot push's slot holds the message, it stages nothing.
+  for (size_t bytes : {size_t(4) << 20, (size_t(8) << 20) - 16}) {
+    const ReducePlan p = plan_of(bytes);
+    EXPECT(p.algo == Algo::kOneShotPush && !p.stage_input && p.chunk_elements >= bytes / 2);
+  }
+  EXPECT(plan_of(size_t(6) << 20, &in_place).algo == Algo::kOneShotPush);
+  // A small workspace (4 MiB staging, 1 MiB receive slots): the one-shot pull in one piece up to
+  // the staging area, the pipelined all-reduce where it would run in chunks.
+  ReduceRequest small = local;
+  small.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
+  const ReducePlan small_pull = plan_of(size_t(4) << 20, &small);
+  EXPECT(small_pull.algo == Algo::kOneShot && small_pull.chunk_elements >= (size_t(4) << 20) / 2);
+  EXPECT(plan_of((size_t(4) << 20) + 16, &small).algo == Algo::kPipelined);
   // Not measured, or not staged: symmetric or mixed operands, 4 ranks, reduce-scatter, a named
   // algorithm keep their plans.
   ReduceRequest other = local;
@@ -653,8 +643,9 @@ TEST(local_operands_at_two_ranks_take_the_one_shot_where_the_two_shot_would_stag
   other.world = 4;
   EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kTwoShot);
   other = local;
-  other.reduce_scatter = true;
-  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kPush);
+  other.reduce_scatter = true;  // (32 MiB per rank: the pipelined reduce-scatter)
+  EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kPipelined);
+  EXPECT(plan_of(size_t(2) << 20, &other).algo == Algo::kPush);
   other = local;
   other.options.algo = Algo::kTwoShot;
   EXPECT(plan_of(size_t(32) << 20, &other).algo == Algo::kTwoShot);
@@ -738,8 +729,8 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
       fp32.elem_bytes = 4;
       fp32.count = size_t(1) << 20;
       EXPECT(plan_reduce(fp32, one_shot).algo == Algo::kOneShot);
-      fp32.count += 4;  // 16 bytes more: the pull would stage it in two chunks
-      EXPECT(plan_reduce(fp32, one_shot).algo == Algo::kOneShotPush);
+      fp32.count += 4;  // 16 bytes more: the pull would stage it in two chunks, so the pipelined
+      EXPECT(plan_reduce(fp32, one_shot).algo == Algo::kPipelined);
     }
     staged.count = size_t(2) << 20;
     for (bool symmetric_input : {true, false}) {  // mixed operands: not measured, the push stays
@@ -748,18 +739,25 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
       mixed.out_symmetric = !symmetric_input;
       EXPECT(plan_reduce(mixed, one_shot).algo == Algo::kOneShotPush);
     }
-    staged.count = size_t(4) << 20;  // 8 MiB: the pull would stage it in two chunks too
-    EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShotPush);
+    staged.count = size_t(4) << 20;  // 8 MiB: the pipelined all-reduce
+    EXPECT(plan_reduce(staged, one_shot).algo == Algo::kPipelined);
     staged.count = size_t(2) << 20;
     staged.world = 3;  // not measured at other worlds: the push stays
     one_shot.entries.push_back({"all_reduce", 3, size_t(1) << 40, Algo::kOneShotPush, 132});
     EXPECT(plan_reduce(staged, one_shot).algo == Algo::kOneShotPush);
     staged.world = 2;
     staged.reduce_scatter = true;  // the staged pull lost to the push in chunks
-    staged.count = size_t(1) << 20;  // 2 MiB per rank: 2 chunks of the receive slots
+    staged.count = size_t(1) << 19;  // 1 MiB per rank: one receive slot, the push
     TuningTable scatter;
     scatter.entries.push_back({"reduce_scatter", 2, size_t(1) << 40, Algo::kPush, 128});
     EXPECT(plan_reduce(staged, scatter).algo == Algo::kPush);
+    staged.count = size_t(1) << 20;  // 2 MiB per rank: the push in 2 chunks gives way to the pipelined
+    EXPECT(plan_reduce(staged, scatter).algo == Algo::kPipelined);
+    staged.workspace = WorkspaceLimits{size_t(64) << 20, size_t(32) << 20};
+    staged.count = (size_t(4) << 20) - 8;  // just under 16 MiB of input: one slot, the push
+    EXPECT(plan_reduce(staged, scatter).algo == Algo::kPush);
+    staged.count = size_t(4) << 20;  // 16 MiB of input: the pipelined reduce-scatter
+    EXPECT(plan_reduce(staged, scatter).algo == Algo::kPipelined);
   }
   // A choice by name, or by SYMMEM_ALGO, stands.
   r.in_symmetric = true;
@@ -808,3 +806,44 @@ TEST(a_push_cut_into_small_chunks_gives_way_to_pull_in_one_piece) {
   EXPECT(plan_reduce(r, t).algo == Algo::kPush);
 }
 
+
+// The pipelined reductions take local operands as they are (nothing staged, one kernel for any
+// size), and their piece fits blocks x 2 parities x world slots in each slot area, spread over
+// the blocks when a slice is small, whole 16-byte vectors, equal on every rank.
+TEST(pipelined_reductions_stage_nothing_and_fit_their_slots) {
+  for (bool rs : {false, true}) {
+    ReduceRequest r;
+    r.reduce_scatter = rs;
+    r.world = 4;
+    r.elem_bytes = 2;
+    r.count = size_t(64) << 20;  // 128 MiB (per rank for reduce-scatter)
+    r.options.algo = Algo::kPipelined;
+    r.options.blocks = 16;
+    r.workspace = WorkspaceLimits{size_t(4) << 20, size_t(2) << 20};
+    const ReducePlan p = plan_reduce(r, TuningTable{});
+    EXPECT(p.algo == Algo::kPipelined);
+    EXPECT(p.kernel == KernelId::kReducePipelined);
+    EXPECT(!p.stage_input && !p.gather_via_staging && !p.receive_area && !p.reads_peer_inputs);
+    EXPECT_EQ(p.chunk_elements, ~size_t(0));
+    EXPECT_EQ(p.blocks, 16);
+    // 4 MiB / (16 blocks x 4 ranks) = 64 KiB per slot.
+    EXPECT_EQ(p.piece_elements, size_t(32) << 10);
+    r.in_place = true;
+    EXPECT(!plan_reduce(r, TuningTable{}).stage_input);
+  }
+  const WorkspaceLimits limits{size_t(4) << 20, size_t(2) << 20};
+  // A small slice spreads over the blocks: 1000 bf16 elements at world 2 -> slices of 504,
+  // 504 / 16 blocks = 31.5 elements -> 64 bytes (4 vectors) per piece.
+  EXPECT_EQ(pipelined_piece_elements(1000, false, 2, 2, 16, limits), size_t(32));
+  // At least one vector, whatever the message.
+  EXPECT_EQ(pipelined_piece_elements(1, true, 4, 8, 160, limits), size_t(4));
+  // Whole vectors that fit: 4 MiB / (7 x 3) = 199728.76 bytes -> 199728.
+  EXPECT_EQ(pipelined_piece_elements(size_t(1) << 30, false, 4, 3, 7, limits), size_t(199728 / 4));
+  for (size_t count : {size_t(1), size_t(999), size_t(1) << 20, size_t(1) << 28})
+    for (int world : {2, 3, 8})
+      for (int blocks : {1, 5, 64, 160}) {
+        const size_t piece = pipelined_piece_elements(count, false, 2, world, blocks, limits);
+        EXPECT(piece * 2 % 16 == 0 && piece > 0);
+        EXPECT(piece * 2 * size_t(blocks) * size_t(world) <= limits.staging || piece * 2 == 16);
+      }
+}

@@ -9,7 +9,9 @@
 // operands (a chunked one-shot push gives way to the one-shot pull at 2 ranks, plan.cpp). Where
 // the two-shot would stage local operands at 2 ranks, the one-shot push or pull runs instead
 // (plan.cpp; 83 plans, every one an all-reduce at 2 ranks with local input and output, two_shot ->
-// one_shot or one_shot_push).
+// one_shot or one_shot_push). Local operands at 2 ranks from 8 MiB (all-reduce) and 16 MiB of
+// input (reduce-scatter), or where the plan would run in chunks, take the pipelined reductions
+// (plan.cpp; 155 plans, every one at 2 ranks with local input and output, no algorithm named).
 // The names renamed since are mapped back below (pinned_algo_name, pinned_kernel_name).
 //
 // The grid: sizes from 1 byte to 1 GiB (odd ones too), worlds 1, 2, 3, 4 and 8, every element
