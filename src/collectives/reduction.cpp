@@ -188,6 +188,10 @@ void launch_chunk(const PreparedReduction& p, CommunicatorState& st, uint32_t si
       return launch_all_reduce_two_shot_push(p.type, p.op, vector, a, blocks, stream);
     }
     case KernelId::kReducePipelined: {
+      // One kernel for the whole call: the kernel lays out a reduce-scatter's slices by `count`,
+      // and sizes its pieces for slots of staging_capacity() bytes in every one of the four areas.
+      if (n != p.count || ws.receive_half_bytes() * 2 != ws.staging_capacity())
+        SYMMEM_THROW(ErrorCode::kInternal, "reduce_pipelined: a chunk of the call or unequal workspace areas");
       ReducePipelinedArgs a{};
       a.in = c.in;
       a.out = c.out;

@@ -32,7 +32,7 @@
 //              after it.
 //
 // MEMORY (per rank, for a communicator whose symmem side exists; none before): the workspace
-// budget (SYMMEM_NCCL_WORKSPACE_MB, 16 MiB by default: four staging areas of 4 MiB), the
+// budget (SYMMEM_NCCL_WORKSPACE_MB, 64 MiB by default: four staging areas of 16 MiB), the
 // low-latency area (32 MiB), the control area (2 MiB), one host page per rank, and the registered
 // windows' mappings of the peers' memory (no copy). The heap reserves virtual address space only.
 //

@@ -200,17 +200,19 @@ constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 // Local operands (input and output) at 2 ranks: from these message sizes (an all-reduce's
 // message, a reduce-scatter's whole input), and wherever the plan would run in chunks, the
 // pipelined reductions, which stage nothing and run any size in one kernel through fixed slots.
-// Measured through libsymmem_nccl.so on 2 x H200 (nccl-tests, bf16 sum, processes, 128 blocks;
-// bench/results/h200x2/nccl_tests_pipelined_2.csv): with a 64 MiB workspace, all-reduce 8 MiB
-// 36.3 us against the one-shot push's 41.1 (NCCL 49.6), 64 MiB 209.3 against the one-shot pull's
-// 278.1 in chunks (NCCL 245.4); reduce-scatter 16 MiB 41.4 against the push's 56.3 (NCCL 52.7),
-// 8 MiB 25.7 against 22.0. With a 16 MiB workspace the chunked paths lose more (64 MiB
-// all-reduce 260.8 against 394.5). Not measured: other worlds (their plans stand), mixed operands.
+// Measured through libsymmem_nccl.so on 2 x H200 (nccl-tests, bf16 sum, processes, 97cbe1c,
+// bench/results/h200x2/nccl_tests_pipelined_2.csv, one run per setting, each algorithm named by
+// SYMMEM_ALGO), 64 MiB workspace, 128 blocks: all-reduce 8 MiB 35.5 us against the one-shot push's
+// 41.7 and the one-shot pull's 40.7 (NCCL 49.6), 64 MiB 209.8 against 327.1 and 277.6 (NCCL
+// 246.6); reduce-scatter 16 MiB 41.6 against the push's 44.3 (NCCL 53.0), 64 MiB 144.0 against
+// 174.4 (NCCL 166.8), while at 8 MiB the push's 21.0 beats it (25.8 at 160 blocks, 29.8 at 64).
+// With a 16 MiB workspace a 64 MiB all-reduce takes 262.7. Not measured: other worlds (their
+// plans stand), mixed operands.
 constexpr size_t kPipelinedAllReduceFromBytes = size_t(8) << 20;
 constexpr size_t kPipelinedReduceScatterFromBytes = size_t(16) << 20;
 
-// The pipelined reductions' blocks unless the caller or SYMMEM_BLOCKS names a count: the most
-// measured (more blocks, smaller pieces, more rounds in flight; 128 beat 64 and 160, same file).
+// The pipelined reductions' blocks unless the caller or SYMMEM_BLOCKS names a count (same file: a
+// 64 MiB all-reduce took 209.8 us at 128 blocks, 222.6 at 64 and 222.0 at 160).
 constexpr int kPipelinedBlocks = 128;
 
 }  // namespace

@@ -291,12 +291,14 @@ TEST(shared_gpu_random_calls_match_references) {
   }
 }
 
-// The pipelined reductions in many rounds: a 4 MiB workspace (1 MiB slot areas) and messages up
-// to 16 MiB, so every block goes through dozens of rounds and both slot parities, with forced
-// block counts from 1 (the most rounds) up, odd counts (short and empty last pieces, scalar
-// tails), misaligned local operands (the scalar kernel), in place, and other algorithms that
-// share the slot areas (two-shot push, one-shot push, two-shot through staging_out) drawn between
-// them, back to back without synchronisation.
+// The pipelined reductions in several rounds: the smallest workspace (4 MiB: four 2 MiB areas, the
+// heap's granule) and messages up to 16 MiB, half of the pipelined calls from 1 MiB, so that
+// blocks go through up to 8 rounds and both slot parities, with forced block counts from 1 up, odd
+// counts (short and empty last pieces, scalar tails), misaligned local operands (the scalar
+// kernel), in place, and drawn between them other calls that use the same areas: two-shot push
+// (push_slots), one-shot push (the receive area), two-shot and push all-gather (staging_out), pull
+// all-gather and the low-latency all-reduce of a misaligned input (staging_in), back to back
+// without synchronisation.
 TEST(shared_gpu_pipelined_reductions_in_many_rounds) {
   constexpr size_t kWorkspace = 4 * kMiB;
   for (int world : shared_gpu_worlds()) {
@@ -309,24 +311,34 @@ TEST(shared_gpu_pipelined_reductions_in_many_rounds) {
           auto pick = [&](int n) { return static_cast<int>(rng() % uint64_t(n)); };
           static const DataType types[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
                                            DataType::kInt32};
-          static const Algo neighbours[] = {Algo::kTwoShotPush, Algo::kOneShotPush, Algo::kTwoShot, Algo::kAuto};
+          static const Algo neighbours[] = {Algo::kTwoShotPush, Algo::kOneShotPush, Algo::kTwoShot,
+                                            Algo::kLowLatency,  Algo::kAuto};
           std::vector<Step> steps;
           while (steps.size() < calls) {
             Step s;
             s.collective = pick(2) ? Collective::kAllReduce : Collective::kReduceScatter;
-            s.algo = pick(4) ? Algo::kPipelined : neighbours[pick(4)];
+            const bool pipelined = pick(4) != 0;
+            s.algo = pipelined ? Algo::kPipelined : neighbours[pick(5)];
             s.type = types[pick(4)];
+            if (!pipelined && pick(3) == 0) {  // an all-gather through staging_in or staging_out
+              s.collective = Collective::kAllGather;
+              s.algo = pick(2) ? Algo::kPull : Algo::kPush;
+              s.type = DataType::kFloat16;
+            }
             const size_t elem = dtype_size(s.type);
-            // All-reduce up to 16 MiB; reduce-scatter up to 16 MiB of input over the world.
+            // All-reduce up to 16 MiB; reduce-scatter and all-gather up to 16 MiB over the world.
             const size_t most = (8 * kMaxRankBytes) / elem / (s.collective == Collective::kAllReduce ? 1 : world);
-            const double log_count = std::uniform_real_distribution<double>(0.0, std::log2(double(most)))(rng);
+            const double low = pipelined && pick(2) ? std::log2(double(kMiB / elem)) : 0.0;
+            const double log_count =
+                std::uniform_real_distribution<double>(std::min(low, std::log2(double(most))), std::log2(double(most)))(rng);
             s.count = std::max<size_t>(1, std::min(most, static_cast<size_t>(std::exp2(log_count)) + pick(7)));
             s.local = pick(3) != 0;
             s.in_place = pick(4) == 0;
             s.in_offset = pick(3) ? 0 : elem * (1 + pick(7));
             s.out_offset = pick(3) ? 0 : elem * (1 + pick(7));
-            if (s.in_offset + s.count * elem * (s.collective == Collective::kAllReduce ? 1 : world) > kOperandBytes ||
-                s.out_offset + s.count * elem > kOperandBytes)
+            const size_t in_elems = s.count * (s.collective == Collective::kReduceScatter ? world : 1);
+            const size_t out_elems = s.count * (s.collective == Collective::kAllGather ? world : 1);
+            if (s.in_offset + in_elems * elem > kOperandBytes || s.out_offset + out_elems * elem > kOperandBytes)
               continue;
             s.blocks = pick(2) ? 1 + pick(pick(2) ? 4 : 24) : 0;
             s.barrier_after = pick(16) == 0;
