@@ -31,6 +31,13 @@ mutants=(
   # max of floating types back to a comparison: NaN wins or loses depending on the rank
   # that holds it, where NCCL ignores it.
   "nan_by_rank|src/device/reduce.cuh|    if constexpr (std::is_floating_point_v<A>) return fmaxf(a, b);||max_min_ignore_nan|2 4"
+  # Pipelined reductions: a step that does not wait for its peers' signal reduces send slots the
+  # peers have not filled yet (and gathers results not yet there).
+  "pipe_no_wait|src/kernels/reduce_pipelined.cu|if (!device::wait_for_peers(s, epoch + step, kPhase)) return;|||pipelined|2 4"
+  # Pipelined reductions with one slot parity: the next round's stores overwrite slots a peer may
+  # still be reading. (At world 2 only one rank's results went wrong in the run that caught it at 4,
+  # and the run ended at its time limit: world 4 alone.)
+  "pipe_one_parity|src/kernels/reduce_pipelined.cu|areas[t & 1u][owner]|areas[0][owner]||pipelined|4"
   # Variable all-to-all: the last block never clears the headers, so the call two counted calls
   # later may read the old call's splits (same signature) before its own arrive.
   "a2a_headers_kept|src/kernels/all_to_all_variable.cu|i < s.world * header; i += blockDim.x)|i < 0; i += blockDim.x)|all_to_all_back_to_back|2 4|symmem_shared_gpu_moe_tests"
