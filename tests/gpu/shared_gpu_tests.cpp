@@ -258,6 +258,29 @@ void expect_no_mismatches(const std::vector<Step>& steps, const std::vector<unsi
                   std::to_string(steps.size()) + " calls wrong" + report);
 }
 
+// Runs `steps` on r, back to back, and fails naming the calls that went wrong. Synchronised every
+// shared_gpu_window(world, 3) calls (a poisoning, the call, its check: three launches each): the
+// ranks share one CUDA context, whose launch queue a rank far ahead can fill with work that waits
+// for a rank behind it, which then cannot launch (seen at world 8 without the windows; separate
+// processes have separate queues). A failure also names the calls it happened among.
+void run_steps_checked(const std::vector<Step>& steps, Rank& r, int max_blocks, const std::string& what) {
+  Counters counters(steps.size(), r.stream);
+  const size_t window = size_t(shared_gpu_window(r.world, 3));
+  for (size_t begin = 0; begin < steps.size(); begin += window) {
+    const size_t end = std::min(steps.size(), begin + window);
+    for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, max_blocks, counters.at(i));
+    try {
+      r.comm->synchronize(r.stream);
+    } catch (const Error& e) {
+      std::string calls;
+      for (size_t i = begin; i < end; ++i) calls += "\n  call " + std::to_string(i) + ": " + describe(steps[i]);
+      throw Failure(std::string(e.what()) + "\n among calls " + std::to_string(begin) + ".." +
+                    std::to_string(end - 1) + calls);
+    }
+  }
+  expect_no_mismatches(steps, counters.read(r.stream), r, what);
+}
+
 // Thousands of back-to-back calls per world: every collective and algorithm, sizes from 1 byte
 // to 2 MiB per rank, every type, heap and local operands, in place or not, odd offsets, forced
 // block counts, barriers in between, all checked exactly on the device.
@@ -267,26 +290,7 @@ TEST(shared_gpu_random_calls_match_references) {
     const size_t calls = world >= 8 ? 600 : 1200;
     run_ranks(world, [&](Rank& r) {
       const std::vector<Step> steps = draw_steps(calls, 0x5EED0000ull + world, r, max_blocks);
-      Counters counters(steps.size(), r.stream);
-      // Synchronised every shared_gpu_window(world, 3) calls (a poisoning, the call, its check: three
-      // launches each): the ranks share one CUDA context, whose launch queue a rank far ahead can
-      // fill with work that waits for a rank behind it, which then cannot launch (seen at world 8
-      // without the windows; separate processes have separate queues).
-      // A failure also names the calls it happened among.
-      const size_t window = size_t(shared_gpu_window(world, 3));
-      for (size_t begin = 0; begin < steps.size(); begin += window) {
-        const size_t end = std::min(steps.size(), begin + window);
-        for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, max_blocks, counters.at(i));
-        try {
-          r.comm->synchronize(r.stream);
-        } catch (const Error& e) {
-          std::string calls;
-          for (size_t i = begin; i < end; ++i) calls += "\n  call " + std::to_string(i) + ": " + describe(steps[i]);
-          throw Failure(std::string(e.what()) + "\n among calls " + std::to_string(begin) + ".." +
-                        std::to_string(end - 1) + calls);
-        }
-      }
-      expect_no_mismatches(steps, counters.read(r.stream), r, "random calls");
+      run_steps_checked(steps, r, max_blocks, "random calls");
     });
   }
 }
@@ -345,21 +349,7 @@ TEST(shared_gpu_pipelined_reductions_in_many_rounds) {
             if (!plannable(s, r, max_blocks)) continue;
             steps.push_back(s);
           }
-          Counters counters(steps.size(), r.stream);
-          const size_t window = size_t(shared_gpu_window(world, 3));
-          for (size_t begin = 0; begin < steps.size(); begin += window) {
-            const size_t end = std::min(steps.size(), begin + window);
-            for (size_t i = begin; i < end; ++i) run_step(steps[i], r, i, max_blocks, counters.at(i));
-            try {
-              r.comm->synchronize(r.stream);
-            } catch (const Error& e) {
-              std::string list;
-              for (size_t i = begin; i < end; ++i) list += "\n  call " + std::to_string(i) + ": " + describe(steps[i]);
-              throw Failure(std::string(e.what()) + "\n among calls " + std::to_string(begin) + ".." +
-                            std::to_string(end - 1) + list);
-            }
-          }
-          expect_no_mismatches(steps, counters.read(r.stream), r, "pipelined reductions");
+          run_steps_checked(steps, r, max_blocks, "pipelined reductions");
         },
         60000, kWorkspace);
   }
