@@ -42,7 +42,7 @@ std::string nccl_mode();
 // SYMMEM_NCCL_INIT (default lazy): "lazy" makes a communicator's symmem side at its first served
 // call (or window registration); "eager" when the NCCL communicator is made.
 std::string nccl_init();
-// SYMMEM_NCCL_WORKSPACE_MB (default 16): the workspace budget of each symmem communicator the shim
+// SYMMEM_NCCL_WORKSPACE_MB (default 64): the workspace budget of each symmem communicator the shim
 // makes (CommConfig::workspace_bytes).
 size_t nccl_workspace_bytes();
 // SYMMEM_NCCL_TIMEOUT_MS (default 600000, PyTorch's collective timeout): the deadline of the shim's

@@ -14,11 +14,10 @@
 //   step s = 0 .. T: wait for every peer's signal s; gather(s - 1); reduce(s); send(s + 1);
 //                    signal s + 1 (s < T)
 // so that a block meets its peers once per round, with the next round's stores sent before.
-// (Measured on 2 x H200 against a variant with four parities that waits for the signal of two
-// steps before, so that the wait overlaps a step of work: at the same workspace its pieces are
-// half as large, and it was the slower, 296 against 261 us for a 64 MiB all-reduce at 128 blocks
-// and a 16 MiB workspace. What a step costs beyond its data is the system-scope release that
-// publishes its stores, which waits for them to land, so larger pieces are what pays.)
+// (A variant with four parities that waited for the signal of two steps before, so that the wait
+// overlapped a step of work, was the slower in a probe on 2 x H200 (not kept): at the same
+// workspace its pieces are half as large. What a step costs beyond its data is the system-scope
+// release that publishes its stores, which waits for them to land, so larger pieces are what pays.)
 //
 // Why two parities suffice, with no credit beyond the signals:
 //   send(s + 1) overwrites rank o's send slot of round s - 1: it follows the wait for o's signal
@@ -57,7 +56,7 @@ namespace {
 constexpr int kPhase = 0;
 // Half the other kernels' blocks: a block keeps pointers to every peer's slots of both parities
 // and a reduction's loads of every rank in registers, which at 512 threads (128 registers each)
-// spilled about 1.4 KB per thread in the vector kernels.
+// spilled about 1.4 KB per thread in the vector kernels (ptxas, nvcc 13.0).
 constexpr int kPipelinedThreads = 256;
 
 template <typename T, int kOp, bool kVector>

@@ -201,13 +201,13 @@ constexpr size_t kChunkedPushLosesBelowBytes = size_t(32) << 20;
 // message, a reduce-scatter's whole input), and wherever the plan would run in chunks, the
 // pipelined reductions, which stage nothing and run any size in one kernel through fixed slots.
 // Measured through libsymmem_nccl.so on 2 x H200 (nccl-tests, bf16 sum, processes, 97cbe1c,
-// bench/results/h200x2/nccl_tests_pipelined_2.csv, one run per setting, each algorithm named by
+// bench/results/h200x2/nccl_tests_pipelined_2.csv, one run per setting, the others named by
 // SYMMEM_ALGO), 64 MiB workspace, 128 blocks: all-reduce 8 MiB 35.5 us against the one-shot push's
 // 41.7 and the one-shot pull's 40.7 (NCCL 49.6), 64 MiB 209.8 against 327.1 and 277.6 (NCCL
 // 246.6); reduce-scatter 16 MiB 41.6 against the push's 44.3 (NCCL 53.0), 64 MiB 144.0 against
-// 174.4 (NCCL 166.8), while at 8 MiB the push's 21.0 beats it (25.8 at 160 blocks, 29.8 at 64).
-// With a 16 MiB workspace a 64 MiB all-reduce takes 262.7. Not measured: other worlds (their
-// plans stand), mixed operands.
+// 174.4 (NCCL 166.8), while at 8 MiB the default plan there (the push) took 21.0 against its 25.8
+// at 160 blocks and 29.8 at 64. With a 16 MiB workspace a 64 MiB all-reduce takes 262.7 (NCCL
+// 247.1 in that run). Not measured: other worlds (their plans stand), mixed operands.
 constexpr size_t kPipelinedAllReduceFromBytes = size_t(8) << 20;
 constexpr size_t kPipelinedReduceScatterFromBytes = size_t(16) << 20;
 
