@@ -219,14 +219,18 @@ constexpr int kPipelinedBlocks = 128;
 
 namespace {
 
+// Only a plan the table or the built-in rule chose is revisited; an algorithm the caller or
+// SYMMEM_ALGO named (and that runs) stands. Every input here is agreed, so every rank revisits alike.
+bool named_by_caller(const ReduceRequest& r, const ReducePlan& plan) {
+  const Collective collective = r.reduce_scatter ? Collective::kReduceScatter : Collective::kAllReduce;
+  const Algorithm* forced = named_row(collective, r.forced);
+  return r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo);
+}
+
 // plan_reduce without the pipelined rule.
 ReducePlan plan_reduce_staged(const ReduceRequest& r, const TuningTable& table) {
   ReducePlan plan = plan_reduce_as_asked(r, table);
-  // Only a plan the table or the built-in rule chose is revisited; an algorithm the caller or
-  // SYMMEM_ALGO named (and that runs) stands. Every input here is agreed, so every rank revisits alike.
-  const Collective collective = r.reduce_scatter ? Collective::kReduceScatter : Collective::kAllReduce;
-  const Algorithm* forced = named_row(collective, r.forced);
-  if (r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo)) return plan;
+  if (named_by_caller(r, plan)) return plan;
   const bool push = plan.receive_area || plan.kernel == KernelId::kAllReduceTwoShotPush;
   // A chunk's share of the message: a reduce-scatter chunk covers chunk_elements of every rank's slice.
   const size_t chunk_bytes = plan.chunk_elements * r.elem_bytes * (r.reduce_scatter ? size_t(r.world) : 1);
@@ -270,10 +274,7 @@ ReducePlan plan_reduce_staged(const ReduceRequest& r, const TuningTable& table) 
 
 ReducePlan plan_reduce(const ReduceRequest& r, const TuningTable& table) {
   const ReducePlan plan = plan_reduce_staged(r, table);
-  // As above, only a plan the table or the built-in rule chose is revisited.
-  const Collective collective = r.reduce_scatter ? Collective::kReduceScatter : Collective::kAllReduce;
-  const Algorithm* forced = named_row(collective, r.forced);
-  if (r.options.algo != Algo::kAuto || (forced && forced->algo == plan.algo)) return plan;
+  if (named_by_caller(r, plan)) return plan;
   if (r.world != 2 || r.in_symmetric || r.out_symmetric) return plan;
   const size_t message = r.count * r.elem_bytes * (r.reduce_scatter ? size_t(r.world) : 1);
   const size_t from = r.reduce_scatter ? kPipelinedReduceScatterFromBytes : kPipelinedAllReduceFromBytes;
