@@ -32,7 +32,8 @@
 # Settings: BUNDLE (default .device/bundle.tar.xz, or a build-bundle/ folder), BUDGET_S, OUT,
 # GPU_RUN_WORK (default /tmp/symmem-gpu-run, kept between runs of a warm machine), and per step
 # below (SHARED_WORLDS; SHARED_FILTER: only the cases of shared_gpu_tests whose name holds it;
-# FSDP_STEPS; MOE_AB_ARGS, FUSED_ARGS: more arguments of moe_ab's and fused_b_transposed's benches; ...). DRY_RUN=1 prints each step's command instead of running it.
+# FSDP_STEPS; MOE_AB_ARGS, MOE_PATHS_ARGS, FUSED_ARGS: more arguments of moe_ab's, moe_combine_paths' and
+# fused_b_transposed's benches; ...). DRY_RUN=1 prints each step's command instead of running it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -436,7 +437,8 @@ run_step() {
       for path in registers bulk; do
         (export SYMMEM_MOE_COMBINE=$path
           torchbench "moe_combine_${path}_$n" 150 moe "moe_$n" --reps 5 \
-            --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs)
+            --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs \
+            ${MOE_PATHS_ARGS:-})
       done ;;
     moe_ab) ab_merged moe_ab moe --reps 5 --impls "${MOE_AB_IMPLS:-symmem_expert_major,symmem_rank_major,vllm_ag_rs}" \
       ${MOE_AB_ARGS:-} ;;

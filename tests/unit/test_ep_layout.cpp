@@ -282,11 +282,13 @@ TEST(ep_geometry_states_memory_and_rejects_bad_configs) {
   EXPECT_ERROR(ep_geometry(bad, 8), ErrorCode::kInvalidArgument, "max_tokens_per_rank");
 }
 
-// The combine's pull (plan/moe_combine_path.hpp): forced either way, or by the context's largest call
-// at the 1 MiB line (decode-1 of DeepSeek-V3 on registers, decode-128 and prefill in bulk).
+// The combine's pull (plan/moe_combine_path.hpp): forced either way, or for rank-major by the
+// context's largest call at the 1 MiB line (decode-1 of DeepSeek-V3 on registers, decode-128 and
+// prefill in bulk); expert-major on registers at every size.
 TEST(moe_combine_path_follows_the_contexts_largest_call) {
   EpGeometry g;
   g.hidden = 7168;
+  g.expert_major = false;
   auto bulk = [&](int tokens, int sources, MoeCombinePath forced) {
     g.max_tokens = tokens;
     return moe_combine_uses_bulk(g, sources, forced);
@@ -300,4 +302,9 @@ TEST(moe_combine_path_follows_the_contexts_largest_call) {
   EXPECT(!bulk(4095, 1, MoeCombinePath::kAuto));
   EXPECT(bulk(1, 2, MoeCombinePath::kBulk));
   EXPECT(!bulk(4096, 8, MoeCombinePath::kRegisters));
+  g.expert_major = true;
+  g.hidden = 7168;
+  EXPECT(!bulk(128, 8, MoeCombinePath::kAuto));  // 14 MiB of rows: still registers
+  EXPECT(!bulk(4096, 8, MoeCombinePath::kAuto));
+  EXPECT(bulk(128, 8, MoeCombinePath::kBulk));
 }
