@@ -67,8 +67,8 @@ struct EpConfig {
   int max_received_rows = 0;
   // SMs (thread blocks) dispatch and combine may use (DeepEP's default 24, vLLM's 20). 32: on
   // 2 x H200, from graphs (bench/results/h200x2/moe_sm_budget_2.csv), rank-major prefill-4096
-  // combine took 184 us on 32 blocks, 217 on 24, fp8 dispatch 153 and 182; expert-major decode-128
-  // combine 38 and 49; rank-major decode the same (prefill measured rank-major only).
+  // combine took 184 us on 32 blocks, 217 on 24, fp8 dispatch 153 and 183; expert-major decode-128
+  // combine 30 and 35; rank-major decode 13.6 and 14.0 (prefill measured rank-major only).
   int max_blocks = 32;
 };
 
