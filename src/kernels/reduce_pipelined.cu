@@ -90,18 +90,23 @@ __global__ void __launch_bounds__(kPipelinedThreads) reduce_pipelined(ReducePipe
   T* out = static_cast<T*>(a.out);
   const device::Threads threads = device::block_threads();
 
-  auto send = [&](uint32_t t) {
+  // Round t's piece of every peer, next rank first: from src_of(peer) to dst_of(peer).
+  auto scatter_peers = [&](uint32_t t, auto src_of, auto dst_of) {
     const T* src[kMaxWorld];
     T* dst[kMaxWorld];
     size_t n[kMaxWorld];
 #pragma unroll
     for (int k = 0; k < kMaxWorld; ++k) {
       const int o = (rank + 1 + k) % world;
-      src[k] = in + in_begin(o) + first(t);
-      dst[k] = send_slot(o, t, rank);
+      src[k] = src_of(o);
+      dst[k] = dst_of(o);
       n[k] = k < world - 1 ? part(o, t) : 0;
     }
     device::scatter<T, kVector>(threads, src, dst, n, world - 1);
+  };
+  // Send: this rank's input for each peer, into its send slot there.
+  auto send = [&](uint32_t t) {
+    scatter_peers(t, [&](int o) { return in + in_begin(o) + first(t); }, [&](int o) { return send_slot(o, t, rank); });
   };
   auto reduce = [&](uint32_t t) {
     const T* src[kMaxWorld];
@@ -115,18 +120,9 @@ __global__ void __launch_bounds__(kPipelinedThreads) reduce_pipelined(ReducePipe
     }
     device::reduce_range<T, kOp, kVector>(threads, src, world, dst, a.gather ? world : 1, part(rank, t));
   };
+  // Gather: each peer's reduced piece, from its result slot here into the output.
   auto gather = [&](uint32_t t) {
-    const T* src[kMaxWorld];
-    T* dst[kMaxWorld];
-    size_t n[kMaxWorld];
-#pragma unroll
-    for (int k = 0; k < kMaxWorld; ++k) {
-      const int o = (rank + 1 + k) % world;
-      src[k] = result_slot(rank, t, o);
-      dst[k] = out + out_begin(o) + first(t);
-      n[k] = k < world - 1 ? part(o, t) : 0;
-    }
-    device::scatter<T, kVector>(threads, src, dst, n, world - 1);
+    scatter_peers(t, [&](int o) { return result_slot(rank, t, o); }, [&](int o) { return out + out_begin(o) + first(t); });
   };
 
   send(0);
