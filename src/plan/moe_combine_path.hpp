@@ -12,19 +12,22 @@ namespace symmem::detail {
 
 enum class MoeCombinePath { kAuto = 0, kBulk = 1, kRegisters = 2 };
 
-// Chosen once per context from its layout and capacity (max_tokens), not per call: a context sized
-// for prefill takes bulk for its small calls too. Measured on 2 x H200 at 24, 32 and 48 blocks, two
-// runs (bench/results/h200x2/moe_combine_registers_2.csv against moe_combine_bulk_2.csv, 408f8e3),
-// from graphs: rank-major, bulk was faster at decode-128 (13.6-13.8 against 15.4-15.8 us at 32
-// blocks) and prefill-4096 (184 against 246 at 32, 217 against 310 at 24; at 48 registers led,
-// 188 against 199), registers at one token (7.6-7.9 against 8.1-8.2); expert-major, registers at
-// decode-128 (31.4-31.7 against 37.4 at 32 blocks, 35.7 against 48.2 at 24, level at 48) and level
-// at one token. `sources`: the rows a token sums (top-k for expert-major, the world for rank-major).
+// Chosen once per context from its layout and capacity (max_tokens), not per call: a rank-major
+// context sized for prefill takes bulk for its small calls too. Measured on 2 x H200 at 24, 32 and
+// 48 blocks, two runs (bench/results/h200x2/moe_combine_registers_2.csv against moe_combine_bulk_2.csv,
+// 408f8e3), from graphs: rank-major, bulk was faster at decode-128 (13.6-13.8 against 15.4-15.8 us
+// at 32 blocks) and prefill-4096 (184 against 246 at 32, 217 against 310 at 24; at 48 registers
+// led, 188 against 199), registers at one token (7.6-7.9 against 8.1-8.2 at 32); expert-major,
+// registers at decode-128 (31.4-31.7 against 37.4 at 32 blocks, 35.7 against 48.2 at 24, level at
+// 48) and level at one token. Expert-major was measured up to decode-128 of DeepSeek-V3 (14 MiB of
+// rows); larger expert-major contexts keep the bulk pull, which the rank-major prefill favours.
+// `sources`: the rows a token sums (top-k for expert-major, the world for rank-major).
 inline bool moe_combine_uses_bulk(const EpGeometry& g, int sources, MoeCombinePath forced) {
   if (forced != MoeCombinePath::kAuto) return forced == MoeCombinePath::kBulk;
-  if (g.expert_major) return false;
   constexpr size_t kBulkMinBytes = size_t(1) << 20;
-  return size_t(g.max_tokens) * size_t(sources) * size_t(g.hidden) * 2 >= kBulkMinBytes;
+  constexpr size_t kExpertMajorRegistersMaxBytes = size_t(16) << 20;
+  const size_t bytes = size_t(g.max_tokens) * size_t(sources) * size_t(g.hidden) * 2;
+  return g.expert_major ? bytes > kExpertMajorRegistersMaxBytes : bytes >= kBulkMinBytes;
 }
 
 }  // namespace symmem::detail

@@ -284,7 +284,7 @@ TEST(ep_geometry_states_memory_and_rejects_bad_configs) {
 
 // The combine's pull (plan/moe_combine_path.hpp): forced either way, or for rank-major by the
 // context's largest call at the 1 MiB line (decode-1 of DeepSeek-V3 on registers, decode-128 and
-// prefill in bulk); expert-major on registers at every size.
+// prefill in bulk); expert-major on registers up to 16 MiB of rows (decode-128), bulk beyond.
 TEST(moe_combine_path_follows_the_contexts_largest_call) {
   EpGeometry g;
   g.hidden = 7168;
@@ -304,7 +304,10 @@ TEST(moe_combine_path_follows_the_contexts_largest_call) {
   EXPECT(!bulk(4096, 8, MoeCombinePath::kRegisters));
   g.expert_major = true;
   g.hidden = 7168;
+  EXPECT(!bulk(1, 8, MoeCombinePath::kAuto));
   EXPECT(!bulk(128, 8, MoeCombinePath::kAuto));  // 14 MiB of rows: still registers
-  EXPECT(!bulk(4096, 8, MoeCombinePath::kAuto));
+  EXPECT(!bulk(146, 8, MoeCombinePath::kAuto));  // 15.97 MiB
+  EXPECT(bulk(147, 8, MoeCombinePath::kAuto));   // 16.08 MiB: not measured, bulk as before
+  EXPECT(bulk(4096, 8, MoeCombinePath::kAuto));
   EXPECT(bulk(128, 8, MoeCombinePath::kBulk));
 }
