@@ -80,6 +80,7 @@ fused_b_transposed         the fused ops with B = W.t() (column-major, read in p
 all_gather_matmul_triton   the Triton all-gather + matmul example against the CUDA op
 triton_gemm_vs_mm          the Triton example'"'"'s GEMM against torch.mm at world 1
 torch_collectives          symmem.bench.torch: the drop-ins against NCCL and torch symm_mem (Triton row too)
+torch_local_all_reduce     symmem.bench.torch: TPAllReduce on plain tensors of 8-128 MiB against NCCL
 torch_overhead             symmem.bench.overhead: host cost per call of each layer
 skew                       symmem.bench.skew: what a late rank costs an all-reduce beyond its lateness, NCCL against symmem
 skew_ab                    skew with this bundle and an older library alternating (bundle.sh OLD_CAPI), merged with one figure
@@ -460,6 +461,9 @@ run_step() {
       --csv "$L/triton_gemm_vs_mm_1.csv" --commit "$SYMMEM_COMMIT" --dtype float16
       keep "$L/triton_gemm_vs_mm_1.csv" triton_gemm_vs_mm_1 ;;
     torch_collectives) torchbench "torch_collectives_$n" 240 torch "torch_bench_$n" --triton ;;
+    torch_local_all_reduce)  # TPAllReduce on plain tensors, 8-128 MiB (the planner's local-operand rules) against NCCL
+      torchbench "torch_local_all_reduce_$n" 240 torch "torch_bench_$n" --ops all_reduce \
+        --tokens 512 1024 2048 4096 8192 --no-symm-mem --reps 9 ;;
     skew) torchbench "skew_$n" 200 skew "skew_$n" ;;
     skew_ab) ab_merged skew_ab skew --stem "skew_$n" ;;
     torch_overhead) step "torch_overhead_$n" 90 python3 -m torch.distributed.run --nproc-per-node "$n" -m symmem.bench.overhead ;;
