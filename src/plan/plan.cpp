@@ -420,10 +420,11 @@ size_t reduce_chunk_elements(const ReducePlan& plan, bool reduce_scatter, size_t
 
 size_t pipelined_piece_elements(size_t count, bool reduce_scatter, size_t elem_bytes, int world, int blocks,
                                 const WorkspaceLimits& limits) {
-  const size_t slots = size_t(std::max(1, blocks)) * size_t(std::max(1, world));
+  const size_t grid = size_t(std::max(1, blocks));
+  const size_t slots = grid * size_t(std::max(1, world));
   const size_t fits = std::max<size_t>(16, std::min(limits.staging, size_t(1) << 40) / slots / 16 * 16);
   const size_t slice = reduce_scatter ? count : two_shot_slice(count, world, elem_bytes);
-  const size_t spread = (slice * elem_bytes + size_t(std::max(1, blocks)) - 1) / size_t(std::max(1, blocks));
+  const size_t spread = (slice * elem_bytes + grid - 1) / grid;
   const size_t bytes = std::min(fits, std::max<size_t>(16, (spread + 15) / 16 * 16));
   return bytes / elem_bytes;
 }
