@@ -47,7 +47,7 @@ torch_tests_a              the same, first half: every file but those of the sec
 torch_tests_b              the same, second half: MoE, torch, Triton, nodes
 torch_tests_simulated_nodes  symmem.torch across simulated nodes (SYMMEM_NODE_SIZE)
 shared_gpu_tests           C++ multi-rank protocols, ranks as threads on one GPU (SHARED_WORLDS, default 2 3 4 8)
-shared_gpu_moe_tests       all-to-all and MoE on one GPU, both combine paths (SHARED_WORLDS)
+shared_gpu_moe_tests       all-to-all and MoE on one GPU, every combine path (SHARED_WORLDS)
 shared_gpu_shim_tests      libsymmem_nccl.so served on one GPU behind a stand-in NCCL (SHARED_WORLDS)
 shared_gpu_nccl_tests      nccl-tests'"'"' data checks through libsymmem_nccl.so, processes on one GPU (SHARED_WORLDS)
 shared_gpu_torch_tests     the symmem.torch GPU suite with every rank on one GPU, NCCL a stand-in moving data on the host (SHARED_WORLDS)
@@ -72,7 +72,7 @@ all_to_all_blocks          all_to_all 256 KiB-64 MiB, push and pull: uniform ove
 all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against torch and NCCL
 moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
 moe_sm_budget              decode-128 (both layouts) and prefill-4096 (rank-major) at 24-132 blocks
-moe_combine_paths          the combine forced to each path (SYMMEM_MOE_COMBINE=registers, bulk)
+moe_combine_paths          the combine forced to each path (SYMMEM_MOE_COMBINE=registers, bulk, reduced)
 moe_ab                     moe with this bundle and an older library alternating (bundle.sh OLD_CAPI), merged with one figure
 overlap                    symmem-bench overlap: GEMM + in-place all-gather on two streams
 fused                      symmem.bench.all_gather_matmul: all_gather_matmul and matmul_reduce_scatter
@@ -297,6 +297,8 @@ run_step() {
           SYMMEM_MOE_COMBINE=registers "$B/symmem_shared_gpu_moe_tests"
         test_step "shared_gpu_moe_tests_bulk_${w}_ranks" 120 env SYMMEM_SHARED_GPU_WORLDS="$w" \
           CUDA_DEVICE_MAX_CONNECTIONS=32 SYMMEM_MOE_COMBINE=bulk "$B/symmem_shared_gpu_moe_tests" moe_
+        test_step "shared_gpu_moe_tests_reduced_${w}_ranks" 120 env SYMMEM_SHARED_GPU_WORLDS="$w" \
+          CUDA_DEVICE_MAX_CONNECTIONS=32 SYMMEM_MOE_COMBINE=reduced "$B/symmem_shared_gpu_moe_tests" moe_
       done ;;
     shared_gpu_shim_tests)
       for w in ${SHARED_WORLDS:-2 3 4 8}; do
@@ -435,7 +437,7 @@ run_step() {
     moe_sm_budget) torchbench "moe_sm_budget_$n" 200 moe "moe_$n" --reps 5 --shapes decode_128,prefill_4096 \
       --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks 32,24,40,48,96,132 ;;
     moe_combine_paths)  # one run per path, each with its reference rows
-      for path in registers bulk; do
+      for path in registers bulk reduced; do
         (export SYMMEM_MOE_COMBINE=$path
           torchbench "moe_combine_${path}_$n" 150 moe "moe_$n" --reps 5 \
             --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs \

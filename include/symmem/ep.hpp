@@ -73,7 +73,9 @@ struct EpConfig {
 };
 
 // What a context allocates, before it does: symmetric heap bytes per rank (receive rows and
-// combine input, in the communicator's heap) and local device bytes (routing scratch).
+// combine input, in the communicator's heap) and local device bytes (routing scratch). ep_memory
+// counts the combine the planner picks; SYMMEM_MOE_COMBINE=reduced adds its partial rows to an
+// expert-major context (docs/moe.md), EpContext::memory() counts what was allocated.
 struct EpMemory {
   size_t heap_bytes = 0;
   size_t local_bytes = 0;

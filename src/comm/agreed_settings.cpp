@@ -79,10 +79,11 @@ const AgreedSetting kAgreedSettings[] = {
   {"SYMMEM_MOE_COMBINE", nullptr,
    [](const char* v, const Sources&, S& s) {
      const std::string path = env::get_string(v, "auto");
-     if (path != "auto" && path != "bulk" && path != "registers")
-       throw not_taken(v, path, "is none of auto, bulk, registers");
+     if (path != "auto" && path != "bulk" && path != "registers" && path != "reduced")
+       throw not_taken(v, path, "is none of auto, bulk, registers, reduced");
      s.moe_combine_path = int(path == "bulk"        ? MoeCombinePath::kBulk
                               : path == "registers" ? MoeCombinePath::kRegisters
+                              : path == "reduced"   ? MoeCombinePath::kReduced
                                                     : MoeCombinePath::kAuto);
    },
    same<&S::moe_combine_path>, number<&S::moe_combine_path>},

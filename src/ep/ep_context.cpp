@@ -47,7 +47,7 @@ struct EpContext::State {
   int blocks = 1;
   uint64_t shape_hash = 0;  // the geometry every rank agreed on (the signatures cover it)
   std::string dispatch_text, combine_text;
-  bool combine_bulk = false;  // plan/moe_combine_path.hpp
+  detail::MoeCombinePath combine_path = detail::MoeCombinePath::kRegisters;  // plan/moe_combine_path.hpp
   // Rows of the last dispatch's tokens that combine writes (and reads weights for): its host
   // count (capped at T), or T with a count on the device. 0 before the first dispatch.
   size_t dispatched_rows = 0;
@@ -103,7 +103,7 @@ void agree_on_config(const EpConfig& mine, detail::CommunicatorState& st) {
 uint64_t shape_hash_of(const detail::EpGeometry& g) {
   detail::Fnv1a h;
   h.value(g.world).value(g.experts).value(g.topk).value(g.hidden).value(g.max_tokens).value(g.expert_major);
-  h.value(g.fp8).value(g.rows_per_expert).value(g.rows);
+  h.value(g.fp8).value(g.rows_per_expert).value(g.rows).value(g.combine_reduced);
   return h.digest() | 1u;
 }
 
@@ -124,6 +124,7 @@ std::string describe_call(const char* op, const EpConfig& c, const detail::EpGeo
                   ", experts=" + std::to_string(g.experts) + ", topk=" + std::to_string(g.topk) +
                   ", hidden=" + std::to_string(g.hidden) + ", max_tokens=" + std::to_string(g.max_tokens);
   s += g.expert_major ? ", rows_per_expert=" + std::to_string(g.rows_per_expert) : ", rows=" + std::to_string(g.rows);
+  if (g.combine_reduced) s += ", reduced by the experts' ranks";
   return s + ", blocks=" + std::to_string(blocks) + ")";
 }
 
@@ -149,10 +150,12 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.comm = &comm;
   s.st = &st;
   s.config = config;
-  s.g = detail::ep_geometry(config, st.world);  // the same verdict on every rank (the same config)
+  // The same verdict on every rank (the same config, the agreed SYMMEM_MOE_COMBINE).
+  const auto forced = detail::MoeCombinePath(st.settings.moe_combine_path);
+  s.g = detail::ep_geometry(config, st.world, forced);
   s.blocks = detail::clamp_blocks(config.max_blocks, st.sm_count, config.max_blocks);
   s.dispatch = comm.allocate(std::max<size_t>(s.g.dispatch_bytes, 256));
-  s.combine = comm.allocate(std::max<size_t>(s.g.combine_bytes, 256));
+  s.combine = comm.allocate(std::max<size_t>(s.g.combine_heap_bytes, 256));
   const detail::EpScratchOffsets o = detail::ep_scratch_offsets(s.g);
   SYMMEM_CUDA_CHECK(cudaMalloc(&s.scratch_memory, o.total));
   SYMMEM_CUDA_CHECK(cudaMemset(s.scratch_memory, 0, o.total));
@@ -171,11 +174,18 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.scratch.num_tokens = reinterpret_cast<int32_t*>(base + o.num_tokens);
   s.scratch.go = reinterpret_cast<uint32_t*>(base + o.go);
   s.scratch.counts = reinterpret_cast<uint32_t*>(base + o.counts);
+  if (s.g.combine_reduced) {  // the routes where the peers' combines read them
+    char* heap = static_cast<char*>(s.combine->ptr());
+    s.scratch.route_rank = reinterpret_cast<int32_t*>(heap + s.g.route_rank_offset);
+    s.scratch.route_row = reinterpret_cast<int32_t*>(heap + s.g.route_row_offset);
+  }
   s.shape_hash = shape_hash_of(s.g);
   s.dispatch_text = describe_call("moe_dispatch", config, s.g, s.blocks);
   s.combine_text = describe_call("moe_combine", config, s.g, s.blocks);
-  s.combine_bulk = detail::moe_combine_uses_bulk(s.g, s.g.expert_major ? s.g.topk : st.world,
-                                                 detail::MoeCombinePath(st.settings.moe_combine_path));
+  s.combine_path = s.g.combine_reduced ? detail::MoeCombinePath::kReduced
+                   : detail::moe_combine_uses_bulk(s.g, s.g.expert_major ? s.g.topk : st.world, forced)
+                       ? detail::MoeCombinePath::kBulk
+                       : detail::MoeCombinePath::kRegisters;
   return std::unique_ptr<EpContext>(new EpContext(std::move(state)));
 }
 
@@ -326,7 +336,10 @@ void EpContext::combine(const EpCombineArgs& args, cudaStream_t stream) {
   a.weights_applied = args.weights_applied;
   a.lines = st.workspaces->low_latency_lines();
   a.sync = st.sync_args(detail::kOpMoeCombine, signature);
-  detail::launch_moe_combine(a, s.blocks, s.combine_bulk, stream);
+  if (s.combine_path == detail::MoeCombinePath::kReduced)
+    detail::launch_moe_combine_reduced(a, s.blocks, stream);
+  else
+    detail::launch_moe_combine(a, s.blocks, s.combine_path == detail::MoeCombinePath::kBulk, stream);
 }
 
 void EpContext::close(bool memory_lent) {

@@ -13,7 +13,8 @@
 //   push (max_blocks blocks): a warp per pair computes the pair's slot, stores the token's row
 //     (and scales, and for kRankMajor its ids and weights) into the receiving rank's area, and
 //     keeps the route for combine; one barrier at the end (every row arrived when it finishes).
-// Combine, one kernel (plus a copy of the expert outputs into the combine area when they are
+// Combine, one kernel (the expert-major layout may instead reduce on the experts' side:
+// kernels/moe_combine_reduced.cu) (plus a copy of the expert outputs into the combine area when they are
 // elsewhere): each block exchanges one low-latency line with the same block of every peer (the
 // entry barrier: every peer's expert outputs are written, and a peer in another call shows a
 // foreign signature), then the block pulls the token's rows from the peers' combine areas (per token
@@ -97,5 +98,7 @@ void launch_moe_dispatch_push(const MoeDispatchArgs& args, int blocks, cudaStrea
 void launch_moe_combine_stage(const MoeStageArgs& args, int blocks, cudaStream_t stream);
 // bulk: the shared-memory pull (plan/moe_combine_path.hpp), else the register pull.
 void launch_moe_combine(const MoeCombineArgs& args, int blocks, bool bulk, cudaStream_t stream);
+// kExpertMajor reduced on the experts' side (g.combine_reduced): kernels/moe_combine_reduced.cu.
+void launch_moe_combine_reduced(const MoeCombineArgs& args, int blocks, cudaStream_t stream);
 
 }  // namespace symmem::detail

@@ -16,8 +16,6 @@
 //
 // The staging kernel copies the valid rows of expert outputs held elsewhere into this rank's
 // combine area first (local), on the same stream: the entry lines of combine follow it.
-#include <cuda_bf16.h>
-
 #include "device/call_counter.cuh"
 #include "device/dependent_launch.cuh"
 #include "device/low_latency.cuh"
@@ -25,32 +23,16 @@
 #include "kernels/kernel_args.hpp"
 #include "kernels/launch.cuh"
 #include "kernels/moe_args.hpp"
+#include "kernels/moe_combine_lines.cuh"
 
 namespace symmem::detail {
 namespace {
 
+using namespace combine_lines;
+
 constexpr int kSources = kEpMaxTopk > kMaxWorld ? kEpMaxTopk : kMaxWorld;
 constexpr int kColumnsPerWarp = 256;  // 32 lanes x 8 bfloat16
 constexpr int kStageUnroll = 4;
-
-__device__ void add_scaled(float (&acc)[8], const uint4& v, float w) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    acc[2 * i] = fmaf(w, f.x, acc[2 * i]);
-    acc[2 * i + 1] = fmaf(w, f.y, acc[2 * i + 1]);
-  }
-}
-
-// Eight float32 sums rounded to bfloat16 once, as one 16-byte vector.
-__device__ uint4 to_bf16x8(const float (&acc)[8]) {
-  uint4 out;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-  return out;
-}
 
 // Source rows of 16 bytes a lane loads a turn, for a kernel of S sources: kLoadsInFlight / S units
 // (fewer loads when a call has fewer sources than S). What hides NVLink's latency from a small SM
@@ -124,55 +106,15 @@ constexpr bool kExitGuard = false;
 constexpr bool kExitGuard = true;
 #endif
 
-// A block's lines: the entry line (phase 0) in word blockIdx.x of the sender's slot, the exit line
-// (phase 1) in word kMaxBlocks + blockIdx.x, both in the half of the call's parity. Every line is
-// taken and cleared in its call (device/low_latency.cuh).
-constexpr int kEntryPhase = 0, kExitPhase = 1;
-__device__ __forceinline__ size_t line_word(int phase) { return size_t(phase) * kMaxBlocks + blockIdx.x; }
-
-// One thread: this block's line of `phase` into this rank's slot at every peer.
-__device__ void post_lines(const MoeCombineArgs& a, uint32_t call, int phase) {
-  const SyncArgs& s = a.sync;
-  const uint64_t line = uint64_t(s.signature) << 32;
-  for (int k = 1; k < s.world; ++k) {
-    const int peer = (s.rank + k) % s.world;
-    device::st_relaxed_sys_u64(
-        device::low_latency_slot(a.lines.peers[peer], call, s.rank, a.lines.slot_words) + line_word(phase), line);
-  }
-}
-
-// One thread: every peer's line of `phase` for this block, with the communicator's deadline (the
-// record names the first peer missing, and the phase). False on timeout, mismatch or abort.
-__device__ bool collect_lines(const MoeCombineArgs& a, uint32_t call, int phase) {
-  const SyncArgs& s = a.sync;
-  uint32_t word[kMaxWorld];
-  return device::collect_words(s, device::low_latency_slot(a.lines.peers[s.rank], call, 0, a.lines.slot_words),
-                               a.lines.slot_words, line_word(phase), (1u << s.world) - 1, 0, phase, word);
-}
-
-// Entry: every peer's expert outputs are written, and the dispatch fit (`go`): the block may pull.
-__device__ bool enter_combine(const MoeCombineArgs& a, uint32_t call) {
-  __shared__ int ok;
-  if (threadIdx.x == 0) {
-    device::fence_acq_rel_sys();  // this stream's expert outputs before the lines
-    post_lines(a, call, kEntryPhase);
-    ok = collect_lines(a, call, kEntryPhase);
-    device::fence_acq_rel_sys();  // acquire: the peers' expert outputs
-  }
-  __syncthreads();
-  // The dispatch's `go`: a dispatch that did not fit left the communicator failed (nothing to sum).
-  return ok && *a.scratch.go != 0;
-}
-
 // Exit, one thread. "Done reading": no fence before the lines, since the loads they answer for have
 // returned their values (summed, or landed in shared memory) and no later store can change what a
 // returned load read; nothing else is published. The wait: the same block of every peer is done
 // with this rank's combine area (a failed wait is recorded; the block ends as usual).
 __device__ __forceinline__ void post_done_reading(const MoeCombineArgs& a, uint32_t call) {
-  if (kExitGuard) post_lines(a, call, kExitPhase);
+  if (kExitGuard) post_lines(a, call, kSecondPhase);
 }
 __device__ __forceinline__ void wait_peers_done_reading(const MoeCombineArgs& a, uint32_t call) {
-  if (kExitGuard) (void)collect_lines(a, call, kExitPhase);
+  if (kExitGuard) (void)collect_lines(a, call, kSecondPhase);
 }
 
 // S: the sources a token sums at most (a register budget; the call's own count is read below).

@@ -13,7 +13,7 @@ namespace {
 
 }  // namespace
 
-EpGeometry ep_geometry(const EpConfig& c, int world) {
+EpGeometry ep_geometry(const EpConfig& c, int world, MoeCombinePath combine) {
   if (world < 1 || world > kMaxWorld)
     bad("world " + std::to_string(world) + " is outside 1.." + std::to_string(kMaxWorld));
   if (c.num_experts < 1 || c.num_experts > kEpMaxExperts)
@@ -65,6 +65,21 @@ EpGeometry ep_geometry(const EpConfig& c, int world) {
   g.topk_weights_offset = g.topk_idx_offset + meta;
   g.dispatch_bytes = g.topk_weights_offset + meta;
   g.combine_bytes = rows * size_t(c.hidden) * 2;
+  g.combine_reduced = moe_combine_reduces(g, combine);
+  size_t at = ep_align256(g.combine_bytes);
+  auto take = [&](size_t bytes) {
+    const size_t offset = at;
+    at += ep_align256(bytes);
+    return offset;
+  };
+  if (g.combine_reduced) {
+    const size_t T = static_cast<size_t>(c.max_tokens_per_rank), K = static_cast<size_t>(c.topk);
+    g.route_rank_offset = take(T * K * 4);
+    g.route_row_offset = take(T * K * 4);
+    g.combine_weights_offset = take(T * K * 4);
+    g.partials_offset = take(size_t(world) * T * size_t(c.hidden) * 4);
+  }
+  g.combine_heap_bytes = g.combine_reduced ? at : g.combine_bytes;
 
   g.local_bytes = ep_scratch_offsets(g).total;
   return g;
@@ -96,7 +111,7 @@ EpScratchOffsets ep_scratch_offsets(const EpGeometry& g) {
 
 EpMemory ep_memory_of(const EpGeometry& g) {
   EpMemory m;
-  m.heap_bytes = g.dispatch_bytes + g.combine_bytes;
+  m.heap_bytes = g.dispatch_bytes + g.combine_heap_bytes;
   m.local_bytes = g.local_bytes;
   return m;
 }

@@ -5,11 +5,14 @@
 #include <cstddef>
 
 #include "plan/ep_layout.hpp"
+#include "plan/moe_combine_path.hpp"
 #include "symmem/ep.hpp"
 
 namespace symmem::detail {
 
-EpGeometry ep_geometry(const EpConfig& config, int world);
+// `combine`: SYMMEM_MOE_COMBINE as agreed (it decides whether the combine reduces on the experts'
+// side, which takes heap memory).
+EpGeometry ep_geometry(const EpConfig& config, int world, MoeCombinePath combine = MoeCombinePath::kAuto);
 EpMemory ep_memory_of(const EpGeometry& geometry);
 
 // The routing scratch in local device memory: one allocation, each array at its offset.
@@ -19,6 +22,7 @@ struct EpScratchOffsets {
   size_t send_base;          // int32 [bins]
   size_t route_rank;         // int32 [T][K]: kExpertMajor destination rank of (t, k), -1: none
   size_t route_row;          // int32 [T][K] (kExpertMajor) or [T][world] (kRankMajor): row there, -1: none
+                             // (both in the combine heap buffer instead when the combine is reduced)
   size_t weights;            // float [T][K]: the dispatch's weights
   size_t expert_num_tokens;  // int32 [E_local]
   size_t num_rows;           // int32

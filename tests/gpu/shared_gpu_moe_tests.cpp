@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -843,6 +844,20 @@ TEST(shared_gpu_all_to_all_mismatched_call_fails_everywhere) {
 // ranks sharing the GPU may use), or SYMMEM_SHARED_GPU_BLOCKS.
 int ep_max_blocks() { return max_blocks_for_calls() > 0 ? max_blocks_for_calls() : EpConfig{}.max_blocks; }
 
+// A context's geometry as the library makes it: SYMMEM_MOE_COMBINE, which the communicators agree
+// on, decides whether an expert-major combine reduces on the experts' side (and so the order of
+// its sums, expected_combine).
+detail::EpGeometry moe_geometry(const EpConfig& config, int world) {
+  const char* v = std::getenv("SYMMEM_MOE_COMBINE");
+  const std::string path = v ? v : "";
+  using detail::MoeCombinePath;
+  const MoeCombinePath forced = path == "reduced"     ? MoeCombinePath::kReduced
+                                : path == "bulk"      ? MoeCombinePath::kBulk
+                                : path == "registers" ? MoeCombinePath::kRegisters
+                                                      : MoeCombinePath::kAuto;
+  return detail::ep_geometry(config, world, forced);
+}
+
 // A small context: `experts_per_rank` experts on every rank.
 EpConfig small_config(int world, int experts_per_rank, int topk, int hidden, int tokens, EpLayout layout) {
   EpConfig c;
@@ -897,7 +912,9 @@ std::vector<uint16_t> fake_expert_outputs(const detail::EpGeometry& g, const EpE
 }
 
 // What combine writes on `rank` ([T, H] bfloat16) for the fake experts of `seed`: float32 in top-k
-// (rank) order, rounded once; rows past the rank's tokens keep the poison 0xFFFF.
+// (rank) order, rounded once; reduced on the experts' side (g.combine_reduced), the partial of each
+// rank holding routes (its routes in top-k order, from 0) added in rank order from 0. Rows past the
+// rank's tokens keep the poison 0xFFFF.
 std::vector<uint16_t> expected_combine(const detail::EpGeometry& g, const std::vector<EpRouting>& routing,
                                        const EpExpected& x, int rank, uint64_t seed, uint64_t weight_seed,
                                        bool weights_applied) {
@@ -907,7 +924,20 @@ std::vector<uint16_t> expected_combine(const detail::EpGeometry& g, const std::v
   for (int t = 0; t < mine.tokens; ++t)
     for (int col = 0; col < H; ++col) {
       float acc = 0.f;
-      if (g.expert_major) {
+      if (g.combine_reduced) {
+        for (int q = 0; q < g.world; ++q) {
+          float partial = 0.f;
+          bool routed = false;
+          for (int k = 0; k < K; ++k) {
+            const int64_t e = mine.ids[size_t(t) * K + k];
+            if (e < 0 || e / g.local_experts != q) continue;
+            const float w = weights_applied ? 1.f : moe_weight(weight_seed, rank, size_t(t) * K + k);
+            partial = std::fmaf(w, bf16_to_float(expert_output(seed, rank, t, k, col)), partial);
+            routed = true;
+          }
+          if (routed) acc = acc + partial;
+        }
+      } else if (g.expert_major) {
         for (int k = 0; k < K; ++k) {
           if (mine.ids[size_t(t) * K + k] < 0) continue;
           const float w = weights_applied ? 1.f : moe_weight(weight_seed, rank, size_t(t) * K + k);
@@ -1062,7 +1092,7 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
     else
       config.max_received_rows = r.world * c.tokens;
   }
-  const detail::EpGeometry g = detail::ep_geometry(config, r.world);
+  const detail::EpGeometry g = moe_geometry(config, r.world);
   const std::vector<EpRouting> routing = moe_routing(g, c.skew, seed);
   const EpExpected x = ep_expected(g, routing);
   if (x.fault.kind != detail::kFaultNone) return "the case itself overflows";
@@ -1249,7 +1279,7 @@ TEST(shared_gpu_moe_overflow_raises_on_every_rank) {
                 config.max_received_rows = world * T - c.capacity_short;
             }
             std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
-            const detail::EpGeometry g = detail::ep_geometry(config, world);
+            const detail::EpGeometry g = moe_geometry(config, world);
             DeviceBuffer x(size_t(T) * H * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4), count(4);
             std::vector<int64_t> routing(size_t(T) * K, -1);
             for (int t = 0; t < T; ++t) routing[size_t(t) * K] = 0;  // one-hot: expert 0
@@ -1411,7 +1441,7 @@ TEST(shared_gpu_moe_back_to_back_combines_with_a_rank_ahead) {
           config.max_tokens_per_expert = rows;
         else
           config.max_received_rows = rows;
-        const detail::EpGeometry g = detail::ep_geometry(config, world);
+        const detail::EpGeometry g = moe_geometry(config, world);
         const std::vector<EpRouting> routing = lopsided_routing(g);
         const EpExpected x = ep_expected(g, routing);
         if (x.fault.kind != detail::kFaultNone) throw Failure("the case itself overflows");

@@ -18,7 +18,7 @@ cd "$root"
 out=build-mutants
 
 # name | file | the text the mutant removes or replaces | its replacement | test filter | worlds
-# [| test target, symmem_shared_gpu_tests when absent]
+# [| test target, symmem_shared_gpu_tests when absent [| environment of the run]]
 mutants=(
   # Low latency: a receiver that never clears the lines it took leaves stale lines behind for
   # the call two counted calls later.
@@ -42,6 +42,9 @@ mutants=(
   # later may read the old call's splits (same signature) before its own arrive.
   "a2a_headers_kept|src/kernels/all_to_all_variable.cu|i < s.world * header; i += blockDim.x)|i < 0; i += blockDim.x)|all_to_all_back_to_back|2 4|symmem_shared_gpu_moe_tests"
   # Variable all-to-all: a block's span of the balanced cut loses its last vector when it is odd.
+  # The reduced MoE combine sums a token's partials without waiting for the peers' second lines:
+  # partials not yet arrived, or the previous call's.
+  "moe_reduced_no_wait|src/kernels/moe_combine_reduced.cu|arrived = collect_lines(a, call, kSecondPhase);|arrived = 1;|moe_|2 4|symmem_shared_gpu_moe_tests|SYMMEM_MOE_COMBINE=reduced"
   "a2a_span_short|src/kernels/all_to_all_variable.cu|end = cut_begin(total, gridDim.x, blockIdx.x + 1);|end = begin + (cut_begin(total, gridDim.x, blockIdx.x + 1) - begin) / 2 * 2;|all_to_all_skewed|2 4|symmem_shared_gpu_moe_tests"
 )
 
@@ -69,7 +72,7 @@ case "${1:-}" in
   build)
     mkdir -p "$out"
     for m in "${mutants[@]}"; do
-      IFS='|' read -r name file old new filter worlds target <<<"$m"
+      IFS='|' read -r name file old new filter worlds target _env <<<"$m"
       target=${target:-symmem_shared_gpu_tests}
       cp "$file" "$out/$name.orig"
       trap 'cp "$out/'"$name"'.orig" "'"$file"'"' EXIT
@@ -98,8 +101,8 @@ case "${1:-}" in
     missed=0
     runs=()
     for m in "${mutants[@]}"; do
-      IFS='|' read -r name file old new filter worlds target <<<"$m"
-      runs+=("$name|$filter|$worlds|")
+      IFS='|' read -r name file old new filter worlds target env <<<"$m"
+      runs+=("$name|$filter|$worlds|$env")
     done
     for m in "${option_mutants[@]}"; do
       IFS='|' read -r name option target filter worlds env <<<"$m"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/agreed_settings.hpp"
+#include "plan/moe_combine_path.hpp"
 #include "symmem/bootstrap.hpp"
 #include "symmem/error.hpp"
 #include "test.hpp"
@@ -90,6 +91,8 @@ TEST(agreed_settings_read_and_refuse_values) {
   EXPECT_ERROR(read_agreed_settings(config, tuning), ErrorCode::kInvalidArgument,
                "SYMMEM_CE_DIRECTION='sideways' is neither push nor pull");
   unsetenv("SYMMEM_CE_DIRECTION");
+  setenv("SYMMEM_MOE_COMBINE", "reduced", 1);
+  EXPECT(read_agreed_settings(config, tuning).moe_combine_path == int(MoeCombinePath::kReduced));
   setenv("SYMMEM_MOE_COMBINE", "fast", 1);
   EXPECT_ERROR(read_agreed_settings(config, tuning), ErrorCode::kInvalidArgument, "SYMMEM_MOE_COMBINE='fast'");
   unsetenv("SYMMEM_MOE_COMBINE");

@@ -252,7 +252,7 @@ TEST(ep_geometry_states_memory_and_rejects_bad_configs) {
   EXPECT_EQ(g.dispatch_bytes, rows * 7168 + rows * 224);
   EXPECT_EQ(g.combine_bytes, rows * 7168 * 2);
   const EpMemory m = ep_memory(c, 8);
-  EXPECT_EQ(m.heap_bytes, g.dispatch_bytes + g.combine_bytes);
+  EXPECT_EQ(m.heap_bytes, g.dispatch_bytes + g.combine_heap_bytes);
   EXPECT(m.local_bytes >= size_t(128) * 8 * 12);
   // Offsets are 256-byte aligned and regions do not overlap.
   EXPECT_EQ(g.scales_offset % 256, size_t(0));
@@ -310,4 +310,49 @@ TEST(moe_combine_path_follows_the_contexts_largest_call) {
   EXPECT(bulk(147, 8, MoeCombinePath::kAuto));   // 16.08 MiB: not measured, bulk as before
   EXPECT(bulk(4096, 8, MoeCombinePath::kAuto));
   EXPECT(bulk(128, 8, MoeCombinePath::kBulk));
+}
+
+// The reduction on the experts' side: expert-major only; auto where top-k >= 4 x world and the
+// context moves 1 MiB of rows or more; its areas after the rows, aligned, apart, in the heap.
+TEST(moe_combine_reduction_is_chosen_by_shape_and_laid_out_after_the_rows) {
+  EpConfig c;
+  c.num_experts = 256;
+  c.topk = 8;
+  c.hidden = 7168;
+  c.max_tokens_per_rank = 128;
+  c.layout = EpLayout::kExpertMajor;
+  auto reduced = [&](int world, MoeCombinePath forced) { return ep_geometry(c, world, forced).combine_reduced; };
+  EXPECT(reduced(2, MoeCombinePath::kAuto));          // top-8 of 2 ranks, 14 MiB of rows
+  EXPECT(!reduced(4, MoeCombinePath::kAuto));         // top-8 of 4 ranks: 2 routes a rank
+  EXPECT(reduced(4, MoeCombinePath::kReduced));       // forced
+  EXPECT(!reduced(2, MoeCombinePath::kBulk));         // a pull forced
+  EXPECT(!reduced(2, MoeCombinePath::kRegisters));
+  c.max_tokens_per_rank = 1;                          // 112 KiB of rows: the second line costs more
+  EXPECT(!reduced(2, MoeCombinePath::kAuto));
+  EXPECT(reduced(2, MoeCombinePath::kReduced));
+  c.layout = EpLayout::kRankMajor;                    // rank-major rows are reduced by the experts
+  EXPECT(!reduced(2, MoeCombinePath::kReduced));
+  EXPECT_EQ(ep_geometry(c, 2, MoeCombinePath::kReduced).combine_heap_bytes,
+            ep_geometry(c, 2, MoeCombinePath::kReduced).combine_bytes);
+
+  c.layout = EpLayout::kExpertMajor;
+  c.max_tokens_per_rank = 100;
+  c.topk = 5;
+  for (int world : {1, 2, 3, 8}) {
+    c.num_experts = 8 * world;
+    const EpGeometry g = ep_geometry(c, world, MoeCombinePath::kReduced);
+    const size_t T = 100, K = 5;
+    EXPECT(g.combine_reduced);
+    EXPECT(g.route_rank_offset >= g.combine_bytes);
+    EXPECT(g.route_row_offset >= g.route_rank_offset + T * K * 4);
+    EXPECT(g.combine_weights_offset >= g.route_row_offset + T * K * 4);
+    EXPECT(g.partials_offset >= g.combine_weights_offset + T * K * 4);
+    EXPECT(g.combine_heap_bytes >= g.partials_offset + size_t(world) * T * 7168 * 4);
+    for (size_t o : {g.route_rank_offset, g.route_row_offset, g.combine_weights_offset, g.partials_offset})
+      EXPECT_EQ(o % 256, size_t(0));
+    EXPECT_EQ(ep_memory_of(g).heap_bytes, g.dispatch_bytes + g.combine_heap_bytes);
+    // Not reduced: nothing beyond the rows.
+    const EpGeometry pull = ep_geometry(c, world, MoeCombinePath::kBulk);
+    EXPECT_EQ(pull.combine_heap_bytes, pull.combine_bytes);
+  }
 }
