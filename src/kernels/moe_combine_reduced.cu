@@ -8,18 +8,21 @@
 //             every peer's expert outputs and weights are written, and its dispatch fit.
 //   partials  for every rank q and each of q's tokens in block b's units, a warp reads the token's
 //             routes and weights from q's buffer, sums the rows of this rank's experts among them in
-//             top-k order (float32, fmaf(w, x, acc) from 0) and stores that partial row (float32)
-//             into q's partial area, at [this rank][token]; a token with no route here sends nothing.
+//             top-k order (float32, fmaf(w, x, acc) from 0) and stores that partial row, rounded to
+//             bfloat16, into q's partial area, at [this rank][token]; a token with no route here
+//             sends nothing.
 //   lines     block b releases its partials and exchanges the second line with block b of every
 //             peer: every partial of this rank's tokens in block b's units has arrived.
 //   sum       a warp per unit of this rank's tokens adds, in rank order from 0, the partials of the
-//             ranks its routes reach (float32), rounds to bfloat16 once and writes the output.
+//             ranks its routes reach (float32), rounds to bfloat16 and writes the output.
 //
 // Units. A rank's n tokens are cut into units (token, chunk of 256-column segments), u = t * chunks
 // + chunk, unit u on block u % blocks, chunks from n alone: block b of every rank takes the same
 // units of rank q's tokens, in both phases, so block b's two line exchanges order everything it reads.
-// Result: float32 throughout, rounded once, the same bits on every run and rank; it differs from
-// the pull's (one float32 sum in top-k order) only by float32 rounding (the association).
+// Result: the same bits on every run and rank; each rank's partial is rounded to bfloat16 as the
+// rank-major layout's expert outputs are (and vLLM's reduce-scatter inputs), so it differs from the
+// pull's (one float32 sum in top-k order, rounded once) by that rounding. Float32 partials would
+// cross NVLink at twice the bytes (tried: no faster than vLLM's path at decode-128).
 //
 // Reuse. Nothing reads a peer's memory after the block's second line: a rank's next writes to
 // what its peers read (its routes: the next dispatch; its weights: the next combine's entry) and
@@ -41,7 +44,6 @@ namespace {
 using namespace combine_lines;
 
 constexpr int kColumnsPerSegment = 256;  // 32 lanes x 8 columns
-constexpr int kLoadsInFlight = 8;        // rows of a segment a lane loads before adding them
 constexpr uint32_t kFullWarp = 0xFFFFFFFFu;
 
 // The units of a rank with n tokens (file comment): chunks per token enough to keep the grid's
@@ -79,10 +81,63 @@ __device__ __forceinline__ const char* heap_of(const MoeCombineArgs& a, int q) {
   return q == a.sync.rank ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
 }
 
-// One warp: the partial of this rank's experts for token t of rank q, columns of `segments`
-// segments from `first_segment`, stored into q's partial area. KMAX >= top-k.
-template <int KMAX>
-__device__ void push_partial(const MoeCombineArgs& a, int q, int t, int first_segment, int segments, int lane) {
+// One warp: the float32 sum, in source order, of n bfloat16 rows (source i: the row at lane i's
+// `row`, times lane i's `weight`) over segments [first, first + count) of them, rounded to
+// bfloat16 once and stored at `to` (the same columns). SEGS segments a turn, R sources a group
+// (groups in order): every load of a group is issued before any is added, SEGS x R 16-byte loads
+// a lane in flight. A token's routes on one rank (or ranks holding its routes) are about K / W
+// (W): two segments of four rows keeps 8 in flight at top-8 of 2 ranks. (One variant per n, with
+// more segments for fewer rows, took 226 registers in one kernel: ptxas keeps all three live.)
+constexpr int kSegmentsATurn = 2, kRowsATurn = 4;
+template <int SEGS, int R>
+__device__ void sum_rows(const char* row, float weight, int n, int hidden, int first, int count, char* to, int lane) {
+  for (int s0 = first; s0 < first + count; s0 += SEGS) {
+    float acc[SEGS][8];
+#pragma unroll
+    for (int s = 0; s < SEGS; ++s)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[s][i] = 0.f;
+    for (int g0 = 0; g0 < n; g0 += R) {
+      uint4 v[SEGS][R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const char* from = reinterpret_cast<const char*>(
+            __shfl_sync(kFullWarp, reinterpret_cast<unsigned long long>(row), (g0 + r) & 31));
+#pragma unroll
+        for (int s = 0; s < SEGS; ++s) {
+          const int column = (s0 + s) * kColumnsPerSegment + lane * 8;
+          if (g0 + r < n && s0 + s < first + count && column < hidden)
+            v[s][r] = *reinterpret_cast<const uint4*>(from + size_t(column) * 2);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float w = __shfl_sync(kFullWarp, weight, (g0 + r) & 31);
+#pragma unroll
+        for (int s = 0; s < SEGS; ++s) {
+          const int column = (s0 + s) * kColumnsPerSegment + lane * 8;
+          if (g0 + r < n && s0 + s < first + count && column < hidden) add_scaled(acc[s], v[s][r], w);
+        }
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < SEGS; ++s) {
+      const int column = (s0 + s) * kColumnsPerSegment + lane * 8;
+      if (s0 + s < first + count && column < hidden)
+        *reinterpret_cast<uint4*>(to + size_t(column) * 2) = to_bf16x8(acc[s]);
+    }
+  }
+}
+
+// Lane i (i < popc(mask)): the index of the mask's i-th set bit, lowest first; else -1.
+__device__ __forceinline__ int nth_set_bit(uint32_t mask, int lane) {
+  const unsigned bit = __fns(mask, 0, lane + 1);
+  return bit == 0xFFFFFFFFu ? -1 : int(bit);
+}
+
+// One warp: the partial of this rank's experts for token t of rank q (its routes here in top-k
+// order), segments [first, first + count), stored into q's partial area.
+__device__ void push_partial(const MoeCombineArgs& a, int q, int t, int first, int count, int lane) {
   const EpGeometry& g = a.g;
   const int me = a.sync.rank, K = g.topk;
   const char* heap_q = heap_of(a, q);
@@ -97,64 +152,26 @@ __device__ void push_partial(const MoeCombineArgs& a, int q, int t, int first_se
   }
   const uint32_t here = __ballot_sync(kFullWarp, lane < K && rank == me);
   if (here == 0) return;  // no route of the token on this rank: q does not read this partial
-  int rows[KMAX];
-  float w[KMAX];
-#pragma unroll
-  for (int k = 0; k < KMAX; ++k) {
-    rows[k] = __shfl_sync(kFullWarp, row, k);
-    w[k] = __shfl_sync(kFullWarp, weight, k);
-  }
-  const char* area = a.buffers.combine;
-  char* to = const_cast<char*>(heap_q) + g.partials_offset + (size_t(me) * g.max_tokens + t) * g.hidden * 4;
-  for (int sgm = first_segment; sgm < first_segment + segments; ++sgm) {
-    const int column = sgm * kColumnsPerSegment + lane * 8;
-    if (column >= g.hidden) break;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int k0 = 0; k0 < KMAX; k0 += kLoadsInFlight) {
-      uint4 v[kLoadsInFlight];
-#pragma unroll
-      for (int j = 0; j < kLoadsInFlight; ++j)
-        if (k0 + j < KMAX && (here >> (k0 + j) & 1u)) 
-          v[j] = *reinterpret_cast<const uint4*>(area + (size_t(rows[k0 + j]) * g.hidden + column) * 2);
-#pragma unroll
-      for (int j = 0; j < kLoadsInFlight; ++j)
-        if (k0 + j < KMAX && (here >> (k0 + j) & 1u)) add_scaled(acc, v[j], w[k0 + j]);
-    }
-    float4* out = reinterpret_cast<float4*>(to + size_t(column) * 4);
-    out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-  }
+  // Lane i: the i-th route here (top-k order kept).
+  const int k = nth_set_bit(here, lane);
+  row = __shfl_sync(kFullWarp, row, k & 31);
+  weight = __shfl_sync(kFullWarp, weight, k & 31);
+  const char* source = a.buffers.combine + size_t(row) * g.hidden * 2;
+  char* to = const_cast<char*>(heap_q) + g.partials_offset + (size_t(me) * g.max_tokens + t) * g.hidden * 2;
+  sum_rows<kSegmentsATurn, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count, to, lane);
 }
 
-// One warp: this rank's output for token t, columns of `segments` segments from `first_segment`:
-// the partials of the ranks its routes reach, added in rank order.
-__device__ void sum_partials(const MoeCombineArgs& a, int t, int first_segment, int segments, int lane) {
+// One warp: this rank's output for token t, segments [first, first + count): the partials of the
+// ranks its routes reach, added in rank order.
+__device__ void sum_partials(const MoeCombineArgs& a, int t, int first, int count, int lane) {
   const EpGeometry& g = a.g;
   const int32_t rank = lane < g.topk ? a.scratch.route_rank[size_t(t) * g.topk + lane] : -1;
   const uint32_t ranks = __reduce_or_sync(kFullWarp, rank >= 0 ? 1u << rank : 0u);
-  const char* from = a.buffers.combine + g.partials_offset + size_t(t) * g.hidden * 4;
-  const size_t rank_stride = size_t(g.max_tokens) * g.hidden * 4;
-  for (int sgm = first_segment; sgm < first_segment + segments; ++sgm) {
-    const int column = sgm * kColumnsPerSegment + lane * 8;
-    if (column >= g.hidden) break;
-    float4 v[kMaxWorld][2];
-#pragma unroll
-    for (int r = 0; r < kMaxWorld; ++r)
-      if (ranks >> r & 1u) {
-        const float4* p = reinterpret_cast<const float4*>(from + r * rank_stride + size_t(column) * 4);
-        v[r][0] = p[0];
-        v[r][1] = p[1];
-      }
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < kMaxWorld; ++r)
-      if (ranks >> r & 1u) {
-        acc[0] += v[r][0].x, acc[1] += v[r][0].y, acc[2] += v[r][0].z, acc[3] += v[r][0].w;
-        acc[4] += v[r][1].x, acc[5] += v[r][1].y, acc[6] += v[r][1].z, acc[7] += v[r][1].w;
-      }
-    *reinterpret_cast<uint4*>(static_cast<char*>(a.out) + (size_t(t) * g.hidden + column) * 2) = to_bf16x8(acc);
-  }
+  const int r = nth_set_bit(ranks, lane);  // lane i: the i-th rank, lowest first
+  const char* source =
+      a.buffers.combine + g.partials_offset + (size_t(r < 0 ? 0 : r) * g.max_tokens + t) * g.hidden * 2;
+  char* to = static_cast<char*>(a.out) + size_t(t) * g.hidden * 2;
+  sum_rows<kSegmentsATurn, kRowsATurn>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
 }
 
 // Before the entry line: the weights of this rank's tokens in block b's units, where the peers'
@@ -171,7 +188,6 @@ __device__ void publish_weights(const MoeCombineArgs& a, const Units& mine) {
   }
 }
 
-template <int KMAX>
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombineArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
@@ -197,8 +213,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
     for (int64_t j = ((warp - item) % warps + warps) % warps; j < count; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % theirs.chunks);
-      push_partial<KMAX>(a, q, int(u / theirs.chunks), c * theirs.segments_per_chunk, theirs.segments_per_chunk,
-                         lane);
+      push_partial(a, q, int(u / theirs.chunks), c * theirs.segments_per_chunk, theirs.segments_per_chunk, lane);
     }
     item += count;
   }
@@ -228,14 +243,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
 }  // namespace
 
 void launch_moe_combine_reduced(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {
-  static_assert(kEpMaxTopk <= 16, "moe_combine_reduced<16> holds every route");
-  const int k = args.g.topk;
-  if (k <= 4)
-    launch_kernel(moe_combine_reduced<4>, blocks, kThreadsPerBlock, 0, stream, args);
-  else if (k <= 8)
-    launch_kernel(moe_combine_reduced<8>, blocks, kThreadsPerBlock, 0, stream, args);
-  else
-    launch_kernel(moe_combine_reduced<16>, blocks, kThreadsPerBlock, 0, stream, args);
+  launch_kernel(moe_combine_reduced, blocks, kThreadsPerBlock, 0, stream, args);
 }
 
 }  // namespace symmem::detail

@@ -77,7 +77,7 @@ EpGeometry ep_geometry(const EpConfig& c, int world, MoeCombinePath combine) {
     g.route_rank_offset = take(T * K * 4);
     g.route_row_offset = take(T * K * 4);
     g.combine_weights_offset = take(T * K * 4);
-    g.partials_offset = take(size_t(world) * T * size_t(c.hidden) * 4);
+    g.partials_offset = take(size_t(world) * T * size_t(c.hidden) * 2);
   }
   g.combine_heap_bytes = g.combine_reduced ? at : g.combine_bytes;
 

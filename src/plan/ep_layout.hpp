@@ -63,7 +63,7 @@ struct EpGeometry {
   // kExpertMajor reduced on the experts' side (plan/moe_combine_path.hpp): the combine heap buffer
   // also holds, after the rows, what the peers read or write there: the routes of this rank's pairs
   // (int32 [T][K] rank and row), the weights its combine sums with (float32 [T][K]) and the
-  // partial rows pushed to it (float32 [world][T][H], by the rank that summed them).
+  // partial rows pushed to it (bfloat16 [world][T][H], by the rank that summed them).
   bool combine_reduced = false;
   size_t route_rank_offset = 0, route_row_offset = 0, combine_weights_offset = 0, partials_offset = 0;
   size_t combine_heap_bytes = 0;  // the whole combine heap buffer

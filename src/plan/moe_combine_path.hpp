@@ -32,13 +32,13 @@ inline bool moe_combine_uses_bulk(const EpGeometry& g, int sources, MoeCombinePa
 }
 
 // The reduction on the experts' side (expert-major only): each rank sums, per token of each source,
-// the rows of its own experts in float32 and pushes that one partial row (float32, 4 bytes a
-// column) to the source, which adds the partials of the ranks that hold its routes. A pull moves
-// 2 bytes a column for every route on another rank, so the reduction moves fewer bytes where a
-// token has about two routes or more on each rank it reaches (top-k of 4 x world and more); it
-// costs a second line exchange, which a call of few tokens does not win back. Auto takes it where
-// top-k >= 4 x world for contexts whose largest call moves 1 MiB of rows or more (2 x H200, top-8,
-// 128 tokens: bench/results/h200x2/moe_2.csv); elsewhere only when forced.
+// the rows of its own experts in float32 and pushes that one partial row (bfloat16) to the
+// source, which adds the partials of the ranks that hold its routes. A pull moves a row for every
+// route on another rank, so the reduction moves fewer bytes where a token has two routes or more
+// on the ranks it reaches (top-k of 2 x world and more: about K / W each); it costs a second line
+// exchange, which a call of few tokens does not win back, and one bfloat16 rounding per partial.
+// Auto takes it where top-k >= 4 x world (measured: top-8 of 2 ranks) for contexts whose largest
+// call moves 1 MiB of rows or more; elsewhere only when forced.
 inline bool moe_combine_reduces(const EpGeometry& g, MoeCombinePath forced) {
   if (!g.expert_major) return false;
   if (forced != MoeCombinePath::kAuto) return forced == MoeCombinePath::kReduced;

@@ -913,8 +913,8 @@ std::vector<uint16_t> fake_expert_outputs(const detail::EpGeometry& g, const EpE
 
 // What combine writes on `rank` ([T, H] bfloat16) for the fake experts of `seed`: float32 in top-k
 // (rank) order, rounded once; reduced on the experts' side (g.combine_reduced), the partial of each
-// rank holding routes (its routes in top-k order, from 0) added in rank order from 0. Rows past the
-// rank's tokens keep the poison 0xFFFF.
+// rank holding routes (its routes in top-k order, from 0, rounded to bfloat16) added in rank order
+// from 0, rounded again. Rows past the rank's tokens keep the poison 0xFFFF.
 std::vector<uint16_t> expected_combine(const detail::EpGeometry& g, const std::vector<EpRouting>& routing,
                                        const EpExpected& x, int rank, uint64_t seed, uint64_t weight_seed,
                                        bool weights_applied) {
@@ -935,7 +935,7 @@ std::vector<uint16_t> expected_combine(const detail::EpGeometry& g, const std::v
             partial = std::fmaf(w, bf16_to_float(expert_output(seed, rank, t, k, col)), partial);
             routed = true;
           }
-          if (routed) acc = acc + partial;
+          if (routed) acc = std::fmaf(1.f, bf16_to_float(float_to_bf16(partial)), acc);
         }
       } else if (g.expert_major) {
         for (int k = 0; k < K; ++k) {

@@ -44,7 +44,7 @@ mutants=(
   # Variable all-to-all: a block's span of the balanced cut loses its last vector when it is odd.
   # The reduced MoE combine sums a token's partials without waiting for the peers' second lines:
   # partials not yet arrived, or the previous call's.
-  "moe_reduced_no_wait|src/kernels/moe_combine_reduced.cu|arrived = collect_lines(a, call, kSecondPhase);|arrived = 1;|moe_|2 4|symmem_shared_gpu_moe_tests|SYMMEM_MOE_COMBINE=reduced"
+  "moe_reduced_no_wait|src/kernels/moe_combine_reduced.cu|arrived = collect_lines(a, call, kSecondPhase);|arrived = 1;|moe_|2 3|symmem_shared_gpu_moe_tests|SYMMEM_MOE_COMBINE=reduced"
   "a2a_span_short|src/kernels/all_to_all_variable.cu|end = cut_begin(total, gridDim.x, blockIdx.x + 1);|end = begin + (cut_begin(total, gridDim.x, blockIdx.x + 1) - begin) / 2 * 2;|all_to_all_skewed|2 4|symmem_shared_gpu_moe_tests"
 )
 
