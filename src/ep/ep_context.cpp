@@ -23,6 +23,9 @@
 
 namespace symmem {
 
+// The reduced combine's rule knows how many route lines a sender's slot holds.
+static_assert(detail::kEpLinesSlotWords == detail::Workspaces::kLowLatencySlotBytes / 4);
+
 const char* ep_layout_name(EpLayout layout) {
   return layout == EpLayout::kExpertMajor ? "expert_major" : layout == EpLayout::kRankMajor ? "rank_major" : "?";
 }
@@ -174,11 +177,6 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.scratch.num_tokens = reinterpret_cast<int32_t*>(base + o.num_tokens);
   s.scratch.go = reinterpret_cast<uint32_t*>(base + o.go);
   s.scratch.counts = reinterpret_cast<uint32_t*>(base + o.counts);
-  if (s.g.combine_reduced) {  // the routes where the peers' combines read them
-    char* heap = static_cast<char*>(s.combine->ptr());
-    s.scratch.route_rank = reinterpret_cast<int32_t*>(heap + s.g.route_rank_offset);
-    s.scratch.route_row = reinterpret_cast<int32_t*>(heap + s.g.route_row_offset);
-  }
   s.shape_hash = shape_hash_of(s.g);
   s.dispatch_text = describe_call("moe_dispatch", config, s.g, s.blocks);
   s.combine_text = describe_call("moe_combine", config, s.g, s.blocks);

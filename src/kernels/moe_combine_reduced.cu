@@ -1,36 +1,39 @@
 // MoE combine of the expert-major layout, reduced on the experts' side (plan/moe_combine_path.hpp):
 // where a token has several routes on one rank, that rank sums them and sends one row, instead of
-// every route's row crossing NVLink.
+// every route's row crossing NVLink. One line exchange per block, no entry barrier, and nothing of
+// a peer is read: a rank reads only its own memory, and writes into its peers' lines and partials.
 //
-//   entry     block b writes the weights its peers' blocks b will read (this call's: the combine's,
-//             the dispatch's, or 1 when applied before the experts) into its combine heap buffer,
-//             then exchanges the entry line with block b of every peer (kernels/moe_combine_lines.cuh):
-//             every peer's expert outputs and weights are written, and its dispatch fit.
-//   partials  for every rank q and each of q's tokens in block b's units, a warp reads the token's
-//             routes and weights from q's buffer, sums the rows of this rank's experts among them in
-//             top-k order (float32, fmaf(w, x, acc) from 0) and stores that partial row, rounded to
-//             bfloat16, into q's partial area, at [this rank][token]; a token with no route here
-//             sends nothing.
-//   lines     block b releases its partials and exchanges the second line with block b of every
-//             peer: every partial of this rank's tokens in block b's units has arrived.
+//   routes    block b sends, for each of its units of this rank's tokens, the token's routes as
+//             low-latency lines to every peer (2K lines a unit: the row of route k at that peer,
+//             or -1 elsewhere, then its weight: this call's, the dispatch's, or 1 when applied
+//             before the experts), into this rank's slot of the peer's area after the blocks' words.
+//   partials  for every rank q (the next first, this rank last) and each of q's tokens in block b's
+//             units, a warp takes the unit's route lines (q's from this rank's area; this rank's
+//             own from its scratch), sums the rows of this rank's experts among them in top-k order
+//             (float32, fmaf(w, x, acc) from 0) and stores that partial, rounded to bfloat16, into
+//             q's partial area (the half of the call's parity), at [this rank][token]; a token with
+//             no route here sends nothing.
+//   line      block b releases its partials and exchanges one line with block b of every peer
+//             (kernels/moe_combine_lines.cuh, word blockIdx.x): every partial of this rank's tokens
+//             in block b's units has arrived.
 //   sum       a warp per unit of this rank's tokens adds, in rank order from 0, the partials of the
 //             ranks its routes reach (float32), rounds to bfloat16 and writes the output.
 //
 // Units. A rank's n tokens are cut into units (token, chunk of 256-column segments), u = t * chunks
 // + chunk, unit u on block u % blocks, chunks from n alone: block b of every rank takes the same
-// units of rank q's tokens, in both phases, so block b's two line exchanges order everything it reads.
+// units of rank q's tokens in every phase, so block b's line orders everything it reads.
 // Result: the same bits on every run and rank; each rank's partial is rounded to bfloat16 as the
 // rank-major layout's expert outputs are (and vLLM's reduce-scatter inputs), so it differs from the
-// pull's (one float32 sum in top-k order, rounded once) by that rounding. Float32 partials would
-// cross NVLink at twice the bytes (tried: no faster than vLLM's path at decode-128).
+// pull's (one float32 sum in top-k order, rounded once) by that rounding.
 //
-// Reuse. Nothing reads a peer's memory after the block's second line: a rank's next writes to
-// what its peers read (its routes: the next dispatch; its weights: the next combine's entry) and
-// a peer's next writes into its partial area (the next combine, after this rank's entry line) all
-// come after this kernel has ended on it, and it ends only once every peer's block has posted its
-// second line, after its reads. No exit guard is needed.
-// Counted low-latency call: every block reaches call_end. Failure records name phase 0 (entry) or
-// 1 (partials).
+// Reuse, without an entry barrier or exit guard. The routes' lines are taken and cleared in their
+// call (device/low_latency.cuh). A peer writes this rank's partial half of call n again in call n + 2;
+// it starts that call only after its call n + 1 ended, which took this rank's lines of call n + 1,
+// which this rank posts only after its call n (and its sums of that half) ended. The rows and
+// routes a rank sums from are its own: the caller's next expert outputs, or the next dispatch,
+// come after this kernel on its stream.
+// Counted low-latency call: every block reaches call_end, and receives from every peer. Failure
+// records name phase 0 (a route line or the block's line).
 #include "device/call_counter.cuh"
 #include "device/dependent_launch.cuh"
 #include "kernels/kernel_args.hpp"
@@ -77,17 +80,29 @@ __device__ __forceinline__ int tokens_of(const MoeCombineArgs& a, int q) {
                         g.max_tokens);
 }
 
-__device__ __forceinline__ const char* heap_of(const MoeCombineArgs& a, int q) {
+__device__ __forceinline__ char* heap_of(const MoeCombineArgs& a, int q) {
   return q == a.sync.rank ? a.buffers.combine : a.buffers.combine_peers[q & (kMaxWorld - 1)];
 }
 
-// One warp: the float32 sum, in source order, of n bfloat16 rows (source i: the row at lane i's
-// `row`, times lane i's `weight`) over segments [first, first + count) of them, rounded to
-// bfloat16 once and stored at `to` (the same columns). SEGS segments a turn, R sources a group
-// (groups in order): every load of a group is issued before any is added, SEGS x R 16-byte loads
-// a lane in flight. A token's routes on one rank (or ranks holding its routes) are about K / W
-// (W): two segments of four rows keeps 8 in flight at top-8 of 2 ranks. (One variant per n, with
-// more segments for fewer rows, took 226 registers in one kernel: ptxas keeps all three live.)
+// Rank q's partial area of this call (the half of its parity), the row rank `from` sums for token t.
+__device__ __forceinline__ char* partial_row(const MoeCombineArgs& a, uint32_t call, int q, int from, int t) {
+  const EpGeometry& g = a.g;
+  const size_t row = (size_t(call & 1u) * g.world + from) * g.max_tokens + t;
+  return heap_of(a, q) + g.partials_offset + row * g.hidden * 2;
+}
+
+// The first of unit u's route lines in a sender's slot: after the blocks' words (the line of block b
+// is word b, where a peer in a dispatch shows its count header's foreign signature).
+__device__ __forceinline__ size_t route_word(const EpGeometry& g, int64_t u) {
+  return kMaxBlocks + size_t(u) * 2 * g.topk;
+}
+
+// The weight of this rank's pair (t, k) in this call.
+__device__ __forceinline__ float weight_of(const MoeCombineArgs& a, size_t pair) {
+  if (a.weights_applied) return 1.f;
+  return a.weights ? a.weights[pair] : a.scratch.weights[pair];
+}
+
 constexpr int kSegmentsATurn = 2, kRowsATurn = 4;
 template <int SEGS, int R>
 __device__ void sum_rows(const char* row, float weight, int n, int hidden, int first, int count, char* to, int lane) {
@@ -135,57 +150,74 @@ __device__ __forceinline__ int nth_set_bit(uint32_t mask, int lane) {
   return bit == 0xFFFFFFFFu ? -1 : int(bit);
 }
 
-// One warp: the partial of this rank's experts for token t of rank q (its routes here in top-k
-// order), segments [first, first + count), stored into q's partial area.
-__device__ void push_partial(const MoeCombineArgs& a, int q, int t, int first, int count, int lane) {
+// One warp: the route lines of this rank's unit u (token t) into every peer's area.
+__device__ void send_routes(const MoeCombineArgs& a, uint32_t call, int64_t u, int t, int lane) {
   const EpGeometry& g = a.g;
-  const int me = a.sync.rank, K = g.topk;
-  const char* heap_q = heap_of(a, q);
-  // Lane k: entry k of the token's routes at q.
-  int rank = -1, row = 0;
-  float weight = 0.f;
-  if (lane < K) {
-    const size_t i = size_t(t) * K + lane;
-    rank = reinterpret_cast<const int32_t*>(heap_q + g.route_rank_offset)[i];
-    row = reinterpret_cast<const int32_t*>(heap_q + g.route_row_offset)[i];
-    weight = reinterpret_cast<const float*>(heap_q + g.combine_weights_offset)[i];
+  const SyncArgs& s = a.sync;
+  const int K = g.topk;
+  if (lane >= 2 * K) return;
+  const int k = lane < K ? lane : lane - K;
+  const size_t pair = size_t(t) * K + k;
+  const int32_t rank = a.scratch.route_rank[pair];
+  const uint32_t weight = __float_as_uint(weight_of(a, pair));
+  const uint64_t tag = uint64_t(s.signature) << 32;
+  for (int i = 1; i < s.world; ++i) {
+    const int peer = (s.rank + i) % s.world;
+    const uint32_t word = lane >= K ? weight : rank == peer ? uint32_t(a.scratch.route_row[pair]) : 0xFFFFFFFFu;
+    device::st_relaxed_sys_u64(
+        device::low_latency_slot(a.lines.peers[peer], call, s.rank, a.lines.slot_words) + route_word(g, u) + lane,
+        tag | word);
   }
-  const uint32_t here = __ballot_sync(kFullWarp, lane < K && rank == me);
-  if (here == 0) return;  // no route of the token on this rank: q does not read this partial
+}
+
+// One warp: the partial of this rank's experts for token t of rank q (unit u; its routes here in
+// top-k order), segments [first, first + count), stored into q's partial area. False when q's
+// route lines did not come (timeout, mismatch or abort, recorded).
+__device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int64_t u, int t, int first, int count,
+                             int lane) {
+  const EpGeometry& g = a.g;
+  const SyncArgs& s = a.sync;
+  const int me = s.rank, K = g.topk;
+  // Lane k < K: route k's row here (or -1); lane K + k: its weight.
+  uint32_t word = 0;
+  bool ok = true;
+  if (q == me) {
+    if (lane < 2 * K) {
+      const int k = lane < K ? lane : lane - K;
+      const size_t pair = size_t(t) * K + k;
+      word = lane >= K                          ? __float_as_uint(weight_of(a, pair))
+             : a.scratch.route_rank[pair] == me ? uint32_t(a.scratch.route_row[pair])
+                                                : 0xFFFFFFFFu;
+    }
+  } else if (lane < 2 * K) {
+    uint64_t* line =
+        device::low_latency_slot(a.lines.peers[me], call, q, a.lines.slot_words) + route_word(g, u) + lane;
+    ok = device::read_line(s, line, q, kEntryPhase, &word);
+    if (ok) device::st_relaxed_sys_u64(line, 0);  // taken: empty again (device/low_latency.cuh)
+  }
+  if (!__all_sync(kFullWarp, ok)) return false;
+  const uint32_t here = __ballot_sync(kFullWarp, lane < K && int(word) >= 0);
+  if (here == 0) return true;  // no route of the token on this rank: q does not read this partial
   // Lane i: the i-th route here (top-k order kept).
   const int k = nth_set_bit(here, lane);
-  row = __shfl_sync(kFullWarp, row, k & 31);
-  weight = __shfl_sync(kFullWarp, weight, k & 31);
-  const char* source = a.buffers.combine + size_t(row) * g.hidden * 2;
-  char* to = const_cast<char*>(heap_q) + g.partials_offset + (size_t(me) * g.max_tokens + t) * g.hidden * 2;
-  sum_rows<kSegmentsATurn, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count, to, lane);
+  const int row = int(__shfl_sync(kFullWarp, word, k & 31));
+  const float weight = __uint_as_float(__shfl_sync(kFullWarp, word, (K + k) & 31));
+  const char* source = a.buffers.combine + size_t(row < 0 ? 0 : row) * g.hidden * 2;
+  sum_rows<kSegmentsATurn, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count,
+                                       partial_row(a, call, q, me, t), lane);
+  return true;
 }
 
 // One warp: this rank's output for token t, segments [first, first + count): the partials of the
 // ranks its routes reach, added in rank order.
-__device__ void sum_partials(const MoeCombineArgs& a, int t, int first, int count, int lane) {
+__device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int first, int count, int lane) {
   const EpGeometry& g = a.g;
   const int32_t rank = lane < g.topk ? a.scratch.route_rank[size_t(t) * g.topk + lane] : -1;
   const uint32_t ranks = __reduce_or_sync(kFullWarp, rank >= 0 ? 1u << rank : 0u);
   const int r = nth_set_bit(ranks, lane);  // lane i: the i-th rank, lowest first
-  const char* source =
-      a.buffers.combine + g.partials_offset + (size_t(r < 0 ? 0 : r) * g.max_tokens + t) * g.hidden * 2;
+  const char* source = partial_row(a, call, a.sync.rank, r < 0 ? 0 : r, t);
   char* to = static_cast<char*>(a.out) + size_t(t) * g.hidden * 2;
   sum_rows<kSegmentsATurn, kRowsATurn>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
-}
-
-// Before the entry line: the weights of this rank's tokens in block b's units, where the peers'
-// blocks b read them.
-__device__ void publish_weights(const MoeCombineArgs& a, const Units& mine) {
-  const EpGeometry& g = a.g;
-  const float* weights = a.weights ? a.weights : a.scratch.weights;
-  float* to = reinterpret_cast<float*>(a.buffers.combine + g.combine_weights_offset);
-  const int64_t units = block_units(mine.count);
-  for (int64_t i = threadIdx.x; i < units * g.topk; i += blockDim.x) {
-    const int64_t u = blockIdx.x + (i / g.topk) * gridDim.x;
-    const size_t e = size_t(u / mine.chunks) * g.topk + i % g.topk;
-    to[e] = a.weights_applied ? 1.f : weights[e];
-  }
 }
 
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombineArgs a) {
@@ -196,47 +228,57 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
   const int segments = (g.hidden + kColumnsPerSegment - 1) / kColumnsPerSegment;
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grid_warps = gridDim.x * warps;
-  const Units mine = units_of(*a.scratch.num_tokens, segments, grid_warps);
-  publish_weights(a, mine);
-  __syncthreads();  // every thread's weights before thread 0's release in the entry
-  if (!enter_combine(a, call)) {
-    device::call_end(s, call);
-    return;
+  // The dispatch's `go` (the same on every rank): a dispatch that did not fit left the
+  // communicator failed, with nothing to sum; the line is still exchanged (a peer in another call
+  // shows its signature there).
+  const bool go = *a.scratch.go != 0;
+  const Units mine = units_of(go ? *a.scratch.num_tokens : 0, segments, grid_warps);
+  const int64_t my_units = block_units(mine.count);
+  for (int64_t j = warp; j < my_units; j += warps) {
+    const int64_t u = blockIdx.x + j * gridDim.x;
+    send_routes(a, call, u, int(u / mine.chunks), lane);
   }
-  // Partials: block b's units of every rank's tokens, the next rank first (the block's items,
-  // rank after rank, dealt to its warps in turn).
+  // Partials: block b's units of every rank's tokens, the next rank first, this rank's own last
+  // (the block's items, rank after rank, dealt to its warps in turn).
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
   int64_t item = 0;
-  for (int i = 1; i <= s.world; ++i) {
+  bool ok = true;  // this warp's route lines all came
+  for (int i = 1; i <= s.world && ok; ++i) {
     const int q = (s.rank + i) % s.world;
-    const Units theirs = units_of(tokens_of(a, q), segments, grid_warps);
+    const Units theirs = q == s.rank ? mine : units_of(go ? tokens_of(a, q) : 0, segments, grid_warps);
     const int64_t count = block_units(theirs.count);
-    for (int64_t j = ((warp - item) % warps + warps) % warps; j < count; j += warps) {
+    for (int64_t j = ((warp - item) % warps + warps) % warps; j < count && ok; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % theirs.chunks);
-      push_partial(a, q, int(u / theirs.chunks), c * theirs.segments_per_chunk, theirs.segments_per_chunk, lane);
+      ok = push_partial(a, call, q, u, int(u / theirs.chunks), c * theirs.segments_per_chunk,
+                        theirs.segments_per_chunk, lane);
     }
     item += count;
   }
+  if (!ok && lane == 0) failed = 1;
   __shared__ int arrived;
   __syncthreads();  // every warp's partials stored
   if (threadIdx.x == 0) {
-    device::fence_acq_rel_sys();  // release: the partials before the lines
-    post_lines(a, call, kSecondPhase);
-    arrived = collect_lines(a, call, kSecondPhase);
-    device::fence_acq_rel_sys();  // acquire: the peers' partials
+    arrived = 0;
+    if (!failed) {
+      device::fence_acq_rel_sys();  // release: the partials before the line
+      post_lines(a, call, kEntryPhase);
+      arrived = collect_lines(a, call, kEntryPhase);
+      device::fence_acq_rel_sys();  // acquire: the peers' partials
+    }
   }
   __syncthreads();
   if (arrived) {
-    const int64_t count = block_units(mine.count);
-    for (int64_t j = warp; j < count; j += warps) {
+    for (int64_t j = warp; j < my_units; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % mine.chunks);
-      sum_partials(a, int(u / mine.chunks), c * mine.segments_per_chunk, mine.segments_per_chunk, lane);
+      sum_partials(a, call, int(u / mine.chunks), c * mine.segments_per_chunk, mine.segments_per_chunk, lane);
     }
   }
-  // Invariant: the same block of every peer has stored its partials of this rank's tokens in this
-  // block's units, and read what it needed of this rank's routes and weights; the kernel's end,
-  // every block.
+  // Invariant: block b of every peer has stored its partials of this rank's tokens in this block's
+  // units and taken this block's route lines; the kernel's end, every block.
   device::call_end(s, call);
 }
 

@@ -66,20 +66,11 @@ EpGeometry ep_geometry(const EpConfig& c, int world, MoeCombinePath combine) {
   g.dispatch_bytes = g.topk_weights_offset + meta;
   g.combine_bytes = rows * size_t(c.hidden) * 2;
   g.combine_reduced = moe_combine_reduces(g, combine);
-  size_t at = ep_align256(g.combine_bytes);
-  auto take = [&](size_t bytes) {
-    const size_t offset = at;
-    at += ep_align256(bytes);
-    return offset;
-  };
-  if (g.combine_reduced) {
-    const size_t T = static_cast<size_t>(c.max_tokens_per_rank), K = static_cast<size_t>(c.topk);
-    g.route_rank_offset = take(T * K * 4);
-    g.route_row_offset = take(T * K * 4);
-    g.combine_weights_offset = take(T * K * 4);
-    g.partials_offset = take(size_t(world) * T * size_t(c.hidden) * 2);
+  g.combine_heap_bytes = g.combine_bytes;
+  if (g.combine_reduced) {  // two halves, by the call's parity (kernels/moe_combine_reduced.cu)
+    g.partials_offset = ep_align256(g.combine_bytes);
+    g.combine_heap_bytes = g.partials_offset + 2 * size_t(world) * size_t(c.max_tokens_per_rank) * size_t(c.hidden) * 2;
   }
-  g.combine_heap_bytes = g.combine_reduced ? at : g.combine_bytes;
 
   g.local_bytes = ep_scratch_offsets(g).total;
   return g;

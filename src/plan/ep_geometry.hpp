@@ -22,7 +22,6 @@ struct EpScratchOffsets {
   size_t send_base;          // int32 [bins]
   size_t route_rank;         // int32 [T][K]: kExpertMajor destination rank of (t, k), -1: none
   size_t route_row;          // int32 [T][K] (kExpertMajor) or [T][world] (kRankMajor): row there, -1: none
-                             // (both in the combine heap buffer instead when the combine is reduced)
   size_t weights;            // float [T][K]: the dispatch's weights
   size_t expert_num_tokens;  // int32 [E_local]
   size_t num_rows;           // int32

@@ -61,11 +61,10 @@ struct EpGeometry {
   size_t x_offset = 0, scales_offset = 0, topk_idx_offset = 0, topk_weights_offset = 0, dispatch_bytes = 0;
   size_t combine_bytes = 0;  // the combine heap buffer's rows of bfloat16 expert outputs
   // kExpertMajor reduced on the experts' side (plan/moe_combine_path.hpp): the combine heap buffer
-  // also holds, after the rows, what the peers read or write there: the routes of this rank's pairs
-  // (int32 [T][K] rank and row), the weights its combine sums with (float32 [T][K]) and the
-  // partial rows pushed to it (bfloat16 [world][T][H], by the rank that summed them).
+  // also holds, after the rows, the partial rows the peers push to this rank (bfloat16
+  // [2][world][T][H]: a half per call parity, then the rank that summed them).
   bool combine_reduced = false;
-  size_t route_rank_offset = 0, route_row_offset = 0, combine_weights_offset = 0, partials_offset = 0;
+  size_t partials_offset = 0;
   size_t combine_heap_bytes = 0;  // the whole combine heap buffer
   // Local device memory: the routing scratch (EpScratch, kernels/moe_args.hpp).
   size_t local_bytes = 0;

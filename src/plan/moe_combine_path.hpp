@@ -31,18 +31,30 @@ inline bool moe_combine_uses_bulk(const EpGeometry& g, int sources, MoeCombinePa
   return g.expert_major ? bytes > kExpertMajorRegistersMaxBytes : bytes >= kBulkMinBytes;
 }
 
+// The reduced combine sends each unit's routes as 2 x top-k low-latency lines, after the kMaxBlocks
+// words of the blocks' lines, in the sender's slot of a receiver's area (Workspaces::
+// kLowLatencySlotBytes / 4 words, checked where the context is created); a rank's units are at
+// most max(T, the grid's warps) (kernels/moe_combine_reduced.cu, units_of).
+constexpr size_t kEpLinesSlotWords = (size_t(1) << 20) / 4;
+inline bool moe_reduced_routes_fit(const EpGeometry& g) {
+  const size_t warps = size_t(g.max_blocks) * (kThreadsPerBlock / 32);
+  const size_t units = size_t(g.max_tokens) > warps ? size_t(g.max_tokens) : warps;
+  return size_t(kMaxBlocks) + units * 2 * size_t(g.topk) <= kEpLinesSlotWords;
+}
+
 // The reduction on the experts' side (expert-major only): each rank sums, per token of each source,
 // the rows of its own experts in float32 and pushes that one partial row (bfloat16) to the
 // source, which adds the partials of the ranks that hold its routes. A pull moves a row for every
 // route on another rank, so the reduction moves fewer bytes where a token has two routes or more
-// on the ranks it reaches (top-k of 2 x world and more: about K / W each); it costs a second line
-// exchange, which a call of few tokens does not win back, and one bfloat16 rounding per partial.
-// Auto takes it where top-k >= 4 x world (measured: top-8 of 2 ranks) for contexts whose largest
-// call moves 1 MiB of rows or more; elsewhere only when forced.
+// on the ranks it reaches (top-k of 2 x world and more: about K / W each), at one bfloat16
+// rounding per partial. Auto takes it where top-k >= 4 x world (measured: top-8 of 2 ranks) for
+// contexts whose largest call moves 1 MiB of rows or more; elsewhere only when forced, and never
+// where its route lines would not fit.
 inline bool moe_combine_reduces(const EpGeometry& g, MoeCombinePath forced) {
-  if (!g.expert_major) return false;
+  if (!g.expert_major || !moe_reduced_routes_fit(g)) return false;
   if (forced != MoeCombinePath::kAuto) return forced == MoeCombinePath::kReduced;
-  return g.topk >= 4 * g.world && moe_combine_uses_bulk(g, g.topk, MoeCombinePath::kAuto);
+  constexpr size_t kReducedMinBytes = size_t(1) << 20;
+  return g.topk >= 4 * g.world && size_t(g.max_tokens) * size_t(g.topk) * size_t(g.hidden) * 2 >= kReducedMinBytes;
 }
 
 }  // namespace symmem::detail
