@@ -437,9 +437,9 @@ run_step() {
     moe_sm_budget) torchbench "moe_sm_budget_$n" 200 moe "moe_$n" --reps 5 --shapes decode_128,prefill_4096 \
       --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks 32,24,40,48,96,132 ;;
     moe_combine_paths)  # one run per path, each with its reference rows
-      for path in registers bulk reduced; do
-        (export SYMMEM_MOE_COMBINE=$path
-          torchbench "moe_combine_${path}_$n" 150 moe "moe_$n" --reps 5 \
+      for path in ${MOE_PATHS:-registers bulk reduced}; do
+        (export SYMMEM_MOE_COMBINE=${path%%:*} SYMMEM_MOE_REDUCED_VARIANT=${path#*:}
+          torchbench "moe_combine_${path/:/_v}_$n" 150 moe "moe_$n" --reps 5 \
             --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs \
             ${MOE_PATHS_ARGS:-})
       done ;;

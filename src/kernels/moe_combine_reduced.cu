@@ -40,6 +40,7 @@
 #include "kernels/launch.cuh"
 #include "kernels/moe_args.hpp"
 #include "kernels/moe_combine_lines.cuh"
+#include <cstdlib>
 
 namespace symmem::detail {
 namespace {
@@ -173,6 +174,7 @@ __device__ void send_routes(const MoeCombineArgs& a, uint32_t call, int64_t u, i
 // One warp: the partial of this rank's experts for token t of rank q (unit u; its routes here in
 // top-k order), segments [first, first + count), stored into q's partial area. False when q's
 // route lines did not come (timeout, mismatch or abort, recorded).
+template <int ASEGS>
 __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int64_t u, int t, int first, int count,
                              int lane) {
   const EpGeometry& g = a.g;
@@ -203,13 +205,14 @@ __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int6
   const int row = int(__shfl_sync(kFullWarp, word, k & 31));
   const float weight = __uint_as_float(__shfl_sync(kFullWarp, word, (K + k) & 31));
   const char* source = a.buffers.combine + size_t(row < 0 ? 0 : row) * g.hidden * 2;
-  sum_rows<kSegmentsATurn, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count,
+  sum_rows<ASEGS, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count,
                                        partial_row(a, call, q, me, t), lane);
   return true;
 }
 
 // One warp: this rank's output for token t, segments [first, first + count): the partials of the
 // ranks its routes reach, added in rank order.
+template <int BSEGS, int BROWS>
 __device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int first, int count, int lane) {
   const EpGeometry& g = a.g;
   const int32_t rank = lane < g.topk ? a.scratch.route_rank[size_t(t) * g.topk + lane] : -1;
@@ -217,9 +220,10 @@ __device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int 
   const int r = nth_set_bit(ranks, lane);  // lane i: the i-th rank, lowest first
   const char* source = partial_row(a, call, a.sync.rank, r < 0 ? 0 : r, t);
   char* to = static_cast<char*>(a.out) + size_t(t) * g.hidden * 2;
-  sum_rows<kSegmentsATurn, kRowsATurn>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
+  sum_rows<BSEGS, BROWS>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
 }
 
+template <int ASEGS, int BSEGS, int BROWS, bool OWN_FIRST>
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombineArgs a) {
   device::enter_kernel();
   const SyncArgs& s = a.sync;
@@ -246,13 +250,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
   int64_t item = 0;
   bool ok = true;  // this warp's route lines all came
   for (int i = 1; i <= s.world && ok; ++i) {
-    const int q = (s.rank + i) % s.world;
+    const int q = (s.rank + i - (OWN_FIRST ? 1 : 0)) % s.world;
     const Units theirs = q == s.rank ? mine : units_of(go ? tokens_of(a, q) : 0, segments, grid_warps);
     const int64_t count = block_units(theirs.count);
     for (int64_t j = ((warp - item) % warps + warps) % warps; j < count && ok; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % theirs.chunks);
-      ok = push_partial(a, call, q, u, int(u / theirs.chunks), c * theirs.segments_per_chunk,
+      ok = push_partial<ASEGS>(a, call, q, u, int(u / theirs.chunks), c * theirs.segments_per_chunk,
                         theirs.segments_per_chunk, lane);
     }
     item += count;
@@ -274,7 +278,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
     for (int64_t j = warp; j < my_units; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % mine.chunks);
-      sum_partials(a, call, int(u / mine.chunks), c * mine.segments_per_chunk, mine.segments_per_chunk, lane);
+      sum_partials<BSEGS, BROWS>(a, call, int(u / mine.chunks), c * mine.segments_per_chunk, mine.segments_per_chunk, lane);
     }
   }
   // Invariant: block b of every peer has stored its partials of this rank's tokens in this block's
@@ -285,7 +289,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
 }  // namespace
 
 void launch_moe_combine_reduced(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {
-  launch_kernel(moe_combine_reduced, blocks, kThreadsPerBlock, 0, stream, args);
+  const char* v = getenv("SYMMEM_MOE_REDUCED_VARIANT");  // EXPERIMENT
+  const int variant = v ? atoi(v) : 0;
+  if (variant == 1)
+    launch_kernel(moe_combine_reduced<4, 4, 2, false>, blocks, kThreadsPerBlock, 0, stream, args);
+  else if (variant == 2)
+    launch_kernel(moe_combine_reduced<4, 4, 2, true>, blocks, kThreadsPerBlock, 0, stream, args);
+  else if (variant == 3)
+    launch_kernel(moe_combine_reduced<2, 4, 2, false>, blocks, kThreadsPerBlock, 0, stream, args);
+  else
+    launch_kernel(moe_combine_reduced<2, 2, 4, false>, blocks, kThreadsPerBlock, 0, stream, args);
 }
 
 }  // namespace symmem::detail

@@ -158,7 +158,7 @@ __global__ void check_moe_kernel(MoeRoutedCall c, const uint16_t* out, const int
     }
     const uint16_t v = x[i];
     float acc = 0.f;
-    if (c.expert_major) {
+    if (c.expert_major && !c.combine_reduced) {
       for (int k = 0; k < c.topk; ++k) {
         const int64_t e = ids[t * c.topk + k];
         if (e >= 0) acc = fmaf(weights[t * c.topk + k], expert_value(v, int(e % local)), acc);

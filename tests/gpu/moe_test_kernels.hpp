@@ -68,6 +68,7 @@ struct MoeRoutedCall {
   int rank, world, experts, topk, hidden, max_tokens;
   bool expert_major;
   const uint64_t* replay;
+  bool combine_reduced;  // expert-major reduced on the experts' side: the rank-major order of sums
 };
 // This replay's routing of this rank: *num_tokens in [0, T], distinct ids per token (some -1),
 // weights in (0, 1), x rows of small multiples of 1/8 (bf16), all on the device.

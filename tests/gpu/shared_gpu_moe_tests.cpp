@@ -1344,7 +1344,8 @@ TEST(shared_gpu_moe_graph_replays_follow_device_routing) {
                                  H,
                                  T,
                                  layout == EpLayout::kExpertMajor,
-                                 static_cast<const uint64_t*>(replay.ptr)};
+                                 static_cast<const uint64_t*>(replay.ptr),
+                                 moe_geometry(config, world).combine_reduced};
         const MoeReceivedView view{rec.x,
                                    rec.topk_idx,
                                    rec.topk_weights,
