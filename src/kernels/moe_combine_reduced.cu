@@ -145,6 +145,37 @@ __device__ void sum_rows(const char* row, float weight, int n, int hidden, int f
   }
 }
 
+// sum_rows through shared memory: this lane's `slots` 16-byte slots (stage[i * 32], i < slots),
+// filled by asynchronous copies, so a warp keeps up to `slots` loads a lane in flight without
+// holding them in registers. Whole segments a wave: max(1, slots / n) segments of n rows.
+__device__ void sum_rows_staged(uint4* stage, int slots, const char* row, float weight, int n, int hidden, int first,
+                                int count, char* to, int lane) {
+  const int per_wave = max(1, slots / max(n, 1));
+  for (int s0 = first; s0 < first + count; s0 += per_wave) {
+    const int segs = min(per_wave, first + count - s0);
+    for (int i = 0; i < segs; ++i)
+      for (int r = 0; r < n; ++r) {
+        const char* from = reinterpret_cast<const char*>(
+            __shfl_sync(kFullWarp, reinterpret_cast<unsigned long long>(row), r & 31));
+        const int column = (s0 + i) * kColumnsPerSegment + lane * 8;
+        if (column < hidden) device::cp_async_16(&stage[(i * n + r) * 32], from + size_t(column) * 2);
+      }
+    device::cp_async_wait_all();
+    for (int i = 0; i < segs; ++i) {
+      float acc[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+      const int column = (s0 + i) * kColumnsPerSegment + lane * 8;
+      for (int r = 0; r < n; ++r) {
+        const float w = __shfl_sync(kFullWarp, weight, r & 31);
+        if (column < hidden) add_scaled(acc, stage[(i * n + r) * 32], w);
+      }
+      if (column < hidden) *reinterpret_cast<uint4*>(to + size_t(column) * 2) = to_bf16x8(acc);
+    }
+    __syncwarp();  // every lane's reads of the slots before the next wave's copies
+  }
+}
+
 // Lane i (i < popc(mask)): the index of the mask's i-th set bit, lowest first; else -1.
 __device__ __forceinline__ int nth_set_bit(uint32_t mask, int lane) {
   const unsigned bit = __fns(mask, 0, lane + 1);
@@ -176,7 +207,7 @@ __device__ void send_routes(const MoeCombineArgs& a, uint32_t call, int64_t u, i
 // route lines did not come (timeout, mismatch or abort, recorded).
 template <int ASEGS>
 __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int64_t u, int t, int first, int count,
-                             int lane) {
+                             int lane, uint4* stage, int slots) {
   const EpGeometry& g = a.g;
   const SyncArgs& s = a.sync;
   const int me = s.rank, K = g.topk;
@@ -205,26 +236,36 @@ __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int6
   const int row = int(__shfl_sync(kFullWarp, word, k & 31));
   const float weight = __uint_as_float(__shfl_sync(kFullWarp, word, (K + k) & 31));
   const char* source = a.buffers.combine + size_t(row < 0 ? 0 : row) * g.hidden * 2;
-  sum_rows<ASEGS, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count,
-                                       partial_row(a, call, q, me, t), lane);
+  if (stage)
+    sum_rows_staged(stage, slots, source, weight, __popc(here), g.hidden, first, count, partial_row(a, call, q, me, t),
+                    lane);
+  else
+    sum_rows<ASEGS, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count, partial_row(a, call, q, me, t),
+                                lane);
   return true;
 }
 
 // One warp: this rank's output for token t, segments [first, first + count): the partials of the
 // ranks its routes reach, added in rank order.
 template <int BSEGS, int BROWS>
-__device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int first, int count, int lane) {
+__device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int first, int count, int lane,
+                             uint4* stage, int slots) {
   const EpGeometry& g = a.g;
   const int32_t rank = lane < g.topk ? a.scratch.route_rank[size_t(t) * g.topk + lane] : -1;
   const uint32_t ranks = __reduce_or_sync(kFullWarp, rank >= 0 ? 1u << rank : 0u);
   const int r = nth_set_bit(ranks, lane);  // lane i: the i-th rank, lowest first
   const char* source = partial_row(a, call, a.sync.rank, r < 0 ? 0 : r, t);
   char* to = static_cast<char*>(a.out) + size_t(t) * g.hidden * 2;
-  sum_rows<BSEGS, BROWS>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
+  if (stage)
+    sum_rows_staged(stage, slots, source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
+  else
+    sum_rows<BSEGS, BROWS>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
 }
 
-template <int ASEGS, int BSEGS, int BROWS, bool OWN_FIRST>
+constexpr int kSlots = 24;
+template <int ASEGS, int BSEGS, int BROWS, bool OWN_FIRST, bool STAGE_A, bool STAGE_B>
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombineArgs a) {
+  extern __shared__ uint4 staged[];
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   const EpGeometry& g = a.g;
@@ -232,6 +273,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
   const int segments = (g.hidden + kColumnsPerSegment - 1) / kColumnsPerSegment;
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grid_warps = gridDim.x * warps;
+  uint4* my_stage = staged + size_t(warp) * kSlots * 32 + lane;
   // The dispatch's `go` (the same on every rank): a dispatch that did not fit left the
   // communicator failed, with nothing to sum; the line is still exchanged (a peer in another call
   // shows its signature there).
@@ -257,7 +299,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % theirs.chunks);
       ok = push_partial<ASEGS>(a, call, q, u, int(u / theirs.chunks), c * theirs.segments_per_chunk,
-                        theirs.segments_per_chunk, lane);
+                        theirs.segments_per_chunk, lane, STAGE_A ? my_stage : nullptr, kSlots);
     }
     item += count;
   }
@@ -278,7 +320,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
     for (int64_t j = warp; j < my_units; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % mine.chunks);
-      sum_partials<BSEGS, BROWS>(a, call, int(u / mine.chunks), c * mine.segments_per_chunk, mine.segments_per_chunk, lane);
+      sum_partials<BSEGS, BROWS>(a, call, int(u / mine.chunks), c * mine.segments_per_chunk, mine.segments_per_chunk, lane,
+                                 STAGE_B ? my_stage : nullptr, kSlots);
     }
   }
   // Invariant: block b of every peer has stored its partials of this rank's tokens in this block's
@@ -291,14 +334,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
 void launch_moe_combine_reduced(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {
   const char* v = getenv("SYMMEM_MOE_REDUCED_VARIANT");  // EXPERIMENT
   const int variant = v ? atoi(v) : 0;
-  if (variant == 1)
-    launch_kernel(moe_combine_reduced<4, 4, 2, false>, blocks, kThreadsPerBlock, 0, stream, args);
-  else if (variant == 2)
-    launch_kernel(moe_combine_reduced<4, 4, 2, true>, blocks, kThreadsPerBlock, 0, stream, args);
-  else if (variant == 3)
-    launch_kernel(moe_combine_reduced<2, 4, 2, false>, blocks, kThreadsPerBlock, 0, stream, args);
-  else
-    launch_kernel(moe_combine_reduced<2, 2, 4, false>, blocks, kThreadsPerBlock, 0, stream, args);
+  const size_t smem = size_t(kThreadsPerBlock) * kSlots * 16;
+  if (variant == 4) {
+    static DynamicSharedLimit limit;
+    limit.raise(moe_combine_reduced<2, 4, 2, false, true, false>, smem);
+    launch_kernel(moe_combine_reduced<2, 4, 2, false, true, false>, blocks, kThreadsPerBlock, smem, stream, args);
+  } else if (variant == 5) {
+    static DynamicSharedLimit limit;
+    limit.raise(moe_combine_reduced<2, 4, 2, false, true, true>, smem);
+    launch_kernel(moe_combine_reduced<2, 4, 2, false, true, true>, blocks, kThreadsPerBlock, smem, stream, args);
+  } else if (variant == 6) {
+    static DynamicSharedLimit limit;
+    limit.raise(moe_combine_reduced<2, 4, 2, true, true, true>, smem);
+    launch_kernel(moe_combine_reduced<2, 4, 2, true, true, true>, blocks, kThreadsPerBlock, smem, stream, args);
+  } else {
+    launch_kernel(moe_combine_reduced<2, 4, 2, false, false, false>, blocks, kThreadsPerBlock, 0, stream, args);
+  }
 }
 
 }  // namespace symmem::detail
