@@ -205,7 +205,7 @@ __device__ void send_routes(const MoeCombineArgs& a, uint32_t call, int64_t u, i
 // One warp: the partial of this rank's experts for token t of rank q (unit u; its routes here in
 // top-k order), segments [first, first + count), stored into q's partial area. False when q's
 // route lines did not come (timeout, mismatch or abort, recorded).
-template <int ASEGS>
+template <int ASEGS, int DIAG>
 __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int64_t u, int t, int first, int count,
                              int lane, uint4* stage, int slots) {
   const EpGeometry& g = a.g;
@@ -230,15 +230,15 @@ __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int6
   }
   if (!__all_sync(kFullWarp, ok)) return false;
   const uint32_t here = __ballot_sync(kFullWarp, lane < K && int(word) >= 0);
-  if (here == 0) return true;  // no route of the token on this rank: q does not read this partial
+  if (here == 0 || DIAG == 9) return true;  // no route of the token on this rank: q does not read this partial
   // Lane i: the i-th route here (top-k order kept).
   const int k = nth_set_bit(here, lane);
   const int row = int(__shfl_sync(kFullWarp, word, k & 31));
   const float weight = __uint_as_float(__shfl_sync(kFullWarp, word, (K + k) & 31));
   const char* source = a.buffers.combine + size_t(row < 0 ? 0 : row) * g.hidden * 2;
   if (stage)
-    sum_rows_staged(stage, slots, source, weight, __popc(here), g.hidden, first, count, partial_row(a, call, q, me, t),
-                    lane);
+    sum_rows_staged(stage, slots, source, weight, __popc(here), g.hidden, first, count,
+                    partial_row(a, call, DIAG == 7 ? me : q, me, t), lane);
   else
     sum_rows<ASEGS, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count, partial_row(a, call, q, me, t),
                                 lane);
@@ -263,7 +263,7 @@ __device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int 
 }
 
 constexpr int kSlots = 24;
-template <int ASEGS, int BSEGS, int BROWS, bool OWN_FIRST, bool STAGE_A, bool STAGE_B>
+template <int ASEGS, int BSEGS, int BROWS, bool OWN_FIRST, bool STAGE_A, bool STAGE_B, int DIAG = 0>
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombineArgs a) {
   extern __shared__ uint4 staged[];
   device::enter_kernel();
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
     for (int64_t j = ((warp - item) % warps + warps) % warps; j < count && ok; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % theirs.chunks);
-      ok = push_partial<ASEGS>(a, call, q, u, int(u / theirs.chunks), c * theirs.segments_per_chunk,
+      ok = push_partial<ASEGS, DIAG>(a, call, q, u, int(u / theirs.chunks), c * theirs.segments_per_chunk,
                         theirs.segments_per_chunk, lane, STAGE_A ? my_stage : nullptr, kSlots);
     }
     item += count;
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
     }
   }
   __syncthreads();
-  if (arrived) {
+  if (arrived && DIAG != 8) {
     for (int64_t j = warp; j < my_units; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % mine.chunks);
@@ -347,6 +347,18 @@ void launch_moe_combine_reduced(const MoeCombineArgs& args, int blocks, cudaStre
     static DynamicSharedLimit limit;
     limit.raise(moe_combine_reduced<2, 4, 2, true, true, true>, smem);
     launch_kernel(moe_combine_reduced<2, 4, 2, true, true, true>, blocks, kThreadsPerBlock, smem, stream, args);
+  } else if (variant >= 7) {
+    static DynamicSharedLimit l7, l8, l9;
+    if (variant == 7) {
+      l7.raise(moe_combine_reduced<2, 4, 2, false, true, false, 7>, smem);
+      launch_kernel(moe_combine_reduced<2, 4, 2, false, true, false, 7>, blocks, kThreadsPerBlock, smem, stream, args);
+    } else if (variant == 8) {
+      l8.raise(moe_combine_reduced<2, 4, 2, false, true, false, 8>, smem);
+      launch_kernel(moe_combine_reduced<2, 4, 2, false, true, false, 8>, blocks, kThreadsPerBlock, smem, stream, args);
+    } else {
+      l9.raise(moe_combine_reduced<2, 4, 2, false, true, false, 9>, smem);
+      launch_kernel(moe_combine_reduced<2, 4, 2, false, true, false, 9>, blocks, kThreadsPerBlock, smem, stream, args);
+    }
   } else {
     launch_kernel(moe_combine_reduced<2, 4, 2, false, false, false>, blocks, kThreadsPerBlock, 0, stream, args);
   }
