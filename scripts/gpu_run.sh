@@ -32,7 +32,7 @@
 # Settings: BUNDLE (default .device/bundle.tar.xz, or a build-bundle/ folder), BUDGET_S, OUT,
 # GPU_RUN_WORK (default /tmp/symmem-gpu-run, kept between runs of a warm machine), and per step
 # below (SHARED_WORLDS; SHARED_FILTER: only the cases of shared_gpu_tests whose name holds it;
-# FSDP_STEPS; MOE_AB_ARGS, MOE_PATHS_ARGS, FUSED_ARGS: more arguments of moe_ab's, moe_combine_paths' and
+# FSDP_STEPS; MOE_PATHS: the paths of moe_combine_paths (default "registers bulk reduced"); MOE_AB_ARGS, MOE_PATHS_ARGS, FUSED_ARGS: more arguments of moe_ab's, moe_combine_paths' and
 # fused_b_transposed's benches; ...). DRY_RUN=1 prints each step's command instead of running it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -435,11 +435,11 @@ run_step() {
     all_to_all_vdev) torchbench "all_to_all_vdev_$n" 150 all_to_all_vdev "all_to_all_vdev_$n" ;;
     moe) torchbench "moe_$n" 240 moe "moe_$n" --reps 5 ;;
     moe_sm_budget) torchbench "moe_sm_budget_$n" 200 moe "moe_$n" --reps 5 --shapes decode_128,prefill_4096 \
-      --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks 32,24,40,48,96,132 ;;
+      --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks 32,24,40,48,64,96,132 ;;
     moe_combine_paths)  # one run per path, each with its reference rows
       for path in ${MOE_PATHS:-registers bulk reduced}; do
-        (export SYMMEM_MOE_COMBINE=${path%%:*} SYMMEM_MOE_REDUCED_VARIANT=${path#*:}
-          torchbench "moe_combine_${path/:/_v}_$n" 150 moe "moe_$n" --reps 5 \
+        (export SYMMEM_MOE_COMBINE=$path
+          torchbench "moe_combine_${path}_$n" 150 moe "moe_$n" --reps 5 \
             --shapes decode_1,decode_128,prefill_4096 --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs \
             ${MOE_PATHS_ARGS:-})
       done ;;

@@ -45,17 +45,6 @@ __device__ __forceinline__ uint32_t atomic_add_release_gpu(uint32_t* p, uint32_t
   return old;
 }
 
-// --- Asynchronous 16-byte copies from global into shared memory (no registers held in flight) ---
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
-               "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
-
 // --- Hopper bulk copies (TMA engine) and the mbarrier that tracks them -------------------------
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {

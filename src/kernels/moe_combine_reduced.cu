@@ -40,7 +40,6 @@
 #include "kernels/launch.cuh"
 #include "kernels/moe_args.hpp"
 #include "kernels/moe_combine_lines.cuh"
-#include <cstdlib>
 
 namespace symmem::detail {
 namespace {
@@ -145,37 +144,6 @@ __device__ void sum_rows(const char* row, float weight, int n, int hidden, int f
   }
 }
 
-// sum_rows through shared memory: this lane's `slots` 16-byte slots (stage[i * 32], i < slots),
-// filled by asynchronous copies, so a warp keeps up to `slots` loads a lane in flight without
-// holding them in registers. Whole segments a wave: max(1, slots / n) segments of n rows.
-__device__ void sum_rows_staged(uint4* stage, int slots, const char* row, float weight, int n, int hidden, int first,
-                                int count, char* to, int lane) {
-  const int per_wave = max(1, slots / max(n, 1));
-  for (int s0 = first; s0 < first + count; s0 += per_wave) {
-    const int segs = min(per_wave, first + count - s0);
-    for (int i = 0; i < segs; ++i)
-      for (int r = 0; r < n; ++r) {
-        const char* from = reinterpret_cast<const char*>(
-            __shfl_sync(kFullWarp, reinterpret_cast<unsigned long long>(row), r & 31));
-        const int column = (s0 + i) * kColumnsPerSegment + lane * 8;
-        if (column < hidden) device::cp_async_16(&stage[(i * n + r) * 32], from + size_t(column) * 2);
-      }
-    device::cp_async_wait_all();
-    for (int i = 0; i < segs; ++i) {
-      float acc[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-      const int column = (s0 + i) * kColumnsPerSegment + lane * 8;
-      for (int r = 0; r < n; ++r) {
-        const float w = __shfl_sync(kFullWarp, weight, r & 31);
-        if (column < hidden) add_scaled(acc, stage[(i * n + r) * 32], w);
-      }
-      if (column < hidden) *reinterpret_cast<uint4*>(to + size_t(column) * 2) = to_bf16x8(acc);
-    }
-    __syncwarp();  // every lane's reads of the slots before the next wave's copies
-  }
-}
-
 // Lane i (i < popc(mask)): the index of the mask's i-th set bit, lowest first; else -1.
 __device__ __forceinline__ int nth_set_bit(uint32_t mask, int lane) {
   const unsigned bit = __fns(mask, 0, lane + 1);
@@ -205,9 +173,8 @@ __device__ void send_routes(const MoeCombineArgs& a, uint32_t call, int64_t u, i
 // One warp: the partial of this rank's experts for token t of rank q (unit u; its routes here in
 // top-k order), segments [first, first + count), stored into q's partial area. False when q's
 // route lines did not come (timeout, mismatch or abort, recorded).
-template <int ASEGS, int DIAG>
 __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int64_t u, int t, int first, int count,
-                             int lane, uint4* stage, int slots) {
+                             int lane) {
   const EpGeometry& g = a.g;
   const SyncArgs& s = a.sync;
   const int me = s.rank, K = g.topk;
@@ -230,42 +197,30 @@ __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int6
   }
   if (!__all_sync(kFullWarp, ok)) return false;
   const uint32_t here = __ballot_sync(kFullWarp, lane < K && int(word) >= 0);
-  if (here == 0 || DIAG == 9) return true;  // no route of the token on this rank: q does not read this partial
+  if (here == 0) return true;  // no route of the token on this rank: q does not read this partial
   // Lane i: the i-th route here (top-k order kept).
   const int k = nth_set_bit(here, lane);
   const int row = int(__shfl_sync(kFullWarp, word, k & 31));
   const float weight = __uint_as_float(__shfl_sync(kFullWarp, word, (K + k) & 31));
   const char* source = a.buffers.combine + size_t(row < 0 ? 0 : row) * g.hidden * 2;
-  if (stage)
-    sum_rows_staged(stage, slots, source, weight, __popc(here), g.hidden, first, count,
-                    partial_row(a, call, DIAG == 7 ? me : q, me, t), lane);
-  else
-    sum_rows<ASEGS, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count, partial_row(a, call, q, me, t),
-                                lane);
+  sum_rows<kSegmentsATurn, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count,
+                                       partial_row(a, call, q, me, t), lane);
   return true;
 }
 
 // One warp: this rank's output for token t, segments [first, first + count): the partials of the
 // ranks its routes reach, added in rank order.
-template <int BSEGS, int BROWS>
-__device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int first, int count, int lane,
-                             uint4* stage, int slots) {
+__device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int first, int count, int lane) {
   const EpGeometry& g = a.g;
   const int32_t rank = lane < g.topk ? a.scratch.route_rank[size_t(t) * g.topk + lane] : -1;
   const uint32_t ranks = __reduce_or_sync(kFullWarp, rank >= 0 ? 1u << rank : 0u);
   const int r = nth_set_bit(ranks, lane);  // lane i: the i-th rank, lowest first
   const char* source = partial_row(a, call, a.sync.rank, r < 0 ? 0 : r, t);
   char* to = static_cast<char*>(a.out) + size_t(t) * g.hidden * 2;
-  if (stage)
-    sum_rows_staged(stage, slots, source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
-  else
-    sum_rows<BSEGS, BROWS>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
+  sum_rows<kSegmentsATurn, kRowsATurn>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
 }
 
-constexpr int kSlots = 24;
-template <int ASEGS, int BSEGS, int BROWS, bool OWN_FIRST, bool STAGE_A, bool STAGE_B, int DIAG = 0>
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombineArgs a) {
-  extern __shared__ uint4 staged[];
   device::enter_kernel();
   const SyncArgs& s = a.sync;
   const EpGeometry& g = a.g;
@@ -273,7 +228,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
   const int segments = (g.hidden + kColumnsPerSegment - 1) / kColumnsPerSegment;
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grid_warps = gridDim.x * warps;
-  uint4* my_stage = staged + size_t(warp) * kSlots * 32 + lane;
   // The dispatch's `go` (the same on every rank): a dispatch that did not fit left the
   // communicator failed, with nothing to sum; the line is still exchanged (a peer in another call
   // shows its signature there).
@@ -292,14 +246,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
   int64_t item = 0;
   bool ok = true;  // this warp's route lines all came
   for (int i = 1; i <= s.world && ok; ++i) {
-    const int q = (s.rank + i - (OWN_FIRST ? 1 : 0)) % s.world;
+    const int q = (s.rank + i) % s.world;
     const Units theirs = q == s.rank ? mine : units_of(go ? tokens_of(a, q) : 0, segments, grid_warps);
     const int64_t count = block_units(theirs.count);
     for (int64_t j = ((warp - item) % warps + warps) % warps; j < count && ok; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % theirs.chunks);
-      ok = push_partial<ASEGS, DIAG>(a, call, q, u, int(u / theirs.chunks), c * theirs.segments_per_chunk,
-                        theirs.segments_per_chunk, lane, STAGE_A ? my_stage : nullptr, kSlots);
+      ok = push_partial(a, call, q, u, int(u / theirs.chunks), c * theirs.segments_per_chunk,
+                        theirs.segments_per_chunk, lane);
     }
     item += count;
   }
@@ -316,12 +270,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
     }
   }
   __syncthreads();
-  if (arrived && DIAG != 8) {
+  if (arrived) {
     for (int64_t j = warp; j < my_units; j += warps) {
       const int64_t u = blockIdx.x + j * gridDim.x;
       const int c = int(u % mine.chunks);
-      sum_partials<BSEGS, BROWS>(a, call, int(u / mine.chunks), c * mine.segments_per_chunk, mine.segments_per_chunk, lane,
-                                 STAGE_B ? my_stage : nullptr, kSlots);
+      sum_partials(a, call, int(u / mine.chunks), c * mine.segments_per_chunk, mine.segments_per_chunk, lane);
     }
   }
   // Invariant: block b of every peer has stored its partials of this rank's tokens in this block's
@@ -332,36 +285,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
 }  // namespace
 
 void launch_moe_combine_reduced(const MoeCombineArgs& args, int blocks, cudaStream_t stream) {
-  const char* v = getenv("SYMMEM_MOE_REDUCED_VARIANT");  // EXPERIMENT
-  const int variant = v ? atoi(v) : 0;
-  const size_t smem = size_t(kThreadsPerBlock) * kSlots * 16;
-  if (variant == 4) {
-    static DynamicSharedLimit limit;
-    limit.raise(moe_combine_reduced<2, 4, 2, false, true, false>, smem);
-    launch_kernel(moe_combine_reduced<2, 4, 2, false, true, false>, blocks, kThreadsPerBlock, smem, stream, args);
-  } else if (variant == 5) {
-    static DynamicSharedLimit limit;
-    limit.raise(moe_combine_reduced<2, 4, 2, false, true, true>, smem);
-    launch_kernel(moe_combine_reduced<2, 4, 2, false, true, true>, blocks, kThreadsPerBlock, smem, stream, args);
-  } else if (variant == 6) {
-    static DynamicSharedLimit limit;
-    limit.raise(moe_combine_reduced<2, 4, 2, true, true, true>, smem);
-    launch_kernel(moe_combine_reduced<2, 4, 2, true, true, true>, blocks, kThreadsPerBlock, smem, stream, args);
-  } else if (variant >= 7) {
-    static DynamicSharedLimit l7, l8, l9;
-    if (variant == 7) {
-      l7.raise(moe_combine_reduced<2, 4, 2, false, true, false, 7>, smem);
-      launch_kernel(moe_combine_reduced<2, 4, 2, false, true, false, 7>, blocks, kThreadsPerBlock, smem, stream, args);
-    } else if (variant == 8) {
-      l8.raise(moe_combine_reduced<2, 4, 2, false, true, false, 8>, smem);
-      launch_kernel(moe_combine_reduced<2, 4, 2, false, true, false, 8>, blocks, kThreadsPerBlock, smem, stream, args);
-    } else {
-      l9.raise(moe_combine_reduced<2, 4, 2, false, true, false, 9>, smem);
-      launch_kernel(moe_combine_reduced<2, 4, 2, false, true, false, 9>, blocks, kThreadsPerBlock, smem, stream, args);
-    }
-  } else {
-    launch_kernel(moe_combine_reduced<2, 4, 2, false, false, false>, blocks, kThreadsPerBlock, 0, stream, args);
-  }
+  launch_kernel(moe_combine_reduced, blocks, kThreadsPerBlock, 0, stream, args);
 }
 
 }  // namespace symmem::detail

@@ -121,13 +121,16 @@ def _reference_dispatch(ep, x, scales, ids, weights):
 
 @pytest.mark.parametrize("layout", ["expert_major", "rank_major"])
 @pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
-def test_dispatch_and_combine_match_a_reference(group, layout, payload):
+@pytest.mark.parametrize("routes", ["few", "many"])
+def test_dispatch_and_combine_match_a_reference(group, layout, payload, routes):
+    """`many`: top-k of 4 x world over 1 MiB of rows, where an expert-major combine reduces on the
+    experts' side (plan/moe_combine_path.hpp); `few`: top-4 of 48 tokens, the pull."""
     world, me = dist.get_world_size(), dist.get_rank()
-    E, K, H, T = 8 * world, 4, 512, 48
+    E, K, H, T = (8 * world, 4, 512, 48) if routes == "few" else (8 * world, min(4 * world, 16), 512, 128)
     ep = ExpertParallel(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout,
                         payload=payload, max_blocks=16)
     L = ep.local_experts
-    g = torch.Generator(device="cuda").manual_seed(_seed("moe", layout, payload))
+    g = torch.Generator(device="cuda").manual_seed(_seed("moe", layout, payload, routes))
     ids = torch.argsort(torch.rand(T, E, generator=g, device="cuda"), dim=1)[:, :K].contiguous()
     ids[::5, -1] = -1  # masked entries
     weights = torch.rand(T, K, generator=g, device="cuda")
