@@ -69,9 +69,9 @@ def sweep(operation, stem, sizes, mode, references=NCCL, symmem="symmem_auto", p
                  references, mode) for b in sizes]
 
 
-def moe(label, shape, payload, op, mode, symmem="symmem_rank_major"):
-    return Spec("MoE " + op + (", expert-major" if symmem == "symmem_expert_major" else ""),
-                f"{label}, {payload.replace('float8_e4m3', 'fp8').replace('bfloat16', 'bf16')}", "moe_{w}",
+def moe(label, shape, payload, op, mode, symmem="symmem_rank_major", stem="moe_{w}", budget=""):
+    return Spec("MoE " + op + (", expert-major" if symmem.startswith("symmem_expert_major") else "") + budget,
+                f"{label}, {payload.replace('float8_e4m3', 'fp8').replace('bfloat16', 'bf16')}", stem,
                 {"shape": shape, "payload": payload, "op": op}, symmem, MOE_REFERENCES, mode)
 
 
@@ -99,6 +99,8 @@ SPECS = (
        moe("decode 128 tokens", "decode_128", "float8_e4m3", "dispatch", "graph"),
        moe("decode 128 tokens", "decode_128", "bfloat16", "combine", "graph"),
        moe("decode 128 tokens", "decode_128", "bfloat16", "combine", "graph", "symmem_expert_major"),
+       moe("decode 128 tokens", "decode_128", "bfloat16", "combine", "graph", "symmem_expert_major_b64",
+           "moe_sm_budget_{w}", ", 64 blocks"),
        moe("prefill 4096 tokens", "prefill_4096", "bfloat16", "dispatch", "graph"),
        moe("prefill 4096 tokens", "prefill_4096", "float8_e4m3", "dispatch", "eager"),
        moe("prefill 4096 tokens", "prefill_4096", "float8_e4m3", "dispatch", "graph"),

@@ -1,9 +1,9 @@
 // What the MoE combine kernels share (kernels/moe_combine.cu, kernels/moe_combine_reduced.cu):
 // bfloat16 rows summed in float32, and the per-block lines they exchange with the same block of
-// every peer: the entry line (phase 0) in word blockIdx.x of the sender's slot, the second line
-// (phase 1: "done reading" for the pulls, "partials delivered" for the reduction) in word
-// kMaxBlocks + blockIdx.x, both in the half of the call's parity. Every line is taken and cleared
-// in its call (device/low_latency.cuh).
+// every peer: the pulls' entry line (phase 0) in word blockIdx.x of the sender's slot and their exit
+// line ("done reading", phase 1) in word kMaxBlocks + blockIdx.x; the reduction's one line
+// ("partials delivered") in word blockIdx.x; all in the half of the call's parity. Every line is
+// taken and cleared in its call (device/low_latency.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
