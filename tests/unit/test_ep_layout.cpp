@@ -234,15 +234,25 @@ TEST(ep_verdict_names_the_full_expert_or_rank) {
   }
 }
 
-TEST(ep_geometry_states_memory_and_rejects_bad_configs) {
-  // DeepSeek-V3 decode at EP8: 256 experts, top-8, hidden 7168, 128 tokens, fp8 dispatch.
+namespace {
+
+// DeepSeek-V3 decode: 256 experts, top-8, hidden 7168, 128 tokens a rank, expert-major, bf16.
+EpConfig deepseek_v3_decode() {
   EpConfig c;
   c.num_experts = 256;
   c.topk = 8;
   c.hidden = 7168;
   c.max_tokens_per_rank = 128;
-  c.payload = EpPayload::kFloat8E4M3;
   c.layout = EpLayout::kExpertMajor;
+  return c;
+}
+
+}  // namespace
+
+TEST(ep_geometry_states_memory_and_rejects_bad_configs) {
+  // DeepSeek-V3 decode at EP8, fp8 dispatch.
+  EpConfig c = deepseek_v3_decode();
+  c.payload = EpPayload::kFloat8E4M3;
   const EpGeometry g = ep_geometry(c, 8);
   EXPECT_EQ(g.local_experts, 32);
   EXPECT_EQ(g.rows_per_expert, int64_t(8 * 128));
@@ -316,12 +326,7 @@ TEST(moe_combine_path_follows_the_contexts_largest_call) {
 // context moves 1 MiB of rows or more; never where its route lines would not fit one sender's
 // low-latency slot; its partials after the rows, aligned, in the heap.
 TEST(moe_combine_reduction_is_chosen_by_shape_and_laid_out_after_the_rows) {
-  EpConfig c;
-  c.num_experts = 256;
-  c.topk = 8;
-  c.hidden = 7168;
-  c.max_tokens_per_rank = 128;
-  c.layout = EpLayout::kExpertMajor;
+  EpConfig c = deepseek_v3_decode();
   auto reduced = [&](int world, MoeCombinePath forced) { return ep_geometry(c, world, forced).combine_reduced; };
   EXPECT(reduced(2, MoeCombinePath::kAuto));          // top-8 of 2 ranks, 14 MiB of rows
   EXPECT(!reduced(4, MoeCombinePath::kAuto));         // top-8 of 4 ranks: 2 routes a rank
