@@ -127,8 +127,9 @@ std::string describe_call(const char* op, const EpConfig& c, const detail::EpGeo
                   ", experts=" + std::to_string(g.experts) + ", topk=" + std::to_string(g.topk) +
                   ", hidden=" + std::to_string(g.hidden) + ", max_tokens=" + std::to_string(g.max_tokens);
   s += g.expert_major ? ", rows_per_expert=" + std::to_string(g.rows_per_expert) : ", rows=" + std::to_string(g.rows);
-  if (g.combine_reduced) s += ", reduced by the experts' ranks";
-  return s + ", blocks=" + std::to_string(blocks) + ")";
+  s += ", blocks=" + std::to_string(blocks);
+  if (g.combine_reduced && std::string(op) == "moe_combine") s += ", reduced";
+  return s + ")";
 }
 
 void require_aligned(const void* p, size_t alignment, const char* what, const char* op) {

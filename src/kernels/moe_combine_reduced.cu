@@ -3,10 +3,12 @@
 // every route's row crossing NVLink. One line exchange per block, no entry barrier, and nothing of
 // a peer is read: a rank reads only its own memory, and writes into its peers' lines and partials.
 //
-//   routes    block b sends, for each of its units of this rank's tokens, the token's routes as
-//             low-latency lines to every peer (2K lines a unit: the row of route k at that peer,
-//             or -1 elsewhere, then its weight: this call's, the dispatch's, or 1 when applied
-//             before the experts), into this rank's slot of the peer's area after the blocks' words.
+//   routes    block b posts its presence line (word blockIdx.x: a peer in another call sees this
+//             call's signature there, and this rank sees the peer's in word 0) and sends, for each
+//             of its units of this rank's tokens, the token's routes as low-latency lines to every
+//             peer (2K lines a unit: the row of route k at that peer, or -1 elsewhere, then its
+//             weight: this call's, the dispatch's, or 1 when applied before the experts), into
+//             this rank's slot of the peer's area after the blocks' words.
 //   partials  for every rank q (the next first, this rank last) and each of q's tokens in block b's
 //             units, a warp takes the unit's route lines (q's from this rank's area; this rank's
 //             own from its scratch), sums the rows of this rank's experts among them in top-k order
@@ -14,8 +16,8 @@
 //             q's partial area (the half of the call's parity), at [this rank][token]; a token with
 //             no route here sends nothing.
 //   line      block b releases its partials and exchanges one line with block b of every peer
-//             (kernels/moe_combine_lines.cuh, word blockIdx.x): every partial of this rank's tokens
-//             in block b's units has arrived.
+//             (kernels/moe_combine_lines.cuh, word kMaxBlocks + blockIdx.x), and takes their
+//             presence lines: every partial of this rank's tokens in block b's units has arrived.
 //   sum       a warp per unit of this rank's tokens adds, in rank order from 0, the partials of the
 //             ranks its routes reach (float32), rounds to bfloat16 and writes the output.
 //
@@ -33,7 +35,7 @@
 // routes a rank sums from are its own: the caller's next expert outputs, or the next dispatch,
 // come after this kernel on its stream.
 // Counted low-latency call: every block reaches call_end, and receives from every peer. Failure
-// records name phase 0 (a route line or the block's line).
+// records name phase 0 (a route line) or 1 (the block's lines).
 #include "device/call_counter.cuh"
 #include "device/dependent_launch.cuh"
 #include "kernels/kernel_args.hpp"
@@ -91,10 +93,35 @@ __device__ __forceinline__ char* partial_row(const MoeCombineArgs& a, uint32_t c
   return heap_of(a, q) + g.partials_offset + row * g.hidden * 2;
 }
 
-// The first of unit u's route lines in a sender's slot: after the blocks' words (the line of block b
-// is word b, where a peer in a dispatch shows its count header's foreign signature).
+// The first of unit u's route lines in a sender's slot: after the blocks' presence and delivery
+// lines (plan/moe_combine_path.hpp bounds the slot's use).
 __device__ __forceinline__ size_t route_word(const EpGeometry& g, int64_t u) {
-  return kMaxBlocks + size_t(u) * 2 * g.topk;
+  return 2 * size_t(kMaxBlocks) + size_t(u) * 2 * g.topk;
+}
+
+// One lane: takes one of sender q's route lines (then clears it: device/low_latency.cuh). While it
+// waits, word 0 of q's slot tells a peer in another call at once (a dispatch's count header, another
+// combine's or collective's lines carry their own signature there), as the pulls' entry does.
+// False on timeout, mismatch or abort (recorded, phase 0).
+__device__ bool take_route_line(const SyncArgs& s, uint64_t* slot, uint64_t* line, int q, uint32_t* word) {
+  const uint64_t start = device::global_timer_ns();
+  for (uint32_t spins = 1;; ++spins) {
+    const uint64_t value = device::ld_relaxed_sys_u64(line);
+    uint32_t tag = static_cast<uint32_t>(value >> 32);
+    if (tag == s.signature) {
+      *word = static_cast<uint32_t>(value);
+      device::st_relaxed_sys_u64(line, 0);
+      return true;
+    }
+    if (tag == 0u) tag = static_cast<uint32_t>(device::ld_relaxed_sys_u64(slot) >> 32);
+    if (tag != 0u && tag != s.signature) {
+      device::record_failure(s, kStatusMismatch, q, kEntryPhase, tag);
+      return false;
+    }
+    if ((spins & 255u) == 0u &&
+        !device::keep_waiting(s, start, q, kEntryPhase, device::abort_turn(spins >> 8, kThreadsPerBlock)))
+      return false;
+  }
 }
 
 // The weight of this rank's pair (t, k) in this call.
@@ -198,10 +225,8 @@ __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int6
                                                 : 0xFFFFFFFFu;
     }
   } else if (lane < 2 * K) {
-    uint64_t* line =
-        device::low_latency_slot(a.lines.peers[me], call, q, a.lines.slot_words) + route_word(g, u) + lane;
-    ok = device::read_line(s, line, q, kEntryPhase, &word);
-    if (ok) device::st_relaxed_sys_u64(line, 0);  // taken: empty again (device/low_latency.cuh)
+    uint64_t* slot = device::low_latency_slot(a.lines.peers[me], call, q, a.lines.slot_words);
+    ok = take_route_line(s, slot, slot + route_word(g, u) + lane, q, &word);
   }
   if (!__all_sync(kFullWarp, ok)) return false;
   const uint32_t here = __ballot_sync(kFullWarp, lane < K && int(word) >= 0);
@@ -242,6 +267,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
   const bool go = *a.scratch.go != 0;
   const Units mine = units_of(go ? *a.scratch.num_tokens : 0, segments, grid_warps);
   const int64_t my_units = block_units(mine.count);
+  if (threadIdx.x == 0) post_lines(a, call, kEntryPhase);  // presence
   for (int64_t j = warp; j < my_units; j += warps) {
     const int64_t u = blockIdx.x + j * gridDim.x;
     send_routes(a, call, u, int(u / mine.chunks), lane);
@@ -272,8 +298,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
     arrived = 0;
     if (!failed) {
       device::fence_acq_rel_sys();  // release: the partials before the line
-      post_lines(a, call, kEntryPhase);
-      arrived = collect_lines(a, call, kEntryPhase);
+      post_lines(a, call, kSecondPhase);
+      arrived = collect_lines(a, call, kEntryPhase) && collect_lines(a, call, kSecondPhase);
       device::fence_acq_rel_sys();  // acquire: the peers' partials
     }
   }

@@ -31,15 +31,15 @@ inline bool moe_combine_uses_bulk(const EpGeometry& g, int sources, MoeCombinePa
   return g.expert_major ? bytes > kExpertMajorRegistersMaxBytes : bytes >= kBulkMinBytes;
 }
 
-// The reduced combine sends each unit's routes as 2 x top-k low-latency lines, after the kMaxBlocks
-// words of the blocks' lines, in the sender's slot of a receiver's area (Workspaces::
+// The reduced combine sends each unit's routes as 2 x top-k low-latency lines, after the 2 x
+// kMaxBlocks words of the blocks' lines, in the sender's slot of a receiver's area (Workspaces::
 // kLowLatencySlotBytes / 4 words, checked where the context is created); a rank's units are at
 // most max(T, the grid's warps) (kernels/moe_combine_reduced.cu, units_of).
 constexpr size_t kEpLinesSlotWords = (size_t(1) << 20) / 4;
 inline bool moe_reduced_routes_fit(const EpGeometry& g) {
   const size_t warps = size_t(g.max_blocks) * (kThreadsPerBlock / 32);
   const size_t units = size_t(g.max_tokens) > warps ? size_t(g.max_tokens) : warps;
-  return size_t(kMaxBlocks) + units * 2 * size_t(g.topk) <= kEpLinesSlotWords;
+  return 2 * size_t(kMaxBlocks) + units * 2 * size_t(g.topk) <= kEpLinesSlotWords;
 }
 
 // The reduction on the experts' side (expert-major only): each rank sums, per token of each source,
@@ -56,7 +56,7 @@ inline bool moe_reduced_routes_fit(const EpGeometry& g) {
 // (moe_combine_reduced_2.csv, at 101961a,
 // whose default variant is this kernel) against the register pull's 8.7-9.0 on a one-token context.
 inline bool moe_combine_reduces(const EpGeometry& g, MoeCombinePath forced) {
-  if (!g.expert_major || !moe_reduced_routes_fit(g)) return false;
+  if (!g.expert_major || g.world < 2 || !moe_reduced_routes_fit(g)) return false;
   if (forced != MoeCombinePath::kAuto) return forced == MoeCombinePath::kReduced;
   constexpr size_t kReducedMinBytes = size_t(1) << 20;
   return g.topk >= 4 * g.world && size_t(g.max_tokens) * size_t(g.topk) * size_t(g.hidden) * 2 >= kReducedMinBytes;

@@ -1101,6 +1101,9 @@ std::string run_moe_case(const MoeCase& c, SharedRank& r, uint64_t seed) {
 
   wait_for_every_rank(r);
   std::unique_ptr<EpContext> ctx = EpContext::create(*r.comm, config);
+  // The references follow the path this test expects: the library must have taken it.
+  if (g.combine_reduced != (ctx->describe().find(", reduced)") != std::string::npos))
+    return "the context took another combine than expected: " + ctx->describe();
   MoeMemory m;
   m.x = std::make_unique<DeviceBuffer>(size_t(T) * g.payload_bytes);
   m.scales = std::make_unique<DeviceBuffer>(size_t(T) * std::max<size_t>(g.scale_bytes, 4));
@@ -1586,9 +1589,12 @@ TEST(shared_gpu_moe_missing_rank_is_named_in_time) {
 }
 
 // The last rank calls combine (or dispatches on a context of another shape) while the others
-// dispatch: kMismatch, on the device, everywhere.
+// dispatch: kMismatch, on the device, everywhere, at once (the harness's 5 s is less than the
+// communicator's deadline). Also after a round of dispatch and combine, where the combine has
+// routes to wait for (the reduced combine's route lines).
 TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
   for (int world : shared_gpu_worlds()) {
+    for (bool after_a_round : {false, true})
     for (bool other_shape : {false, true}) {
       std::mutex mutex;
       std::vector<Outcome> outcomes(world);
@@ -1604,13 +1610,20 @@ TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
                 out(size_t(T) * 512 * 2);
             upload(ids.ptr, std::vector<int64_t>(size_t(T) * K, 1), r.stream);
             upload(weights.ptr, std::vector<float>(size_t(T) * K, 1.f), r.stream);
+            EpDispatchArgs d;
+            d.x = x.ptr;
+            d.topk_idx = ids.ptr;
+            d.topk_weights = static_cast<const float*>(weights.ptr);
+            d.num_tokens = T;
+            if (after_a_round) {
+              EpCombineArgs cb;
+              cb.out = out.ptr;
+              a->dispatch(d, r.stream);
+              a->combine(cb, r.stream);
+              TEST_CUDA(cudaStreamSynchronize(r.stream));
+            }
             wait_for_every_rank(r);
             Outcome outcome = outcome_of(r, [&] {
-              EpDispatchArgs d;
-              d.x = x.ptr;
-              d.topk_idx = ids.ptr;
-              d.topk_weights = static_cast<const float*>(weights.ptr);
-              d.num_tokens = T;
               if (r.rank != world - 1) {
                 a->dispatch(d, r.stream);
               } else if (other_shape) {
@@ -1629,7 +1642,8 @@ TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
             outcomes[r.rank] = outcome;
           },
           5000);
-      expect_mismatch_everywhere(outcomes, other_shape ? "another shape" : "combine against dispatch");
+      expect_mismatch_everywhere(outcomes, std::string(other_shape ? "another shape" : "combine against dispatch") +
+                                               (after_a_round ? ", after a round" : ""));
     }
   }
 }

@@ -41,14 +41,14 @@ mutants=(
   # Variable all-to-all: the last block never clears the headers, so the call two counted calls
   # later may read the old call's splits (same signature) before its own arrive.
   "a2a_headers_kept|src/kernels/all_to_all_variable.cu|i < s.world * header; i += blockDim.x)|i < 0; i += blockDim.x)|all_to_all_back_to_back|2 4|symmem_shared_gpu_moe_tests"
-  # Variable all-to-all: a block's span of the balanced cut loses its last vector when it is odd.
-  # The reduced MoE combine sums a token's partials without waiting for the peers' second lines:
-  # partials not yet arrived, or the previous call's.
+  # The reduced MoE combine sums a token's partials without waiting for the peers' lines (and so
+  # leaves their lines unconsumed: caught as a mismatch of the line protocol two calls later).
+  "moe_reduced_no_wait|src/kernels/moe_combine_reduced.cu|arrived = collect_lines(a, call, kEntryPhase) && collect_lines(a, call, kSecondPhase);|arrived = 1;|moe_|2 3|symmem_shared_gpu_moe_tests|SYMMEM_MOE_COMBINE=reduced"
   # The reduced MoE combine keeps the route lines it took: two calls later, a unit's stale lines
   # (same signature) pass for fresh routes before the peer's new ones arrive. (A mutant with one
   # partial area instead of two halves was not caught: docs/moe.md, Testing.)
-  "moe_reduced_routes_kept|src/kernels/moe_combine_reduced.cu|if (ok) device::st_relaxed_sys_u64(line, 0);|if (ok) {}|moe_|2 3|symmem_shared_gpu_moe_tests|SYMMEM_MOE_COMBINE=reduced"
-  "moe_reduced_no_wait|src/kernels/moe_combine_reduced.cu|arrived = collect_lines(a, call, kEntryPhase);|arrived = 1;|moe_|2 3|symmem_shared_gpu_moe_tests|SYMMEM_MOE_COMBINE=reduced"
+  "moe_reduced_routes_kept|src/kernels/moe_combine_reduced.cu|device::st_relaxed_sys_u64(line, 0);|(void)0;|moe_|2 3|symmem_shared_gpu_moe_tests|SYMMEM_MOE_COMBINE=reduced"
+  # Variable all-to-all: a block's span of the balanced cut loses its last vector when it is odd.
   "a2a_span_short|src/kernels/all_to_all_variable.cu|end = cut_begin(total, gridDim.x, blockIdx.x + 1);|end = begin + (cut_begin(total, gridDim.x, blockIdx.x + 1) - begin) / 2 * 2;|all_to_all_skewed|2 4|symmem_shared_gpu_moe_tests"
 )
 

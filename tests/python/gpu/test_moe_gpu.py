@@ -123,12 +123,15 @@ def _reference_dispatch(ep, x, scales, ids, weights):
 @pytest.mark.parametrize("payload", ["bfloat16", "float8_e4m3"])
 @pytest.mark.parametrize("routes", ["few", "many"])
 def test_dispatch_and_combine_match_a_reference(group, layout, payload, routes):
-    """`many`: top-k of 4 x world over 1 MiB of rows, where an expert-major combine reduces on the
-    experts' side (plan/moe_combine_path.hpp); `few`: top-4 of 48 tokens, the pull."""
+    """`many`: top-k of 4 x world (up to world 4) over more than 1 MiB of rows, where an expert-major
+    combine reduces on the experts' side (plan/moe_combine_path.hpp); `few`: top-4 of 48 tokens,
+    the pull."""
     world, me = dist.get_world_size(), dist.get_rank()
-    E, K, H, T = (8 * world, 4, 512, 48) if routes == "few" else (8 * world, min(4 * world, 16), 512, 128)
+    E, K, H, T = (8 * world, 4, 512, 48) if routes == "few" else (8 * world, min(4 * world, 16), 512, 160)
     ep = ExpertParallel(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout,
                         payload=payload, max_blocks=16)
+    reduced = layout == "expert_major" and routes == "many" and world >= 2 and K >= 4 * world
+    assert (", reduced)" in ep.describe()) == reduced, ep.describe()
     L = ep.local_experts
     g = torch.Generator(device="cuda").manual_seed(_seed("moe", layout, payload, routes))
     ids = torch.argsort(torch.rand(T, E, generator=g, device="cuda"), dim=1)[:, :K].contiguous()
