@@ -1608,7 +1608,9 @@ TEST(shared_gpu_moe_mismatched_calls_fail_everywhere) {
             std::unique_ptr<EpContext> a = make(256), b = make(512);
             DeviceBuffer x(size_t(T) * 512 * 2), ids(size_t(T) * K * 8), weights(size_t(T) * K * 4),
                 out(size_t(T) * 512 * 2);
-            upload(ids.ptr, std::vector<int64_t>(size_t(T) * K, 1), r.stream);
+            std::vector<int64_t> routing(size_t(T) * K);
+            for (size_t p = 0; p < routing.size(); ++p) routing[p] = int64_t(p % K);  // experts 0, 1: a round fits
+            upload(ids.ptr, routing, r.stream);
             upload(weights.ptr, std::vector<float>(size_t(T) * K, 1.f), r.stream);
             EpDispatchArgs d;
             d.x = x.ptr;
