@@ -13,9 +13,9 @@
 //   push (max_blocks blocks): a warp per pair computes the pair's slot, stores the token's row
 //     (and scales, and for kRankMajor its ids and weights) into the receiving rank's area, and
 //     keeps the route for combine; one barrier at the end (every row arrived when it finishes).
-// Combine, one kernel (the expert-major layout may instead reduce on the experts' side:
-// kernels/moe_combine_reduced.cu) (plus a copy of the expert outputs into the combine area when they are
-// elsewhere): each block exchanges one low-latency line with the same block of every peer (the
+// Combine, one kernel, plus a copy of the expert outputs into the combine area when they are
+// elsewhere (an expert-major context may instead reduce on the experts' side:
+// kernels/moe_combine_reduced.cu): each block exchanges one low-latency line with the same block of every peer (the
 // entry barrier: every peer's expert outputs are written, and a peer in another call shows a
 // foreign signature), then the block pulls the token's rows from the peers' combine areas (per token
 // and 256 columns into registers, or per token and chunk into shared memory with bulk copies:
