@@ -1,8 +1,9 @@
 // What the MoE combine kernels share (kernels/moe_combine.cu, kernels/moe_combine_reduced.cu):
 // bfloat16 rows summed in float32, and the per-block lines they exchange with the same block of
 // every peer: the pulls' entry line (phase 0) in word blockIdx.x of the sender's slot and their exit
-// line ("done reading", phase 1) in word kMaxBlocks + blockIdx.x; the reduction's one line
-// ("partials delivered") in word blockIdx.x; all in the half of the call's parity. Every line is
+// line ("done reading", phase 1) in word kMaxBlocks + blockIdx.x; the reduction's presence line in
+// word blockIdx.x and its delivery line ("partials delivered") in word kMaxBlocks + blockIdx.x;
+// all in the half of the call's parity. Every line is
 // taken and cleared in its call (device/low_latency.cuh).
 #pragma once
 

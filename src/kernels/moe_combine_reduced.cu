@@ -1,7 +1,7 @@
 // MoE combine of the expert-major layout, reduced on the experts' side (plan/moe_combine_path.hpp):
 // where a token has several routes on one rank, that rank sums them and sends one row, instead of
-// every route's row crossing NVLink. One line exchange per block, no entry barrier, and nothing of
-// a peer is read: a rank reads only its own memory, and writes into its peers' lines and partials.
+// every route's row crossing NVLink. One exchange of lines per block at its end, no entry barrier,
+// and nothing of a peer is read: a rank reads only its own memory, and writes into its peers' lines and partials.
 //
 //   routes    block b posts its presence line (word blockIdx.x: a peer in another call sees this
 //             call's signature there, and this rank sees the peer's in word 0) and sends, for each
@@ -35,7 +35,7 @@
 // routes a rank sums from are its own: the caller's next expert outputs, or the next dispatch,
 // come after this kernel on its stream.
 // Counted low-latency call: every block reaches call_end, and receives from every peer. Failure
-// records name phase 0 (a route line) or 1 (the block's lines).
+// records name phase 0 (a route line, or a peer's presence line) or 1 (its delivery line).
 #include "device/call_counter.cuh"
 #include "device/dependent_launch.cuh"
 #include "kernels/kernel_args.hpp"
@@ -267,11 +267,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombi
   const bool go = *a.scratch.go != 0;
   const Units mine = units_of(go ? *a.scratch.num_tokens : 0, segments, grid_warps);
   const int64_t my_units = block_units(mine.count);
-  if (threadIdx.x == 0) post_lines(a, call, kEntryPhase);  // presence
   for (int64_t j = warp; j < my_units; j += warps) {
     const int64_t u = blockIdx.x + j * gridDim.x;
     send_routes(a, call, u, int(u / mine.chunks), lane);
   }
+  if (threadIdx.x == 0) post_lines(a, call, kEntryPhase);  // presence, before any wait
   // Partials: block b's units of every rank's tokens, the next rank first, this rank's own last
   // (the block's items, rank after rank, dealt to its warps in turn).
   __shared__ int failed;

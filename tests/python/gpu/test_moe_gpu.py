@@ -3,6 +3,7 @@ every dtype, heap and ordinary tensors, with and without splits, from CUDA graph
 and its 2-D form against the documented layout (and against torch.ops.symm_mem's where torch's
 NVSHMEM backend runs); ExpertParallel dispatch and combine of both layouts and payloads against a
 reference from every rank's tokens; a receiver too small raising kCapacity on every rank."""
+import os
 import pathlib
 import sys
 import zlib
@@ -131,7 +132,8 @@ def test_dispatch_and_combine_match_a_reference(group, layout, payload, routes):
     ep = ExpertParallel(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout,
                         payload=payload, max_blocks=16)
     reduced = layout == "expert_major" and routes == "many" and world >= 2 and K >= 4 * world
-    assert (", reduced)" in ep.describe()) == reduced, ep.describe()
+    if os.environ.get("SYMMEM_MOE_COMBINE", "auto") == "auto":  # the automatic choice (a forced one may differ)
+        assert (", reduced)" in ep.describe()) == reduced, ep.describe()
     L = ep.local_experts
     g = torch.Generator(device="cuda").manual_seed(_seed("moe", layout, payload, routes))
     ids = torch.argsort(torch.rand(T, E, generator=g, device="cuda"), dim=1)[:, :K].contiguous()
