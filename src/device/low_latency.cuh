@@ -140,17 +140,23 @@ __device__ __forceinline__ bool collect_words(const detail::SyncArgs& s, uint64_
 // all-to-all's headers), which one block clears once every reader is done, still within the call
 // (the clear-after-read rule above holds: no line outlives its call). Read with acquire: what the
 // sender wrote before its release of the line (a fence before its store) is ordered before what
-// this thread, and after a __syncthreads its block, does next. False on timeout, mismatch
-// (`phase` names the wait in the record) or abort.
+// this thread, and after a __syncthreads its block, does next. `watch` (optional): another line of
+// the sender's slot whose foreign signature, while this line is still empty, tells at once that
+// the sender is in another call (a line this call has the sender store later shows nothing until
+// then). False on timeout, mismatch (`phase` names the wait in the record) or abort.
 __device__ __forceinline__ bool read_line(const detail::SyncArgs& s, const uint64_t* line, int sender, int phase,
-                                          uint32_t* word) {
+                                          uint32_t* word, const uint64_t* watch = nullptr) {
   const uint64_t start = global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
     const uint64_t value = ld_acquire_sys_u64(line);
-    const uint32_t tag = static_cast<uint32_t>(value >> 32);
+    uint32_t tag = static_cast<uint32_t>(value >> 32);
     if (tag == s.signature) {
       *word = static_cast<uint32_t>(value);
       return true;
+    }
+    if (tag == 0u && watch != nullptr) {
+      tag = static_cast<uint32_t>(ld_relaxed_sys_u64(watch) >> 32);
+      if (tag == s.signature) tag = 0u;
     }
     if (tag != 0u) {
       record_failure(s, detail::kStatusMismatch, sender, phase, tag);

@@ -122,13 +122,16 @@ detail::CallDescriptor descriptor_of(uint32_t op, int blocks, uint64_t shape_has
   return c;
 }
 
-std::string describe_call(const char* op, const EpConfig& c, const detail::EpGeometry& g, int blocks) {
+// `reduced`: the call is a combine reduced on the experts' side (said after blocks=, which a
+// truncated description must keep).
+std::string describe_call(const char* op, const EpConfig& c, const detail::EpGeometry& g, int blocks,
+                          bool reduced = false) {
   std::string s = std::string(op) + "(" + ep_layout_name(c.layout) + ", " + ep_payload_name(c.payload) +
                   ", experts=" + std::to_string(g.experts) + ", topk=" + std::to_string(g.topk) +
                   ", hidden=" + std::to_string(g.hidden) + ", max_tokens=" + std::to_string(g.max_tokens);
   s += g.expert_major ? ", rows_per_expert=" + std::to_string(g.rows_per_expert) : ", rows=" + std::to_string(g.rows);
   s += ", blocks=" + std::to_string(blocks);
-  if (g.combine_reduced && std::string(op) == "moe_combine") s += ", reduced";
+  if (reduced) s += ", reduced";
   return s + ")";
 }
 
@@ -180,7 +183,7 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.scratch.counts = reinterpret_cast<uint32_t*>(base + o.counts);
   s.shape_hash = shape_hash_of(s.g);
   s.dispatch_text = describe_call("moe_dispatch", config, s.g, s.blocks);
-  s.combine_text = describe_call("moe_combine", config, s.g, s.blocks);
+  s.combine_text = describe_call("moe_combine", config, s.g, s.blocks, s.g.combine_reduced);
   s.combine_path = s.g.combine_reduced ? detail::MoeCombinePath::kReduced
                    : detail::moe_combine_uses_bulk(s.g, s.g.expert_major ? s.g.topk : st.world, forced)
                        ? detail::MoeCombinePath::kBulk

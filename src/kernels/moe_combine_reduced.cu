@@ -99,35 +99,17 @@ __device__ __forceinline__ size_t route_word(const EpGeometry& g, int64_t u) {
   return 2 * size_t(kMaxBlocks) + size_t(u) * 2 * g.topk;
 }
 
-// One lane: takes one of sender q's route lines (then clears it: device/low_latency.cuh). While it
-// waits, word 0 of q's slot tells a peer in another call at once (a dispatch's count header, another
-// combine's or collective's lines carry their own signature there), as the pulls' entry does.
-// False on timeout, mismatch or abort (recorded, phase 0).
-__device__ bool take_route_line(const SyncArgs& s, uint64_t* slot, uint64_t* line, int q, uint32_t* word) {
-  const uint64_t start = device::global_timer_ns();
-  for (uint32_t spins = 1;; ++spins) {
-    const uint64_t value = device::ld_relaxed_sys_u64(line);
-    uint32_t tag = static_cast<uint32_t>(value >> 32);
-    if (tag == s.signature) {
-      *word = static_cast<uint32_t>(value);
-      device::st_relaxed_sys_u64(line, 0);
-      return true;
-    }
-    if (tag == 0u) tag = static_cast<uint32_t>(device::ld_relaxed_sys_u64(slot) >> 32);
-    if (tag != 0u && tag != s.signature) {
-      device::record_failure(s, kStatusMismatch, q, kEntryPhase, tag);
-      return false;
-    }
-    if ((spins & 255u) == 0u &&
-        !device::keep_waiting(s, start, q, kEntryPhase, device::abort_turn(spins >> 8, kThreadsPerBlock)))
-      return false;
-  }
-}
-
 // The weight of this rank's pair (t, k) in this call.
 __device__ __forceinline__ float weight_of(const MoeCombineArgs& a, size_t pair) {
   if (a.weights_applied) return 1.f;
   return a.weights ? a.weights[pair] : a.scratch.weights[pair];
+}
+
+// Lane l of a unit's 2K route lines as seen by rank `at`: l < K, route l's row there, or -1 where
+// the route lies elsewhere; l = K + k, route k's weight. One encoding for the lines sent to a peer
+// and for this rank's own units.
+__device__ __forceinline__ uint32_t route_line_word(int lane, int K, int32_t rank, int32_t row, float weight, int at) {
+  return lane >= K ? __float_as_uint(weight) : rank == at ? uint32_t(row) : 0xFFFFFFFFu;
 }
 
 // One warp: the float32 sum, in source order, of n bfloat16 rows (source i: the row at lane i's
@@ -191,17 +173,15 @@ __device__ void send_routes(const MoeCombineArgs& a, uint32_t call, int64_t u, i
   const SyncArgs& s = a.sync;
   const int K = g.topk;
   if (lane >= 2 * K) return;
-  const int k = lane < K ? lane : lane - K;
-  const size_t pair = size_t(t) * K + k;
-  const int32_t rank = a.scratch.route_rank[pair];
-  const uint32_t weight = __float_as_uint(weight_of(a, pair));
+  const size_t pair = size_t(t) * K + (lane < K ? lane : lane - K);
+  const int32_t rank = a.scratch.route_rank[pair], row = a.scratch.route_row[pair];
+  const float weight = weight_of(a, pair);
   const uint64_t tag = uint64_t(s.signature) << 32;
   for (int i = 1; i < s.world; ++i) {
     const int peer = (s.rank + i) % s.world;
-    const uint32_t word = lane >= K ? weight : rank == peer ? uint32_t(a.scratch.route_row[pair]) : 0xFFFFFFFFu;
     device::st_relaxed_sys_u64(
         device::low_latency_slot(a.lines.peers[peer], call, s.rank, a.lines.slot_words) + route_word(g, u) + lane,
-        tag | word);
+        tag | route_line_word(lane, K, rank, row, weight, peer));
   }
 }
 
@@ -218,15 +198,16 @@ __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int6
   bool ok = true;
   if (q == me) {
     if (lane < 2 * K) {
-      const int k = lane < K ? lane : lane - K;
-      const size_t pair = size_t(t) * K + k;
-      word = lane >= K                          ? __float_as_uint(weight_of(a, pair))
-             : a.scratch.route_rank[pair] == me ? uint32_t(a.scratch.route_row[pair])
-                                                : 0xFFFFFFFFu;
+      const size_t pair = size_t(t) * K + (lane < K ? lane : lane - K);
+      word = route_line_word(lane, K, a.scratch.route_rank[pair], a.scratch.route_row[pair], weight_of(a, pair), me);
     }
   } else if (lane < 2 * K) {
+    // Word 0 of q's slot, watched while the line is empty, shows a peer in another call at once (a
+    // dispatch's count header, another call's lines), as the pulls' entry line does.
     uint64_t* slot = device::low_latency_slot(a.lines.peers[me], call, q, a.lines.slot_words);
-    ok = take_route_line(s, slot, slot + route_word(g, u) + lane, q, &word);
+    uint64_t* line = slot + route_word(g, u) + lane;
+    ok = device::read_line(s, line, q, kEntryPhase, &word, slot);
+    if (ok) device::st_relaxed_sys_u64(line, 0);  // taken: empty again (device/low_latency.cuh)
   }
   if (!__all_sync(kFullWarp, ok)) return false;
   const uint32_t here = __ballot_sync(kFullWarp, lane < K && int(word) >= 0);
