@@ -116,13 +116,15 @@ __device__ __forceinline__ uint32_t route_line_word(int lane, int K, int32_t ran
 // `row`, times lane i's `weight`) over segments [first, first + count) of them, rounded to
 // bfloat16 once and stored at `to` (the same columns). SEGS segments a turn, R sources a group
 // (groups in order): every load of a group is issued before any is added, SEGS x R 16-byte loads
-// a lane in flight. A token's routes on one rank (or ranks holding its routes) are about K / W
-// (W): two segments of four rows keeps 8 in flight at top-8 of 2 ranks. More in flight did not
-// help (staged through shared memory: 28.5 against 28.6 us at decode-128 on 32 blocks): the sums
-// are bound by what the budget's SMs read.
-constexpr int kSegmentsATurn = 2, kRowsATurn = 4;
+// a lane in flight. A token's routes on one rank are about K / W, often fewer, and the ranks of
+// its routes (the final sums) at most W: four segments of two rows keep 8 loads in flight in fewer
+// round trips than two segments of four where a sum has one to three rows or five or six (the row
+// sums of DeepSeek-V3 decode-128 at EP2 alone on one H200, 32 blocks: 17.5 against 20.9 us from
+// L2, 24.2 against 30.9 from memory). Not inlined: its own registers keep the kernel from spilling.
+constexpr int kSegmentsATurn = 4, kRowsATurn = 2;
 template <int SEGS, int R>
-__device__ void sum_rows(const char* row, float weight, int n, int hidden, int first, int count, char* to, int lane) {
+__device__ __noinline__ void sum_rows(const char* row, float weight, int n, int hidden, int first, int count, char* to,
+                                      int lane) {
   for (int s0 = first; s0 < first + count; s0 += SEGS) {
     float acc[SEGS][8];
 #pragma unroll
