@@ -50,11 +50,11 @@ inline bool moe_reduced_routes_fit(const EpGeometry& g) {
 // rounding per partial. Auto takes it where top-k >= 4 x world (measured: top-8 of 2 ranks) for
 // contexts whose largest call moves 1 MiB of rows or more; elsewhere only when forced, and never
 // where its route lines would not fit, nor on one rank. Measured on 2 x H200, decode-128 of
-// DeepSeek-V3 from graphs (bench/results/h200x2/moe_sm_budget_2.csv): 28.9 us at 32 blocks, 22.0
-// at 64, 19.4 at 132; the register pull took 30.5-31.9 at 32-132 blocks in that bench as of 038a44d
+// DeepSeek-V3 from graphs (bench/results/h200x2/moe_sm_budget_2.csv): 26.5 us at 32 blocks, 20.2
+// at 64, 19.5 at 132; the register pull took 30.5-31.9 at 32-132 blocks in that bench as of 038a44d
 // (another build and run; 64 not measured). A call of one token pays the route lines and the line
-// for little: 10.9-11.5 us forced on a one-token context (moe_combine_reduced_2.csv) against the
-// register pull's 8.5-8.9 there (moe_2.csv).
+// for little: 11.2 us forced on a one-token context (moe_combine_reduced_2.csv) against the
+// register pull's 8.7-8.9 (moe_2.csv).
 inline bool moe_combine_reduces(const EpGeometry& g, MoeCombinePath forced) {
   if (!g.expert_major || g.world < 2 || !moe_reduced_routes_fit(g)) return false;
   if (forced != MoeCombinePath::kAuto) return forced == MoeCombinePath::kReduced;
