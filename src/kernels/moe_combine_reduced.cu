@@ -114,58 +114,52 @@ __device__ __forceinline__ uint32_t route_line_word(int lane, int K, int32_t ran
 
 // One warp: the float32 sum, in source order, of n bfloat16 rows (source i: the row at lane i's
 // `row`, times lane i's `weight`) over segments [first, first + count) of them, rounded to
-// bfloat16 once and stored at `to` (the same columns). A turn takes four segments of two rows, or
-// two segments of four, whichever makes fewer round trips (ceil(count / segments) x ceil(n / rows);
-// ties: four of two); every load of a group of rows is issued before any is added, 8 16-byte loads
-// a lane in flight. Which is fewer depends on the segments a unit takes (units_of: 7 at DeepSeek-V3
-// decode-128 on 2 ranks and 32 blocks, 4 at 64, 2 at 132, 1 for one token) and on the rows: about
-// K / W for the row sums (often fewer, up to K), at most W for the final sums. One function for
-// both shapes, not inlined: its own registers keep the kernel from spilling.
+// bfloat16 once and stored at `to` (the same columns). SEGS segments a turn, R sources a group
+// (groups in order): every load of a group is issued before any is added, SEGS x R 16-byte loads
+// a lane in flight, ceil(count / SEGS) x ceil(n / R) round trips. Four segments of two rows: at
+// DeepSeek-V3 decode-128 on 2 ranks a unit is 7 segments at 32 blocks and 4 at 64, where this
+// shape never takes more round trips than two of four and fewer for 1, 2, 5 or 6 rows (measured,
+// docs/moe.md); on units of 1, 2, 5 or 6 segments two of four takes fewer for some rows (slower
+// there, measured at 40, 48 and 132 blocks). A shape chosen per sum was tried and not kept (one
+// function for both shapes shuffles more per group; two functions made the kernel spill). Not
+// inlined: its own registers keep the kernel from spilling.
+constexpr int kSegmentsATurn = 4, kRowsATurn = 2;
+template <int SEGS, int R>
 __device__ __noinline__ void sum_rows(const char* row, float weight, int n, int hidden, int first, int count, char* to,
                                       int lane) {
-  constexpr int kLoads = 8;
-  const bool wide = (count + 3) / 4 * ((n + 1) / 2) <= (count + 1) / 2 * ((n + 3) / 4);
-  const int segments = wide ? 4 : 2, rows = wide ? 2 : 4;
-  for (int s0 = first; s0 < first + count; s0 += segments) {
-    float acc[4][8];
+  for (int s0 = first; s0 < first + count; s0 += SEGS) {
+    float acc[SEGS][8];
 #pragma unroll
-    for (int s = 0; s < 4; ++s)
+    for (int s = 0; s < SEGS; ++s)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[s][i] = 0.f;
-    for (int g0 = 0; g0 < n; g0 += rows) {
-      const char* from[4];
-      float w[4];
+    for (int g0 = 0; g0 < n; g0 += R) {
+      uint4 v[SEGS][R];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        from[r] = reinterpret_cast<const char*>(
+      for (int r = 0; r < R; ++r) {
+        const char* from = reinterpret_cast<const char*>(
             __shfl_sync(kFullWarp, reinterpret_cast<unsigned long long>(row), (g0 + r) & 31));
-        w[r] = __shfl_sync(kFullWarp, weight, (g0 + r) & 31);
-      }
-      // Load j: segment j / rows, row j % rows of the group (compile-time for either shape).
-      uint4 v[kLoads];
 #pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        const int s = wide ? j / 2 : j / 4, r = wide ? j % 2 : j % 4;
-        const int column = (s0 + s) * kColumnsPerSegment + lane * 8;
-        if (g0 + r < n && s0 + s < first + count && column < hidden)
-          v[j] = *reinterpret_cast<const uint4*>(from[wide ? j % 2 : j % 4] + size_t(column) * 2);
+        for (int s = 0; s < SEGS; ++s) {
+          const int column = (s0 + s) * kColumnsPerSegment + lane * 8;
+          if (g0 + r < n && s0 + s < first + count && column < hidden)
+            v[s][r] = *reinterpret_cast<const uint4*>(from + size_t(column) * 2);
+        }
       }
 #pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        const int s = wide ? j / 2 : j / 4, r = wide ? j % 2 : j % 4;
-        const int column = (s0 + s) * kColumnsPerSegment + lane * 8;
-        if (g0 + r < n && s0 + s < first + count && column < hidden) {
-          if (wide)
-            add_scaled(acc[j / 2], v[j], w[j % 2]);
-          else
-            add_scaled(acc[j / 4], v[j], w[j % 4]);
+      for (int r = 0; r < R; ++r) {
+        const float w = __shfl_sync(kFullWarp, weight, (g0 + r) & 31);
+#pragma unroll
+        for (int s = 0; s < SEGS; ++s) {
+          const int column = (s0 + s) * kColumnsPerSegment + lane * 8;
+          if (g0 + r < n && s0 + s < first + count && column < hidden) add_scaled(acc[s], v[s][r], w);
         }
       }
     }
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < SEGS; ++s) {
       const int column = (s0 + s) * kColumnsPerSegment + lane * 8;
-      if (s < segments && s0 + s < first + count && column < hidden)
+      if (s0 + s < first + count && column < hidden)
         *reinterpret_cast<uint4*>(to + size_t(column) * 2) = to_bf16x8(acc[s]);
     }
   }
@@ -227,7 +221,8 @@ __device__ bool push_partial(const MoeCombineArgs& a, uint32_t call, int q, int6
   const int row = int(__shfl_sync(kFullWarp, word, k & 31));
   const float weight = __uint_as_float(__shfl_sync(kFullWarp, word, (K + k) & 31));
   const char* source = a.buffers.combine + size_t(row < 0 ? 0 : row) * g.hidden * 2;
-  sum_rows(source, weight, __popc(here), g.hidden, first, count, partial_row(a, call, q, me, t), lane);
+  sum_rows<kSegmentsATurn, kRowsATurn>(source, weight, __popc(here), g.hidden, first, count,
+                                       partial_row(a, call, q, me, t), lane);
   return true;
 }
 
@@ -240,7 +235,7 @@ __device__ void sum_partials(const MoeCombineArgs& a, uint32_t call, int t, int 
   const int r = nth_set_bit(ranks, lane);  // lane i: the i-th rank, lowest first
   const char* source = partial_row(a, call, a.sync.rank, r < 0 ? 0 : r, t);
   char* to = static_cast<char*>(a.out) + size_t(t) * g.hidden * 2;
-  sum_rows(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
+  sum_rows<kSegmentsATurn, kRowsATurn>(source, 1.f, __popc(ranks), g.hidden, first, count, to, lane);
 }
 
 __global__ void __launch_bounds__(kThreadsPerBlock) moe_combine_reduced(MoeCombineArgs a) {
