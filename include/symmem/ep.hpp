@@ -68,7 +68,7 @@ struct EpConfig {
   // SMs (thread blocks) dispatch and combine may use (DeepEP's default 24, vLLM's 20). 32: on
   // 2 x H200, from graphs (bench/results/h200x2/moe_sm_budget_2.csv), rank-major prefill-4096
   // combine took 184 us on 32 blocks, 217 on 24, fp8 dispatch 156 and 184; expert-major decode-128
-  // combine 26.5 and 33.3 (20.2 on 64 blocks, where a unit takes one turn, docs/moe.md);
+  // combine 26.5 and 33.3 (20.2 on 64 blocks: one round of loads per warp there, docs/moe.md);
   // rank-major decode 13.5 and 14.0 (prefill measured rank-major only).
   int max_blocks = 32;
 };

@@ -119,8 +119,8 @@ __device__ __forceinline__ uint32_t route_line_word(int lane, int K, int32_t ran
 // a lane in flight, ceil(count / SEGS) x ceil(n / R) round trips. Four segments of two rows: at
 // DeepSeek-V3 decode-128 on 2 ranks a unit is 7 segments at 32 blocks and 4 at 64, where this
 // shape never takes more round trips than two of four and fewer for 1, 2, 5 or 6 rows (measured,
-// docs/moe.md); on units of 1, 2, 5 or 6 segments two of four takes fewer for some rows (slower
-// there, measured at 40, 48 and 132 blocks). A shape chosen per sum was tried and not kept (one
+// docs/moe.md); on units of 1, 2, 5, 6, 9 or 10 segments two of four takes fewer for some rows
+// (slower there at 40 and 132 blocks, level at 24 and 48). A shape chosen per sum was tried and not kept (one
 // function for both shapes shuffles more per group; two functions made the kernel spill). Not
 // inlined: its own registers keep the kernel from spilling.
 constexpr int kSegmentsATurn = 4, kRowsATurn = 2;
