@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -30,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agreed_settings.hpp"
 #include "device_memory.hpp"
 #include "ep_reference.hpp"
 #include "kernels/all_to_all_args.hpp"
@@ -851,17 +851,11 @@ TEST(shared_gpu_all_to_all_mismatched_call_fails_everywhere) {
 int ep_max_blocks() { return max_blocks_for_calls() > 0 ? max_blocks_for_calls() : EpConfig{}.max_blocks; }
 
 // A context's geometry as the library makes it: SYMMEM_MOE_COMBINE, which the communicators agree
-// on, decides whether an expert-major combine reduces on the experts' side (and so the order of
-// its sums, expected_combine).
+// on (read by the library's own reader), decides whether an expert-major combine reduces on the
+// experts' side (and so the order of its sums, expected_combine).
 detail::EpGeometry moe_geometry(const EpConfig& config, int world) {
-  const char* v = std::getenv("SYMMEM_MOE_COMBINE");
-  const std::string path = v ? v : "";
-  using detail::MoeCombinePath;
-  const MoeCombinePath forced = path == "reduced"     ? MoeCombinePath::kReduced
-                                : path == "bulk"      ? MoeCombinePath::kBulk
-                                : path == "registers" ? MoeCombinePath::kRegisters
-                                                      : MoeCombinePath::kAuto;
-  return detail::ep_geometry(config, world, forced);
+  const detail::AgreedSettings settings = detail::read_agreed_settings(CommConfig{}, detail::TuningTable{});
+  return detail::ep_geometry(config, world, detail::MoeCombinePath(settings.moe_combine_path));
 }
 
 // A small context: `experts_per_rank` experts on every rank.
