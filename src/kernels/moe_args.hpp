@@ -15,9 +15,9 @@
 //     keeps the route for combine; one barrier at the end (every row arrived when it finishes).
 // Combine, one kernel, plus a copy of the expert outputs into the combine area when they are
 // elsewhere (an expert-major context may instead reduce on the experts' side:
-// kernels/moe_combine_reduced.cu): each block exchanges one low-latency line with the same block of every peer (the
-// entry barrier: every peer's expert outputs are written, and a peer in another call shows a
-// foreign signature), then the block pulls the token's rows from the peers' combine areas (per token
+// kernels/moe_combine_reduced.cu): each block exchanges one low-latency line with the same block
+// of every peer (the entry barrier: every peer's expert outputs are written, and a peer in another
+// call shows a foreign signature), then the block pulls the token's rows from the peers' combine areas (per token
 // and 256 columns into registers, or per token and chunk into shared memory with bulk copies:
 // moe_combine.cu), accumulates them in float32 in top-k (kRankMajor: rank) order, and writes the
 // token's output row once, locally; an exit line per block, posted once its loads of the peers have

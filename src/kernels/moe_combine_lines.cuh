@@ -3,8 +3,8 @@
 // every peer: the pulls' entry line (phase 0) in word blockIdx.x of the sender's slot and their exit
 // line ("done reading", phase 1) in word kMaxBlocks + blockIdx.x; the reduction's presence line in
 // word blockIdx.x and its delivery line ("partials delivered") in word kMaxBlocks + blockIdx.x;
-// all in the half of the call's parity. Every line is
-// taken and cleared in its call (device/low_latency.cuh).
+// all in the half of the call's parity. Every line is taken and cleared in its call
+// (device/low_latency.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
