@@ -71,7 +71,7 @@ all_to_all_graph_blocks    all_to_all 16-256 KiB from graphs over 8-64 blocks
 all_to_all_blocks          all_to_all 256 KiB-64 MiB, push and pull: uniform over 4-128 blocks, zipf and one-hot over 16-128
 all_to_all_vdev            symmem.bench.all_to_all_vdev: device splits against torch and NCCL
 moe                        symmem.bench.moe: MoE dispatch / combine against vLLM'"'"'s path and NCCL
-moe_sm_budget              decode-128 (both layouts) and prefill-4096 (rank-major) at 24-132 blocks
+moe_sm_budget              decode-128 (both layouts) and prefill-4096 (rank-major): the default, and 24-132 blocks
 moe_combine_paths          the combine forced to each path (SYMMEM_MOE_COMBINE=registers, bulk, reduced)
 moe_ab                     moe with this bundle and an older library alternating (bundle.sh OLD_CAPI), merged with one figure
 overlap                    symmem-bench overlap: GEMM + in-place all-gather on two streams
@@ -435,7 +435,7 @@ run_step() {
     all_to_all_vdev) torchbench "all_to_all_vdev_$n" 150 all_to_all_vdev "all_to_all_vdev_$n" ;;
     moe) torchbench "moe_$n" 240 moe "moe_$n" --reps 5 ;;
     moe_sm_budget) torchbench "moe_sm_budget_$n" 200 moe "moe_$n" --reps 5 --shapes decode_128,prefill_4096 \
-      --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks 32,24,40,48,64,96,132 ;;
+      --impls symmem_expert_major,symmem_rank_major,vllm_ag_rs --blocks=-1,24,32,40,48,64,96,132 ;;
     moe_combine_paths)  # one run per path, each with its reference rows
       for path in ${MOE_PATHS:-registers bulk reduced}; do
         (export SYMMEM_MOE_COMBINE=$path

@@ -24,9 +24,9 @@
 // so every rank holds the whole count matrix: an expert (or rank) that would overflow its rows
 // makes every rank raise kCapacity naming it, and no token moves in that call. Combine is
 // deterministic: the same bits on every run and every rank for the same inputs. Dispatch and
-// combine use at most max_blocks SMs. Every wait has the communicator's deadline; a rank that never
-// comes is named (kTimeout), a rank in another call (a combine against a dispatch, another
-// context's shape) raises kMismatch.
+// combine use at most max_blocks SMs (blocks()). Every wait has the communicator's deadline; a rank
+// that never comes is named (kTimeout), a rank in another call (a combine against a dispatch,
+// another context's shape) raises kMismatch.
 //
 // Ordering rules (docs/moe.md): a context's calls run in the same order on every rank; any number
 // of combines may follow a dispatch, back to back (a combine ends on a rank only once no peer reads
@@ -65,12 +65,13 @@ struct EpConfig {
   int max_tokens_per_expert = 0;
   // kRankMajor: rows a rank holds; 0 = world * T.
   int max_received_rows = 0;
-  // SMs (thread blocks) dispatch and combine may use (DeepEP's default 24, vLLM's 20). 32: on
-  // 2 x H200, from graphs (bench/results/h200x2/moe_sm_budget_2.csv), rank-major prefill-4096
-  // combine took 184 us on 32 blocks, 217 on 24, fp8 dispatch 156 and 184; expert-major decode-128
-  // combine 26.5 and 33.3 (20.2 on 64 blocks: one round of loads per warp there, docs/moe.md);
-  // rank-major decode 13.5 and 14.0 (prefill measured rank-major only).
-  int max_blocks = 32;
+  // SMs (thread blocks) dispatch and combine may use, 1 to 160; -1: the library's choice, 64 blocks
+  // where the combine is reduced on the experts' side (docs/moe.md: its time follows the rounds of
+  // loads a warp takes, halved from 32 to 64 blocks at DeepSeek-V3 decode-128 on 2 ranks: 26.5 to
+  // 20.2 us from graphs, bench/results/h200x2/moe_sm_budget_2.csv, dispatch level), else 32 (DeepEP's
+  // normal kernels default to 24, vLLM's to 20; rank-major prefill-4096 combine took 184 us on 32
+  // blocks, 217 on 24). A caller who shares the GPU with other work sets its budget here.
+  int max_blocks = -1;
 };
 
 // What a context allocates, before it does: symmetric heap bytes per rank (receive rows and
@@ -145,6 +146,8 @@ class EpContext {
   // after (Communicator::refuse_call; nothing of the call moves).
   void dispatch(const EpDispatchArgs& args, cudaStream_t stream);
   void combine(const EpCombineArgs& args, cudaStream_t stream);
+  // The blocks (SMs) dispatch and combine take: max_blocks, or the library's choice, within the GPU's SMs.
+  int blocks() const;
   // The kernels these calls launch, for logs ("moe_dispatch expert_major blocks=32 ...").
   std::string describe() const;
 

@@ -129,7 +129,7 @@ int symmem_describe_all_to_all(symmem_comm* comm, int form, void* out, size_t ou
  * major, 1 rank major (the enums' order). symmem_ep_memory states the memory before
  * symmem_ep_create (collective) allocates it. received: device pointers of the context's buffers
  * (scales, topk_idx, topk_weights NULL where the layout or payload has none). num_tokens_device
- * NULL: num_tokens counts the tokens. */
+ * NULL: num_tokens counts the tokens. max_blocks -1: the library's choice (EpConfig::max_blocks). */
 typedef struct symmem_ep symmem_ep;
 int symmem_ep_memory(int num_experts, int topk, int hidden, int max_tokens_per_rank, int payload, int layout,
                      int max_tokens_per_expert, int max_received_rows, int max_blocks, int world, size_t* heap_bytes,
@@ -147,6 +147,7 @@ int symmem_ep_dispatch(symmem_ep* ep, const void* x, const void* x_scales, const
                        const void* topk_weights, int num_tokens, const void* num_tokens_device, void* stream);
 int symmem_ep_combine(symmem_ep* ep, const void* expert_out, void* out, int weights_applied, const void* topk_weights,
                       void* stream);
+int symmem_ep_blocks(symmem_ep* ep, int* blocks); /* the blocks its kernels take (EpContext::blocks) */
 int symmem_ep_describe(symmem_ep* ep, char* text, size_t text_bytes);
 /* Programming the heap from user kernels (include/symmem/user_call.hpp, device.cuh; the Triton
  * helpers of python/symmem/triton). Structs begin with struct_size: the caller sets it to the

@@ -82,6 +82,7 @@ _SIGNATURES = {
     "symmem_ep_dispatch": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_int, c_void_p,
                                    c_void_p]),
     "symmem_ep_combine": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_void_p]),
+    "symmem_ep_blocks": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
     "symmem_ep_describe": (c_int, [c_void_p, c_char_p, c_size_t]),
     "symmem_comm_local_rank": (c_int, [c_void_p]),
     "symmem_comm_local_world": (c_int, [c_void_p]),

@@ -29,7 +29,7 @@ def _config_args(num_experts, topk, hidden, max_tokens_per_rank, payload, layout
 
 
 def memory(world, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloat16", layout="expert_major",
-           max_tokens_per_expert=0, max_received_rows=0, max_blocks=32):
+           max_tokens_per_expert=0, max_received_rows=0, max_blocks=-1):
     """(heap bytes, local bytes) per rank that such a context allocates, before it does."""
     heap, local = ctypes.c_size_t(), ctypes.c_size_t()
     _native.check(lib.symmem_ep_memory(*_config_args(num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
@@ -42,7 +42,7 @@ class EpContext:
     """A dispatch / combine context of a symmem.communicator.Communicator (collective creation)."""
 
     def __init__(self, comm, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloat16",
-                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=32):
+                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=-1):
         self._comm = comm  # keeps the communicator alive
         self.payload, self.layout = payload, layout
         handle = ctypes.c_void_p()
@@ -79,6 +79,12 @@ class EpContext:
         rc = _ep_combine(self._handle, expert_out, out, int(weights_applied), topk_weights, stream)
         if rc:
             self._comm._call(rc)
+
+    def blocks(self):
+        """The blocks (SMs) dispatch and combine take: max_blocks, or the library's choice (-1)."""
+        blocks = ctypes.c_int()
+        self._comm._call(lib.symmem_ep_blocks(self.handle, ctypes.byref(blocks)))
+        return blocks.value
 
     def describe(self):
         text = ctypes.create_string_buffer(512)

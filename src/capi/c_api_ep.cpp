@@ -128,6 +128,13 @@ int symmem_ep_combine(symmem_ep* ep, const void* expert_out, void* out, int weig
   });
 }
 
+int symmem_ep_blocks(symmem_ep* ep, int* blocks) {
+  return c_api_guard([&] {
+    if (!blocks) throw Error(ErrorCode::kInvalidArgument, "symmem_ep_blocks: NULL result");
+    *blocks = context_of(ep).blocks();
+  });
+}
+
 int symmem_ep_describe(symmem_ep* ep, char* text, size_t text_bytes) {
   return c_api_guard([&] {
     const std::string d = context_of(ep).describe();

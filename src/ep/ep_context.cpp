@@ -160,7 +160,7 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   // The same verdict on every rank (the same config, the agreed SYMMEM_MOE_COMBINE).
   const auto forced = detail::MoeCombinePath(st.settings.moe_combine_path);
   s.g = detail::ep_geometry(config, st.world, forced);
-  s.blocks = detail::clamp_blocks(config.max_blocks, st.sm_count, config.max_blocks);
+  s.blocks = detail::clamp_blocks(s.g.max_blocks, st.sm_count, s.g.max_blocks);
   s.dispatch = comm.allocate(std::max<size_t>(s.g.dispatch_bytes, 256));
   s.combine = comm.allocate(std::max<size_t>(s.g.combine_heap_bytes, 256));
   const detail::EpScratchOffsets o = detail::ep_scratch_offsets(s.g);
@@ -212,6 +212,8 @@ EpReceived EpContext::received() const {
   r.row_bytes = s.g.payload_bytes;
   return r;
 }
+
+int EpContext::blocks() const { return state_->blocks; }
 
 std::string EpContext::describe() const { return state_->dispatch_text + "; " + state_->combine_text; }
 

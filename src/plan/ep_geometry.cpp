@@ -29,8 +29,9 @@ EpGeometry ep_geometry(const EpConfig& c, int world, MoeCombinePath combine) {
     bad("max_tokens_per_rank " + std::to_string(c.max_tokens_per_rank) + " is not positive");
   if (c.max_tokens_per_expert < 0) bad("max_tokens_per_expert is negative");
   if (c.max_received_rows < 0) bad("max_received_rows is negative");
-  if (c.max_blocks < 1 || c.max_blocks > kMaxBlocks)
-    bad("max_blocks " + std::to_string(c.max_blocks) + " is outside 1.." + std::to_string(kMaxBlocks));
+  if (c.max_blocks != -1 && (c.max_blocks < 1 || c.max_blocks > kMaxBlocks))
+    bad("max_blocks " + std::to_string(c.max_blocks) + " is neither -1 (the library's choice) nor in 1.." +
+        std::to_string(kMaxBlocks));
   if (c.payload != EpPayload::kBFloat16 && c.payload != EpPayload::kFloat8E4M3) bad("unknown payload");
   if (c.layout != EpLayout::kExpertMajor && c.layout != EpLayout::kRankMajor) bad("unknown layout");
 
@@ -43,7 +44,6 @@ EpGeometry ep_geometry(const EpConfig& c, int world, MoeCombinePath combine) {
   g.max_tokens = c.max_tokens_per_rank;
   g.expert_major = c.layout == EpLayout::kExpertMajor;
   g.fp8 = c.payload == EpPayload::kFloat8E4M3;
-  g.max_blocks = c.max_blocks;
   const int64_t every_token = int64_t(world) * c.max_tokens_per_rank;
   g.rows_per_expert = g.expert_major ? (c.max_tokens_per_expert ? c.max_tokens_per_expert : every_token) : 0;
   g.rows =
@@ -65,7 +65,14 @@ EpGeometry ep_geometry(const EpConfig& c, int world, MoeCombinePath combine) {
   g.topk_weights_offset = g.topk_idx_offset + meta;
   g.dispatch_bytes = g.topk_weights_offset + meta;
   g.combine_bytes = rows * size_t(c.hidden) * 2;
+  // The library's choice of blocks follows the combine, whose route lines' fit follows the blocks:
+  // the reduced combine's count first, the pulls' where it does not reduce there.
+  g.max_blocks = c.max_blocks > 0 ? c.max_blocks : kEpReducedCombineBlocks;
   g.combine_reduced = moe_combine_reduces(g, combine);
+  if (c.max_blocks < 0 && !g.combine_reduced) {
+    g.max_blocks = kEpBlocks;
+    g.combine_reduced = moe_combine_reduces(g, combine);
+  }
   g.combine_heap_bytes = g.combine_bytes;
   if (g.combine_reduced) {  // two halves, by the call's parity (kernels/moe_combine_reduced.cu)
     g.partials_offset = ep_align256(g.combine_bytes);

@@ -364,3 +364,31 @@ TEST(moe_combine_reduction_is_chosen_by_shape_and_laid_out_after_the_rows) {
     EXPECT_EQ(pull.combine_heap_bytes, pull.combine_bytes);
   }
 }
+
+// EpConfig::max_blocks -1 (the default): 64 blocks where the combine is reduced (auto or forced), 32
+// elsewhere; a budget the caller sets is kept, whatever the combine; 0 and past kMaxBlocks refused.
+TEST(ep_blocks_follow_the_combine_unless_the_caller_sets_a_budget) {
+  EpConfig c = deepseek_v3_decode();
+  EXPECT_EQ(c.max_blocks, -1);
+  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpReducedCombineBlocks);  // reduced: top-8 of 2 ranks
+  EXPECT_EQ(ep_geometry(c, 4).max_blocks, kEpBlocks);                // the register pull
+  EXPECT_EQ(ep_geometry(c, 4, MoeCombinePath::kReduced).max_blocks, kEpReducedCombineBlocks);
+  EXPECT_EQ(ep_geometry(c, 2, MoeCombinePath::kRegisters).max_blocks, kEpBlocks);
+  c.max_tokens_per_rank = 1;  // one token: the pull
+  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpBlocks);
+  c.max_tokens_per_rank = 128;
+  c.layout = EpLayout::kRankMajor;
+  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpBlocks);
+  c.layout = EpLayout::kExpertMajor;
+  for (int budget : {1, 24, 32, 132, kMaxBlocks}) {
+    c.max_blocks = budget;
+    const EpGeometry g = ep_geometry(c, 2);
+    EXPECT_EQ(g.max_blocks, budget);
+    EXPECT(g.combine_reduced);
+  }
+  for (int budget : {0, -2, kMaxBlocks + 1}) {
+    c.max_blocks = budget;
+    EXPECT_ERROR(ep_geometry(c, 2), ErrorCode::kInvalidArgument,
+                 "max_blocks " + std::to_string(budget) + " is neither -1");
+  }
+}

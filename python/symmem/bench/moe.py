@@ -108,13 +108,13 @@ class Impl:
 
 
 class Symmem(Impl):
-    def __init__(self, r, group, layout, blocks=32):
+    def __init__(self, r, group, layout, blocks=-1):
         from symmem.torch.moe import ExpertParallel
         self.r = r
         world = group.size()
         self.ep = ExpertParallel(group, num_experts=EXPERTS, topk=TOPK, hidden=HIDDEN, max_tokens_per_rank=r.tokens,
                                  payload=r.payload, layout=layout, max_blocks=blocks)
-        self.blocks = blocks
+        self.blocks = self.ep.blocks  # what the kernels take (max_blocks -1: the library's choice)
         self.out = torch.empty(r.tokens, HIDDEN, dtype=torch.bfloat16, device="cuda")
         self.layout = layout
         self.world = world
@@ -350,9 +350,10 @@ def main():
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--replays", type=int, default=5)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--blocks", default="32",
-                   help="symmem's SM budget (max_blocks; the library's default is 32), a list: rows beyond the "
-                        "first are named IMPL_bN")
+    p.add_argument("--blocks", default="-1",
+                   help="symmem's SM budget (max_blocks; -1, the default: the library's choice), a list: rows "
+                        "beyond the first are named IMPL_bN (IMPL_auto for -1); the CSV's blocks column says what "
+                        "the kernels took")
     p.add_argument("--stem", default=None, help="the figure's file name with --replot (default moe)")
     p.add_argument("--replot", nargs="+", metavar="CSV",
                    help="no measurement: the figure of these CSVs (e.g. runs of two commits) as OUT/STEM.png")
@@ -380,7 +381,8 @@ def main():
                 try:
                     if name in ("symmem_expert_major", "symmem_rank_major"):
                         for i, b in enumerate(budgets):
-                            impls[name if i == 0 else f"{name}_b{b}"] = Symmem(r, group, name[len("symmem_"):], b)
+                            label = name if i == 0 else f"{name}_b{b}" if b > 0 else f"{name}_auto"
+                            impls[label] = Symmem(r, group, name[len("symmem_"):], b)
                     elif name == "nccl_host_sync":
                         impls[name] = NcclHostSync(r, group)
                     elif name == "vllm_ag_rs":

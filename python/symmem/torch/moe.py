@@ -102,10 +102,11 @@ def _view(comm, lent, ptr, shape, dtype):
 
 class ExpertParallel:
     """Collective: an EP context of `group` (default: the world group) whose buffers are fixed for
-    its lifetime; `memory` states their size, known before allocation (ep_memory)."""
+    its lifetime; `memory` states their size, known before allocation (ep_memory). `max_blocks`: the
+    SMs dispatch and combine may use, -1 for the library's choice (`blocks` says what they take)."""
 
     def __init__(self, group=None, *, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloat16",
-                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=32):
+                 layout="expert_major", max_tokens_per_expert=0, max_received_rows=0, max_blocks=-1):
         if payload not in _PAYLOAD_DTYPES:
             raise ValueError(f"ExpertParallel: payload {payload!r} is not one of {sorted(_PAYLOAD_DTYPES)}")
         if layout not in core_ep.LAYOUTS:
@@ -207,6 +208,12 @@ class ExpertParallel:
            expert_num_tokens=area.expert_num_tokens, num_rows=area.num_rows, out=out)
         return out
 
+    @property
+    def blocks(self):
+        """The blocks (SMs) dispatch and combine take: `max_blocks`, or the library's choice where
+        it is -1 (include/symmem/ep.hpp); None on a CPU group."""
+        return self._impl.blocks
+
     def describe(self):
         return self._impl.describe()
 
@@ -244,6 +251,7 @@ class _DeviceContext:
             comm._release_held()  # what closed contexts left behind, once unused
         self.ctx = core_ep.EpContext(comm.core, ep.num_experts, ep.topk, ep.hidden, ep.max_tokens_per_rank, ep.payload,
                                      ep.layout, max_tokens_per_expert, max_received_rows, max_blocks)
+        self.blocks = self.ctx.blocks()
         r = self.ctx.received()
         dev = comm.torch_device
         xs, scales, meta = ep.received_shapes()
@@ -458,6 +466,7 @@ class _ReferenceContext:
                                   torch.full(meta, -1, dtype=torch.int32), torch.zeros(meta),
                                   torch.zeros(ep.local_experts, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
         self.combine_input = torch.zeros(xs, dtype=torch.bfloat16)
+        self.blocks = None  # no kernels
         self.tokens = 0
         self.out_rows = 0
         self.route = None  # this rank's pairs: list per token of (rank, row, weight index)

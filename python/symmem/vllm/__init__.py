@@ -33,7 +33,7 @@ def context_kwargs(moe, quant_config, layout):
     fp8 = "float8" in quant and block is not None and list(block)[-1] == 128
     return {"num_experts": int(moe.num_experts), "topk": int(moe.experts_per_token), "hidden": int(moe.hidden_dim),
             "max_tokens_per_rank": int(moe.max_num_tokens), "payload": "float8_e4m3" if fp8 else "bfloat16",
-            "layout": layout, "max_blocks": int(os.environ.get("SYMMEM_VLLM_EP_MAX_BLOCKS", "32"))}
+            "layout": layout, "max_blocks": int(os.environ.get("SYMMEM_VLLM_EP_MAX_BLOCKS", "-1"))}
 
 
 def _make(moe, quant_config, layout):

@@ -31,14 +31,14 @@ class SymmemAll2AllManager(All2AllManagerBase):
         """kwargs: ExpertParallel's (num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
         max_tokens_per_expert, max_received_rows, max_blocks). Collective on the first call of a
         configuration. A context made after set_num_sms(n) takes at most n blocks (its
-        max_blocks, or ExpertParallel's default, lowered to n)."""
+        max_blocks lowered to n; n where it leaves the choice to the library, -1)."""
         key = tuple(sorted(kwargs.items()))
         ep = self.handles.get(key)
         if ep is None:
             group = self.device_group if self.device_group is not None else _ep_device_group()
             if self.num_sms is not None:
-                blocks = kwargs.get("max_blocks", _DEFAULT_MAX_BLOCKS)
-                kwargs = dict(kwargs, max_blocks=min(int(blocks), self.num_sms))
+                blocks = int(kwargs.get("max_blocks", _DEFAULT_MAX_BLOCKS))
+                kwargs = dict(kwargs, max_blocks=self.num_sms if blocks < 0 else min(blocks, self.num_sms))
             ep = ExpertParallel(group, **kwargs)
             self.handles[key] = ep
         return ep
@@ -56,7 +56,9 @@ class SymmemAll2AllManager(All2AllManagerBase):
         self.num_sms = int(num_sms)
 
     def max_sms_used(self):
-        return max((ep.max_blocks for ep in self.handles.values()), default=0)
+        """The most blocks a context of this manager takes (its cap on a CPU group, which runs none)."""
+        return max((ep.blocks if ep.blocks is not None else max(ep.max_blocks, 0) for ep in self.handles.values()),
+                   default=0)
 
     def destroy(self):
         for ep in self.handles.values():

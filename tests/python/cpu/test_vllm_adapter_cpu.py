@@ -141,6 +141,8 @@ def test_set_num_sms_caps_the_blocks_of_contexts_made_afterwards(group_name):
     assert first.max_blocks == 24  # a context's block cap is fixed when it is made
     capped = manager.get_handle(dict(kwargs, hidden=256))
     assert capped.max_blocks == 8 and manager.max_sms_used() == 24
+    library_choice = {k: v for k, v in kwargs.items() if k != "max_blocks"}  # -1: n becomes its cap
+    assert manager.get_handle(dict(library_choice, hidden=512)).max_blocks == 8
     manager.set_num_sms(64)
     assert manager.get_handle(dict(kwargs, hidden=384)).max_blocks == 24
     manager.destroy()
@@ -158,7 +160,7 @@ def test_every_layer_defaults_to_the_libraries_block_budget(monkeypatch):
     from symmem.torch.moe import ExpertParallel
     import symmem.vllm as plugin
     header = (pathlib.Path(__file__).resolve().parents[3] / "include/symmem/ep.hpp").read_text()
-    native = int(re.search(r"int max_blocks = (\d+);", header).group(1))
+    native = int(re.search(r"int max_blocks = (-?\d+);", header).group(1))
     defaults = {
         "symmem.ep.memory": inspect.signature(ep.memory).parameters["max_blocks"].default,
         "symmem.ep.EpContext": inspect.signature(ep.EpContext).parameters["max_blocks"].default,

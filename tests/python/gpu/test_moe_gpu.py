@@ -125,15 +125,19 @@ def _reference_dispatch(ep, x, scales, ids, weights):
 @pytest.mark.parametrize("routes", ["few", "many"])
 def test_dispatch_and_combine_match_a_reference(group, layout, payload, routes):
     """`many`: top-k of 4 x world (up to world 4) over more than 1 MiB of rows, where an expert-major
-    combine reduces on the experts' side (plan/moe_combine_path.hpp); `few`: top-4 of 48 tokens,
-    the pull."""
+    combine reduces on the experts' side (plan/moe_combine_path.hpp), on the blocks the library
+    chooses (64 there, 32 elsewhere); `few`: top-4 of 48 tokens, the pull, on 16 blocks."""
     world, me = dist.get_world_size(), dist.get_rank()
     E, K, H, T = (8 * world, 4, 512, 48) if routes == "few" else (8 * world, min(4 * world, 16), 512, 160)
+    budget = 16 if routes == "few" else -1
     ep = ExpertParallel(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout,
-                        payload=payload, max_blocks=16)
+                        payload=payload, max_blocks=budget)
     reduced = layout == "expert_major" and routes == "many" and world >= 2 and K >= 4 * world
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     if os.environ.get("SYMMEM_MOE_COMBINE", "auto") == "auto":  # the automatic choice (a forced one may differ)
         assert (", reduced)" in ep.describe()) == reduced, ep.describe()
+        assert ep.blocks == (budget if budget > 0 else min(64 if reduced else 32, sms)), (ep.blocks, ep.describe())
+    assert f"blocks={ep.blocks}" in ep.describe(), ep.describe()
     L = ep.local_experts
     g = torch.Generator(device="cuda").manual_seed(_seed("moe", layout, payload, routes))
     ids = torch.argsort(torch.rand(T, E, generator=g, device="cuda"), dim=1)[:, :K].contiguous()
