@@ -53,9 +53,10 @@ class Spec:
     """One headline row: in CSV `stem` (`{w}` is the world size), the rows matching `where`; symmem's
     figure is the row of impl `symmem`, the reference the fastest row among `references`."""
 
-    def __init__(self, operation, label, stem, where, symmem, references, mode=None):
+    def __init__(self, operation, label, stem, where, symmem, references, mode=None, show_blocks=False):
         self.operation, self.label, self.stem, self.where = operation, label, stem, where
         self.symmem, self.references, self.mode = symmem, references, mode
+        self.show_blocks = show_blocks  # the operation names the blocks symmem's row took (its CSV's column)
 
 
 def vllm_rows(mode):
@@ -69,10 +70,10 @@ def sweep(operation, stem, sizes, mode, references=NCCL, symmem="symmem_auto", p
                  references, mode) for b in sizes]
 
 
-def moe(label, shape, payload, op, mode, symmem="symmem_rank_major", stem="moe_{w}", budget=""):
-    return Spec("MoE " + op + (", expert-major" if symmem.startswith("symmem_expert_major") else "") + budget,
+def moe(label, shape, payload, op, mode, symmem="symmem_rank_major", stem="moe_{w}"):
+    return Spec("MoE " + op + (", expert-major" if symmem.startswith("symmem_expert_major") else ""),
                 f"{label}, {payload.replace('float8_e4m3', 'fp8').replace('bfloat16', 'bf16')}", stem,
-                {"shape": shape, "payload": payload, "op": op}, symmem, MOE_REFERENCES, mode)
+                {"shape": shape, "payload": payload, "op": op}, symmem, MOE_REFERENCES, mode, show_blocks=True)
 
 
 def fused(op, m, references):
@@ -100,7 +101,7 @@ SPECS = (
        moe("decode 128 tokens", "decode_128", "bfloat16", "combine", "graph"),
        moe("decode 128 tokens", "decode_128", "bfloat16", "combine", "graph", "symmem_expert_major"),
        moe("decode 128 tokens", "decode_128", "bfloat16", "combine", "graph", "symmem_expert_major_b64",
-           "moe_sm_budget_{w}", ", 64 blocks"),
+           "moe_sm_budget_{w}"),
        moe("prefill 4096 tokens", "prefill_4096", "bfloat16", "dispatch", "graph"),
        moe("prefill 4096 tokens", "prefill_4096", "float8_e4m3", "dispatch", "eager"),
        moe("prefill 4096 tokens", "prefill_4096", "float8_e4m3", "dispatch", "graph"),
@@ -168,7 +169,8 @@ def table_rows(machine, tables):
             mode = spec.mode or "–"
             t_me, t_ref = float(me["time_us"]), float(ref["time_us"])
             ratio = t_ref / t_me
-            out.append(f"| {spec.operation} | {spec.label} | {world_of(stem)} | {mode} | {micros(t_me)} | "
+            operation = spec.operation + (f", {me['blocks']} blocks" if spec.show_blocks and me.get("blocks") else "")
+            out.append(f"| {operation} | {spec.label} | {world_of(stem)} | {mode} | {micros(t_me)} | "
                        f"{micros(t_ref)} | {REFERENCE_NAMES.get(ref['impl'], ref['impl'])} | "
                        f"{'**' if ratio >= 1 else ''}{ratio:.2f}×{'**' if ratio >= 1 else ''} | "
                        f"[{stem}.csv](bench/results/{machine}/{stem}.csv) |")

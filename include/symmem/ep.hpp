@@ -65,12 +65,9 @@ struct EpConfig {
   int max_tokens_per_expert = 0;
   // kRankMajor: rows a rank holds; 0 = world * T.
   int max_received_rows = 0;
-  // SMs (thread blocks) dispatch and combine may use, 1 to 160; -1: the library's choice, 64 blocks
-  // where the combine is reduced on the experts' side (docs/moe.md: its time follows the rounds of
-  // loads a warp takes, halved from 32 to 64 blocks at DeepSeek-V3 decode-128 on 2 ranks: 26.5 to
-  // 20.2 us from graphs, bench/results/h200x2/moe_sm_budget_2.csv, dispatch level), else 32 (DeepEP's
-  // normal kernels default to 24, vLLM's to 20; rank-major prefill-4096 combine took 184 us on 32
-  // blocks, 217 on 24). A caller who shares the GPU with other work sets its budget here.
+  // SMs (thread blocks) dispatch and combine may use, 1 to 160; -1: the library's choice, 64 where
+  // the combine is reduced on the experts' side, else 32 (docs/moe.md says why, with the figures).
+  // A caller who shares the GPU with other work sets its budget here.
   int max_blocks = -1;
 };
 

@@ -7,6 +7,7 @@ device addresses and CUDA streams are integers here; symmem.torch.moe wraps them
     ctx.combine(expert_out, out, weights_applied, topk_weights, stream)
 """
 import ctypes
+import re
 
 from . import _native, errors
 from ._native import lib
@@ -82,6 +83,8 @@ class EpContext:
 
     def blocks(self):
         """The blocks (SMs) dispatch and combine take: max_blocks, or the library's choice (-1)."""
+        if not hasattr(lib, "symmem_ep_blocks"):  # an older library (A/B runs): its description says
+            return int(re.search(r"blocks=(\d+)", self.describe()).group(1))
         blocks = ctypes.c_int()
         self._comm._call(lib.symmem_ep_blocks(self.handle, ctypes.byref(blocks)))
         return blocks.value

@@ -65,14 +65,11 @@ EpGeometry ep_geometry(const EpConfig& c, int world, MoeCombinePath combine) {
   g.topk_weights_offset = g.topk_idx_offset + meta;
   g.dispatch_bytes = g.topk_weights_offset + meta;
   g.combine_bytes = rows * size_t(c.hidden) * 2;
-  // The library's choice of blocks follows the combine, whose route lines' fit follows the blocks:
-  // the reduced combine's count first, the pulls' where it does not reduce there.
-  g.max_blocks = c.max_blocks > 0 ? c.max_blocks : kEpReducedCombineBlocks;
+  // The library's choice of blocks follows the combine. Whether the combine reduces is judged at the
+  // most blocks that choice takes (its route lines fit there, so on fewer too).
+  g.max_blocks = c.max_blocks > 0 ? c.max_blocks : kEpReducedBlocks;
   g.combine_reduced = moe_combine_reduces(g, combine);
-  if (c.max_blocks < 0 && !g.combine_reduced) {
-    g.max_blocks = kEpBlocks;
-    g.combine_reduced = moe_combine_reduces(g, combine);
-  }
+  if (c.max_blocks < 0 && !g.combine_reduced) g.max_blocks = kEpPullBlocks;
   g.combine_heap_bytes = g.combine_bytes;
   if (g.combine_reduced) {  // two halves, by the call's parity (kernels/moe_combine_reduced.cu)
     g.partials_offset = ep_align256(g.combine_bytes);

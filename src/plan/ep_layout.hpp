@@ -35,6 +35,16 @@ constexpr int kEpCountWarps = 16;  // warps of the count kernel (512 threads)
 constexpr int kEpMaxExperts = 512;
 constexpr int kEpMaxTopk = 16;
 constexpr int kEpScaleColumns = 128;  // float8 payloads: one float32 scale per 128 columns
+// The blocks of a context whose EpConfig::max_blocks is -1 (the library's choice). A combine reduced
+// on the experts' side takes as long as the rounds of loads of a warp's unit: at DeepSeek-V3
+// decode-128 on 2 ranks a unit takes one round on 64 blocks and two on 32 (26.5 -> 20.2 us from
+// graphs, against vLLM's path at 24.8; dispatch 45.8 -> 45.3; bench/results/h200x2/
+// moe_sm_budget_2.csv, docs/moe.md). The pulls keep 32, a budget beside the experts' GEMMs (DeepEP's
+// normal kernels take 24): rank-major decode-128 was level from 24 to 132 blocks; prefill-4096
+// dispatch was faster on 64 (249.5 -> 224.8 us bf16, 155.9 -> 145.8 fp8), its combine slower
+// (184.0 -> 191.4), in that run.
+constexpr int kEpPullBlocks = 32;
+constexpr int kEpReducedBlocks = 64;
 
 // Everything the kernels and the host derive from a context's config and world.
 struct EpGeometry {

@@ -62,12 +62,4 @@ inline bool moe_combine_reduces(const EpGeometry& g, MoeCombinePath forced) {
   return g.topk >= 4 * g.world && size_t(g.max_tokens) * size_t(g.topk) * size_t(g.hidden) * 2 >= kReducedMinBytes;
 }
 
-// The blocks of a context whose EpConfig::max_blocks is -1 (the library's choice): 64 where the
-// combine is reduced, whose time follows the rounds of loads a warp takes for its unit (halved from
-// 32 to 64 blocks at DeepSeek-V3 decode-128 on 2 ranks: 26.5 to 20.2 us, dispatch 45.8 to 45.3, from
-// graphs, bench/results/h200x2/moe_sm_budget_2.csv), else 32 (the pulls and the rank-major
-// layout gain little or lose past it there: rank-major prefill-4096 combine 184 us on 32 blocks,
-// 191 on 64).
-constexpr int kEpBlocks = 32, kEpReducedCombineBlocks = 64;
-
 }  // namespace symmem::detail

@@ -370,21 +370,24 @@ TEST(moe_combine_reduction_is_chosen_by_shape_and_laid_out_after_the_rows) {
 TEST(ep_blocks_follow_the_combine_unless_the_caller_sets_a_budget) {
   EpConfig c = deepseek_v3_decode();
   EXPECT_EQ(c.max_blocks, -1);
-  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpReducedCombineBlocks);  // reduced: top-8 of 2 ranks
-  EXPECT_EQ(ep_geometry(c, 4).max_blocks, kEpBlocks);                // the register pull
-  EXPECT_EQ(ep_geometry(c, 4, MoeCombinePath::kReduced).max_blocks, kEpReducedCombineBlocks);
-  EXPECT_EQ(ep_geometry(c, 2, MoeCombinePath::kRegisters).max_blocks, kEpBlocks);
+  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpReducedBlocks);  // reduced: top-8 of 2 ranks
+  EXPECT_EQ(ep_geometry(c, 4).max_blocks, kEpPullBlocks);                // the register pull
+  EXPECT_EQ(ep_geometry(c, 4, MoeCombinePath::kReduced).max_blocks, kEpReducedBlocks);
+  EXPECT_EQ(ep_geometry(c, 2, MoeCombinePath::kRegisters).max_blocks, kEpPullBlocks);
   c.max_tokens_per_rank = 1;  // one token: the pull
-  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpBlocks);
+  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpPullBlocks);
   c.max_tokens_per_rank = 128;
   c.layout = EpLayout::kRankMajor;
-  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpBlocks);
+  EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpPullBlocks);
   c.layout = EpLayout::kExpertMajor;
   for (int budget : {1, 24, 32, 132, kMaxBlocks}) {
     c.max_blocks = budget;
     const EpGeometry g = ep_geometry(c, 2);
     EXPECT_EQ(g.max_blocks, budget);
     EXPECT(g.combine_reduced);
+    const EpGeometry pull = ep_geometry(c, 4);  // a budget is the budget on a pulling context too
+    EXPECT_EQ(pull.max_blocks, budget);
+    EXPECT(!pull.combine_reduced);
   }
   for (int budget : {0, -2, kMaxBlocks + 1}) {
     c.max_blocks = budget;

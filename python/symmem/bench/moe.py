@@ -351,9 +351,9 @@ def main():
     p.add_argument("--replays", type=int, default=5)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--blocks", default="-1",
-                   help="symmem's SM budget (max_blocks; -1, the default: the library's choice), a list: rows "
-                        "beyond the first are named IMPL_bN (IMPL_auto for -1); the CSV's blocks column says what "
-                        "the kernels took")
+                   help="symmem's SM budget (max_blocks; -1, the default: the library's choice), a list "
+                        "(--blocks=-1,32,64: with '=' when it starts with -1): rows beyond the first are named "
+                        "IMPL_bN (IMPL_auto for -1); the CSV's blocks column says what the kernels took")
     p.add_argument("--stem", default=None, help="the figure's file name with --replot (default moe)")
     p.add_argument("--replot", nargs="+", metavar="CSV",
                    help="no measurement: the figure of these CSVs (e.g. runs of two commits) as OUT/STEM.png")
@@ -381,7 +381,7 @@ def main():
                 try:
                     if name in ("symmem_expert_major", "symmem_rank_major"):
                         for i, b in enumerate(budgets):
-                            label = name if i == 0 else f"{name}_b{b}" if b > 0 else f"{name}_auto"
+                            label = name if i == 0 else f"{name}_auto" if b == -1 else f"{name}_b{b}"
                             impls[label] = Symmem(r, group, name[len("symmem_"):], b)
                     elif name == "nccl_host_sync":
                         impls[name] = NcclHostSync(r, group)

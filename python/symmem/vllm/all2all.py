@@ -25,13 +25,13 @@ class SymmemAll2AllManager(All2AllManagerBase):
                 super().__init__(cpu_group)
         self.device_group = device_group
         self.handles = {}
-        self.num_sms = None  # set_num_sms: the block cap of contexts made from then on (None: theirs)
+        self.num_sms = None  # set_num_sms: the blocks of contexts made from then on (None: theirs)
 
     def get_handle(self, kwargs):
         """kwargs: ExpertParallel's (num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
         max_tokens_per_expert, max_received_rows, max_blocks). Collective on the first call of a
-        configuration. A context made after set_num_sms(n) takes at most n blocks (its
-        max_blocks lowered to n; n where it leaves the choice to the library, -1)."""
+        configuration. A context made after set_num_sms(n) takes at most n blocks: its max_blocks
+        lowered to n, or n where it leaves the choice to the library (-1)."""
         key = tuple(sorted(kwargs.items()))
         ep = self.handles.get(key)
         if ep is None:
@@ -50,9 +50,10 @@ class SymmemAll2AllManager(All2AllManagerBase):
         raise NotImplementedError("symmem: combine goes through SymmemPrepareAndFinalize (the modular kernel)")
 
     def set_num_sms(self, num_sms):
-        """Caps the blocks (SMs) of the contexts get_handle makes from now on, as DeepEP's managers
-        cap their kernels: it lowers a context's max_blocks, never raises it. A context made before
-        keeps its cap (fixed when the context is made: its plans and workspaces follow it)."""
+        """The blocks (SMs) of the contexts get_handle makes from now on, as DeepEP's managers set
+        their kernels': n for a context that leaves the choice to the library (max_blocks -1), a
+        context's own max_blocks lowered to n, never raised. A context made before keeps its blocks
+        (fixed when the context is made: its plans and workspaces follow them)."""
         self.num_sms = int(num_sms)
 
     def max_sms_used(self):
