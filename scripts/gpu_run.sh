@@ -238,7 +238,8 @@ torchbench() {
 # old/libsymmem_capi.so (bundle.sh OLD_CAPI) under this tree's Python package (for changes that keep
 # the C ABI), both through ctypes (SYMMEM_FASTCALL=0: the old library has no _fastcall beside it);
 # run R of library LIB writes $L/NAME_LIB_R_<ranks>/. Fails, saying so, without an old library. A
-# library before 292d943 takes no EpConfig::max_blocks -1: give moe_ab budgets (MOE_AB_ARGS=--blocks=32).
+# library before 292d943 takes no EpConfig::max_blocks -1 (moe_ab's runs fail on it): give moe_ab
+# budgets there (MOE_AB_ARGS=--blocks=32).
 ab_runs() {
   local name=$1 module=$2 n=$NG rep lib
   shift 2

@@ -81,6 +81,9 @@ struct EpMemory {
 };
 // Throws kInvalidArgument naming the first field of `config` that is out of range.
 EpMemory ep_memory(const EpConfig& config, int world);
+// The blocks (SMs) a context of `config` on `comm` would take (its blocks()), before it is made:
+// local, allocates nothing; throws as ep_memory does.
+int ep_blocks(Communicator& comm, const EpConfig& config);
 
 // A rank with no tokens (num_tokens 0, an idle data-parallel rank) still makes every call: its
 // tensors may then be null (torch's empty tensors), and combine's out too.
@@ -145,7 +148,8 @@ class EpContext {
   void combine(const EpCombineArgs& args, cudaStream_t stream);
   // The blocks (SMs) dispatch and combine take: max_blocks, or the library's choice, within the GPU's SMs.
   int blocks() const;
-  // The kernels these calls launch, for logs ("moe_dispatch expert_major blocks=32 ...").
+  // The kernels these calls launch, for logs: "moe_dispatch(expert_major, bfloat16, ..., blocks=64);
+  // moe_combine(expert_major, ..., blocks=64, reduced)".
   std::string describe() const;
 
   // Collective: releases the heap buffers (after the device is idle) unless a CUDA graph that

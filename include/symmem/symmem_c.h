@@ -134,6 +134,9 @@ typedef struct symmem_ep symmem_ep;
 int symmem_ep_memory(int num_experts, int topk, int hidden, int max_tokens_per_rank, int payload, int layout,
                      int max_tokens_per_expert, int max_received_rows, int max_blocks, int world, size_t* heap_bytes,
                      size_t* local_bytes);
+/* the blocks a context of this config on comm would take (symmem::ep_blocks): local, allocates nothing */
+int symmem_ep_blocks_for(symmem_comm* comm, int num_experts, int topk, int hidden, int max_tokens_per_rank, int payload,
+                         int layout, int max_tokens_per_expert, int max_received_rows, int max_blocks, int* blocks);
 int symmem_ep_create(symmem_comm* comm, int num_experts, int topk, int hidden, int max_tokens_per_rank, int payload,
                      int layout, int max_tokens_per_expert, int max_received_rows, int max_blocks, symmem_ep** out);
 void symmem_ep_destroy(symmem_ep* ep); /* local; the heap buffers stay with the communicator */

@@ -83,6 +83,7 @@ _SIGNATURES = {
                                    c_void_p]),
     "symmem_ep_combine": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_void_p]),
     "symmem_ep_blocks": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
+    "symmem_ep_blocks_for": (c_int, [c_void_p] + [c_int] * 9 + [ctypes.POINTER(c_int)]),
     "symmem_ep_describe": (c_int, [c_void_p, c_char_p, c_size_t]),
     "symmem_comm_local_rank": (c_int, [c_void_p]),
     "symmem_comm_local_world": (c_int, [c_void_p]),
@@ -97,7 +98,7 @@ _SIGNATURES = {
 POOL_SLOTS = 8
 # Entry points a library of an older commit lacks, bound where present: A/B runs load one
 # (scripts/gpu_run.sh, ab_runs); their callers say what they do without them.
-_RECENT = ("symmem_ep_blocks",)
+_RECENT = ("symmem_ep_blocks", "symmem_ep_blocks_for")
 
 
 def _load():

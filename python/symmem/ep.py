@@ -39,6 +39,17 @@ def memory(world, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloa
     return heap.value, local.value
 
 
+def blocks_for(comm, num_experts, topk, hidden, max_tokens_per_rank, payload="bfloat16", layout="expert_major",
+               max_tokens_per_expert=0, max_received_rows=0, max_blocks=-1):
+    """The blocks (SMs) such a context on `comm` would take (its blocks()): local, allocates nothing."""
+    blocks = ctypes.c_int()
+    comm._call(lib.symmem_ep_blocks_for(comm.handle, *_config_args(num_experts, topk, hidden, max_tokens_per_rank,
+                                                                   payload, layout, max_tokens_per_expert,
+                                                                   max_received_rows, max_blocks),
+                                        ctypes.byref(blocks)))
+    return blocks.value
+
+
 class EpContext:
     """A dispatch / combine context of a symmem.communicator.Communicator (collective creation)."""
 

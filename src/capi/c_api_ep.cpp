@@ -63,6 +63,17 @@ int symmem_ep_memory(int num_experts, int topk, int hidden, int max_tokens_per_r
   });
 }
 
+int symmem_ep_blocks_for(symmem_comm* comm, int num_experts, int topk, int hidden, int max_tokens_per_rank,
+                         int payload, int layout, int max_tokens_per_expert, int max_received_rows, int max_blocks,
+                         int* blocks) {
+  return c_api_guard([&] {
+    if (!blocks) throw Error(ErrorCode::kInvalidArgument, "symmem_ep_blocks_for: NULL result");
+    if (!comm || !comm->comm) throw Error(ErrorCode::kInvalidArgument, "no communicator (NULL or destroyed)");
+    *blocks = symmem::ep_blocks(*comm->comm, config_of(num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
+                                                       max_tokens_per_expert, max_received_rows, max_blocks));
+  });
+}
+
 int symmem_ep_create(symmem_comm* comm, int num_experts, int topk, int hidden, int max_tokens_per_rank, int payload,
                      int layout, int max_tokens_per_expert, int max_received_rows, int max_blocks, symmem_ep** out) {
   return c_api_guard([&] {

@@ -38,6 +38,24 @@ EpMemory ep_memory(const EpConfig& config, int world) {
   return detail::ep_memory_of(detail::ep_geometry(config, world));
 }
 
+namespace {
+
+// A context's geometry on a communicator: the same on every rank (the same config, the agreed
+// SYMMEM_MOE_COMBINE), and the blocks its kernels take there (the agreed sm_count bounds them).
+detail::EpGeometry geometry_on(const detail::CommunicatorState& st, const EpConfig& config) {
+  return detail::ep_geometry(config, st.world, detail::MoeCombinePath(st.settings.moe_combine_path));
+}
+int blocks_on(const detail::CommunicatorState& st, const detail::EpGeometry& g) {
+  return detail::clamp_blocks(g.max_blocks, st.sm_count, g.max_blocks);
+}
+
+}  // namespace
+
+int ep_blocks(Communicator& comm, const EpConfig& config) {
+  const detail::CommunicatorState& st = detail::state_of(comm);
+  return blocks_on(st, geometry_on(st, config));
+}
+
 struct EpContext::State {
   Communicator* comm = nullptr;
   detail::CommunicatorState* st = nullptr;
@@ -157,10 +175,8 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.comm = &comm;
   s.st = &st;
   s.config = config;
-  // The same verdict on every rank (the same config, the agreed SYMMEM_MOE_COMBINE).
-  const auto forced = detail::MoeCombinePath(st.settings.moe_combine_path);
-  s.g = detail::ep_geometry(config, st.world, forced);
-  s.blocks = detail::clamp_blocks(s.g.max_blocks, st.sm_count, s.g.max_blocks);
+  s.g = geometry_on(st, config);
+  s.blocks = blocks_on(st, s.g);
   s.dispatch = comm.allocate(std::max<size_t>(s.g.dispatch_bytes, 256));
   s.combine = comm.allocate(std::max<size_t>(s.g.combine_heap_bytes, 256));
   const detail::EpScratchOffsets o = detail::ep_scratch_offsets(s.g);
@@ -185,7 +201,8 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.dispatch_text = describe_call("moe_dispatch", config, s.g, s.blocks);
   s.combine_text = describe_call("moe_combine", config, s.g, s.blocks, s.g.combine_reduced);
   s.combine_path = s.g.combine_reduced ? detail::MoeCombinePath::kReduced
-                   : detail::moe_combine_uses_bulk(s.g, s.g.expert_major ? s.g.topk : st.world, forced)
+                   : detail::moe_combine_uses_bulk(s.g, s.g.expert_major ? s.g.topk : st.world,
+                                                   detail::MoeCombinePath(st.settings.moe_combine_path))
                        ? detail::MoeCombinePath::kBulk
                        : detail::MoeCombinePath::kRegisters;
   return std::unique_ptr<EpContext>(new EpContext(std::move(state)));

@@ -39,10 +39,10 @@ constexpr int kEpScaleColumns = 128;  // float8 payloads: one float32 scale per 
 // on the experts' side takes as long as the rounds of loads of a warp's unit: at DeepSeek-V3
 // decode-128 on 2 ranks a unit takes one round on 64 blocks and two on 32 (26.5 -> 20.2 us from
 // graphs, against vLLM's path at 24.8; dispatch 45.8 -> 45.3; bench/results/h200x2/
-// moe_sm_budget_2.csv, docs/moe.md). The pulls keep 32, a budget beside the experts' GEMMs (DeepEP's
-// normal kernels take 24): rank-major decode-128 was level from 24 to 132 blocks; prefill-4096
-// dispatch was faster on 64 (249.5 -> 224.8 us bf16, 155.9 -> 145.8 fp8), its combine slower
-// (184.0 -> 191.4), in that run.
+// moe_sm_budget_2.csv, docs/moe.md). The pulls keep 32 to leave SMs to the experts' GEMMs (DeepEP's
+// default and vLLM's DeepEP managers take 20), not for speed: in that run, from graphs, rank-major
+// decode-128 stayed within 10% from 24 to 132 blocks, and prefill-4096 bf16 took 224.2-226.6 us to
+// dispatch on 64 to 132 blocks against 249.5 on 32, 185.1-191.4 to combine against 184.0.
 constexpr int kEpPullBlocks = 32;
 constexpr int kEpReducedBlocks = 64;
 

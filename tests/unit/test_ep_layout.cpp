@@ -371,7 +371,7 @@ TEST(ep_blocks_follow_the_combine_unless_the_caller_sets_a_budget) {
   EpConfig c = deepseek_v3_decode();
   EXPECT_EQ(c.max_blocks, -1);
   EXPECT_EQ(ep_geometry(c, 2).max_blocks, kEpReducedBlocks);  // reduced: top-8 of 2 ranks
-  EXPECT_EQ(ep_geometry(c, 4).max_blocks, kEpPullBlocks);                // the register pull
+  EXPECT_EQ(ep_geometry(c, 4).max_blocks, kEpPullBlocks);     // the register pull
   EXPECT_EQ(ep_geometry(c, 4, MoeCombinePath::kReduced).max_blocks, kEpReducedBlocks);
   EXPECT_EQ(ep_geometry(c, 2, MoeCombinePath::kRegisters).max_blocks, kEpPullBlocks);
   c.max_tokens_per_rank = 1;  // one token: the pull

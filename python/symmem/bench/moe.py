@@ -378,12 +378,13 @@ def main():
             for name in args.impls.split(","):
                 if name == "symmem_expert_major" and tokens > 128:
                     continue  # its receive area: world x T rows per local expert (decode)
+                if name in ("symmem_expert_major", "symmem_rank_major"):  # symmem that cannot run: fatal
+                    for i, b in enumerate(budgets):
+                        label = name if i == 0 else f"{name}_auto" if b == -1 else f"{name}_b{b}"
+                        impls[label] = Symmem(r, group, name[len("symmem_"):], b)
+                    continue
                 try:
-                    if name in ("symmem_expert_major", "symmem_rank_major"):
-                        for i, b in enumerate(budgets):
-                            label = name if i == 0 else f"{name}_auto" if b == -1 else f"{name}_b{b}"
-                            impls[label] = Symmem(r, group, name[len("symmem_"):], b)
-                    elif name == "nccl_host_sync":
+                    if name == "nccl_host_sync":
                         impls[name] = NcclHostSync(r, group)
                     elif name == "vllm_ag_rs":
                         impls[name] = VllmAllGatherReduceScatter(r, group)

@@ -100,6 +100,15 @@ def _view(comm, lent, ptr, shape, dtype):
     return lent_tensor(comm, ptr, nbytes, lent).view(dtype).view(shape)
 
 
+def blocks_for(group=None, **config):
+    """The blocks (SMs) an ExpertParallel(group, **config) would take (its `blocks`), before it is
+    made: local, allocates nothing; None on a CPU group (it runs no kernels)."""
+    state = state_of(group)
+    if dist.get_backend(state.group) == "gloo":
+        return None
+    return core_ep.blocks_for(state.communicator().core, **config)
+
+
 class ExpertParallel:
     """Collective: an EP context of `group` (default: the world group) whose buffers are fixed for
     its lifetime; `memory` states their size, known before allocation (ep_memory). `max_blocks`: the

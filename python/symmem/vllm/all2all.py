@@ -4,7 +4,7 @@ dispatch()/combine() of the naive backend are not symmem's path: the modular ker
 finalize (prepare_finalize.py) is."""
 import inspect
 
-from ..torch.moe import ExpertParallel
+from ..torch.moe import ExpertParallel, blocks_for
 from ._vllm import All2AllManagerBase
 
 _DEFAULT_MAX_BLOCKS = inspect.signature(ExpertParallel).parameters["max_blocks"].default
@@ -30,15 +30,17 @@ class SymmemAll2AllManager(All2AllManagerBase):
     def get_handle(self, kwargs):
         """kwargs: ExpertParallel's (num_experts, topk, hidden, max_tokens_per_rank, payload, layout,
         max_tokens_per_expert, max_received_rows, max_blocks). Collective on the first call of a
-        configuration. A context made after set_num_sms(n) takes at most n blocks: its max_blocks
-        lowered to n, or n where it leaves the choice to the library (-1)."""
+        configuration. A context made after set_num_sms(n) takes at most n blocks: its max_blocks,
+        or the library's choice where that is -1, lowered to n."""
         key = tuple(sorted(kwargs.items()))
         ep = self.handles.get(key)
         if ep is None:
             group = self.device_group if self.device_group is not None else _ep_device_group()
             if self.num_sms is not None:
                 blocks = int(kwargs.get("max_blocks", _DEFAULT_MAX_BLOCKS))
-                kwargs = dict(kwargs, max_blocks=self.num_sms if blocks < 0 else min(blocks, self.num_sms))
+                if blocks < 0:  # the library's choice (a CPU group runs no kernels: n)
+                    blocks = blocks_for(group, **kwargs) or self.num_sms
+                kwargs = dict(kwargs, max_blocks=min(blocks, self.num_sms))
             ep = ExpertParallel(group, **kwargs)
             self.handles[key] = ep
         return ep
@@ -50,10 +52,10 @@ class SymmemAll2AllManager(All2AllManagerBase):
         raise NotImplementedError("symmem: combine goes through SymmemPrepareAndFinalize (the modular kernel)")
 
     def set_num_sms(self, num_sms):
-        """The blocks (SMs) of the contexts get_handle makes from now on, as DeepEP's managers set
-        their kernels': n for a context that leaves the choice to the library (max_blocks -1), a
-        context's own max_blocks lowered to n, never raised. A context made before keeps its blocks
-        (fixed when the context is made: its plans and workspaces follow them)."""
+        """Caps the blocks (SMs) of the contexts get_handle makes from now on, as vLLM's DeepEP
+        managers cap theirs: a context's max_blocks, or the library's choice, is lowered to n, never
+        raised. A context made before keeps its blocks (fixed when the context is made: its plans and
+        workspaces follow them)."""
         self.num_sms = int(num_sms)
 
     def max_sms_used(self):

@@ -647,3 +647,29 @@ def _moe_refusal_case(rank, world, group_name):
         assert f"symmem.moe_combine: rank {bad} refused the call: " in message and cause in message, message
         assert isinstance(raised.value, ValueError) == (rank == bad), case
     ep.close()
+
+
+def test_the_blocks_of_a_context_on_a_library_before_symmem_ep_blocks_come_from_its_description(monkeypatch):
+    """A/B runs load libraries of older commits (scripts/gpu_run.sh, ab_runs): symmem.ep binds
+    symmem_ep_blocks only where it exists, and EpContext.blocks() then reads the description."""
+    import symmem.ep as core_ep
+
+    class OlderLibrary:  # has every entry point blocks() might use but symmem_ep_blocks
+        pass
+
+    monkeypatch.setattr(core_ep, "lib", OlderLibrary())
+    context = core_ep.EpContext.__new__(core_ep.EpContext)
+    context.describe = lambda: ("moe_dispatch(expert_major, bfloat16, experts=16, topk=8, hidden=512, max_tokens=160, "
+                                "rows_per_expert=320, blocks=24); moe_combine(expert_major, bfloat16, experts=16, "
+                                "topk=8, hidden=512, max_tokens=160, rows_per_expert=320, blocks=24, reduced)")
+    assert context.blocks() == 24
+
+
+def test_blocks_for_says_none_on_a_cpu_group(group_name):
+    """A CPU (gloo) group's contexts run no kernels: blocks_for says None, as ExpertParallel.blocks."""
+    from symmem.torch.moe import ExpertParallel, blocks_for
+    config = dict(num_experts=4, topk=2, hidden=128, max_tokens_per_rank=8)
+    assert blocks_for(**config) is None
+    ep = ExpertParallel(**config)
+    assert ep.blocks is None and ep.max_blocks == -1
+    ep.close()

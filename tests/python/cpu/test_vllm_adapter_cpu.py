@@ -128,10 +128,14 @@ def test_no_dual_batch_overlap_one_receive_area_per_context(group_name):
     ep.close()
 
 
-def test_set_num_sms_sets_the_blocks_of_contexts_made_afterwards(group_name):
+def test_set_num_sms_caps_the_blocks_of_contexts_made_afterwards(group_name, monkeypatch):
     import torch.distributed as dist
 
     import symmem.vllm as sv
+    import symmem.vllm.all2all as manager_module
+    # The library's choice for a context that leaves it (-1): what symmem.torch.moe.blocks_for says
+    # on a GPU group (a CPU group runs no kernels and says None).
+    monkeypatch.setattr(manager_module, "blocks_for", lambda group, **config: 32)
     manager = sv.SymmemAll2AllManager(device_group=dist.group.WORLD)
     kwargs = {"num_experts": 4, "topk": 2, "hidden": 128, "max_tokens_per_rank": 8, "layout": "expert_major",
               "max_blocks": 24}
@@ -141,11 +145,11 @@ def test_set_num_sms_sets_the_blocks_of_contexts_made_afterwards(group_name):
     assert first.max_blocks == 24  # a context's block cap is fixed when it is made
     capped = manager.get_handle(dict(kwargs, hidden=256))
     assert capped.max_blocks == 8 and manager.max_sms_used() == 24
-    library_choice = {k: v for k, v in kwargs.items() if k != "max_blocks"}  # -1: n is its budget
+    library_choice = {k: v for k, v in kwargs.items() if k != "max_blocks"}  # -1: the choice, lowered
     assert manager.get_handle(dict(library_choice, hidden=512)).max_blocks == 8
     manager.set_num_sms(64)
     assert manager.get_handle(dict(kwargs, hidden=384)).max_blocks == 24
-    assert manager.get_handle(dict(library_choice, hidden=640)).max_blocks == 64
+    assert manager.get_handle(dict(library_choice, hidden=640)).max_blocks == 32  # never raised to n
     manager.destroy()
     assert manager.max_sms_used() == 0
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import symmem.torch as st
 from symmem.errors import SymmemError
-from symmem.torch.moe import ExpertParallel, dequantize_fp8, quantize_fp8
+from symmem.torch.moe import ExpertParallel, blocks_for, dequantize_fp8, quantize_fp8
 from conftest import shared_gpu
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -136,10 +136,12 @@ def test_dispatch_and_combine_match_a_reference(group, layout, payload, routes, 
                         payload=payload, max_blocks=budget)
     reduced = layout == "expert_major" and routes == "many" and world >= 2 and K >= 4 * world
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    if shared_gpu():  # ranks sharing a GPU plan with a share of it (src/plan/shared_gpu.hpp)
+    if shared_gpu() and world > 1:  # ranks sharing a GPU plan with a share of it (src/plan/shared_gpu.hpp)
         sms = max(1, sms // (2 * world))
     said = [int(b) for b in re.findall(r"blocks=(\d+)[,)]", ep.describe())]
     assert said == [ep.blocks, ep.blocks], ep.describe()  # dispatch's and combine's
+    assert blocks_for(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout, payload=payload,
+                      max_blocks=budget) == ep.blocks
     if os.environ.get("SYMMEM_MOE_COMBINE", "auto") == "auto":  # the automatic choice (a forced one may differ)
         assert (", reduced)" in ep.describe()) == reduced, ep.describe()
         choice = budget if budget > 0 else 64 if reduced else 32
