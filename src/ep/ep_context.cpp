@@ -40,10 +40,14 @@ EpMemory ep_memory(const EpConfig& config, int world) {
 
 namespace {
 
+// The combine SYMMEM_MOE_COMBINE forces, as the communicators agreed on it (kAuto: none).
+detail::MoeCombinePath forced_combine(const detail::CommunicatorState& st) {
+  return detail::MoeCombinePath(st.settings.moe_combine_path);
+}
 // A context's geometry on a communicator: the same on every rank (the same config, the agreed
 // SYMMEM_MOE_COMBINE), and the blocks its kernels take there (the agreed sm_count bounds them).
 detail::EpGeometry geometry_on(const detail::CommunicatorState& st, const EpConfig& config) {
-  return detail::ep_geometry(config, st.world, detail::MoeCombinePath(st.settings.moe_combine_path));
+  return detail::ep_geometry(config, st.world, forced_combine(st));
 }
 int blocks_on(const detail::CommunicatorState& st, const detail::EpGeometry& g) {
   return detail::clamp_blocks(g.max_blocks, st.sm_count, g.max_blocks);
@@ -201,8 +205,7 @@ std::unique_ptr<EpContext> EpContext::create(Communicator& comm, const EpConfig&
   s.dispatch_text = describe_call("moe_dispatch", config, s.g, s.blocks);
   s.combine_text = describe_call("moe_combine", config, s.g, s.blocks, s.g.combine_reduced);
   s.combine_path = s.g.combine_reduced ? detail::MoeCombinePath::kReduced
-                   : detail::moe_combine_uses_bulk(s.g, s.g.expert_major ? s.g.topk : st.world,
-                                                   detail::MoeCombinePath(st.settings.moe_combine_path))
+                   : detail::moe_combine_uses_bulk(s.g, s.g.expert_major ? s.g.topk : st.world, forced_combine(st))
                        ? detail::MoeCombinePath::kBulk
                        : detail::MoeCombinePath::kRegisters;
   return std::unique_ptr<EpContext>(new EpContext(std::move(state)));
