@@ -283,6 +283,36 @@ def test_drop_ins_async_and_fallback(group, caplog):
     check_reduction(z, x.double(), "sum", ANY, "the float64 fallback")
 
 
+def test_empty_tensors_are_no_ops_as_in_torch_distributed(group):
+    # torch.distributed takes tensors of no elements (a rank with no tokens, an empty bucket) and
+    # returns at once; so must every drop-in, eager and async, and the group's next call must still
+    # agree on every rank and be right.
+    from symmem.torch.all_to_all import all_to_all_single
+    world = dist.get_world_size()
+    for dtype in (torch.bfloat16, torch.float32):
+        empty = torch.empty(0, dtype=dtype, device="cuda")
+        assert st.all_reduce(empty) is None
+        st.all_reduce(empty, async_op=True).wait()
+        st.all_gather_into_tensor(torch.empty(0, dtype=dtype, device="cuda"), empty)
+        st.all_gather_into_tensor(torch.empty(0, dtype=dtype, device="cuda"), empty, async_op=True).wait()
+        parts = [torch.empty(0, dtype=dtype, device="cuda") for _ in range(world)]
+        st.all_gather(parts, empty)
+        st.reduce_scatter_tensor(torch.empty(0, dtype=dtype, device="cuda"), torch.empty(0, dtype=dtype, device="cuda"))
+        rows = torch.empty(0, 4, dtype=dtype, device="cuda")
+        out = all_to_all_single(torch.empty(0, 4, dtype=dtype, device="cuda"), rows, [0] * world, [0] * world)
+        assert tuple(out.shape) == (0, 4)
+        x = _random(4099, dtype, _seed(("after empty", str(dtype))))
+        y = x.clone()
+        st.all_reduce(y)
+        _check_reduction(y, x)
+        gathered_out = torch.empty(world * 4099, dtype=dtype, device="cuda")
+        st.all_gather_into_tensor(gathered_out, x)
+        expected = torch.empty_like(gathered_out)
+        dist.all_gather_into_tensor(expected, x)
+        assert torch.equal(gathered_out, expected)
+    st.GroupCommunicator(group).check()
+
+
 def test_a_destroyed_group_is_refused_by_every_drop_in_and_op(group):
     # torch.distributed's NCCL refuses a collective on a destroyed group (DistBackendError); on
     # 0bbf9f1 st.all_reduce served it from its cache and returned the sum.
