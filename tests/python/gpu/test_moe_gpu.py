@@ -162,9 +162,9 @@ def test_dispatch_and_combine_match_a_reference(group, layout, payload, routes, 
     # element syncs the GPU each time, tens of thousands of times per case.
     xs, ss, all_ids, all_w = (t.cpu() if t is not None else None for t in (xs, ss, all_ids, all_w))
     raw = (r.x.view(torch.uint8) if r.x.dtype == torch.float8_e4m3fn else r.x).cpu()
+    x_scales = r.x_scales.cpu() if scales is not None else None
+    id_list = all_ids.tolist()
     if layout == "expert_major":
-        x_scales = r.x_scales.cpu() if scales is not None else None
-        id_list = all_ids.tolist()
         for e in range(L):
             rows = [(s, t) for s in range(world) for t in range(T) for k in range(K) if id_list[s][t][k] == me * L + e]
             assert int(r.expert_num_tokens[e]) == len(rows)
@@ -173,11 +173,13 @@ def test_dispatch_and_combine_match_a_reference(group, layout, payload, routes, 
                 if scales is not None:
                     assert torch.equal(x_scales[e, i], ss[s, t])
     else:
-        rows = [(s, t) for s in range(world) for t in range(T) if bool(((all_ids[s, t] // L) == me).any())]
+        rows = [(s, t) for s in range(world) for t in range(T) if any(e >= 0 and e // L == me for e in id_list[s][t])]
         assert int(r.num_rows[0]) == len(rows)
         topk_idx, topk_weights = r.topk_idx.cpu(), r.topk_weights.cpu()
         for i, (s, t) in enumerate(rows):
             assert torch.equal(raw[i], xs[s, t])
+            if scales is not None:
+                assert torch.equal(x_scales[i], ss[s, t])
             want_ids = torch.where(all_ids[s, t] // L == me, all_ids[s, t] % L, torch.full_like(all_ids[s, t], -1))
             want_ids = torch.where(all_ids[s, t] < 0, torch.full_like(want_ids, -1), want_ids)
             assert torch.equal(topk_idx[i].long(), want_ids)

@@ -285,31 +285,54 @@ def test_drop_ins_async_and_fallback(group, caplog):
 
 def test_empty_tensors_are_no_ops_as_in_torch_distributed(group):
     # torch.distributed takes tensors of no elements (a rank with no tokens, an empty bucket) and
-    # returns at once; so must every drop-in, eager and async, and the group's next call must still
-    # agree on every rank and be right.
+    # returns at once. So must the drop-ins, served by symmem (no fallback said), eager and async;
+    # and each collective's next call must still agree on every rank and be right.
     from symmem.torch.all_to_all import all_to_all_single
     world = dist.get_world_size()
+    functional._said.clear()  # a fallback says its reason here (say_once)
     for dtype in (torch.bfloat16, torch.float32):
-        empty = torch.empty(0, dtype=dtype, device="cuda")
-        assert st.all_reduce(empty) is None
-        st.all_reduce(empty, async_op=True).wait()
-        st.all_gather_into_tensor(torch.empty(0, dtype=dtype, device="cuda"), empty)
-        st.all_gather_into_tensor(torch.empty(0, dtype=dtype, device="cuda"), empty, async_op=True).wait()
-        parts = [torch.empty(0, dtype=dtype, device="cuda") for _ in range(world)]
-        st.all_gather(parts, empty)
-        st.reduce_scatter_tensor(torch.empty(0, dtype=dtype, device="cuda"), torch.empty(0, dtype=dtype, device="cuda"))
-        rows = torch.empty(0, 4, dtype=dtype, device="cuda")
-        out = all_to_all_single(torch.empty(0, 4, dtype=dtype, device="cuda"), rows, [0] * world, [0] * world)
-        assert tuple(out.shape) == (0, 4)
-        x = _random(4099, dtype, _seed(("after empty", str(dtype))))
+        def none(*shape):
+            return torch.empty(shape or (0,), dtype=dtype, device="cuda")
+        empty = none()
+        for async_op in (False, True):
+            done = [st.all_reduce(empty, async_op=async_op),
+                    st.all_gather_into_tensor(none(), empty, async_op=async_op),
+                    st.all_gather([none() for _ in range(world)], empty, async_op=async_op),
+                    st.reduce_scatter_tensor(none(), none(), async_op=async_op)]
+            for work in done:
+                assert (work is None) != async_op
+                if async_op:
+                    work.wait()
+        all_to_all_single(none(0, 4), none(0, 4))
+        all_to_all_single(none(0, 4), none(0, 4), [0] * world, [0] * world)
+        assert not functional._said, f"an empty call fell back to torch.distributed: {functional._said}"
+        # The next call of each collective, against NCCL.
+        seed = _seed(("after empty", str(dtype)))
+        x = _random(world * 4099, dtype, seed)
         y = x.clone()
         st.all_reduce(y)
         _check_reduction(y, x)
-        gathered_out = torch.empty(world * 4099, dtype=dtype, device="cuda")
-        st.all_gather_into_tensor(gathered_out, x)
-        expected = torch.empty_like(gathered_out)
-        dist.all_gather_into_tensor(expected, x)
-        assert torch.equal(gathered_out, expected)
+        out = none(world * 4099)
+        st.reduce_scatter_tensor(out[:4099], x)
+        check_reduce_scatter(out[:4099], x, what=f"reduce_scatter after empty calls, {dtype}")
+        wrong = []
+        st.all_gather_into_tensor(out, x[:4099])
+        want = none(world * 4099)
+        dist.all_gather_into_tensor(want, x[:4099])
+        if not torch.equal(out, want):
+            wrong.append(f"all_gather_into_tensor after empty calls, {dtype}")
+        splits = [(seed + q) % 5 for q in range(world)]  # rows this rank sends to each rank
+        rows = _random(sum(splits) * 4, dtype, seed + 1).view(-1, 4)
+        receive = torch.tensor(splits, device="cuda")
+        every = torch.empty(world * world, dtype=receive.dtype, device="cuda")
+        dist.all_gather_into_tensor(every, receive)
+        incoming = every.view(world, world)[:, dist.get_rank()].tolist()
+        got, want = none(sum(incoming), 4), none(sum(incoming), 4)
+        all_to_all_single(got, rows, incoming, splits)
+        dist.all_to_all_single(want, rows, incoming, splits)
+        if not torch.equal(got, want):
+            wrong.append(f"all_to_all_single after empty calls, {dtype}")
+        fail_together(wrong)
     st.GroupCommunicator(group).check()
 
 
