@@ -132,16 +132,16 @@ def test_dispatch_and_combine_match_a_reference(group, layout, payload, routes, 
     within the SMs a rank plans with)."""
     world, me = dist.get_world_size(), dist.get_rank()
     E, K, H, T = (8 * world, 4, 512, 48) if routes == "few" else (8 * world, min(4 * world, 16), 512, 160)
-    ep = ExpertParallel(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout,
-                        payload=payload, max_blocks=budget)
+    config = dict(num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout, payload=payload,
+                  max_blocks=budget)
+    ep = ExpertParallel(group, **config)
     reduced = layout == "expert_major" and routes == "many" and world >= 2 and K >= 4 * world
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     if shared_gpu() and world > 1:  # ranks sharing a GPU plan with a share of it (src/plan/shared_gpu.hpp)
         sms = max(1, sms // (2 * world))
     said = [int(b) for b in re.findall(r"blocks=(\d+)[,)]", ep.describe())]
     assert said == [ep.blocks, ep.blocks], ep.describe()  # dispatch's and combine's
-    assert blocks_for(group, num_experts=E, topk=K, hidden=H, max_tokens_per_rank=T, layout=layout, payload=payload,
-                      max_blocks=budget) == ep.blocks
+    assert blocks_for(group, **config) == ep.blocks
     if os.environ.get("SYMMEM_MOE_COMBINE", "auto") == "auto":  # the automatic choice (a forced one may differ)
         assert (", reduced)" in ep.describe()) == reduced, ep.describe()
         choice = budget if budget > 0 else 64 if reduced else 32
